@@ -1,0 +1,42 @@
+# Whetstone: `make demo` runs one fine-tune end to end, `make test` runs the suite.
+PYTHON ?= $(shell command -v python3.11 || command -v python3)
+VENV   := .venv
+BIN    := $(VENV)/bin
+PKGS   := -e contracts -e services/runtime -e services/modelkit -e services/ingest -e services/scheduler \
+          -e services/trainer-agent -e services/eval -e services/registry -e services/metering
+
+.PHONY: venv demo test test-unit contracts contracts-check stack dev clean
+
+venv: $(VENV)/.installed
+
+$(VENV)/.installed: constraints.txt requirements-dev.txt $(wildcard contracts/pyproject.toml services/*/pyproject.toml)
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install -q --upgrade pip
+	# the CPU build of torch lies on this machine's disk; never let a dependency pull a CUDA build
+	$(BIN)/pip install -q torch==2.13.0
+	$(BIN)/pip install -q -c constraints.txt -r requirements-dev.txt $(PKGS)
+	touch $@
+
+demo: venv
+	$(BIN)/whet demo
+
+test: venv
+	$(BIN)/python -m pytest
+
+test-unit: venv
+	$(BIN)/python -m pytest -m unit
+
+contracts: venv
+	$(BIN)/python -m whetstone.contracts.schemas write
+
+contracts-check: venv
+	$(BIN)/python -m whetstone.contracts.schemas check
+
+stack: venv
+	$(BIN)/whet stack up
+
+dev: venv
+	$(BIN)/whet dev
+
+clean:
+	rm -rf $(VENV) .whetstone

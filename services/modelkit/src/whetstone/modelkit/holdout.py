@@ -1,0 +1,63 @@
+"""Holdout loss over trained (assistant) tokens only."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from whetstone.modelkit.chat import IGNORE_INDEX, tokenize_chat
+
+
+def holdout_loss(
+    model,
+    tokenizer,
+    rows: Sequence[Sequence[Mapping[str, Any]]],
+    max_len: int = 512,
+    batch_size: int = 8,
+) -> dict[str, float | int]:
+    """Token-weighted mean next-token loss on the trained tokens of `rows` (lists of messages).
+
+    Returns `{"loss", "perplexity", "tokens"}`; `tokens` counts the scored (trained) tokens.
+    Deterministic: eval mode, no dropout, no grad, fixed order.
+    """
+    import torch
+    import torch.nn.functional as F
+
+    examples = [tokenize_chat(tokenizer, messages, max_len) for messages in rows]
+    examples = [ex for ex in examples if any(label != IGNORE_INDEX for label in ex["labels"][1:])]
+    if not examples:
+        raise ValueError("no trained tokens in the holdout rows")
+
+    pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
+    device = next(model.parameters()).device
+    was_training = model.training
+    model.eval()
+    total_loss, total_tokens = 0.0, 0
+    try:
+        with torch.no_grad():
+            for i in range(0, len(examples), batch_size):
+                batch = examples[i : i + batch_size]
+                width = max(len(ex["input_ids"]) for ex in batch)
+                input_ids = torch.full((len(batch), width), pad_id, dtype=torch.long)
+                attention = torch.zeros((len(batch), width), dtype=torch.long)
+                labels = torch.full((len(batch), width), IGNORE_INDEX, dtype=torch.long)
+                for row, ex in enumerate(batch):
+                    n = len(ex["input_ids"])
+                    input_ids[row, :n] = torch.tensor(ex["input_ids"])
+                    attention[row, :n] = 1
+                    labels[row, :n] = torch.tensor(ex["labels"])
+                logits = model(input_ids=input_ids.to(device), attention_mask=attention.to(device)).logits
+                shift_logits = logits[:, :-1, :].float()
+                shift_labels = labels[:, 1:].to(device)
+                total_loss += F.cross_entropy(
+                    shift_logits.reshape(-1, shift_logits.size(-1)),
+                    shift_labels.reshape(-1),
+                    ignore_index=IGNORE_INDEX,
+                    reduction="sum",
+                ).item()
+                total_tokens += int((shift_labels != IGNORE_INDEX).sum().item())
+    finally:
+        model.train(was_training)
+    loss = total_loss / total_tokens
+    return {"loss": loss, "perplexity": math.exp(min(loss, 700.0)), "tokens": total_tokens}

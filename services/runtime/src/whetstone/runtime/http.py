@@ -1,0 +1,80 @@
+"""Per-service HTTP: /healthz, /metrics, plus the service's own routes."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable
+
+import uvicorn
+from fastapi import FastAPI, Response
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+
+HealthCheck = Callable[[], Awaitable[None]]
+
+
+class ServiceMetrics:
+    """Metrics every service exposes; a registry of its own so six services fit one process."""
+
+    def __init__(self, service: str) -> None:
+        self.registry = CollectorRegistry()
+        ns = "whetstone"
+        labels = {"service": service}
+        self.consumed = Counter(f"{ns}_messages_consumed_total", "Messages handled, by outcome",
+                                ["topic", "outcome"], registry=self.registry).labels
+        self.handler_seconds = Histogram(f"{ns}_handler_seconds", "Handler latency", ["topic"],
+                                         registry=self.registry).labels
+        self.dead_lettered = Counter(f"{ns}_dead_lettered_total", "Messages sent to a DLQ", ["topic"],
+                                     registry=self.registry).labels
+        self.outbox_published = Counter(f"{ns}_outbox_published_total", "Outbox rows published",
+                                        registry=self.registry)
+        self.up = Gauge(f"{ns}_service_up", "1 while the service runs", ["service"], registry=self.registry)
+        self.up.labels(**labels).set(1)
+
+
+def make_app(service: str, metrics: ServiceMetrics, checks: dict[str, HealthCheck]) -> FastAPI:
+    app = FastAPI(title=f"whetstone-{service}")
+
+    @app.get("/healthz")
+    async def healthz(response: Response) -> dict:
+        results = {}
+        for name, check in checks.items():
+            try:
+                await asyncio.wait_for(check(), timeout=3)
+                results[name] = "ok"
+            except Exception as exc:
+                results[name] = f"error: {exc}"
+        ok = all(v == "ok" for v in results.values())
+        response.status_code = 200 if ok else 503
+        return {"service": service, "status": "ok" if ok else "degraded", "checks": results}
+
+    @app.get("/metrics")
+    async def prom() -> Response:
+        return Response(generate_latest(metrics.registry), media_type=CONTENT_TYPE_LATEST)
+
+    return app
+
+
+class HttpServer:
+    """uvicorn in the current event loop; port 0 picks a free port (see .port after start)."""
+
+    def __init__(self, app: FastAPI, host: str, port: int) -> None:
+        self.server = uvicorn.Server(uvicorn.Config(app, host=host, port=port, log_level="warning",
+                                                    lifespan="off", access_log=False))
+        self.server.install_signal_handlers = lambda: None  # type: ignore[method-assign]
+        self.task: asyncio.Task | None = None
+
+    async def start(self) -> None:
+        self.task = asyncio.create_task(self.server.serve())
+        while not self.server.started:
+            if self.task.done():
+                self.task.result()
+            await asyncio.sleep(0.02)
+
+    @property
+    def port(self) -> int:
+        return self.server.servers[0].sockets[0].getsockname()[1]
+
+    async def stop(self) -> None:
+        self.server.should_exit = True
+        if self.task:
+            await self.task

@@ -1,0 +1,38 @@
+"""structlog JSON logs, bound with event_id / job_id / tenant_id / trace_id."""
+
+from __future__ import annotations
+
+import logging
+import sys
+
+import structlog
+from structlog.contextvars import bind_contextvars, bound_contextvars, clear_contextvars  # noqa: F401
+
+_configured = False
+
+
+def configure_logging(level: str = "INFO", json: bool = True) -> None:
+    global _configured
+    if _configured:
+        return
+    _configured = True
+    logging.basicConfig(stream=sys.stderr, level=level.upper(), format="%(message)s")
+    for noisy in ("aiokafka", "botocore", "urllib3", "uvicorn.access", "faststream", "s3transfer"):
+        logging.getLogger(noisy).setLevel(logging.WARNING)
+    renderer = structlog.processors.JSONRenderer() if json else structlog.dev.ConsoleRenderer(colors=False)
+    structlog.configure(
+        processors=[
+            structlog.contextvars.merge_contextvars,
+            structlog.processors.add_log_level,
+            structlog.processors.TimeStamper(fmt="iso", utc=True),
+            structlog.processors.format_exc_info,
+            renderer,
+        ],
+        wrapper_class=structlog.make_filtering_bound_logger(logging.getLevelName(level.upper())),
+        logger_factory=structlog.PrintLoggerFactory(file=sys.stderr),
+        cache_logger_on_first_use=True,
+    )
+
+
+def get_logger(name: str | None = None) -> structlog.stdlib.BoundLogger:
+    return structlog.get_logger(name)

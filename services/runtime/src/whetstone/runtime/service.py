@@ -1,0 +1,300 @@
+"""The one place where a service meets Kafka, Postgres, S3 and HTTP.
+
+A `Service` declares its schema migrations, its subscriptions (topic -> handler),
+HTTP routes and background tasks. `run_services` wires and runs one or many of
+them in one event loop (`python -m whetstone.<svc>` or `whet dev`).
+
+Delivery (DESIGN.md §3): a message is decoded; an undecodable one is dead-lettered
+at once. The handler runs inside a Postgres transaction that also claims the
+event_id in the inbox and holds the outbox rows it published; a duplicate is
+skipped. A failing handler is retried `max_attempts` times, then the message is
+dead-lettered (in a transaction that claims the inbox, so a redelivery does not
+dead-letter it twice). The Kafka offset is committed only after all of this
+committed; if even the dead-lettering fails the message is rewound (NACK).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import time
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import asyncpg
+from fastapi import APIRouter, FastAPI
+from faststream import AckPolicy
+from faststream.kafka import KafkaBroker, KafkaMessage
+
+from whetstone.contracts import DLQ_MODEL, TOPICS, Envelope, Event, all_topic_partitions
+
+from . import db
+from .http import HttpServer, ServiceMetrics, make_app
+from .logging import bound_contextvars, configure_logging, get_logger
+from .messaging import OutboxRelay, UnitOfWork, current_envelope, decode, parse_payload, unit_of_work
+from .s3 import ObjectStore
+from .settings import CommonSettings
+
+
+class PoisonMessage(Exception):
+    """Raised by a handler for input that no retry can fix: dead-letter at once."""
+
+
+Handler = Callable[["Runtime", UnitOfWork, Envelope, Any], Awaitable[None]]
+Background = Callable[["Runtime"], Awaitable[None]]
+
+
+@dataclass
+class Service:
+    name: str
+    migrations: Sequence[str] = ()
+    subscriptions: dict[str, Handler] = field(default_factory=dict)
+    routes: Callable[["Runtime"], APIRouter] | None = None
+    background: Sequence[Background] = ()
+    on_start: Callable[["Runtime"], Awaitable[None]] | None = None
+    on_stop: Callable[["Runtime"], Awaitable[None]] | None = None
+    group_id: str | None = None
+    http_port: int = 0
+    state: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def schema(self) -> str:
+        return self.name.replace("-", "_")
+
+
+def load_stack_env(data_dir: Path) -> None:
+    """Adopt the endpoints `whet stack up` wrote, unless set explicitly already."""
+    env_file = data_dir / "stack.env"
+    if not env_file.exists():
+        return
+    for line in env_file.read_text().splitlines():
+        k, sep, v = line.partition("=")
+        if sep and k.startswith("WHETSTONE_"):
+            os.environ.setdefault(k.strip(), v.strip())
+
+
+def resolve_settings() -> CommonSettings:
+    settings = CommonSettings()
+    load_stack_env(settings.data_dir)
+    settings = CommonSettings()
+    missing = [n for n in ("kafka_bootstrap", "database_url", "s3_endpoint") if not getattr(settings, n)]
+    if missing:
+        raise SystemExit(
+            f"no {', '.join(missing)} configured: run `whet stack up` (embedded stack) or set "
+            + ", ".join(f"WHETSTONE_{m.upper()}" for m in missing))
+    return settings
+
+
+class Runtime:
+    """A running service: its pool, broker, outbox relay, store, metrics and HTTP server."""
+
+    def __init__(self, service: Service, settings: CommonSettings, *, clock: Callable[[], datetime] | None = None):
+        self.service, self.settings = service, settings
+        self.name = service.name
+        self.consumer = service.group_id or f"whetstone-{service.name}"
+        self.clock = clock or (lambda: datetime.now(UTC))
+        self.log = get_logger(f"whetstone.{self.name}").bind(service=self.name)
+        self.metrics = ServiceMetrics(self.name)
+        self.pool: asyncpg.Pool | None = None
+        self.broker: KafkaBroker | None = None
+        self.relay: OutboxRelay | None = None
+        self.http: HttpServer | None = None
+        self.store = ObjectStore(settings.s3_endpoint, settings.s3_access_key, settings.s3_secret_key,
+                                 settings.bucket, settings.s3_region)
+        self._tasks: list[asyncio.Task] = []
+        self.state = service.state
+
+    # -- units of work ------------------------------------------------------
+    def uow(self):
+        assert self.pool is not None
+        return unit_of_work(self.pool, self.name, self.relay)
+
+    # -- lifecycle ----------------------------------------------------------
+    async def start(self) -> None:
+        s = self.settings
+        self.pool = await db.create_pool(s.database_url, self.service.schema)
+        applied = await db.migrate(self.pool, self.service.schema, self.service.migrations)
+        self.broker = KafkaBroker(s.kafka_bootstrap, client_id=f"whetstone-{self.name}", logger=None)
+        if self.service.subscriptions:
+            self._subscribe_all()
+        await self.broker.start()
+        self.relay = OutboxRelay(self.pool, self._send)
+        self._tasks.append(asyncio.create_task(self.relay.run(), name=f"{self.name}-outbox"))
+        if self.service.on_start:
+            await self.service.on_start(self)
+        for bg in self.service.background:
+            self._tasks.append(asyncio.create_task(self._guard(bg), name=f"{self.name}-{bg.__name__}"))
+        app = make_app(self.name, self.metrics, {"postgres": self._check_db, "kafka": self._check_kafka})
+        if self.service.routes:
+            app.include_router(self.service.routes(self))
+        self.app: FastAPI = app
+        self.http = HttpServer(app, "127.0.0.1", self.service.http_port)
+        await self.http.start()
+        self.log.info("service started", migrations_applied=applied, http_port=self.http.port,
+                      topics=list(self.service.subscriptions))
+
+    async def stop(self) -> None:
+        if self.service.on_stop:
+            try:
+                await self.service.on_stop(self)
+            except Exception:
+                self.log.exception("on_stop failed")
+        for t in self._tasks:
+            t.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+        if self.http:
+            await self.http.stop()
+        if self.broker:
+            await self.broker.stop()
+        if self.relay and self.pool:
+            try:  # last chance to drain what is committed; the rest waits for next start
+                await asyncio.wait_for(self.relay.flush_once(), timeout=2)
+            except Exception:
+                pass
+        if self.pool:
+            await self.pool.close()
+        self.log.info("service stopped")
+
+    async def _guard(self, bg: Background) -> None:
+        while True:
+            try:
+                await bg(self)
+                return
+            except asyncio.CancelledError:
+                raise
+            except Exception:
+                self.log.exception("background task crashed; restarting", task=bg.__name__)
+                await asyncio.sleep(1)
+
+    async def _check_db(self) -> None:
+        assert self.pool is not None
+        await self.pool.fetchval("SELECT 1")
+
+    async def _check_kafka(self) -> None:
+        assert self.broker is not None
+        if not await self.broker.ping(timeout=2):
+            raise RuntimeError("broker unreachable")
+
+    async def _send(self, topic: str, key: str, value: bytes) -> None:
+        assert self.broker is not None
+        await self.broker.publish(value, topic=topic, key=key.encode())
+        self.metrics.outbox_published.inc()
+
+    # -- consumption --------------------------------------------------------
+    def _subscribe_all(self) -> None:
+        """One consumer (one group member) for all of the service's topics: no rebalance storms."""
+        assert self.broker is not None
+        routes = {t: (TOPICS[t].model, h) for t, h in self.service.subscriptions.items()}
+
+        @self.broker.subscriber(*routes, group_id=self.consumer, auto_offset_reset="earliest",
+                                ack_policy=AckPolicy.NACK_ON_ERROR)
+        async def consume(msg: KafkaMessage) -> None:
+            rec = msg.raw_message
+            model, handler = routes[rec.topic]
+            await self.handle_message(rec.topic, model, handler, msg.body, rec.partition, rec.offset,
+                                      rec.key.decode(errors="replace") if rec.key else None)
+
+    async def handle_message(self, topic: str, model: type[Event], handler: Handler, raw: bytes,
+                             partition: int, offset: int, key: str | None) -> str:
+        """Returns the outcome: handled | duplicate | dead_lettered."""
+        start = time.perf_counter()
+        try:
+            env = decode(raw)
+            event = parse_payload(env, model)
+        except Exception as exc:
+            await self._dead_letter(topic, f"{topic}/{partition}/{offset}", partition, offset, key, raw, 1,
+                                    f"malformed message: {exc}", tenant_id="unknown", trace_id=None)
+            return "dead_lettered"
+        message_id = str(env.event_id)
+        assert self.pool is not None
+        if await db.seen_in_inbox(self.pool, self.consumer, message_id):
+            self.metrics.consumed(topic=topic, outcome="duplicate").inc()
+            return "duplicate"
+        ids = {"event_id": message_id, "tenant_id": env.tenant_id, "trace_id": env.trace_id, "topic": topic}
+        if hasattr(event, "job_id"):
+            ids["job_id"] = event.job_id
+        last_error = ""
+        attempts = self.settings.max_attempts
+        with bound_contextvars(**ids):
+            token = current_envelope.set(env)
+            try:
+                for attempt in range(1, attempts + 1):
+                    try:
+                        async with self.uow() as uow:
+                            if not await db.claim_inbox(uow.conn, self.consumer, message_id, topic):
+                                self.metrics.consumed(topic=topic, outcome="duplicate").inc()
+                                return "duplicate"
+                            await handler(self, uow, env, event)
+                        self.metrics.consumed(topic=topic, outcome="handled").inc()
+                        self.metrics.handler_seconds(topic=topic).observe(time.perf_counter() - start)
+                        return "handled"
+                    except PoisonMessage as exc:
+                        last_error, attempts = f"rejected: {exc}", attempt
+                        break
+                    except Exception as exc:
+                        last_error = f"{type(exc).__name__}: {exc}"
+                        self.log.warning("handler failed", attempt=attempt, of=attempts, error=last_error)
+                        if attempt < attempts:
+                            await asyncio.sleep(0.1 * 2 ** attempt)
+                await self._dead_letter(topic, message_id, partition, offset, key, raw, attempts, last_error,
+                                        tenant_id=env.tenant_id, trace_id=env.trace_id)
+                return "dead_lettered"
+            finally:
+                current_envelope.reset(token)
+
+    async def _dead_letter(self, topic: str, message_id: str, partition: int, offset: int, key: str | None,
+                           raw: bytes, attempts: int, error: str, *, tenant_id: str, trace_id: str | None) -> None:
+        letter = DLQ_MODEL(source_topic=topic, partition=partition, offset=offset, consumer=self.name,
+                           attempts=attempts, error=error[:4000], key=key,
+                           value=raw[:1_000_000].decode("utf-8", errors="replace"))
+        async with self.uow() as uow:
+            if not await db.claim_inbox(uow.conn, self.consumer, message_id, topic):
+                return
+            env = await uow.publish(letter, tenant_id=tenant_id, trace_id=trace_id, topic=TOPICS[topic].dlq)
+        self.metrics.dead_lettered(topic=topic).inc()
+        self.metrics.consumed(topic=topic, outcome="dead_lettered").inc()
+        self.log.error("message dead-lettered", dlq=TOPICS[topic].dlq, error=error, attempts=attempts,
+                       dlq_event_id=str(env.event_id))
+
+
+async def ensure_topics(settings: CommonSettings) -> None:
+    from .stack import create_topics  # noqa: PLC0415  (keeps import light for tools)
+
+    await asyncio.to_thread(create_topics, settings.kafka_bootstrap, all_topic_partitions())
+
+
+async def run_services(services: Sequence[Service], settings: CommonSettings | None = None,
+                       ready: Callable[[list[Runtime]], None] | None = None,
+                       stop_event: asyncio.Event | None = None) -> None:
+    """Start the services in one loop, run until SIGINT/SIGTERM (or stop_event), stop cleanly."""
+    settings = settings or resolve_settings()
+    configure_logging(settings.log_level, settings.log_json)
+    await ensure_topics(settings)
+    stop_event = stop_event or asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        try:
+            loop.add_signal_handler(sig, stop_event.set)
+        except (NotImplementedError, RuntimeError):
+            pass
+    runtimes = [Runtime(s, settings) for s in services]
+    started: list[Runtime] = []
+    try:
+        for rt in runtimes:
+            await rt.start()
+            started.append(rt)
+        if ready:
+            ready(runtimes)
+        await stop_event.wait()
+    finally:
+        for rt in reversed(started):
+            await rt.stop()
+
+
+def service_main(*builders: Callable[[], Service]) -> None:
+    """Console-script entry point: run the given service(s) until SIGINT/SIGTERM."""
+    asyncio.run(run_services([b() for b in builders]))

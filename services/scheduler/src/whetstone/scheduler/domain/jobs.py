@@ -1,0 +1,118 @@
+"""Job state machine, admission rules and spec resolution. Pure: no IO."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import dataclass
+from typing import Any
+
+# OpenAI-style statuses plus the platform's own.
+VALIDATING = "validating_files"
+QUEUED = "queued"
+PROVISIONING = "provisioning"
+RUNNING = "running"
+CHECKPOINTING = "checkpointing"
+EVALUATING = "evaluating"
+PREEMPTED = "preempted"
+SUCCEEDED = "succeeded"
+FAILED = "failed"
+CANCELLED = "cancelled"
+
+TERMINAL = frozenset({SUCCEEDED, FAILED, CANCELLED})
+ACTIVE_ON_NODE = frozenset({PROVISIONING, RUNNING, CHECKPOINTING})
+
+TRANSITIONS: dict[str, frozenset[str]] = {
+    VALIDATING: frozenset({QUEUED, FAILED, CANCELLED}),
+    QUEUED: frozenset({PROVISIONING, FAILED, CANCELLED}),
+    PROVISIONING: frozenset({RUNNING, EVALUATING, PREEMPTED, FAILED, CANCELLED}),
+    RUNNING: frozenset({CHECKPOINTING, EVALUATING, PREEMPTED, FAILED, CANCELLED}),
+    CHECKPOINTING: frozenset({RUNNING, EVALUATING, PREEMPTED, FAILED, CANCELLED}),
+    PREEMPTED: frozenset({QUEUED, FAILED, CANCELLED}),
+    EVALUATING: frozenset({SUCCEEDED, FAILED}),
+    SUCCEEDED: frozenset(),
+    FAILED: frozenset(),
+    CANCELLED: frozenset(),
+}
+
+
+class InvalidTransition(ValueError):
+    pass
+
+
+def can_transition(current: str, target: str) -> bool:
+    return target in TRANSITIONS.get(current, frozenset())
+
+
+def transition(current: str, target: str) -> str:
+    if not can_transition(current, target):
+        raise InvalidTransition(f"job cannot go from {current} to {target}")
+    return target
+
+
+# ------------------------------------------------------------------ admission
+
+TIER_PRIORITY = {"premium": 0, "standard": 1, "free": 2}
+
+
+@dataclass(frozen=True)
+class Rejection:
+    code: str
+    message: str
+
+
+def check_tenant(tenant_id: str, tenants: dict[str, str], requested_tier: str | None) -> Rejection | str:
+    """Returns the tier the job runs at, or why it is refused."""
+    tier = tenants.get(tenant_id)
+    if tier is None:
+        return Rejection("unknown_tenant", f"tenant {tenant_id!r} is not registered on this platform")
+    if requested_tier and requested_tier != tier:
+        if TIER_PRIORITY.get(requested_tier, -1) < TIER_PRIORITY[tier]:
+            return Rejection("tier_not_allowed", f"tenant {tenant_id!r} has tier {tier!r}, not {requested_tier!r}")
+        return requested_tier  # running at a lower tier than allowed is fine
+    return tier
+
+
+def request_fingerprint(request: dict[str, Any]) -> str:
+    """Stripe semantics: same key + same parameters = same job; different = error."""
+    return hashlib.sha256(json.dumps(request, sort_keys=True, default=str).encode()).hexdigest()
+
+
+# -------------------------------------------------------- spec resolution
+
+METHOD_DEFAULTS: dict[str, dict[str, Any]] = {
+    "lora": {"learning_rate": 2e-4, "lora_r": 16, "lora_dropout": 0.05},
+    "qlora": {"learning_rate": 2e-4, "lora_r": 16, "lora_dropout": 0.05},
+    "full": {"learning_rate": 2e-5},
+    "dpo": {"learning_rate": 5e-6, "lora_r": 16, "lora_dropout": 0.05},
+    "orpo": {"learning_rate": 8e-6, "lora_r": 16, "lora_dropout": 0.05},
+    "cpt": {"learning_rate": 2e-5},
+}
+COMMON_DEFAULTS: dict[str, Any] = {
+    "n_epochs": 3, "batch_size": 8, "gradient_accumulation_steps": 1, "max_seq_len": 2048,
+    "warmup_ratio": 0.03, "seed": 42, "checkpoint_every_steps": 50,
+}
+METHODS_FOR_PURPOSE = {"sft": {"lora", "qlora", "full"}, "dpo": {"dpo", "orpo"}, "cpt": {"cpt"}, "eval": set()}
+
+
+def resolve_hyperparameters(method: str, given: dict[str, Any], model_defaults: dict[str, Any] | None = None
+                            ) -> tuple[dict[str, Any], str]:
+    """Fill unset knobs with per-method (and per-model) defaults; alpha = 2 x rank.
+    Returns the resolved dict and its hash (lineage)."""
+    resolved = dict(COMMON_DEFAULTS)
+    resolved.update(METHOD_DEFAULTS.get(method, {}))
+    resolved.update(model_defaults or {})
+    resolved.update({k: v for k, v in given.items() if v is not None})
+    if "lora_r" in resolved and given.get("lora_alpha") is None:
+        resolved["lora_alpha"] = 2 * resolved["lora_r"]
+    digest = hashlib.sha256(json.dumps(resolved, sort_keys=True).encode()).hexdigest()
+    return resolved, digest
+
+
+def check_method_fits_dataset(method: str, purpose: str) -> Rejection | None:
+    allowed = METHODS_FOR_PURPOSE.get(purpose, set())
+    if method not in allowed:
+        return Rejection("method_dataset_mismatch",
+                         f"method {method!r} cannot train on a {purpose!r} dataset "
+                         f"(fits: {', '.join(sorted(allowed)) or 'nothing: eval-only data'})")
+    return None

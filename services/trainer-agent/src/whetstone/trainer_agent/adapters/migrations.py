@@ -1,0 +1,22 @@
+MIGRATIONS = [
+    """
+    CREATE TABLE runs (
+        segment_id   text PRIMARY KEY,
+        job_id       text NOT NULL,
+        node_id      text NOT NULL,
+        tenant_id    text NOT NULL,
+        trace_id     text NOT NULL,
+        attempt      int  NOT NULL,
+        gpu_ids      int[] NOT NULL,
+        spec         jsonb NOT NULL,
+        resume_from  jsonb,
+        status       text NOT NULL,  -- assigned | running | finished | cancelled | interrupted
+        outcome      text,
+        latest_checkpoint jsonb,
+        started_at   timestamptz,
+        finished_at  timestamptz,
+        created_at   timestamptz NOT NULL DEFAULT now()
+    );
+    CREATE INDEX runs_status ON runs (node_id, status);
+    """,
+]

@@ -1,0 +1,24 @@
+"""Wiring: the trainer-agent service definition (one consumer group per node)."""
+
+import asyncio
+
+from whetstone.runtime.service import Service
+
+from . import handlers as H
+from .adapters.migrations import MIGRATIONS
+from .config import TrainerAgentSettings
+
+
+def build_service(config: TrainerAgentSettings | None = None) -> Service:
+    config = config or TrainerAgentSettings()
+    return Service(
+        name="trainer-agent",
+        group_id=f"whetstone-trainer-agent-{config.node_id}",
+        migrations=MIGRATIONS,
+        subscriptions={"job.assigned": H.on_job_assigned, "job.cancelled": H.on_job_cancelled},
+        background=[H.heartbeat, H.supervise],
+        on_stop=H.drain,
+        http_port=config.http_port,
+        state={"config": config, "wakeup": asyncio.Event(), "procs": {}, "running_gpus": {}, "cancelled": set(),
+               "tasks": set()},
+    )

@@ -1,0 +1,1 @@
+"""Training recipes run by the trainer agent as child processes (`python -m ...`)."""

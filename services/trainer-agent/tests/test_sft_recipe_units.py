@@ -1,0 +1,69 @@
+"""Pure parts of the SFT recipe: config parsing, data validation, the event stream."""
+
+from __future__ import annotations
+
+import io
+import json
+
+import pytest
+
+from whetstone.trainer_agent.recipes.sft import (
+    EventStream,
+    Hyperparameters,
+    PlatformError,
+    RecipeConfig,
+    UserError,
+    read_chat_jsonl,
+)
+
+pytestmark = pytest.mark.unit
+
+
+def test_hyperparameters_defaults_and_coercion():
+    hp = Hyperparameters.parse({"n_epochs": 1.0, "warmup_ratio": 0, "unknown_knob": 3})
+    assert hp.n_epochs == 1 and isinstance(hp.n_epochs, int)
+    assert hp.warmup_ratio == 0.0 and isinstance(hp.warmup_ratio, float)
+    assert hp.lora_r == 8 and hp.lora_alpha == 16 and hp.batch_size == 8 and hp.max_seq_len == 256
+
+
+@pytest.mark.parametrize("raw", [{"lora_r": 0}, {"n_epochs": 1.5}, {"learning_rate": 1}, {"batch_size": "8"}, {"warmup_ratio": 1.0},
+                                 {"lora_dropout": True}])
+def test_invalid_hyperparameters_are_user_errors(raw):
+    with pytest.raises(UserError):
+        Hyperparameters.parse(raw)
+
+
+def test_config_requires_platform_fields(tmp_path):
+    path = tmp_path / "c.json"
+    path.write_text(json.dumps({"job_id": "j", "base_model": "m"}))
+    with pytest.raises(PlatformError, match="train_file, output_dir"):
+        RecipeConfig.load(path)
+    path.write_text(json.dumps({"job_id": "j", "base_model": "m", "train_file": "t", "output_dir": "o",
+                                "method": "full"}))
+    with pytest.raises(UserError, match="unsupported method"):
+        RecipeConfig.load(path)
+
+
+def test_read_chat_jsonl_skips_blank_lines_and_names_bad_ones(tmp_path):
+    good = '{"messages": [{"role": "user", "content": "q"}, {"role": "assistant", "content": "a"}]}'
+    path = tmp_path / "d.jsonl"
+    path.write_text(good + "\n\n" + good + "\n")
+    assert [line for line, _ in read_chat_jsonl(path)] == [1, 3]
+    path.write_text(good + "\n" + '{"messages": [{"role": "assistant", "content": "a", "weight": 2}]}\n')
+    with pytest.raises(UserError, match="d.jsonl line 2: message 0 has weight 2"):
+        read_chat_jsonl(path)
+    path.write_text("")
+    with pytest.raises(UserError, match="has no rows"):
+        read_chat_jsonl(path)
+
+
+def test_event_stream_writes_one_strict_json_object_per_line():
+    buffer = io.StringIO()
+    stream = EventStream(buffer, job_id="job-1")
+    stream.emit("progress", step=1, loss=float("nan"), grad_norm=float("inf"))
+    stream.emit("completed", step=2)
+    lines = buffer.getvalue().splitlines()
+    assert len(lines) == 2
+    first = json.loads(lines[0])
+    assert first["event"] == "progress" and first["job_id"] == "job-1"
+    assert first["loss"] is None and first["grad_norm"] is None
