@@ -3,11 +3,6 @@ from pathlib import Path
 import pytest
 
 
-def pytest_configure(config):
-    config.addinivalue_line("markers", "unit: fast tests, no IO services")
-    config.addinivalue_line("markers", "integration: tests that spawn real processes or training")
-
-
 @pytest.fixture(scope="session")
 def tiny_model_dir(tmp_path_factory) -> Path:
     from whetstone.modelkit.tiny import build_tiny_model

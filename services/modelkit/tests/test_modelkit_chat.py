@@ -90,3 +90,8 @@ def test_template_that_is_not_prefix_stable_falls_back_to_content_search(tokeniz
 def test_malformed_conversations_raise(tokenizer, messages):
     with pytest.raises(ChatFormatError):
         tokenize_chat(tokenizer, messages, max_len=64)
+
+
+def test_trained_user_message_whose_content_repeats_its_role_name(tokenizer):
+    messages = [{"role": "user", "content": "user", "weight": 1}, {"role": "assistant", "content": "assistant"}]
+    assert mask_preview(tokenizer, messages) == "<|bos|><|user|>\n[[user<|end|>]]\n<|assistant|>\n[[assistant<|end|>]]\n"

@@ -6,11 +6,6 @@ import pytest
 REPO_ROOT = Path(__file__).resolve().parents[3]
 
 
-def pytest_configure(config):
-    config.addinivalue_line("markers", "unit: fast tests, no IO services")
-    config.addinivalue_line("markers", "integration: tests that spawn real processes or training")
-
-
 def _chat_demo_module():
     path = REPO_ROOT / "examples" / "datasets" / "make_chat_demo.py"
     spec = importlib.util.spec_from_file_location("make_chat_demo", path)

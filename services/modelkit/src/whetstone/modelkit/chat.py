@@ -82,7 +82,8 @@ def _spans_by_prefix_diff(tokenizer, messages, text, weights, **template_kwargs)
                 if text.startswith(prompt) and seg_start <= len(prompt) <= seg_end:
                     content_start = len(prompt)
             if content_start is None:
-                found = text.find(content, seg_start, seg_end) if content else -1
+                # rfind: the content follows the role header, which may contain the same text
+                found = text.rfind(content, seg_start, seg_end) if content else -1
                 if found < 0:
                     return None
                 content_start = found

@@ -22,8 +22,10 @@ log = get_logger("whetstone.outbox")
 current_envelope: contextvars.ContextVar[Envelope | None] = contextvars.ContextVar("current_envelope", default=None)
 
 
-def make_envelope(event: Event, *, producer: str, tenant_id: str, trace_id: str | None = None) -> Envelope:
-    topic = topic_for(event)
+def make_envelope(event: Event, *, producer: str, tenant_id: str, trace_id: str | None = None,
+                  key: str | None = None) -> Envelope:
+    if key is None:
+        key = str(getattr(event, topic_for(event).key_field))
     parent = current_envelope.get()
     return Envelope(
         event_type=event.EVENT_TYPE,
@@ -31,7 +33,7 @@ def make_envelope(event: Event, *, producer: str, tenant_id: str, trace_id: str 
         producer=producer,
         tenant_id=tenant_id,
         trace_id=trace_id or (parent.trace_id if parent else None) or Envelope.model_fields["trace_id"].default_factory(),
-        key=str(getattr(event, topic.key_field)),
+        key=key,
         payload=event.model_dump(mode="json"),
     )
 
@@ -42,7 +44,11 @@ def encode(envelope: Envelope) -> bytes:
 
 def decode(raw: bytes) -> Envelope:
     """Tolerant parse of a message; raises ValueError/ValidationError on garbage."""
-    return Envelope.model_validate(json.loads(raw), context=TOLERANT)
+    try:
+        data = json.loads(raw)
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise ValueError(f"invalid JSON: {exc}") from exc
+    return Envelope.model_validate(data, context=TOLERANT)
 
 
 def parse_payload(envelope: Envelope, model: type[Event]) -> Event:
@@ -64,8 +70,8 @@ class UnitOfWork:
     pending: list[Envelope] = field(default_factory=list)
 
     async def publish(self, event: Event, *, tenant_id: str, trace_id: str | None = None,
-                      topic: str | None = None) -> Envelope:
-        env = make_envelope(event, producer=self.producer, tenant_id=tenant_id, trace_id=trace_id)
+                      topic: str | None = None, key: str | None = None) -> Envelope:
+        env = make_envelope(event, producer=self.producer, tenant_id=tenant_id, trace_id=trace_id, key=key)
         await self.conn.execute(
             "INSERT INTO outbox (topic, key, value) VALUES ($1, $2, $3)",
             topic or topic_for(event).name, env.key, encode(env),

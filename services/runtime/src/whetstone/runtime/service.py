@@ -195,8 +195,15 @@ class Runtime:
         async def consume(msg: KafkaMessage) -> None:
             rec = msg.raw_message
             model, handler = routes[rec.topic]
-            await self.handle_message(rec.topic, model, handler, msg.body, rec.partition, rec.offset,
-                                      rec.key.decode(errors="replace") if rec.key else None)
+            try:
+                await self.handle_message(rec.topic, model, handler, msg.body, rec.partition, rec.offset,
+                                          rec.key.decode(errors="replace") if rec.key else None)
+            except Exception:
+                # even dead-lettering failed (database down?): rewind and retry after a pause
+                self.log.exception("message could not be handled nor dead-lettered; will be redelivered",
+                                   topic=rec.topic, partition=rec.partition, offset=rec.offset)
+                await asyncio.sleep(1.0)
+                raise
 
     async def handle_message(self, topic: str, model: type[Event], handler: Handler, raw: bytes,
                              partition: int, offset: int, key: str | None) -> str:
@@ -254,7 +261,8 @@ class Runtime:
         async with self.uow() as uow:
             if not await db.claim_inbox(uow.conn, self.consumer, message_id, topic):
                 return
-            env = await uow.publish(letter, tenant_id=tenant_id, trace_id=trace_id, topic=TOPICS[topic].dlq)
+            env = await uow.publish(letter, tenant_id=tenant_id, trace_id=trace_id, topic=TOPICS[topic].dlq,
+                                    key=key or message_id)
         self.metrics.dead_lettered(topic=topic).inc()
         self.metrics.consumed(topic=topic, outcome="dead_lettered").inc()
         self.log.error("message dead-lettered", dlq=TOPICS[topic].dlq, error=error, attempts=attempts,

@@ -24,9 +24,10 @@ def build_service(config: SchedulerSettings | None = None) -> Service:
             "job.completed": H.on_job_completed,
             "job.failed": H.on_job_failed,
             "eval.completed": H.on_eval_completed,
+            "usage.metered": H.on_usage_metered,
         },
         routes=routes,
-        background=[H.watch_lost_nodes],
+        background=[H.watch_lost_nodes, H.expire_waiting_jobs],
         http_port=config.http_port,
         state={"config": config},
     )

@@ -11,6 +11,7 @@ class SchedulerSettings(ServiceSettings):
     default_gpu_type: str = "cpu"
     node_timeout_s: float = 20.0
     lost_node_check_s: float = 5.0
+    dataset_wait_s: float = 600.0
 
     @property
     def node_timeout(self) -> timedelta:

@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 import asyncio
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Any
 
 from whetstone.contracts import (
     CheckpointRef, CheckpointWrittenV1, DatasetValidatedV1, Envelope, EvalCompletedV1, JobAssignedV1,
     JobCancelledV1, JobCompletedV1, JobFailedV1, JobPreemptedV1, JobProgressV1, JobQueuedV1, JobRequestedV1,
-    JobStartedV1, NodeHeartbeatV1, Resources, TrainingSpec, job_id_for,
+    JobStartedV1, NodeHeartbeatV1, Resources, TrainingSpec, UsageMeteredV1, job_id_for,
 )
 from whetstone.runtime.messaging import UnitOfWork
 from whetstone.runtime.models import UnknownModel, resolve_model
@@ -349,3 +349,32 @@ async def watch_lost_nodes(rt: Runtime) -> None:
                         if ckpt else None), tenant_id=job["tenant_id"])
                 rt.log.warning("node lost", node_id=node["node_id"], jobs=[r["job_id"] for r in rows])
 
+
+
+async def on_usage_metered(rt: Runtime, uow: UnitOfWork, env: Envelope, ev: UsageMeteredV1) -> None:
+    """Quota accounting arrives as events, never by reading metering's tables."""
+    if ev.scope != "job":
+        return
+    month = env.occurred_at.strftime("%Y-%m")
+    await uow.conn.execute(
+        "INSERT INTO tenant_usage (tenant_id, month, jobs, gpu_seconds, cost) VALUES ($1, $2, 1, $3, $4)"
+        " ON CONFLICT (tenant_id, month) DO UPDATE SET jobs = tenant_usage.jobs + 1,"
+        " gpu_seconds = tenant_usage.gpu_seconds + EXCLUDED.gpu_seconds, cost = tenant_usage.cost + EXCLUDED.cost",
+        env.tenant_id, month, ev.billable_gpu_seconds, ev.cost)
+
+
+async def expire_waiting_jobs(rt: Runtime) -> None:
+    """A job whose training file never gets validated fails with a clear reason instead of hanging."""
+    cfg = rt.state["config"]
+    while True:
+        await asyncio.sleep(min(5.0, cfg.dataset_wait_s / 2))
+        async with rt.uow() as uow:
+            rows = await uow.conn.fetch(
+                "SELECT job_id FROM jobs WHERE status = $1 AND created_at < $2 FOR UPDATE SKIP LOCKED",
+                J.VALIDATING, rt.clock() - timedelta(seconds=cfg.dataset_wait_s))
+            for r in rows:
+                job = await get_job(uow, r["job_id"])
+                await fail_job(rt, uow, job, "training_file_not_found",
+                               f"training_file {job['request']['training_file']!r} was not validated within "
+                               f"{cfg.dataset_wait_s:.0f}s: upload it first (whet datasets upload) and use the "
+                               "dataset id it prints")

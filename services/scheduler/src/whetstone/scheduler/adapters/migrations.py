@@ -62,4 +62,14 @@ MIGRATIONS = [
         lost        boolean NOT NULL DEFAULT false
     );
     """,
+    """
+    CREATE TABLE tenant_usage (
+        tenant_id   text NOT NULL,
+        month       text NOT NULL,
+        jobs        int  NOT NULL DEFAULT 0,
+        gpu_seconds double precision NOT NULL DEFAULT 0,
+        cost        numeric(14, 6) NOT NULL DEFAULT 0,
+        PRIMARY KEY (tenant_id, month)
+    );
+    """,
 ]

@@ -251,6 +251,8 @@ def _validate_row(row: Any, name: str, line_no: int) -> list[dict[str, Any]]:
 
 def tokenize_rows(tokenizer, rows, max_seq_len: int, name: str) -> list[dict[str, list[int]]]:
     """Platform-masked examples; rows whose trained tokens are all truncated away are dropped."""
+    from jinja2 import TemplateError
+
     from whetstone.modelkit.chat import IGNORE_INDEX, ChatFormatError, tokenize_chat
 
     examples, dropped = [], []
@@ -259,7 +261,7 @@ def tokenize_rows(tokenizer, rows, max_seq_len: int, name: str) -> list[dict[str
             example = tokenize_chat(tokenizer, messages, max_seq_len)
         except ChatFormatError as exc:
             raise UserError(f"{name} line {line_no}: {exc}") from exc
-        except Exception as exc:  # jinja errors raised by the model's own template
+        except TemplateError as exc:  # e.g. raise_exception() in the model's own chat template
             raise UserError(f"{name} line {line_no}: chat template rejected the conversation ({exc})") from exc
         if any(label != IGNORE_INDEX for label in example["labels"][1:]):
             examples.append({"input_ids": example["input_ids"], "labels": example["labels"]})
