@@ -112,29 +112,11 @@ def cmd_datasets_upload(args: argparse.Namespace) -> int:
     return 0
 
 
-def cmd_datasets_check(args: argparse.Namespace) -> int:
-    from whetstone.ingest.domain.chat import run_validation  # noqa: PLC0415
+def cmd_datasets_check(argv: list[str]) -> int:
+    """`whet datasets check FILE ...`: the ingest service's own offline validator."""
+    from whetstone.ingest.cli import check_main  # noqa: PLC0415
 
-    path = Path(args.file)
-    if not path.is_file():
-        print(f"no such file: {path}", file=sys.stderr)
-        return 2
-    with open(path, "rb") as f:
-        report = run_validation(f, lambda side, row: None, min_examples=args.min_examples)
-    accepted = report.error_count == 0
-    out = {"accepted": accepted, "format": "jsonl", "schema": "chat", "rows_total": report.rows_total,
-           "rows_kept": report.rows_kept, "exact_duplicates": report.exact_duplicates,
-           "errors": [i.as_dict() for i in report.errors], "error_count": report.error_count,
-           "warnings": [i.as_dict() for i in report.warnings]}
-    if args.json:
-        print(json.dumps(out))
-    else:
-        print(f"{'ACCEPTED' if accepted else 'REJECTED'}: {report.rows_kept}/{report.rows_total} rows kept")
-        for i in report.errors:
-            print(f"  line {i.line}: [{i.code}] {i.message}")
-        if report.error_count > len(report.errors):
-            print(f"  ... and {report.error_count - len(report.errors)} more")
-    return 0 if accepted else 1
+    return check_main(argv)
 
 
 # ------------------------------------------------------------------- jobs
@@ -253,11 +235,7 @@ def main(argv: list[str] | None = None) -> int:
     upl.add_argument("--tenant", default="demo")
     upl.add_argument("--purpose", default="sft", choices=["sft", "dpo", "cpt", "eval"])
     upl.set_defaults(fn=cmd_datasets_upload)
-    chk = ds.add_parser("check")
-    chk.add_argument("file")
-    chk.add_argument("--json", action="store_true")
-    chk.add_argument("--min-examples", type=int, default=10)
-    chk.set_defaults(fn=cmd_datasets_check)
+    ds.add_parser("check", help="validate a dataset offline (whet datasets check --help)", add_help=False)
     jobs = sub.add_parser("jobs").add_subparsers(dest="action", required=True)
     cj = jobs.add_parser("create")
     cj.add_argument("--tenant", default="demo")
@@ -273,6 +251,9 @@ def main(argv: list[str] | None = None) -> int:
     demo.add_argument("--dataset", default="examples/datasets/chat_demo.jsonl")
     demo.add_argument("--keep", action="store_true", help="keep the data directory")
     demo.set_defaults(fn=cmd_demo)
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:2] == ["datasets", "check"]:  # its own parser lives in the ingest service
+        return cmd_datasets_check(argv[2:])
     args = p.parse_args(argv)
     return args.fn(args)
 
