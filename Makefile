@@ -40,3 +40,16 @@ dev: venv
 
 clean:
 	rm -rf $(VENV) .whetstone
+
+.PHONY: bench-ingest bench-training bench-metering bench-scheduler
+bench-ingest: venv
+	$(BIN)/python bench/ingest.py $(ARGS)
+
+bench-training: venv
+	$(BIN)/python bench/training.py $(ARGS)
+
+bench-metering: venv
+	$(BIN)/python bench/metering.py $(ARGS)
+
+bench-scheduler: venv
+	$(BIN)/python bench/scheduler.py $(ARGS)

@@ -37,7 +37,7 @@ async def settle(rt, topic: str, delivered: int = 3) -> None:
     """Wait until the service has seen every copy (handled + duplicates)."""
     async def seen():
         m = rt.metrics.registry.get_sample_value
-        total = sum(m("whetstone_messages_consumed_total", {"topic": topic, "outcome": o}) or 0
+        total = sum(m("whetstone_messages_consumed_total", {"service": rt.name, "topic": topic, "outcome": o}) or 0
                     for o in ("handled", "duplicate", "dead_lettered"))
         return total >= delivered
     await wait_until(seen, 30, f"{delivered} deliveries of {topic}")

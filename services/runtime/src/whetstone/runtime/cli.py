@@ -46,7 +46,12 @@ def cmd_stack_up(args: argparse.Namespace) -> int:
 
     s = CommonSettings()
     data_dir = Path(args.data_dir or s.data_dir)
-    return stack_up_main(data_dir / "stack", all_topic_partitions(), [s.bucket], data_dir / "stack.env")
+    env_file = data_dir / "stack.env"
+    if env_file.exists():  # a previous launcher's endpoints: never adopt them as "external" servers
+        env_file.unlink()
+    external = {"kafka_bootstrap": s.kafka_bootstrap, "database_url": s.database_url, "s3_endpoint": s.s3_endpoint,
+                "s3_access_key": s.s3_access_key, "s3_secret_key": s.s3_secret_key}
+    return stack_up_main(data_dir / "stack", all_topic_partitions(), [s.bucket], env_file, **external)
 
 
 def cmd_dev(args: argparse.Namespace) -> int:

@@ -17,18 +17,22 @@ class ServiceMetrics:
 
     def __init__(self, service: str) -> None:
         self.registry = CollectorRegistry()
+        self.service = service
         ns = "whetstone"
-        labels = {"service": service}
-        self.consumed = Counter(f"{ns}_messages_consumed_total", "Messages handled, by outcome",
-                                ["topic", "outcome"], registry=self.registry).labels
-        self.handler_seconds = Histogram(f"{ns}_handler_seconds", "Handler latency", ["topic"],
-                                         registry=self.registry).labels
-        self.dead_lettered = Counter(f"{ns}_dead_lettered_total", "Messages sent to a DLQ", ["topic"],
-                                     registry=self.registry).labels
-        self.outbox_published = Counter(f"{ns}_outbox_published_total", "Outbox rows published",
-                                        registry=self.registry)
+
+        def labelled(metric):  # every series carries the service name, even with six services in one process
+            return lambda **labels: metric.labels(service=service, **labels)
+
+        self.consumed = labelled(Counter(f"{ns}_messages_consumed_total", "Messages handled, by outcome",
+                                         ["service", "topic", "outcome"], registry=self.registry))
+        self.handler_seconds = labelled(Histogram(f"{ns}_handler_seconds", "Handler latency", ["service", "topic"],
+                                                  registry=self.registry))
+        self.dead_lettered = labelled(Counter(f"{ns}_dead_lettered_total", "Messages sent to a DLQ",
+                                              ["service", "topic"], registry=self.registry))
+        self.outbox_published = Counter(f"{ns}_outbox_published_total", "Outbox rows published", ["service"],
+                                        registry=self.registry).labels(service=service)
         self.up = Gauge(f"{ns}_service_up", "1 while the service runs", ["service"], registry=self.registry)
-        self.up.labels(**labels).set(1)
+        self.up.labels(service=service).set(1)
 
 
 def make_app(service: str, metrics: ServiceMetrics, checks: dict[str, HealthCheck]) -> FastAPI:

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import shlex
 import signal
 import time
 from collections.abc import Awaitable, Callable, Sequence
@@ -73,8 +74,9 @@ def load_stack_env(data_dir: Path) -> None:
         return
     for line in env_file.read_text().splitlines():
         k, sep, v = line.partition("=")
-        if sep and k.startswith("WHETSTONE_"):
-            os.environ.setdefault(k.strip(), v.strip())
+        if sep and k.strip().startswith("WHETSTONE_"):
+            value = shlex.split(v)[0] if v.strip() else ""
+            os.environ.setdefault(k.strip(), value)
 
 
 def resolve_settings() -> CommonSettings:

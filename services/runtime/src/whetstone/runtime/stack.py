@@ -778,14 +778,16 @@ def stack_up_main(
     topics: Sequence[tuple[str, int]],
     buckets: Sequence[str],
     env_file: Path,
+    **external: str | None,
 ) -> int:
-    """`whet stack up`: run the stack until SIGINT/SIGTERM, publishing its endpoints in `env_file`."""
+    """`whet stack up`: run the stack until SIGINT/SIGTERM, publishing its endpoints in `env_file`.
+    ``external`` (kafka_bootstrap / database_url / s3_endpoint) replaces that part by a running server."""
 
     def interrupt(signum: int, frame: object) -> None:
         raise KeyboardInterrupt
 
     previous = {sig: signal.signal(sig, interrupt) for sig in (signal.SIGINT, signal.SIGTERM)}
-    stack = EmbeddedStack(data_dir, topics=topics, buckets=buckets)
+    stack = EmbeddedStack(data_dir, topics=topics, buckets=buckets, **external)
     exit_code = 0
     try:
         endpoints = stack.start()
