@@ -14,6 +14,9 @@ $(VENV)/.installed: constraints.txt requirements-dev.txt $(wildcard contracts/py
 	$(BIN)/pip install -q --upgrade pip
 	# the CPU build of torch lies on this machine's disk; never let a dependency pull a CUDA build
 	$(BIN)/pip install -q torch==2.13.0
+	# DeepSpeed builds against the torch above (its config rules are validated with DeepSpeed itself)
+	$(BIN)/pip install -q -c constraints.txt wheel setuptools
+	$(BIN)/pip install -q --no-build-isolation -c constraints.txt deepspeed
 	$(BIN)/pip install -q -c constraints.txt -r requirements-dev.txt $(PKGS)
 	touch $@
 

@@ -39,7 +39,7 @@ def test_config_requires_platform_fields(tmp_path):
     with pytest.raises(PlatformError, match="train_file, output_dir"):
         RecipeConfig.load(path)
     path.write_text(json.dumps({"job_id": "j", "base_model": "m", "train_file": "t", "output_dir": "o",
-                                "method": "full"}))
+                                "method": "kto"}))
     with pytest.raises(UserError, match="unsupported method"):
         RecipeConfig.load(path)
 

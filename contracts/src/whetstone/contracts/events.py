@@ -5,7 +5,7 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Any, Literal
 
-from pydantic import Field
+from pydantic import Field, field_validator
 
 from .base import Contract, Event
 
@@ -67,7 +67,7 @@ class Hyperparameters(Contract):
 
     n_epochs: int | None = Field(default=None, ge=1, le=100)
     learning_rate: float | None = Field(default=None, gt=0, le=1)
-    batch_size: int | None = Field(default=None, ge=1, le=4096)
+    batch_size: int | Literal["auto"] | None = Field(default=None, description="micro-batch, or 'auto'")
     gradient_accumulation_steps: int | None = Field(default=None, ge=1, le=1024)
     lora_r: int | None = Field(default=None, ge=1, le=1024)
     lora_alpha: int | None = Field(default=None, ge=1, le=4096)
@@ -76,6 +76,20 @@ class Hyperparameters(Contract):
     warmup_ratio: float | None = Field(default=None, ge=0, lt=1)
     seed: int | None = Field(default=None, ge=0)
     checkpoint_every_steps: int | None = Field(default=None, ge=1)
+    checkpoint_every_minutes: float | None = Field(default=None, gt=0)
+    target_effective_batch: int | None = Field(default=None, ge=1, le=65536)
+    packing: bool | None = None
+    lora_target_modules: list[str] | None = None
+    merge_adapter: bool | None = None
+    precompute_ref_log_probs: bool | None = None
+    zero_stage: int | None = Field(default=None, ge=0, le=3)
+
+    @field_validator("batch_size")
+    @classmethod
+    def _batch_size_range(cls, v: int | str | None) -> int | str | None:
+        if isinstance(v, int) and not 1 <= v <= 4096:
+            raise ValueError("batch_size must be between 1 and 4096, or 'auto'")
+        return v
 
 
 class JobRequestedV1(Event):
@@ -137,6 +151,8 @@ class JobAssignedV1(Event):
     gpu_ids: list[int] = Field(default_factory=list)
     spec: TrainingSpec
     resume_from: CheckpointRef | None = None
+    rendezvous: dict[str, Any] | None = Field(
+        default=None, description="multi-node: master_addr, master_port, node_rank, nodes, hosts")
 
 
 class JobCancelledV1(Event):
@@ -173,6 +189,10 @@ class JobProgressV1(Event):
     tokens_per_s: float | None = None
     samples_per_s: float | None = None
     peak_memory_mb: float | None = None
+    validation_loss: float | None = None
+    tokens_seen: int | None = None
+    token_accuracy: float | None = None
+    gpu_utilization: float | None = None
 
 
 class CheckpointWrittenV1(Event):
@@ -187,6 +207,7 @@ class CheckpointWrittenV1(Event):
     files: int
     size_bytes: int
     written_at: datetime
+    metrics: dict[str, float] = Field(default_factory=dict, description="e.g. validation_loss at this step")
 
 
 class JobPreemptedV1(Event):
@@ -210,6 +231,7 @@ class JobCompletedV1(Event):
     train_loss: float | None = None
     tokens: int | None = None
     final_checkpoint: CheckpointRef
+    metrics: dict[str, Any] = Field(default_factory=dict)
 
 
 class JobFailedV1(Event):
@@ -221,6 +243,7 @@ class JobFailedV1(Event):
     segment_id: str | None = None
     node_id: str | None = None
     stopped_at: datetime | None = None
+    advice: list[str] = Field(default_factory=list)
 
 
 # -------------------------------------------------------------- eval, models

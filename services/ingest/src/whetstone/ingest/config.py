@@ -1,12 +1,43 @@
+from pathlib import Path
+from typing import Any
+
+from pydantic import Field
 from pydantic_settings import SettingsConfigDict
 
 from whetstone.runtime.settings import ServiceSettings
+
+from .domain.cost import DEFAULT_PRICES, DEFAULT_THROUGHPUT
+from .domain.policies import Policies
 
 
 class IngestSettings(ServiceSettings):
     model_config = SettingsConfigDict(env_prefix="WHETSTONE_INGEST_", extra="ignore")
     http_port: int = 8101
     min_examples: int = 10
-    max_examples: int = 1_000_000
+    max_examples: int = Field(default=1_000_000, description="limit for tiers not in max_examples_by_tier")
+    max_examples_by_tier: dict[str, int] = Field(
+        default_factory=lambda: {"free": 10_000, "standard": 1_000_000, "premium": 10_000_000})
     validation_fraction: float = 0.1
     max_upload_bytes: int = 10 * 1024**3
+    max_line_bytes: int = Field(default=8 * 1024**2, description="longer JSONL lines / rows are rejected")
+    max_unpacked_bytes: int = 16 * 1024**3
+    max_compression_ratio: float = 200.0
+    max_archive_members: int = 10_000
+    batch_size: int = 512
+    default_epochs: int = 3
+    default_policies: dict[str, Any] = Field(default_factory=dict, description="overrides of the Policies defaults")
+    tenant_policies: dict[str, dict[str, Any]] = Field(default_factory=dict, description="tenant -> policy overrides")
+    reference_dirs: list[Path] = Field(default_factory=list, description="benchmark/eval sets for contamination")
+    hub_benchmarks: bool = Field(default=False, description="fetch MMLU, HellaSwag, ARC, TruthfulQA, GSM8K when "
+                                 "the Hub is reachable (cached under benchmark_cache_dir)")
+    benchmark_cache_dir: Path | None = None
+    toxicity_classifier: str = Field(default="builtin", description="builtin | off | package.module:attr")
+    throughput_table: dict[str, dict[str, float]] = Field(default_factory=lambda: DEFAULT_THROUGHPUT)
+    gpu_prices: dict[str, dict[str, float]] = Field(default_factory=lambda: DEFAULT_PRICES)
+    work_dir: Path | None = Field(default=None, description="scratch space for uploads; default: system temp")
+
+    def policies_for(self, tenant_id: str) -> Policies:
+        return Policies().merged(self.default_policies).merged(self.tenant_policies.get(tenant_id))
+
+    def max_examples_for(self, tier: str | None) -> int:
+        return self.max_examples_by_tier.get(tier or "", self.max_examples)

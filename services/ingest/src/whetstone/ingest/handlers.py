@@ -1,4 +1,11 @@
-"""Ingest: a raw upload in S3 -> validated, content-addressed, immutable dataset version."""
+"""Ingest: a raw upload in S3 -> validated, content-addressed, immutable dataset version.
+
+The upload is streamed once to local scratch (hashed on the way), run through the data
+gate (`pipeline.DataGate`, the same one `whet datasets check` runs), and the raw bytes,
+the cleaned train/validation files, the tokenized cache and the report are written under
+`tenants/<tenant>/datasets/<dataset_id>/`. Identical bytes give the same id, and the
+verdict for an id is final: a redelivery or a re-upload re-announces it.
+"""
 
 from __future__ import annotations
 
@@ -6,107 +13,260 @@ import asyncio
 import hashlib
 import json
 import tempfile
+import time
 from pathlib import Path
+from typing import Any
 
 from whetstone.contracts import DatasetSubmittedV1, DatasetValidatedV1, Envelope, ValidationIssue, dataset_id_for
 from whetstone.runtime.messaging import UnitOfWork
 from whetstone.runtime.s3 import ObjectStore, parse_uri, tenant_prefix
 from whetstone.runtime.service import Runtime
 
+from .adapters.archives import SourceError
+from .adapters.formats import HubSource, check_name, hub_id, open_source, suffix_of
+from .adapters.tokenizer import BaseModelTokenizer, TokenizerUnavailable
 from .config import IngestSettings
-from .domain.chat import Issue, Report, run_validation
+from .domain.issues import Issue
+from .gates import GateRequest, archive_limits, make_gate, reference_index, toxicity_classifier
+from .pipeline import GateResult, TokenCounts
+
+EVENT_LIST_LIMIT = 10
 
 
-def reject(ev: DatasetSubmittedV1, version: str, code: str, message: str) -> DatasetValidatedV1:
+def reject(ev: DatasetSubmittedV1, version: str, code: str, message: str, **extra: Any) -> DatasetValidatedV1:
     return DatasetValidatedV1(dataset_id=ev.dataset_id, version=version, name=ev.name, status="rejected",
-                              purpose=ev.purpose, errors=[ValidationIssue(code=code, message=message)], error_count=1)
+                              purpose=ev.purpose, errors=[ValidationIssue(code=code, message=message)], error_count=1,
+                              **extra)
 
 
-def process_upload(store: ObjectStore, tenant_id: str, ev: DatasetSubmittedV1, cfg: IngestSettings) -> DatasetValidatedV1:
-    """Stream the upload once: hash it, validate line by line, write raw/train/validation/report
-    under tenants/<tenant>/datasets/<dataset_id>/. Bounded memory (one line at a time)."""
-    with tempfile.TemporaryDirectory(prefix="ingest-") as tmp:
+def _download(store: ObjectStore, uri: str, dest: Path, limit: int) -> tuple[str, int] | None:
+    """Stream to `dest`, hashing; None when the object is over `limit` bytes."""
+    h, size = hashlib.sha256(), 0
+    with store.open_stream(uri) as body, open(dest, "wb") as out:
+        for chunk in iter(lambda: body.read(1 << 20), b""):
+            size += len(chunk)
+            if size > limit:
+                return None
+            h.update(chunk)
+            out.write(chunk)
+    return h.hexdigest(), size
+
+
+def _materialize_hub(ref: str, dest: Path) -> tuple[str, int]:
+    """Stream a Hub dataset into a local JSONL file (its content address is this file's sha256)."""
+    source = HubSource.open(ref)
+    h, size = hashlib.sha256(), 0
+    with open(dest, "wb") as out:
+        for rec in source.records():
+            if rec.issue is not None:
+                raise SourceError(rec.issue.code, rec.issue.message)
+            line = json.dumps(rec.row, ensure_ascii=False, default=str).encode() + b"\n"
+            h.update(line)
+            size += len(line)
+            out.write(line)
+    return h.hexdigest(), size
+
+
+def _throttled_log(rt: Runtime, dataset_id: str):
+    last = [0.0]
+
+    def progress(phase: str, done: int, total: int | None) -> None:
+        now = time.monotonic()
+        if now - last[0] >= 5:
+            last[0] = now
+            rt.log.info("ingest progress", dataset_id=dataset_id, phase=phase, done=done, total=total)
+    return progress
+
+
+def _event_stats(report: dict[str, Any], size: int, extra: dict[str, Any]) -> dict[str, Any]:
+    """The report's figures for dataset.validated (lists capped; the full report is at report_uri)."""
+    stats = report["stats"]
+    return {
+        "train_rows": report["train_rows"], "validation_rows": report["validation_rows"],
+        "exact_duplicates": report["exact_duplicates"], "near_duplicates": report["near_duplicates"],
+        "contaminated": report["contaminated"], "pii_hits": report["pii_hits"], "toxic": report["toxic"],
+        "size_bytes": size, "output_schema": report["output_schema"], "tokens_estimated": report["tokens_estimated"],
+        "error_counts": report["error_counts"], "warning_counts": report["warning_counts"],
+        "tokens": stats["tokens"], "token_histogram": stats["token_histogram"], "roles": stats["roles"],
+        "turns": stats["turns"], "trained_tokens": stats["trained_tokens"],
+        "near_dup_clusters": report["near_dup"]["clusters"][:EVENT_LIST_LIMIT],
+        "contamination_examples": report["contamination"]["examples"][:EVENT_LIST_LIMIT],
+        "references": report["contamination"]["references"], "pii_by_kind": report["pii"]["by_kind"],
+        "tokenization": {k: v for k, v in report["tokenization"].items()},
+        "timings": report.get("timings", {}), **extra,
+    }
+
+
+def _cached_token_counts(store: ObjectStore, base: str, dest: Path) -> TokenCounts | None:
+    """The per-row counts of an earlier tokenization of this dataset version with this tokenizer."""
+    manifest_uri = store.uri(f"{base}/manifest.json")
+    try:
+        if not store.exists(manifest_uri):
+            return None
+        manifest = json.loads(store.get_bytes(manifest_uri))
+        path = store.download_file(store.uri(f"{base}/lengths.tsv"), dest / "cached-lengths.tsv")
+        return TokenCounts.read(path, manifest["fingerprint"])
+    except (ValueError, KeyError, OSError):
+        return None
+
+
+def _store_tokenized(store: ObjectStore, base: str, version: str, result: GateResult) -> dict[str, Any]:
+    """Tokenized rows keyed by dataset version + tokenizer hash: written once, reused when they still apply."""
+    tok = result.report["tokenization"]
+    if tok["cache"] == "reused":
+        return {"tokenized_uri": store.uri(base), "tokenized_cache": "hit"}
+    files = {}
+    for side, path in sorted(result.tokenized_paths.items()):
+        store.put_file(f"{base}/{side}.jsonl", path)
+        files[side] = f"{side}.jsonl"
+    store.put_file(f"{base}/lengths.tsv", result.lengths_path)
+    manifest = {"dataset_version": version, "tokenizer": tok["tokenizer"], "tokenizer_hash": tok["tokenizer_hash"],
+                "fingerprint": tok["fingerprint"], "max_seq_len": tok["max_seq_len"],
+                "over_length_policy": tok["over_length_policy"], "rows": result.report["rows_kept"], "files": files}
+    store.put_bytes(f"{base}/manifest.json", json.dumps(manifest, indent=1).encode(), "application/json")
+    return {"tokenized_uri": store.uri(base), "tokenized_cache": "written"}
+
+
+def process_upload(rt: Runtime, tenant_id: str, ev: DatasetSubmittedV1, cfg: IngestSettings) -> DatasetValidatedV1:
+    """Blocking: download, gate, store. Runs in a worker thread."""
+    store = rt.store
+    prefix = f"{tenant_prefix(tenant_id)}datasets/{ev.dataset_id}"
+    hub = hub_id(ev.source_uri) if ev.source_uri.startswith("hf://") else None
+    with tempfile.TemporaryDirectory(prefix="ingest-", dir=cfg.work_dir) as tmp:
         tmpd = Path(tmp)
-        raw_path = tmpd / "raw.jsonl"
-        h = hashlib.sha256()
-        size = 0
-        with store.open_stream(ev.source_uri) as body, open(raw_path, "wb") as out:
-            for chunk in iter(lambda: body.read(1 << 20), b""):
-                size += len(chunk)
-                if size > cfg.max_upload_bytes:
-                    return reject(ev, "", "file_too_large", f"upload exceeds {cfg.max_upload_bytes} bytes")
-                h.update(chunk)
-                out.write(chunk)
-        version = h.hexdigest()
+        name = ev.name if suffix_of(ev.name) else (Path(ev.source_uri).name if not hub else "hub.jsonl")
+        raw_path = tmpd / "raw"
+        if hub:
+            try:
+                version, size = _materialize_hub(hub, raw_path)
+            except SourceError as exc:
+                return reject(ev, "", exc.issue.code, exc.issue.message)
+            name = "hub.jsonl"
+        else:
+            got = _download(store, ev.source_uri, raw_path, cfg.max_upload_bytes)
+            if got is None:
+                return reject(ev, "", "file_too_large", f"upload exceeds {cfg.max_upload_bytes} bytes")
+            version, size = got
+            if dataset_id_for(version) != ev.dataset_id:
+                return reject(ev, version, "dataset_id_mismatch",
+                              f"dataset_id {ev.dataset_id} does not match the content ({dataset_id_for(version)})")
         if size == 0:
             return reject(ev, version, "empty_file", "the uploaded file is empty")
-        if dataset_id_for(version) != ev.dataset_id:
-            return reject(ev, version, "dataset_id_mismatch",
-                          f"dataset_id {ev.dataset_id} does not match the content ({dataset_id_for(version)})")
-        files = {"train": open(tmpd / "train.jsonl", "wb"), "validation": open(tmpd / "validation.jsonl", "wb")}
+        raw_suffix = suffix_of(name) if suffix_of(name) in (".jsonl", ".parquet", ".csv", ".tsv", ".zip", ".tar",
+                                                             ".tar.gz", ".tgz", ".gz", ".json", ".ndjson") else ""
+        raw_uri = store.put_file(f"{prefix}/raw{raw_suffix}", raw_path)
+        report_uri = store.uri(f"{prefix}/report.json")
+
+        def rejected(issue: Issue) -> DatasetValidatedV1:
+            event = reject(ev, version, issue.code, issue.message, raw_uri=raw_uri, report_uri=report_uri,
+                           stats={"size_bytes": size})
+            store.put_bytes(f"{prefix}/report.json", event.model_dump_json(indent=1).encode(), "application/json")
+            return event
+
         try:
-            with open(raw_path, "rb") as lines:
-                report: Report = run_validation(
-                    lines, lambda side, row: files[side].write(json.dumps(row, ensure_ascii=False).encode() + b"\n"),
-                    min_examples=cfg.min_examples, max_examples=cfg.max_examples,
-                    validation_fraction=cfg.validation_fraction)
-        finally:
-            for f in files.values():
-                f.close()
-        accepted = report.error_count == 0
-        if accepted and report.validation_rows == 0:
-            report.warnings.append(Issue("no_validation_rows", "no rows fell into the validation split; "
-                                         "upload a validation file for a meaningful eval"))
-        prefix = f"{tenant_prefix(tenant_id)}datasets/{ev.dataset_id}"
-        stats = {"turns": report.turns, "chars_total": report.chars_total, "train_rows": report.train_rows,
-                 "validation_rows": report.validation_rows, "exact_duplicates": report.exact_duplicates,
-                 "error_counts": report.error_counts, "size_bytes": size}
-        uris = {"raw_uri": store.put_file(f"{prefix}/raw.jsonl", raw_path)}
-        if accepted:
-            uris["train_uri"] = store.put_file(f"{prefix}/train.jsonl", tmpd / "train.jsonl")
-            if report.validation_rows:
-                uris["validation_uri"] = store.put_file(f"{prefix}/validation.jsonl", tmpd / "validation.jsonl")
+            source = open_source(raw_path, name=name, workdir=tmpd / "source", max_line_bytes=cfg.max_line_bytes,
+                                 limits=archive_limits(cfg))
+        except SourceError as exc:
+            return rejected(exc.issue)
+        tokenizer, tokenized_base, token_counts = None, None, None
+        if ev.base_model:
+            try:
+                tokenizer = BaseModelTokenizer.load(ev.base_model, rt.settings.model_catalog)
+            except TokenizerUnavailable as exc:
+                return rejected(Issue("base_model_unavailable", str(exc)))
+            tokenized_base = f"{prefix}/tokenized/{tokenizer.hash[:32]}"
+            token_counts = _cached_token_counts(store, tokenized_base, tmpd)
+        problems: list[Issue] = []
+        references = reference_index(cfg, _tenant_references(store, tenant_id, tmpd / "refs"), problems,
+                                     rt.state.setdefault("reference_cache", {}))
+        if "toxicity" not in rt.state:
+            rt.state["toxicity"] = toxicity_classifier(cfg)
+        tier = rt.settings.tenants.get(tenant_id)
+        request = GateRequest(tenant_id=tenant_id, tier=tier, purpose=ev.purpose, base_model=ev.base_model)
+        gate = make_gate(cfg, request, tokenizer=tokenizer, references=references, toxicity=rt.state["toxicity"],
+                         progress=_throttled_log(rt, ev.dataset_id), warnings=problems, token_counts=token_counts)
+        try:
+            result = gate.run(source, tmpd / "gate")
+        except Exception as exc:  # a gate bug must reject this upload, not poison the partition
+            rt.log.exception("data gate failed", dataset_id=ev.dataset_id)
+            return rejected(Issue("processing_failed", f"the data gate failed on this upload "
+                                  f"({type(exc).__name__}); the platform team has been alerted"))
+        report = result.report
+        uris: dict[str, str] = {}
+        extra: dict[str, Any] = {"base_model": ev.base_model}
+        if result.accepted:
+            if result.train_path:
+                uris["train_uri"] = store.put_file(f"{prefix}/train.jsonl", result.train_path)
+            if result.validation_path:
+                uris["validation_uri"] = store.put_file(f"{prefix}/validation.jsonl", result.validation_path)
+            if tokenized_base:
+                extra.update(_store_tokenized(store, tokenized_base, version, result))
+        if result.audit_path and result.audit_path.stat().st_size:
+            extra["audit_uri"] = store.put_file(f"{prefix}/audit.jsonl", result.audit_path)
+        report["tokenization"].update({k: v for k, v in extra.items() if k.startswith("tokenized")})
         event = DatasetValidatedV1(
-            dataset_id=ev.dataset_id, version=version, name=ev.name, status="accepted" if accepted else "rejected",
-            purpose=ev.purpose, format="jsonl", data_schema="chat", rows_total=report.rows_total,
-            rows_kept=report.rows_kept, error_count=report.error_count,
-            errors=[ValidationIssue(**i.as_dict()) for i in report.errors],
-            warnings=[ValidationIssue(**i.as_dict()) for i in report.warnings], stats=stats,
-            policies={"dedup": "exact", "split": f"hash:{cfg.validation_fraction}"},
-            report_uri=store.uri(f"{prefix}/report.json"), **uris)
-        store.put_bytes(f"{prefix}/report.json", event.model_dump_json(indent=1).encode(), "application/json")
+            dataset_id=ev.dataset_id, version=version, name=ev.name, status=report["status"],
+            purpose=report["purpose"], format=report["format"], data_schema=report["schema"],
+            rows_total=report["rows_total"], rows_kept=report["rows_kept"], tokens_total=report["tokens_total"],
+            errors=[ValidationIssue(**i) for i in report["errors"]], error_count=report["error_count"],
+            warnings=[ValidationIssue(**i) for i in report["warnings"]], stats=_event_stats(report, size, extra),
+            policies={**report["policies"], "split": f"hash:{cfg.validation_fraction}", "dedup": "exact+minhash"},
+            raw_uri=raw_uri, report_uri=report_uri, cost_estimate=report["cost_estimate"], **uris)
+        full = {**report, "dataset_id": ev.dataset_id, "version": version, "name": ev.name, "size_bytes": size,
+                "raw_uri": raw_uri, **uris}
+        store.put_bytes(f"{prefix}/report.json", json.dumps(full, indent=1, default=str).encode(), "application/json")
         return event
+
+
+def _tenant_references(store: ObjectStore, tenant_id: str, dest: Path) -> list[Path]:
+    """A tenant's own eval sets, uploaded under tenants/<tenant>/references/."""
+    paths = []
+    for key in store.list_keys(f"{tenant_prefix(tenant_id)}references/"):
+        name = key.rsplit("/", 1)[-1]
+        if name and check_name(name) is None:
+            paths.append(store.download_file(store.uri(key), dest / name))
+    return paths
 
 
 async def on_dataset_submitted(rt: Runtime, uow: UnitOfWork, env: Envelope, ev: DatasetSubmittedV1) -> None:
     cfg: IngestSettings = rt.state["config"]
-    existing = await uow.conn.fetchrow("SELECT validated FROM dataset_versions WHERE tenant_id = $1 AND dataset_id = $2",
-                                       env.tenant_id, ev.dataset_id)
-    if existing:  # immutable: the same content was validated before; announce the same verdict again
+    existing = await uow.conn.fetchrow(
+        "SELECT validated, base_model FROM dataset_versions WHERE tenant_id = $1 AND dataset_id = $2",
+        env.tenant_id, ev.dataset_id)
+    if existing and (existing["base_model"] == ev.base_model or not ev.base_model):
+        # immutable: the same content was validated before; announce the same verdict again
         await uow.publish(DatasetValidatedV1.model_validate(existing["validated"]), tenant_id=env.tenant_id)
         return
+    event = await _validate(rt, env, ev, cfg)
+    if event.version:  # only content-addressed verdicts are remembered
+        await uow.conn.execute(
+            "INSERT INTO dataset_versions (tenant_id, dataset_id, version, name, status, report_uri, validated,"
+            " base_model) VALUES ($1,$2,$3,$4,$5,$6,$7,$8) ON CONFLICT (tenant_id, dataset_id) DO UPDATE SET"
+            " status = EXCLUDED.status, report_uri = EXCLUDED.report_uri, validated = EXCLUDED.validated,"
+            " base_model = EXCLUDED.base_model",
+            env.tenant_id, ev.dataset_id, event.version, ev.name, event.status, event.report_uri,
+            event.model_dump(mode="json"), ev.base_model)
+    rt.log.info("dataset validated", dataset_id=ev.dataset_id, status=event.status, rows=event.rows_kept,
+                errors=event.error_count)
+    await uow.publish(event, tenant_id=env.tenant_id)
+
+
+async def _validate(rt: Runtime, env: Envelope, ev: DatasetSubmittedV1, cfg: IngestSettings) -> DatasetValidatedV1:
     if env.tenant_id not in rt.settings.tenants:
-        event = reject(ev, "", "unknown_tenant", f"tenant {env.tenant_id!r} is not registered")
-    else:
+        return reject(ev, "", "unknown_tenant", f"tenant {env.tenant_id!r} is not registered")
+    bad_name = check_name(ev.name)
+    if bad_name:
+        return reject(ev, "", bad_name.code, bad_name.message)
+    if not ev.source_uri.startswith("hf://"):
         try:
             bucket, key = parse_uri(ev.source_uri)
-            outside = bucket != rt.store.bucket or not key.startswith(tenant_prefix(env.tenant_id))
+            outside = bucket != rt.store.bucket or not key.startswith(tenant_prefix(env.tenant_id)) or ".." in key
         except ValueError as exc:
             outside, bad = True, str(exc)
         else:
             bad = f"source_uri must be under s3://{rt.store.bucket}/{tenant_prefix(env.tenant_id)}"
         if outside:
-            event = reject(ev, "", "source_outside_tenant", bad)
-        elif not await asyncio.to_thread(rt.store.exists, ev.source_uri):
-            event = reject(ev, "", "source_missing", f"no object at {ev.source_uri}")
-        else:
-            event = await asyncio.to_thread(process_upload, rt.store, env.tenant_id, ev, cfg)
-    if event.version:  # only content-addressed verdicts are remembered
-        await uow.conn.execute(
-            "INSERT INTO dataset_versions (tenant_id, dataset_id, version, name, status, report_uri, validated)"
-            " VALUES ($1,$2,$3,$4,$5,$6,$7) ON CONFLICT DO NOTHING",
-            env.tenant_id, ev.dataset_id, event.version, ev.name, event.status, event.report_uri,
-            event.model_dump(mode="json"))
-    rt.log.info("dataset validated", dataset_id=ev.dataset_id, status=event.status, rows=event.rows_kept,
-                errors=event.error_count)
-    await uow.publish(event, tenant_id=env.tenant_id)
+            return reject(ev, "", "source_outside_tenant", bad)
+        if not await asyncio.to_thread(rt.store.exists, ev.source_uri):
+            return reject(ev, "", "source_missing", f"no object at {ev.source_uri}")
+    return await asyncio.to_thread(process_upload, rt, env.tenant_id, ev, cfg)

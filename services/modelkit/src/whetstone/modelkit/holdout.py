@@ -21,15 +21,25 @@ def holdout_loss(
     Returns `{"loss", "perplexity", "tokens"}`; `tokens` counts the scored (trained) tokens.
     Deterministic: eval mode, no dropout, no grad, fixed order.
     """
-    import torch
-    import torch.nn.functional as F
-
     examples = [tokenize_chat(tokenizer, messages, max_len) for messages in rows]
     examples = [ex for ex in examples if any(label != IGNORE_INDEX for label in ex["labels"][1:])]
     if not examples:
         raise ValueError("no trained tokens in the holdout rows")
-
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
+    return examples_loss(model, examples, pad_id=pad_id, batch_size=batch_size)
+
+
+def examples_loss(
+    model,
+    examples: Sequence[Mapping[str, Sequence[int]]],
+    pad_id: int = 0,
+    batch_size: int = 8,
+) -> dict[str, float | int]:
+    """Token-weighted mean next-token loss over the labelled tokens of pre-tokenized examples
+    (`{"input_ids", "labels"}`, labels -100 where not trained), in right-padded batches."""
+    import torch
+    import torch.nn.functional as F
+
     device = next(model.parameters()).device
     was_training = model.training
     model.eval()

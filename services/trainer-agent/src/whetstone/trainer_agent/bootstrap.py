@@ -19,6 +19,12 @@ def build_service(config: TrainerAgentSettings | None = None) -> Service:
         background=[H.heartbeat, H.supervise],
         on_stop=H.drain,
         http_port=config.http_port,
-        state={"config": config, "wakeup": asyncio.Event(), "procs": {}, "running_gpus": {}, "cancelled": set(),
-               "tasks": set()},
+        state={
+            "config": config,
+            "wakeup": asyncio.Event(),
+            "segments": {},        # segment_id -> handlers.Segment running on this node
+            "cancelled": set(),    # job ids cancelled while running here
+            "tasks": set(),        # the segments' supervising tasks
+            "stopping": None,      # set by drain: the preemption reason (drain | spot_loss)
+        },
     )

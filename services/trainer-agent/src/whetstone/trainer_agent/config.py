@@ -1,6 +1,8 @@
 import socket
 from pathlib import Path
+from typing import Literal
 
+from pydantic import Field
 from pydantic_settings import SettingsConfigDict
 
 from whetstone.runtime.settings import ServiceSettings
@@ -19,3 +21,12 @@ class TrainerAgentSettings(ServiceSettings):
     progress_interval_s: float = 1.0
     scratch_dir: Path | None = None
     keep_scratch: bool = False
+    keep_checkpoints: int = Field(default=3, ge=1, description="resumable checkpoints kept per job in S3")
+    launcher: Literal["torchrun", "deepspeed"] = Field(default="torchrun",
+                                                       description="multi-GPU / multi-node launcher")
+    recipe_module: str = "whetstone.trainer_agent.recipes.sft"
+    drain_timeout_s: float = Field(default=100.0, gt=0, description="SIGTERM -> emergency checkpoint uploaded; "
+                                   "spot nodes get about 120 s of notice")
+    cancel_grace_s: float = Field(default=10.0, gt=0, description="SIGTERM -> SIGKILL for a cancelled job")
+    exit_grace_s: float = Field(default=60.0, gt=0, description="wait after a terminal event before SIGKILL")
+    upload_attempts: int = Field(default=3, ge=1)

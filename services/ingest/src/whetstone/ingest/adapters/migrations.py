@@ -12,4 +12,7 @@ MIGRATIONS = [
         PRIMARY KEY (tenant_id, dataset_id)
     );
     """,
+    """
+    ALTER TABLE dataset_versions ADD COLUMN base_model text;
+    """,
 ]

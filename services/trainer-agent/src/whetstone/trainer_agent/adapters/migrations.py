@@ -19,4 +19,9 @@ MIGRATIONS = [
     );
     CREATE INDEX runs_status ON runs (node_id, status);
     """,
+    """
+    ALTER TABLE runs ADD COLUMN rendezvous jsonb;         -- multi-node: master, node rank, nodes
+    ALTER TABLE runs ADD COLUMN pid int;                  -- launcher pid = its process group
+    ALTER TABLE runs ADD COLUMN pid_start bigint;         -- /proc start ticks: a recycled pid is not ours
+    """,
 ]

@@ -1,0 +1,156 @@
+"""The base model's own tokenizer and chat template: token counts, loss masks, previews.
+
+Chat rows go through `whetstone.modelkit.chat` (the same masking the trainer uses):
+labels are -100 except on the trained tokens (assistant turns by default, per-message
+`weight` when given). Preference rows are tokenized as prompt+chosen and
+prompt+rejected; text rows (continued pre-training) train on every token.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import struct
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+DEFAULT_MAX_SEQ_LEN = 4096
+_IGNORE = -100
+
+
+class TokenizerUnavailable(Exception):
+    pass
+
+
+@dataclass
+class Tokenized:
+    tokens: int                  # tokens kept (after truncation), both sequences for a preference pair
+    longest: int                 # the longest single sequence (what max_seq_len limits)
+    trained: int                 # tokens with a label
+    record: dict[str, Any]       # input_ids / labels (truncated when asked)
+
+
+def tokenizer_fingerprint(tok) -> str:
+    """sha256 over what decides token ids: vocabulary + merges + normalizers, special tokens, template."""
+    backend = getattr(tok, "backend_tokenizer", None)
+    body = backend.to_str() if backend is not None else json.dumps(sorted(tok.get_vocab().items()))
+    extra = {"template": tok.chat_template, "special": {k: str(v) for k, v in tok.special_tokens_map.items()},
+             "class": type(tok).__name__}
+    return hashlib.sha256(body.encode() + json.dumps(extra, sort_keys=True).encode()).hexdigest()
+
+
+def _safetensors_params(path: Path) -> int:
+    with open(path, "rb") as f:
+        (size,) = struct.unpack("<Q", f.read(8))
+        header = json.loads(f.read(size))
+    total = 0
+    for name, info in header.items():
+        if name != "__metadata__":
+            count = 1
+            for d in info.get("shape", []):
+                count *= int(d)
+            total += count
+    return total
+
+
+def model_params(location: str) -> tuple[int | None, str]:
+    """Parameter count of a local checkpoint (safetensors headers, else config.json), else (None, 'default')."""
+    d = Path(location)
+    if not d.is_dir():
+        return None, "default"
+    shards = sorted(d.glob("*.safetensors"))
+    if shards:
+        try:
+            return sum(_safetensors_params(s) for s in shards), "safetensors"
+        except (OSError, ValueError, struct.error):
+            pass
+    try:
+        cfg = json.loads((d / "config.json").read_text())
+        h, layers, vocab = cfg["hidden_size"], cfg["num_hidden_layers"], cfg["vocab_size"]
+        inter = cfg.get("intermediate_size", 4 * h)
+        return int(layers * (4 * h * h + 3 * h * inter) + 2 * vocab * h), "config"
+    except (OSError, ValueError, KeyError, TypeError):
+        return None, "default"
+
+
+class BaseModelTokenizer:
+    """Tokenization of normalized rows with one base model's tokenizer."""
+
+    def __init__(self, tokenizer, ref: str, location: str) -> None:
+        self.tok, self.ref, self.location = tokenizer, ref, location
+        self.hash = tokenizer_fingerprint(tokenizer)
+        limit = getattr(tokenizer, "model_max_length", None)
+        self.model_max_length = int(limit) if isinstance(limit, int) and 0 < limit <= 1_000_000 else None
+
+    @classmethod
+    def load(cls, ref: str, catalog: Path | None = None) -> BaseModelTokenizer:
+        from transformers import AutoTokenizer  # noqa: PLC0415
+
+        from whetstone.runtime.models import UnknownModel, resolve_model  # noqa: PLC0415
+
+        try:
+            location = resolve_model(ref, catalog).location
+        except UnknownModel:
+            location = ref if Path(ref).is_dir() else None
+            if location is None:
+                raise TokenizerUnavailable(f"base model {ref!r} is not a catalog name, a local directory "
+                                           "or a reachable Hub id") from None
+        try:
+            tok = AutoTokenizer.from_pretrained(location)
+        except Exception as exc:
+            raise TokenizerUnavailable(f"the tokenizer of {ref!r} cannot be loaded: {type(exc).__name__}: "
+                                       f"{str(exc)[:200]}") from exc
+        if tok.pad_token is None and tok.eos_token is not None:
+            tok.pad_token = tok.eos_token
+        return cls(tok, ref, location)
+
+    @property
+    def has_chat_template(self) -> bool:
+        return bool(self.tok.chat_template)
+
+    def max_seq_len(self, policy_value: int | None) -> int:
+        return policy_value or self.model_max_length or DEFAULT_MAX_SEQ_LEN
+
+    # -- tokenization --------------------------------------------------------------
+
+    def _chat(self, messages: list[dict]) -> dict[str, list[int]]:
+        from whetstone.modelkit.chat import tokenize_chat  # noqa: PLC0415
+
+        return tokenize_chat(self.tok, messages)
+
+    def _text(self, text: str) -> dict[str, list[int]]:
+        ids = list(self.tok(text, add_special_tokens=True)["input_ids"])
+        if self.tok.eos_token_id is not None and (not ids or ids[-1] != self.tok.eos_token_id):
+            ids.append(self.tok.eos_token_id)
+        return {"input_ids": ids, "labels": list(ids)}
+
+    def tokenize(self, out: dict, max_len: int | None = None) -> Tokenized:
+        """Token ids and labels of a normalized row; sequences cut to `max_len` when given.
+        Raises ValueError (or the template's own error) when the row cannot be rendered."""
+        if "messages" in out:
+            seqs = {"": self._chat(out["messages"])}
+        elif "chosen" in out:
+            seqs = {"chosen_": self._chat(out["prompt"] + out["chosen"]),
+                    "rejected_": self._chat(out["prompt"] + out["rejected"])}
+        else:
+            seqs = {"": self._text(out["text"])}
+        longest = max(len(s["input_ids"]) for s in seqs.values())
+        record: dict[str, Any] = {}
+        tokens = trained = 0
+        for prefix, s in seqs.items():
+            ids, labels = s["input_ids"][:max_len], s["labels"][:max_len]
+            record[prefix + "input_ids"], record[prefix + "labels"] = ids, labels
+            tokens += len(ids)
+            trained += sum(1 for x in labels if x != _IGNORE)
+        return Tokenized(tokens, longest, trained, record)
+
+    def preview(self, out: dict) -> str:
+        """The row rendered with the chat template, trained tokens wrapped in [[ ]]."""
+        from whetstone.modelkit.chat import mask_preview  # noqa: PLC0415
+
+        if "messages" in out:
+            return mask_preview(self.tok, out["messages"])
+        if "chosen" in out:
+            return mask_preview(self.tok, out["prompt"] + out["chosen"])
+        return f"[[{out['text']}]]"

@@ -1,0 +1,123 @@
+"""Validation issues: the stable code catalogue and a capped, counted log.
+
+Every problem the data gate reports has a stable `code` (clients match on it), a
+human message, and where known the 1-based line (JSONL/CSV line, Parquet/Arrow row)
+and the field. Codes never change meaning; new checks get new codes.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+# code -> what it means. Errors reject the dataset; warnings do not.
+ERROR_CODES: dict[str, str] = {
+    # the upload as a whole
+    "empty_file": "the upload holds no bytes or no rows",
+    "file_too_large": "the upload exceeds the size limit",
+    "binary_file": "the upload is binary, not a dataset",
+    "unsupported_format": "not JSONL, Parquet, CSV, a datasets save_to_disk directory or an archive of one",
+    "extension_mismatch": "the file name's extension does not match its content",
+    "unsafe_name": "the dataset name is path-like or contains control characters",
+    "archive_bomb": "an archive decompresses past the size or compression-ratio limits",
+    "archive_unsafe": "an archive member is a link, escapes the archive (../, absolute path) or is itself an archive",
+    "archive_invalid": "an archive is corrupt, empty, or holds more than one dataset",
+    "unreadable_file": "the Parquet/Arrow/CSV file is corrupt or cannot be read",
+    "json_array": "a JSON array document; the format is JSON Lines (one object per line)",
+    "hub_unreachable": "the dataset is a Hub id but the Hugging Face Hub cannot be reached",
+    "hub_error": "the Hub dataset could not be loaded",
+    "base_model_unavailable": "the base model's tokenizer or chat template cannot be loaded",
+    "dataset_id_mismatch": "the submitted dataset_id is not the content address of the bytes",
+    "unknown_tenant": "the tenant is not registered",
+    "source_outside_tenant": "the source object is not under the tenant's prefix",
+    "source_missing": "the source object does not exist",
+    "processing_failed": "the data gate failed on this upload (a platform bug, logged)",
+    "too_few_examples": "fewer usable examples than the minimum",
+    "too_many_examples": "more examples than the tenant's tier allows",
+    "schema_purpose_mismatch": "the data schema cannot be used for the requested purpose",
+    # one line / row
+    "line_too_long": "a line exceeds the maximum line length",
+    "bom": "the file starts with a UTF-8 byte-order mark",
+    "bad_encoding": "a line is not valid UTF-8",
+    "invalid_json": "a line is not valid JSON",
+    "row_not_object": "a line is valid JSON but not an object",
+    "unknown_schema": "a row matches none of the supported schemas",
+    "mixed_schema": "a row's schema differs from the file's schema",
+    "missing_key": "a required key is missing",
+    "unknown_key": "a key the schema does not know",
+    "messages_not_list": "`messages` (or a preference side) must be a non-empty list",
+    "message_not_object": "a message must be an object",
+    "unknown_role": "a role other than system/user/assistant",
+    "content_not_string": "a message's content must be a string",
+    "empty_content": "a message's content is empty",
+    "no_assistant": "a conversation without an assistant turn",
+    "role_order": "system after the first turn, assistant before any user, or two assistants in a row",
+    "bad_weight": "a per-message weight other than 0 or 1",
+    "nothing_to_train": "every assistant turn has weight 0: no token would be trained",
+    "field_not_string": "a text field (prompt, completion, instruction, text...) must be a string",
+    "empty_field": "a required text field is empty",
+    "chosen_equals_rejected": "a preference pair whose chosen and rejected answers are identical",
+    "template_error": "the base model's chat template cannot render the row",
+    "too_long": "the row is longer than max_seq_len tokens (over-length policy: reject)",
+    "pii_blocked": "personal data found (PII policy: block)",
+    "toxic_blocked": "the toxicity classifier flagged the row (toxicity policy: block)",
+}
+
+WARNING_CODES: dict[str, str] = {
+    "blank_lines": "blank lines were skipped",
+    "exact_duplicates": "exact duplicates were removed",
+    "near_duplicates": "near-duplicates were removed",
+    "contamination": "rows overlap a benchmark/eval reference set",
+    "pii": "personal data found (policy warn or redact)",
+    "toxicity": "rows flagged by the toxicity classifier",
+    "truncated": "rows longer than max_seq_len will be truncated",
+    "over_length_dropped": "rows longer than max_seq_len were dropped",
+    "tokens_estimated": "no base model given: token counts are estimates (characters / 4)",
+    "may_exceed_context": "by the estimate, some rows may exceed max_seq_len",
+    "length_outliers": "rows far longer than the median",
+    "no_validation_rows": "no rows fell into the validation split",
+    "train_validation_overlap": "rows of the validation set duplicate training rows",
+    "ignored_splits": "splits other than train/validation were ignored",
+    "references_unavailable": "a benchmark reference set could not be loaded",
+}
+
+
+@dataclass(frozen=True)
+class Issue:
+    code: str
+    message: str
+    line: int | None = None
+    field: str | None = None
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"code": self.code, "message": self.message, "line": self.line, "field": self.field}
+
+
+@dataclass
+class IssueLog:
+    """All issues are counted; the first `limit` of each kind are kept verbatim."""
+
+    limit: int = 100
+    errors: list[Issue] = field(default_factory=list)
+    warnings: list[Issue] = field(default_factory=list)
+    error_counts: dict[str, int] = field(default_factory=dict)
+    warning_counts: dict[str, int] = field(default_factory=dict)
+
+    @property
+    def error_count(self) -> int:
+        return sum(self.error_counts.values())
+
+    def error(self, code: str, message: str, line: int | None = None, fld: str | None = None) -> None:
+        self.add_error(Issue(code, message, line, fld))
+
+    def add_error(self, issue: Issue) -> None:
+        assert issue.code in ERROR_CODES, f"unregistered error code {issue.code}"
+        self.error_counts[issue.code] = self.error_counts.get(issue.code, 0) + 1
+        if len(self.errors) < self.limit:
+            self.errors.append(issue)
+
+    def warn(self, code: str, message: str, line: int | None = None, fld: str | None = None) -> None:
+        assert code in WARNING_CODES, f"unregistered warning code {code}"
+        self.warning_counts[code] = self.warning_counts.get(code, 0) + 1
+        if len(self.warnings) < self.limit:
+            self.warnings.append(Issue(code, message, line, fld))

@@ -1,0 +1,33 @@
+"""Text normalization, exact-duplicate digests and the deterministic split. Pure."""
+
+from __future__ import annotations
+
+import hashlib
+import unicodedata
+
+
+def normalize_text(text: str) -> str:
+    """NFKC, case-folded, whitespace collapsed: what 'the same text' means for dedup."""
+    if not text.isascii():
+        text = unicodedata.normalize("NFKC", text)
+    return " ".join(text.lower().split())
+
+
+def fingerprint(messages: list[dict]) -> tuple[str, bytes]:
+    """(normalized text of all contents, SHA-256 of the normalized role-keyed contents).
+
+    Equal digests = exact duplicates: the same roles with the same text up to case,
+    whitespace and Unicode compatibility forms."""
+    norms = [normalize_text(m["content"]) for m in messages]
+    keyed = "\x1e".join(f"{m['role']}\x1f{n}" for m, n in zip(messages, norms))
+    return " ".join(norms), hashlib.sha256(keyed.encode("utf-8", "surrogatepass")).digest()
+
+
+def digest_key(digest: bytes) -> int:
+    """64-bit key of a digest for the compact duplicate set (never 0)."""
+    return int.from_bytes(digest[:8], "little") or 1
+
+
+def in_validation_split(digest: bytes, fraction: float) -> bool:
+    """Deterministic split by content: the same example always lands on the same side."""
+    return int.from_bytes(digest[8:12], "big") / 0xFFFFFFFF < fraction

@@ -1,0 +1,50 @@
+"""Toxicity filter: a pluggable classifier interface and a simple built-in default. Pure.
+
+Any object with `name` and `scores(texts) -> list[float]` (0 = clean, 1 = toxic) can be
+plugged in (see `adapters.plugins.load_toxicity_classifier`, e.g. a transformers
+text-classification pipeline). The built-in `WordlistToxicity` scores a text by
+counting strong profanity/abuse terms and threat phrases: one hit scores 0.5, two or
+more score 1.0. It is deliberately simple and transparent; it is a default, not a
+moderation model.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Protocol
+
+from .contamination import words
+
+
+class ToxicityClassifier(Protocol):
+    name: str
+
+    def scores(self, texts: Sequence[str]) -> list[float]: ...
+
+
+_TERMS = (
+    "fuck", "fucking", "fucker", "motherfucker", "shit", "bullshit", "bitch", "bastard", "asshole", "cunt",
+    "dickhead", "twat", "wanker", "slut", "whore", "retard", "retarded",
+)
+_PHRASES = ("kill yourself", "i will kill you", "i'm going to kill you", "go die", "you should die",
+            "hope you die", "shoot you", "rape you")
+
+
+class WordlistToxicity:
+    name = "builtin-wordlist"
+
+    def __init__(self, extra_terms: Sequence[str] = ()) -> None:
+        extra = [t.lower() for t in extra_terms]
+        self.phrases = (*_PHRASES, *(t for t in extra if " " in t))
+        self.terms = (*_TERMS, *(t for t in extra if " " not in t))
+        self.term_words = frozenset(t.encode() for t in self.terms)
+
+    def score(self, text: str) -> float:
+        lowered = text.lower()
+        hits = sum(1 for p in self.phrases if p in lowered)
+        if any(t in lowered for t in self.terms):  # cheap substring test first, whole words only on a hit
+            hits += sum(1 for w in words(lowered) if w in self.term_words)
+        return min(1.0, 0.5 * hits)
+
+    def scores(self, texts: Sequence[str]) -> list[float]:
+        return [self.score(t) for t in texts]

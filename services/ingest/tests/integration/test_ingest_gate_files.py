@@ -1,0 +1,564 @@
+"""The data gate on real files (no stack): formats, the error catalogue, bad input, dedup,
+contamination, PII, toxicity, tokenization with the base model's tokenizer, the CLI."""
+
+from __future__ import annotations
+
+import gzip
+import io
+import json
+import os
+import shutil
+import tarfile
+import zipfile
+from pathlib import Path
+
+import pytest
+
+from whetstone.ingest.adapters.archives import SourceError
+from whetstone.ingest.adapters.formats import HubSource, check_name
+from whetstone.ingest.cli import check_main
+from whetstone.ingest.config import IngestSettings
+from whetstone.ingest.domain.issues import ERROR_CODES
+from whetstone.ingest.gates import GateRequest
+
+pytestmark = pytest.mark.integration
+
+# codes only the service can produce (tested through the real stack in test_ingest_service.py)
+SERVICE_CODES = {"file_too_large", "unsafe_name", "dataset_id_mismatch", "unknown_tenant", "source_outside_tenant",
+                 "source_missing", "base_model_unavailable", "processing_failed"}
+SEEN: set[str] = set()
+
+
+def errors(report) -> dict[int | None, list[str]]:
+    by_line: dict[int | None, list[str]] = {}
+    for e in report["errors"]:
+        by_line.setdefault(e["line"], []).append(e["code"])
+    SEEN.update(report["error_counts"])
+    return by_line
+
+
+def rejected_with(tmp_path, kit, path: Path, code: str, **kw) -> str:
+    with pytest.raises(SourceError) as exc:
+        kit.run_gate(path, tmp_path, **kw)
+    assert exc.value.issue.code == code, exc.value.issue
+    SEEN.add(code)
+    return exc.value.issue.message
+
+
+# ------------------------------------------------------------------------- formats
+
+
+def test_chat_jsonl_accepted_with_split_stats_and_cost(tmp_path, kit):
+    path = kit.write_jsonl(tmp_path / "d.jsonl", kit.good_rows(60) + [b"", b"   "])
+    result = kit.run_gate(path, tmp_path)
+    r = result.report
+    assert r["accepted"] and r["format"] == "jsonl" and r["schema"] == "chat" and r["purpose"] == "sft"
+    assert r["rows_total"] == 60 and r["rows_kept"] == 60 == r["train_rows"] + r["validation_rows"]
+    assert r["validation_rows"] > 0
+    train, val = kit.read_jsonl(result.train_path), kit.read_jsonl(result.validation_path)
+    assert all(set(row) == {"messages"} for row in train + val)
+    again = kit.run_gate(path, tmp_path / "again")
+    assert kit.read_jsonl(again.validation_path) == val  # the split is deterministic
+    assert r["warning_counts"]["blank_lines"] == 1 and r["warning_counts"]["tokens_estimated"] == 1
+    assert r["stats"]["roles"] == {"assistant": 60, "user": 60} and r["stats"]["turns"] == {"2": 60}
+    assert r["stats"]["token_histogram"][0]["min"] == 0 and r["tokens_total"] > 0
+    cost = r["cost_estimate"]
+    assert cost["tokens"] < r["tokens_total"] and cost["epochs"] == 3 and cost["estimates"]
+    assert {"gpu_type", "method", "gpu_hours", "on_demand_usd", "spot_usd"} <= set(cost["cheapest"])
+
+
+@pytest.mark.parametrize("rows, schema, purpose", [
+    ([{"prompt": f"p{i}?", "completion": f"c{i}."} for i in range(12)], "prompt_completion", "sft"),
+    ([{"instruction": f"do {i}", "input": "" if i % 2 else f"x{i}", "output": f"done {i}"} for i in range(12)],
+     "instruction", "sft"),
+    ([{"prompt": f"q{i}", "chosen": f"good {i}", "rejected": f"bad {i}"} for i in range(12)], "preference", "dpo"),
+    ([{"prompt": [{"role": "user", "content": f"q{i}"}], "chosen": [{"role": "assistant", "content": f"good {i}"}],
+       "rejected": [{"role": "assistant", "content": f"bad {i}"}]} for i in range(12)], "preference", "dpo"),
+    ([{"text": f"Plain text document number {i} for continued pre-training."} for i in range(12)], "text", "cpt"),
+])
+def test_every_schema_is_detected_and_normalized(tmp_path, kit, rows, schema, purpose):
+    result = kit.run_gate(kit.write_jsonl(tmp_path / "d.jsonl", rows), tmp_path)
+    r = result.report
+    assert r["accepted"], r["errors"]
+    assert r["schema"] == schema and r["purpose"] == purpose and r["rows_kept"] == 12
+    out = kit.read_jsonl(result.train_path)
+    if schema in ("prompt_completion", "instruction"):
+        assert all(set(o) == {"messages"} and o["messages"][-1]["role"] == "assistant" for o in out)
+        assert "chat" in r["notes"][0]
+    elif schema == "preference":
+        assert all(isinstance(o["prompt"], list) and o["chosen"][0]["role"] == "assistant" for o in out)
+    else:
+        assert all(set(o) == {"text"} for o in out)
+
+
+def test_eval_purpose_keeps_every_row_for_evaluation(tmp_path, kit):
+    result = kit.run_gate(kit.write_jsonl(tmp_path / "d.jsonl", kit.good_rows(15)), tmp_path,
+                          request=GateRequest(purpose="eval"))
+    r = result.report
+    assert r["accepted"] and r["purpose"] == "eval" and r["validation_rows"] == 15 and result.train_path is None
+    assert r["cost_estimate"] is None
+
+
+def test_parquet_csv_tsv_and_archives(tmp_path, kit):
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    rows = kit.good_rows(20)
+    rows[3]["messages"][1]["weight"] = 0
+    rows[3]["messages"].append({"role": "user", "content": "and?"})
+    rows[3]["messages"].append({"role": "assistant", "content": "and that is all.", "weight": 1})
+    pq.write_table(pa.Table.from_pylist(rows), tmp_path / "d.parquet")
+    r = kit.run_gate(tmp_path / "d.parquet", tmp_path / "pq").report
+    assert r["accepted"] and r["format"] == "parquet" and r["schema"] == "chat" and r["rows_kept"] == 20, r["errors"]
+
+    csv_text = "prompt,completion\n" + "".join(f'"line {i}, with comma","answer\nover two lines {i}"\n'
+                                               for i in range(12))
+    (tmp_path / "d.csv").write_text(csv_text)
+    r = kit.run_gate(tmp_path / "d.csv", tmp_path / "csv").report
+    assert r["accepted"] and r["format"] == "csv" and r["schema"] == "prompt_completion", r["errors"]
+    (tmp_path / "d.tsv").write_text("text\n" + "".join(f"document {i} in a tab separated file\n" for i in range(12)))
+    r = kit.run_gate(tmp_path / "d.tsv", tmp_path / "tsv").report
+    assert r["accepted"] and r["format"] == "tsv" and r["schema"] == "text"
+    msgs = "messages\n" + "".join('"' + json.dumps(row["messages"]).replace('"', '""') + '"\n' for row in rows[:12])
+    (tmp_path / "chat.csv").write_text(msgs)
+    assert kit.run_gate(tmp_path / "chat.csv", tmp_path / "chatcsv").report["schema"] == "chat"
+
+    jsonl = kit.write_jsonl(tmp_path / "inner.jsonl", rows)
+    with zipfile.ZipFile(tmp_path / "d.zip", "w", zipfile.ZIP_DEFLATED) as z:
+        z.write(jsonl, "data/train.jsonl")
+        z.writestr("__MACOSX/._train.jsonl", b"junk")
+    with tarfile.open(tmp_path / "d.tar.gz", "w:gz") as t:
+        t.add(jsonl, "train.jsonl")
+    (tmp_path / "d.jsonl.gz").write_bytes(gzip.compress(jsonl.read_bytes()))
+    for name in ("d.zip", "d.tar.gz", "d.jsonl.gz"):
+        r = kit.run_gate(tmp_path / name, tmp_path / name.replace(".", "-")).report
+        assert r["accepted"] and r["format"] == "jsonl" and r["rows_kept"] == 20, (name, r["errors"])
+
+
+def test_save_to_disk_dataset_and_datasetdict(tmp_path, kit):
+    from datasets import Dataset, DatasetDict
+
+    Dataset.from_list(kit.good_rows(15)).save_to_disk(tmp_path / "ds")
+    r = kit.run_gate(tmp_path / "ds", tmp_path / "one").report
+    assert r["accepted"] and r["format"] == "hf_disk" and r["rows_kept"] == 15
+    train = kit.good_rows(30)
+    validation = kit.good_rows(5, start=100) + [train[0]]  # one validation row leaks from train
+    DatasetDict({"train": Dataset.from_list(train), "validation": Dataset.from_list(validation),
+                 "test": Dataset.from_list(kit.good_rows(3, start=200))}).save_to_disk(tmp_path / "dd")
+    result = kit.run_gate(tmp_path / "dd", tmp_path / "two")
+    r = result.report
+    assert r["accepted"] and r["train_rows"] == 30 and r["validation_rows"] == 6
+    assert r["warning_counts"]["train_validation_overlap"] == 1 and r["warning_counts"]["ignored_splits"] == 1
+    overlap = next(w for w in r["warnings"] if w["code"] == "train_validation_overlap")
+    assert overlap["line"] == 36  # validation rows continue the numbering after the 30 train rows
+    shutil.make_archive(str(tmp_path / "dd_archive"), "zip", tmp_path, "dd")
+    r = kit.run_gate(tmp_path / "dd_archive.zip", tmp_path / "three").report
+    assert r["accepted"] and r["format"] == "hf_disk" and r["train_rows"] == 30
+
+
+def test_hub_ids_without_a_reachable_hub_are_rejected_with_a_reason(monkeypatch):
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    with pytest.raises(SourceError) as exc:
+        HubSource.open("org/some-dataset")
+    assert exc.value.issue.code == "hub_unreachable"
+    SEEN.add("hub_unreachable")
+    monkeypatch.delenv("HF_HUB_OFFLINE")
+    monkeypatch.delenv("HF_DATASETS_OFFLINE", raising=False)
+
+    class RepositoryNotFoundError(Exception):
+        pass
+
+    def missing(self, *a, **kw):
+        raise RepositoryNotFoundError("404")
+    monkeypatch.setattr("huggingface_hub.HfApi.dataset_info", missing)
+    with pytest.raises(SourceError) as exc:
+        HubSource.open("org/missing")
+    assert exc.value.issue.code == "hub_error"
+    SEEN.add("hub_error")
+
+
+# ------------------------------------------------------------------ error catalogue
+
+
+def test_row_errors_all_reported_with_line_numbers(tmp_path, kit):
+    u = {"role": "user", "content": "q"}
+    a = {"role": "assistant", "content": "a"}
+    bad = [
+        b"\xef\xbb\xbf" + json.dumps(kit.chat_row(1000)).encode(),            # 1 bom
+        b'{"messages": [{"role": "user", "content": "\xff"}]}',                   # 2 bad_encoding
+        b'{"messages": [',                                                        # 3 invalid_json
+        b"[1, 2, 3]",                                                             # 4 row_not_object
+        {"foo": "bar"},                                                           # 5 unknown_schema
+        {"messages": [u, a], "id": 7},                                            # 6 unknown_key (fixes: chat)
+        {"prompt": "p", "completion": "c"},                                       # 7 mixed_schema
+        {"messages": "hi"},                                                       # 8 messages_not_list
+        {"messages": [u, 5]},                                                     # 9 message_not_object (+no_assistant)
+        {"messages": [{"role": "tool", "content": "x"}, u, a]},                   # 10 unknown_role
+        {"messages": [u, {"role": "assistant", "content": ["x"]}]},               # 11 content_not_string
+        {"messages": [u, {"role": "assistant", "content": ""}]},                  # 12 empty_content
+        {"messages": [u]},                                                        # 13 no_assistant
+        {"messages": [a, u, a]},                                                  # 14 role_order
+        {"messages": [u, {**a, "weight": 0.5}]},                                  # 15 bad_weight
+        {"messages": [u, {**a, "weight": 0}]},                                    # 16 nothing_to_train
+        {"messages": [{"content": "x"}, a]},                                      # 17 missing_key (+role_order)
+        b'{"messages": "' + b"x" * 3000 + b'"}',                                  # 18 line_too_long
+    ]
+    path = kit.write_jsonl(tmp_path / "bad.jsonl", bad + kit.good_rows(12))
+    r = kit.run_gate(path, tmp_path, settings=IngestSettings(max_line_bytes=2048)).report
+    got = errors(r)
+    expected = ["bom", "bad_encoding", "invalid_json", "row_not_object", "unknown_schema", "unknown_key",
+                "mixed_schema", "messages_not_list", "message_not_object", "unknown_role", "content_not_string",
+                "empty_content", "no_assistant", "role_order", "bad_weight", "nothing_to_train", "missing_key",
+                "line_too_long"]
+    for line, code in enumerate(expected, start=1):
+        assert code in got[line], (line, code, got.get(line))
+    assert not r["accepted"] and r["rows_total"] == len(bad) + 12 and r["rows_kept"] == 12
+    assert r["error_count"] >= len(expected)
+
+
+def test_other_schema_and_file_level_errors(tmp_path, kit):
+    rows = [{"prompt": "p", "completion": 5}, {"prompt": "p", "completion": ""}]
+    got = errors(kit.run_gate(kit.write_jsonl(tmp_path / "pc.jsonl", rows), tmp_path / "pc").report)
+    assert got[1] == ["field_not_string"] and got[2] == ["empty_field"] and "too_few_examples" in got[None]
+    pref = [{"prompt": "q", "chosen": "same", "rejected": "same"}]
+    assert errors(kit.run_gate(kit.write_jsonl(tmp_path / "p.jsonl", pref), tmp_path / "p").report)[1] == [
+        "chosen_equals_rejected"]
+    r = kit.run_gate(kit.write_jsonl(tmp_path / "dpo.jsonl", kit.good_rows(12)), tmp_path / "dpo",
+                     request=GateRequest(purpose="dpo")).report
+    assert errors(r)[1] == ["schema_purpose_mismatch"] and not r["accepted"]
+    r = kit.run_gate(kit.write_jsonl(tmp_path / "many.jsonl", kit.good_rows(30)), tmp_path / "many",
+                     settings=IngestSettings(max_examples_by_tier={"free": 20}), request=GateRequest(tier="free")).report
+    assert "too_many_examples" in errors(r)[None]
+    r = kit.run_gate(kit.write_jsonl(tmp_path / "blank.jsonl", [b"", b" "]), tmp_path / "blank").report
+    assert "empty_file" in errors(r)[None]
+
+
+def test_bad_uploads_are_rejected_never_crash(tmp_path, kit):
+    (tmp_path / "empty.jsonl").write_bytes(b"")
+    rejected_with(tmp_path / "a", kit, tmp_path / "empty.jsonl", "empty_file")
+    (tmp_path / "prog.jsonl").write_bytes(b"\x7fELF\x02\x01\x01\x00" + os.urandom(4096))
+    rejected_with(tmp_path / "b", kit, tmp_path / "prog.jsonl", "binary_file")
+    (tmp_path / "noise.bin").write_bytes(os.urandom(100))
+    rejected_with(tmp_path / "c", kit, tmp_path / "noise.bin", "unsupported_format")
+    (tmp_path / "evil.exe").write_bytes(b"MZ\x90\x00")
+    assert ".exe" in rejected_with(tmp_path / "d", kit, tmp_path / "evil.exe", "unsupported_format")
+    (tmp_path / "data.txt").write_text("just prose\n")
+    rejected_with(tmp_path / "e", kit, tmp_path / "data.txt", "unsupported_format")
+    (tmp_path / "arr.json").write_text(json.dumps(kit.good_rows(3)))
+    rejected_with(tmp_path / "f", kit, tmp_path / "arr.json", "json_array")
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    pq.write_table(pa.Table.from_pylist(kit.good_rows(3)), tmp_path / "really_parquet.jsonl")
+    rejected_with(tmp_path / "g", kit, tmp_path / "really_parquet.jsonl", "extension_mismatch")
+    kit.write_jsonl(tmp_path / "really_text.parquet", kit.good_rows(3))
+    rejected_with(tmp_path / "h", kit, tmp_path / "really_text.parquet", "extension_mismatch")
+    (tmp_path / "broken.parquet").write_bytes(b"PAR1" + b"\x00garbage" * 10)
+    rejected_with(tmp_path / "i", kit, tmp_path / "broken.parquet", "unreadable_file")
+    assert check_name("../../etc/passwd").code == "unsafe_name"
+    assert check_name("a/b.jsonl").code == "unsafe_name" and check_name("bad\x00name").code == "unsafe_name"
+    assert check_name("fine name (v2).jsonl") is None
+
+
+def test_zip_bombs_and_hostile_archives(tmp_path, kit):
+    small = IngestSettings(max_unpacked_bytes=64 * 2**20, max_compression_ratio=50.0)
+    with open(tmp_path / "zeros", "wb") as f:
+        f.truncate(100 * 2**20)  # 100 MB of zeros, compresses to ~100 KB
+    (tmp_path / "bomb.jsonl.gz").write_bytes(gzip.compress((tmp_path / "zeros").read_bytes(), 9))
+    assert "expands more than" in rejected_with(tmp_path / "a", kit, tmp_path / "bomb.jsonl.gz", "archive_bomb",
+                                                settings=small)
+    with zipfile.ZipFile(tmp_path / "bomb.zip", "w", zipfile.ZIP_DEFLATED) as z:
+        z.write(tmp_path / "zeros", "train.jsonl")
+    rejected_with(tmp_path / "b", kit, tmp_path / "bomb.zip", "archive_bomb", settings=small)
+    with zipfile.ZipFile(tmp_path / "many.zip", "w") as z:
+        for i in range(30):
+            z.writestr(f"f{i}.jsonl", b"{}")
+    rejected_with(tmp_path / "c", kit, tmp_path / "many.zip", "archive_bomb",
+                  settings=IngestSettings(max_archive_members=20))
+    with zipfile.ZipFile(tmp_path / "escape.zip", "w") as z:
+        z.writestr("../../outside.jsonl", b"{}")
+    rejected_with(tmp_path / "d", kit, tmp_path / "escape.zip", "archive_unsafe")
+    assert not (tmp_path / "outside.jsonl").exists()
+    with tarfile.open(tmp_path / "link.tar", "w") as t:
+        info = tarfile.TarInfo("train.jsonl")
+        info.type, info.linkname = tarfile.SYMTYPE, "/etc/passwd"
+        t.addfile(info)
+    rejected_with(tmp_path / "e", kit, tmp_path / "link.tar", "archive_unsafe")
+    inner = io.BytesIO()
+    with zipfile.ZipFile(inner, "w") as z:
+        z.writestr("train.jsonl", b"{}")
+    with zipfile.ZipFile(tmp_path / "nested.zip", "w") as z:
+        z.writestr("inner.zip", inner.getvalue())
+    rejected_with(tmp_path / "f", kit, tmp_path / "nested.zip", "archive_unsafe")
+    with zipfile.ZipFile(tmp_path / "two.zip", "w") as z:
+        z.writestr("a.jsonl", b"{}")
+        z.writestr("b.jsonl", b"{}")
+    rejected_with(tmp_path / "g", kit, tmp_path / "two.zip", "archive_invalid")
+    (tmp_path / "trunc.zip").write_bytes((tmp_path / "two.zip").read_bytes()[:40])
+    rejected_with(tmp_path / "h", kit, tmp_path / "trunc.zip", "archive_invalid")
+
+
+def test_a_100mb_single_line_is_skipped_in_bounded_memory(tmp_path, kit):
+    path = tmp_path / "huge.jsonl"
+    with open(path, "wb") as f:
+        for row in kit.good_rows(6):
+            f.write(json.dumps(row).encode() + b"\n")
+        f.write(b'{"messages": "' + b"A" * (100 * 2**20) + b'"}\n')
+        for row in kit.good_rows(6, start=6):
+            f.write(json.dumps(row).encode() + b"\n")
+    r = kit.run_gate(path, tmp_path).report
+    assert errors(r) == {7: ["line_too_long"]} and r["rows_kept"] == 12 and r["rows_total"] == 13
+
+
+# --------------------------------------------------------------- dedup & screening
+
+
+def test_exact_and_near_duplicates_with_clusters(tmp_path, kit):
+    long = " ".join(f"word{i} alpha beta gamma delta" for i in range(60))
+    rows = kit.good_rows(20)
+    rows.append(kit.chat_row(100, long))                                        # line 21, kept
+    rows.append({"messages": [{"role": "user", "content": "QUESTION NUMBER 3:  what is 3 plus 3?"},
+                              {"role": "assistant", "content": "The answer to question 3 is 6."}]})  # 22 exact dup
+    rows.append(kit.chat_row(100, long.replace("word7 ", "wordX ")))            # 23 near dup of 21
+    rows.append(kit.chat_row(100, long.replace("word9 ", "wordY ")))            # 24 near dup of 21
+    rows.append(kit.chat_row(100, " ".join(long.split()[:150]) + " totally different ending" * 20))  # 25: not
+    result = kit.run_gate(kit.write_jsonl(tmp_path / "d.jsonl", rows), tmp_path)
+    r = result.report
+    assert r["exact_duplicates"] == 1 and r["exact_duplicate_lines"] == [22]
+    assert r["near_duplicates"] == 2 and r["rows_kept"] == 22
+    cluster = r["near_dup"]["clusters"][0]
+    assert cluster["kept_line"] == 21 and sorted(cluster["duplicate_lines"]) == [23, 24]
+    assert cluster["max_jaccard"] >= 0.9
+    audit = kit.read_jsonl(result.audit_path)
+    near = {a["line"]: a for a in audit if a["reason"] == "near_duplicate"}
+    assert set(near) == {23, 24} and all(a["jaccard"] >= 0.9 and a["duplicate_of"] in (21, 23, 24)
+                                         for a in near.values())
+    flagged = kit.run_gate(tmp_path / "d.jsonl", tmp_path / "flag", request=GateRequest(
+        policy_overrides={"near_dup": "flag"})).report
+    assert flagged["near_duplicates"] == 2 and flagged["rows_kept"] == 24
+    strict = kit.run_gate(tmp_path / "d.jsonl", tmp_path / "strict", request=GateRequest(
+        policy_overrides={"near_dup_threshold": 0.999})).report
+    assert strict["near_duplicates"] == 0
+
+
+def test_contamination_flag_and_remove(tmp_path, kit):
+    bench = ("Which of the following best describes the primary function of the mitochondria in eukaryotic "
+             "cells and how does it relate to cellular respiration")
+    refs = tmp_path / "refs"
+    refs.mkdir()
+    kit.write_jsonl(refs / "mini-mmlu.jsonl", [{"question": bench, "choices": ["A", "B"], "answer": "A"}])
+    rows = kit.good_rows(20) + [
+        {"messages": [{"role": "user", "content": bench + "?"}, {"role": "assistant", "content": "A"}]},
+        {"messages": [{"role": "user", "content": bench}, {"role": "assistant", "content": " ".join(
+            f"original{i}" for i in range(40))}]},
+    ]
+    path = kit.write_jsonl(tmp_path / "d.jsonl", rows)
+    result = kit.run_gate(path, tmp_path / "flag", references=[refs])
+    r = result.report
+    assert r["contaminated"] == 1 and r["accepted"] and r["rows_kept"] == 22
+    assert r["contamination"]["examples"] == [{"line": 21, "fraction": pytest.approx(1.0, abs=0.2),
+                                               "reference": "mini-mmlu"}]
+    assert r["contamination"]["references"] == {"mini-mmlu": {"items": 1, "ngrams": 14}}
+    removed = kit.run_gate(path, tmp_path / "remove", references=[refs], request=GateRequest(
+        policy_overrides={"contamination": "remove"})).report
+    assert removed["contaminated"] == 1 and removed["rows_kept"] == 21
+
+
+def test_pii_warn_redact_block(tmp_path, kit):
+    rows = kit.good_rows(12) + [kit.chat_row(50, "Mail jane@corp.example or card 4111 1111 1111 1111.")]
+    path = kit.write_jsonl(tmp_path / "d.jsonl", rows)
+    warn = kit.run_gate(path, tmp_path / "w")
+    assert warn.report["pii_hits"] == 2 and warn.report["pii"]["by_kind"] == {"credit_card": 1, "email": 1}
+    assert warn.report["accepted"] and "jane@corp.example" in (warn.train_path.read_text() + (
+        warn.validation_path.read_text() if warn.validation_path else ""))
+    redact = kit.run_gate(path, tmp_path / "r", request=GateRequest(policy_overrides={"pii": "redact"}))
+    text = redact.train_path.read_text() + (redact.validation_path.read_text() if redact.validation_path else "")
+    assert "[EMAIL]" in text and "[CREDIT_CARD]" in text and "jane@" not in text
+    assert "jane" not in json.dumps(redact.report)  # the report never repeats the personal data
+    block = kit.run_gate(path, tmp_path / "b", request=GateRequest(policy_overrides={"pii": "block"})).report
+    assert errors(block) == {13: ["pii_blocked"]} and not block["accepted"]
+
+
+def test_toxicity_flag_remove_block(tmp_path, kit):
+    rows = kit.good_rows(12) + [kit.chat_row(60, "Shut up, you stupid bitch.")]
+    path = kit.write_jsonl(tmp_path / "d.jsonl", rows)
+    flag = kit.run_gate(path, tmp_path / "f").report
+    assert flag["toxic"] == 1 and flag["rows_kept"] == 13 and flag["warning_counts"]["toxicity"] == 1
+    assert kit.run_gate(path, tmp_path / "r", request=GateRequest(
+        policy_overrides={"toxicity": "remove"})).report["rows_kept"] == 12
+    block = kit.run_gate(path, tmp_path / "b", request=GateRequest(policy_overrides={"toxicity": "block"})).report
+    assert errors(block) == {13: ["toxic_blocked"]}
+    off = kit.run_gate(path, tmp_path / "o", request=GateRequest(policy_overrides={"toxicity": "off"})).report
+    assert off["toxic"] == 0
+
+
+# -------------------------------------------------------------------- tokenization
+
+
+def test_tokenization_with_the_base_models_template(tmp_path, kit, ingest_tiny_model):
+    from whetstone.ingest.adapters.tokenizer import BaseModelTokenizer
+    from whetstone.modelkit.chat import tokenize_chat
+    from whetstone.modelkit.loading import load_tokenizer
+
+    tok = BaseModelTokenizer.load(str(ingest_tiny_model))
+    rows = kit.good_rows(12)
+    rows.append({"messages": [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi"},
+                              {"role": "assistant", "content": "Hello", "weight": 0},
+                              {"role": "user", "content": "Again"}, {"role": "assistant", "content": "Hello again"}]})
+    path = kit.write_jsonl(tmp_path / "d.jsonl", rows)
+    result = kit.run_gate(path, tmp_path / "t", tokenizer=tok)
+    r = result.report
+    reference = load_tokenizer(ingest_tiny_model)
+    expected = sum(len(tokenize_chat(reference, row["messages"])["input_ids"]) for row in rows)
+    assert r["accepted"] and r["tokens_total"] == expected and not r["tokens_estimated"]
+    assert r["tokenization"]["tokenizer_hash"] == tok.hash and len(tok.hash) == 64
+    previews = r["tokenization"]["mask_preview"]
+    assert len(previews) == 3 and "[[" in previews[0]["rendered"] and "<|assistant|>\n[[" in previews[0]["rendered"]
+    tokenized = [json.loads(line) for side in result.tokenized_paths.values() for line in side.read_text().splitlines()]
+    assert len(tokenized) == 13 and all(len(t["input_ids"]) == len(t["labels"]) for t in tokenized)
+    weighted = next(t for t in tokenized if t["line"] == 13)
+    assert weighted["labels"] == tokenize_chat(reference, rows[12]["messages"])["labels"]  # weight 0: not trained
+    assert r["stats"]["trained_tokens"] == sum(sum(1 for x in t["labels"] if x != -100) for t in tokenized)
+    assert r["cost_estimate"]["params_source"] == "safetensors" and not r["cost_estimate"]["tokens_estimated"]
+
+    longest = max(len(t["input_ids"]) for t in tokenized)
+    limit = {"max_seq_len": longest - 1}
+    trunc = kit.run_gate(path, tmp_path / "tr", tokenizer=tok, request=GateRequest(policy_overrides=limit))
+    assert trunc.report["tokenization"]["truncated"] >= 1 and trunc.report["accepted"]
+    assert max(len(json.loads(line)["input_ids"]) for p in trunc.tokenized_paths.values()
+               for line in p.read_text().splitlines()) == longest - 1
+    drop = kit.run_gate(path, tmp_path / "dr", tokenizer=tok, request=GateRequest(
+        policy_overrides={**limit, "over_length": "drop"})).report
+    assert drop["rows_kept"] == 13 - drop["tokenization"]["dropped"] and drop["warning_counts"]["over_length_dropped"]
+    reject = kit.run_gate(path, tmp_path / "rj", tokenizer=tok, request=GateRequest(
+        policy_overrides={**limit, "over_length": "reject"})).report
+    assert not reject["accepted"] and "too_long" in reject["error_counts"]
+    SEEN.update(reject["error_counts"])
+
+
+def test_token_counts_of_an_earlier_run_are_reused_only_when_they_apply(tmp_path, kit, ingest_tiny_model):
+    from whetstone.ingest.adapters.tokenizer import BaseModelTokenizer
+    from whetstone.ingest.pipeline import TokenCounts
+
+    class Counting(BaseModelTokenizer):
+        calls = 0
+
+        def tokenize(self, out, max_len=None):
+            Counting.calls += 1
+            return super().tokenize(out, max_len)
+
+    tok = Counting.load(str(ingest_tiny_model))
+    path = kit.write_jsonl(tmp_path / "d.jsonl", kit.good_rows(30) + [kit.good_rows(1)[0]])
+    first = kit.run_gate(path, tmp_path / "first", tokenizer=tok)
+    fp = first.report["tokenization"]["fingerprint"]
+    assert first.report["tokenization"]["cache"] is None and first.lengths_path.read_text().count("\n") == 30
+
+    def again(where: str, **policies):
+        from whetstone.ingest.gates import make_gate
+        from whetstone.ingest.adapters.formats import open_source
+
+        s = IngestSettings()
+        Counting.calls = 0
+        gate = make_gate(s, GateRequest(policy_overrides=policies), tokenizer=tok, references=None, toxicity=None,
+                         token_counts=TokenCounts.read(first.lengths_path, fp))
+        return gate.run(open_source(path, workdir=tmp_path / where / "s"), tmp_path / where / "g")
+
+    reused = again("reused")
+    assert reused.report["tokenization"]["cache"] == "reused" and Counting.calls == 0
+    assert reused.report["tokens_total"] == first.report["tokens_total"] and reused.tokenized_paths == {}
+    assert reused.report["stats"] == first.report["stats"] and len(reused.report["tokenization"]["mask_preview"]) == 3
+    stale = again("stale", max_seq_len=20)
+    assert stale.report["tokenization"]["cache"] == "stale" and Counting.calls >= 30 and stale.tokenized_paths
+
+
+def test_preference_and_text_tokenization(tmp_path, kit, ingest_tiny_model):
+    from whetstone.ingest.adapters.tokenizer import BaseModelTokenizer
+
+    tok = BaseModelTokenizer.load(str(ingest_tiny_model))
+    pref = [{"prompt": f"q{i}", "chosen": f"good answer {i}", "rejected": f"bad {i}"} for i in range(12)]
+    result = kit.run_gate(kit.write_jsonl(tmp_path / "p.jsonl", pref), tmp_path / "p", tokenizer=tok)
+    t = json.loads(next(iter(result.tokenized_paths.values())).read_text().splitlines()[0])
+    assert set(t) == {"line", "chosen_input_ids", "chosen_labels", "rejected_input_ids", "rejected_labels"}
+    assert result.report["tokens_total"] > 0 and result.report["accepted"]
+    text = [{"text": f"document {i} about rivers and mountains"} for i in range(12)]
+    result = kit.run_gate(kit.write_jsonl(tmp_path / "t.jsonl", text), tmp_path / "t", tokenizer=tok)
+    t = json.loads(next(iter(result.tokenized_paths.values())).read_text().splitlines()[0])
+    assert t["labels"] == t["input_ids"] and t["input_ids"][-1] == tok.tok.eos_token_id
+
+
+def test_a_template_that_cannot_render_a_row_is_a_row_error(tmp_path, kit, ingest_tiny_model):
+    from whetstone.ingest.adapters.tokenizer import BaseModelTokenizer
+
+    model = tmp_path / "picky"
+    shutil.copytree(ingest_tiny_model, model)
+    template = (model / "chat_template.jinja").read_text()
+    (model / "chat_template.jinja").write_text(
+        "{%- if messages[0]['role'] == 'system' -%}{{- raise_exception('no system prompts') -}}{%- endif -%}"
+        + template)
+    tok = BaseModelTokenizer.load(str(model))
+    rows = kit.good_rows(12) + [{"messages": [{"role": "system", "content": "s"}, {"role": "user", "content": "u"},
+                                              {"role": "assistant", "content": "a"}]}]
+    r = kit.run_gate(kit.write_jsonl(tmp_path / "d.jsonl", rows), tmp_path / "g", tokenizer=tok).report
+    assert errors(r) == {13: ["template_error"]} and "no system prompts" in r["errors"][0]["message"]
+
+
+# ----------------------------------------------------------------------------- CLI
+
+
+def test_cli_json_report_and_exit_codes(tmp_path, kit, capsys, ingest_tiny_model):
+    good = kit.write_jsonl(tmp_path / "good.jsonl", kit.good_rows(20))
+    assert check_main([str(good), "--json", "--base-model", str(ingest_tiny_model)]) == 0
+    report = json.loads(capsys.readouterr().out)
+    for key in ("accepted", "format", "schema", "errors", "warnings", "rows_total", "rows_kept", "exact_duplicates",
+                "near_duplicates", "contaminated", "pii_hits", "tokens_total"):
+        assert key in report
+    assert report["accepted"] and report["tokens_total"] > 0 and not report["tokens_estimated"]
+
+    bad = kit.write_jsonl(tmp_path / "bad.jsonl", kit.good_rows(12) + [b"{oops"])
+    assert check_main([str(bad), "--json"]) == 1
+    report = json.loads(capsys.readouterr().out)
+    assert report["errors"] == [{"code": "invalid_json", "line": 13, "field": None,
+                                 "message": report["errors"][0]["message"]}]
+    assert check_main([str(bad)]) == 1
+    assert "line 13: [invalid_json]" in capsys.readouterr().out
+    (tmp_path / "empty.jsonl").write_bytes(b"")
+    assert check_main([str(tmp_path / "empty.jsonl"), "--json"]) == 1
+    assert json.loads(capsys.readouterr().out)["errors"][0]["code"] == "empty_file"
+
+    assert check_main([str(tmp_path / "missing.jsonl")]) == 2
+    assert check_main([str(good), "--purpose", "bogus"]) == 2
+    assert check_main([str(good), "--base-model", str(tmp_path / "no-model")]) == 2
+    assert check_main([str(good), "--reference", str(tmp_path / "nope")]) == 2
+    assert check_main([str(good), "--near-dup-threshold", "7"]) == 2
+    capsys.readouterr()
+
+    out = tmp_path / "clean"
+    assert check_main([str(good), "--purpose", "eval", "--output-dir", str(out), "--json", "--quiet"]) == 0
+    assert len((out / "validation.jsonl").read_text().splitlines()) == 20
+    capsys.readouterr()
+    val = kit.write_jsonl(tmp_path / "val.jsonl", kit.good_rows(4, start=500) + [kit.good_rows(1)[0]])
+    assert check_main([str(good), "--validation-file", str(val), "--json"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert report["validation_rows"] == 5 and report["warning_counts"]["train_validation_overlap"] == 1
+
+
+def test_progress_is_reported_while_streaming(tmp_path, kit):
+    from whetstone.ingest.adapters.formats import open_source
+    from whetstone.ingest.gates import make_gate
+
+    path = kit.write_jsonl(tmp_path / "d.jsonl", kit.good_rows(3000))
+    seen = []
+    s = IngestSettings(batch_size=256)
+    gate = make_gate(s, GateRequest(), tokenizer=None, references=None, toxicity=None,
+                     progress=lambda phase, done, total: seen.append((phase, done, total)))
+    gate.run(open_source(path, workdir=tmp_path / "s"), tmp_path / "g")
+    validate = [(d, t) for p, d, t in seen if p == "validate"]
+    assert len(validate) > 5 and validate[-1] == (path.stat().st_size, path.stat().st_size)
+    assert all(a[0] <= b[0] for a, b in zip(validate, validate[1:]))
+    assert any(p == "write" for p, _, _ in seen)
+
+
+def test_every_error_code_is_exercised():
+    """Runs last in this module: the tests above (and the service tests for SERVICE_CODES) cover the catalogue."""
+    missing = set(ERROR_CODES) - SEEN - SERVICE_CODES
+    assert not missing, f"error codes without a test: {sorted(missing)}"

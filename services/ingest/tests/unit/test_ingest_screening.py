@@ -1,0 +1,180 @@
+"""Contamination, PII, toxicity, statistics, cost and policies."""
+
+import numpy as np
+import pytest
+
+from whetstone.ingest.adapters.plugins import load_toxicity_classifier
+from whetstone.ingest.domain import pii
+from whetstone.ingest.domain.contamination import NgramHasher, ReferenceIndex, is_contaminated, words
+from whetstone.ingest.domain.cost import METHODS_FOR_PURPOSE, estimate_cost
+from whetstone.ingest.domain.policies import Policies, PolicyError
+from whetstone.ingest.domain.stats import DatasetStats, histogram
+from whetstone.ingest.domain.toxicity import WordlistToxicity
+
+pytestmark = pytest.mark.unit
+
+QUESTION = ("Which of the following best describes the primary function of the mitochondria in eukaryotic cells "
+            "and how does it relate to cellular respiration and the production of adenosine triphosphate")
+
+
+# ------------------------------------------------------------------ contamination
+
+
+def test_words_are_lowercase_alphanumeric_runs():
+    assert words("The dog's BALL, 42 times!") == [b"the", b"dog", b"s", b"ball", b"42", b"times"]
+    assert words("Ünïcode wörds") == ["ünïcode".encode(), "wörds".encode()]
+
+
+def test_ngrams_never_cross_texts_in_a_batch():
+    h = NgramHasher(n=3)
+    batch = h.batch(["a b c d", "e f", "g h i"])
+    assert batch.counts.tolist() == [2, 0, 1]
+    alone = h.batch(["g h i"]).hashes
+    assert batch.hashes[batch.docs == 2].tolist() == alone.tolist()
+
+
+def test_contamination_fraction_and_threshold():
+    index = ReferenceIndex()
+    index.add("mmlu", [QUESTION, "another unrelated benchmark item with enough words to form a few thirteen grams ok"])
+    index.add("tenant-eval", ["completely different text that belongs to the tenant's own eval set and is long enough"])
+    clean = "This sentence has nothing to do with any benchmark question at all and should never match anything."
+    copied = "Q: " + QUESTION.upper() + "?!"
+    half = QUESTION + " " + " ".join(f"filler{i}" for i in range(40))
+    fractions, names = index.match([clean, copied, half, "short"])
+    assert fractions[0] == 0 and names[0] is None
+    assert fractions[1] > 0.8 and names[1] == "mmlu"
+    assert 0 < fractions[2] < 0.5
+    assert fractions[3] == 0
+    assert is_contaminated(0.51, 0.5) and not is_contaminated(0.5, 0.5)
+    assert index.describe()["mmlu"]["items"] == 2 and index.nbytes > 0
+    assert not ReferenceIndex()
+
+
+# ---------------------------------------------------------------------------- PII
+
+
+@pytest.mark.parametrize("text, kind, value", [
+    ("write to jane.doe+tag@mail.example.org today", "email", "jane.doe+tag@mail.example.org"),
+    ("call (555) 123-4567 now", "phone", "(555) 123-4567"),
+    ("call +44 20 7946 0958 now", "phone", "+44 20 7946 0958"),
+    ("card 4111 1111 1111 1111 ok", "credit_card", "4111 1111 1111 1111"),
+    ("card 5500-0000-0000-0004 ok", "credit_card", "5500-0000-0000-0004"),
+    ("iban DE89 3704 0044 0532 0130 00 ok", "iban", "DE89 3704 0044 0532 0130 00"),
+    ("iban GB82WEST12345698765432 ok", "iban", "GB82WEST12345698765432"),
+    ("ssn 123-45-6789 ok", "ssn", "123-45-6789"),
+    ("from 10.0.12.7 today", "ip_address", "10.0.12.7"),
+    ("from 2001:db8:85a3::8a2e:370:7334 today", "ip_address", "2001:db8:85a3::8a2e:370:7334"),
+    ("key AKIAIOSFODNN7EXAMPLE here", "secret", "AKIAIOSFODNN7EXAMPLE"),
+    ("token ghp_" + "A1b2" * 9 + " here", "secret", "ghp_" + "A1b2" * 9),
+    ("use sk-proj-abcdefghij0123456789XYZ please", "secret", "sk-proj-abcdefghij0123456789XYZ"),
+    ("-----BEGIN RSA PRIVATE KEY-----\nMIIE", "secret", "-----BEGIN RSA PRIVATE KEY-----"),
+])
+def test_pii_kinds(text, kind, value):
+    found = pii.scan(text)
+    assert [(m.kind, text[m.start:m.end]) for m in found] == [(kind, value)]
+
+
+def test_password_assignment_is_a_secret():
+    found = pii.scan('config: password = "hunter2isnotsecure99"')
+    assert [m.kind for m in found] == ["secret"]
+
+
+@pytest.mark.parametrize("text", [
+    "card 4111 1111 1111 1112 fails Luhn",
+    "ssn 000-12-3456 and 666-12-3456 and 900-12-3456 are never issued",
+    "999.1.1.1 is not an address; version 1.2.3 is not either",
+    "the year 2024-01-15 and 3.14159 and 1,000,000 people",
+    "std::vector<int> and a::b are code",
+    "my key point is the password reset flow",
+    "",
+])
+def test_pii_negatives(text):
+    assert pii.scan(text) == []
+
+
+def test_an_iban_failing_mod_97_is_not_an_iban():
+    assert "iban" not in {m.kind for m in pii.scan("iban DE00 3704 0044 0532 0130 00 fails mod 97")}
+
+
+def test_luhn_and_iban_checks():
+    assert pii.luhn_ok("4111111111111111") and not pii.luhn_ok("4111111111111112")
+    assert not pii.luhn_ok("12345")
+    assert pii.iban_ok("DE89 3704 0044 0532 0130 00") and not pii.iban_ok("DE89 3704 0044 0532 0130 01")
+
+
+def test_redaction_and_overlaps():
+    text = "mail a@b.io or call 555-123-4567, ssn 123-45-6789"
+    found = pii.scan(text)
+    assert [m.kind for m in found] == ["email", "phone", "ssn"]
+    assert pii.redact(text, found) == "mail [EMAIL] or call [PHONE], ssn [SSN]"
+
+
+# ----------------------------------------------------------------------- toxicity
+
+
+def test_builtin_toxicity_and_plugins():
+    clf = WordlistToxicity(extra_terms=["frobnicate", "go away now"])
+    scores = clf.scores(["Have a nice day", "you BITCH", "shit, kill yourself", "please frobnicate", "go away now!"])
+    assert scores == [0.0, 0.5, 1.0, 0.5, 0.5]
+    assert load_toxicity_classifier("off") is None
+    assert isinstance(load_toxicity_classifier("builtin"), WordlistToxicity)
+    plugged = load_toxicity_classifier("whetstone.ingest.domain.toxicity:WordlistToxicity")
+    assert plugged.scores(["shit"]) == [0.5]
+    with pytest.raises(ValueError):
+        load_toxicity_classifier("no-colon")
+
+
+# -------------------------------------------------------------------------- stats
+
+
+def test_histogram_and_summary():
+    h = histogram(np.array([0, 5, 40, 40, 300]))
+    assert [b["count"] for b in h] == [2, 2, 0, 0, 1] and h[-1] == {"min": 256, "max": 512, "count": 1}
+    stats = DatasetStats()
+    for n in [10, 12, 11, 13, 500]:
+        stats.add(n, {"user": 1, "assistant": 1}, trained=n // 2)
+    stats.add(9, {"system": 1, "user": 5, "assistant": 5})
+    s = stats.summary()
+    assert s["tokens"]["total"] == 555 and s["tokens"]["max"] == 500 and s["tokens"]["p50"] == 11
+    assert s["roles"] == {"assistant": 10, "system": 1, "user": 10}
+    assert s["turns"] == {"2": 5, "9+": 1}
+    assert s["length_outliers"] == 1 and s["trained_tokens"] == 272
+    assert DatasetStats().summary()["tokens"] == {"rows": 0, "total": 0}
+
+
+# --------------------------------------------------------------------------- cost
+
+
+def test_cost_estimate_per_gpu_and_method():
+    est = estimate_cost(1_000_000, 3, "sft", 7_000_000_000)
+    methods = {r["method"] for r in est["estimates"]}
+    assert methods == set(METHODS_FOR_PURPOSE["sft"])
+    h100_lora = next(r for r in est["estimates"] if r["gpu_type"] == "H100" and r["method"] == "lora")
+    assert h100_lora["gpu_hours"] == pytest.approx(3_000_000 / 3400 / 3600, rel=1e-3)
+    assert h100_lora["spot_usd"] < h100_lora["on_demand_usd"]
+    assert est["cheapest"] == min(est["estimates"], key=lambda r: r["spot_usd"])
+    bigger = estimate_cost(1_000_000, 3, "sft", 70_000_000_000)
+    assert bigger["cheapest"]["gpu_hours"] > est["cheapest"]["gpu_hours"] * 5
+    tiny = estimate_cost(1_000_000, 3, "sft", 1000)
+    assert tiny["estimates"][0]["tokens_per_s_per_gpu"] <= 20 * 3400
+    assert {r["method"] for r in estimate_cost(10, 1, "dpo", None)["estimates"]} == {"dpo", "orpo"}
+    custom = estimate_cost(3600, 1, "cpt", None, throughput={"X": {"cpt": 1.0}}, prices={"X": {"on_demand": 2,
+                                                                                              "spot": 1}})
+    assert custom["estimates"] == [{"gpu_type": "X", "method": "cpt", "tokens_per_s_per_gpu": 1.0, "gpu_hours": 1.0,
+                                    "on_demand_usd": 2.0, "spot_usd": 1.0}]
+    assert estimate_cost(10, 1, "eval", None)["cheapest"] is None
+
+
+# ----------------------------------------------------------------------- policies
+
+
+def test_policies():
+    p = Policies().merged({"pii": "redact", "max_seq_len": 512, "over_length": None})
+    assert p.pii == "redact" and p.max_seq_len == 512 and p.over_length == "truncate"
+    assert p.as_strings()["max_seq_len"] == "512"
+    with pytest.raises(PolicyError):
+        Policies(pii="ignore")
+    with pytest.raises(PolicyError):
+        Policies(near_dup_threshold=1.5)
+    with pytest.raises(PolicyError):
+        Policies().merged({"bogus": 1})

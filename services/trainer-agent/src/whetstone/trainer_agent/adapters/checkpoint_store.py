@@ -1,0 +1,123 @@
+"""Checkpoints of a job in the object store: upload (manifest last), verify, list, prune, resume.
+
+A checkpoint exists only once its manifest (sha256 of every file) is stored and every
+file matches it. Deleting removes the manifest FIRST, so a half-deleted checkpoint is
+never mistaken for a durable one."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import shutil
+from collections.abc import Collection
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from whetstone.runtime.checkpoints import MANIFEST, CorruptCheckpoint, UploadedCheckpoint, upload_checkpoint
+from whetstone.runtime.s3 import ObjectStore, parse_uri, sha256_file
+
+from ..domain.checkpoints import (
+    StoredCheckpoint, checkpoints_in, job_checkpoints_prefix, parse_checkpoint, resume_candidates, to_prune,
+)
+
+
+@dataclass(frozen=True)
+class ResumePoint:
+    """The checkpoint a segment actually resumes from (None: from scratch) and what was skipped."""
+
+    path: Path | None
+    uri: str | None = None
+    step: int = 0
+    manifest_sha256: str | None = None
+    skipped: list[tuple[str, str]] = field(default_factory=list)   # (uri, why)
+
+    def ref(self) -> dict[str, Any] | None:
+        return {"uri": self.uri, "step": self.step, "manifest_sha256": self.manifest_sha256} if self.uri else None
+
+
+class S3Checkpoints:
+    def __init__(self, store: ObjectStore) -> None:
+        self.store = store
+
+    # -- write
+
+    def upload(self, local: Path, prefix: str, meta: dict[str, Any]) -> UploadedCheckpoint:
+        return upload_checkpoint(self.store, local, prefix, meta)
+
+    def delete(self, ck: StoredCheckpoint) -> None:
+        client, bucket = self.store.client, self.store.bucket
+        client.delete_object(Bucket=bucket, Key=f"{ck.prefix}/{MANIFEST}")
+        for key in list(self.store.list_keys(ck.prefix + "/")):
+            client.delete_object(Bucket=bucket, Key=key)
+
+    def prune(self, tenant_id: str, job_id: str, keep_last: int, protected: Collection[str]) -> list[str]:
+        """Delete resumable checkpoints beyond the newest `keep_last`; returns the deleted prefixes.
+        Call only after the newest checkpoint's manifest is stored."""
+        doomed = to_prune(self.list_job(tenant_id, job_id), keep_last, protected)
+        for ck in doomed:
+            self.delete(ck)
+        return [ck.prefix for ck in doomed]
+
+    # -- read
+
+    def list_job(self, tenant_id: str, job_id: str) -> list[StoredCheckpoint]:
+        prefix = job_checkpoints_prefix(tenant_id, job_id)
+        return checkpoints_in(self.store.list_keys(prefix), prefix)
+
+    def fetch_verified(self, prefix: str, dest: Path, *, expected_manifest_sha256: str | None = None,
+                       job_id: str | None = None) -> tuple[dict[str, Any], str]:
+        """Download a checkpoint into an empty `dest` and check every file against the manifest.
+        CorruptCheckpoint when the manifest is missing, altered, of another job, or a file differs."""
+        uri = self.store.uri(prefix)
+        shutil.rmtree(dest, ignore_errors=True)
+        dest.mkdir(parents=True)
+        if not self.store.exists(f"{uri}/{MANIFEST}"):
+            raise CorruptCheckpoint(f"{uri}: no manifest")
+        raw = self.store.get_bytes(f"{uri}/{MANIFEST}")
+        digest = hashlib.sha256(raw).hexdigest()
+        if expected_manifest_sha256 and digest != expected_manifest_sha256:
+            raise CorruptCheckpoint(f"{uri}: manifest sha256 {digest[:12]}… is not the pinned "
+                                    f"{expected_manifest_sha256[:12]}…")
+        try:
+            manifest = json.loads(raw)
+            files = manifest["files"]
+        except (ValueError, KeyError, TypeError) as exc:
+            raise CorruptCheckpoint(f"{uri}: unreadable manifest ({exc})") from exc
+        if job_id is not None and manifest.get("job_id") != job_id:
+            raise CorruptCheckpoint(f"{uri}: manifest belongs to job {manifest.get('job_id')!r}")
+        if not files:
+            raise CorruptCheckpoint(f"{uri}: manifest lists no files")
+        for rel, info in files.items():
+            target = dest / rel
+            if not target.resolve().is_relative_to(dest.resolve()):
+                raise CorruptCheckpoint(f"{uri}: manifest names a file outside the checkpoint: {rel!r}")
+            if not self.store.exists(f"{uri}/{rel}"):
+                raise CorruptCheckpoint(f"{uri}: {rel} is missing")
+            self.store.download_file(f"{uri}/{rel}", target)
+            if target.stat().st_size != info.get("size", target.stat().st_size) or sha256_file(target) != info["sha256"]:
+                raise CorruptCheckpoint(f"{uri}: {rel} does not match its sha256")
+        return manifest, digest
+
+    def resume_point(self, tenant_id: str, job_id: str, requested: dict[str, Any] | None, dest: Path) -> ResumePoint:
+        """The requested checkpoint if it verifies, else the newest older one that does; from
+        scratch (path None) when none does. Store errors other than corruption propagate."""
+        if not requested:
+            return ResumePoint(None)
+        _, key = parse_uri(requested["uri"])
+        key = key.rstrip("/")
+        listed = self.list_job(tenant_id, job_id)
+        wanted = parse_checkpoint(key)
+        if wanted is not None and all(c.prefix != key for c in listed):
+            listed.append(wanted)  # not listed at all: try it anyway, the fetch says why it fails
+        skipped: list[tuple[str, str]] = []
+        for ck in resume_candidates(listed, key, max_step=int(requested.get("step", 0)) or None):
+            pinned = requested.get("manifest_sha256") if ck.prefix == key else None
+            try:
+                _, digest = self.fetch_verified(ck.prefix, dest, expected_manifest_sha256=pinned, job_id=job_id)
+            except CorruptCheckpoint as exc:
+                skipped.append((self.store.uri(ck.prefix), str(exc)))
+                continue
+            return ResumePoint(dest, self.store.uri(ck.prefix), ck.step, digest, skipped)
+        shutil.rmtree(dest, ignore_errors=True)
+        return ResumePoint(None, skipped=skipped)

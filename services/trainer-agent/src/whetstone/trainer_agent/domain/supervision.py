@@ -1,0 +1,81 @@
+"""What the agent reports about its training processes and its capacity. Pure."""
+
+from __future__ import annotations
+
+import signal
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import Literal
+
+PREEMPT_REASONS = ("spot_loss", "priority", "node_lost", "drain", "signal")
+LOG_TAIL_CHARS = 2000
+
+
+@dataclass(frozen=True)
+class ExitReport:
+    """The event a training process's end calls for when it sent no terminal event itself."""
+
+    outcome: Literal["failed", "preempted", "worker_done"]
+    error_class: str | None = None
+    code: str | None = None
+    message: str | None = None
+    reason: str | None = None
+
+
+def describe_exit(returncode: int | None) -> str:
+    if returncode is None:
+        return "still running"
+    if returncode < 0:
+        try:
+            return f"killed by {signal.Signals(-returncode).name}"
+        except ValueError:
+            return f"killed by signal {-returncode}"
+    return f"exited with code {returncode}"
+
+
+def classify_exit(returncode: int | None, *, cancelled: bool, stopping: str | None, worker_node: bool,
+                  log_tail: str) -> ExitReport:
+    """A process that ended without `completed` / `failed` / `preempted`:
+    cancelled by the user -> failed (user, cancelled), so metering closes the segment;
+    stopped by the agent (drain, spot loss) -> preempted from the last durable checkpoint;
+    a non-zero-rank node's launcher that ended cleanly -> nothing to say (rank 0 reports);
+    anything else is a crash -> failed (platform) with the log tail. Never silent."""
+    if cancelled:
+        return ExitReport("failed", "user", "cancelled", "cancelled by user")
+    if stopping:
+        return ExitReport("preempted", reason=stopping)
+    if worker_node and returncode == 0:
+        return ExitReport("worker_done")
+    tail = log_tail[-LOG_TAIL_CHARS:].strip()
+    return ExitReport("failed", "platform", "trainer_crashed",
+                      f"training process {describe_exit(returncode)} without reporting a result"
+                      + (f"; log tail:\n{tail}" if tail else "; it wrote no log"))
+
+
+def failure_message(message: object, advice: object = None) -> str:
+    """The recipe's message with its suggested changes (JobFailedV1 has no field of its own for them)."""
+    text = str(message or "training failed")
+    if isinstance(advice, list) and advice:
+        text += " Suggested changes: " + "; ".join(map(str, advice)) + "."
+    return text
+
+
+def preempt_reason(stopping: str | None, reported: str | None) -> str:
+    """Why a segment stopped: the agent's own reason wins (it sent the signal), else the recipe's."""
+    if stopping in PREEMPT_REASONS:
+        return stopping
+    return reported if reported in PREEMPT_REASONS else "signal"
+
+
+def stop_reason(spot: bool) -> str:
+    """The agent is being stopped (SIGTERM to the agent): a spot node is being reclaimed, any
+    other node is being drained."""
+    return "spot_loss" if spot else "drain"
+
+
+def free_gpu_ids(gpu_count: int, held: Iterable[Iterable[int]], draining: bool) -> list[int]:
+    """GPU slots the scheduler may place on: none while draining, else those no segment holds."""
+    if draining:
+        return []
+    busy = {g for ids in held for g in ids}
+    return [g for g in range(gpu_count) if g not in busy]

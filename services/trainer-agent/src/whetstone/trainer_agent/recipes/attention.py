@@ -1,0 +1,51 @@
+"""Padding-free attention for packed rows, on any device.
+
+transformers already keeps packed examples apart when it sees `position_ids` that restart
+at 0 and no attention mask: it builds a block-diagonal causal mask. That is correct but
+costs (sum of lengths)^2 per row. `varlen_sdpa` registers an attention implementation that
+instead runs scaled-dot-product attention once per example (causal), so a packed row costs
+sum(length^2), like flash-attention's varlen kernels on GPU. Anything that is not a
+packed single row (padded batches, generation) goes to the stock sdpa path.
+"""
+
+from __future__ import annotations
+
+NAME = "whetstone_varlen_sdpa"
+
+
+def segment_bounds(position_ids) -> list[int] | None:
+    """Start offsets of the examples of a packed row (+ its length), or None if not packed."""
+    row = position_ids[0]
+    if int(row[0]) != 0:
+        return None
+    starts = (row == 0).nonzero().flatten().tolist()
+    return [*starts, int(row.shape[0])]
+
+
+def varlen_sdpa(module, query, key, value, attention_mask, dropout=0.0, scaling=None, is_causal=None, **kwargs):
+    import torch
+    from transformers.integrations.sdpa_attention import sdpa_attention_forward
+
+    position_ids = kwargs.get("position_ids")
+    bounds = None
+    if attention_mask is None and position_ids is not None and query.shape[0] == 1 \
+            and query.shape[2] == key.shape[2] and kwargs.get("past_key_values") is None:
+        bounds = segment_bounds(position_ids)
+    if bounds is None or len(bounds) <= 2:
+        return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout,
+                                      scaling=scaling, is_causal=is_causal, **kwargs)
+    outputs = []
+    for start, end in zip(bounds, bounds[1:]):
+        out, _ = sdpa_attention_forward(module, query[:, :, start:end], key[:, :, start:end],
+                                        value[:, :, start:end], None, dropout=dropout, scaling=scaling,
+                                        is_causal=True)
+        outputs.append(out)
+    return torch.cat(outputs, dim=1), None  # (batch, seq, heads, head_dim)
+
+
+def register() -> str:
+    """Make `attn_implementation=NAME` available to from_pretrained; idempotent."""
+    from transformers import AttentionInterface
+
+    AttentionInterface.register(NAME, varlen_sdpa)
+    return NAME

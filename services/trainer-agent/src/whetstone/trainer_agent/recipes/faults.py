@@ -1,0 +1,81 @@
+"""TEST-ONLY fault injection, switched on by one environment variable.
+
+    WHETSTONE_RECIPE_FAULTS='{"oom_forwards": 2, "sigterm_after_forward": 7, "poison_line": 12}'
+
+- oom_forwards: the first N training forward passes raise torch.OutOfMemoryError;
+- oom_at_forwards: [K, ...]: these training forward passes (counted over the process) raise it;
+- sigterm_after_forward: the process sends itself SIGTERM right after training forward
+  pass K (counted over the whole process) - lands between gradient-accumulation micro-steps
+  when K is not a multiple of the accumulation;
+- poison_line: the example from that source line gets an out-of-vocabulary token id when it
+  is collated, so the model fails on it mid-run (a "bad example met mid-run").
+
+Unset (production), `Faults.from_env()` is inert: no hook is installed.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import signal
+from dataclasses import dataclass, field
+from typing import Any
+
+ENV = "WHETSTONE_RECIPE_FAULTS"
+log = logging.getLogger("whetstone.trainer_agent.recipes")
+
+
+@dataclass
+class Faults:
+    oom_forwards: int = 0
+    oom_at_forwards: list[int] = field(default_factory=list)
+    sigterm_after_forward: int | None = None
+    poison_line: int | None = None
+    forwards: int = field(default=0, init=False)
+
+    @classmethod
+    def from_env(cls) -> Faults:
+        raw = os.environ.get(ENV)
+        if not raw:
+            return cls()
+        spec: dict[str, Any] = json.loads(raw)
+        log.warning("TEST fault injection active: %s", spec)
+        return cls(**spec)
+
+    @property
+    def active(self) -> bool:
+        return bool(self.oom_forwards or self.oom_at_forwards or self.sigterm_after_forward or self.poison_line)
+
+    def install(self, model) -> None:
+        """Forward hooks on the model being trained (counted only in training mode)."""
+        if self.oom_forwards or self.oom_at_forwards or self.sigterm_after_forward:
+            model.register_forward_pre_hook(self._before_forward)
+            model.register_forward_hook(self._after_forward)
+
+    def _before_forward(self, module, args) -> None:  # noqa: ARG002
+        if not module.training:
+            return
+        self.forwards += 1
+        if self.forwards <= self.oom_forwards or self.forwards in self.oom_at_forwards:
+            import torch
+
+            raise torch.OutOfMemoryError(f"injected out of memory (test fault, forward {self.forwards})")
+
+    def _after_forward(self, module, args, output) -> None:  # noqa: ARG002
+        if module.training and self.forwards == self.sigterm_after_forward:
+            os.kill(os.getpid(), signal.SIGTERM)
+
+    def poison(self, vocab_size: int):
+        """A collator hook replacing one example's first token by an id the model does not have."""
+        if self.poison_line is None:
+            return None
+        line = self.poison_line
+
+        def apply(feature: dict[str, Any]) -> list[int]:
+            ids = list(feature["input_ids"])
+            if feature["line"] == line:
+                ids[0] = vocab_size + 7
+            return ids
+
+        return apply

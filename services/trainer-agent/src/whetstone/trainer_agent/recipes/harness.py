@@ -1,0 +1,202 @@
+"""Drive a recipe the way the trainer agent does, for tests and benchmarks.
+
+- `run_subprocess`: a real child process (`python -m ...recipes.sft`), events read from its
+  stdout; optionally SIGTERM after a given progress step, or test faults via the env var.
+- `run_in_process`: the same `execute()` in this process (no interpreter start-up: cheap),
+  events captured in memory. SIGTERM is routed to the run's flag while it lasts.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from .faults import ENV as FAULTS_ENV
+
+RECIPE_MODULE = "whetstone.trainer_agent.recipes.sft"
+
+
+@dataclass
+class RecipeRun:
+    returncode: int
+    events: list[dict[str, Any]] = field(default_factory=list)
+    stderr: str = ""
+    sigterm_sent_at: float | None = None  # time.time()
+
+    def of(self, name: str) -> list[dict[str, Any]]:
+        return [e for e in self.events if e["event"] == name]
+
+    def names(self) -> list[str]:
+        return [e["event"] for e in self.events]
+
+    def losses(self) -> dict[int, float]:
+        return {e["step"]: e["loss"] for e in self.of("progress")}
+
+    @property
+    def last(self) -> dict[str, Any]:
+        return self.events[-1] if self.events else {}
+
+
+def write_config(config: dict[str, Any], workdir: Path) -> Path:
+    workdir.mkdir(parents=True, exist_ok=True)
+    path = workdir / f"{config['job_id']}.config.json"
+    path.write_text(json.dumps(config))
+    return path
+
+
+def run_subprocess(config: dict[str, Any], workdir: Path, *, faults: dict[str, Any] | None = None,
+                   sigterm_after_step: int | None = None, on_event: Callable[[dict[str, Any]], None] | None = None,
+                   timeout_s: float = 300) -> RecipeRun:
+    config_path = write_config(config, workdir)
+    stderr_path = workdir / f"{config['job_id']}.stderr.txt"
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
+    env.pop(FAULTS_ENV, None)
+    if faults:
+        env[FAULTS_ENV] = json.dumps(faults)
+    sent_at = None
+    with stderr_path.open("w") as stderr:
+        proc = subprocess.Popen([sys.executable, "-m", RECIPE_MODULE, "--config", str(config_path)],
+                                stdout=subprocess.PIPE, stderr=stderr, text=True, env=env)
+        watchdog = threading.Timer(timeout_s, proc.kill)
+        watchdog.start()
+        events = []
+        try:
+            for line in proc.stdout:
+                event = json.loads(line)  # stdout must carry nothing but JSON events
+                events.append(event)
+                if on_event is not None:
+                    on_event(event)
+                if (sigterm_after_step is not None and sent_at is None and event["event"] == "progress"
+                        and event["step"] >= sigterm_after_step):
+                    sent_at = time.time()
+                    proc.send_signal(signal.SIGTERM)
+            returncode = proc.wait()
+        finally:
+            watchdog.cancel()
+    return RecipeRun(returncode, events, stderr_path.read_text(), sent_at)
+
+
+def run_in_process(config: dict[str, Any], workdir: Path, *, faults: dict[str, Any] | None = None) -> RecipeRun:
+    from .protocol import EventStream, PreemptionFlag
+    from .sft import execute
+
+    config_path = write_config(config, workdir)
+    buffer = io.StringIO()
+    flag = PreemptionFlag()
+    previous_handler = signal.signal(signal.SIGTERM, flag._on_sigterm)
+    previous_faults = os.environ.pop(FAULTS_ENV, None)
+    if faults:
+        os.environ[FAULTS_ENV] = json.dumps(faults)
+    try:
+        returncode = execute(config_path, EventStream(buffer), flag)
+    finally:
+        signal.signal(signal.SIGTERM, previous_handler)
+        os.environ.pop(FAULTS_ENV, None)
+        if previous_faults is not None:
+            os.environ[FAULTS_ENV] = previous_faults
+    events = [json.loads(line) for line in buffer.getvalue().splitlines()]
+    return RecipeRun(returncode, events)
+
+
+# ------------------------------------------------------------------ data for the other methods
+
+
+def preference_rows(chat_rows: list[list[dict[str, Any]]]) -> list[dict[str, Any]]:
+    """Preference pairs from chat rows: chosen = the row's own last answer, rejected = the
+    last answer of the next row (a fluent but wrong reply)."""
+    pairs = []
+    for i, messages in enumerate(chat_rows):
+        other = chat_rows[(i + 1) % len(chat_rows)]
+        chosen, rejected = messages[-1]["content"], other[-1]["content"]
+        if chosen == rejected:
+            rejected = "I do not know."
+        pairs.append({"prompt": [{"role": m["role"], "content": m["content"]} for m in messages[:-1]],
+                      "chosen": chosen, "rejected": rejected})
+    return pairs
+
+
+def text_rows(chat_rows: list[list[dict[str, Any]]]) -> list[dict[str, str]]:
+    """Raw documents for continued pre-training: the conversation contents as prose."""
+    return [{"text": " ".join(m["content"] for m in messages)} for messages in chat_rows]
+
+
+def write_jsonl(rows: list[dict[str, Any]], path: Path) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return path
+
+
+# ------------------------------------------------------------------ resume exactness
+
+
+@dataclass
+class Chain:
+    """An uninterrupted run vs the same job interrupted by SIGTERM at given forward passes."""
+
+    reference: RecipeRun
+    segments: list[RecipeRun]
+    expected_steps: list[int]  # where each emergency checkpoint must be: the step in flight, finished
+
+    @property
+    def emergency_steps(self) -> list[int]:
+        return [s.of("checkpoint")[-1]["step"] for s in self.segments[:-1] if s.names()[-1:] == ["preempted"]]
+
+    def chained_losses(self) -> dict[int, float]:
+        losses: dict[int, float] = {}
+        for segment in self.segments:
+            losses.update(segment.losses())
+        return losses
+
+    def final_dirs(self) -> tuple[Path, Path]:
+        return Path(self.reference.of("checkpoint")[-1]["path"]), Path(self.segments[-1].of("checkpoint")[-1]["path"])
+
+    def exact(self) -> bool:
+        """Same per-step losses and the same final weights, bit for bit."""
+        if self.emergency_steps != self.expected_steps or self.segments[-1].last.get("event") != "completed":
+            return False
+        if self.chained_losses() != self.reference.losses():
+            return False
+        return same_weights(*self.final_dirs())
+
+
+def same_weights(a: Path, b: Path) -> bool:
+    import torch
+    from safetensors.torch import load_file
+
+    name = "adapter_model.safetensors" if (a / "adapter_model.safetensors").is_file() else "model.safetensors"
+    left, right = load_file(a / name), load_file(b / name)
+    return left.keys() == right.keys() and all(torch.equal(left[k], right[k]) for k in left)
+
+
+def interrupted_chain(config: dict[str, Any], workdir: Path, forward_points: list[int], accumulation: int,
+                      reference: RecipeRun | None = None) -> Chain:
+    """Run `config` uninterrupted (unless given), then as a chain of segments, each sent SIGTERM
+    after the given (absolute, 1-based) training forward pass and resumed from its emergency
+    checkpoint. The emergency checkpoint must land on the step in flight: ceil(forward / accumulation)."""
+    if reference is None:
+        reference = run_subprocess({**config, "job_id": f"{config['job_id']}-ref",
+                                    "output_dir": str(workdir / "ref")}, workdir)
+    segments, resume, done_forwards, expected = [], None, 0, []
+    for i, forward in enumerate([*sorted(forward_points), None]):
+        segment_config = {**config, "job_id": f"{config['job_id']}-seg{i}", "output_dir": str(workdir / f"seg{i}"),
+                          "resume_from": str(resume) if resume else None}
+        faults = {"sigterm_after_forward": forward - done_forwards} if forward is not None else None
+        run = run_subprocess(segment_config, workdir, faults=faults)
+        segments.append(run)
+        if forward is None or run.names()[-1:] != ["preempted"]:
+            break
+        step = -(-forward // accumulation)
+        expected.append(step)
+        resume = Path(run.last["checkpoint"])
+        done_forwards = step * accumulation
+    return Chain(reference, segments, expected)

@@ -1,0 +1,131 @@
+"""Trainer classes: HF Trainer (SFT, CPT) and trl's DPO/ORPO, plus the platform's additions.
+
+- `TimedSaveMixin`: measures checkpoint writing (the checkpoint overhead figure) and adds
+  files the platform keeps with every checkpoint (DPO reference log-probs).
+- `BadExampleMixin` (SFT/CPT): a forward that fails on a micro-batch (not out of memory)
+  is re-run example by example to name the source line at fault.
+- `StoredRefDPOTrainer`: DPO whose reference log-probs, computed once, are kept with the
+  checkpoints and reused on resume instead of being recomputed.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from .errors import PlatformError, UserError, is_out_of_memory
+
+log = logging.getLogger("whetstone.trainer_agent.recipes")
+
+REF_LOG_PROBS_FILE = "ref_log_probs.json"
+
+
+class TimedSaveMixin:
+    checkpoint_seconds: float = 0.0
+    extra_checkpoint_files: Callable[[Path], None] | None = None
+
+    def _save_checkpoint(self, model, trial):
+        started = time.perf_counter()
+        super()._save_checkpoint(model, trial)
+        if self.extra_checkpoint_files is not None:
+            self.extra_checkpoint_files(Path(self.args.output_dir, f"checkpoint-{self.state.global_step}"))
+        self.checkpoint_seconds += time.perf_counter() - started
+
+
+class BadExampleMixin:
+    """Needs `examples_by_line` ({line: [rows]}), `data_name` and `data_collator`."""
+
+    examples_by_line: dict[int, list[dict[str, Any]]] = {}
+    data_name: str = "training data"
+
+    def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
+        lines = inputs.pop("example_lines", None)
+        try:
+            return super().compute_loss(model, inputs, return_outputs=return_outputs,
+                                        num_items_in_batch=num_items_in_batch)
+        except Exception as exc:
+            if is_out_of_memory(exc) or lines is None:
+                raise
+            raise self._blame(model, [int(x) for x in lines.tolist()], exc) from exc
+
+    def _blame(self, model, lines: list[int], exc: Exception) -> Exception:
+        import torch
+
+        for line in lines:
+            for row in self.examples_by_line.get(line, []):
+                batch = self.data_collator([row])
+                batch.pop("example_lines", None)
+                batch = {k: v.to(self.args.device) for k, v in batch.items()}
+                try:
+                    with torch.no_grad():
+                        model(**batch)
+                except Exception as alone:  # noqa: BLE001 - any failure of this example alone
+                    return UserError(f"{self.data_name} line {line}: the model failed on this example mid-run "
+                                     f"({type(alone).__name__}: {alone})", code="bad_example",
+                                     advice=[f"fix or remove line {line} of {self.data_name}"])
+        return PlatformError(f"training step failed ({type(exc).__name__}: {exc}); no single example of the "
+                             f"micro-batch (lines {lines}) reproduces it", code="training_step_failed")
+
+
+def sft_trainer_class():
+    from transformers import Trainer
+
+    return type("PlatformSFTTrainer", (TimedSaveMixin, BadExampleMixin, Trainer), {})
+
+
+def dpo_trainer_class():
+    from trl import DPOTrainer
+
+    class StoredRefDPOTrainer(TimedSaveMixin, DPOTrainer):
+        def __init__(self, *args, stored_ref_log_probs: dict[str, Any] | None = None, **kwargs) -> None:
+            self.ref_log_probs = dict(stored_ref_log_probs or {})
+            self.ref_log_probs_seconds = 0.0
+            super().__init__(*args, **kwargs)
+
+        def _precompute_ref_logps(self, dataset, name, batch_size):
+            stored = self.ref_log_probs.get(name)
+            if stored and len(stored["chosen"]) == len(dataset):
+                log.info("reusing %d stored reference log-probs for %s", len(dataset), name)
+                return dataset.add_column("ref_chosen_logps", stored["chosen"]).add_column(
+                    "ref_rejected_logps", stored["rejected"])
+            started = time.perf_counter()
+            dataset = super()._precompute_ref_logps(dataset, name, batch_size)
+            self.ref_log_probs_seconds += time.perf_counter() - started
+            self.ref_log_probs[name] = {"chosen": list(dataset["ref_chosen_logps"]),
+                                        "rejected": list(dataset["ref_rejected_logps"])}
+            return dataset
+
+    return StoredRefDPOTrainer
+
+
+class PairTokenCountMixin:
+    """ORPO batches have no `input_ids`: count the real tokens of prompt, chosen and rejected."""
+
+    def _track_num_input_tokens(self, inputs):
+        masks = [v for k, v in inputs.items() if k.endswith("attention_mask")]
+        self.state.num_input_tokens_seen += int(sum(int(m.sum()) for m in masks))
+
+
+def orpo_trainer_class():
+    from trl.experimental.orpo import ORPOTrainer
+
+    return type("PlatformORPOTrainer", (TimedSaveMixin, PairTokenCountMixin, ORPOTrainer), {})
+
+
+def write_ref_log_probs(path: Path, fingerprint: str, ref_log_probs: dict[str, Any]) -> None:
+    payload = {"fingerprint": fingerprint, **ref_log_probs}
+    (Path(path) / REF_LOG_PROBS_FILE).write_text(json.dumps(payload))
+
+
+def read_ref_log_probs(directory: Path | None, fingerprint: str) -> dict[str, Any] | None:
+    if directory is None or not (Path(directory) / REF_LOG_PROBS_FILE).is_file():
+        return None
+    payload = json.loads((Path(directory) / REF_LOG_PROBS_FILE).read_text())
+    if payload.pop("fingerprint", None) != fingerprint:
+        log.warning("stored reference log-probs are for other data or another base model; recomputing")
+        return None
+    return payload

@@ -1,0 +1,169 @@
+"""The agent's adapters against the real things: checkpoints in SeaweedFS (manifest checks,
+fallback past corrupt or manifest-less checkpoints, pruning), process groups and the
+death-signal shim, model sizes from safetensors headers, snapshots and log tails."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from whetstone.runtime.checkpoints import MANIFEST, CorruptCheckpoint
+from whetstone.runtime.s3 import ObjectStore
+from whetstone.trainer_agent.adapters.checkpoint_store import S3Checkpoints
+from whetstone.trainer_agent.adapters.model_size import param_count
+from whetstone.trainer_agent.adapters.processes import SHIM, kill_orphan, log_tail, snapshot, start_ticks
+from whetstone.trainer_agent.domain.checkpoints import checkpoint_prefix
+
+pytestmark = pytest.mark.integration
+
+TENANT, JOB = "demo", "job-ck"
+
+
+def fake_checkpoint(root: Path, step: int) -> Path:
+    d = root / f"checkpoint-{step}"
+    (d / "sub").mkdir(parents=True, exist_ok=True)
+    (d / "adapter_model.safetensors").write_bytes(os.urandom(2048))
+    (d / "sub" / "trainer_state.json").write_text(json.dumps({"global_step": step}))
+    return d
+
+
+def upload(ck: S3Checkpoints, root: Path, step: int, kind: str = "periodic", job: str = JOB):
+    prefix = checkpoint_prefix(TENANT, job, step, kind)
+    return prefix, ck.upload(fake_checkpoint(root, step), prefix, {"job_id": job, "step": step, "kind": kind})
+
+
+def ref(prefix: str, step: int, up) -> dict:
+    return {"uri": up.uri, "step": step, "manifest_sha256": up.manifest_sha256}
+
+
+async def test_checkpoint_store_verifies_falls_back_and_prunes(settings, tmp_path):
+    store = ObjectStore(settings.s3_endpoint, settings.s3_access_key, settings.s3_secret_key, settings.bucket)
+    ck = S3Checkpoints(store)
+    p10, u10 = upload(ck, tmp_path / "local", 10)
+    p20, u20 = upload(ck, tmp_path / "local", 20)
+    p30, u30 = upload(ck, tmp_path / "local", 30, "emergency")
+    p40, _ = upload(ck, tmp_path / "local", 40, "final")
+    assert [(c.step, c.kind) for c in ck.list_job(TENANT, JOB)] == [(10, "periodic"), (20, "periodic"),
+                                                                    (30, "emergency"), (40, "final")]
+
+    manifest, digest = ck.fetch_verified(p30, tmp_path / "dl", job_id=JOB)
+    assert digest == u30.manifest_sha256 and set(manifest["files"]) == {"adapter_model.safetensors",
+                                                                        "sub/trainer_state.json"}
+    assert json.loads((tmp_path / "dl" / "sub" / "trainer_state.json").read_text())["global_step"] == 30
+
+    # a pinned manifest that was replaced is not the checkpoint the scheduler knows
+    with pytest.raises(CorruptCheckpoint, match="not the pinned"):
+        ck.fetch_verified(p30, tmp_path / "dl", expected_manifest_sha256="0" * 64)
+
+    # a real corrupted object in SeaweedFS: the requested checkpoint is skipped for the previous one
+    store.put_bytes(f"{p30}/adapter_model.safetensors", b"garbage")
+    point = ck.resume_point(TENANT, JOB, ref(p30, 30, u30), tmp_path / "resume")
+    assert (point.step, point.uri, point.manifest_sha256) == (20, u20.uri, u20.manifest_sha256)
+    assert point.skipped[0][0] == u30.uri and "does not match its sha256" in point.skipped[0][1]
+    assert json.loads((point.path / "sub" / "trainer_state.json").read_text())["global_step"] == 20
+
+    # an upload that died before its manifest: that checkpoint does not exist
+    store.client.delete_object(Bucket=store.bucket, Key=f"{p20}/{MANIFEST}")
+    point = ck.resume_point(TENANT, JOB, ref(p30, 30, u30), tmp_path / "resume")
+    assert point.step == 10 and [why for _, why in point.skipped][1].endswith("no manifest")
+    assert json.loads((point.path / "sub" / "trainer_state.json").read_text())["global_step"] == 10
+
+    # a manifest of another job under this job's prefix is rejected
+    other_prefix, other = upload(ck, tmp_path / "other", 10, job="job-other")
+    store.put_bytes(f"{p10}/{MANIFEST}", store.get_bytes(f"{other.uri}/{MANIFEST}"))
+    with pytest.raises(CorruptCheckpoint, match="belongs to job 'job-other'"):
+        ck.fetch_verified(p10, tmp_path / "dl", job_id=JOB)
+
+    # nothing verifies: start from scratch (and say what was skipped)
+    point = ck.resume_point(TENANT, JOB, ref(p30, 30, u30), tmp_path / "resume")
+    assert point.path is None and point.ref() is None and len(point.skipped) == 3
+    assert not (tmp_path / "resume").exists()
+    assert ck.resume_point(TENANT, JOB, None, tmp_path / "resume").skipped == []
+
+    # pruning: keep the newest resumable one and the protected one; finals stay; nothing half-deleted remains
+    p50, _ = upload(ck, tmp_path / "local", 50)
+    deleted = ck.prune(TENANT, JOB, keep_last=1, protected={p20})
+    assert deleted == [p10, p30]
+    assert [(c.step, c.kind) for c in ck.list_job(TENANT, JOB)] == [(20, "periodic"), (40, "final"),
+                                                                    (50, "periodic")]
+    assert list(store.list_keys(p10 + "/")) == [] and list(store.list_keys(p30 + "/")) == []
+    assert ck.list_job(TENANT, "job-other")[0].prefix == other_prefix
+
+
+@pytest.mark.parametrize("wrong_ticks", [True, False])
+def test_kill_orphan_kills_only_the_recorded_process(wrong_ticks):
+    proc = subprocess.Popen(["sleep", "60"], start_new_session=True)
+    try:
+        ticks = start_ticks(proc.pid)
+        assert ticks is not None
+        killed = kill_orphan(proc.pid, ticks + 1 if wrong_ticks else ticks)
+        assert killed is not wrong_ticks
+        if wrong_ticks:
+            assert proc.poll() is None
+        else:
+            assert proc.wait(timeout=5) == -signal.SIGKILL
+    finally:
+        proc.kill()
+        proc.wait()
+    assert kill_orphan(proc.pid, ticks) is False   # gone: nothing to do
+    assert kill_orphan(None, None) is False
+
+
+def test_training_processes_die_with_their_agent(tmp_path):
+    """The death-signal shim: SIGKILL the parent (the 'agent') and its launcher dies too."""
+    parent_code = (
+        "import os, subprocess, sys, time\n"
+        f"p = subprocess.Popen([sys.executable, '-m', '{SHIM}', str(os.getpid()), '--', 'sleep', '60'],"
+        " start_new_session=True)\n"
+        "print(p.pid, flush=True)\n"
+        "time.sleep(60)\n")
+    parent = subprocess.Popen([sys.executable, "-c", parent_code], stdout=subprocess.PIPE, text=True)
+    try:
+        child = int(parent.stdout.readline())
+        deadline = time.monotonic() + 10
+        while "sleep" not in Path(f"/proc/{child}/cmdline").read_bytes().decode(errors="replace"):
+            assert time.monotonic() < deadline, "shim never exec'd the launcher"
+            time.sleep(0.05)
+        parent.kill()
+        parent.wait(timeout=5)
+        deadline = time.monotonic() + 10
+        while start_ticks(child) is not None and "Z" not in Path(f"/proc/{child}/stat").read_text().split()[2]:
+            assert time.monotonic() < deadline, "launcher outlived its agent"
+            time.sleep(0.05)
+    finally:
+        parent.kill()
+
+
+def test_param_count_reads_safetensors_headers(tiny_base):
+    from safetensors import safe_open
+
+    with safe_open(tiny_base / "model.safetensors", framework="np") as f:
+        expected = sum(math.prod(f.get_slice(name).get_shape()) for name in f.keys())
+    assert param_count(str(tiny_base)) == expected > 0
+    assert param_count("meta-llama/Llama-3.1-8B") == 8e9      # not local: read off the name
+
+
+def test_snapshot_survives_the_trainer_deleting_its_checkpoint(tmp_path):
+    src = fake_checkpoint(tmp_path, 7)
+    digest = hashlib.sha256((src / "adapter_model.safetensors").read_bytes()).hexdigest()
+    snap = snapshot(src, tmp_path / "snap")
+    shutil.rmtree(src)                                   # e.g. the trainer's own rotation
+    assert hashlib.sha256((snap / "adapter_model.safetensors").read_bytes()).hexdigest() == digest
+    assert (snap / "sub" / "trainer_state.json").is_file()
+
+
+def test_log_tail(tmp_path):
+    log = tmp_path / "train.log"
+    log.write_bytes(b"x" * 10_000 + "Traceback: \u00e9chec".encode())
+    assert log_tail(log, 100).endswith("Traceback: \u00e9chec") and len(log_tail(log, 100)) <= 100
+    assert log_tail(tmp_path / "missing.log") == ""

@@ -1,0 +1,288 @@
+"""The trainer agent on the real embedded stack (Kafka, Postgres, SeaweedFS) running the real
+recipe on the tiny Llama: checkpoints in S3 with manifests and retention, drain with an
+emergency checkpoint, resume falling back from a corrupt checkpoint, cancel, crashes, and
+an agent killed outright."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import asyncpg
+import pytest
+
+from whetstone.contracts import CheckpointRef, JobAssignedV1, JobCancelledV1, TrainingSpec
+from whetstone.runtime.models import resolve_model
+from whetstone.runtime.s3 import ObjectStore
+from whetstone.runtime.testing import outbox, send_event, wait_until
+from whetstone.trainer_agent.adapters.checkpoint_store import S3Checkpoints
+from whetstone.trainer_agent.bootstrap import build_service
+from whetstone.trainer_agent.config import TrainerAgentSettings
+
+pytestmark = pytest.mark.integration
+
+NODE = "node-a"
+TENANT = "demo"
+TRAIN_KEY = f"tenants/{TENANT}/datasets/ds-x/train.jsonl"
+
+
+# --------------------------------------------------------------------------- helpers
+
+
+def agent(node: str = NODE, **overrides: Any):
+    config = TrainerAgentSettings(node_id=node, heartbeat_s=0.3, progress_interval_s=0.2, **overrides)
+    return lambda: build_service(config)
+
+
+def install_model(settings, tiny_base: Path, name: str = "tiny-llama") -> str:
+    target = settings.model_catalog / name
+    if not target.exists():
+        shutil.copytree(tiny_base, target)
+    return resolve_model(name, settings.model_catalog).sha256
+
+
+def chat_rows(n: int) -> bytes:
+    rows = [{"messages": [{"role": "user", "content": f"hi {i}"},
+                          {"role": "assistant", "content": f"hello number {i}"}]} for i in range(n)]
+    return "".join(json.dumps(r) + "\n" for r in rows).encode()
+
+
+def spec(sha: str, train_uri: str, model: str = "tiny-llama", **hyper: Any) -> TrainingSpec:
+    hp = {"n_epochs": 1, "batch_size": 8, "max_seq_len": 64, "learning_rate": 1e-2, "seed": 0, **hyper}
+    return TrainingSpec(base_model=model, base_model_sha256=sha, dataset_id="ds-x", dataset_version="v1",
+                        train_uri=train_uri, method="lora", hyperparameters=hp, hyperparameters_hash="h")
+
+
+async def assign(settings, job_id: str, spec_: TrainingSpec, *, attempt: int = 1, node: str = NODE,
+                 resume_from: CheckpointRef | None = None, extra_payload: dict | None = None) -> str:
+    segment_id = f"{job_id}-s{attempt}"
+    event = JobAssignedV1(job_id=job_id, node_id=node, segment_id=segment_id, attempt=attempt, gpu_ids=[0],
+                          spec=spec_, resume_from=resume_from)
+    fields = {"payload": {**event.model_dump(mode="json"), **extra_payload}} if extra_payload else {}
+    await send_event(settings.kafka_bootstrap, event, TENANT, **fields)
+    return segment_id
+
+
+async def events(rt, topic: str, job_id: str | None = None) -> list[dict]:
+    return [e["payload"] for e in await outbox(rt, topic) if job_id is None or e["payload"].get("job_id") == job_id]
+
+
+async def wait_event(rt, topic: str, job_id: str, check=lambda e: True, timeout: float = 180) -> dict:
+    async def found():
+        return next((e for e in await events(rt, topic, job_id) if check(e)), None)
+    return await wait_until(found, timeout=timeout, what=f"{topic} for {job_id}")
+
+
+async def terminal(rt, job_id: str, timeout: float = 180) -> tuple[str, dict]:
+    async def found():
+        for topic in ("job.completed", "job.failed", "job.preempted"):
+            if hits := await events(rt, topic, job_id):
+                return topic, hits[0]
+        return None
+    return await wait_until(found, timeout=timeout, what=f"terminal event for {job_id}")
+
+
+def stored(store, job_id: str) -> list[tuple[int, str]]:
+    return [(c.step, c.kind) for c in S3Checkpoints(store).list_job(TENANT, job_id)]
+
+
+# --------------------------------------------------------------------------- tests
+
+
+async def test_agent_trains_checkpoints_prunes_and_reports_capacity(platform, settings, tiny_base, tmp_path):
+    sha = install_model(settings, tiny_base)
+    async with platform(agent(keep_checkpoints=2)) as p:
+        rt = p["trainer-agent"]
+        uri = rt.store.put_bytes(TRAIN_KEY, chat_rows(16))
+        segment = await assign(settings, "job-ok", spec(sha, uri, n_epochs=2, checkpoint_every_steps=1))
+
+        async def busy_heartbeat():
+            return [h for h in await events(rt, "node.heartbeat") if "job-ok" in h["running_jobs"]]
+        beat = (await wait_until(busy_heartbeat, timeout=60, what="heartbeat with the job"))[0]
+        assert beat["free_gpu_ids"] == [] and beat["node_id"] == NODE
+
+        topic, done = await terminal(rt, "job-ok")
+        assert topic == "job.completed", done
+        started = (await events(rt, "job.started", "job-ok"))[0]
+        assert started["segment_id"] == segment and started["total_steps"] == 4
+        assert await events(rt, "job.progress", "job-ok")
+
+        written = await events(rt, "checkpoint.written", "job-ok")
+        assert [(w["step"], w["kind"]) for w in written] == [(1, "periodic"), (2, "periodic"), (3, "periodic"),
+                                                             (4, "final")]
+        assert done["final_checkpoint"]["uri"] == written[-1]["uri"] and done["steps"] == 4
+        # keep the last 2 resumable checkpoints (pruned only after the newer manifest was stored), and the final
+        assert stored(rt.store, "job-ok") == [(2, "periodic"), (3, "periodic"), (4, "final")]
+        for w in written[1:]:
+            prefix = w["uri"].split("/", 3)[3]
+            _, digest = S3Checkpoints(rt.store).fetch_verified(prefix, tmp_path / "check" / str(w["step"]),
+                                                               job_id="job-ok")
+            assert digest == w["manifest_sha256"] and w["files"] > 0 and w["size_bytes"] > 0
+
+        async def idle_heartbeat():
+            beats = await events(rt, "node.heartbeat")
+            return beats and beats[-1]["free_gpu_ids"] == [0] and beats[-1]["running_jobs"] == []
+        await wait_until(idle_heartbeat, timeout=10, what="idle heartbeat")
+        assert not (settings.data_dir / "scratch" / NODE / segment).exists()  # local scratch cleaned
+
+
+async def test_agent_drain_then_resume_falls_back_from_a_corrupt_checkpoint(platform, settings, tiny_base):
+    sha = install_model(settings, tiny_base)
+    # --- segment 1: the agent is stopped (node drain) mid-run: emergency checkpoint, job.preempted
+    async with platform(agent(keep_checkpoints=2)) as p:
+        rt = p["trainer-agent"]
+        job_spec = spec(sha, rt.store.put_bytes(TRAIN_KEY, chat_rows(16)), n_epochs=4, batch_size=1,
+                        checkpoint_every_steps=10)
+        await assign(settings, "job-d", job_spec)
+        first = await wait_event(rt, "checkpoint.written", "job-d")
+        assert (first["step"], first["kind"]) == (10, "periodic")
+    # leaving the block stopped the agent: drain SIGTERMed the recipe and waited for its emergency checkpoint
+    async with platform(agent(keep_checkpoints=2)) as p:
+        rt = p["trainer-agent"]
+        preempted = (await events(rt, "job.preempted", "job-d"))[0]
+        emergency = [w for w in await events(rt, "checkpoint.written", "job-d") if w["kind"] == "emergency"]
+        assert len(emergency) == 1 and emergency[0]["step"] > 10
+        assert preempted["reason"] == "drain"
+        assert preempted["checkpoint"] == {k: emergency[0][k] for k in ("uri", "step", "manifest_sha256")}
+        assert not await events(rt, "job.failed", "job-d")
+
+        # --- corrupt the emergency checkpoint in SeaweedFS (its manifest is intact, a file is not)
+        prefix = emergency[0]["uri"].split("/", 3)[3]
+        victim = next(k for k in rt.store.list_keys(prefix + "/") if k.endswith(".safetensors"))
+        rt.store.put_bytes(victim, b"not the adapter any more")
+        periodic = [w for w in await events(rt, "checkpoint.written", "job-d") if w["kind"] == "periodic"]
+        fallback = max(periodic, key=lambda w: w["step"])
+
+        # --- segment 2 resumes: the corrupt checkpoint is skipped for the newest older durable one
+        await assign(settings, "job-d", job_spec, attempt=2, resume_from=CheckpointRef(**preempted["checkpoint"]))
+        started = await wait_event(rt, "job.started", "job-d", lambda e: e["segment_id"] == "job-d-s2")
+        assert started["resumed_from_step"] == fallback["step"]
+        _, done = await _completed(rt, "job-d")
+        assert done["steps"] == 64
+        # retention: the last 2 resumable + the one segment 2 resumed from + final; the corrupt one is gone
+        left = stored(rt.store, "job-d")
+        assert (fallback["step"], "periodic") in left and (64, "final") in left
+        assert (emergency[0]["step"], "emergency") not in left
+        assert len([c for c in left if c[1] != "final"]) == 3
+
+
+async def _completed(rt, job_id: str) -> tuple[str, dict]:
+    async def found():
+        hits = await events(rt, "job.completed", job_id)
+        failed = await events(rt, "job.failed", job_id)
+        assert not failed, failed
+        return ("job.completed", hits[0]) if hits else None
+    return await wait_until(found, timeout=240, what=f"job.completed for {job_id}")
+
+
+async def test_agent_reports_cancel_crash_recipe_failure_and_rejected_plans(platform, settings, tiny_base):
+    sha = install_model(settings, tiny_base)
+    broken = settings.model_catalog / "tiny-no-tokenizer"      # same weights, so the pin matches
+    shutil.copytree(tiny_base, broken)
+    for name in ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja"):
+        (broken / name).unlink(missing_ok=True)
+    async with platform(agent()) as p:
+        rt = p["trainer-agent"]
+        uri = rt.store.put_bytes(TRAIN_KEY, chat_rows(16))
+        long_run = {"n_epochs": 20, "batch_size": 1, "checkpoint_every_steps": 1000}
+        await assign(settings, "job-cancel", spec(sha, uri, **long_run))
+        await assign(settings, "job-kill", spec(sha, uri, **long_run))
+        await assign(settings, "job-broken", spec(sha, uri, model="tiny-no-tokenizer"))
+        await assign(settings, "job-2nodes", spec(sha, uri),
+                     extra_payload={"rendezvous": {"master_addr": "10.0.0.1", "nodes": 2, "node_rank": 0}})
+
+        # a plan no rule allows is rejected before anything runs, as the user's error
+        topic, rejected = await terminal(rt, "job-2nodes")
+        assert (topic, rejected["error_class"], rejected["code"]) == ("job.failed", "user",
+                                                                      "invalid_distributed_config")
+        assert "multi-node" in rejected["message"]
+
+        # the recipe itself reports its failure: passed through, not mistaken for a crash
+        topic, broken_failed = await terminal(rt, "job-broken")
+        assert topic == "job.failed" and broken_failed["code"] != "trainer_crashed"
+        assert broken_failed["error_class"] in ("platform", "user")
+
+        await wait_event(rt, "job.progress", "job-cancel")
+        await wait_event(rt, "job.progress", "job-kill")
+        segments = rt.state["segments"]
+        killed_pid = segments["job-kill-s1"].proc.pid
+        cancelled_pid = segments["job-cancel-s1"].proc.pid
+
+        # a training process killed outright: platform failure with the log tail, never silence
+        os.killpg(killed_pid, signal.SIGKILL)
+        topic, crash = await terminal(rt, "job-kill")
+        assert (topic, crash["error_class"], crash["code"]) == ("job.failed", "platform", "trainer_crashed")
+        assert "killed by SIGKILL" in crash["message"] and "log tail" in crash["message"]
+
+        # cancel: SIGTERM to the group, reported as the user's failure (metering closes the segment)
+        await send_event(settings.kafka_bootstrap, JobCancelledV1(job_id="job-cancel", node_id=NODE), TENANT)
+        topic, cancelled = await terminal(rt, "job-cancel")
+        assert (topic, cancelled["error_class"], cancelled["code"]) == ("job.failed", "user", "cancelled")
+        assert not await events(rt, "job.preempted", "job-cancel")
+        assert not await events(rt, "checkpoint.written", "job-cancel")   # no emergency upload for a cancel
+        for pid in (killed_pid, cancelled_pid):
+            await wait_until(lambda pid=pid: _gone(pid), timeout=15, what=f"process group {pid} gone")
+        await wait_until(lambda: _no_segments(rt), timeout=15, what="segments finished")
+
+
+async def _gone(pid: int) -> bool:
+    try:
+        os.killpg(pid, 0)
+    except ProcessLookupError:
+        return True
+    return False
+
+
+async def _no_segments(rt) -> bool:
+    return not rt.state["segments"]
+
+
+async def test_agent_killed_outright_is_reported_preempted_by_its_successor(platform, settings, tiny_base, tmp_path):
+    """SIGKILL the agent process: its training process dies with it (PDEATHSIG); the restarted
+    agent reports the segment preempted (node_lost) from the last durable checkpoint."""
+    sha = install_model(settings, tiny_base)
+    node = "node-lost"
+    env = {**os.environ, "WHETSTONE_TRAINER_AGENT_NODE_ID": node, "WHETSTONE_TRAINER_AGENT_HTTP_PORT": "0"}
+    log = open(tmp_path / "agent.log", "wb")
+    proc = subprocess.Popen([sys.executable, "-m", "whetstone.trainer_agent"], env=env, stdout=log, stderr=log)
+    try:
+        store = ObjectStore(settings.s3_endpoint, settings.s3_access_key, settings.s3_secret_key, settings.bucket)
+        uri = store.put_bytes(TRAIN_KEY, chat_rows(16))
+        await assign(settings, "job-lost", spec(sha, uri, n_epochs=10, batch_size=1, checkpoint_every_steps=10),
+                     node=node)
+        conn = await asyncpg.connect(settings.database_url)
+        try:
+            async def first_checkpoint():
+                assert proc.poll() is None, (tmp_path / "agent.log").read_text()[-3000:]
+                try:
+                    rows = await conn.fetch("SELECT value FROM trainer_agent.outbox"
+                                            " WHERE topic = 'checkpoint.written'")
+                except asyncpg.UndefinedTableError:   # the agent has not migrated its schema yet
+                    return None
+                return [json.loads(bytes(r["value"]))["payload"] for r in rows]
+            written = (await wait_until(first_checkpoint, timeout=180, what="first checkpoint"))[0]
+            child = await conn.fetchval("SELECT pid FROM trainer_agent.runs WHERE job_id = 'job-lost'")
+        finally:
+            await conn.close()
+        proc.kill()                                     # the node is lost: no drain, no goodbye
+        proc.wait(timeout=10)
+        await wait_until(lambda: _gone(child), timeout=15, what="training process died with its agent")
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        log.close()
+    async with platform(agent(node=node)) as p:
+        rt = p["trainer-agent"]
+        preempted = await wait_event(rt, "job.preempted", "job-lost", timeout=30)
+        assert preempted["reason"] == "node_lost" and preempted["node_id"] == node
+        # the latest durable checkpoint the dead agent published (a later one may have landed before the kill)
+        latest = max((w for w in await events(rt, "checkpoint.written", "job-lost")), key=lambda w: w["step"])
+        assert latest["step"] >= written["step"]
+        assert preempted["checkpoint"] == {k: latest[k] for k in ("uri", "step", "manifest_sha256")}
+        assert not await events(rt, "job.failed", "job-lost")
