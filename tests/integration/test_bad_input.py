@@ -73,7 +73,7 @@ async def _codes(p):
 
 
 async def test_job_for_a_dataset_that_never_arrives_fails_with_a_reason(platform, settings, fake_model):
-    async with platform(lambda: scheduler(SchedulerSettings(dataset_wait_s=1.0))) as p:
+    async with platform(lambda: scheduler(SchedulerSettings(dataset_wait_s=2.0, unknown_dataset_grace_s=1.0))) as p:
         async with httpx.AsyncClient(base_url=p.url("scheduler")) as c:
             r = await c.post("/v1/fine_tuning/jobs", json={"model": fake_model, "training_file": "ds-missing"},
                              headers={"X-Tenant-Id": "demo", "Idempotency-Key": "k"})
@@ -83,7 +83,7 @@ async def test_job_for_a_dataset_that_never_arrives_fails_with_a_reason(platform
                 j = (await c.get(f"/v1/fine_tuning/jobs/{job_id}", headers={"X-Tenant-Id": "demo"})).json()
                 return j if j["status"] == "failed" else None
             job = await wait_until(failed, 30, "expiry")
-            assert job["error"]["code"] == "training_file_not_found"
+            assert job["error"]["code"] == "unknown_training_file" and "ds-missing" in job["error"]["message"]
 
 
 async def test_job_requests_over_kafka_from_unknown_tenants_or_for_unknown_models_are_refused(platform, settings):

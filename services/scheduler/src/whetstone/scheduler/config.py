@@ -1,18 +1,60 @@
 from datetime import timedelta
 
+from pydantic import BaseModel, Field
 from pydantic_settings import SettingsConfigDict
 
 from whetstone.runtime.settings import ServiceSettings
+
+from .domain.admission import DEFAULT_QUOTAS, Quota
+from .domain.policy import DEFAULT_TIERS, Policy
+
+
+class QuotaSettings(BaseModel):
+    soft_gpu_hours: float | None = None
+    hard_gpu_hours: float | None = None
+    max_in_flight: int | None = None
 
 
 class SchedulerSettings(ServiceSettings):
     model_config = SettingsConfigDict(env_prefix="WHETSTONE_SCHEDULER_", extra="ignore")
     http_port: int = 8100
-    default_gpu_type: str = "cpu"
     node_timeout_s: float = 20.0
     lost_node_check_s: float = 5.0
     dataset_wait_s: float = 600.0
+    unknown_dataset_grace_s: float = Field(30.0, description="a training_file never submitted fails after this")
+    cycle_interval_s: float = Field(5.0, description="a scheduling cycle runs at least this often (aging, targets)")
+    unplaceable_grace_s: float = Field(1800.0, description="a queued job no known node can ever hold fails after this")
+    fetch_max_wait_ms: int = Field(20, description="longest idle wait of the Kafka consumer's fetch")
+    queue_scan: int = Field(2000, description="queued jobs one cycle looks at, in priority order")
+    forecast_limit: int = Field(200, description="queued jobs that get an estimated start time")
+    # resources
+    cpu_memory_gb: float = Field(16.0, description="memory a CPU node (gpu_type 'cpu') offers a job")
+    cpu_max_params: int = Field(200_000_000, description="largest model trained on a CPU node")
+    default_runtime_s: float = Field(3600.0, description="runtime estimate when the token count is unknown")
+    # preemption and spot
+    checkpoint_s: float = Field(120.0, description="time a victim gets to checkpoint and stop")
+    spot_fallback_after: int = Field(2, description="K: spot preemptions before a job prefers on-demand")
+    # quotas: per tier, then per tenant overrides
+    tier_quotas: dict[str, QuotaSettings] = Field(default_factory=lambda: {
+        t: QuotaSettings(**vars(q)) for t, q in DEFAULT_QUOTAS.items()})
+    tenant_quotas: dict[str, QuotaSettings] = Field(default_factory=dict)
+    # kubernetes inventory
+    k8s_inventory: bool = Field(False, description="build the node inventory from the Kubernetes API")
+    k8s_host: str | None = Field(None, description="API server URL; unset = in-cluster config, then kubeconfig")
+    k8s_label_selector: str = "nvidia.com/gpu.present=true"
 
     @property
     def node_timeout(self) -> timedelta:
         return timedelta(seconds=self.node_timeout_s)
+
+    def quota_for(self, tenant_id: str, tier: str) -> Quota:
+        base = self.tier_quotas.get(tier) or QuotaSettings()
+        override = self.tenant_quotas.get(tenant_id)
+        merged = base.model_dump()
+        if override is not None:
+            merged.update(override.model_dump(exclude_unset=True))
+        return Quota(**merged)
+
+    def policy(self) -> Policy:
+        return Policy(tiers=dict(DEFAULT_TIERS), checkpoint_s=self.checkpoint_s,
+                      spot_fallback_after=self.spot_fallback_after)

@@ -72,4 +72,36 @@ MIGRATIONS = [
         PRIMARY KEY (tenant_id, month)
     );
     """,
+    """
+    -- issue 6: gang placement, runtime estimates, preemption, quotas, node inventory
+    ALTER TABLE jobs
+        ADD COLUMN sort_key double precision,
+        ADD COLUMN placement jsonb NOT NULL DEFAULT '[]',
+        ADD COLUMN node_ids text[] NOT NULL DEFAULT '{}',
+        ADD COLUMN estimated_runtime_s double precision,
+        ADD COLUMN segment_started_at timestamptz,
+        ADD COLUMN est_end_at timestamptz,
+        ADD COLUMN last_checkpoint_at timestamptz,
+        ADD COLUMN spot_preemptions int NOT NULL DEFAULT 0,
+        ADD COLUMN priority_preemptions int NOT NULL DEFAULT 0,
+        ADD COLUMN preempt_requested_at timestamptz,
+        ADD COLUMN preempt_reason text,
+        ADD COLUMN preempted_for text,
+        ADD COLUMN quota jsonb;
+    CREATE INDEX jobs_queue_order ON jobs (sort_key, job_id) WHERE status = 'queued';
+    CREATE INDEX jobs_active ON jobs (status) WHERE status IN ('provisioning', 'running', 'checkpointing');
+    CREATE INDEX jobs_in_flight ON jobs (tenant_id) WHERE status NOT IN ('succeeded', 'failed', 'cancelled');
+    CREATE INDEX jobs_waiting_dataset ON jobs (created_at) WHERE status = 'validating_files';
+    ALTER TABLE nodes
+        ADD COLUMN gpu_memory_gb double precision NOT NULL DEFAULT 0,
+        ADD COLUMN schedulable boolean NOT NULL DEFAULT true,
+        ADD COLUMN unschedulable_reason text,
+        ADD COLUMN source text NOT NULL DEFAULT 'heartbeat';
+    CREATE TABLE dataset_submissions (
+        tenant_id    text NOT NULL,
+        dataset_id   text NOT NULL,
+        submitted_at timestamptz NOT NULL,
+        PRIMARY KEY (tenant_id, dataset_id)
+    );
+    """,
 ]

@@ -116,3 +116,27 @@ def check_method_fits_dataset(method: str, purpose: str) -> Rejection | None:
                          f"method {method!r} cannot train on a {purpose!r} dataset "
                          f"(fits: {', '.join(sorted(allowed)) or 'nothing: eval-only data'})")
     return None
+
+
+LORA_KNOBS = ("lora_r", "lora_alpha", "lora_dropout")
+ADAPTER_METHODS = frozenset({"lora", "qlora", "dpo", "orpo"})
+
+
+def check_hyperparameters(method: str, given: dict[str, Any], hidden_size: int | None,
+                          max_positions: int | None) -> Rejection | None:
+    """What the contract's per-field ranges cannot see: knobs that make no sense for this
+    method or exceed what the base model can do."""
+    set_knobs = [k for k in LORA_KNOBS if given.get(k) is not None]
+    if method not in ADAPTER_METHODS and set_knobs:
+        return Rejection("hyperparameter_out_of_range",
+                         f"{', '.join(set_knobs)} only apply to adapter methods (lora, qlora, dpo, orpo), "
+                         f"not {method!r}")
+    r = given.get("lora_r")
+    if r is not None and hidden_size and r > hidden_size:
+        return Rejection("hyperparameter_out_of_range",
+                         f"lora_r={r} exceeds the base model's hidden size ({hidden_size})")
+    seq = given.get("max_seq_len")
+    if seq is not None and max_positions and seq > max_positions:
+        return Rejection("hyperparameter_out_of_range",
+                         f"max_seq_len={seq} exceeds the base model's context length ({max_positions})")
+    return None

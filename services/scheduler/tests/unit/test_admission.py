@@ -1,0 +1,77 @@
+"""Tenants, tiers, quotas, idempotency fingerprints, hyperparameter checks, the job state machine."""
+
+import pytest
+
+from whetstone.scheduler.domain import jobs as J
+from whetstone.scheduler.domain.admission import Quota, QuotaVerdict, Usage, check_estimate, check_submission
+
+pytestmark = pytest.mark.unit
+TENANTS = {"acme": "premium", "demo": "standard", "hobbyist": "free"}
+
+
+def test_tier_check():
+    assert J.check_tenant("demo", TENANTS, None) == "standard"
+    assert J.check_tenant("demo", TENANTS, "free") == "free"             # running lower is fine
+    refused = J.check_tenant("demo", TENANTS, "premium")
+    assert isinstance(refused, J.Rejection) and refused.code == "tier_not_allowed" and "'standard'" in refused.message
+    assert J.check_tenant("nobody", TENANTS, None).code == "unknown_tenant"
+
+
+def test_concurrency_cap_and_exhausted_hard_cap_refuse_at_submission():
+    quota = Quota(soft_gpu_hours=10, hard_gpu_hours=20, max_in_flight=2)
+    assert check_submission(quota, Usage(0, 1)) is None
+    busy = check_submission(quota, Usage(0, 2))
+    assert busy.code == "concurrency_quota_exceeded" and "limit is 2" in busy.message
+    spent = check_submission(quota, Usage(20.5, 0))
+    assert spent.code == "hard_quota_exceeded" and "20" in spent.message
+    assert check_submission(Quota(), Usage(1e9, 10_000)) is None          # no limits configured
+
+
+def test_estimate_over_soft_is_flagged_over_hard_is_refused():
+    quota = Quota(soft_gpu_hours=10, hard_gpu_hours=20)
+    ok = check_estimate(quota, Usage(5, 0), 2)
+    assert isinstance(ok, QuotaVerdict) and not ok.over_soft
+    flagged = check_estimate(quota, Usage(9, 0), 2)
+    assert isinstance(flagged, QuotaVerdict) and flagged.over_soft and flagged.as_dict()["over_soft_quota"]
+    refused = check_estimate(quota, Usage(19, 0), 2)
+    assert isinstance(refused, J.Rejection) and "hard cap of 20" in refused.message
+
+
+def test_fingerprint_same_parameters_same_key_different_parameters_differ():
+    a = {"model": "m", "training_file": "ds-1", "hyperparameters": {"n_epochs": 3}}
+    b = {"hyperparameters": {"n_epochs": 3}, "training_file": "ds-1", "model": "m"}
+    assert J.request_fingerprint(a) == J.request_fingerprint(b)
+    assert J.request_fingerprint(a) != J.request_fingerprint({**a, "hyperparameters": {"n_epochs": 4}})
+
+
+@pytest.mark.parametrize("method,given,code", [
+    ("full", {"lora_r": 8}, "hyperparameter_out_of_range"),
+    ("lora", {"lora_r": 512}, "hyperparameter_out_of_range"),
+    ("lora", {"max_seq_len": 8192}, "hyperparameter_out_of_range"),
+    ("lora", {"lora_r": 64, "max_seq_len": 2048}, None),
+    ("full", {"learning_rate": 1e-5}, None),
+])
+def test_hyperparameters_checked_against_method_and_model(method, given, code):
+    refused = J.check_hyperparameters(method, given, hidden_size=256, max_positions=4096)
+    assert (refused.code if refused else None) == code
+
+
+def test_hyperparameter_defaults_and_hash():
+    hp, digest = J.resolve_hyperparameters("lora", {"lora_r": 8})
+    assert hp["lora_alpha"] == 16 and hp["learning_rate"] == 2e-4 and len(digest) == 64
+    assert J.resolve_hyperparameters("lora", {"lora_r": 8})[1] == digest
+
+
+def test_state_machine():
+    assert J.transition(J.RUNNING, J.PREEMPTED) == J.PREEMPTED
+    assert J.can_transition(J.PREEMPTED, J.QUEUED)
+    for terminal in J.TERMINAL:
+        assert not any(J.can_transition(terminal, t) for t in J.TRANSITIONS)
+    assert not J.can_transition(J.FAILED, J.QUEUED)                      # failed is never re-queued
+    with pytest.raises(J.InvalidTransition):
+        J.transition(J.EVALUATING, J.CANCELLED)
+
+
+def test_method_must_fit_dataset_purpose():
+    assert J.check_method_fits_dataset("lora", "sft") is None
+    assert J.check_method_fits_dataset("dpo", "sft").code == "method_dataset_mismatch"

@@ -1,0 +1,30 @@
+"""Rows as Postgres returns them -> the core's snapshot, and GPU ids for a placement."""
+
+from datetime import UTC, datetime, timedelta
+
+import pytest
+
+from whetstone.scheduler.adapters.snapshot import pick_gpu_ids, to_view
+
+pytestmark = pytest.mark.unit
+NOW = datetime(2026, 11, 1, 12, 0, tzinfo=UTC)
+
+
+def test_rows_become_a_snapshot_with_busy_gpus_and_stopping_victims():
+    nodes = [{"node_id": "a", "gpu_type": "NVIDIA-A100-SXM4-80GB", "gpu_count": 8, "spot": True,
+              "interconnect_group": "ib"}]
+    active = [{"job_id": "r", "tier": "free", "placement": [{"node_id": "a", "gpu_ids": [0, 1, 2]}],
+               "segment_started_at": NOW - timedelta(hours=1), "est_end_at": NOW + timedelta(hours=1),
+               "last_checkpoint_at": None, "progress": {"step": 50, "total_steps": 100},
+               "preempt_requested_at": NOW - timedelta(seconds=30), "priority_preemptions": 0}]
+    queued = [{"job_id": "q", "tenant_id": "t", "tier": "premium", "queued_at": NOW,
+               "resources": {"shapes": [{"gpu_type": "A100", "gpus_per_node": 4, "nodes": 1}]},
+               "estimated_runtime_s": 1000.0, "progress": {"step": 25, "total_steps": 100}, "spot_preemptions": 1}]
+    view = to_view(NOW, nodes, active, queued, checkpoint_s=120)
+    (node,) = view.snapshot.nodes
+    assert (node.gpu_type, node.free, node.spot) == ("A100", 5, True)
+    (run,) = view.snapshot.running
+    assert run.progress == 0.5 and run.stopping_at == pytest.approx(NOW.timestamp() + 90)
+    (job,) = view.snapshot.queue
+    assert job.est_runtime_s == pytest.approx(750.0) and job.spot_preemptions == 1
+    assert pick_gpu_ids("a", 2, view) == [3, 4] and pick_gpu_ids("a", 3, view) == [5, 6, 7]
