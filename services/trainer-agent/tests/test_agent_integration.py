@@ -286,3 +286,24 @@ async def test_agent_killed_outright_is_reported_preempted_by_its_successor(plat
         assert latest["step"] >= written["step"]
         assert preempted["checkpoint"] == {k: latest[k] for k in ("uri", "step", "manifest_sha256")}
         assert not await events(rt, "job.failed", "job-lost")
+
+
+async def test_agent_preempts_a_running_job_on_the_schedulers_command(platform, settings, tiny_base):
+    from whetstone.contracts import JobPreemptRequestedV1
+
+    sha = install_model(settings, tiny_base)
+    async with platform(agent()) as p:
+        rt = p["trainer-agent"]
+        uri = rt.store.put_bytes(TRAIN_KEY, chat_rows(16))
+        segment = await assign(settings, "job-prio", spec(sha, uri, n_epochs=20, batch_size=1,
+                                                          checkpoint_every_steps=1000))
+        await wait_event(rt, "job.progress", "job-prio")
+        # a command for another node is not ours
+        await send_event(settings.kafka_bootstrap, JobPreemptRequestedV1(
+            job_id="job-prio", node_id="node-b", reason="priority"), TENANT)
+        await send_event(settings.kafka_bootstrap, JobPreemptRequestedV1(
+            job_id="job-prio", node_id=NODE, segment_id=segment, reason="priority", for_job_id="job-vip"), TENANT)
+        topic, stopped = await terminal(rt, "job-prio")
+        assert topic == "job.preempted" and stopped["reason"] == "priority"
+        emergency = await wait_event(rt, "checkpoint.written", "job-prio", lambda e: e["kind"] == "emergency")
+        assert stopped["checkpoint"]["uri"] == emergency["uri"]

@@ -162,6 +162,17 @@ class JobCancelledV1(Event):
     reason: str = "cancelled by user"
 
 
+class JobPreemptRequestedV1(Event):
+    """Command to the node: checkpoint this job now and stop (priority preemption, spot notice, drain)."""
+
+    EVENT_TYPE = "job.preempt_requested"
+    job_id: str
+    node_id: str
+    segment_id: str | None = None
+    reason: Literal["priority", "spot_loss", "drain"]
+    for_job_id: str | None = None
+
+
 class JobStartedV1(Event):
     EVENT_TYPE = "job.started"
     job_id: str

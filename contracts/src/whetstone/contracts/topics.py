@@ -32,6 +32,7 @@ TOPICS: dict[str, Topic] = {
         Topic("job.queued", e.JobQueuedV1, "job_id"),
         Topic("job.assigned", e.JobAssignedV1, "node_id"),
         Topic("job.cancelled", e.JobCancelledV1, "job_id"),
+        Topic("job.preempt_requested", e.JobPreemptRequestedV1, "node_id"),
         Topic("job.started", e.JobStartedV1, "job_id"),
         Topic("job.progress", e.JobProgressV1, "job_id"),
         Topic("checkpoint.written", e.CheckpointWrittenV1, "job_id"),

@@ -12,7 +12,8 @@ from typing import Any
 
 from whetstone.contracts import (
     CheckpointRef, CheckpointWrittenV1, DatasetSubmittedV1, DatasetValidatedV1, Envelope, EvalCompletedV1,
-    JobAssignedV1, JobCancelledV1, JobCompletedV1, JobFailedV1, JobPreemptedV1, JobProgressV1, JobQueuedV1,
+    JobAssignedV1, JobCancelledV1, JobCompletedV1, JobFailedV1, JobPreemptedV1, JobPreemptRequestedV1,
+    JobProgressV1, JobQueuedV1,
     JobRequestedV1, JobStartedV1, NodeHeartbeatV1, Resources, TrainingSpec, UsageMeteredV1, job_id_for,
 )
 from whetstone.runtime.messaging import UnitOfWork
@@ -393,9 +394,9 @@ async def assign(rt: Runtime, uow: UnitOfWork, view: ClusterView, a: Assignment)
 
 async def request_preemption(rt: Runtime, uow: UnitOfWork, job_id: str, reason: str, message: str,
                              for_job: str | None = None) -> bool:
-    """Record that a running job must checkpoint and stop. There is no command topic to tell its
-    agent yet (see the report: job.preempt_requested); the agent's own job.preempted (emergency
-    checkpoint on SIGTERM) re-queues it. Meanwhile the cycle counts its GPUs as freeing soon."""
+    """Tell the job's node(s) to checkpoint and stop (job.preempt_requested); the agent's own
+    job.preempted (emergency checkpoint on SIGTERM) then re-queues it. Meanwhile the cycle counts
+    its GPUs as freeing soon."""
     row = await uow.conn.fetchrow("SELECT * FROM jobs WHERE job_id = $1 FOR UPDATE SKIP LOCKED", job_id)
     if row is None:
         return False   # busy in another transaction: the next cycle decides again
@@ -406,6 +407,10 @@ async def request_preemption(rt: Runtime, uow: UnitOfWork, job_id: str, reason: 
     await update_job(uow, job, preempt_requested_at=now, preempt_reason=reason, preempted_for=for_job, updated_at=now)
     await log_job_event(uow, job_id, now, f"{message}: checkpoint and stop requested; the job resumes from its "
                         "checkpoint when capacity frees", level="warning", reason=reason, for_job=for_job)
+    command_reason = reason if reason in ("priority", "spot_loss", "drain") else "priority"
+    for node_id in job["node_ids"] or []:
+        await uow.publish(JobPreemptRequestedV1(job_id=job_id, node_id=node_id, segment_id=job["segment_id"],
+                                                reason=command_reason, for_job_id=for_job), tenant_id=job["tenant_id"])
     rt.log.warning("preemption requested", job_id=job_id, reason=reason, for_job=for_job, nodes=job["node_ids"])
     metrics(rt).preemptions.labels(reason=reason).inc()
     return True

@@ -15,7 +15,8 @@ def build_service(config: TrainerAgentSettings | None = None) -> Service:
         name="trainer-agent",
         group_id=f"whetstone-trainer-agent-{config.node_id}",
         migrations=MIGRATIONS,
-        subscriptions={"job.assigned": H.on_job_assigned, "job.cancelled": H.on_job_cancelled},
+        subscriptions={"job.assigned": H.on_job_assigned, "job.cancelled": H.on_job_cancelled,
+                       "job.preempt_requested": H.on_job_preempt_requested},
         background=[H.heartbeat, H.supervise],
         on_stop=H.drain,
         http_port=config.http_port,
@@ -26,5 +27,6 @@ def build_service(config: TrainerAgentSettings | None = None) -> Service:
             "cancelled": set(),    # job ids cancelled while running here
             "tasks": set(),        # the segments' supervising tasks
             "stopping": None,      # set by drain: the preemption reason (drain | spot_loss)
+            "preempt_reasons": {},  # job id -> reason of a job.preempt_requested being carried out
         },
     )

@@ -24,7 +24,7 @@ from typing import Any
 
 from whetstone.contracts import (
     CheckpointRef, CheckpointWrittenV1, Envelope, JobAssignedV1, JobCancelledV1, JobCompletedV1, JobFailedV1,
-    JobPreemptedV1, JobProgressV1, JobStartedV1, NodeHeartbeatV1,
+    JobPreemptedV1, JobPreemptRequestedV1, JobProgressV1, JobStartedV1, NodeHeartbeatV1,
 )
 from whetstone.runtime.checkpoints import UploadedCheckpoint
 from whetstone.runtime.messaging import UnitOfWork
@@ -103,6 +103,19 @@ async def on_job_cancelled(rt: Runtime, uow: UnitOfWork, env: Envelope, ev: JobC
         if seg.job_id == ev.job_id and seg.signal(signal.SIGTERM):
             asyncio.get_running_loop().call_later(cfg(rt).cancel_grace_s, seg.signal, signal.SIGKILL)
             rt.log.info("cancelling running segment", job_id=ev.job_id, segment_id=seg.segment_id)
+
+
+async def on_job_preempt_requested(rt: Runtime, uow: UnitOfWork, env: Envelope, ev: JobPreemptRequestedV1) -> None:
+    """The scheduler wants this node's GPUs back: SIGTERM the job's process group, whose recipe
+    finishes the optimizer step, writes an emergency checkpoint and reports preempted (with this reason)."""
+    if ev.node_id != cfg(rt).node_id:
+        return
+    for seg in list(rt.state["segments"].values()):
+        if seg.job_id == ev.job_id and (ev.segment_id in (None, seg.segment_id)):
+            rt.state["preempt_reasons"][ev.job_id] = ev.reason
+            if seg.signal(signal.SIGTERM):
+                rt.log.info("preempting running segment", job_id=ev.job_id, segment_id=seg.segment_id,
+                            reason=ev.reason, for_job=ev.for_job_id)
 
 
 # --------------------------------------------------------------- heartbeats
@@ -443,7 +456,8 @@ async def on_child_event(rt: Runtime, seg: Segment, msg: dict[str, Any], started
             return
         rt.log.info("training process stopped for preemption", job_id=seg.job_id, step=msg.get("step"),
                     sigterm_to_checkpoint_s=msg.get("sigterm_to_checkpoint_s"))
-        await seg.preempted(preempt_reason(rt.state["stopping"], msg.get("reason")))
+        requested = rt.state["preempt_reasons"].pop(seg.job_id, None)
+        await seg.preempted(requested or preempt_reason(rt.state["stopping"], msg.get("reason")))
     elif kind == "failed":
         advice = [str(a) for a in msg.get("advice") or []] if isinstance(msg.get("advice"), list) else []
         await seg.fail(str(msg.get("error_class", "platform")), str(msg.get("code") or "training_failed"),
