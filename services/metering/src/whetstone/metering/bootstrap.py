@@ -1,16 +1,37 @@
 """Wiring: the metering service definition."""
 
-from whetstone.runtime.service import Service
+from whetstone.runtime.service import Runtime, Service
 
 from . import handlers as H
 from .adapters.migrations import MIGRATIONS
 from .api import routes
 from .config import MeteringSettings
+from .metrics import UsageMetrics, refresh_forever
+
+
+async def on_start(rt: Runtime) -> None:
+    rt.state["usage_metrics"] = UsageMetrics(rt.metrics.registry)
+    H.policy_of(rt)
+
+
+async def on_stop(rt: Runtime) -> None:
+    cache = rt.state.get("state_cache")
+    if cache is not None:
+        rt.log.info("state cache", jobs=len(cache), hits=cache.hits, misses=cache.misses)
+
+
+def consumer_options(config: MeteringSettings) -> dict:
+    options: dict = {"session_timeout_ms": config.session_timeout_ms,
+                     "heartbeat_interval_ms": max(config.session_timeout_ms // 3, 100)}
+    if config.group_instance_id:
+        options["group_instance_id"] = config.group_instance_id
+    return options
 
 
 def build_service(config: MeteringSettings | None = None) -> Service:
     config = config or MeteringSettings()
     return Service(name="metering", migrations=MIGRATIONS, routes=routes, http_port=config.http_port,
-                   subscriptions={"job.started": H.on_job_started, "job.completed": H.on_job_completed,
-                                  "job.failed": H.on_job_failed, "job.preempted": H.on_job_preempted},
+                   subscriptions={topic: H.on_lifecycle_event for topic in H.TOPICS},
+                   batch_handler=H.meter, batch_size=config.batch_size, batch_concurrency=config.batch_concurrency, consumer_options=consumer_options(config),
+                   background=[H.sweep_forever, refresh_forever], on_start=on_start, on_stop=on_stop,
                    state={"config": config})

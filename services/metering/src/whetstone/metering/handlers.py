@@ -1,107 +1,313 @@
-"""Metering: lifecycle events -> segments -> append-only ledger -> usage.metered (once each)."""
+"""Metering: lifecycle events -> facts -> settled ledger -> usage.metered.
+
+`meter` handles a batch of never-seen events in one transaction (the runtime claimed
+them in the inbox in that same transaction): it records them for audit, locks the
+state of their jobs, adds the facts, lets the pure domain settle each job, and writes
+the new ledger entries, their usage.metered events (outbox), anomalies and roll-ups.
+The per-message handler is the same function on a batch of one.
+"""
 
 from __future__ import annotations
 
-from datetime import datetime
+import asyncio
+import json
+import uuid
+from collections.abc import Sequence
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
 
-from whetstone.contracts import Envelope, JobCompletedV1, JobFailedV1, JobPreemptedV1, JobStartedV1, UsageMeteredV1
-from whetstone.runtime.messaging import UnitOfWork
+from whetstone.contracts import (
+    Envelope, Event, JobCancelledV1, JobCompletedV1, JobFailedV1, JobPreemptedV1, JobQueuedV1, JobStartedV1,
+    UsageMeteredV1, topic_for,
+)
+from whetstone.runtime.batching import Delivery
+from whetstone.runtime.messaging import UnitOfWork, encode, make_envelope
 from whetstone.runtime.service import Runtime
 
-from .domain.billing import Anomaly, ClosedSegment, bill_segment
+from .adapters.cache import State, StateCache
+from .adapters.store import LedgerStore
+from .domain.billing import Start, Stop
+from .domain.clock import EventClock
+from .domain.ledger import Entry, JobState, Policy, Queued, SegmentState, Settlement, Terminal, settle
+
+TOPICS = ("job.queued", "job.started", "job.preempted", "job.completed", "job.failed", "job.cancelled")
 
 
-async def _upsert(uow: UnitOfWork, env: Envelope, job_id: str, segment_id: str, **cols) -> None:
-    names = ["segment_id", "job_id", "tenant_id", *cols]
-    values = [segment_id, job_id, env.tenant_id, *cols.values()]
-    placeholders = ", ".join(f"${i}" for i in range(1, len(values) + 1))
-    updates = ", ".join(f"{c} = coalesce(segments.{c}, EXCLUDED.{c})" for c in cols)
-    await uow.conn.execute(
-        f"INSERT INTO segments ({', '.join(names)}, events) VALUES ({placeholders}, ARRAY[${len(values) + 1}])"
-        f" ON CONFLICT (segment_id) DO UPDATE SET {updates}, events = segments.events || EXCLUDED.events",
-        *values, str(env.event_id))
+def policy_of(rt: Runtime) -> Policy:
+    """Built on first use: the tenants' tiers come from the runtime's settings."""
+    policy = rt.state.get("policy")
+    if policy is None:
+        cfg = rt.state["config"]
+        policy = rt.state["policy"] = Policy(tiers=dict(rt.settings.tenants),
+                                             orphan_grace=timedelta(seconds=cfg.orphan_grace_s),
+                                             close_grace=timedelta(seconds=cfg.close_grace_s))
+    return policy
 
 
-async def on_job_started(rt: Runtime, uow: UnitOfWork, env: Envelope, ev: JobStartedV1) -> None:
-    await _upsert(uow, env, ev.job_id, ev.segment_id, gpu_type=ev.gpu_type, gpu_count=ev.gpu_count, spot=ev.spot,
-                  started_at=ev.started_at)
-    await close_segment(rt, uow, ev.segment_id)
+def utc(ts: datetime) -> datetime:
+    return (ts if ts.tzinfo else ts.replace(tzinfo=UTC)).astimezone(UTC)
 
 
-async def _stopped(rt: Runtime, uow: UnitOfWork, env: Envelope, job_id: str, segment_id: str | None,
-                   stopped_at: datetime | None, kind: str, **extra) -> None:
-    if segment_id is None:  # rejected before it ever ran: nothing to bill
+@dataclass(frozen=True)
+class Fact:
+    """What one event adds to its job and segment."""
+
+    job_id: str
+    tenant_id: str
+    segment_id: str | None
+    row: tuple  # the audit record (events table)
+    start: Start | None = None
+    stop: Stop | None = None
+    queued: Queued | None = None
+    terminal: Terminal | None = None
+
+
+def fact_of(env: Envelope, ev: Event, raw: bytes, received_at: datetime) -> Fact:
+    eid = str(env.event_id)
+    emitted = utc(env.occurred_at)
+    seg = getattr(ev, "segment_id", None)
+    job_id: str = getattr(ev, "job_id")
+    row = (eid, ev.EVENT_TYPE, job_id, seg, env.tenant_id, emitted, received_at,
+           (raw or encode(env)).decode("utf-8", errors="replace"))
+    base = {"job_id": job_id, "tenant_id": env.tenant_id, "segment_id": seg, "row": row}
+    if isinstance(ev, JobStartedV1):
+        return Fact(**base, start=Start(eid, utc(ev.started_at), ev.gpu_type, ev.gpu_count, ev.spot, ev.attempt,
+                                        ev.node_id))
+    if isinstance(ev, JobPreemptedV1):
+        done = utc(ev.checkpointed_at) if ev.checkpointed_at else None
+        return Fact(**base, stop=Stop(eid, "preempted", utc(ev.stopped_at), checkpointed_at=done, reason=ev.reason,
+                                      reported_at=emitted))
+    if isinstance(ev, JobCompletedV1):
+        at = utc(ev.stopped_at)
+        return Fact(**base, stop=Stop(eid, "completed", at, reported_at=emitted),
+                    terminal=Terminal(eid, "completed", at, seg, reported_at=emitted))
+    if isinstance(ev, JobFailedV1):
+        at = utc(ev.stopped_at) if ev.stopped_at else emitted
+        stop = Stop(eid, "failed", at, error_class=ev.error_class, code=ev.code, reported_at=emitted) if seg else None
+        return Fact(**base, stop=stop, terminal=Terminal(eid, "failed", at, seg, ev.error_class, ev.code, emitted))
+    if isinstance(ev, JobCancelledV1):
+        return Fact(**base, terminal=Terminal(eid, "cancelled", emitted, reported_at=emitted))
+    if isinstance(ev, JobQueuedV1):
+        pinned = (ev.cost_estimate or {}).get("price_version")
+        return Fact(**base, queued=Queued(eid, emitted, ev.tier, str(pinned) if pinned else None))
+    raise TypeError(f"metering does not handle {ev.EVENT_TYPE}")
+
+
+# -- consuming ----------------------------------------------------------------------------
+
+
+def event_clock(rt: Runtime) -> EventClock:
+    clock = rt.state.get("event_clock")
+    if clock is None:
+        clock = rt.state["event_clock"] = EventClock()
+    return clock
+
+
+def cache_of(rt: Runtime) -> StateCache:
+    cache = rt.state.get("state_cache")
+    if cache is None:
+        cache = rt.state["state_cache"] = StateCache(rt.state["config"].state_cache_jobs)
+    return cache
+
+
+async def lock_and_load(store: LedgerStore, job_ids: list[str], tenants: dict[str, str] | None, now: datetime,
+                        cache: StateCache | None) -> tuple[dict[str, State], dict[str, int]]:
+    """Lock the jobs in id order (creating the missing ones when their tenants are given) and get
+    their state, from the cache when it is current. Returns the states and their versions."""
+    versions, created = await store.lock_jobs(job_ids, [tenants[j] for j in job_ids] if tenants else None, now)
+    states: dict[str, State] = {}
+    stale = []
+    for job_id in versions:
+        hit = cache.take(job_id, versions[job_id]) if cache is not None else None
+        if job_id in created and tenants:
+            states[job_id] = (JobState(job_id, tenants[job_id], now), [])
+        elif hit is not None:
+            states[job_id] = hit
+        else:
+            stale.append(job_id)
+    states.update(await store.load(stale))
+    return states, versions
+
+
+def segment_of(state: State, f: Fact, now: datetime) -> SegmentState:
+    job, segments = state
+    for seg in segments:
+        if seg.segment_id == f.segment_id:
+            return seg
+    assert f.segment_id is not None
+    seg = SegmentState(f.segment_id, job.job_id, f.tenant_id, now)
+    segments.append(seg)
+    segments.sort(key=lambda s: s.segment_id)
+    return seg
+
+
+async def meter(rt: Runtime, uow: UnitOfWork, deliveries: list[Delivery]) -> None:
+    """The batch handler."""
+    wall = rt.clock()
+    clock = event_clock(rt)
+    for d in deliveries:
+        clock.observe(d.topic, d.partition, utc(d.envelope.occurred_at))
+    clock.set_lag(rt.consumer_lag)
+    now = clock.now(wall)
+    facts = [fact_of(d.envelope, d.event, d.raw, wall) for d in deliveries]
+    traces = {f.job_id: d.envelope.trace_id for f, d in zip(facts, deliveries, strict=True)}
+    store = LedgerStore(uow.conn)
+    await store.record_events([f.row for f in facts])
+    tenants: dict[str, str] = {}
+    for f in facts:
+        tenants.setdefault(f.job_id, f.tenant_id)
+    cache = cache_of(rt)
+    states, versions = await lock_and_load(store, sorted(tenants), tenants, wall, cache)
+    touched: dict[str, set[str]] = {}
+    repriced: set[str] = set()  # jobs whose own facts changed: all their segments are re-evaluated
+    for f in facts:
+        job = states[f.job_id][0]
+        if f.segment_id is not None:
+            seg = segment_of(states[f.job_id], f, wall)
+            if f.start:
+                seg.see_start(f.start)
+            if f.stop:
+                seg.see_stop(f.stop)
+            touched.setdefault(f.job_id, set()).add(f.segment_id)
+        if f.queued:
+            job.see_queued(f.queued)
+            repriced.add(f.job_id)
+        if f.terminal:
+            job.see_terminal(f.terminal)
+            repriced.add(f.job_id)
+    only = {j: (None if j in repriced else touched.get(j, set())) for j in states}
+    await settle_and_write(rt, uow, store, states, versions, now, set(states),
+                           {(j, s) for j, segs in touched.items() for s in segs}, traces, cache, only)
+
+
+async def on_lifecycle_event(rt: Runtime, uow: UnitOfWork, env: Envelope, ev: Event) -> None:
+    """Per-message handler (a batch that failed is retried message by message through it)."""
+    await meter(rt, uow, [Delivery(topic_for(ev).name, env, ev)])
+
+
+async def settle_and_write(rt: Runtime, uow: UnitOfWork, store: LedgerStore, states: dict[str, State],
+                           versions: dict[str, int], now: datetime, dirty_jobs: set[str],
+                           dirty_segments: set[tuple[str, str]], traces: dict[str, str] | None = None,
+                           cache: StateCache | None = None, only: dict[str, set[str] | None] | None = None
+                           ) -> Settlement:
+    """Settle the jobs, write what changed, and put their state back in the cache."""
+    policy = policy_of(rt)
+    total = Settlement()
+    for job_id in sorted(states):
+        job, segments = states[job_id]
+        was_closed = job.closed_at
+        out = settle(job, segments, now, policy, (only or {}).get(job_id))
+        if job.closed_at != was_closed:
+            job.closed_at = rt.clock()  # settle decides in event time; record when it happened
+        changed = {(e.job_id, e.segment_id) for e in out.entries if e.scope == "segment"}
+        changed |= {(a.job_id, a.segment_id) for a in out.opened} | {(r[0], r[1]) for r in out.resolved}
+        if changed or job.closed_at != was_closed:
+            dirty_jobs.add(job_id)
+        dirty_segments |= changed
+        total.entries += out.entries
+        total.opened += out.opened
+        total.resolved += out.resolved
+    dirty_jobs |= {j for j, _ in dirty_segments}
+    envelopes = [make_envelope(usage_event(e), producer=rt.name, tenant_id=e.tenant_id,
+                               trace_id=(traces or {}).get(e.job_id)) for e in total.entries]
+    written = await store.save_jobs(states[j][0] for j in sorted(dirty_jobs))
+    await store.save_segments(s for j in sorted(dirty_jobs) for s in states[j][1]
+                              if (s.job_id, s.segment_id) in dirty_segments)
+    await store.append(total.entries, [str(env.event_id) for env in envelopes])
+    await store.anomalies(total.opened, total.resolved, rt.clock())
+    await write_outbox(uow, envelopes)
+    await store.roll_up(total.entries)
+    if cache is not None:
+        for job_id, state in states.items():
+            cache.put(job_id, written.get(job_id, versions[job_id]), state)
+    for a in total.opened:
+        rt.log.warning("metering anomaly: not billed", job_id=a.job_id, segment_id=a.segment_id, code=a.anomaly.code,
+                       reason=a.anomaly.message)
+    return total
+
+
+def usage_segment_id(e: Entry) -> str | None:
+    """usage.metered names a segment's first charge by the segment id; later revisions
+    and reversals get a suffix, so (job_id, segment_id) stays unique on the topic."""
+    if e.scope == "job":
+        return None
+    if e.entry == "reversal":
+        return f"{e.segment_id}#r{e.revision}-reversal"
+    return e.segment_id if e.revision == 0 else f"{e.segment_id}#r{e.revision}"
+
+
+def usage_event(e: Entry) -> UsageMeteredV1:
+    c = e.charge
+    return UsageMeteredV1(job_id=e.job_id, scope=e.scope, segment_id=usage_segment_id(e), gpu_type=e.gpu_type,
+                          gpu_count=e.gpu_count, gpu_seconds=float(c.gpu_seconds),
+                          billable_gpu_seconds=float(c.billable_gpu_seconds), charge_class=c.charge_class,
+                          price_version=c.price_version, cost=float(c.cost), segments=e.segments)
+
+
+async def write_outbox(uow: UnitOfWork, envelopes: Sequence[Envelope]) -> None:
+    """The outbox rows of many events in one COPY (same table and relay as `uow.publish`)."""
+    if not envelopes:
         return
-    await _upsert(uow, env, job_id, segment_id, stopped_at=stopped_at or env.occurred_at, stop_kind=kind, **extra)
-    await close_segment(rt, uow, segment_id)
+    topic = topic_for(UsageMeteredV1).name
+    await uow.conn.copy_records_to_table("outbox", records=[(topic, env.key, encode(env)) for env in envelopes],
+                                         columns=("topic", "key", "value"))
+    uow.pending.extend(envelopes)
 
 
-async def on_job_completed(rt: Runtime, uow: UnitOfWork, env: Envelope, ev: JobCompletedV1) -> None:
-    await _stopped(rt, uow, env, ev.job_id, ev.segment_id, ev.stopped_at, "completed", terminal=True)
+# -- time-based decisions ------------------------------------------------------------------
 
 
-async def on_job_failed(rt: Runtime, uow: UnitOfWork, env: Envelope, ev: JobFailedV1) -> None:
-    await _stopped(rt, uow, env, ev.job_id, ev.segment_id, ev.stopped_at, "failed", terminal=True,
-                   error_class=ev.error_class)
+async def sweep_once(rt: Runtime, limit: int = 2000) -> int:
+    """Jobs whose grace ran out: unknown-job anomalies, segments that never stopped, totals to close."""
+    policy = policy_of(rt)
+    wall = rt.clock()
+    now = event_clock(rt).now(wall)
+    rt.log.warning("DEBUG sweep", now=str(now), lag={f"{k[0]}/{k[1]}": v for k, v in rt.consumer_lag.items() if v})
+    async with rt.uow() as uow:
+        store = LedgerStore(uow.conn)
+        ids = await store.jobs_due(now - policy.close_grace, now - policy.orphan_grace, limit)
+        if not ids:
+            return 0
+        cache = cache_of(rt)
+        states, versions = await lock_and_load(store, ids, None, wall, cache)
+        await settle_and_write(rt, uow, store, states, versions, now, set(), set(), cache=cache)
+    return len(ids)
 
 
-async def on_job_preempted(rt: Runtime, uow: UnitOfWork, env: Envelope, ev: JobPreemptedV1) -> None:
-    await _stopped(rt, uow, env, ev.job_id, ev.segment_id, ev.stopped_at, "preempted",
-                   checkpointed_at=ev.checkpointed_at)
+async def sweep_forever(rt: Runtime) -> None:
+    interval = rt.state["config"].sweep_interval_s
+    while True:
+        await asyncio.sleep(interval)
+        await sweep_once(rt)
 
 
-async def close_segment(rt: Runtime, uow: UnitOfWork, segment_id: str) -> None:
-    """Bill a segment once both ends are known; then the job total once the job is over."""
-    s = await uow.conn.fetchrow("SELECT * FROM segments WHERE segment_id = $1 FOR UPDATE", segment_id)
-    if s["started_at"] is None or s["stopped_at"] is None:
-        return  # the other end has not arrived yet (topics are not ordered against each other)
-    if await uow.conn.fetchval("SELECT 1 FROM ledger WHERE job_id = $1 AND scope = 'segment' AND segment_id = $2",
-                               s["job_id"], segment_id):
-        return
-    seg = ClosedSegment(s["job_id"], segment_id, s["gpu_type"], s["gpu_count"], s["spot"], s["started_at"],
-                        s["stopped_at"], s["stop_kind"], s["error_class"], s["checkpointed_at"])
-    try:
-        charge = bill_segment(seg)
-    except Anomaly as exc:
-        await uow.conn.execute("INSERT INTO anomalies (job_id, segment_id, reason, event_id) VALUES ($1, $2, $3, $4)",
-                               s["job_id"], segment_id, str(exc), s["events"][-1])
-        rt.log.warning("metering anomaly", job_id=s["job_id"], segment_id=segment_id, reason=str(exc))
-        return
-    await uow.conn.execute(
-        "INSERT INTO ledger (job_id, tenant_id, scope, segment_id, gpu_type, gpu_count, gpu_seconds,"
-        " billable_gpu_seconds, charge_class, cost, price_version, source_events)"
-        " VALUES ($1,$2,'segment',$3,$4,$5,$6,$7,$8,$9,$10,$11)",
-        s["job_id"], s["tenant_id"], segment_id, s["gpu_type"], s["gpu_count"], charge.gpu_seconds,
-        charge.billable_gpu_seconds, charge.charge_class, charge.cost, charge.price_version, s["events"])
-    await uow.publish(UsageMeteredV1(
-        job_id=s["job_id"], scope="segment", segment_id=segment_id, gpu_type=s["gpu_type"], gpu_count=s["gpu_count"],
-        gpu_seconds=charge.gpu_seconds, billable_gpu_seconds=charge.billable_gpu_seconds,
-        charge_class=charge.charge_class, price_version=charge.price_version, cost=charge.cost),
-        tenant_id=s["tenant_id"])
-    await close_job(uow, s["job_id"], s["tenant_id"])
+# -- operator decisions --------------------------------------------------------------------
 
 
-async def close_job(uow: UnitOfWork, job_id: str, tenant_id: str) -> None:
-    segs = await uow.conn.fetch("SELECT segment_id, terminal FROM segments WHERE job_id = $1", job_id)
-    if not any(s["terminal"] for s in segs):  # NULL until a completed/failed stop arrives
-        return
-    rows = await uow.conn.fetch("SELECT * FROM ledger WHERE job_id = $1 AND scope = 'segment'", job_id)
-    if len(rows) < len(segs):
-        return  # a segment is still open or anomalous
-    inserted = await uow.conn.fetchval(
-        "INSERT INTO ledger (job_id, tenant_id, scope, segment_id, gpu_type, gpu_count, gpu_seconds,"
-        " billable_gpu_seconds, charge_class, cost, price_version, source_events)"
-        " SELECT $1, $2, 'job', '', max(gpu_type), max(gpu_count), sum(gpu_seconds), sum(billable_gpu_seconds),"
-        "  CASE WHEN bool_or(charge_class = 'review') THEN 'review' WHEN bool_and(charge_class = 'refunded')"
-        "  THEN 'refunded' ELSE 'charged' END, sum(cost), max(price_version),"
-        "  array(SELECT unnest(source_events) FROM ledger WHERE job_id = $1 AND scope = 'segment')"
-        " FROM ledger WHERE job_id = $1 AND scope = 'segment'"
-        " ON CONFLICT (job_id, scope, segment_id) DO NOTHING RETURNING *", job_id, tenant_id)
-    if inserted is None:
-        return
-    total = await uow.conn.fetchrow("SELECT * FROM ledger WHERE job_id = $1 AND scope = 'job'", job_id)
-    await uow.publish(UsageMeteredV1(
-        job_id=job_id, scope="job", gpu_type=total["gpu_type"], gpu_count=total["gpu_count"],
-        gpu_seconds=total["gpu_seconds"], billable_gpu_seconds=total["billable_gpu_seconds"],
-        charge_class=total["charge_class"], price_version=total["price_version"], cost=float(total["cost"]),
-        segments=len(rows)), tenant_id=tenant_id)
+async def review_job(rt: Runtime, job_id: str, decision: str, reviewer: str, note: str) -> Settlement | None:
+    """Resolve a job held for review: charge it or refund it. The decision is an audit event of
+    its own, and its effect on the ledger is reversals and new charges, like any correction."""
+    wall = rt.clock()
+    now = event_clock(rt).now(wall)
+    async with rt.uow() as uow:
+        store = LedgerStore(uow.conn)
+        cache = cache_of(rt)
+        states, versions = await lock_and_load(store, [job_id], None, wall, cache)
+        if job_id not in states:
+            return None
+        job, segments = states[job_id]
+        held = [s for s in segments if s.billed and s.billed.charge_class == "review"]
+        if not held or job.review_decision is not None:
+            return Settlement()
+        event_id = str(uuid.uuid4())
+        record = {"event_id": event_id, "event_type": "usage.reviewed", "occurred_at": wall.isoformat(),
+                  "producer": rt.name, "tenant_id": job.tenant_id, "key": job_id,
+                  "payload": {"job_id": job_id, "decision": decision, "reviewer": reviewer, "note": note}}
+        await store.record_events([(event_id, "usage.reviewed", job_id, None, job.tenant_id, wall, wall,
+                                    json.dumps(record))])
+        job.review_decision = decision
+        job.add_event(event_id)
+        for s in held:
+            s.add_event(event_id)
+        return await settle_and_write(rt, uow, store, states, versions, now, {job_id},
+                                      {(s.job_id, s.segment_id) for s in held}, cache=cache)

@@ -34,6 +34,7 @@ from faststream.kafka import KafkaBroker, KafkaMessage
 from whetstone.contracts import DLQ_MODEL, TOPICS, Envelope, Event, all_topic_partitions
 
 from . import db
+from .batching import BatchHandler, consume_batch, undecoded
 from .http import HttpServer, ServiceMetrics, make_app
 from .logging import bound_contextvars, configure_logging, get_logger
 from .messaging import OutboxRelay, UnitOfWork, current_envelope, decode, parse_payload, unit_of_work
@@ -61,6 +62,13 @@ class Service:
     group_id: str | None = None
     http_port: int = 0
     state: dict[str, Any] = field(default_factory=dict)
+    # Optional: consume in batches, one transaction per batch (see batching.py). The per-topic
+    # `subscriptions` handlers stay required: a failing batch falls back to them message by message.
+    batch_handler: BatchHandler | None = None
+    batch_size: int = 500
+    batch_concurrency: int = 1  # transactions a batch is split into, by record key, run concurrently
+    # Optional: extra options of the Kafka consumer (e.g. session_timeout_ms, group_instance_id).
+    consumer_options: dict[str, Any] = field(default_factory=dict)
 
     @property
     def schema(self) -> str:
@@ -109,6 +117,8 @@ class Runtime:
                                  settings.bucket, settings.s3_region)
         self._tasks: list[asyncio.Task] = []
         self.state = service.state
+        # batch consumers: messages left on each assigned (topic, partition) after the current batch
+        self.consumer_lag: dict[tuple[str, int], int] = {}
 
     # -- units of work ------------------------------------------------------
     def uow(self):
@@ -191,9 +201,12 @@ class Runtime:
         """One consumer (one group member) for all of the service's topics: no rebalance storms."""
         assert self.broker is not None
         routes = {t: (TOPICS[t].model, h) for t, h in self.service.subscriptions.items()}
+        if self.service.batch_handler is not None:
+            self._subscribe_batches(routes)
+            return
 
         @self.broker.subscriber(*routes, group_id=self.consumer, auto_offset_reset="earliest",
-                                ack_policy=AckPolicy.NACK_ON_ERROR)
+                                ack_policy=AckPolicy.NACK_ON_ERROR, **self.service.consumer_options)
         async def consume(msg: KafkaMessage) -> None:
             rec = msg.raw_message
             model, handler = routes[rec.topic]
@@ -206,6 +219,34 @@ class Runtime:
                                    topic=rec.topic, partition=rec.partition, offset=rec.offset)
                 await asyncio.sleep(1.0)
                 raise
+
+    def _subscribe_batches(self, routes: dict[str, tuple[type[Event], Handler]]) -> None:
+        assert self.broker is not None
+
+        @self.broker.subscriber(*routes, group_id=self.consumer, auto_offset_reset="earliest",
+                                ack_policy=AckPolicy.NACK_ON_ERROR, batch=True, max_records=self.service.batch_size,
+                                decoder=undecoded, **self.service.consumer_options)
+        async def consume_many(msg: KafkaMessage) -> None:
+            await self._measure_lag(msg.consumer)
+            try:
+                await consume_batch(self, routes, msg.raw_message)
+            except Exception:
+                self.log.exception("batch could not be handled nor dead-lettered; will be redelivered",
+                                   size=len(msg.raw_message))
+                await asyncio.sleep(1.0)
+                raise
+
+    async def _measure_lag(self, consumer: Any) -> None:
+        """Lag per partition, from the high watermark of the last fetch (bookkeeping: never fails a batch)."""
+        try:
+            lag = {}
+            for tp in consumer.assignment():
+                highwater = consumer.highwater(tp)
+                if highwater is not None:
+                    lag[(tp.topic, tp.partition)] = highwater - await consumer.position(tp)
+            self.consumer_lag = lag
+        except Exception as exc:
+            self.log.debug("consumer lag unavailable", error=str(exc))
 
     async def handle_message(self, topic: str, model: type[Event], handler: Handler, raw: bytes,
                              partition: int, offset: int, key: str | None) -> str:

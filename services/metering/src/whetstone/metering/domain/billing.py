@@ -1,67 +1,180 @@
-"""Segment billing. Pure: a closed segment in, a ledger entry out."""
+"""Segment billing. Pure: the two ends of a segment and its pricing context in,
+a charge or an anomaly out.
+
+A segment is one run of a job on a node, from its start to its stop; queue time is
+never part of it. Rules (see also the refund policy in ledger.py, which is per job):
+
+- completed: charged in full, at the spot price on a spot node, on-demand otherwise;
+- failed by the user: charged in full; by the platform: refunded; ambiguous: held for review;
+- preempted: charged at the spot price, only for the work up to the last checkpoint of
+  this segment (the lost work after it is not billed, nor is a segment without one).
+
+Input that cannot be billed honestly is an `Anomaly`, never a silent charge.
+"""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import datetime, timedelta
+from decimal import ROUND_HALF_UP, Decimal
 
-# USD per GPU-hour, by price version -> gpu type -> (on_demand, spot).
-PRICE_TABLES: dict[str, dict[str, tuple[float, float]]] = {
-    "2026-11": {"cpu": (0.05, 0.02), "A100": (3.00, 1.20), "H100": (5.00, 2.00), "L4": (0.80, 0.35)},
-}
-CURRENT_PRICE_VERSION = "2026-11"
+from .prices import PRICE_BOOK, TIERS, PriceBook
+
 MAX_SEGMENT_SECONDS = 30 * 24 * 3600
+MAX_GPUS_PER_SEGMENT = 1024
+MICRO_USD = Decimal("0.000001")
+
+CHARGED, REFUNDED, REVIEW = "charged", "refunded", "review"
+# When two classes meet (a segment's own and its job's), the one kinder to the tenant wins.
+_KINDNESS = {CHARGED: 0, REVIEW: 1, REFUNDED: 2}
 
 
 @dataclass(frozen=True)
-class ClosedSegment:
-    job_id: str
-    segment_id: str
+class Start:
+    event_id: str
+    started_at: datetime
     gpu_type: str
     gpu_count: int
     spot: bool
-    started_at: datetime
+    attempt: int
+    node_id: str
+
+
+@dataclass(frozen=True)
+class Stop:
+    event_id: str
+    kind: str                           # completed | failed | preempted
     stopped_at: datetime
-    stop_kind: str                  # completed | failed | preempted
-    error_class: str | None = None  # for failed: user | platform | ambiguous
-    checkpointed_at: datetime | None = None
+    error_class: str | None = None      # failed: user | platform | ambiguous
+    code: str | None = None             # failed: the error code
+    checkpointed_at: datetime | None = None  # preempted: when the last durable checkpoint was written
+    reason: str | None = None           # preempted: spot_loss | priority | node_lost | ...
+    reported_at: datetime | None = None  # when the stop event was emitted (grace periods count from it)
+
+    @property
+    def reported(self) -> datetime:
+        return self.reported_at or self.stopped_at
+
+
+_STOP_ORDER = {"completed": 0, "failed": 1, "preempted": 2}
+
+
+def pick_start(current: Start | None, new: Start) -> Start:
+    """Two different start events for one segment: the later start wins (the shorter segment).
+    A max over a total order, so the result does not depend on arrival order."""
+    if current is None:
+        return new
+    return max(current, new, key=lambda s: (s.started_at, s.event_id))
+
+
+def pick_stop(current: Stop | None, new: Stop) -> Stop:
+    """Several stop events for one segment (the agent says completed, the scheduler says the
+    node was lost): the earliest stop wins, then completed over failed over preempted."""
+    if current is None:
+        return new
+    return min(current, new, key=lambda s: (s.stopped_at, _STOP_ORDER.get(s.kind, 9), s.event_id))
+
+
+@dataclass(frozen=True)
+class Pricing:
+    """What the job contributes to a segment's price."""
+
+    tier: str | None                  # the job's tier (free | standard | premium); None: unknown tenant
+    pinned_version: str | None = None  # a quote's price version, if the job was admitted with one
+    job_class: str | None = None      # refunded | review when the job's outcome refunds or holds all of it
+    review_decision: str | None = None  # charge | refund, once a reviewer decided
 
 
 @dataclass(frozen=True)
 class Charge:
-    gpu_seconds: float
-    billable_gpu_seconds: float
-    charge_class: str   # charged | refunded | review
-    cost: float
+    charge_class: str             # charged | refunded | review
+    gpu_seconds: Decimal          # wall seconds x GPUs, all of it (exact to the microsecond)
+    billable_gpu_seconds: Decimal  # what the tenant pays for
+    rate: Decimal                 # USD per GPU-hour applied
+    cost: Decimal                 # USD the tenant pays
+    list_cost: Decimal            # USD it would pay if charged: the refunded or held amount
     price_version: str
+    tier: str
+    period: str                   # YYYY-MM the usage belongs to (month of the stop, UTC)
+    basis: str                    # why, in words
 
 
-class Anomaly(ValueError):
-    """A segment that must not be billed silently."""
+@dataclass(frozen=True)
+class Anomaly:
+    code: str
+    message: str
 
 
-def bill_segment(seg: ClosedSegment, price_version: str = CURRENT_PRICE_VERSION) -> Charge:
-    table = PRICE_TABLES.get(price_version)
-    if table is None:
-        raise Anomaly(f"unknown price version {price_version!r}")
-    if seg.gpu_type not in table:
-        raise Anomaly(f"unknown GPU type {seg.gpu_type!r} in price version {price_version}")
-    seconds = (seg.stopped_at - seg.started_at).total_seconds()
+def seconds_between(start: datetime, stop: datetime) -> Decimal:
+    """Exact, so that sums do not depend on the order they are added in."""
+    return Decimal((stop - start) // timedelta(microseconds=1)).scaleb(-6)
+
+
+def usd(billable_gpu_seconds: Decimal, rate: Decimal) -> Decimal:
+    return (billable_gpu_seconds * rate / 3600).quantize(MICRO_USD, rounding=ROUND_HALF_UP)
+
+
+def kinder(a: str, b: str | None) -> str:
+    return a if b is None or _KINDNESS[a] >= _KINDNESS[b] else b
+
+
+def own_class(stop: Stop) -> str:
+    if stop.kind == "failed":
+        return {"user": CHARGED, "platform": REFUNDED}.get(stop.error_class or "", REVIEW)
+    return CHARGED
+
+
+def bill_segment(start: Start, stop: Stop, pricing: Pricing, book: PriceBook = PRICE_BOOK) -> Charge | Anomaly:
+    if pricing.tier is None:
+        return Anomaly("unknown_tenant", "the tenant has no tier in this deployment")
+    if pricing.tier not in TIERS:
+        return Anomaly("unknown_tier", f"tier {pricing.tier!r} has no prices")
+    if pricing.pinned_version is not None:
+        version = book.get(pricing.pinned_version)
+        if version is None:
+            return Anomaly("unknown_price_version", f"the job was quoted price version {pricing.pinned_version!r},"
+                                                    " which this price book does not have")
+    else:
+        version = book.in_effect(start.started_at)
+        if version is None:
+            return Anomaly("no_price_version", f"no price version in effect at {start.started_at.isoformat()}")
+    rate = version.rate(start.gpu_type, pricing.tier)
+    if rate is None:
+        return Anomaly("unknown_gpu_type", f"GPU type {start.gpu_type!r} has no {pricing.tier} price"
+                                           f" in version {version.version}")
+    if not 1 <= start.gpu_count <= MAX_GPUS_PER_SEGMENT:
+        return Anomaly("absurd_gpu_count", f"{start.gpu_count} GPUs in one segment")
+    seconds = seconds_between(start.started_at, stop.stopped_at)
     if seconds < 0:
-        raise Anomaly(f"segment stops {-seconds:.0f}s before it starts")
+        return Anomaly("stop_before_start", f"the segment stops {-seconds:.0f}s before it starts")
     if seconds > MAX_SEGMENT_SECONDS:
-        raise Anomaly(f"segment lasts {seconds:.0f}s, more than {MAX_SEGMENT_SECONDS}s")
-    gpu_seconds = seconds * max(seg.gpu_count, 1)
-    on_demand, spot = table[seg.gpu_type]
-    rate = spot if seg.spot else on_demand
-    klass, billable = "charged", gpu_seconds
-    if seg.stop_kind == "failed":
-        klass = {"user": "charged", "platform": "refunded"}.get(seg.error_class or "", "review")
-        billable = gpu_seconds if klass == "charged" else 0.0
-    elif seg.stop_kind == "preempted":
-        # only work that reached a durable checkpoint is billed, at the spot price
-        rate = spot
-        done = (seg.checkpointed_at - seg.started_at).total_seconds() if seg.checkpointed_at else 0.0
-        billable = max(0.0, min(seconds, done)) * max(seg.gpu_count, 1)
-    cost = round(billable / 3600 * rate, 6)
-    return Charge(gpu_seconds, billable, klass, cost, price_version)
+        return Anomaly("absurd_duration", f"the segment lasts {seconds:.0f}s, more than {MAX_SEGMENT_SECONDS}s")
+    return _price(start, stop, pricing, version.version, rate.spot if start.spot else rate.on_demand, rate.spot,
+                  seconds)
+
+
+def _price(start: Start, stop: Stop, pricing: Pricing, version: str, capacity_rate: Decimal, spot_rate: Decimal,
+           seconds: Decimal) -> Charge:
+    assert pricing.tier is not None
+    gpu_seconds = seconds * start.gpu_count
+    capacity = "spot" if start.spot else "on-demand"
+    if stop.kind == "preempted":
+        rate = spot_rate
+        done = seconds_between(start.started_at, stop.checkpointed_at) if stop.checkpointed_at else Decimal(0)
+        chargeable = min(max(done, Decimal(0)), seconds) * start.gpu_count
+        basis = f"preempted ({stop.reason or 'unknown'}): {chargeable:.0f} of {gpu_seconds:.0f} GPU-s checkpointed, at spot"
+    else:
+        rate, chargeable = capacity_rate, gpu_seconds
+        basis = f"{stop.kind}" + (f" ({stop.error_class}: {stop.code})" if stop.kind == "failed" else "") \
+                + f": {gpu_seconds:.0f} GPU-s at {capacity}"
+    klass = kinder(own_class(stop), pricing.job_class)
+    if klass == REVIEW and pricing.review_decision:
+        klass = CHARGED if pricing.review_decision == "charge" else REFUNDED
+        basis += f"; reviewed: {pricing.review_decision}"
+    elif pricing.job_class and klass == pricing.job_class and klass != own_class(stop):
+        basis += f"; the job {'was refunded' if klass == REFUNDED else 'is under review'}"
+    list_cost = usd(chargeable, rate)
+    billable, cost = (chargeable, list_cost) if klass == CHARGED else (Decimal(0), Decimal(0))
+    basis += f", {pricing.tier} tier, {rate}/GPU-h ({version})"
+    return Charge(klass, gpu_seconds, billable, rate, cost, list_cost, version, pricing.tier,
+                  stop.stopped_at.strftime("%Y-%m"), basis)

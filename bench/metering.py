@@ -1,0 +1,242 @@
+"""Metering benchmark: a lifecycle workload with duplicates, replayed three times through
+the real broker and Postgres, compared with the generator's ground truth.
+
+1. generate N lifecycle events (default 1,000,000; ~8.7 per job, preemptions, failures of
+   every class, cancellations, bad input, 10% duplicates, starts sent after their stops);
+2. produce them once to the embedded Kafka;
+3. replay 1: the metering service (a subprocess, `python -m whetstone.metering`) consumes
+   them from offset 0 into an empty database;
+4. replay 2: its consumer group is rewound to offset 0 and it consumes everything again
+   into the same database (exactly once: the ledger must not change);
+5. replay 3: its schema is dropped and it consumes from offset 0 again (the invoices
+   must come out identical, whatever the interleaving of the topics this time).
+
+After each replay the per-job invoices (net of corrections) are compared with the
+ground truth. events_per_s is the slowest replay's rate (messages consumed, ledger
+settled, from the moment the service is up). Last line: JSON.
+
+    .venv/bin/python bench/metering.py [--events N] [--quick]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import gc
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import asyncpg
+import httpx
+from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
+
+from whetstone.contracts import TOPICS, all_topic_partitions
+from whetstone.metering.api import job_class_of
+from whetstone.metering.handlers import TOPICS as METERED_TOPICS
+from whetstone.metering.simulation import Invoice, Workload, generate
+from whetstone.runtime.stack import EmbeddedStack, StackEndpoints
+
+GROUP = "whetstone-metering"
+INVOICES_SQL = """
+WITH current_lines AS (
+    SELECT DISTINCT ON (job_id, segment_id) job_id, entry, charge_class FROM ledger
+    WHERE scope = 'segment' ORDER BY job_id, segment_id, id DESC)
+SELECT j.job_id, j.charge_class AS total_class, coalesce(s.gpu_seconds, 0) AS gpu_seconds,
+       coalesce(s.billable, 0) AS billable, coalesce(s.cost, 0) AS cost, c.classes
+FROM (SELECT job_id, charge_class FROM ledger WHERE scope = 'job') j
+LEFT JOIN (SELECT job_id, sum(gpu_seconds) AS gpu_seconds, sum(billable_gpu_seconds) AS billable, sum(cost) AS cost
+           FROM ledger WHERE scope = 'segment' GROUP BY job_id) s USING (job_id)
+LEFT JOIN (SELECT job_id, array_agg(charge_class) AS classes FROM current_lines WHERE entry = 'charge'
+           GROUP BY job_id) c USING (job_id)
+"""
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+async def produce(bootstrap: str, messages: list[tuple[str, bytes, bytes]]) -> float:
+    producer = AIOKafkaProducer(bootstrap_servers=bootstrap, linger_ms=20, max_batch_size=1024 * 1024, acks="all")
+    await producer.start()
+    start = time.perf_counter()
+    try:
+        pending = []
+        for topic, key, value in messages:
+            pending.append(await producer.send(topic, value, key=key))
+            if len(pending) >= 20000:
+                await asyncio.gather(*pending)
+                pending.clear()
+        await asyncio.gather(*pending)
+    finally:
+        await producer.stop()
+    return time.perf_counter() - start
+
+
+async def rewind(bootstrap: str) -> None:
+    """Join the metering group alone, and commit offset 0 on every partition it reads."""
+    consumer = AIOKafkaConsumer(*METERED_TOPICS, bootstrap_servers=bootstrap, group_id=GROUP,
+                                enable_auto_commit=False, auto_offset_reset="earliest")
+    await consumer.start()
+    try:
+        expected = {TopicPartition(t, p) for t in METERED_TOPICS for p in range(TOPICS[t].partitions)}
+        while consumer.assignment() != expected:
+            await consumer.getmany(timeout_ms=200, max_records=1)
+        await consumer.commit({tp: 0 for tp in expected})
+    finally:
+        await consumer.stop()
+
+
+class Metering:
+    """The real service in its own process, as it runs in production."""
+
+    def __init__(self, endpoints: StackEndpoints, workdir: Path, batch_size: int) -> None:
+        self.port = free_port()
+        self.env = {**os.environ, **endpoints.as_env(), "WHETSTONE_DATA_DIR": str(workdir),
+                    "WHETSTONE_LOG_LEVEL": "INFO", "WHETSTONE_METERING_HTTP_PORT": str(self.port),
+                    "WHETSTONE_METERING_BATCH_SIZE": str(batch_size), "WHETSTONE_METERING_CLOSE_GRACE_S": "2",
+                    "WHETSTONE_METERING_ORPHAN_GRACE_S": "60", "WHETSTONE_METERING_SWEEP_INTERVAL_S": "0.5"}
+        self.log = workdir / "metering.log"
+        self.proc: subprocess.Popen | None = None
+
+    async def start(self) -> None:
+        with self.log.open("ab") as log:
+            self.proc = subprocess.Popen([sys.executable, "-m", "whetstone.metering"], env=self.env, stdout=log,
+                                         stderr=subprocess.STDOUT)
+        async with httpx.AsyncClient() as c:
+            while True:
+                if self.proc.poll() is not None:
+                    raise RuntimeError(f"metering exited with {self.proc.returncode}; see {self.log}")
+                try:
+                    if (await c.get(f"http://127.0.0.1:{self.port}/healthz")).status_code == 200:
+                        return
+                except httpx.HTTPError:
+                    pass
+                await asyncio.sleep(0.1)
+
+    async def consumed(self) -> int:
+        async with httpx.AsyncClient() as c:
+            text = (await c.get(f"http://127.0.0.1:{self.port}/metrics")).text
+        return int(sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
+                       if line.startswith("whetstone_messages_consumed_total{")))
+
+    def stop(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            self.proc.wait(timeout=60)
+
+
+async def settled(conn: asyncpg.Connection, work: Workload, report: bool = False) -> bool:
+    jobs = await conn.fetchval("SELECT count(*) FROM ledger WHERE scope = 'job'")
+    waiting = await conn.fetchval("SELECT count(*) FROM segments WHERE waiting")
+    anomalies = await conn.fetchval("SELECT count(*) FROM anomalies WHERE resolved_at IS NULL")
+    if report:
+        print(f"  waiting to settle: {jobs}/{len(work.jobs)} job totals, {waiting} segments waiting,"
+              f" {anomalies}/{len(work.anomalies)} anomalies", flush=True)
+    return jobs == len(work.jobs) and waiting == 0 and anomalies == len(work.anomalies)
+
+
+async def replay(n: int, endpoints: StackEndpoints, work: Workload, workdir: Path, batch_size: int,
+                 fresh_database: bool) -> dict:
+    conn = await asyncpg.connect(endpoints.database_url)
+    service = Metering(endpoints, workdir, batch_size)
+    try:
+        if n > 1:
+            await rewind(endpoints.kafka_bootstrap)
+        if fresh_database:
+            await conn.execute("DROP SCHEMA IF EXISTS metering CASCADE")
+        await service.start()
+        began = time.perf_counter()
+        await conn.execute("SET search_path TO metering")
+        while await service.consumed() < len(work.messages):
+            await asyncio.sleep(0.5)
+        consumed_s = time.perf_counter() - began
+        polls = 0
+        while not await settled(conn, work, report=polls % 20 == 19):
+            polls += 1
+            await asyncio.sleep(0.5)
+        settled_s = time.perf_counter() - began
+        while await conn.fetchval("SELECT count(*) FROM outbox WHERE sent_at IS NULL"):
+            await asyncio.sleep(0.5)
+        drained_s = time.perf_counter() - began
+        service.stop()
+        invoices = await read_invoices(conn)
+        stats = {"replay": n, "fresh_database": fresh_database, "consumed_s": round(consumed_s, 1),
+                 "settled_s": round(settled_s, 1), "outbox_drained_s": round(drained_s, 1),
+                 "events_per_s": round(len(work.messages) / settled_s),
+                 "ledger_rows": await conn.fetchval("SELECT count(*) FROM ledger"),
+                 "corrections": await conn.fetchval("SELECT count(*) FROM ledger WHERE entry = 'reversal'"),
+                 "usage_events": await conn.fetchval("SELECT count(*) FROM outbox WHERE topic = 'usage.metered'"),
+                 "mismatched_jobs": mismatches(invoices, work)}
+        return {"stats": stats, "invoices": invoices}
+    finally:
+        service.stop()
+        await conn.close()
+
+
+async def read_invoices(conn: asyncpg.Connection) -> dict[str, Invoice]:
+    rows = await conn.fetch(INVOICES_SQL)
+    return {r["job_id"]: Invoice(r["gpu_seconds"], r["billable"], r["cost"],
+                                 job_class_of(set(r["classes"] or ()), r["total_class"])) for r in rows}
+
+
+def mismatches(invoices: dict[str, Invoice], work: Workload) -> int:
+    bad = [j for j, inv in work.invoices.items() if invoices.get(j) != inv]
+    for job_id in bad[:5]:
+        print(f"  mismatch {job_id}: ledger {invoices.get(job_id)} != truth {work.invoices[job_id]}", flush=True)
+    return len(bad) + len(set(invoices) - set(work.invoices))
+
+
+async def run(args: argparse.Namespace) -> dict:
+    t = time.perf_counter()
+    work = generate(args.events, seed=args.seed)
+    gc.freeze()  # a million generated objects need no more scanning
+    print(f"generated {len(work.messages):,} messages ({work.unique_events:,} unique events, "
+          f"{len(work.messages) - work.unique_events:,} duplicates) for {len(work.jobs):,} jobs, "
+          f"{len(work.anomalies)} with bad input, in {time.perf_counter() - t:.1f}s", flush=True)
+    with tempfile.TemporaryDirectory(prefix="wt-bench-metering-") as tmp:
+        stack = EmbeddedStack(Path(tmp) / "stack", topics=all_topic_partitions(), buckets=["whetstone"],
+                              log=lambda m: None)
+        endpoints = stack.start()
+        try:
+            seconds = await produce(endpoints.kafka_bootstrap, work.messages)
+            print(f"produced them in {seconds:.1f}s ({len(work.messages) / seconds:,.0f}/s)", flush=True)
+            results = []
+            for n, fresh in ((1, True), (2, False), (3, True)):
+                r = await replay(n, endpoints, work, Path(tmp), args.batch_size, fresh)
+                print("replay " + json.dumps(r["stats"]), flush=True)
+                results.append(r)
+        finally:
+            stack.stop()
+    first = results[0]["invoices"]
+    return {"events": len(work.messages), "unique_events": work.unique_events, "jobs": len(work.jobs),
+            "events_per_s": min(r["stats"]["events_per_s"] for r in results),
+            "events_per_s_by_replay": [r["stats"]["events_per_s"] for r in results],
+            "invoices_identical_across_replays": all(r["invoices"] == first for r in results),
+            "ledger_rows_after_replay_2_equal_replay_1":
+                results[1]["stats"]["ledger_rows"] == results[0]["stats"]["ledger_rows"],
+            "mismatched_jobs": max(r["stats"]["mismatched_jobs"] for r in results)}
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--events", type=int, default=1_000_000, help="lifecycle messages to generate (dups included)")
+    p.add_argument("--quick", action="store_true", help="100,000 events")
+    p.add_argument("--batch-size", type=int, default=2000)
+    p.add_argument("--seed", type=int, default=7)
+    args = p.parse_args()
+    if args.quick:
+        args.events = 100_000
+    print(json.dumps(asyncio.run(run(args))))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,231 @@
+"""Postgres side of metering: lock and load job/segment state, write it back, append
+ledger rows, anomalies, roll-ups and the audit events. Set-based statements, so a
+batch of a thousand events costs a handful of round trips."""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import random
+from collections.abc import Iterable, Sequence
+from datetime import datetime
+from decimal import Decimal
+from typing import Any
+
+import asyncpg
+
+from ..domain.billing import Anomaly, Charge, Start, Stop
+from ..domain.ledger import Entry, JobState, OpenedAnomaly, Queued, SegmentState, Terminal
+
+# -- domain objects <-> jsonb ------------------------------------------------------------
+
+_PLAIN, _DATETIME, _DECIMAL = 0, 1, 2
+
+
+@functools.cache
+def _codec(cls: type) -> tuple[tuple[str, int], ...]:
+    kinds = []
+    for f in dataclasses.fields(cls):
+        t = str(f.type)
+        kinds.append((f.name, _DATETIME if "datetime" in t else _DECIMAL if "Decimal" in t else _PLAIN))
+    return tuple(kinds)
+
+
+def to_json(obj: Any) -> dict | None:
+    if obj is None:
+        return None
+    out = {}
+    for name, kind in _codec(type(obj)):
+        v = getattr(obj, name)
+        out[name] = v if v is None or kind == _PLAIN else v.isoformat() if kind == _DATETIME else str(v)
+    return out
+
+
+def from_json(cls: type, data: dict | None) -> Any:
+    if data is None:
+        return None
+    kwargs = {}
+    for name, kind in _codec(cls):
+        v = data.get(name)
+        kwargs[name] = v if v is None or kind == _PLAIN else datetime.fromisoformat(v) if kind == _DATETIME \
+            else Decimal(v)
+    return cls(**kwargs)
+
+
+def _job(r: asyncpg.Record) -> JobState:
+    return JobState(r["job_id"], r["tenant_id"], r["first_seen_at"], from_json(Queued, r["queued"]),
+                    from_json(Terminal, r["terminal"]), r["review_decision"], r["closed_at"],
+                    list(r["events"]))
+
+
+def _segment(r: asyncpg.Record) -> SegmentState:
+    return SegmentState(r["segment_id"], r["job_id"], r["tenant_id"], r["first_seen_at"], from_json(Start, r["start"]),
+                        from_json(Stop, r["stop"]), list(r["events"]), from_json(Charge, r["billed"]), r["revision"],
+                        from_json(Anomaly, r["anomaly"]))
+
+
+def _ids(event_ids: list[str]) -> str:
+    """Event ids travel joined by commas (an array of arrays cannot be unnested row by row)."""
+    assert not any("," in e for e in event_ids)
+    return ",".join(event_ids)
+
+
+def new_version() -> int:
+    return random.getrandbits(62) + 1
+
+
+class LedgerStore:
+    """Every writer locks a job's row before touching it or its segments, and gives the
+    row a new random `version`: an in-memory copy is current iff its version matches."""
+
+    def __init__(self, conn: asyncpg.Connection) -> None:
+        self.conn = conn
+
+    # -- state --------------------------------------------------------------------------
+
+    async def lock_jobs(self, job_ids: Sequence[str], tenants: Sequence[str] | None = None,
+                        now: datetime | None = None) -> tuple[dict[str, int], set[str]]:
+        """Lock the jobs (creating the missing ones when `tenants` is given), in id order.
+        Returns their versions and the ids created now."""
+        created: set[str] = set()
+        if tenants is not None:
+            rows = await self.conn.fetch(
+                "INSERT INTO jobs (job_id, tenant_id, first_seen_at) SELECT j, t, $3 FROM unnest($1::text[], $2::text[])"
+                " AS u(j, t) ORDER BY j ON CONFLICT DO NOTHING RETURNING job_id", list(job_ids), list(tenants), now)
+            created = {r["job_id"] for r in rows}
+        rows = await self.conn.fetch("SELECT job_id, version FROM jobs WHERE job_id = ANY($1::text[])"
+                                     " ORDER BY job_id FOR UPDATE", list(job_ids))
+        return {r["job_id"]: r["version"] for r in rows}, created
+
+    async def load(self, job_ids: Sequence[str]) -> dict[str, tuple[JobState, list[SegmentState]]]:
+        """The state of (locked) jobs and all their segments, segments in id order."""
+        if not job_ids:
+            return {}
+        jobs = await self.conn.fetch("SELECT * FROM jobs WHERE job_id = ANY($1::text[])", list(job_ids))
+        out = {r["job_id"]: (_job(r), []) for r in jobs}
+        for r in await self.conn.fetch("SELECT * FROM segments WHERE job_id = ANY($1::text[])"
+                                       " ORDER BY job_id, segment_id", list(job_ids)):
+            out[r["job_id"]][1].append(_segment(r))
+        return out
+
+    async def save_jobs(self, jobs: Iterable[JobState]) -> dict[str, int]:
+        """Write the jobs back with new versions; returns them."""
+        jobs = list(jobs)
+        versions = {j.job_id: new_version() for j in jobs}
+        if not jobs:
+            return versions
+        await self.conn.execute(
+            "UPDATE jobs AS j SET queued = u.queued, terminal = u.terminal, terminal_at = u.terminal_at,"
+            " review_decision = u.review_decision, closed_at = u.closed_at, events = string_to_array(u.events, ','),"
+            " version = u.version"
+            " FROM unnest($1::text[], $2::jsonb[], $3::jsonb[], $4::timestamptz[], $5::text[], $6::timestamptz[],"
+            " $7::text[], $8::bigint[]) AS u(job_id, queued, terminal, terminal_at, review_decision, closed_at,"
+            " events, version) WHERE j.job_id = u.job_id",
+            [j.job_id for j in jobs], [to_json(j.queued) for j in jobs], [to_json(j.terminal) for j in jobs],
+            [j.terminal.reported if j.terminal else None for j in jobs], [j.review_decision for j in jobs],
+            [j.closed_at for j in jobs],
+            [_ids(j.events) for j in jobs], [versions[j.job_id] for j in jobs])
+        return versions
+
+    async def save_segments(self, segments: Iterable[SegmentState]) -> None:
+        segs = list(segments)
+        if not segs:
+            return
+        await self.conn.execute(
+            "INSERT INTO segments AS s (job_id, segment_id, tenant_id, first_seen_at, start, stop, billed, revision,"
+            " anomaly, waiting, events, stop_at)"
+            " SELECT job_id, segment_id, tenant_id, first_seen_at, start, stop, billed, revision, anomaly, waiting,"
+            " string_to_array(events, ','), stop_at FROM unnest($1::text[], $2::text[], $3::text[], $4::timestamptz[],"
+            " $5::jsonb[], $6::jsonb[], $7::jsonb[], $8::int[], $9::jsonb[], $10::bool[], $11::text[],"
+            " $12::timestamptz[]) AS u(job_id, segment_id, tenant_id, first_seen_at, start, stop, billed, revision,"
+            " anomaly, waiting, events, stop_at)"
+            " ON CONFLICT (job_id, segment_id) DO UPDATE SET start = EXCLUDED.start, stop = EXCLUDED.stop,"
+            " billed = EXCLUDED.billed, revision = EXCLUDED.revision, anomaly = EXCLUDED.anomaly,"
+            " waiting = EXCLUDED.waiting, events = EXCLUDED.events, stop_at = EXCLUDED.stop_at",
+            [s.job_id for s in segs], [s.segment_id for s in segs], [s.tenant_id for s in segs],
+            [s.first_seen_at for s in segs], [to_json(s.start) for s in segs], [to_json(s.stop) for s in segs],
+            [to_json(s.billed) for s in segs], [s.revision for s in segs], [to_json(s.anomaly) for s in segs],
+            [not s.settled for s in segs], [_ids(s.events) for s in segs],
+            [s.stop.reported if s.stop else None for s in segs])
+
+    async def jobs_due(self, close_before: datetime, orphan_before: datetime, limit: int = 500) -> list[str]:
+        """Jobs whose grace periods ran out (event time): ended but not closed, or holding a stop
+        without a start."""
+        rows = await self.conn.fetch(
+            "(SELECT job_id FROM jobs WHERE closed_at IS NULL AND terminal_at <= $1 LIMIT $3)"
+            " UNION (SELECT job_id FROM segments WHERE waiting AND stop_at <= $2 AND start IS NULL LIMIT $3)",
+            close_before, orphan_before, limit)
+        return sorted(r["job_id"] for r in rows)
+
+    # -- append-only records -------------------------------------------------------------
+
+    async def record_events(self, rows: Sequence[tuple]) -> None:
+        """(event_id, event_type, job_id, segment_id, tenant_id, occurred_at, received_at, envelope)"""
+        if rows:
+            await self.conn.copy_records_to_table(
+                "events", records=rows, columns=("event_id", "event_type", "job_id", "segment_id", "tenant_id",
+                                                 "occurred_at", "received_at", "envelope"))
+
+    async def append(self, entries: Sequence[Entry], usage_event_ids: Sequence[str]) -> None:
+        if not entries:
+            return
+        records = [(e.job_id, e.tenant_id, e.scope, e.segment_id, e.entry, e.revision, e.gpu_type, e.gpu_count, e.spot,
+                    e.charge.tier, e.charge.gpu_seconds, e.charge.billable_gpu_seconds, e.charge.rate, e.charge.cost,
+                    e.charge.list_cost, e.charge.charge_class, e.charge.price_version, e.charge.period, e.segments,
+                    e.outcome, e.charge.basis, list(e.source_events), usage_id)
+                   for e, usage_id in zip(entries, usage_event_ids, strict=True)]
+        await self.conn.copy_records_to_table("ledger", records=records, columns=(
+            "job_id", "tenant_id", "scope", "segment_id", "entry", "revision", "gpu_type", "gpu_count", "spot", "tier",
+            "gpu_seconds", "billable_gpu_seconds", "rate", "cost", "list_cost", "charge_class", "price_version",
+            "period", "segments", "outcome", "basis", "source_events", "usage_event_id"))
+
+    async def roll_up(self, entries: Sequence[Entry]) -> None:
+        """Add the entries to the monthly roll-ups. These rows are shared by every transaction:
+        call this last, just before the commit, so their locks are held as briefly as possible."""
+        usage: dict[tuple, list] = {}
+        jobs: dict[tuple, int] = {}
+        for e in entries:
+            c = e.charge
+            if e.scope == "job":
+                k = (e.tenant_id, c.period, e.outcome or "unknown")
+                jobs[k] = jobs.get(k, 0) + 1
+                continue
+            acc = usage.setdefault((e.tenant_id, c.period, e.gpu_type or "unknown", c.charge_class),
+                                   [0, Decimal(0), Decimal(0), Decimal(0), Decimal(0)])
+            acc[0] += 1 if e.entry == "charge" else -1
+            acc[1] += c.gpu_seconds
+            acc[2] += c.billable_gpu_seconds
+            acc[3] += c.cost
+            acc[4] += c.list_cost
+        if usage:  # in key order: concurrent transactions lock the roll-up rows in the same order
+            keys = sorted(usage)
+            vals = [usage[k] for k in keys]
+            await self.conn.execute(
+                "INSERT INTO usage_monthly AS m SELECT * FROM unnest($1::text[], $2::text[], $3::text[], $4::text[],"
+                " $5::bigint[], $6::numeric[], $7::numeric[], $8::numeric[], $9::numeric[])"
+                " ON CONFLICT (tenant_id, period, gpu_type, charge_class) DO UPDATE SET"
+                " segments = m.segments + EXCLUDED.segments, gpu_seconds = m.gpu_seconds + EXCLUDED.gpu_seconds,"
+                " billable_gpu_seconds = m.billable_gpu_seconds + EXCLUDED.billable_gpu_seconds,"
+                " cost = m.cost + EXCLUDED.cost, list_cost = m.list_cost + EXCLUDED.list_cost",
+                *([k[i] for k in keys] for i in range(4)), *([v[i] for v in vals] for i in range(5)))
+        if jobs:
+            keys = sorted(jobs)
+            await self.conn.execute(
+                "INSERT INTO jobs_monthly AS m SELECT * FROM unnest($1::text[], $2::text[], $3::text[], $4::bigint[])"
+                " ON CONFLICT (tenant_id, period, outcome) DO UPDATE SET jobs = m.jobs + EXCLUDED.jobs",
+                [k[0] for k in keys], [k[1] for k in keys], [k[2] for k in keys], list(jobs.values()))
+
+    async def anomalies(self, opened: Sequence[OpenedAnomaly], resolved: Sequence[tuple[str, str, str]],
+                        now: datetime) -> None:
+        """Open new anomalies; close the ones later events explained ((job_id, segment_id, code))."""
+        if resolved:
+            await self.conn.executemany(
+                "UPDATE anomalies SET resolved_at = $4, resolution = 'explained by later events'"
+                " WHERE job_id = $1 AND segment_id = $2 AND code = $3 AND resolved_at IS NULL",
+                [(*r, now) for r in resolved])
+        if opened:
+            await self.conn.executemany(
+                "INSERT INTO anomalies (job_id, segment_id, tenant_id, code, reason, event_ids, created_at)"
+                " VALUES ($1, $2, $3, $4, $5, $6, $7)",
+                [(a.job_id, a.segment_id, a.tenant_id, a.anomaly.code, a.anomaly.message, list(a.source_events), now)
+                 for a in opened])

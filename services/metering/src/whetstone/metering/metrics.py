@@ -1,0 +1,87 @@
+"""Prometheus usage metrics per tenant and GPU type, read from the ledger's roll-ups.
+
+They are gauges refreshed from Postgres rather than counters bumped in memory: the
+values are then exactly the ledger's (net of corrections), survive restarts, and
+every replica reports the same numbers (aggregate with max, not sum)."""
+
+from __future__ import annotations
+
+import asyncio
+from datetime import datetime
+
+import asyncpg
+from prometheus_client import CollectorRegistry, Gauge
+
+from whetstone.runtime.service import Runtime
+
+LABELS = ["tenant", "gpu_type", "charge_class"]
+
+
+class UsageMetrics:
+    def __init__(self, registry: CollectorRegistry) -> None:
+        ns = "whetstone_metering"
+        self.gpu_seconds = Gauge(f"{ns}_gpu_seconds", "GPU-seconds metered, net of corrections", LABELS,
+                                 registry=registry)
+        self.billable = Gauge(f"{ns}_billable_gpu_seconds", "GPU-seconds billed, net of corrections", LABELS,
+                              registry=registry)
+        self.cost = Gauge(f"{ns}_cost_usd", "USD charged, net of corrections", LABELS, registry=registry)
+        self.list_cost = Gauge(f"{ns}_list_cost_usd", "USD at list price (for refunded/review: the amount refunded"
+                               " or held)", LABELS, registry=registry)
+        self.segments = Gauge(f"{ns}_segments", "Segments billed", LABELS, registry=registry)
+        self.jobs = Gauge(f"{ns}_jobs", "Finished jobs metered", ["tenant", "outcome"], registry=registry)
+        self.month_cost = Gauge(f"{ns}_month_to_date_cost_usd", "USD charged this calendar month (UTC)", ["tenant"],
+                                registry=registry)
+        self.month_gpu_hours = Gauge(f"{ns}_month_to_date_gpu_hours", "GPU-hours metered this calendar month (UTC)",
+                                     ["tenant", "gpu_type"], registry=registry)
+        self.anomalies = Gauge(f"{ns}_anomalies_open", "Unbilled input waiting for an operator", ["code"],
+                               registry=registry)
+        self.waiting = Gauge(f"{ns}_segments_waiting", "Segments waiting for their other end", registry=registry)
+        self.refreshed = Gauge(f"{ns}_metrics_refreshed_timestamp_seconds", "When these gauges were read",
+                               registry=registry)
+
+    async def refresh(self, pool: asyncpg.Pool, now: datetime) -> None:
+        month = now.strftime("%Y-%m")
+        async with pool.acquire() as conn:
+            usage = await conn.fetch(
+                "SELECT tenant_id, gpu_type, charge_class, sum(segments) AS segments, sum(gpu_seconds) AS gpu_seconds,"
+                " sum(billable_gpu_seconds) AS billable, sum(cost) AS cost, sum(list_cost) AS list_cost"
+                " FROM usage_monthly GROUP BY 1, 2, 3")
+            month_rows = await conn.fetch(
+                "SELECT tenant_id, gpu_type, sum(gpu_seconds) AS gpu_seconds, sum(cost) AS cost FROM usage_monthly"
+                " WHERE period = $1 GROUP BY 1, 2", month)
+            jobs = await conn.fetch("SELECT tenant_id, outcome, sum(jobs) AS jobs FROM jobs_monthly GROUP BY 1, 2")
+            anomalies = await conn.fetch("SELECT code, count(*) AS n FROM anomalies WHERE resolved_at IS NULL"
+                                         " GROUP BY 1")
+            waiting = await conn.fetchval("SELECT count(*) FROM segments WHERE waiting")
+        # no await below: a scrape never sees a half-refreshed set
+        for g in (self.gpu_seconds, self.billable, self.cost, self.list_cost, self.segments, self.jobs,
+                  self.month_cost, self.month_gpu_hours, self.anomalies):
+            g.clear()
+        for r in usage:
+            labels = (r["tenant_id"], r["gpu_type"], r["charge_class"])
+            self.gpu_seconds.labels(*labels).set(float(r["gpu_seconds"]))
+            self.billable.labels(*labels).set(float(r["billable"]))
+            self.cost.labels(*labels).set(float(r["cost"]))
+            self.list_cost.labels(*labels).set(float(r["list_cost"]))
+            self.segments.labels(*labels).set(r["segments"])
+        spend: dict[str, float] = {}
+        for r in month_rows:
+            self.month_gpu_hours.labels(r["tenant_id"], r["gpu_type"]).set(float(r["gpu_seconds"]) / 3600)
+            spend[r["tenant_id"]] = spend.get(r["tenant_id"], 0.0) + float(r["cost"])
+        for tenant, usd in spend.items():
+            self.month_cost.labels(tenant).set(usd)
+        for r in jobs:
+            self.jobs.labels(r["tenant_id"], r["outcome"]).set(r["jobs"])
+        for r in anomalies:
+            self.anomalies.labels(r["code"]).set(r["n"])
+        self.waiting.set(waiting)
+        self.refreshed.set(now.timestamp())
+
+
+async def refresh_forever(rt: Runtime) -> None:
+    metrics: UsageMetrics = rt.state["usage_metrics"]
+    interval = rt.state["config"].metrics_interval_s
+    while True:
+        assert rt.pool is not None
+        await metrics.refresh(rt.pool, rt.clock())
+        await asyncio.sleep(interval)
