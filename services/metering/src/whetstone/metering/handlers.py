@@ -262,7 +262,6 @@ async def sweep_once(rt: Runtime, limit: int = 2000) -> int:
     policy = policy_of(rt)
     wall = rt.clock()
     now = event_clock(rt).now(wall)
-    rt.log.warning("DEBUG sweep", now=str(now), lag={f"{k[0]}/{k[1]}": v for k, v in rt.consumer_lag.items() if v})
     async with rt.uow() as uow:
         store = LedgerStore(uow.conn)
         ids = await store.jobs_due(now - policy.close_grace, now - policy.orphan_grace, limit)
