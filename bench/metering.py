@@ -103,7 +103,8 @@ class Metering:
         self.env = {**os.environ, **endpoints.as_env(), "WHETSTONE_DATA_DIR": str(workdir),
                     "WHETSTONE_LOG_LEVEL": "INFO", "WHETSTONE_METERING_HTTP_PORT": str(self.port),
                     "WHETSTONE_METERING_BATCH_SIZE": str(batch_size), "WHETSTONE_METERING_CLOSE_GRACE_S": "2",
-                    "WHETSTONE_METERING_ORPHAN_GRACE_S": "60", "WHETSTONE_METERING_SWEEP_INTERVAL_S": "0.5"}
+                    "WHETSTONE_METERING_ORPHAN_GRACE_S": "60", "WHETSTONE_METERING_SWEEP_INTERVAL_S": "0.5",
+                    "WHETSTONE_METERING_METRICS_INTERVAL_S": "2"}
         self.log = workdir / "metering.log"
         self.proc: subprocess.Popen | None = None
 
@@ -128,6 +129,12 @@ class Metering:
         return int(sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
                        if line.startswith("whetstone_messages_consumed_total{")))
 
+    async def gauges(self, *names: str) -> str:
+        async with httpx.AsyncClient() as c:
+            text = (await c.get(f"http://127.0.0.1:{self.port}/metrics")).text
+        return ", ".join(line for line in text.splitlines()
+                         if any(line.startswith(f"whetstone_metering_{n} ") for n in names))
+
     def stop(self) -> None:
         if self.proc is not None and self.proc.poll() is None:
             self.proc.send_signal(signal.SIGTERM)
@@ -139,8 +146,9 @@ async def settled(conn: asyncpg.Connection, work: Workload, report: bool = False
     waiting = await conn.fetchval("SELECT count(*) FROM segments WHERE waiting")
     anomalies = await conn.fetchval("SELECT count(*) FROM anomalies WHERE resolved_at IS NULL")
     if report:
+        oldest = await conn.fetchval("SELECT min(terminal_at) FROM jobs WHERE closed_at IS NULL")
         print(f"  waiting to settle: {jobs}/{len(work.jobs)} job totals, {waiting} segments waiting,"
-              f" {anomalies}/{len(work.anomalies)} anomalies", flush=True)
+              f" {anomalies}/{len(work.anomalies)} anomalies; oldest unclosed outcome emitted {oldest}", flush=True)
     return jobs == len(work.jobs) and waiting == 0 and anomalies == len(work.anomalies)
 
 
@@ -160,8 +168,11 @@ async def replay(n: int, endpoints: StackEndpoints, work: Workload, workdir: Pat
             await asyncio.sleep(0.5)
         consumed_s = time.perf_counter() - began
         polls = 0
-        while not await settled(conn, work, report=polls % 20 == 19):
+        deadline = time.perf_counter() + 180  # a ledger that never settles is a result, not a hang
+        while not await settled(conn, work, report=polls % 20 == 19) and time.perf_counter() < deadline:
             polls += 1
+            if polls % 20 == 19:
+                print("  " + await service.gauges("event_time_seconds", "partitions_behind"), flush=True)
             await asyncio.sleep(0.5)
         settled_s = time.perf_counter() - began
         while await conn.fetchval("SELECT count(*) FROM outbox WHERE sent_at IS NULL"):

@@ -92,6 +92,14 @@ class Hyperparameters(Contract):
         return v
 
 
+class ResourceRequest(Contract):
+    """An explicit GPU request for a job; absent means "auto" (derived from model size and method)."""
+
+    gpu_type: str = Field(min_length=1)
+    gpus_per_node: int = Field(ge=1, le=64)
+    nodes: int = Field(1, ge=1, le=64)
+
+
 class JobRequestedV1(Event):
     EVENT_TYPE = "job.requested"
     job_id: str = Field(description="job_id_for(tenant_id, idempotency_key)")
@@ -103,6 +111,7 @@ class JobRequestedV1(Event):
     hyperparameters: Hyperparameters = Field(default_factory=Hyperparameters)
     suffix: str | None = Field(default=None, max_length=64)
     tier: str | None = None
+    resources: ResourceRequest | None = Field(default=None, description="absent: auto")
 
 
 class TrainingSpec(Contract):
@@ -152,7 +161,9 @@ class JobAssignedV1(Event):
     spec: TrainingSpec
     resume_from: CheckpointRef | None = None
     rendezvous: dict[str, Any] | None = Field(
-        default=None, description="multi-node: master_addr, master_port, node_rank, nodes, hosts")
+        default=None, description="multi-node gangs: master_addr (rank 0's address), node_rank, nodes, hosts"
+                                  " (every member's address, by rank), optional master_port (absent: every"
+                                  " node derives the same one from the segment id)")
 
 
 class JobCancelledV1(Event):
@@ -340,6 +351,9 @@ class NodeHeartbeatV1(Event):
     interconnect_group: str = "default"
     running_jobs: list[str] = Field(default_factory=list)
     sent_at: datetime
+    address: str | None = Field(
+        default=None, description="host name or IP the other nodes of a multi-node gang reach this node at"
+                                  " (rank 0 hosts the rendezvous); the node_id when absent")
 
 
 # ---------------------------------------------------------------------- dlq

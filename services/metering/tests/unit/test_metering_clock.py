@@ -1,4 +1,4 @@
-"""Event time: the oldest newest-time over partitions that still lag; caught-up ones do not count."""
+"""Event time: held back by lagging partitions, running with the wall clock once caught up."""
 
 from datetime import UTC, datetime, timedelta
 
@@ -8,36 +8,53 @@ from whetstone.metering.domain.clock import NOTHING_READ, EventClock
 
 pytestmark = pytest.mark.unit
 WALL = datetime(2026, 11, 22, 12, 0, tzinfo=UTC)
+S = timedelta(seconds=1)
 
 
 def test_caught_up_event_time_is_the_wall_clock():
     clock = EventClock()
+    clock.set_lag({("job.started", 0): 0})
     assert clock.now(WALL) == WALL
-    clock.observe("job.started", 0, WALL - timedelta(days=3))
+    clock.observe("job.started", 0, WALL - timedelta(days=3), WALL)
     clock.set_lag({("job.started", 0): 0})
     assert clock.now(WALL) == WALL
 
 
 def test_a_lagging_partition_holds_event_time_at_the_newest_it_delivered():
     clock = EventClock()
-    clock.observe("job.completed", 0, WALL - timedelta(minutes=1))
-    clock.observe("job.started", 1, WALL - timedelta(days=30))  # replaying a backlog
+    clock.observe("job.completed", 0, WALL - timedelta(minutes=1), WALL)
+    clock.observe("job.started", 1, WALL - timedelta(days=30), WALL)  # replaying a backlog
     clock.set_lag({("job.completed", 0): 0, ("job.started", 1): 5000})
     assert clock.now(WALL) == WALL - timedelta(days=30)
-    clock.observe("job.started", 1, WALL - timedelta(days=29))
-    clock.observe("job.started", 1, WALL - timedelta(days=31))  # an older one: no step back
+    clock.observe("job.started", 1, WALL - timedelta(days=29), WALL)
+    clock.observe("job.started", 1, WALL - timedelta(days=31), WALL)  # an older one: no step back
     assert clock.now(WALL) == WALL - timedelta(days=29)
 
 
 def test_a_lagging_partition_not_read_yet_holds_event_time_at_the_epoch():
     clock = EventClock()
-    clock.observe("job.completed", 0, WALL)
+    clock.observe("job.completed", 0, WALL, WALL)
     clock.set_lag({("job.completed", 0): 0, ("job.failed", 2): 10})
     assert clock.now(WALL) == NOTHING_READ
 
 
-def test_caught_up_with_a_producer_clock_ahead_event_time_is_the_newest_emission():
+def test_events_from_a_clock_ahead_do_not_freeze_event_time():
     clock = EventClock()
-    clock.observe("job.failed", 0, WALL + timedelta(minutes=5))
+    ahead = WALL + timedelta(days=20)
+    clock.observe("job.failed", 0, ahead, WALL)
     clock.set_lag({("job.failed", 0): 0})
-    assert clock.now(WALL) == WALL + timedelta(minutes=5)
+    assert clock.now(WALL) == ahead
+    assert clock.now(WALL + 3 * S) == ahead + 3 * S  # grace periods still run out
+
+
+@pytest.mark.parametrize("lag", [None, {}, {("job.started", 0): 0, ("job.started", 1): -1}])
+def test_an_unknown_lag_decides_nothing_by_time(lag):
+    """A consumer that has not seen where its partitions stand (just started, mid-rebalance,
+    a partition not fetched since it was assigned) must not close anything by the wall clock."""
+    clock = EventClock()
+    assert clock.now(WALL) == NOTHING_READ  # nothing measured yet
+    clock.observe("job.started", 0, WALL - timedelta(days=2), WALL)
+    clock.set_lag(lag)
+    assert clock.now(WALL) == NOTHING_READ
+    clock.set_lag({("job.started", 0): 0, ("job.started", 1): 0})
+    assert clock.now(WALL) == WALL

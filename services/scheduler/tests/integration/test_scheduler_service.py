@@ -10,7 +10,7 @@ import pytest
 
 from whetstone.contracts import (
     CheckpointRef, CheckpointWrittenV1, DatasetValidatedV1, JobCompletedV1, JobFailedV1, JobPreemptedV1,
-    JobRequestedV1, JobStartedV1, NodeHeartbeatV1, UsageMeteredV1, job_id_for,
+    JobRequestedV1, JobStartedV1, NodeHeartbeatV1, ResourceRequest, UsageMeteredV1, job_id_for,
 )
 from whetstone.runtime.testing import outbox, send_event, wait_until
 from whetstone.scheduler.bootstrap import build_service
@@ -23,10 +23,10 @@ def scheduler(**settings):
     return lambda: build_service(SchedulerSettings(**settings))
 
 
-async def heartbeat(settings, node_id, gpu_type="cpu", gpus=1, spot=False, group="local", memory=0.0):
+async def heartbeat(settings, node_id, gpu_type="cpu", gpus=1, spot=False, group="local", memory=0.0, address=None):
     await send_event(settings.kafka_bootstrap, NodeHeartbeatV1(
         node_id=node_id, gpu_type=gpu_type, gpu_count=gpus, gpu_memory_gb=memory, free_gpu_ids=list(range(gpus)),
-        spot=spot, interconnect_group=group, sent_at=datetime.now(UTC)), "platform")
+        spot=spot, interconnect_group=group, sent_at=datetime.now(UTC), address=address), "platform")
 
 
 async def validated(settings, tenant, dataset_id="ds-1", tokens=5000):
@@ -150,6 +150,15 @@ async def test_bad_input_is_rejected_at_admission_and_gangs_stay_in_one_group(pl
                     if e["payload"]["job_id"] == job_id_for("demo", "kafka-1")]
         failed = await wait_until(kafka_failure, 30, "job.failed")
         assert failed[0]["code"] == "unknown_base_model"
+        # an explicit resource request travels on Kafka too
+        await send_event(settings.kafka_bootstrap, JobRequestedV1(
+            job_id=job_id_for("demo", "kafka-2"), idempotency_key="kafka-2", model=big_model, training_file="ds-1",
+            resources=ResourceRequest(gpu_type="cpu", gpus_per_node=1)), "demo")
+
+        async def kafka_failure_2():
+            return [e["payload"] for e in await outbox(rt, "job.failed")
+                    if e["payload"]["job_id"] == job_id_for("demo", "kafka-2")]
+        assert (await wait_until(kafka_failure_2, 30, "job.failed"))[0]["code"] == "resources_insufficient"
 
         # a training file nobody uploaded fails fast instead of waiting in validating_files
         ghost = (await post(c, "demo", "ghost", training_file="ds-never-uploaded")).json()
@@ -158,8 +167,8 @@ async def test_bad_input_is_rejected_at_admission_and_gangs_stay_in_one_group(pl
         assert (await get(c, "demo", ghost["id"]))["error"]["code"] == "unknown_training_file"
 
         # gang: 2 nodes x 8 GPUs only inside one interconnect group
-        for node, group in (("a1", "ib-a"), ("b1", "ib-b"), ("b2", "ib-b")):
-            await heartbeat(settings, node, "NVIDIA-A100-SXM4-80GB", 8, group=group, memory=80)
+        for node, group, address in (("a1", "ib-a", None), ("b1", "ib-b", "10.1.0.1"), ("b2", "ib-b", None)):
+            await heartbeat(settings, node, "NVIDIA-A100-SXM4-80GB", 8, group=group, memory=80, address=address)
         await wait_until(lambda: rt.pool.fetchval("SELECT count(*) = 4 FROM nodes"), 30, "nodes")
         gang = await c.post("/v1/fine_tuning/jobs", headers={"X-Tenant-Id": "acme", "Idempotency-Key": "gang"}, json={
             "model": tiny_model, "training_file": "ds-1", "resources": {"gpu_type": "A100", "gpus_per_node": 8,
@@ -168,6 +177,12 @@ async def test_bad_input_is_rejected_at_admission_and_gangs_stay_in_one_group(pl
         parts = await assigned(rt, gang.json()["id"], 2)
         assert sorted(x["node_id"] for x in parts) == ["b1", "b2"]
         assert len({x["segment_id"] for x in parts}) == 1 and all(x["gpu_ids"] == list(range(8)) for x in parts)
+        # every member learns where to meet: the same master and hosts, its own rank
+        meets = sorted((x["rendezvous"] for x in parts), key=lambda r: r["node_rank"])
+        assert [r["node_rank"] for r in meets] == [0, 1] and all(r["nodes"] == 2 for r in meets)
+        hosts = {"b1": "10.1.0.1", "b2": "b2"}  # b2 reported no address: reached by its node id
+        ranked = [hosts[x["node_id"]] for x in sorted(parts, key=lambda x: x["rendezvous"]["node_rank"])]
+        assert all(r["hosts"] == ranked and r["master_addr"] == ranked[0] for r in meets)
 
 
 async def test_concurrent_submissions_never_over_admit_and_quotas_come_from_usage_events(platform, settings,

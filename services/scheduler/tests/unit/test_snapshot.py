@@ -28,3 +28,13 @@ def test_rows_become_a_snapshot_with_busy_gpus_and_stopping_victims():
     (job,) = view.snapshot.queue
     assert job.est_runtime_s == pytest.approx(750.0) and job.spot_preemptions == 1
     assert pick_gpu_ids("a", 2, view) == [3, 4] and pick_gpu_ids("a", 3, view) == [5, 6, 7]
+
+
+def test_a_gang_meets_at_rank_zero_and_a_single_node_job_needs_no_rendezvous():
+    from whetstone.scheduler.domain.placement import rendezvous
+
+    assert rendezvous(["a1"], {"a1": "10.0.0.1"}) == [None]
+    parts = rendezvous(["b2", "b1", "b3"], {"b1": "10.0.0.1", "b2": "gpu-b2.internal"})
+    assert [p["node_rank"] for p in parts] == [0, 1, 2]
+    assert all(p["master_addr"] == "gpu-b2.internal" and p["nodes"] == 3 for p in parts)
+    assert all(p["hosts"] == ["gpu-b2.internal", "10.0.0.1", "b3"] for p in parts)  # b3 sent no address

@@ -1,5 +1,7 @@
 """Wiring: the metering service definition."""
 
+import gc
+
 from whetstone.runtime.service import Runtime, Service
 
 from . import handlers as H
@@ -12,6 +14,10 @@ from .metrics import UsageMetrics, refresh_forever
 async def on_start(rt: Runtime) -> None:
     rt.state["usage_metrics"] = UsageMetrics(rt.metrics.registry)
     H.policy_of(rt)
+    # The state cache holds hundreds of thousands of long-lived objects: with the default
+    # thresholds the cyclic collector re-scans them so often that it costs a third of the
+    # consumer's CPU (measured: 4,800 -> 7,400 events/s). Collect young objects less often.
+    gc.set_threshold(100_000, 50, 100)
 
 
 async def on_stop(rt: Runtime) -> None:

@@ -103,6 +103,13 @@ def event_clock(rt: Runtime) -> EventClock:
     return clock
 
 
+async def event_now(rt: Runtime, wall: datetime) -> datetime:
+    """Event time, with the consumer's lag measured now (fetched-but-unhandled records count)."""
+    clock = event_clock(rt)
+    clock.set_lag(await rt.measure_lag())
+    return clock.now(wall)
+
+
 def cache_of(rt: Runtime) -> StateCache:
     cache = rt.state.get("state_cache")
     if cache is None:
@@ -146,9 +153,8 @@ async def meter(rt: Runtime, uow: UnitOfWork, deliveries: list[Delivery]) -> Non
     wall = rt.clock()
     clock = event_clock(rt)
     for d in deliveries:
-        clock.observe(d.topic, d.partition, utc(d.envelope.occurred_at))
-    clock.set_lag(rt.consumer_lag)
-    now = clock.now(wall)
+        clock.observe(d.topic, d.partition, utc(d.envelope.occurred_at), wall)
+    now = await event_now(rt, wall)
     facts = [fact_of(d.envelope, d.event, d.raw, wall) for d in deliveries]
     traces = {f.job_id: d.envelope.trace_id for f, d in zip(facts, deliveries, strict=True)}
     store = LedgerStore(uow.conn)
@@ -261,7 +267,7 @@ async def sweep_once(rt: Runtime, limit: int = 2000) -> int:
     """Jobs whose grace ran out: unknown-job anomalies, segments that never stopped, totals to close."""
     policy = policy_of(rt)
     wall = rt.clock()
-    now = event_clock(rt).now(wall)
+    now = await event_now(rt, wall)
     async with rt.uow() as uow:
         store = LedgerStore(uow.conn)
         ids = await store.jobs_due(now - policy.close_grace, now - policy.orphan_grace, limit)
@@ -287,7 +293,7 @@ async def review_job(rt: Runtime, job_id: str, decision: str, reviewer: str, not
     """Resolve a job held for review: charge it or refund it. The decision is an audit event of
     its own, and its effect on the ledger is reversals and new charges, like any correction."""
     wall = rt.clock()
-    now = event_clock(rt).now(wall)
+    now = await event_now(rt, wall)
     async with rt.uow() as uow:
         store = LedgerStore(uow.conn)
         cache = cache_of(rt)

@@ -36,6 +36,10 @@ class UsageMetrics:
         self.anomalies = Gauge(f"{ns}_anomalies_open", "Unbilled input waiting for an operator", ["code"],
                                registry=registry)
         self.waiting = Gauge(f"{ns}_segments_waiting", "Segments waiting for their other end", registry=registry)
+        self.event_time = Gauge(f"{ns}_event_time_seconds", "How far the consumed lifecycle streams have got"
+                                " (grace periods are measured against it)", registry=registry)
+        self.partitions_behind = Gauge(f"{ns}_partitions_behind", "Partitions with messages left to consume",
+                                       registry=registry)
         self.refreshed = Gauge(f"{ns}_metrics_refreshed_timestamp_seconds", "When these gauges were read",
                                registry=registry)
 
@@ -79,9 +83,14 @@ class UsageMetrics:
 
 
 async def refresh_forever(rt: Runtime) -> None:
+    from .handlers import event_now  # noqa: PLC0415  (handlers import this module's users)
+
     metrics: UsageMetrics = rt.state["usage_metrics"]
     interval = rt.state["config"].metrics_interval_s
     while True:
         assert rt.pool is not None
-        await metrics.refresh(rt.pool, rt.clock())
+        wall = rt.clock()
+        await metrics.refresh(rt.pool, wall)
+        metrics.event_time.set((await event_now(rt, wall)).timestamp())
+        metrics.partitions_behind.set(sum(1 for left in (rt.consumer_lag or {}).values() if left != 0))
         await asyncio.sleep(interval)

@@ -117,8 +117,10 @@ class Runtime:
                                  settings.bucket, settings.s3_region)
         self._tasks: list[asyncio.Task] = []
         self.state = service.state
-        # batch consumers: messages left on each assigned (topic, partition) after the current batch
-        self.consumer_lag: dict[tuple[str, int], int] = {}
+        # batch consumers: messages left on each assigned (topic, partition), see `measure_lag`
+        self.consumer_lag: dict[tuple[str, int], int] | None = None
+        self._batch_subscriber: Any = None
+        self._in_flight: dict[tuple[str, int], int] = {}  # records fetched, not yet handled
 
     # -- units of work ------------------------------------------------------
     def uow(self):
@@ -222,31 +224,55 @@ class Runtime:
 
     def _subscribe_batches(self, routes: dict[str, tuple[type[Event], Handler]]) -> None:
         assert self.broker is not None
+        subscriber = self.broker.subscriber(*routes, group_id=self.consumer, auto_offset_reset="earliest",
+                                            ack_policy=AckPolicy.NACK_ON_ERROR, batch=True,
+                                            max_records=self.service.batch_size, decoder=undecoded,
+                                            **self.service.consumer_options)
+        self._batch_subscriber = subscriber
 
-        @self.broker.subscriber(*routes, group_id=self.consumer, auto_offset_reset="earliest",
-                                ack_policy=AckPolicy.NACK_ON_ERROR, batch=True, max_records=self.service.batch_size,
-                                decoder=undecoded, **self.service.consumer_options)
+        @subscriber
         async def consume_many(msg: KafkaMessage) -> None:
-            await self._measure_lag(msg.consumer)
+            records = msg.raw_message
+            taken: dict[tuple[str, int], int] = {}
+            for rec in records:
+                taken[(rec.topic, rec.partition)] = taken.get((rec.topic, rec.partition), 0) + 1
+            for tp, n in taken.items():
+                self._in_flight[tp] = self._in_flight.get(tp, 0) + n
             try:
-                await consume_batch(self, routes, msg.raw_message)
+                await self.measure_lag()
+                await consume_batch(self, routes, records)
             except Exception:
                 self.log.exception("batch could not be handled nor dead-lettered; will be redelivered",
-                                   size=len(msg.raw_message))
+                                   size=len(records))
                 await asyncio.sleep(1.0)
                 raise
+            finally:
+                for tp, n in taken.items():
+                    self._in_flight[tp] -= n
 
-    async def _measure_lag(self, consumer: Any) -> None:
-        """Lag per partition, from the high watermark of the last fetch (bookkeeping: never fails a batch)."""
+    async def measure_lag(self) -> dict[tuple[str, int], int] | None:
+        """Messages not handled yet per assigned partition of the batch consumer: not fetched
+        (high watermark of the last fetch minus position) plus fetched but still in a handler.
+        -1 for a partition not fetched since it was assigned; None when nothing is assigned
+        (not started, or between a rebalance's revoke and assign). Bookkeeping: never raises."""
+        consumer = getattr(self._batch_subscriber, "consumer", None)
+        lag: dict[tuple[str, int], int] | None = None
         try:
-            lag = {}
-            for tp in consumer.assignment():
-                highwater = consumer.highwater(tp)
-                if highwater is not None:
-                    lag[(tp.topic, tp.partition)] = highwater - await consumer.position(tp)
-            self.consumer_lag = lag
+            assigned = consumer.assignment() if consumer is not None else set()
+            if assigned:
+                lag = {}
+                for tp in assigned:
+                    key = (tp.topic, tp.partition)
+                    highwater = consumer.highwater(tp)
+                    if highwater is None:
+                        lag[key] = -1
+                    else:
+                        lag[key] = max(highwater - await consumer.position(tp), 0) + self._in_flight.get(key, 0)
         except Exception as exc:
             self.log.debug("consumer lag unavailable", error=str(exc))
+            lag = None
+        self.consumer_lag = lag
+        return lag
 
     async def handle_message(self, topic: str, model: type[Event], handler: Handler, raw: bytes,
                              partition: int, offset: int, key: str | None) -> str:

@@ -9,21 +9,12 @@ from typing import Any, Literal
 from fastapi import APIRouter, Header, HTTPException, Query
 from pydantic import BaseModel, ConfigDict, Field
 
-from whetstone.contracts import Hyperparameters, JobRequestedV1, job_id_for
+from whetstone.contracts import Hyperparameters, JobRequestedV1, ResourceRequest, job_id_for
 from whetstone.runtime.service import Runtime
 
 from . import handlers as H
 from .domain import jobs as J
 from .domain.policy import Forecast
-
-
-class ResourceRequest(BaseModel):
-    """An explicit request; "auto" (the default) derives it from the model size and method."""
-
-    model_config = ConfigDict(extra="forbid")
-    gpu_type: str = Field(min_length=1)
-    gpus_per_node: int = Field(ge=1, le=64)
-    nodes: int = Field(1, ge=1, le=64)
 
 
 class CreateJob(BaseModel):
@@ -99,13 +90,13 @@ def routes(rt: Runtime) -> APIRouter:
                                       "message": "send an Idempotency-Key header or idempotency_key field"})
         try:
             req = JobRequestedV1(job_id=job_id_for(x_tenant_id, key), idempotency_key=key,
+                                 resources=body.resources if isinstance(body.resources, ResourceRequest) else None,
                                  **body.model_dump(exclude={"idempotency_key", "resources"}))
         except ValueError as exc:
             raise HTTPException(422, {"code": "invalid_request", "message": str(exc)}) from exc
-        explicit = body.resources.model_dump() if isinstance(body.resources, ResourceRequest) else None
         try:
             async with rt.uow() as uow:
-                job, _created = await H.submit_job(rt, uow, x_tenant_id, req, explicit)
+                job, _created = await H.submit_job(rt, uow, x_tenant_id, req)
         except H.Rejected as exc:
             H.metrics(rt).rejected.labels(code=exc.code).inc()
             raise HTTPException(exc.status, {"code": exc.code, "message": exc.message}) from exc

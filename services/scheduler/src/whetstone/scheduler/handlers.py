@@ -27,7 +27,7 @@ from .config import SchedulerSettings
 from .domain import admission as A
 from .domain import jobs as J
 from .domain import resources as R
-from .domain.placement import Node, Shape, could_ever_fit
+from .domain.placement import Node, Shape, could_ever_fit, rendezvous
 from .domain.policy import Assignment, Forecast, Policy, cycle, forecast
 
 DISPATCH_LOCK = 42
@@ -180,17 +180,17 @@ async def plan_resources(rt: Runtime, uow: UnitOfWork, req: JobRequestedV1, mode
                      "max_positions": arch.max_positions}}
 
 
-async def submit_job(rt: Runtime, uow: UnitOfWork, tenant_id: str, req: JobRequestedV1,
-                     resources: dict[str, Any] | None = None) -> tuple[dict, bool]:
-    """Create (or return the existing) job for this tenant's idempotency key.
+async def submit_job(rt: Runtime, uow: UnitOfWork, tenant_id: str, req: JobRequestedV1) -> tuple[dict, bool]:
+    """Create (or return the existing) job for this tenant's idempotency key (HTTP and Kafka alike).
 
-    ``resources`` is an explicit {gpu_type, gpus_per_node, nodes} request; None means "auto"."""
+    ``req.resources`` is an explicit {gpu_type, gpus_per_node, nodes} request; None means "auto"."""
     tier = J.check_tenant(tenant_id, rt.settings.tenants, req.tier)
     if isinstance(tier, J.Rejection):
         raise Rejected(tier.code, tier.message, 403)
     if req.job_id != job_id_for(tenant_id, req.idempotency_key):
         raise Rejected("bad_job_id", "job_id must be job_id_for(tenant_id, idempotency_key)")
     request = req.model_dump(mode="json", exclude={"job_id"})
+    resources = request.pop("resources")
     if resources is not None:
         request["resources"] = resources
     fingerprint = J.request_fingerprint(request)
@@ -385,10 +385,13 @@ async def assign(rt: Runtime, uow: UnitOfWork, view: ClusterView, a: Assignment)
     ckpt = job["latest_checkpoint"]
     spec = TrainingSpec.model_validate(job["spec"])
     resume = CheckpointRef(**{k: ckpt[k] for k in ("uri", "step", "manifest_sha256")}) if ckpt else None
-    for p in placement:   # a gang: every node gets its part of the same segment
+    node_ids = [p["node_id"] for p in placement]
+    rows = await uow.conn.fetch("SELECT node_id, address FROM nodes WHERE node_id = ANY($1)", node_ids)
+    meeting = rendezvous(node_ids, {r["node_id"]: r["address"] for r in rows})
+    for p, rdzv in zip(placement, meeting, strict=True):   # a gang: every node gets its part of the same segment
         await uow.publish(JobAssignedV1(job_id=job["job_id"], node_id=p["node_id"], segment_id=segment_id,
-                                        attempt=attempt, gpu_ids=p["gpu_ids"], spec=spec, resume_from=resume),
-                          tenant_id=job["tenant_id"])
+                                        attempt=attempt, gpu_ids=p["gpu_ids"], spec=spec, resume_from=resume,
+                                        rendezvous=rdzv), tenant_id=job["tenant_id"])
     return True
 
 
@@ -418,12 +421,14 @@ async def request_preemption(rt: Runtime, uow: UnitOfWork, job_id: str, reason: 
 
 async def on_node_heartbeat(rt: Runtime, uow: UnitOfWork, env: Envelope, ev: NodeHeartbeatV1) -> None:
     await uow.conn.execute(
-        "INSERT INTO nodes (node_id, gpu_type, gpu_count, gpu_memory_gb, spot, interconnect_group, last_seen, lost)"
-        " VALUES ($1,$2,$3,$4,$5,$6,$7,false) ON CONFLICT (node_id) DO UPDATE SET gpu_type = EXCLUDED.gpu_type,"
+        "INSERT INTO nodes (node_id, gpu_type, gpu_count, gpu_memory_gb, spot, interconnect_group, last_seen, lost,"
+        " address) VALUES ($1,$2,$3,$4,$5,$6,$7,false,$8) ON CONFLICT (node_id) DO UPDATE SET"
+        " gpu_type = EXCLUDED.gpu_type, address = coalesce(EXCLUDED.address, nodes.address),"
         " gpu_count = EXCLUDED.gpu_count, gpu_memory_gb = EXCLUDED.gpu_memory_gb, spot = EXCLUDED.spot,"
         " interconnect_group = EXCLUDED.interconnect_group,"
         " last_seen = greatest(nodes.last_seen, EXCLUDED.last_seen), lost = false",
-        ev.node_id, ev.gpu_type, ev.gpu_count, ev.gpu_memory_gb, ev.spot, ev.interconnect_group, ev.sent_at)
+        ev.node_id, ev.gpu_type, ev.gpu_count, ev.gpu_memory_gb, ev.spot, ev.interconnect_group, ev.sent_at,
+        ev.address)
     if await uow.conn.fetchval("SELECT 1 FROM jobs WHERE status = 'queued' LIMIT 1"):
         await dispatch(rt, uow)
 

@@ -17,6 +17,8 @@ class TrainerAgentSettings(ServiceSettings):
     gpu_memory_gb: float = 0.0
     spot: bool = False
     interconnect_group: str = "local"
+    address: str = Field(default_factory=socket.getfqdn,
+                         description="where the other nodes of a multi-node gang reach this one")
     heartbeat_s: float = 2.0
     progress_interval_s: float = 1.0
     scratch_dir: Path | None = None

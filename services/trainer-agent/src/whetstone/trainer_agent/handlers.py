@@ -61,15 +61,12 @@ def ref(value: dict[str, Any] | None) -> CheckpointRef | None:
 async def on_job_assigned(rt: Runtime, uow: UnitOfWork, env: Envelope, ev: JobAssignedV1) -> None:
     if ev.node_id != cfg(rt).node_id:
         return
-    # Multi-node rendezvous is not in JobAssignedV1 v1: read it from the raw payload so the agent
-    # follows as soon as the scheduler sends it (see the report's contract request).
-    rendezvous = env.payload.get("rendezvous")
     await uow.conn.execute(
         "INSERT INTO runs (segment_id, job_id, node_id, tenant_id, trace_id, attempt, gpu_ids, spec, resume_from,"
         " rendezvous, status) VALUES ($1,$2,$3,$4,$5,$6,$7,$8,$9,$10,'assigned') ON CONFLICT DO NOTHING",
         ev.segment_id, ev.job_id, ev.node_id, env.tenant_id, env.trace_id, ev.attempt, ev.gpu_ids,
         ev.spec.model_dump(mode="json"), ev.resume_from.model_dump(mode="json") if ev.resume_from else None,
-        rendezvous if isinstance(rendezvous, dict) else None)
+        ev.rendezvous)
     if rt.state["stopping"]:  # arrived while draining: hand it straight back to the scheduler
         handed_back = await uow.conn.fetchval(
             "UPDATE runs SET status = 'finished', outcome = 'preempted', finished_at = now()"
@@ -130,7 +127,8 @@ async def heartbeat(rt: Runtime) -> None:
                 node_id=c.node_id, gpu_type=c.gpu_type, gpu_count=c.gpu_count, gpu_memory_gb=c.gpu_memory_gb,
                 free_gpu_ids=free_gpu_ids(c.gpu_count, [s.gpu_ids for s in segments], rt.state["stopping"] is not None),
                 spot=c.spot, interconnect_group=c.interconnect_group,
-                running_jobs=sorted({s.job_id for s in segments}), sent_at=rt.clock()), tenant_id="platform")
+                running_jobs=sorted({s.job_id for s in segments}), sent_at=rt.clock(), address=c.address),
+                tenant_id="platform")
         await asyncio.sleep(c.heartbeat_s)
 
 

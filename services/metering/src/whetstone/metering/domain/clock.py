@@ -4,12 +4,16 @@ Grace periods ("the start of this stop never came", "this segment never stopped"
 "no more segments will come for this job") are measured against this clock, not the
 wall clock. Replaying a backlog from offset 0, one topic runs hours ahead of another;
 by the wall clock a stop would wait in vain for a start that is merely further back in
-its own topic. Event time is the oldest of the newest emission times seen on the
-partitions that still have messages to deliver (consumer lag > 0): everything emitted
-before it has been consumed, give or take producers' clock skew, which the grace
-periods absorb. A lagging partition not read yet holds it at the epoch. When every
-partition is caught up, everything emitted so far has been read: event time is the
-wall clock, or the newest emission time seen if a producer's clock runs ahead.
+its own topic.
+
+While some partitions still have messages to deliver (consumer lag > 0), event time
+is the oldest of the newest emission times they delivered: everything emitted before
+it has been consumed, give or take producers' clock skew, which the grace periods
+absorb. A lagging partition not read yet holds it at the epoch, and so does a lag
+that is not known (nothing assigned yet, a partition not fetched since it was
+assigned: lag None or -1); a restarted consumer therefore decides nothing by time
+until it has seen where its partitions stand. Once every partition is caught up, event time runs with the wall clock from the newest emission seen (a
+producer whose clock runs ahead cannot freeze it).
 """
 
 from __future__ import annotations
@@ -25,19 +29,27 @@ Partition = tuple[str, int]
 class EventClock:
     def __init__(self) -> None:
         self._latest: dict[Partition, datetime] = {}  # newest emission time seen per partition
-        self._lag: dict[Partition, int] = {}          # messages left per partition
+        self._lag: dict[Partition, int] | None = None  # messages left per partition (-1: unknown)
+        self._newest: datetime | None = None          # newest emission time seen at all ...
+        self._newest_seen: datetime | None = None     # ... and the wall time it was seen
 
-    def observe(self, topic: str, partition: int, occurred_at: datetime) -> None:
+    def observe(self, topic: str, partition: int, occurred_at: datetime, wall: datetime) -> None:
         key = (topic, partition)
         latest = self._latest.get(key)
         if latest is None or occurred_at > latest:
             self._latest[key] = occurred_at
+        if self._newest is None or occurred_at > self._newest:
+            self._newest, self._newest_seen = occurred_at, wall
 
-    def set_lag(self, lag: Mapping[Partition, int]) -> None:
-        self._lag = dict(lag)
+    def set_lag(self, lag: Mapping[Partition, int] | None) -> None:
+        self._lag = dict(lag) if lag else None
 
     def now(self, wall: datetime) -> datetime:
-        behind = [self._latest.get(p, NOTHING_READ) for p, left in self._lag.items() if left > 0]
+        if self._lag is None:
+            return NOTHING_READ
+        behind = [self._latest.get(p, NOTHING_READ) for p, left in self._lag.items() if left != 0]
         if behind:
             return min([*behind, wall])
-        return max([*self._latest.values(), wall])
+        if self._newest is None or self._newest_seen is None:
+            return wall
+        return max(wall, self._newest + (wall - self._newest_seen))

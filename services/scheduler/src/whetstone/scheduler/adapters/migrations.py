@@ -104,4 +104,7 @@ MIGRATIONS = [
         PRIMARY KEY (tenant_id, dataset_id)
     );
     """,
+    """
+    ALTER TABLE nodes ADD COLUMN address text;
+    """,
 ]

@@ -8,7 +8,7 @@ all at once; more than one node only inside one interconnect group.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -153,3 +153,14 @@ def could_ever_fit(shape: Shape, nodes: Iterable[Node], spot: bool | None = None
         if n.gpu_type == shape.gpu_type and (spot is None or n.spot == spot) and n.gpu_count >= shape.gpus_per_node:
             per_group[n.group] = per_group.get(n.group, 0) + 1
     return any(c >= shape.nodes for c in per_group.values())
+
+
+def rendezvous(node_ids: Sequence[str], addresses: Mapping[str, str | None]) -> list[dict[str, Any] | None]:
+    """Each gang member's part of a multi-node assignment, by rank in placement order: rank 0
+    hosts the rendezvous; a node that never reported an address is reached by its node id.
+    The port is left out: every member derives the same one from the segment id."""
+    if len(node_ids) < 2:
+        return [None] * len(node_ids)
+    hosts = [addresses.get(n) or n for n in node_ids]
+    return [{"master_addr": hosts[0], "node_rank": rank, "nodes": len(hosts), "hosts": hosts}
+            for rank in range(len(hosts))]
