@@ -13,7 +13,9 @@ the real broker and Postgres, compared with the generator's ground truth.
 
 After each replay the per-job invoices (net of corrections) are compared with the
 ground truth. events_per_s is the slowest replay's rate (messages consumed, ledger
-settled, from the moment the service is up). Last line: JSON.
+settled, from the moment the service is up). A baseline in the same run: the service
+consuming one message per transaction (no batching) on a smaller sample, and the
+batched service on that same sample. Last line: JSON.
 
     .venv/bin/python bench/metering.py [--events N] [--quick]
 """
@@ -227,6 +229,7 @@ async def run(args: argparse.Namespace) -> dict:
                 results.append(r)
         finally:
             stack.stop()
+    base = await baseline(args)
     first = results[0]["invoices"]
     return {"events": len(work.messages), "unique_events": work.unique_events, "jobs": len(work.jobs),
             "events_per_s": min(r["stats"]["events_per_s"] for r in results),
@@ -234,7 +237,31 @@ async def run(args: argparse.Namespace) -> dict:
             "invoices_identical_across_replays": all(r["invoices"] == first for r in results),
             "ledger_rows_after_replay_2_equal_replay_1":
                 results[1]["stats"]["ledger_rows"] == results[0]["stats"]["ledger_rows"],
-            "mismatched_jobs": max(r["stats"]["mismatched_jobs"] for r in results)}
+            "mismatched_jobs": max(r["stats"]["mismatched_jobs"] for r in results), **base}
+
+
+async def baseline(args: argparse.Namespace) -> dict:
+    """The same service consuming one message per transaction (the runtime's default path:
+    inbox claim, handler, outbox in one transaction per message), then batched, on a sample
+    workload small enough for the slow path, in a stack of its own."""
+    n = min(20_000, max(args.events // 10, 5_000))
+    work = generate(n, seed=args.seed + 1)
+    with tempfile.TemporaryDirectory(prefix="wt-bench-metering-base-") as tmp:
+        stack = EmbeddedStack(Path(tmp) / "stack", topics=all_topic_partitions(), buckets=["whetstone"],
+                              log=lambda m: None)
+        endpoints = stack.start()
+        try:
+            await produce(endpoints.kafka_bootstrap, work.messages)
+            one = (await replay(1, endpoints, work, Path(tmp), 0, True))["stats"]
+            print("baseline (one message per transaction) " + json.dumps(one), flush=True)
+            batched = (await replay(2, endpoints, work, Path(tmp), args.batch_size, True))["stats"]
+            print("same sample, batched " + json.dumps(batched), flush=True)
+        finally:
+            stack.stop()
+    return {"baseline_sample_events": len(work.messages), "baseline_per_message_events_per_s": one["events_per_s"],
+            "sample_batched_events_per_s": batched["events_per_s"],
+            "speedup_vs_per_message": round(batched["events_per_s"] / max(one["events_per_s"], 1), 1),
+            "baseline_mismatched_jobs": one["mismatched_jobs"]}
 
 
 def main() -> None:

@@ -262,6 +262,11 @@ async def test_premium_preempts_the_free_job_which_resumes_from_its_checkpoint(p
         seg2 = (await assigned(rt, free["id"], 2))[1]
         assert seg2["attempt"] == 2 and seg2["resume_from"]["step"] == 12 and seg2["job_id"] == free["id"]
 
+        # one trace for the job's whole life, although other jobs' events triggered half of these
+        about_free = [e for t in ("job.queued", "job.assigned", "job.preempt_requested")
+                      for e in await outbox(rt, t) if e["payload"]["job_id"] == free["id"]]
+        assert len(about_free) == 5 and len({e["trace_id"] for e in about_free}) == 1
+
 
 async def _preemption(c, job_id):
     return (await get(c, "hobbyist", job_id))["preemption_requested"]

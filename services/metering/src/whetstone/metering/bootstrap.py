@@ -38,6 +38,7 @@ def build_service(config: MeteringSettings | None = None) -> Service:
     config = config or MeteringSettings()
     return Service(name="metering", migrations=MIGRATIONS, routes=routes, http_port=config.http_port,
                    subscriptions={topic: H.on_lifecycle_event for topic in H.TOPICS},
-                   batch_handler=H.meter, batch_size=config.batch_size, batch_concurrency=config.batch_concurrency, consumer_options=consumer_options(config),
+                   batch_handler=H.meter if config.batch_size > 0 else None, batch_size=max(config.batch_size, 1),
+                   batch_concurrency=config.batch_concurrency, consumer_options=consumer_options(config),
                    background=[H.sweep_forever, refresh_forever], on_start=on_start, on_stop=on_stop,
                    state={"config": config})

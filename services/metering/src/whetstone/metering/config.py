@@ -6,7 +6,7 @@ from whetstone.runtime.settings import ServiceSettings
 class MeteringSettings(ServiceSettings):
     model_config = SettingsConfigDict(env_prefix="WHETSTONE_METERING_", extra="ignore")
     http_port: int = 8105
-    batch_size: int = 2000            # records fetched at a time
+    batch_size: int = 2000            # records fetched at a time (0: one message per transaction)
     batch_concurrency: int = 2        # ... split by job into this many concurrent transactions
     # grace periods, in event time (domain/clock.py)
     orphan_grace_s: float = 600.0     # a stop whose start never arrives becomes an anomaly after this

@@ -117,9 +117,9 @@ class Runtime:
                                  settings.bucket, settings.s3_region)
         self._tasks: list[asyncio.Task] = []
         self.state = service.state
-        # batch consumers: messages left on each assigned (topic, partition), see `measure_lag`
+        # messages left on each assigned (topic, partition), see `measure_lag`
         self.consumer_lag: dict[tuple[str, int], int] | None = None
-        self._batch_subscriber: Any = None
+        self._subscriber: Any = None
         self._in_flight: dict[tuple[str, int], int] = {}  # records fetched, not yet handled
 
     # -- units of work ------------------------------------------------------
@@ -207,11 +207,16 @@ class Runtime:
             self._subscribe_batches(routes)
             return
 
-        @self.broker.subscriber(*routes, group_id=self.consumer, auto_offset_reset="earliest",
-                                ack_policy=AckPolicy.NACK_ON_ERROR, **self.service.consumer_options)
+        subscriber = self.broker.subscriber(*routes, group_id=self.consumer, auto_offset_reset="earliest",
+                                            ack_policy=AckPolicy.NACK_ON_ERROR, **self.service.consumer_options)
+        self._subscriber = subscriber
+
+        @subscriber
         async def consume(msg: KafkaMessage) -> None:
             rec = msg.raw_message
             model, handler = routes[rec.topic]
+            tp = (rec.topic, rec.partition)
+            self._in_flight[tp] = self._in_flight.get(tp, 0) + 1
             try:
                 await self.handle_message(rec.topic, model, handler, msg.body, rec.partition, rec.offset,
                                           rec.key.decode(errors="replace") if rec.key else None)
@@ -221,6 +226,8 @@ class Runtime:
                                    topic=rec.topic, partition=rec.partition, offset=rec.offset)
                 await asyncio.sleep(1.0)
                 raise
+            finally:
+                self._in_flight[tp] -= 1
 
     def _subscribe_batches(self, routes: dict[str, tuple[type[Event], Handler]]) -> None:
         assert self.broker is not None
@@ -228,7 +235,7 @@ class Runtime:
                                             ack_policy=AckPolicy.NACK_ON_ERROR, batch=True,
                                             max_records=self.service.batch_size, decoder=undecoded,
                                             **self.service.consumer_options)
-        self._batch_subscriber = subscriber
+        self._subscriber = subscriber
 
         @subscriber
         async def consume_many(msg: KafkaMessage) -> None:
@@ -251,11 +258,11 @@ class Runtime:
                     self._in_flight[tp] -= n
 
     async def measure_lag(self) -> dict[tuple[str, int], int] | None:
-        """Messages not handled yet per assigned partition of the batch consumer: not fetched
+        """Messages not handled yet per assigned partition of the service's consumer: not fetched
         (high watermark of the last fetch minus position) plus fetched but still in a handler.
         -1 for a partition not fetched since it was assigned; None when nothing is assigned
         (not started, or between a rebalance's revoke and assign). Bookkeeping: never raises."""
-        consumer = getattr(self._batch_subscriber, "consumer", None)
+        consumer = getattr(self._subscriber, "consumer", None)
         lag: dict[tuple[str, int], int] | None = None
         try:
             assigned = consumer.assignment() if consumer is not None else set()

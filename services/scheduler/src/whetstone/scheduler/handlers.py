@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+import uuid
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -99,7 +100,7 @@ async def fail_job(rt: Runtime, uow: UnitOfWork, job: dict, code: str, message: 
     if await set_status(rt, uow, job, J.FAILED, message, **OFF_NODE,
                         error={"code": code, "message": message, "error_class": error_class}):
         await uow.publish(JobFailedV1(job_id=job["job_id"], error_class=error_class, code=code, message=message),
-                          tenant_id=job["tenant_id"])
+                          tenant_id=job["tenant_id"], trace_id=job["trace_id"])
 
 
 # --------------------------------------------------------------- admission
@@ -180,8 +181,11 @@ async def plan_resources(rt: Runtime, uow: UnitOfWork, req: JobRequestedV1, mode
                      "max_positions": arch.max_positions}}
 
 
-async def submit_job(rt: Runtime, uow: UnitOfWork, tenant_id: str, req: JobRequestedV1) -> tuple[dict, bool]:
+async def submit_job(rt: Runtime, uow: UnitOfWork, tenant_id: str, req: JobRequestedV1,
+                     trace_id: str | None = None) -> tuple[dict, bool]:
     """Create (or return the existing) job for this tenant's idempotency key (HTTP and Kafka alike).
+    The job keeps one trace id for its whole life (the request's, or a new one): every event the
+    scheduler publishes about it carries it, whatever event triggered the publish.
 
     ``req.resources`` is an explicit {gpu_type, gpus_per_node, nodes} request; None means "auto"."""
     tier = J.check_tenant(tenant_id, rt.settings.tenants, req.tier)
@@ -215,9 +219,10 @@ async def submit_job(rt: Runtime, uow: UnitOfWork, tenant_id: str, req: JobReque
     now = rt.clock()
     await uow.conn.execute(
         "INSERT INTO jobs (job_id, tenant_id, idempotency_key, fingerprint, request, status, tier, priority,"
-        " spec, resources, created_at, updated_at) VALUES ($1,$2,$3,$4,$5,$6,$7,$8,$9,$10,$11,$11)",
+        " spec, resources, created_at, updated_at, trace_id) VALUES ($1,$2,$3,$4,$5,$6,$7,$8,$9,$10,$11,$11,$12)",
         req.job_id, tenant_id, req.idempotency_key, fingerprint, request, J.VALIDATING, tier,
-        J.TIER_PRIORITY[tier], {"base_model": model.ref, "base_model_sha256": model.sha256}, planned, now)
+        J.TIER_PRIORITY[tier], {"base_model": model.ref, "base_model_sha256": model.sha256}, planned, now,
+        trace_id or str(uuid.uuid4()))
     job = await get_job(uow, req.job_id, lock=True)
     assert job is not None
     shapes = ", ".join(f"{s['nodes']}x{s['gpus_per_node']} {s['gpu_type']}" for s in planned["shapes"][:3])
@@ -271,7 +276,7 @@ async def try_queue(rt: Runtime, uow: UnitOfWork, job: dict) -> None:
     await uow.publish(JobQueuedV1(job_id=job["job_id"], tier=job["tier"], spec=spec,
                                   resources=Resources(gpu_type=first.gpu_type, gpus_per_node=first.gpus_per_node,
                                                       nodes=first.nodes),
-                                  queue_position=position, cost_estimate=cost), tenant_id=job["tenant_id"])
+                                  queue_position=position, cost_estimate=cost), tenant_id=job["tenant_id"], trace_id=job["trace_id"])
     await dispatch(rt, uow)
 
 
@@ -297,7 +302,7 @@ async def queue_position(uow: UnitOfWork, job: dict) -> int:
 
 async def on_job_requested(rt: Runtime, uow: UnitOfWork, env: Envelope, ev: JobRequestedV1) -> None:
     try:
-        await submit_job(rt, uow, env.tenant_id, ev)
+        await submit_job(rt, uow, env.tenant_id, ev, env.trace_id)
     except Rejected as exc:
         metrics(rt).rejected.labels(code=exc.code).inc()
         await uow.publish(JobFailedV1(job_id=ev.job_id, error_class="user", code=exc.code, message=exc.message),
@@ -391,7 +396,7 @@ async def assign(rt: Runtime, uow: UnitOfWork, view: ClusterView, a: Assignment)
     for p, rdzv in zip(placement, meeting, strict=True):   # a gang: every node gets its part of the same segment
         await uow.publish(JobAssignedV1(job_id=job["job_id"], node_id=p["node_id"], segment_id=segment_id,
                                         attempt=attempt, gpu_ids=p["gpu_ids"], spec=spec, resume_from=resume,
-                                        rendezvous=rdzv), tenant_id=job["tenant_id"])
+                                        rendezvous=rdzv), tenant_id=job["tenant_id"], trace_id=job["trace_id"])
     return True
 
 
@@ -413,7 +418,7 @@ async def request_preemption(rt: Runtime, uow: UnitOfWork, job_id: str, reason: 
     command_reason = reason if reason in ("priority", "spot_loss", "drain") else "priority"
     for node_id in job["node_ids"] or []:
         await uow.publish(JobPreemptRequestedV1(job_id=job_id, node_id=node_id, segment_id=job["segment_id"],
-                                                reason=command_reason, for_job_id=for_job), tenant_id=job["tenant_id"])
+                                                reason=command_reason, for_job_id=for_job), tenant_id=job["tenant_id"], trace_id=job["trace_id"])
     rt.log.warning("preemption requested", job_id=job_id, reason=reason, for_job=for_job, nodes=job["node_ids"])
     metrics(rt).preemptions.labels(reason=reason).inc()
     return True
@@ -520,7 +525,7 @@ async def requeue(rt: Runtime, uow: UnitOfWork, job: dict) -> None:
                                   resources=Resources(gpu_type=first.gpu_type, gpus_per_node=first.gpus_per_node,
                                                       nodes=first.nodes),
                                   queue_position=await queue_position(uow, job), requeued=True),
-                      tenant_id=job["tenant_id"])
+                      tenant_id=job["tenant_id"], trace_id=job["trace_id"])
     await dispatch(rt, uow)
 
 
@@ -557,7 +562,7 @@ async def cancel_job(rt: Runtime, uow: UnitOfWork, job: dict) -> bool:
     if not await set_status(rt, uow, job, J.CANCELLED, "cancelled by user", **OFF_NODE):
         return False
     for node in nodes or [None]:
-        await uow.publish(JobCancelledV1(job_id=job["job_id"], node_id=node), tenant_id=job["tenant_id"])
+        await uow.publish(JobCancelledV1(job_id=job["job_id"], node_id=node), tenant_id=job["tenant_id"], trace_id=job["trace_id"])
     if nodes:
         await dispatch(rt, uow)
     return True
@@ -592,7 +597,7 @@ async def preempt_jobs_on_node(rt: Runtime, uow: UnitOfWork, node_id: str, reaso
         await uow.publish(JobPreemptedV1(
             job_id=job["job_id"], segment_id=job["segment_id"], node_id=node_id, reason=reason, stopped_at=rt.clock(),
             checkpoint=CheckpointRef(**{k: ckpt[k] for k in ("uri", "step", "manifest_sha256")}) if ckpt else None),
-            tenant_id=job["tenant_id"])
+            tenant_id=job["tenant_id"], trace_id=job["trace_id"])
     return [r["job_id"] for r in rows]
 
 

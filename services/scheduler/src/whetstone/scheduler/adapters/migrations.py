@@ -106,5 +106,6 @@ MIGRATIONS = [
     """,
     """
     ALTER TABLE nodes ADD COLUMN address text;
+    ALTER TABLE jobs ADD COLUMN trace_id text;
     """,
 ]
