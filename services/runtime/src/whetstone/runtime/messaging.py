@@ -4,13 +4,13 @@ from __future__ import annotations
 
 import asyncio
 import contextvars
-import json
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
 import asyncpg
+import orjson
 
 from whetstone.contracts import TOLERANT, Envelope, Event, topic_for
 
@@ -45,7 +45,7 @@ def encode(envelope: Envelope) -> bytes:
 def decode(raw: bytes) -> Envelope:
     """Tolerant parse of a message; raises ValueError/ValidationError on garbage."""
     try:
-        data = json.loads(raw)
+        data = orjson.loads(raw)  # strict RFC 8259 (no NaN), and about 3x faster than json
     except (ValueError, UnicodeDecodeError) as exc:
         raise ValueError(f"invalid JSON: {exc}") from exc
     return Envelope.model_validate(data, context=TOLERANT)

@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import Any
 
 import asyncpg
+from aiokafka import AIOKafkaProducer
 from fastapi import APIRouter, FastAPI
 from faststream import AckPolicy
 from faststream.kafka import KafkaBroker, KafkaMessage
@@ -112,6 +113,7 @@ class Runtime:
         self.pool: asyncpg.Pool | None = None
         self.broker: KafkaBroker | None = None
         self.relay: OutboxRelay | None = None
+        self.producer: AIOKafkaProducer | None = None  # the outbox relay's own
         self.http: HttpServer | None = None
         self.store = ObjectStore(settings.s3_endpoint, settings.s3_access_key, settings.s3_secret_key,
                                  settings.bucket, settings.s3_region)
@@ -136,7 +138,12 @@ class Runtime:
         if self.service.subscriptions:
             self._subscribe_all()
         await self.broker.start()
-        self.relay = OutboxRelay(self.pool, self._send)
+        # The relay sends straight through aiokafka: many rows per request, no per-message
+        # middleware. acks=all: a row is marked sent only once the broker has it durably.
+        self.producer = AIOKafkaProducer(bootstrap_servers=s.kafka_bootstrap, client_id=f"whetstone-{self.name}-outbox",
+                                         acks="all", linger_ms=2, max_batch_size=512 * 1024)
+        await self.producer.start()
+        self.relay = OutboxRelay(self.pool, self._send, batch=1000)
         self._tasks.append(asyncio.create_task(self.relay.run(), name=f"{self.name}-outbox"))
         if self.service.on_start:
             await self.service.on_start(self)
@@ -163,12 +170,14 @@ class Runtime:
         if self.http:
             await self.http.stop()
         if self.broker:
-            await self.broker.stop()
-        if self.relay and self.pool:
+            await self.broker.stop()  # stops consuming; the handlers' last commits are in the outbox
+        if self.relay and self.pool and self.producer:
             try:  # last chance to drain what is committed; the rest waits for next start
                 await asyncio.wait_for(self.relay.flush_once(), timeout=2)
             except Exception:
                 pass
+        if self.producer:
+            await self.producer.stop()
         if self.pool:
             await self.pool.close()
         self.log.info("service stopped")
@@ -194,8 +203,9 @@ class Runtime:
             raise RuntimeError("broker unreachable")
 
     async def _send(self, topic: str, key: str, value: bytes) -> None:
-        assert self.broker is not None
-        await self.broker.publish(value, topic=topic, key=key.encode())
+        assert self.producer is not None
+        delivered = await self.producer.send(topic, value, key=key.encode())  # queued in a batch
+        await delivered  # acknowledged by the broker
         self.metrics.outbox_published.inc()
 
     # -- consumption --------------------------------------------------------

@@ -13,6 +13,7 @@ from decimal import Decimal
 from typing import Any
 
 import asyncpg
+import orjson
 
 from ..domain.billing import Anomaly, Charge, Start, Stop
 from ..domain.ledger import Entry, JobState, OpenedAnomaly, Queued, SegmentState, Terminal
@@ -31,19 +32,18 @@ def _codec(cls: type) -> tuple[tuple[str, int], ...]:
     return tuple(kinds)
 
 
-def to_json(obj: Any) -> dict | None:
+def to_json(obj: Any) -> str | None:
+    """A state dataclass as JSON text (orjson: datetimes in ISO 8601, Decimals as strings).
+    Text, cast to jsonb in SQL: the pool's jsonb codec would dump it a second time."""
     if obj is None:
         return None
-    out = {}
-    for name, kind in _codec(type(obj)):
-        v = getattr(obj, name)
-        out[name] = v if v is None or kind == _PLAIN else v.isoformat() if kind == _DATETIME else str(v)
-    return out
+    return orjson.dumps(obj, default=str).decode()
 
 
-def from_json(cls: type, data: dict | None) -> Any:
-    if data is None:
+def from_json(cls: type, text: str | None) -> Any:
+    if text is None:
         return None
+    data = orjson.loads(text)
     kwargs = {}
     for name, kind in _codec(cls):
         v = data.get(name)
@@ -68,6 +68,13 @@ def _ids(event_ids: list[str]) -> str:
     """Event ids travel joined by commas (an array of arrays cannot be unnested row by row)."""
     assert not any("," in e for e in event_ids)
     return ",".join(event_ids)
+
+
+# the jsonb columns as text, decoded by from_json
+JOB_COLUMNS = ("job_id, tenant_id, first_seen_at, queued::text AS queued, terminal::text AS terminal,"
+               " review_decision, closed_at, events")
+SEGMENT_COLUMNS = ("segment_id, job_id, tenant_id, first_seen_at, start::text AS start, stop::text AS stop, events,"
+                   " billed::text AS billed, revision, anomaly::text AS anomaly")
 
 
 def new_version() -> int:
@@ -101,9 +108,9 @@ class LedgerStore:
         """The state of (locked) jobs and all their segments, segments in id order."""
         if not job_ids:
             return {}
-        jobs = await self.conn.fetch("SELECT * FROM jobs WHERE job_id = ANY($1::text[])", list(job_ids))
+        jobs = await self.conn.fetch(f"SELECT {JOB_COLUMNS} FROM jobs WHERE job_id = ANY($1::text[])", list(job_ids))
         out = {r["job_id"]: (_job(r), []) for r in jobs}
-        for r in await self.conn.fetch("SELECT * FROM segments WHERE job_id = ANY($1::text[])"
+        for r in await self.conn.fetch(f"SELECT {SEGMENT_COLUMNS} FROM segments WHERE job_id = ANY($1::text[])"
                                        " ORDER BY job_id, segment_id", list(job_ids)):
             out[r["job_id"]][1].append(_segment(r))
         return out
@@ -115,10 +122,10 @@ class LedgerStore:
         if not jobs:
             return versions
         await self.conn.execute(
-            "UPDATE jobs AS j SET queued = u.queued, terminal = u.terminal, terminal_at = u.terminal_at,"
+            "UPDATE jobs AS j SET queued = u.queued::jsonb, terminal = u.terminal::jsonb, terminal_at = u.terminal_at,"
             " review_decision = u.review_decision, closed_at = u.closed_at, events = string_to_array(u.events, ','),"
             " version = u.version"
-            " FROM unnest($1::text[], $2::jsonb[], $3::jsonb[], $4::timestamptz[], $5::text[], $6::timestamptz[],"
+            " FROM unnest($1::text[], $2::text[], $3::text[], $4::timestamptz[], $5::text[], $6::timestamptz[],"
             " $7::text[], $8::bigint[]) AS u(job_id, queued, terminal, terminal_at, review_decision, closed_at,"
             " events, version) WHERE j.job_id = u.job_id",
             [j.job_id for j in jobs], [to_json(j.queued) for j in jobs], [to_json(j.terminal) for j in jobs],
@@ -134,9 +141,10 @@ class LedgerStore:
         await self.conn.execute(
             "INSERT INTO segments AS s (job_id, segment_id, tenant_id, first_seen_at, start, stop, billed, revision,"
             " anomaly, waiting, events, stop_at)"
-            " SELECT job_id, segment_id, tenant_id, first_seen_at, start, stop, billed, revision, anomaly, waiting,"
-            " string_to_array(events, ','), stop_at FROM unnest($1::text[], $2::text[], $3::text[], $4::timestamptz[],"
-            " $5::jsonb[], $6::jsonb[], $7::jsonb[], $8::int[], $9::jsonb[], $10::bool[], $11::text[],"
+            " SELECT job_id, segment_id, tenant_id, first_seen_at, start::jsonb, stop::jsonb, billed::jsonb, revision,"
+            " anomaly::jsonb, waiting, string_to_array(events, ','), stop_at"
+            " FROM unnest($1::text[], $2::text[], $3::text[], $4::timestamptz[],"
+            " $5::text[], $6::text[], $7::text[], $8::int[], $9::text[], $10::bool[], $11::text[],"
             " $12::timestamptz[]) AS u(job_id, segment_id, tenant_id, first_seen_at, start, stop, billed, revision,"
             " anomaly, waiting, events, stop_at)"
             " ON CONFLICT (job_id, segment_id) DO UPDATE SET start = EXCLUDED.start, stop = EXCLUDED.stop,"
