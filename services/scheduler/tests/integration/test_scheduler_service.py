@@ -35,9 +35,10 @@ async def validated(settings, tenant, dataset_id="ds-1", tokens=5000):
         tokens_total=tokens, train_uri=f"s3://whetstone/tenants/{tenant}/datasets/{dataset_id}/train.jsonl"), tenant)
 
 
-async def post(c, tenant, key, **body):
+async def post(c, tenant, key, trace_id=None, **body):
     body = {"model": "tiny-llama", "training_file": "ds-1", **body}
-    return await c.post("/v1/fine_tuning/jobs", json=body, headers={"X-Tenant-Id": tenant, "Idempotency-Key": key})
+    headers = {"X-Tenant-Id": tenant, "Idempotency-Key": key} | ({"X-Trace-Id": trace_id} if trace_id else {})
+    return await c.post("/v1/fine_tuning/jobs", json=body, headers=headers)
 
 
 async def get(c, tenant, job_id):
@@ -63,12 +64,19 @@ async def test_tiny_job_on_the_cpu_node_queue_view_cancel_isolation_idempotency(
         await heartbeat(settings, "cpu-1")
         await validated(settings, "demo")
         await wait_until(lambda: rt.pool.fetchval("SELECT count(*) = 1 FROM datasets"), 30, "dataset")
-        r = await post(c, "demo", "a")
+        bad_trace = await post(c, "demo", "a", trace_id="no spaces allowed")
+        assert bad_trace.status_code == 400 and bad_trace.json()["detail"]["code"] == "invalid_trace_id"
+        r = await post(c, "demo", "a", trace_id="caller-trace-42")
         assert r.status_code == 200, r.text
         a = r.json()
         assert a["resources"]["shapes"][0] == {"gpu_type": "cpu", "gpus_per_node": 1, "nodes": 1}
+        assert a["trace_id"] == "caller-trace-42"
         (first,) = await assigned(rt, a["id"])
         assert first["node_id"] == "cpu-1" and first["gpu_ids"] == [0]
+        # the caller's trace id is on every event the scheduler publishes about the job
+        about_a = [e for t in ("job.queued", "job.assigned") for e in await outbox(rt, t)
+                   if e["payload"]["job_id"] == a["id"]]
+        assert len(about_a) == 2 and {e["trace_id"] for e in about_a} == {"caller-trace-42"}
 
         # the CPU node is busy: the next job waits, with its position and an estimated start
         b = (await post(c, "demo", "b")).json()

@@ -3,6 +3,7 @@ a tenant only ever sees its own jobs (another tenant's job id answers 404)."""
 
 from __future__ import annotations
 
+import re
 from datetime import datetime
 from typing import Any, Literal
 
@@ -15,6 +16,9 @@ from whetstone.runtime.service import Runtime
 from . import handlers as H
 from .domain import jobs as J
 from .domain.policy import Forecast
+
+# The caller's trace id (X-Trace-Id) follows the job through every event; a fresh one otherwise.
+TRACE_ID = re.compile(r"[A-Za-z0-9._:-]{1,128}")
 
 
 class CreateJob(BaseModel):
@@ -47,7 +51,7 @@ def job_view(job: dict, queue: Forecast | None = None) -> dict[str, Any]:
         "trained_tokens": job["trained_tokens"], "error": job["error"],
         "progress": job["progress"], "latest_checkpoint": job["latest_checkpoint"],
         "node_id": job["node_id"], "placement": job["placement"], "attempt": job["attempt"], "eval": job["eval"],
-        "idempotency_key": job["idempotency_key"],
+        "idempotency_key": job["idempotency_key"], "trace_id": job["trace_id"],
         "resources": {k: res.get(k) for k in ("request", "shapes", "assigned", "memory_gb", "params", "params_source")},
         "estimated_runtime_s": job["estimated_runtime_s"],
         "quota": job["quota"],
@@ -83,8 +87,12 @@ def routes(rt: Runtime) -> APIRouter:
 
     @r.post("/jobs")
     async def create(body: CreateJob, x_tenant_id: str = Header(...),
-                     idempotency_key: str | None = Header(default=None)) -> dict:
+                     idempotency_key: str | None = Header(default=None),
+                     x_trace_id: str | None = Header(default=None)) -> dict:
         key = body.idempotency_key or idempotency_key
+        if x_trace_id is not None and not TRACE_ID.fullmatch(x_trace_id):
+            raise HTTPException(400, {"code": "invalid_trace_id",
+                                      "message": "X-Trace-Id must be 1-128 characters of A-Z a-z 0-9 . _ : -"})
         if not key:
             raise HTTPException(400, {"code": "missing_idempotency_key",
                                       "message": "send an Idempotency-Key header or idempotency_key field"})
@@ -96,7 +104,7 @@ def routes(rt: Runtime) -> APIRouter:
             raise HTTPException(422, {"code": "invalid_request", "message": str(exc)}) from exc
         try:
             async with rt.uow() as uow:
-                job, _created = await H.submit_job(rt, uow, x_tenant_id, req)
+                job, _created = await H.submit_job(rt, uow, x_tenant_id, req, x_trace_id)
         except H.Rejected as exc:
             H.metrics(rt).rejected.labels(code=exc.code).inc()
             raise HTTPException(exc.status, {"code": exc.code, "message": exc.message}) from exc
