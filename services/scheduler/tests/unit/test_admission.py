@@ -2,6 +2,7 @@
 
 import pytest
 
+from whetstone.scheduler.domain import admission as A
 from whetstone.scheduler.domain import jobs as J
 from whetstone.scheduler.domain.admission import Quota, QuotaVerdict, Usage, check_estimate, check_submission
 
@@ -75,3 +76,25 @@ def test_state_machine():
 def test_method_must_fit_dataset_purpose():
     assert J.check_method_fits_dataset("lora", "sft") is None
     assert J.check_method_fits_dataset("dpo", "sft").code == "method_dataset_mismatch"
+
+
+def test_job_usage_counts_each_gpu_second_once_whatever_the_order():
+    seg1, seg2, total = (1800.0, 1.0), (7200.0, 10.0), (9000.0, 11.0)
+
+    def replay(steps):
+        u, added = A.JobUsage(), [0.0, 0.0]
+        for kind, (s, c) in steps:
+            after = u.with_total(s, c) if kind == "job" else u.with_segment(s, c)
+            ds, dc = A.usage_delta(u, after)
+            u, added = after, [added[0] + ds, added[1] + dc]
+        return tuple(added)
+
+    orders = [[("seg", seg1), ("seg", seg2), ("job", total)],
+              [("job", total), ("seg", seg1), ("seg", seg2)],
+              [("seg", seg1), ("job", total), ("seg", seg2)]]
+    for steps in orders:
+        assert replay(steps) == pytest.approx(total), steps
+    # a total alone (metering never said anything per segment) counts in full
+    assert replay([("job", total)]) == pytest.approx(total)
+    # a correction after the close: reversal of segment 2, then its new charge
+    assert replay(orders[0] + [("seg", (-7200.0, -10.0)), ("seg", (3600.0, 5.0))]) == pytest.approx((5400.0, 6.0))

@@ -602,14 +602,36 @@ async def preempt_jobs_on_node(rt: Runtime, uow: UnitOfWork, node_id: str, reaso
 
 
 async def on_usage_metered(rt: Runtime, uow: UnitOfWork, env: Envelope, ev: UsageMeteredV1) -> None:
-    """Quota accounting arrives as events, never by reading metering's tables."""
-    if ev.scope != "job":
+    """Quota accounting arrives as events, never by reading metering's tables. Segment events
+    (a job's segments as they end, and later corrections) add to the month as they come; the job
+    total counts the job, and its GPU-seconds only where no segment event was seen."""
+    owner = await uow.conn.fetchval("SELECT tenant_id FROM jobs WHERE job_id = $1", ev.job_id)
+    if owner is not None and owner != env.tenant_id:
+        raise PoisonMessage(f"usage.metered for job {ev.job_id} names tenant {env.tenant_id!r}, not the job's own")
+    key = "job" if ev.scope == "job" else f"segment:{ev.segment_id or ''}"
+    if not await uow.conn.fetchval("INSERT INTO usage_seen (job_id, key) VALUES ($1, $2)"
+                                   " ON CONFLICT DO NOTHING RETURNING true", ev.job_id, key):
         return
+    row = await uow.conn.fetchrow(
+        "INSERT INTO job_usage (job_id, tenant_id) VALUES ($1, $2) ON CONFLICT (job_id)"
+        " DO UPDATE SET job_id = EXCLUDED.job_id RETURNING *", ev.job_id, env.tenant_id)
+    if row["tenant_id"] != env.tenant_id:
+        raise PoisonMessage(f"usage.metered for job {ev.job_id} names tenant {env.tenant_id!r},"
+                            f" but the job's usage belongs to {row['tenant_id']!r}")
+    before = A.JobUsage(row["segments"], row["segment_seconds"], row["segment_cost"], row["total_seconds"],
+                        row["total_cost"])
+    after = (before.with_total(ev.billable_gpu_seconds, ev.cost) if ev.scope == "job"
+             else before.with_segment(ev.billable_gpu_seconds, ev.cost))
     await uow.conn.execute(
-        "INSERT INTO tenant_usage (tenant_id, month, jobs, gpu_seconds, cost) VALUES ($1, $2, 1, $3, $4)"
-        " ON CONFLICT (tenant_id, month) DO UPDATE SET jobs = tenant_usage.jobs + 1,"
+        "UPDATE job_usage SET segments = $2, segment_seconds = $3, segment_cost = $4, total_seconds = $5,"
+        " total_cost = $6 WHERE job_id = $1", ev.job_id, after.segments, after.segment_seconds, after.segment_cost,
+        after.total_seconds, after.total_cost)
+    seconds, cost = A.usage_delta(before, after)
+    await uow.conn.execute(
+        "INSERT INTO tenant_usage (tenant_id, month, jobs, gpu_seconds, cost) VALUES ($1, $2, $3, $4, $5)"
+        " ON CONFLICT (tenant_id, month) DO UPDATE SET jobs = tenant_usage.jobs + EXCLUDED.jobs,"
         " gpu_seconds = tenant_usage.gpu_seconds + EXCLUDED.gpu_seconds, cost = tenant_usage.cost + EXCLUDED.cost",
-        env.tenant_id, month_of(env.occurred_at), ev.billable_gpu_seconds, ev.cost)
+        env.tenant_id, month_of(env.occurred_at), int(ev.scope == "job"), seconds, cost)
 
 
 async def expire_waiting_jobs(rt: Runtime) -> None:

@@ -108,4 +108,22 @@ MIGRATIONS = [
     ALTER TABLE nodes ADD COLUMN address text;
     ALTER TABLE jobs ADD COLUMN trace_id text;
     """,
+    """
+    -- quota usage per job from usage.metered: segment events (with corrections) and the job total
+    CREATE TABLE job_usage (
+        job_id          text PRIMARY KEY,
+        tenant_id       text NOT NULL,
+        segments        int  NOT NULL DEFAULT 0,
+        segment_seconds double precision NOT NULL DEFAULT 0,
+        segment_cost    double precision NOT NULL DEFAULT 0,
+        total_seconds   double precision,
+        total_cost      double precision
+    );
+    -- one row per usage.metered key, so a re-sent event (new event_id, same job and segment key) counts once
+    CREATE TABLE usage_seen (
+        job_id text NOT NULL,
+        key    text NOT NULL,
+        PRIMARY KEY (job_id, key)
+    );
+    """,
 ]

@@ -65,3 +65,35 @@ def check_estimate(quota: Quota, usage: Usage, estimated_gpu_hours: float) -> Re
                          f"used this month that exceeds the hard cap of {quota.hard_gpu_hours:g}")
     over_soft = quota.soft_gpu_hours is not None and after > quota.soft_gpu_hours
     return QuotaVerdict(over_soft, usage.gpu_hours, estimated_gpu_hours, quota.soft_gpu_hours, quota.hard_gpu_hours)
+
+
+@dataclass(frozen=True)
+class JobUsage:
+    """What usage.metered has said about one job so far. Segment events (first charges,
+    corrections and their reversals, each under its own segment key) sum to the ledger; the
+    job total stands in only while no segment event has arrived, so each GPU-second counts
+    once whatever the order, and corrections after the job closed still reach the quota."""
+
+    segments: int = 0
+    segment_seconds: float = 0.0
+    segment_cost: float = 0.0
+    total_seconds: float | None = None
+    total_cost: float | None = None
+
+    def counted(self) -> tuple[float, float]:
+        if self.segments:
+            return self.segment_seconds, self.segment_cost
+        return self.total_seconds or 0.0, self.total_cost or 0.0
+
+    def with_segment(self, seconds: float, cost: float) -> JobUsage:
+        return JobUsage(self.segments + 1, self.segment_seconds + seconds, self.segment_cost + cost,
+                        self.total_seconds, self.total_cost)
+
+    def with_total(self, seconds: float, cost: float) -> JobUsage:
+        return JobUsage(self.segments, self.segment_seconds, self.segment_cost, seconds, cost)
+
+
+def usage_delta(before: JobUsage, after: JobUsage) -> tuple[float, float]:
+    """GPU-seconds and cost to add to the tenant's month when a job's usage goes from before to after."""
+    (s0, c0), (s1, c1) = before.counted(), after.counted()
+    return s1 - s0, c1 - c0
