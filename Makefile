@@ -2,8 +2,9 @@
 PYTHON ?= $(shell command -v python3.11 || command -v python3)
 VENV   := .venv
 BIN    := $(VENV)/bin
-PKGS   := -e contracts -e services/runtime -e services/modelkit -e services/ingest -e services/scheduler \
-          -e services/trainer-agent -e services/eval -e services/registry -e services/metering
+PKGS   := -e contracts -e services/runtime -e services/devstack -e services/modelkit -e services/ingest -e services/scheduler \
+          -e services/trainer-agent -e services/eval -e services/registry -e services/metering \
+          -e services/cli -e services/gateway -e services/serving
 
 .PHONY: venv demo test test-unit contracts contracts-check stack dev clean
 
@@ -24,6 +25,7 @@ demo: venv
 	$(BIN)/whet demo
 
 test: venv
+	sh deploy/tools/ensure-prometheus.sh  # prometheus + promtool for tests/ops (Debian package)
 	$(BIN)/python -m pytest
 
 test-unit: venv
@@ -56,3 +58,19 @@ bench-metering: venv
 
 bench-scheduler: venv
 	$(BIN)/python bench/scheduler.py $(ARGS)
+
+.PHONY: bench-observability
+bench-observability: venv
+	$(BIN)/python bench/observability.py $(ARGS)
+
+.PHONY: bench-api
+bench-api: venv
+	$(BIN)/python bench/api.py $(ARGS)
+
+.PHONY: bench-serving
+bench-serving: venv
+	$(BIN)/python bench/serving.py $(ARGS)
+
+.PHONY: bench-eval
+bench-eval: venv
+	$(BIN)/python bench/eval.py $(ARGS)

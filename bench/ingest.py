@@ -9,14 +9,22 @@ straightforward baselines measured in the same run.
    reference question inside an otherwise original conversation: under 50% overlap) and
    PII (0.5%); the file is written and read as a stream;
 2. run the whole gate (`DataGate`, exactly what the service and `whet datasets check` run)
-   on the JSONL file: end-to-end examples/s and peak RSS;
+   on the JSONL file with `WHETSTONE_INGEST_WORKERS` processes (default 2), then again with
+   parallelism off: the train/validation/audit files must be byte-identical and the reports
+   equal; end-to-end examples/s, examples per CPU-second (worker processes included) and
+   peak RSS (the gate's process and the largest worker) of both;
 3. score near-duplicate removal and contamination flags from the gate's audit trail
-   against the planted truth; precision is checked independently with Python sets of
+   against the planted truth (asserted: every planted exact/near duplicate and contaminated
+   row found, no false positive); precision is checked independently with Python sets of
    5-gram strings (a removed row must really have Jaccard >= 0.9 with its partner);
-4. baselines on a sample of the same examples: a per-example datasketch MinHash loop
-   (128 permutations, `update_batch`) vs the gate's batched one-permutation MinHash; a plain
-   Python 13-gram set scan (regex words, set of tuples) vs the gate's hashed 13-grams.
-   Each pair is timed in 3 alternating rounds and the best round of each is reported.
+4. MinHash against the strongest baselines on the same documents (5,000 / 10,000 of the
+   examples, exact duplicates removed), 128 permutations, the same LSH banding: ours
+   (batched one-permutation MinHash + band hashes), rensa (`RMinHash.from_token_sets`, Rust;
+   also from pre-split shingles) and datasketch's bulk path (`MinHash.bulk` -> `LeanMinHash`
+   -> `MinHashLSH`): docs/s and the recall / precision of each LSH's candidate pairs against
+   the pairs whose exact Jaccard is >= 0.9; a plain Python 13-gram set scan (regex words, set
+   of tuples) vs the gate's hashed 13-grams. Timed rounds alternate (3 rounds, best of each;
+   datasketch, ~100x slower, one round).
 
     .venv/bin/python bench/ingest.py [--examples N] [--quick] [--seed S] [--keep DIR]
 
@@ -30,6 +38,7 @@ Last line: JSON.
 from __future__ import annotations
 
 import argparse
+import hashlib
 import itertools
 import json
 import os
@@ -42,15 +51,24 @@ import tempfile
 import time
 from pathlib import Path
 
+from minhash_baselines import (  # bench/ sibling module
+    ROUNDS,
+    THRESHOLD,
+    bench_minhash,
+    best_rate,
+    timed,
+)
 from whetstone.ingest.adapters.formats import open_source
 from whetstone.ingest.config import IngestSettings
 from whetstone.ingest.domain.contamination import ReferenceIndex
-from whetstone.ingest.domain.minhash import LshParams, MinHasher
 from whetstone.ingest.domain.schemas import canonical_text
-from whetstone.ingest.domain.text import normalize_text
-from whetstone.ingest.gates import GateRequest, make_gate, reference_index, toxicity_classifier
+from whetstone.ingest.gates import (
+    GateRequest,
+    make_gate,
+    reference_index,
+    toxicity_classifier,
+)
 
-THRESHOLD = 0.9
 SYSTEM_PROMPTS = ["You are a helpful assistant.", "You are a concise expert. Answer precisely.",
                   "You are a friendly tutor who explains things step by step.",
                   "Answer as a careful analyst and state your assumptions."]
@@ -58,6 +76,32 @@ SYSTEM_PROMPTS = ["You are a helpful assistant.", "You are a concise expert. Ans
 
 def peak_rss_mb() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
+def children_peak_rss_mb() -> float:
+    """The largest worker process's peak RSS (workers are joined when the gate's run ends)."""
+    return resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024
+
+
+def cpu_seconds() -> float:
+    """CPU time of this process and of its finished children (the gate's worker processes)."""
+    t = os.times()
+    return t.user + t.system + t.children_user + t.children_system
+
+
+def file_digest(path: Path | None) -> str | None:
+    return hashlib.file_digest(open(path, "rb"), "sha256").hexdigest() if path else None
+
+
+def run_gate(data: Path, ref: Path, work: Path, name: str, workers: int):
+    """The whole gate as the service runs it (reference index build included): (result, wall s, CPU s)."""
+    settings = IngestSettings(max_examples=10**9, max_examples_by_tier={}, workers=workers)
+    cpu, t = cpu_seconds(), time.perf_counter()
+    references = reference_index(settings, [ref.parent])
+    gate = make_gate(settings, GateRequest(purpose="sft"), tokenizer=None, references=references,
+                     toxicity=toxicity_classifier(settings))
+    result = gate.run(open_source(data, workdir=work / f"{name}-src"), work / name)
+    return result, time.perf_counter() - t, cpu_seconds() - cpu
 
 
 class Words:
@@ -191,43 +235,6 @@ def sample_texts(path: Path, n: int) -> list[str]:
         return [canonical_text(json.loads(line)) for line in itertools.islice(f, n)]
 
 
-ROUNDS = 3
-
-
-def best_rate(runs: list[tuple[int, float]]) -> float:
-    """Docs/s of the fastest round (rounds of both methods alternate, so load bursts hit both alike)."""
-    return max(n / seconds for n, seconds in runs)
-
-
-def timed(fn, n: int) -> tuple[int, float]:
-    t = time.perf_counter()
-    fn()
-    return n, time.perf_counter() - t
-
-
-def bench_minhash(texts: list[str], baseline_n: int) -> dict:
-    from datasketch import MinHash  # noqa: PLC0415
-
-    normalized = [normalize_text(t) for t in texts]
-    hasher = MinHasher(LshParams.for_threshold(THRESHOLD))
-    template = MinHash(num_perm=128)
-
-    def ours() -> None:
-        for i in range(0, len(normalized), 512):
-            sig, _ = hasher.signatures(normalized[i:i + 512])
-            hasher.band_hashes(sig)
-
-    def baseline() -> None:
-        for text in normalized[:baseline_n]:
-            m = MinHash(num_perm=128, permutations=template.permutations, scheme=template.scheme)
-            m.update_batch([text[i:i + 5].encode() for i in range(max(1, len(text) - 4))])
-
-    runs = [(timed(ours, len(normalized)), timed(baseline, baseline_n)) for _ in range(ROUNDS)]
-    rate, base = best_rate([r[0] for r in runs]), best_rate([r[1] for r in runs])
-    return {"minhash_docs_per_s": round(rate, 1), "minhash_baseline_docs_per_s": round(base, 1),
-            "minhash_speedup": round(rate / base, 1)}
-
-
 _WORD = re.compile(r"\w+")
 
 
@@ -322,37 +329,50 @@ def main(argv: list[str] | None = None) -> int:
     size_mb = data.stat().st_size / 2**20
     print(f"generated {n} examples ({size_mb:.0f} MB) + 10,000 reference items in {gen_s:.1f}s", file=sys.stderr)
 
-    settings = IngestSettings(max_examples=10**9, max_examples_by_tier={})
+    workers = IngestSettings().workers                  # WHETSTONE_INGEST_WORKERS, default 2
     load_before = os.getloadavg()[0]
-    cpu = time.process_time()
-    t = time.perf_counter()
-    references = reference_index(settings, [ref.parent])
-    gate = make_gate(settings, GateRequest(purpose="sft"), tokenizer=None, references=references,
-                     toxicity=toxicity_classifier(settings))
-    result = gate.run(open_source(data, workdir=work / "src"), work / "gate")
-    e2e_s = time.perf_counter() - t
-    e2e_cpu_s = time.process_time() - cpu
-    rss_pipeline = peak_rss_mb()
-    r = result.report
-    print(f"gate: {r['status']}, {r['rows_kept']}/{r['rows_total']} kept, {r['exact_duplicates']} exact, "
-          f"{r['near_duplicates']} near, {r['contaminated']} contaminated, {r['pii_hits']} PII hits in {e2e_s:.1f}s "
-          f"({n / e2e_s:.0f} examples/s; timings {r['timings']}); peak RSS {rss_pipeline:.0f} MB", file=sys.stderr)
+    result, e2e_s, e2e_cpu_s = run_gate(data, ref, work, "gate", workers)
+    rss_pipeline, rss_workers = peak_rss_mb(), children_peak_rss_mb()
+    r = result.report.as_dict()
+    print(f"gate ({workers} workers): {r['status']}, {r['rows_kept']}/{r['rows_total']} kept, {r['exact_duplicates']} "
+          f"exact, {r['near_duplicates']} near, {r['contaminated']} contaminated, {r['pii_hits']} PII hits in "
+          f"{e2e_s:.1f}s ({n / e2e_s:.0f} examples/s, {n / e2e_cpu_s:.0f} per CPU-second; timings {r['timings']}); "
+          f"peak RSS {rss_pipeline:.0f} MB (workers {rss_workers:.0f} MB)", file=sys.stderr)
     scores = score(result.audit_path, data, truth)
     print(f"scores: {scores}", file=sys.stderr)
+    # the same gate with parallelism off: the written files must be byte-identical
+    serial, serial_s, serial_cpu_s = run_gate(data, ref, work, "gate-serial", 1)
+    rs = serial.report.as_dict()
+    identical = all(file_digest(a) == file_digest(b) for a, b in (
+        (result.train_path, serial.train_path), (result.validation_path, serial.validation_path),
+        (result.audit_path, serial.audit_path)))
+    print(f"serial gate: {n / serial_s:.0f} examples/s, {n / serial_cpu_s:.0f} per CPU-second; files identical to "
+          f"the {workers}-worker run: {identical}", file=sys.stderr)
+    assert identical, "the pooled gate wrote different files than the serial one"
+    assert {k: v for k, v in rs.items() if k != "timings"} == {k: v for k, v in r.items() if k != "timings"}
+    # the planted figures
+    assert r["accepted"] and scores["exact_dup_recall"] == 1.0, scores
+    assert scores["near_dup_recall"] == 1.0 and scores["near_dup_precision"] == 1.0, scores
+    assert scores["near_dup_below_threshold_kept"] == scores["near_dup_below_threshold"], scores
+    assert scores["contamination_recall"] == 1.0 and scores["contamination_false_positives"] == 0, scores
+    assert r["exact_duplicates"] == scores["exact_dup_planted"] and r["pii_hits"] == 2 * len(truth["pii"]), r
 
     sample = sample_texts(data, 5_000 if args.quick else 20_000)
-    mh = bench_minhash(sample, 300 if args.quick else 1_000)
+    mh = bench_minhash(sample[:5_000 if args.quick else 10_000], [(src - 1, line - 1) for line, src, _ in truth["near"]])
     print(f"minhash: {mh}", file=sys.stderr)
     ct = bench_contamination(sample, ref, 2_000 if args.quick else 5_000)
     print(f"contamination: {ct}", file=sys.stderr)
 
-    out = {"examples": n, "end_to_end_examples_per_s": round(n / e2e_s, 1), **mh,
+    out = {"examples": n, "workers": workers, "end_to_end_examples_per_s": round(n / e2e_s, 1), **mh,
            "near_dup_recall": scores["near_dup_recall"], "near_dup_precision": scores["near_dup_precision"],
            **ct, "contamination_recall": scores["contamination_recall"],
            "contamination_false_positives": scores["contamination_false_positives"],
-           "peak_rss_mb": round(rss_pipeline, 1), "peak_rss_mb_with_baselines": round(peak_rss_mb(), 1),
+           "peak_rss_mb": round(rss_pipeline, 1), "worker_peak_rss_mb": round(rss_workers, 1),
+           "peak_rss_mb_with_baselines": round(peak_rss_mb(), 1),
            "input_mb": round(size_mb, 1), "end_to_end_s": round(e2e_s, 2),
            "end_to_end_examples_per_cpu_s": round(n / e2e_cpu_s, 1),
+           "serial_examples_per_s": round(n / serial_s, 1), "serial_examples_per_cpu_s": round(n / serial_cpu_s, 1),
+           "serial_files_identical": identical,
            "load_average": [round(load_before, 2), round(os.getloadavg()[0], 2)], "gate_timings": r["timings"],
            "accepted": r["accepted"], "rows_kept": r["rows_kept"], "exact_duplicates": r["exact_duplicates"],
            "near_duplicates": r["near_duplicates"], "contaminated": r["contaminated"], "pii_hits": r["pii_hits"],

@@ -1,8 +1,11 @@
 """Scheduler benchmark (issue 6): the pure scheduling core in a simulator on two generated traces,
 with a FIFO baseline on the same traces in the same run; decisions per second on a 10,000-job,
-1,000-node snapshot; and job.requested -> job.assigned latency on the real embedded stack.
+1,000-node snapshot; job.requested -> job.assigned latency on the real embedded stack; and
+submissions/s of POST /v1/fine_tuning/jobs on the embedded stack, the scheduling loop against a
+cycle inside every request (the pre-loop behaviour, `cycle_in_request`) in the same run.
 
     .venv/bin/python bench/scheduler.py [--quick] [--seed 7] [--spot-rate 0.01] [--no-stack]
+    .venv/bin/python bench/scheduler.py --only-submissions [--submissions 1000] [--concurrency 32]
 
 The last line is one JSON object with every figure. Targets are checked against the baseline
 measured in this run and reported, not asserted."""
@@ -121,7 +124,7 @@ async def real_stack_latency(jobs: int, rate_per_s: float) -> dict:
     from whetstone.runtime.messaging import encode, make_envelope  # noqa: PLC0415
     from whetstone.runtime.service import run_services  # noqa: PLC0415
     from whetstone.runtime.settings import CommonSettings  # noqa: PLC0415
-    from whetstone.runtime.stack import EmbeddedStack  # noqa: PLC0415
+    from whetstone.devstack.stack import EmbeddedStack  # noqa: PLC0415
     from whetstone.scheduler.bootstrap import build_service  # noqa: PLC0415
     from whetstone.scheduler.config import QuotaSettings, SchedulerSettings  # noqa: PLC0415
 
@@ -229,6 +232,117 @@ async def real_stack_latency(jobs: int, rate_per_s: float) -> dict:
         shutil.rmtree(tmp, ignore_errors=True)
 
 
+async def submission_rate(jobs: int, concurrency: int, label: str) -> dict:
+    """POST /v1/fine_tuning/jobs as fast as the scheduler answers (each call a new idempotency key),
+    on the embedded stack with a pool of GPU nodes: create calls answered per second. A create
+    that runs a scheduling cycle inside the request pays for the whole queue on every call."""
+    import os  # noqa: PLC0415
+
+    import httpx  # noqa: PLC0415
+    from aiokafka import AIOKafkaProducer  # noqa: PLC0415
+
+    from whetstone.contracts import DatasetValidatedV1, NodeHeartbeatV1, all_topic_partitions, topic_for  # noqa: PLC0415
+    from whetstone.runtime.messaging import encode, make_envelope  # noqa: PLC0415
+    from whetstone.runtime.service import run_services  # noqa: PLC0415
+    from whetstone.runtime.settings import CommonSettings  # noqa: PLC0415
+    from whetstone.scheduler.bootstrap import build_service  # noqa: PLC0415
+    from whetstone.scheduler.config import QuotaSettings, SchedulerSettings  # noqa: PLC0415
+    from whetstone.devstack.stack import EmbeddedStack  # noqa: PLC0415
+    from whetstone.runtime.identity import identity_headers  # noqa: PLC0415
+
+    tmp = Path(tempfile.mkdtemp(prefix="bench-submit-"))
+    stack = EmbeddedStack(tmp / "stack", topics=all_topic_partitions(), buckets=["whetstone"], log=lambda m: None)
+    endpoints = await asyncio.to_thread(stack.start)
+    try:
+        os.environ.update(endpoints.as_env())
+        os.environ["WHETSTONE_DATA_DIR"] = str(tmp)
+        settings = CommonSettings(data_dir=tmp, log_level="WARNING", log_json=True)
+        model = settings.model_catalog / "tiny-llama"
+        model.mkdir(parents=True)
+        (model / "config.json").write_text(json.dumps({"model_type": "llama", "hidden_size": 64,
+                                                       "num_hidden_layers": 2, "intermediate_size": 128,
+                                                       "vocab_size": 1536, "num_attention_heads": 4}))
+        (model / "model.safetensors").write_bytes(b"\0" * 1024)
+        config = SchedulerSettings(http_port=0, node_timeout_s=3600, cycle_in_request=label == "inline",
+                                   tenant_quotas={"demo": QuotaSettings(max_in_flight=1_000_000)})
+        stop, ready = asyncio.Event(), asyncio.Event()
+        runtimes: list = []
+        service = asyncio.create_task(run_services([build_service(config)], settings,
+                                                   lambda rts: (runtimes.extend(rts), ready.set()), stop))
+        await ready.wait()
+        rt = runtimes[0]
+        producer = AIOKafkaProducer(bootstrap_servers=endpoints.kafka_bootstrap, linger_ms=0)
+        await producer.start()
+        try:
+            async def send(event, tenant: str) -> None:
+                env = make_envelope(event, producer="bench", tenant_id=tenant)
+                await producer.send_and_wait(topic_for(event).name, encode(env), key=env.key.encode())
+
+            for i in range(16):   # 128 GPUs: the first jobs run, the rest queue
+                await send(NodeHeartbeatV1(node_id=f"gpu-{i:03d}", gpu_type="A100", gpu_count=8, gpu_memory_gb=80,
+                                           interconnect_group=f"ib-{i // 8}", sent_at=datetime.now(UTC)), "platform")
+            await send(DatasetValidatedV1(dataset_id="ds-bench", version="ab" * 32, name="d", status="accepted",
+                                          rows_kept=100, tokens_total=10_000,
+                                          train_uri="s3://whetstone/tenants/demo/datasets/ds-bench/train.jsonl"),
+                       "demo")
+            while not (await rt.pool.fetchval("SELECT count(*) FROM datasets") == 1
+                       and await rt.pool.fetchval("SELECT count(*) FROM nodes") == 16):
+                await asyncio.sleep(0.05)
+            url = f"http://127.0.0.1:{rt.http.port}"
+            latencies: list[float] = []
+            codes: dict[int, int] = {}
+            counter = iter(range(jobs))
+            async with httpx.AsyncClient(base_url=url, timeout=120,
+                                         limits=httpx.Limits(max_connections=concurrency)) as c:
+                async def worker() -> None:
+                    for i in counter:
+                        headers = identity_headers("demo", ("read", "write")) | {"Idempotency-Key": f"{label}-{i}"}
+                        t0 = time.perf_counter()
+                        r = await c.post("/v1/fine_tuning/jobs", headers=headers,
+                                         json={"model": "tiny-llama", "training_file": "ds-bench"})
+                        latencies.append((time.perf_counter() - t0) * 1000)
+                        codes[r.status_code] = codes.get(r.status_code, 0) + 1
+
+                began = time.perf_counter()
+                await asyncio.gather(*(worker() for _ in range(concurrency)))
+                elapsed = time.perf_counter() - began
+            # the loop (or the inline cycles) placed what fits: wait until the assignments settle
+            settle_began = time.perf_counter()
+            while time.perf_counter() - settle_began < 60:
+                placed = await rt.pool.fetchval("SELECT count(*) FROM jobs WHERE status = 'provisioning'")
+                if placed >= min(jobs, 128):
+                    break
+                await asyncio.sleep(0.1)
+            placed = await rt.pool.fetchval("SELECT count(*) FROM jobs WHERE status = 'provisioning'")
+            queued = await rt.pool.fetchval("SELECT count(*) FROM jobs WHERE status = 'queued'")
+        finally:
+            await producer.stop()
+            stop.set()
+            await service
+        latencies.sort()
+        out = {"label": label, "jobs": jobs, "concurrency": concurrency, "codes": {str(k): v for k, v in codes.items()},
+               "submissions_per_s": round(jobs / elapsed, 1), "create_p50_ms": round(percentile(latencies, 50), 1),
+               "create_p99_ms": round(percentile(latencies, 99), 1), "placed": placed, "queued": queued}
+        print(f"[submissions:{label}] {jobs} creates, {concurrency} concurrent: {out['submissions_per_s']}/s  "
+              f"p50 {out['create_p50_ms']} ms  p99 {out['create_p99_ms']} ms  codes {out['codes']}  "
+              f"placed {placed} queued {queued}", flush=True)
+        return out
+    finally:
+        await asyncio.to_thread(stack.stop)
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def submissions(jobs: int, concurrency: int) -> dict:
+    """Baseline first, same run: a cycle inside every create (as before the loop), then the loop."""
+    inline = asyncio.run(submission_rate(jobs, concurrency, "inline"))
+    loop = asyncio.run(submission_rate(jobs, concurrency, "loop"))
+    ratio = loop["submissions_per_s"] / inline["submissions_per_s"] if inline["submissions_per_s"] else None
+    print(f"[submissions] loop {loop['submissions_per_s']}/s vs cycle-in-request {inline['submissions_per_s']}/s "
+          f"(x{ratio:.2f})" if ratio else "[submissions] no baseline", flush=True)
+    return {"submissions": {"inline_cycle": inline, "loop": loop, "speedup": round(ratio, 2) if ratio else None},
+            "submissions_per_s": loop["submissions_per_s"], "submissions_per_s_inline": inline["submissions_per_s"]}
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true", help="smaller traces and fewer real-stack jobs")
@@ -236,15 +350,24 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--spot-rate", type=float, default=0.01, help="spot interruptions per spot node-hour")
     ap.add_argument("--no-stack", action="store_true", help="skip the real-stack latency measurement")
     ap.add_argument("--rate", type=float, default=10.0, help="job.requested per second on the real stack")
+    ap.add_argument("--submissions", type=int, default=500, help="create calls in the submissions/s run")
+    ap.add_argument("--concurrency", type=int, default=32, help="concurrent create calls")
+    ap.add_argument("--only-submissions", action="store_true", help="run only the submissions/s measurement")
     args = ap.parse_args(argv)
     began = time.perf_counter()
     out: dict = {"bench": "scheduler", "seed": args.seed, "quick": args.quick}
+    if args.only_submissions:
+        out.update(submissions(args.submissions, args.concurrency))
+        out["wall_s"] = round(time.perf_counter() - began, 1)
+        print(json.dumps(out, separators=(",", ":")))
+        return 0
     out["load90"] = run_load90(args.seed, 1000 if args.quick else 5000)
     out["seed_week"] = run_seed_week(args.seed, 2 if args.quick else 7, args.spot_rate)
     out["decisions"] = decisions_per_second(args.seed)
     out["decisions_per_s"] = out["decisions"]["decisions_per_s"]
     if not args.no_stack:
         out["real_stack"] = asyncio.run(real_stack_latency(100 if args.quick else 500, args.rate))
+        out.update(submissions(200 if args.quick else args.submissions, args.concurrency))
     out["targets_met"] = {
         **{f"load90.{k}": v for k, v in out["load90"]["targets"].items()},
         "seed_week.premium_p99_wait_le_300s": out["seed_week"]["targets"]["premium_p99_wait_le_300s"],

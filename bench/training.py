@@ -134,7 +134,7 @@ def packed_vs_padded(base: Path, data: Path, work: Path, repeats: int, rows: int
 def sigterm_to_durable(base: Path, data: Path, work: Path) -> dict:
     from whetstone.runtime.checkpoints import upload_checkpoint
     from whetstone.runtime.s3 import ObjectStore
-    from whetstone.runtime.stack import EmbeddedStack
+    from whetstone.devstack.stack import EmbeddedStack
 
     bucket = "whetstone-bench"
     # S3 only: the Kafka and Postgres addresses are never used here

@@ -24,7 +24,7 @@ from aiokafka import AIOKafkaProducer
 
 from whetstone.metering.api import job_class_of
 from whetstone.metering.simulation import Invoice, Workload, generate
-from whetstone.runtime.testing import consume_all
+from whetstone.devstack.testing import consume_all
 
 pytestmark = pytest.mark.chaos
 KILLS = 20

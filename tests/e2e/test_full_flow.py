@@ -7,9 +7,10 @@ import httpx
 import pytest
 
 from whetstone.modelkit.tiny import build_tiny_model
-from whetstone.runtime.cli import all_service_builders, create_and_follow, submit_dataset
+from whetstone.cli.main import all_service_builders, create_and_follow, submit_dataset
+from whetstone.runtime.identity import identity_headers
 from whetstone.runtime.models import resolve_model
-from whetstone.runtime.testing import outbox
+from whetstone.devstack.testing import outbox
 
 pytestmark = pytest.mark.e2e
 DATASET = Path(__file__).resolve().parents[2] / "examples" / "datasets" / "chat_demo.jsonl"
@@ -58,12 +59,12 @@ async def test_fine_tune_flows_through_all_six_services(platform, settings):
 
         # the job's events tell its story
         async with httpx.AsyncClient(base_url=p.url("scheduler")) as c:
-            events = (await c.get(f"/v1/fine_tuning/jobs/{job['id']}/events",
-                                  headers={"X-Tenant-Id": "demo"})).json()["data"]
+            events = (await c.get(f"/v1/fine_tuning/jobs/{job['id']}/events", params={"limit": 500},
+                                  headers=identity_headers("demo"))).json()["data"]
             messages = " | ".join(e["message"] for e in events)
             for expected in ("job created", "job queued", "assigned to", "training started",
                              "final checkpoint", "evaluation passed"):
                 assert expected in messages, messages
             # another tenant cannot see it
-            r = await c.get(f"/v1/fine_tuning/jobs/{job['id']}", headers={"X-Tenant-Id": "acme"})
+            r = await c.get(f"/v1/fine_tuning/jobs/{job['id']}", headers=identity_headers("acme"))
             assert r.status_code == 404

@@ -1,4 +1,4 @@
-"""`whet stack up` + each service as its own process (`python -m whetstone.<svc>`) + `whet dev`."""
+"""`whet stack up` + each service as its own process (`python -m whetstone.<svc>`) + `whet dev` (with the gateway)."""
 
 import os
 import signal
@@ -86,10 +86,15 @@ def test_stack_up_then_services_alone_and_together(tmp_path, whet_env):
 
         # all six in one process
         ports = {svc: free_port() for svc in ("INGEST", "SCHEDULER", "TRAINER_AGENT", "EVAL", "REGISTRY", "METERING")}
-        dev = subprocess.Popen([WHET, "dev"], env={**whet_env, **{f"WHETSTONE_{k}_HTTP_PORT": str(v)
-                                                                   for k, v in ports.items()}})
+        api_port = free_port()  # and the public gateway in front of them, on one port
+        dev = subprocess.Popen([WHET, "dev"], env={**whet_env, "WHETSTONE_API_PORT": str(api_port),
+                                                   **{f"WHETSTONE_{k}_HTTP_PORT": str(v) for k, v in ports.items()}})
         for p in ports.values():
             wait_healthy(p, dev)
+        gateway = wait_healthy(api_port, dev)
+        assert gateway["service"] == "gateway" and gateway["upstreams"]["scheduler"] == "ok"
+        r = httpx.get(f"http://127.0.0.1:{api_port}/v1/fine_tuning/jobs", headers={"X-Tenant-Id": "demo"})
+        assert r.status_code == 401 and r.json()["error"]["code"] == "invalid_api_key"
         dev.send_signal(signal.SIGINT)
         assert dev.wait(60) == 0
     finally:

@@ -14,8 +14,10 @@ from whetstone.contracts import (
 )
 from whetstone.metering.bootstrap import build_service as metering
 from whetstone.registry.bootstrap import build_service as registry
+from whetstone.runtime.checkpoints import upload_checkpoint
 from whetstone.runtime.service import Service
-from whetstone.runtime.testing import consume_all, outbox, send, send_event, wait_until
+from whetstone.runtime.identity import identity_headers
+from whetstone.devstack.testing import consume_all, outbox, send, send_event, wait_until
 from whetstone.scheduler.bootstrap import build_service as scheduler
 
 pytestmark = pytest.mark.integration
@@ -46,7 +48,7 @@ async def settle(rt, topic: str, delivered: int = 3) -> None:
 async def create_job(p, model: str, key: str = "k1", training_file: str = "ds-1") -> dict:
     async with httpx.AsyncClient(base_url=p.url("scheduler")) as c:
         r = await c.post("/v1/fine_tuning/jobs", json={"model": model, "training_file": training_file},
-                         headers={"X-Tenant-Id": T, "Idempotency-Key": key})
+                         headers=identity_headers(T) | {"Idempotency-Key": key})
         assert r.status_code == 200, r.text
         return r.json()
 
@@ -100,15 +102,20 @@ async def test_job_preempted_thrice_requeues_once(platform, settings, fake_model
         assert second["attempt"] == 2 and second["resume_from"]["step"] == 10
 
 
-async def test_registry_registers_once_under_triple_delivery(platform, settings):
+async def test_registry_registers_once_under_triple_delivery(platform, settings, tmp_path):
     """job.queued, checkpoint.written (final) and eval.completed, each delivered three times."""
     async with platform(registry) as p:
         b = settings.kafka_bootstrap
         await send_event(b, JobQueuedV1(job_id="j1", tier="standard", spec=spec(),
                                         resources=Resources(gpu_type="cpu", gpus_per_node=1)), T, times=3)
+        artifact = tmp_path / "final"  # the registry reads the manifest (per-file sha256) of the final checkpoint
+        artifact.mkdir()
+        (artifact / "adapter_model.safetensors").write_bytes(b"weights")
+        (artifact / "adapter_config.json").write_text('{"peft_type": "LORA", "base_model_name_or_path": null}')
+        up = upload_checkpoint(p["registry"].store, artifact, "tenants/demo/jobs/j1/checkpoints/final", {"job_id": "j1"})
         await send_event(b, CheckpointWrittenV1(job_id="j1", segment_id="j1-s1", checkpoint_id="c", kind="final",
-                                                step=40, uri="s3://whetstone/tenants/demo/jobs/j1/checkpoints/final",
-                                                manifest_sha256="1" * 64, files=3, size_bytes=10, written_at=NOW), T, times=3)
+                                                step=40, uri=up.uri, manifest_sha256=up.manifest_sha256, files=2,
+                                                size_bytes=10, written_at=NOW), T, times=3)
         await send_event(b, EvalCompletedV1(job_id="j1", checkpoint_uri="s3://x", verdict="passed", reasons=["ok"],
                                             metrics=[Metric(name="holdout_loss", base=2.0, candidate=1.0)]), T, times=3)
         rt = p["registry"]
@@ -120,6 +127,7 @@ async def test_registry_registers_once_under_triple_delivery(platform, settings)
         assert len(await outbox(rt, "model.registered")) == 1
         promoted = await outbox(rt, "model.promoted")
         assert [e["payload"]["to_stage"] for e in promoted] == ["staging"]
+        assert await rt.pool.fetchval("SELECT count(*) FROM stage_history") == 2  # dev, staging: once each
 
 
 async def test_usage_metered_thrice_counts_once_in_quota(platform, settings):

@@ -95,3 +95,39 @@ def test_malformed_conversations_raise(tokenizer, messages):
 def test_trained_user_message_whose_content_repeats_its_role_name(tokenizer):
     messages = [{"role": "user", "content": "user", "weight": 1}, {"role": "assistant", "content": "assistant"}]
     assert mask_preview(tokenizer, messages) == "<|bos|><|user|>\n[[user<|end|>]]\n<|assistant|>\n[[assistant<|end|>]]\n"
+
+
+TOOL_TEMPLATE = (
+    "{{- bos_token -}}"
+    "{%- if tools -%}{{- '<|system|>\\n' + (tools | tojson) + '<|end|>\\n' -}}{%- endif -%}"
+    "{%- for message in messages -%}"
+    "{%- if message['role'] == 'tool' -%}{{- '<|user|>\\n' + message['content'] + '<|end|>\\n' -}}"
+    "{%- elif message.get('tool_calls') -%}{{- '<|assistant|>\\n' + message['content'] -}}"
+    "{%- for c in message['tool_calls'] -%}{{- c['function']['name'] + (c['function']['arguments'] | tojson) -}}"
+    "{%- endfor -%}{{- '<|end|>\\n' -}}"
+    "{%- else -%}{{- '<|' + message['role'] + '|>\\n' + message['content'] + '<|end|>\\n' -}}{%- endif -%}"
+    "{%- endfor -%}"
+    "{%- if add_generation_prompt -%}{{- '<|assistant|>\\n' -}}{%- endif -%}"
+)
+
+
+def test_tool_calls_are_trained_and_tool_results_are_not(tokenizer):
+    import copy
+
+    tok = copy.deepcopy(tokenizer)
+    tok.chat_template = TOOL_TEMPLATE
+    tools = [{"type": "function", "function": {"name": "lookup", "parameters": {"type": "object"}}}]
+    messages = [
+        {"role": "user", "content": "Capital of France?"},
+        {"role": "assistant", "content": None, "tool_calls": [
+            {"id": "c1", "type": "function", "function": {"name": "lookup", "arguments": '{"q": "France"}'}}]},
+        {"role": "tool", "tool_call_id": "c1", "content": "Paris"},
+        {"role": "assistant", "content": "Madrid."},
+    ]
+    example = tokenize_chat(tok, messages, tools=tools)
+    trained = tok.decode(_trained_ids(example))
+    # the JSON-string arguments reach the template as a dict (rendered by tojson), the call is trained
+    assert trained == 'lookup{"q": "France"}<|end|>Madrid.<|end|>'
+    assert "[[lookup" in mask_preview(tok, messages, tools=tools)
+    with pytest.raises(ChatFormatError):
+        tokenize_chat(tok, [{"role": "user", "content": "x"}, {"role": "assistant", "content": None}])

@@ -21,8 +21,8 @@ from whetstone.runtime.checkpoints import MANIFEST, CorruptCheckpoint
 from whetstone.runtime.s3 import ObjectStore
 from whetstone.trainer_agent.adapters.checkpoint_store import S3Checkpoints
 from whetstone.trainer_agent.adapters.model_size import param_count
-from whetstone.trainer_agent.adapters.processes import SHIM, kill_orphan, log_tail, snapshot, start_ticks
-from whetstone.trainer_agent.domain.checkpoints import checkpoint_prefix
+from whetstone.trainer_agent.adapters.processes import kill_orphan, log_tail, snapshot, start_ticks
+from whetstone.trainer_agent.domain.checkpoints import AttemptFence, StaleAttempt, checkpoint_prefix
 
 pytestmark = pytest.mark.integration
 
@@ -44,6 +44,36 @@ def upload(ck: S3Checkpoints, root: Path, step: int, kind: str = "periodic", job
 
 def ref(prefix: str, step: int, up) -> dict:
     return {"uri": up.uri, "step": step, "manifest_sha256": up.manifest_sha256}
+
+
+async def test_a_stale_attempt_can_neither_write_nor_prune_checkpoints(settings, tmp_path):
+    """A node that lost its job (partitioned, declared lost) wakes up after attempt 2 started:
+    its uploads and prunes are refused and leave nothing behind; attempt 2's checkpoints stay."""
+    store = ObjectStore(settings.s3_endpoint, settings.s3_access_key, settings.s3_secret_key, settings.bucket)
+    ck = S3Checkpoints(store)
+    job = "job-fenced"
+    old, new = AttemptFence(TENANT, job, 1), AttemptFence(TENANT, job, 2)
+
+    def write(fence: AttemptFence, step: int):
+        prefix = checkpoint_prefix(TENANT, job, step, "periodic", fence.attempt)
+        ck.upload_snapshot(fake_checkpoint(tmp_path / f"a{fence.attempt}", step), tmp_path / "staged", prefix,
+                           {"job_id": job, "step": step, "kind": "periodic"}, fence=fence, attempts=1)
+        return prefix
+
+    ck.claim(old)
+    first = write(old, 10)
+    ck.claim(new)                      # the job moved on: attempt 2 starts (and may resume from attempt 1's)
+    assert ck.fenced_attempt(old) == 2
+    mine = write(new, 10)              # same step, other name: nothing of attempt 2 can be overwritten
+    assert mine != first
+    with pytest.raises(StaleAttempt):
+        write(old, 20)
+    with pytest.raises(StaleAttempt):
+        ck.prune(TENANT, job, keep_last=1, protected=set(), fence=old)
+    with pytest.raises(StaleAttempt):
+        ck.claim(old)                  # a redelivered old assignment cannot take the job back
+    assert [(c.step, c.attempt) for c in ck.list_job(TENANT, job)] == [(10, 1), (10, 2)]
+    assert ck.prune(TENANT, job, keep_last=1, protected=set(), fence=new) == [first]
 
 
 async def test_checkpoint_store_verifies_falls_back_and_prunes(settings, tmp_path):
@@ -121,9 +151,10 @@ def test_kill_orphan_kills_only_the_recorded_process(wrong_ticks):
 
 def test_training_processes_die_with_their_agent(tmp_path):
     """The death-signal shim: SIGKILL the parent (the 'agent') and its launcher dies too."""
-    parent_code = (
+    parent_code = (  # spawned as the agent spawns its launchers (adapters.processes.spawn)
         "import os, subprocess, sys, time\n"
-        f"p = subprocess.Popen([sys.executable, '-m', '{SHIM}', str(os.getpid()), '--', 'sleep', '60'],"
+        "from whetstone.runtime import pdeathsig\n"
+        "p = subprocess.Popen(pdeathsig.wrap(['sleep', '60']),"
         " start_new_session=True)\n"
         "print(p.pid, flush=True)\n"
         "time.sleep(60)\n")

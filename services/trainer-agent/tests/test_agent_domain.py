@@ -7,8 +7,9 @@ import signal
 
 import pytest
 
+from whetstone.contracts import CheckpointRef
 from whetstone.trainer_agent.domain.checkpoints import (
-    StoredCheckpoint, checkpoint_prefix, checkpoints_in, job_checkpoints_prefix, parse_checkpoint, resume_candidates,
+    AttemptFence, StaleAttempt, StoredCheckpoint, checkpoint_prefix, checkpoint_ref, checkpoints_in, job_checkpoints_prefix, parse_checkpoint, resume_candidates,
     to_prune,
 )
 from whetstone.trainer_agent.domain.distributed import (
@@ -18,8 +19,10 @@ from whetstone.trainer_agent.domain.distributed import (
 from whetstone.trainer_agent.domain.launch import (
     PORT_BASE, PORT_SPAN, RANK_VARIABLES, Rendezvous, build_launch, default_master_port, parse_rendezvous,
 )
+from whetstone.trainer_agent.domain.runs import Run
 from whetstone.trainer_agent.domain.supervision import (
-    classify_exit, describe_exit, failure_message, free_gpu_ids, preempt_reason, stop_reason,
+    classify_exit, completed_metrics, describe_exit, failure_message, free_gpu_ids, preempt_reason, progress_due,
+    progress_fields, reported_advice, stop_reason,
 )
 
 pytestmark = pytest.mark.unit
@@ -224,7 +227,7 @@ ZERO2 = DistributedPlan(mode="lora", world_size=2, zero_stage=2)
 
 
 def launch(**kw):
-    args = dict(python="/venv/python", module="whetstone.trainer_agent.recipes.sft", config_path="/s/config.json",
+    args = dict(python="/venv/python", module="whetstone.trainer_agent.recipes.main", config_path="/s/config.json",
                 plan=PLAIN, gpu_ids=[0], gpu_node=True, key="job-1-s1", hostfile_path="/s/hostfile")
     return build_launch(**{**args, **kw})
 
@@ -232,7 +235,7 @@ def launch(**kw):
 def test_cpu_node_launches_one_plain_process_without_rank_or_gpu_variables():
     spec = launch(gpu_node=False)
     assert spec.launcher == "process"
-    assert spec.argv == ("/venv/python", "-m", "whetstone.trainer_agent.recipes.sft", "--config", "/s/config.json")
+    assert spec.argv == ("/venv/python", "-m", "whetstone.trainer_agent.recipes.main", "--config", "/s/config.json")
     env = spec.environment({"PATH": "/bin", "RANK": "3", "LOCAL_RANK": "1", "WORLD_SIZE": "8", "MASTER_ADDR": "x"})
     assert env == {"PATH": "/bin"}
     assert set(RANK_VARIABLES) <= set(spec.unset)
@@ -250,7 +253,7 @@ def test_multi_gpu_torchrun_command_line_and_rank_environment():
     assert spec.argv == (
         "/venv/python", "-m", "torch.distributed.run", "--nnodes=1", "--nproc-per-node=2", "--node-rank=0",
         "--master-addr=127.0.0.1", f"--master-port={port}", "--max-restarts=0", "--shutdown-timeout=90",
-        "-m", "whetstone.trainer_agent.recipes.sft", "--config", "/s/config.json")
+        "-m", "whetstone.trainer_agent.recipes.main", "--config", "/s/config.json")
     assert spec.env["CUDA_VISIBLE_DEVICES"] == "2,3"
     assert {k: spec.env[k] for k in ("MASTER_ADDR", "MASTER_PORT", "WORLD_SIZE", "NODE_RANK")} == {
         "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), "WORLD_SIZE": "2", "NODE_RANK": "0"}
@@ -285,7 +288,7 @@ def test_deepspeed_runner_single_node_selects_gpus_with_include():
     assert spec.launcher == "deepspeed" and spec.hostfile is None
     assert spec.argv[:3] == ("/venv/python", "-m", "deepspeed.launcher.runner")
     assert "--include=localhost:2,3" in spec.argv and "--module" in spec.argv and "--no_local_rank" in spec.argv
-    assert spec.argv[-3:] == ("whetstone.trainer_agent.recipes.sft", "--config", "/s/config.json")
+    assert spec.argv[-3:] == ("whetstone.trainer_agent.recipes.main", "--config", "/s/config.json")
     assert "CUDA_VISIBLE_DEVICES" in spec.unset and "CUDA_VISIBLE_DEVICES" not in spec.env
 
 
@@ -432,3 +435,52 @@ def test_failure_message_carries_the_recipes_advice():
     assert failure_message("loss diverged", ["lower learning_rate", "raise warmup_ratio"]) == (
         "loss diverged Suggested changes: lower learning_rate; raise warmup_ratio.")
     assert failure_message(None) == "training failed" and failure_message("x", "not a list") == "x"
+
+
+def test_checkpoint_names_carry_the_attempt_and_order_by_it():
+    prefix = checkpoint_prefix("demo", "job-1", 40, "periodic", attempt=3)
+    assert prefix == "tenants/demo/jobs/job-1/checkpoints/step-00000040-periodic-a3"
+    assert parse_checkpoint(prefix) == StoredCheckpoint(prefix, 40, "periodic", 3)
+    legacy = parse_checkpoint(checkpoint_prefix("demo", "job-1", 40, "periodic"))
+    assert legacy.attempt == 0 and legacy.order() < parse_checkpoint(prefix).order()
+    with pytest.raises(ValueError):
+        checkpoint_prefix("demo", "job-1", 40, "periodic", attempt=0)
+    keys = [f"{prefix}/manifest.json", f"{JOB}fence.json"]  # the fence is not a checkpoint
+    assert checkpoints_in(keys, JOB) == [StoredCheckpoint(prefix, 40, "periodic", 3)]
+
+
+def test_attempt_fence_refuses_only_older_attempts():
+    fence = AttemptFence("demo", "job-1", 2)
+    assert fence.key == "tenants/demo/jobs/job-1/checkpoints/fence.json"
+    fence.check(None)
+    fence.check(1)
+    fence.check(2)
+    with pytest.raises(StaleAttempt, match="attempt 2 is stale"):
+        fence.check(3)
+
+
+def test_run_from_a_row_and_checkpoint_refs_from_stored_json():
+    ck = {"uri": "s3://b/tenants/demo/jobs/j/checkpoints/step-00000010-periodic-a1", "step": 10,
+          "manifest_sha256": "a" * 64, "extra": "ignored"}
+    assert checkpoint_ref(ck) == CheckpointRef(uri=ck["uri"], step=10, manifest_sha256="a" * 64)
+    assert checkpoint_ref(None) is None
+    row = {"segment_id": "j-s2", "job_id": "j", "node_id": "n", "tenant_id": "demo", "trace_id": "t", "attempt": 2,
+           "gpu_ids": [0, 1], "spec": {"method": "lora"}, "resume_from": ck, "rendezvous": None,
+           "latest_checkpoint": None, "pid": None, "pid_start": None}
+    run = Run.from_row(row)
+    assert run.gpu_ids == (0, 1) and run.durable_checkpoint == checkpoint_ref(ck)
+    assert run.fence == AttemptFence("demo", "j", 2)
+    later = Run.from_row({**row, "latest_checkpoint": {**ck, "step": 20}})
+    assert later.durable_checkpoint.step == 20
+
+
+def test_child_events_become_job_events():
+    msg = {"event": "progress", "step": 5, "total_steps": 10, "loss": 1.5, "job_id": "j", "time": 1.0, "junk": 1}
+    fields = progress_fields(msg)
+    assert fields["step"] == 5 and fields["loss"] == 1.5 and fields["grad_norm"] is None and "junk" not in fields
+    assert not progress_due(msg, 0.1, 1.0) and progress_due(msg, 1.0, 1.0)
+    assert progress_due({**msg, "step": 10}, 0.0, 1.0)  # the last step is never throttled
+    done = {"event": "completed", "job_id": "j", "time": 2.0, "step": 10, "train_loss": 0.5, "nested": {"a": 1},
+            "non_padding_fraction": None}
+    assert completed_metrics(done) == {"step": 10, "train_loss": 0.5}
+    assert reported_advice({"advice": ["a", 2]}) == ["a", "2"] and reported_advice({"advice": "x"}) == []

@@ -1,7 +1,7 @@
 """The trainer agent on the real embedded stack (Kafka, Postgres, SeaweedFS) running the real
 recipe on the tiny Llama: checkpoints in S3 with manifests and retention, drain with an
-emergency checkpoint, resume falling back from a corrupt checkpoint, cancel, crashes, and
-an agent killed outright."""
+emergency checkpoint, resume falling back from a corrupt checkpoint, cancel, crashes, an
+agent killed outright, and a segment fenced by the scheduler."""
 
 from __future__ import annotations
 
@@ -17,10 +17,10 @@ from typing import Any
 import asyncpg
 import pytest
 
-from whetstone.contracts import CheckpointRef, JobAssignedV1, JobCancelledV1, TrainingSpec
+from whetstone.contracts import CheckpointRef, JobAssignedV1, JobCancelledV1, NodeFencedV1, TrainingSpec
 from whetstone.runtime.models import resolve_model
 from whetstone.runtime.s3 import ObjectStore
-from whetstone.runtime.testing import outbox, send_event, wait_until
+from whetstone.devstack.testing import outbox, send_event, wait_until
 from whetstone.trainer_agent.adapters.checkpoint_store import S3Checkpoints
 from whetstone.trainer_agent.bootstrap import build_service
 from whetstone.trainer_agent.config import TrainerAgentSettings
@@ -117,6 +117,10 @@ async def test_agent_trains_checkpoints_prunes_and_reports_capacity(platform, se
         assert [(w["step"], w["kind"]) for w in written] == [(1, "periodic"), (2, "periodic"), (3, "periodic"),
                                                              (4, "final")]
         assert done["final_checkpoint"]["uri"] == written[-1]["uri"] and done["steps"] == 4
+        # fencing: every event of the segment names its attempt, the checkpoint names carry it too
+        assert done["attempt"] == 1 and {w["attempt"] for w in written} == {1}
+        assert {e["attempt"] for e in await events(rt, "job.progress", "job-ok")} == {1}
+        assert all(w["uri"].endswith("-a1") for w in written)
         # keep the last 2 resumable checkpoints (pruned only after the newer manifest was stored), and the final
         assert stored(rt.store, "job-ok") == [(2, "periodic"), (3, "periodic"), (4, "final")]
         for w in written[1:]:
@@ -148,7 +152,7 @@ async def test_agent_drain_then_resume_falls_back_from_a_corrupt_checkpoint(plat
         preempted = (await events(rt, "job.preempted", "job-d"))[0]
         emergency = [w for w in await events(rt, "checkpoint.written", "job-d") if w["kind"] == "emergency"]
         assert len(emergency) == 1 and emergency[0]["step"] > 10
-        assert preempted["reason"] == "drain"
+        assert preempted["reason"] == "drain" and preempted["attempt"] == 1
         assert preempted["checkpoint"] == {k: emergency[0][k] for k in ("uri", "step", "manifest_sha256")}
         assert not await events(rt, "job.failed", "job-d")
 
@@ -164,7 +168,7 @@ async def test_agent_drain_then_resume_falls_back_from_a_corrupt_checkpoint(plat
         started = await wait_event(rt, "job.started", "job-d", lambda e: e["segment_id"] == "job-d-s2")
         assert started["resumed_from_step"] == fallback["step"]
         _, done = await _completed(rt, "job-d")
-        assert done["steps"] == 64
+        assert done["steps"] == 64 and done["attempt"] == 2
         # retention: the last 2 resumable + the one segment 2 resumed from + final; the corrupt one is gone
         left = stored(rt.store, "job-d")
         assert (fallback["step"], "periodic") in left and (64, "final") in left
@@ -210,7 +214,7 @@ async def test_agent_reports_cancel_crash_recipe_failure_and_rejected_plans(plat
 
         await wait_event(rt, "job.progress", "job-cancel")
         await wait_event(rt, "job.progress", "job-kill")
-        segments = rt.state["segments"]
+        segments = rt.ctx.node.segments
         killed_pid = segments["job-kill-s1"].proc.pid
         cancelled_pid = segments["job-cancel-s1"].proc.pid
 
@@ -240,7 +244,7 @@ async def _gone(pid: int) -> bool:
 
 
 async def _no_segments(rt) -> bool:
-    return not rt.state["segments"]
+    return not rt.ctx.node.segments
 
 
 async def test_agent_killed_outright_is_reported_preempted_by_its_successor(platform, settings, tiny_base, tmp_path):
@@ -307,3 +311,50 @@ async def test_agent_preempts_a_running_job_on_the_schedulers_command(platform, 
         assert topic == "job.preempted" and stopped["reason"] == "priority"
         emergency = await wait_event(rt, "checkpoint.written", "job-prio", lambda e: e["kind"] == "emergency")
         assert stopped["checkpoint"]["uri"] == emergency["uri"]
+
+
+async def test_agent_obeys_node_fenced_silently_and_only_for_its_own_attempt(platform, settings, tiny_base):
+    """The scheduler declared this node lost and moved the job to a newer attempt: the running
+    process group is killed at once, nothing more is reported for it, the run is recorded fenced.
+    Fences for another node or for attempts not run here change nothing; redelivery neither."""
+    sha = install_model(settings, tiny_base)
+    bootstrap = settings.kafka_bootstrap
+    async with platform(agent()) as p:
+        rt = p["trainer-agent"]
+        uri = rt.store.put_bytes(TRAIN_KEY, chat_rows(16))
+        segment = await assign(settings, "job-fenced", spec(sha, uri, n_epochs=20, batch_size=1,
+                                                            checkpoint_every_steps=1000), attempt=2)
+
+        async def child():   # the real training process, maybe still importing: the fence must kill it
+            seg = rt.ctx.node.segments.get(segment)
+            return seg.proc.pid if seg is not None and seg.proc is not None else None
+        pid = await wait_until(child, timeout=120, what="training process started")
+
+        async def processed(*envs):
+            rows = await rt.pool.fetchval("SELECT count(*) FROM inbox WHERE message_id = ANY($1::text[])",
+                                          [str(e.event_id) for e in envs])
+            return rows == len(envs)
+
+        def fence(**fields):
+            fields = {"job_id": "job-fenced", "node_id": NODE, "segment_id": segment, "attempt": 2,
+                      "reason": "node_lost", **fields}
+            return send_event(bootstrap, NodeFencedV1(**fields), TENANT)
+
+        not_ours = [await fence(node_id="node-b"), await fence(attempt=1, segment_id="job-fenced-s1"),
+                    await fence(attempt=3, segment_id=None), await fence(job_id="job-other")]
+        await wait_until(lambda: processed(*not_ours), timeout=60, what="the other fences consumed")
+        assert not await _gone(pid) and segment in rt.ctx.node.segments
+        assert await rt.pool.fetchval("SELECT status FROM runs WHERE segment_id = $1", segment) == "running"
+
+        fenced = await send_event(bootstrap, NodeFencedV1(job_id="job-fenced", node_id=NODE, segment_id=segment,
+                                                          attempt=2, reason="node_lost"), TENANT, times=2)
+        await wait_until(lambda: _gone(pid), timeout=15, what="fenced process group killed")
+        await wait_until(lambda: _no_segments(rt), timeout=15, what="fenced segment finished")
+        again = await fence()                                   # the same command once more: no effect
+        await wait_until(lambda: processed(fenced, again), timeout=60, what="the fences consumed")
+
+        row = await rt.pool.fetchrow("SELECT status, outcome FROM runs WHERE segment_id = $1", segment)
+        assert (row["status"], row["outcome"]) == ("finished", "fenced")
+        for topic in ("job.completed", "job.failed", "job.preempted", "checkpoint.written"):
+            assert not await events(rt, topic, "job-fenced"), topic
+        assert not rt.ctx.node.fenced                           # nothing left behind in memory

@@ -8,7 +8,7 @@ import json
 
 import pytest
 import torch
-import torch.nn.functional as F
+from torch.nn import functional
 
 from whetstone.trainer_agent.recipes import attention
 from whetstone.trainer_agent.recipes.data import IGNORE_INDEX, PaddedCollator, PaddingFreeCollator, read_chat_jsonl, \
@@ -20,7 +20,7 @@ pytestmark = pytest.mark.integration
 
 def _masked_mean(logits, labels):
     """Mean next-token loss over the labelled targets (logits[t] predicts labels[t+1])."""
-    losses = F.cross_entropy(logits[:-1].float(), labels[1:], ignore_index=IGNORE_INDEX, reduction="none")
+    losses = functional.cross_entropy(logits[:-1].float(), labels[1:], ignore_index=IGNORE_INDEX, reduction="none")
     mask = labels[1:] != IGNORE_INDEX
     return losses[mask].sum() / mask.sum()
 

@@ -14,9 +14,10 @@ from whetstone.trainer_agent.recipes.data import (
 )
 from whetstone.trainer_agent.recipes.errors import AmbiguousError, UserError, is_out_of_memory
 from whetstone.trainer_agent.recipes.faults import Faults
-from whetstone.trainer_agent.recipes.hyperparams import Hyperparameters, plan_auto_batch, rank_for_size
+from whetstone.trainer_agent.recipes.hyperparams import (
+    Hyperparameters, halved_batch, plan_auto_batch, plan_batch, rank_for_size,
+)
 from whetstone.trainer_agent.recipes.metrics import loss_points
-from whetstone.trainer_agent.recipes.recipe import halved_batch
 
 pytestmark = pytest.mark.unit
 
@@ -79,6 +80,36 @@ def test_out_of_memory_halving_keeps_the_effective_batch():
     odd = halved_batch(Hyperparameters.parse({"batch_size": 3}))
     assert (odd.batch_size, odd.gradient_accumulation_steps) == (1, 3)
     assert halved_batch(Hyperparameters.parse({"batch_size": 1})) is None
+
+
+def test_plan_batch_adopts_the_resumed_geometry_only_for_the_same_effective_batch():
+    hp = Hyperparameters.parse({"batch_size": 8, "gradient_accumulation_steps": 2})
+    resumed = plan_batch(hp, [10] * 4, 4096, previous=(2, 8))  # the segment before halved twice after OOM
+    assert (resumed.batch_size, resumed.gradient_accumulation_steps) == (2, 8)
+    other = plan_batch(hp, [10] * 4, 4096, previous=(2, 4))
+    assert (other.batch_size, other.gradient_accumulation_steps) == (8, 2)
+    auto = plan_batch(Hyperparameters.parse({"batch_size": "auto", "target_effective_batch": 16}), [], 4096, None)
+    assert (auto.batch_size, auto.gradient_accumulation_steps) == (16, 1)  # no lengths: max_seq_len 256 plans
+
+
+def test_checkpoint_state_names_the_data_position_and_reads_back_its_geometry(tmp_path):
+    from types import SimpleNamespace
+
+    from whetstone.trainer_agent.recipes.checkpointing import (
+        checkpoint_geometry, checkpoint_state, write_checkpoint_state,
+    )
+
+    hp = Hyperparameters.parse({"batch_size": 2, "gradient_accumulation_steps": 2, "seed": 3})
+    state = SimpleNamespace(global_step=13, epoch=1.3, num_input_tokens_seen=999)
+    info = checkpoint_state(state, kind="emergency", method="lora", hp=hp, examples_per_epoch=40, train_file="t.jsonl")
+    assert info["kind"] == "emergency" and info["effective_batch"] == 4
+    assert info["data_position"] == {"epoch_index": 1, "optimizer_steps_into_epoch": 3, "micro_batches_into_epoch": 6,
+                                     "examples_into_epoch": 12, "examples_per_epoch": 40, "shuffle_seed": 3}
+    assert checkpoint_geometry(tmp_path) is None
+    write_checkpoint_state(tmp_path, info)
+    assert checkpoint_geometry(tmp_path) == (2, 2)
+    (tmp_path / "whetstone_state.json").write_text("{}")
+    assert checkpoint_geometry(tmp_path) is None
 
 
 def test_out_of_memory_is_recognised_across_backends():
@@ -163,3 +194,72 @@ def test_loss_points_keep_the_last_value_per_step():
     events = [{"event": "progress", "step": 1, "loss": 3.0}, {"event": "progress", "step": 2, "loss": 2.0,
               "validation_loss": 2.5}, {"event": "checkpoint", "step": 2}, {"event": "progress", "step": 2, "loss": 1.9}]
     assert loss_points(events) == ([(1, 3.0), (2, 1.9)], [(2, 2.5)])
+
+
+class _Planted:
+    """Unpickling this calls os.mkdir(marker): the stand-in for a planted checkpoint's payload."""
+
+    def __init__(self, marker: str) -> None:
+        self.marker = marker
+
+    def __reduce__(self):
+        import os
+
+        return os.mkdir, (self.marker,)
+
+
+def _hf_checkpoint(root):
+    import numpy as np
+    import torch
+
+    root.mkdir(parents=True)
+    torch.save({"state": {0: {"exp_avg": torch.ones(3)}}, "param_groups": [{"lr": 0.1, "params": [0]}]},
+               root / "optimizer.pt")
+    torch.save({"python": (3, (1, 2), None), "numpy": ("MT19937", np.arange(4, dtype=np.uint32), 0, 0, 0.0),
+                "cpu": torch.ByteTensor([1, 2])}, root / "rng_state.pth")
+    torch.save({"args": "a pickled TrainingArguments"}, root / "training_args.bin")
+    return root
+
+
+def test_resume_pickles_must_load_without_running_code(tmp_path):
+    import torch
+
+    from whetstone.trainer_agent.recipes.errors import PlatformError
+    from whetstone.trainer_agent.recipes.safe_load import verify_checkpoint_pickles
+
+    good = _hf_checkpoint(tmp_path / "good")
+    checked = verify_checkpoint_pickles(good)
+    assert {p.name for p in checked} == {"optimizer.pt", "rng_state.pth"}
+    assert not (good / "training_args.bin").exists()  # never loaded on resume: not kept either
+
+    marker = tmp_path / "pwned"
+    for protocol in (2, 4):  # GLOBAL and STACK_GLOBAL opcodes
+        bad = _hf_checkpoint(tmp_path / f"bad-{protocol}")
+        torch.save({"state": _Planted(str(marker))}, bad / "optimizer.pt", pickle_protocol=protocol)
+        with pytest.raises(PlatformError, match="optimizer.pt does not load without running code") as caught:
+            verify_checkpoint_pickles(bad)
+        assert caught.value.code == "unsafe_checkpoint" and not marker.exists()
+
+
+def test_deepspeed_states_admit_deepspeed_objects_but_nothing_else(tmp_path):
+    import torch
+
+    from whetstone.trainer_agent.recipes.errors import PlatformError
+    from whetstone.trainer_agent.recipes.safe_load import verify_checkpoint_pickles
+
+    loss_scaler = pytest.importorskip("deepspeed.runtime.fp16.loss_scaler")
+    root = _hf_checkpoint(tmp_path / "ds")
+    step = root / "global_step5"
+    step.mkdir()
+    torch.save({"module": {"w": torch.zeros(2, 2)}, "ds_version": "0.19", "param_shapes": [{"w": torch.Size([2, 2])}],
+                "dtype": torch.bfloat16}, step / "mp_rank_00_model_states.pt")
+    torch.save({"optimizer_state_dict": {"loss_scaler": loss_scaler.DynamicLossScaler(2.0 ** 16, 1000, 1.0, 2, True),
+                                         "partition_count": [1], "step_set": {1, 2}}},
+               step / "zero_pp_rank_0_mp_rank_00_optim_states.pt")
+    assert len(verify_checkpoint_pickles(root)) == 4  # DeepSpeed itself loads these with weights_only=False
+
+    marker = tmp_path / "pwned"
+    torch.save({"optimizer_state_dict": {"x": _Planted(str(marker))}}, step / "zero_pp_rank_0_mp_rank_00_optim_states.pt")
+    with pytest.raises(PlatformError, match="global posix.mkdir is not admitted"):
+        verify_checkpoint_pickles(root)
+    assert not marker.exists()

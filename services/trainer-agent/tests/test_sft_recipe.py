@@ -15,7 +15,7 @@ import pytest
 
 pytestmark = pytest.mark.integration
 
-RECIPE_MODULE = "whetstone.trainer_agent.recipes.sft"
+RECIPE_MODULE = "whetstone.trainer_agent.recipes.main"
 
 
 # --------------------------------------------------------------------------- runner: as the trainer agent does

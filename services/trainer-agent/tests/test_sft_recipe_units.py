@@ -7,14 +7,11 @@ import json
 
 import pytest
 
-from whetstone.trainer_agent.recipes.sft import (
-    EventStream,
-    Hyperparameters,
-    PlatformError,
-    RecipeConfig,
-    UserError,
-    read_chat_jsonl,
-)
+from whetstone.trainer_agent.recipes.data import read_chat_jsonl
+from whetstone.trainer_agent.recipes.errors import PlatformError, UserError
+from whetstone.trainer_agent.recipes.hyperparams import Hyperparameters
+from whetstone.trainer_agent.recipes.protocol import EventStream
+from whetstone.trainer_agent.recipes.spec import RecipeConfig
 
 pytestmark = pytest.mark.unit
 

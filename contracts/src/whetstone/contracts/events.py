@@ -83,6 +83,7 @@ class Hyperparameters(Contract):
     merge_adapter: bool | None = None
     precompute_ref_log_probs: bool | None = None
     zero_stage: int | None = Field(default=None, ge=0, le=3)
+    beta: float | None = Field(default=None, gt=0, le=10, description="DPO beta / ORPO lambda")
 
     @field_validator("batch_size")
     @classmethod
@@ -112,6 +113,8 @@ class JobRequestedV1(Event):
     suffix: str | None = Field(default=None, max_length=64)
     tier: str | None = None
     resources: ResourceRequest | None = Field(default=None, description="absent: auto")
+    eval_config: dict[str, Any] | None = Field(
+        default=None, description="per-job eval gate settings (stages, thresholds); absent: tenant defaults")
 
 
 class TrainingSpec(Contract):
@@ -126,6 +129,7 @@ class TrainingSpec(Contract):
     method: Method
     hyperparameters: dict[str, Any]
     hyperparameters_hash: str
+    eval_config: dict[str, Any] | None = Field(default=None, description="the job's eval gate settings, as requested")
 
 
 class Resources(Contract):
@@ -143,6 +147,11 @@ class JobQueuedV1(Event):
     queue_position: int | None = None
     cost_estimate: dict[str, Any] | None = None
     requeued: bool = False
+    suffix: str | None = Field(default=None, max_length=64, description="the user's suffix for the model name")
+    job_template: str | None = Field(default=None, description="the job template the job was created from")
+    job_template_version: str | None = Field(default=None, description="that template's version (a number)")
+    job_template_overrides: list[str] = Field(default_factory=list,
+                                              description="fields the job create set over the template's")
 
 
 class CheckpointRef(Contract):
@@ -171,6 +180,18 @@ class JobCancelledV1(Event):
     job_id: str
     node_id: str | None = None
     reason: str = "cancelled by user"
+
+
+class NodeFencedV1(Event):
+    """Command to a node: the scheduler declared it lost (or the segment timed out) and moved the
+    job on; this attempt is fenced: stop it without reporting, every later event of it is refused."""
+
+    EVENT_TYPE = "node.fenced"
+    job_id: str
+    node_id: str
+    segment_id: str | None = None
+    attempt: int = Field(ge=1, description="the fenced attempt; the job's next assignment has a higher one")
+    reason: str = Field(description="node_lost | spot_loss | platform_timeout: why the scheduler moved on")
 
 
 class JobPreemptRequestedV1(Event):
@@ -202,6 +223,7 @@ class JobProgressV1(Event):
     EVENT_TYPE = "job.progress"
     job_id: str
     segment_id: str
+    attempt: int | None = Field(default=None, ge=1, description="job attempt of the segment (fencing); absent: older producer")
     step: int
     total_steps: int | None = None
     epoch: float | None = None
@@ -221,6 +243,7 @@ class CheckpointWrittenV1(Event):
     EVENT_TYPE = "checkpoint.written"
     job_id: str
     segment_id: str
+    attempt: int | None = Field(default=None, ge=1, description="job attempt of the segment (fencing); absent: older producer")
     checkpoint_id: str
     kind: CheckpointKind
     step: int
@@ -236,8 +259,9 @@ class JobPreemptedV1(Event):
     EVENT_TYPE = "job.preempted"
     job_id: str
     segment_id: str
+    attempt: int | None = Field(default=None, ge=1, description="job attempt of the segment (fencing); absent: older producer")
     node_id: str
-    reason: Literal["spot_loss", "priority", "node_lost", "drain", "signal"]
+    reason: Literal["spot_loss", "priority", "node_lost", "drain", "signal", "platform_timeout"]
     stopped_at: datetime
     checkpoint: CheckpointRef | None = None
     checkpointed_at: datetime | None = None
@@ -247,6 +271,7 @@ class JobCompletedV1(Event):
     EVENT_TYPE = "job.completed"
     job_id: str
     segment_id: str
+    attempt: int | None = Field(default=None, ge=1, description="job attempt of the segment (fencing); absent: older producer")
     node_id: str
     stopped_at: datetime
     steps: int
@@ -266,6 +291,7 @@ class JobFailedV1(Event):
     node_id: str | None = None
     stopped_at: datetime | None = None
     advice: list[str] = Field(default_factory=list)
+    attempt: int | None = Field(default=None, ge=1, description="job attempt of the segment (fencing); absent: older producer")
 
 
 # -------------------------------------------------------------- eval, models
@@ -279,6 +305,16 @@ class Metric(Contract):
     higher_is_better: bool = False
 
 
+class EvalStageResult(Contract):
+    """One stage of the eval gate: benchmarks, holdout, safety, judge (or another named stage)."""
+
+    name: str
+    status: Literal["passed", "failed", "skipped"]
+    reason: str = Field(description="one line saying why")
+    metrics: list[Metric] = Field(default_factory=list)
+    details: dict[str, Any] = Field(default_factory=dict)
+
+
 class EvalCompletedV1(Event):
     EVENT_TYPE = "eval.completed"
     job_id: str
@@ -286,6 +322,11 @@ class EvalCompletedV1(Event):
     verdict: Literal["passed", "failed"]
     reasons: list[str]
     metrics: list[Metric]
+    stages: list[EvalStageResult] = Field(default_factory=list, description="per-stage results; verdict = all enabled stages passed")
+    request_id: str | None = Field(
+        default=None, description="set when answering an eval.requested command (e.g. a re-eval after a base-model"
+                                  " update): the command's request_id")
+    base_model_sha256: str | None = Field(default=None, description="the base-model SHA the candidate was evaluated on")
 
 
 class Lineage(Contract):
@@ -298,6 +339,14 @@ class Lineage(Contract):
     hyperparameters_hash: str
     eval_verdict: str | None = None
     eval_metrics: list[Metric] = Field(default_factory=list)
+    eval_stages: list[EvalStageResult] = Field(default_factory=list, description="per-stage eval results")
+    training_run: str | None = Field(default=None, description="segment id of the run that wrote the final checkpoint")
+    checkpoint_step: int | None = None
+    job_template: str | None = Field(default=None, description="job template name; null until templates exist")
+    job_template_version: str | None = None
+    chat_template_sha256: str | None = Field(
+        default=None, description="sha256 of the chat template used in training (serving must use the same)")
+    environment_sha256: str | None = Field(default=None, description="sha256 of the environment lockfile")
 
 
 class ModelRegisteredV1(Event):
@@ -306,16 +355,89 @@ class ModelRegisteredV1(Event):
     name: str
     stage: Literal["dev", "staging", "production", "archived", "quarantined"]
     artifact_uri: str
-    artifact_sha256: str
+    artifact_sha256: str = Field(description="sha256 of the artifact's manifest.json")
     lineage: Lineage
+    files: dict[str, str] = Field(default_factory=dict, description="artifact file (relative path) -> sha256")
+    model_card_uri: str | None = None
 
 
 class ModelPromotedV1(Event):
+    """A stage change (serving handoff). Carries everything a loader needs to act on it alone."""
+
     EVENT_TYPE = "model.promoted"
     model_id: str
     from_stage: str
     to_stage: str
     reason: str
+    name: str | None = None
+    artifact_uri: str | None = None
+    artifact_sha256: str | None = Field(default=None, description="sha256 of the artifact's manifest.json")
+    files: dict[str, str] = Field(default_factory=dict, description="artifact file (relative path) -> sha256")
+    base_model: str | None = None
+    base_model_sha256: str | None = None
+    chat_template_sha256: str | None = None
+    approval: Literal["manual", "auto"] | None = Field(
+        default=None, description="how a promotion to production was approved; None for other transitions")
+    approved_by: str | None = Field(default=None, description="key id of the approving caller (manual)")
+    replaces_model_id: str | None = Field(
+        default=None, description="the production version this one replaces (archived in the same transaction)")
+    sequence: int | None = Field(default=None, description="the stage-history row id: orders transitions")
+
+
+class BaseModelUpdatedV1(Event):
+    """A new pinned SHA for a catalog base model: adapters on the previous SHA need re-evaluation."""
+
+    EVENT_TYPE = "base_model.updated"
+    name: str
+    sha256: str
+    previous_sha256: str | None = None
+    uri: str | None = Field(default=None, description="where the new weights are (local dir, s3:// or Hub id)")
+    reason: str = ""
+
+
+class EvalRequestedV1(Event):
+    """Command to the eval service: run the gate for a registered model (against `base_model_sha256`),
+    answer with eval.completed carrying `request_id` and `base_model_sha256`."""
+
+    EVENT_TYPE = "eval.requested"
+    request_id: str
+    job_id: str
+    model_id: str
+    checkpoint_uri: str = Field(description="the model's artifact prefix (manifest.json inside)")
+    manifest_sha256: str
+    base_model: str
+    base_model_sha256: str = Field(description="the SHA to evaluate against (the new one)")
+    base_model_uri: str | None = None
+    previous_base_model_sha256: str | None = None
+    reason: Literal["base_model_updated", "manual"] = "base_model_updated"
+    eval_config: dict[str, Any] | None = Field(default=None, description="the job's eval gate settings, if any")
+
+
+class MergeRequestedV1(Event):
+    """Command: merge a model's adapter into its base (a job through the normal queue, billed as one)."""
+
+    EVENT_TYPE = "model.merge_requested"
+    merge_id: str
+    model_id: str
+    job_id: str = Field(description="the training job of the adapter")
+    artifact_uri: str
+    manifest_sha256: str
+    base_model: str
+    base_model_sha256: str
+
+
+class ModelMergedV1(Event):
+    """Answer to model.merge_requested: merged full weights (safetensors) stored with a manifest."""
+
+    EVENT_TYPE = "model.merged"
+    merge_id: str
+    model_id: str
+    status: Literal["succeeded", "failed"]
+    uri: str | None = None
+    manifest_sha256: str | None = None
+    files: dict[str, str] = Field(default_factory=dict)
+    merge_job_id: str | None = Field(default=None, description="the job that did the merge (billing)")
+    error: str | None = None
 
 
 # ------------------------------------------------------------------ metering
@@ -368,4 +490,8 @@ class DeadLetterV1(Event):
     attempts: int
     error: str
     key: str | None = None
-    value: str = Field(description="the original message bytes, utf-8 with replacement")
+    value: str = Field(description="the original record, at most 64 KiB of it: as text, or base64 (value_encoding)")
+    value_encoding: Literal["utf-8", "base64"] = "utf-8"
+    value_bytes: int | None = Field(default=None, description="size of the whole original record")
+    value_sha256: str | None = Field(default=None, description="sha256 of the whole original record")
+    value_truncated: bool = False

@@ -17,6 +17,9 @@ class Topic:
     model: type[Event]
     key_field: str
     partitions: int = 3
+    # how long the broker keeps messages (production KafkaTopic retention.ms); DLQs keep theirs longer
+    retention_hours: int = 7 * 24
+    dlq_retention_hours: int = 30 * 24
 
     @property
     def dlq(self) -> str:
@@ -33,6 +36,7 @@ TOPICS: dict[str, Topic] = {
         Topic("job.assigned", e.JobAssignedV1, "node_id"),
         Topic("job.cancelled", e.JobCancelledV1, "job_id"),
         Topic("job.preempt_requested", e.JobPreemptRequestedV1, "node_id"),
+        Topic("node.fenced", e.NodeFencedV1, "node_id"),
         Topic("job.started", e.JobStartedV1, "job_id"),
         Topic("job.progress", e.JobProgressV1, "job_id"),
         Topic("checkpoint.written", e.CheckpointWrittenV1, "job_id"),
@@ -42,6 +46,10 @@ TOPICS: dict[str, Topic] = {
         Topic("eval.completed", e.EvalCompletedV1, "job_id"),
         Topic("model.registered", e.ModelRegisteredV1, "model_id"),
         Topic("model.promoted", e.ModelPromotedV1, "model_id"),
+        Topic("base_model.updated", e.BaseModelUpdatedV1, "name"),
+        Topic("eval.requested", e.EvalRequestedV1, "job_id"),
+        Topic("model.merge_requested", e.MergeRequestedV1, "model_id"),
+        Topic("model.merged", e.ModelMergedV1, "model_id"),
         Topic("usage.metered", e.UsageMeteredV1, "job_id"),
         Topic("node.heartbeat", e.NodeHeartbeatV1, "node_id", partitions=1),
     ]

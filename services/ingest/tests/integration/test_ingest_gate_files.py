@@ -25,7 +25,8 @@ pytestmark = pytest.mark.integration
 
 # codes only the service can produce (tested through the real stack in test_ingest_service.py)
 SERVICE_CODES = {"file_too_large", "unsafe_name", "dataset_id_mismatch", "unknown_tenant", "source_outside_tenant",
-                 "source_missing", "base_model_unavailable", "processing_failed"}
+                 "source_missing", "base_model_unavailable", "processing_failed",
+                 "tools_unsupported"}  # tested in test_ingest_layouts.py
 SEEN: set[str] = set()
 
 
@@ -51,7 +52,7 @@ def rejected_with(tmp_path, kit, path: Path, code: str, **kw) -> str:
 def test_chat_jsonl_accepted_with_split_stats_and_cost(tmp_path, kit):
     path = kit.write_jsonl(tmp_path / "d.jsonl", kit.good_rows(60) + [b"", b"   "])
     result = kit.run_gate(path, tmp_path)
-    r = result.report
+    r = result.report.as_dict()
     assert r["accepted"] and r["format"] == "jsonl" and r["schema"] == "chat" and r["purpose"] == "sft"
     assert r["rows_total"] == 60 and r["rows_kept"] == 60 == r["train_rows"] + r["validation_rows"]
     assert r["validation_rows"] > 0
@@ -78,7 +79,7 @@ def test_chat_jsonl_accepted_with_split_stats_and_cost(tmp_path, kit):
 ])
 def test_every_schema_is_detected_and_normalized(tmp_path, kit, rows, schema, purpose):
     result = kit.run_gate(kit.write_jsonl(tmp_path / "d.jsonl", rows), tmp_path)
-    r = result.report
+    r = result.report.as_dict()
     assert r["accepted"], r["errors"]
     assert r["schema"] == schema and r["purpose"] == purpose and r["rows_kept"] == 12
     out = kit.read_jsonl(result.train_path)
@@ -94,7 +95,7 @@ def test_every_schema_is_detected_and_normalized(tmp_path, kit, rows, schema, pu
 def test_eval_purpose_keeps_every_row_for_evaluation(tmp_path, kit):
     result = kit.run_gate(kit.write_jsonl(tmp_path / "d.jsonl", kit.good_rows(15)), tmp_path,
                           request=GateRequest(purpose="eval"))
-    r = result.report
+    r = result.report.as_dict()
     assert r["accepted"] and r["purpose"] == "eval" and r["validation_rows"] == 15 and result.train_path is None
     assert r["cost_estimate"] is None
 
@@ -108,20 +109,20 @@ def test_parquet_csv_tsv_and_archives(tmp_path, kit):
     rows[3]["messages"].append({"role": "user", "content": "and?"})
     rows[3]["messages"].append({"role": "assistant", "content": "and that is all.", "weight": 1})
     pq.write_table(pa.Table.from_pylist(rows), tmp_path / "d.parquet")
-    r = kit.run_gate(tmp_path / "d.parquet", tmp_path / "pq").report
+    r = kit.run_gate(tmp_path / "d.parquet", tmp_path / "pq").report.as_dict()
     assert r["accepted"] and r["format"] == "parquet" and r["schema"] == "chat" and r["rows_kept"] == 20, r["errors"]
 
     csv_text = "prompt,completion\n" + "".join(f'"line {i}, with comma","answer\nover two lines {i}"\n'
                                                for i in range(12))
     (tmp_path / "d.csv").write_text(csv_text)
-    r = kit.run_gate(tmp_path / "d.csv", tmp_path / "csv").report
+    r = kit.run_gate(tmp_path / "d.csv", tmp_path / "csv").report.as_dict()
     assert r["accepted"] and r["format"] == "csv" and r["schema"] == "prompt_completion", r["errors"]
     (tmp_path / "d.tsv").write_text("text\n" + "".join(f"document {i} in a tab separated file\n" for i in range(12)))
-    r = kit.run_gate(tmp_path / "d.tsv", tmp_path / "tsv").report
+    r = kit.run_gate(tmp_path / "d.tsv", tmp_path / "tsv").report.as_dict()
     assert r["accepted"] and r["format"] == "tsv" and r["schema"] == "text"
     msgs = "messages\n" + "".join('"' + json.dumps(row["messages"]).replace('"', '""') + '"\n' for row in rows[:12])
     (tmp_path / "chat.csv").write_text(msgs)
-    assert kit.run_gate(tmp_path / "chat.csv", tmp_path / "chatcsv").report["schema"] == "chat"
+    assert kit.run_gate(tmp_path / "chat.csv", tmp_path / "chatcsv").report.as_dict()["schema"] == "chat"
 
     jsonl = kit.write_jsonl(tmp_path / "inner.jsonl", rows)
     with zipfile.ZipFile(tmp_path / "d.zip", "w", zipfile.ZIP_DEFLATED) as z:
@@ -131,7 +132,7 @@ def test_parquet_csv_tsv_and_archives(tmp_path, kit):
         t.add(jsonl, "train.jsonl")
     (tmp_path / "d.jsonl.gz").write_bytes(gzip.compress(jsonl.read_bytes()))
     for name in ("d.zip", "d.tar.gz", "d.jsonl.gz"):
-        r = kit.run_gate(tmp_path / name, tmp_path / name.replace(".", "-")).report
+        r = kit.run_gate(tmp_path / name, tmp_path / name.replace(".", "-")).report.as_dict()
         assert r["accepted"] and r["format"] == "jsonl" and r["rows_kept"] == 20, (name, r["errors"])
 
 
@@ -139,20 +140,20 @@ def test_save_to_disk_dataset_and_datasetdict(tmp_path, kit):
     from datasets import Dataset, DatasetDict
 
     Dataset.from_list(kit.good_rows(15)).save_to_disk(tmp_path / "ds")
-    r = kit.run_gate(tmp_path / "ds", tmp_path / "one").report
+    r = kit.run_gate(tmp_path / "ds", tmp_path / "one").report.as_dict()
     assert r["accepted"] and r["format"] == "hf_disk" and r["rows_kept"] == 15
     train = kit.good_rows(30)
     validation = kit.good_rows(5, start=100) + [train[0]]  # one validation row leaks from train
     DatasetDict({"train": Dataset.from_list(train), "validation": Dataset.from_list(validation),
                  "test": Dataset.from_list(kit.good_rows(3, start=200))}).save_to_disk(tmp_path / "dd")
     result = kit.run_gate(tmp_path / "dd", tmp_path / "two")
-    r = result.report
+    r = result.report.as_dict()
     assert r["accepted"] and r["train_rows"] == 30 and r["validation_rows"] == 6
     assert r["warning_counts"]["train_validation_overlap"] == 1 and r["warning_counts"]["ignored_splits"] == 1
     overlap = next(w for w in r["warnings"] if w["code"] == "train_validation_overlap")
     assert overlap["line"] == 36  # validation rows continue the numbering after the 30 train rows
     shutil.make_archive(str(tmp_path / "dd_archive"), "zip", tmp_path, "dd")
-    r = kit.run_gate(tmp_path / "dd_archive.zip", tmp_path / "three").report
+    r = kit.run_gate(tmp_path / "dd_archive.zip", tmp_path / "three").report.as_dict()
     assert r["accepted"] and r["format"] == "hf_disk" and r["train_rows"] == 30
 
 
@@ -183,53 +184,70 @@ def test_hub_ids_without_a_reachable_hub_are_rejected_with_a_reason(monkeypatch)
 def test_row_errors_all_reported_with_line_numbers(tmp_path, kit):
     u = {"role": "user", "content": "q"}
     a = {"role": "assistant", "content": "a"}
+    image = {"role": "assistant", "content": [{"type": "image_url", "image_url": {"url": "https://x/y.png"}}]}
+    bad_call = {"role": "assistant", "content": None, "tool_calls": [{"type": "function", "function": {"name": "f"}},
+                                                                      {"type": "function", "function": {}}]}
     bad = [
-        b"\xef\xbb\xbf" + json.dumps(kit.chat_row(1000)).encode(),            # 1 bom
-        b'{"messages": [{"role": "user", "content": "\xff"}]}',                   # 2 bad_encoding
-        b'{"messages": [',                                                        # 3 invalid_json
-        b"[1, 2, 3]",                                                             # 4 row_not_object
-        {"foo": "bar"},                                                           # 5 unknown_schema
-        {"messages": [u, a], "id": 7},                                            # 6 unknown_key (fixes: chat)
-        {"prompt": "p", "completion": "c"},                                       # 7 mixed_schema
-        {"messages": "hi"},                                                       # 8 messages_not_list
-        {"messages": [u, 5]},                                                     # 9 message_not_object (+no_assistant)
-        {"messages": [{"role": "tool", "content": "x"}, u, a]},                   # 10 unknown_role
-        {"messages": [u, {"role": "assistant", "content": ["x"]}]},               # 11 content_not_string
-        {"messages": [u, {"role": "assistant", "content": ""}]},                  # 12 empty_content
-        {"messages": [u]},                                                        # 13 no_assistant
-        {"messages": [a, u, a]},                                                  # 14 role_order
-        {"messages": [u, {**a, "weight": 0.5}]},                                  # 15 bad_weight
-        {"messages": [u, {**a, "weight": 0}]},                                    # 16 nothing_to_train
-        {"messages": [{"content": "x"}, a]},                                      # 17 missing_key (+role_order)
-        b'{"messages": "' + b"x" * 3000 + b'"}',                                  # 18 line_too_long
+        b"\xef\xbb\xbf" + json.dumps(kit.chat_row(1000)).encode(),            # 1 BOM at the start: stripped
+        b"\xef\xbb\xbf" + json.dumps(kit.chat_row(1001)).encode(),            # 2 bom (inside the file)
+        b'{"messages": [{"role": "user", "content": "\xff"}]}',                   # 3 bad_encoding
+        b'{"messages": [',                                                        # 4 invalid_json
+        b"[1, 2, 3]",                                                             # 5 row_not_object
+        {"foo": "bar"},                                                           # 6 unknown_schema
+        {"mesages": [u, a]},                                                      # 7 unknown_key (did you mean)
+        {"prompt": "p", "completion": "c"},                                       # 8 mixed_schema
+        {"messages": "hi"},                                                       # 9 messages_not_list
+        {"messages": [u, 5]},                                                     # 10 message_not_object
+        {"messages": [{"role": "robot", "content": "x"}, u, a]},                  # 11 unknown_role
+        {"messages": [u, {"role": "assistant", "content": ["x"]}]},               # 12 content_not_string
+        {"messages": [u, {"role": "assistant", "content": ""}]},                  # 13 empty_content
+        {"messages": [u]},                                                        # 14 no_assistant
+        {"messages": [a, u, a]},                                                  # 15 role_order
+        {"messages": [u, {**a, "weight": 0.5}]},                                  # 16 bad_weight
+        {"messages": [u, {**a, "weight": 0}]},                                    # 17 nothing_to_train
+        {"messages": [{"content": "x"}, a]},                                      # 18 missing_key (+role_order)
+        b'{"messages": "' + b"x" * 3000 + b'"}',                                  # 19 line_too_long
+        b'{"messages": [{"role": "user", "content": "q"}], "score": NaN}',        # 20 invalid_number
+        b'{"messages": "a\x00b"}',                                                # 21 binary_content
+        {"messages": [u, image]},                                                 # 22 content_part_unsupported
+        {"messages": [u, bad_call]},                                              # 23 bad_tool_call
+        {"messages": [u, a], "id": 7, "source": "web"},                           # 24 fine: extra keys ignored
     ]
     path = kit.write_jsonl(tmp_path / "bad.jsonl", bad + kit.good_rows(12))
-    r = kit.run_gate(path, tmp_path, settings=IngestSettings(max_line_bytes=2048)).report
+    r = kit.run_gate(path, tmp_path, settings=IngestSettings(max_line_bytes=2048)).report.as_dict()
     got = errors(r)
-    expected = ["bom", "bad_encoding", "invalid_json", "row_not_object", "unknown_schema", "unknown_key",
+    expected = [None, "bom", "bad_encoding", "invalid_json", "row_not_object", "unknown_schema", "unknown_key",
                 "mixed_schema", "messages_not_list", "message_not_object", "unknown_role", "content_not_string",
                 "empty_content", "no_assistant", "role_order", "bad_weight", "nothing_to_train", "missing_key",
-                "line_too_long"]
+                "line_too_long", "invalid_number", "binary_content", "content_part_unsupported", "bad_tool_call",
+                None]
     for line, code in enumerate(expected, start=1):
-        assert code in got[line], (line, code, got.get(line))
-    assert not r["accepted"] and r["rows_total"] == len(bad) + 12 and r["rows_kept"] == 12
+        if code is None:
+            assert line not in got, (line, got.get(line))
+        else:
+            assert code in got[line], (line, code, got.get(line))
+    assert "did you mean `messages`" in next(e["message"] for e in r["errors"] if e["line"] == 7)
+    assert not r["accepted"] and r["rows_total"] == len(bad) + 12 and r["rows_kept"] == 14
+    assert r["warning_counts"]["bom_stripped"] == 1 and r["ignored_keys"] == {"id": 1, "source": 1}
+    assert r["layout"] == "openai_chat" and r["layout_counts"] == {"openai_chat": 14}
     assert r["error_count"] >= len(expected)
 
 
 def test_other_schema_and_file_level_errors(tmp_path, kit):
     rows = [{"prompt": "p", "completion": 5}, {"prompt": "p", "completion": ""}]
-    got = errors(kit.run_gate(kit.write_jsonl(tmp_path / "pc.jsonl", rows), tmp_path / "pc").report)
+    got = errors(kit.run_gate(kit.write_jsonl(tmp_path / "pc.jsonl", rows), tmp_path / "pc").report.as_dict())
     assert got[1] == ["field_not_string"] and got[2] == ["empty_field"] and "too_few_examples" in got[None]
     pref = [{"prompt": "q", "chosen": "same", "rejected": "same"}]
-    assert errors(kit.run_gate(kit.write_jsonl(tmp_path / "p.jsonl", pref), tmp_path / "p").report)[1] == [
+    assert errors(kit.run_gate(kit.write_jsonl(tmp_path / "p.jsonl", pref), tmp_path / "p").report.as_dict())[1] == [
         "chosen_equals_rejected"]
     r = kit.run_gate(kit.write_jsonl(tmp_path / "dpo.jsonl", kit.good_rows(12)), tmp_path / "dpo",
-                     request=GateRequest(purpose="dpo")).report
+                     request=GateRequest(purpose="dpo")).report.as_dict()
     assert errors(r)[1] == ["schema_purpose_mismatch"] and not r["accepted"]
     r = kit.run_gate(kit.write_jsonl(tmp_path / "many.jsonl", kit.good_rows(30)), tmp_path / "many",
-                     settings=IngestSettings(max_examples_by_tier={"free": 20}), request=GateRequest(tier="free")).report
+                     settings=IngestSettings(max_examples_by_tier={"free": 20}),
+                     request=GateRequest(tier="free")).report.as_dict()
     assert "too_many_examples" in errors(r)[None]
-    r = kit.run_gate(kit.write_jsonl(tmp_path / "blank.jsonl", [b"", b" "]), tmp_path / "blank").report
+    r = kit.run_gate(kit.write_jsonl(tmp_path / "blank.jsonl", [b"", b" "]), tmp_path / "blank").report.as_dict()
     assert "empty_file" in errors(r)[None]
 
 
@@ -306,7 +324,7 @@ def test_a_100mb_single_line_is_skipped_in_bounded_memory(tmp_path, kit):
         f.write(b'{"messages": "' + b"A" * (100 * 2**20) + b'"}\n')
         for row in kit.good_rows(6, start=6):
             f.write(json.dumps(row).encode() + b"\n")
-    r = kit.run_gate(path, tmp_path).report
+    r = kit.run_gate(path, tmp_path).report.as_dict()
     assert errors(r) == {7: ["line_too_long"]} and r["rows_kept"] == 12 and r["rows_total"] == 13
 
 
@@ -323,7 +341,7 @@ def test_exact_and_near_duplicates_with_clusters(tmp_path, kit):
     rows.append(kit.chat_row(100, long.replace("word9 ", "wordY ")))            # 24 near dup of 21
     rows.append(kit.chat_row(100, " ".join(long.split()[:150]) + " totally different ending" * 20))  # 25: not
     result = kit.run_gate(kit.write_jsonl(tmp_path / "d.jsonl", rows), tmp_path)
-    r = result.report
+    r = result.report.as_dict()
     assert r["exact_duplicates"] == 1 and r["exact_duplicate_lines"] == [22]
     assert r["near_duplicates"] == 2 and r["rows_kept"] == 22
     cluster = r["near_dup"]["clusters"][0]
@@ -334,10 +352,10 @@ def test_exact_and_near_duplicates_with_clusters(tmp_path, kit):
     assert set(near) == {23, 24} and all(a["jaccard"] >= 0.9 and a["duplicate_of"] in (21, 23, 24)
                                          for a in near.values())
     flagged = kit.run_gate(tmp_path / "d.jsonl", tmp_path / "flag", request=GateRequest(
-        policy_overrides={"near_dup": "flag"})).report
+        policy_overrides={"near_dup": "flag"})).report.as_dict()
     assert flagged["near_duplicates"] == 2 and flagged["rows_kept"] == 24
     strict = kit.run_gate(tmp_path / "d.jsonl", tmp_path / "strict", request=GateRequest(
-        policy_overrides={"near_dup_threshold": 0.999})).report
+        policy_overrides={"near_dup_threshold": 0.999})).report.as_dict()
     assert strict["near_duplicates"] == 0
 
 
@@ -354,13 +372,13 @@ def test_contamination_flag_and_remove(tmp_path, kit):
     ]
     path = kit.write_jsonl(tmp_path / "d.jsonl", rows)
     result = kit.run_gate(path, tmp_path / "flag", references=[refs])
-    r = result.report
+    r = result.report.as_dict()
     assert r["contaminated"] == 1 and r["accepted"] and r["rows_kept"] == 22
     assert r["contamination"]["examples"] == [{"line": 21, "fraction": pytest.approx(1.0, abs=0.2),
                                                "reference": "mini-mmlu"}]
     assert r["contamination"]["references"] == {"mini-mmlu": {"items": 1, "ngrams": 14}}
     removed = kit.run_gate(path, tmp_path / "remove", references=[refs], request=GateRequest(
-        policy_overrides={"contamination": "remove"})).report
+        policy_overrides={"contamination": "remove"})).report.as_dict()
     assert removed["contaminated"] == 1 and removed["rows_kept"] == 21
 
 
@@ -368,27 +386,29 @@ def test_pii_warn_redact_block(tmp_path, kit):
     rows = kit.good_rows(12) + [kit.chat_row(50, "Mail jane@corp.example or card 4111 1111 1111 1111.")]
     path = kit.write_jsonl(tmp_path / "d.jsonl", rows)
     warn = kit.run_gate(path, tmp_path / "w")
-    assert warn.report["pii_hits"] == 2 and warn.report["pii"]["by_kind"] == {"credit_card": 1, "email": 1}
-    assert warn.report["accepted"] and "jane@corp.example" in (warn.train_path.read_text() + (
+    warned = warn.report.as_dict()
+    assert warned["pii_hits"] == 2 and warned["pii"]["by_kind"] == {"credit_card": 1, "email": 1}
+    assert warn.report.as_dict()["accepted"] and "jane@corp.example" in (warn.train_path.read_text() + (
         warn.validation_path.read_text() if warn.validation_path else ""))
     redact = kit.run_gate(path, tmp_path / "r", request=GateRequest(policy_overrides={"pii": "redact"}))
     text = redact.train_path.read_text() + (redact.validation_path.read_text() if redact.validation_path else "")
     assert "[EMAIL]" in text and "[CREDIT_CARD]" in text and "jane@" not in text
-    assert "jane" not in json.dumps(redact.report)  # the report never repeats the personal data
-    block = kit.run_gate(path, tmp_path / "b", request=GateRequest(policy_overrides={"pii": "block"})).report
+    assert "jane" not in json.dumps(redact.report.as_dict())  # the report never repeats the personal data
+    block = kit.run_gate(path, tmp_path / "b", request=GateRequest(policy_overrides={"pii": "block"})).report.as_dict()
     assert errors(block) == {13: ["pii_blocked"]} and not block["accepted"]
 
 
 def test_toxicity_flag_remove_block(tmp_path, kit):
     rows = kit.good_rows(12) + [kit.chat_row(60, "Shut up, you stupid bitch.")]
     path = kit.write_jsonl(tmp_path / "d.jsonl", rows)
-    flag = kit.run_gate(path, tmp_path / "f").report
+    flag = kit.run_gate(path, tmp_path / "f").report.as_dict()
     assert flag["toxic"] == 1 and flag["rows_kept"] == 13 and flag["warning_counts"]["toxicity"] == 1
     assert kit.run_gate(path, tmp_path / "r", request=GateRequest(
-        policy_overrides={"toxicity": "remove"})).report["rows_kept"] == 12
-    block = kit.run_gate(path, tmp_path / "b", request=GateRequest(policy_overrides={"toxicity": "block"})).report
+        policy_overrides={"toxicity": "remove"})).report.as_dict()["rows_kept"] == 12
+    block = kit.run_gate(path, tmp_path / "b", request=GateRequest(
+        policy_overrides={"toxicity": "block"})).report.as_dict()
     assert errors(block) == {13: ["toxic_blocked"]}
-    off = kit.run_gate(path, tmp_path / "o", request=GateRequest(policy_overrides={"toxicity": "off"})).report
+    off = kit.run_gate(path, tmp_path / "o", request=GateRequest(policy_overrides={"toxicity": "off"})).report.as_dict()
     assert off["toxic"] == 0
 
 
@@ -407,7 +427,7 @@ def test_tokenization_with_the_base_models_template(tmp_path, kit, ingest_tiny_m
                               {"role": "user", "content": "Again"}, {"role": "assistant", "content": "Hello again"}]})
     path = kit.write_jsonl(tmp_path / "d.jsonl", rows)
     result = kit.run_gate(path, tmp_path / "t", tokenizer=tok)
-    r = result.report
+    r = result.report.as_dict()
     reference = load_tokenizer(ingest_tiny_model)
     expected = sum(len(tokenize_chat(reference, row["messages"])["input_ids"]) for row in rows)
     assert r["accepted"] and r["tokens_total"] == expected and not r["tokens_estimated"]
@@ -424,14 +444,14 @@ def test_tokenization_with_the_base_models_template(tmp_path, kit, ingest_tiny_m
     longest = max(len(t["input_ids"]) for t in tokenized)
     limit = {"max_seq_len": longest - 1}
     trunc = kit.run_gate(path, tmp_path / "tr", tokenizer=tok, request=GateRequest(policy_overrides=limit))
-    assert trunc.report["tokenization"]["truncated"] >= 1 and trunc.report["accepted"]
+    assert trunc.report.as_dict()["tokenization"]["truncated"] >= 1 and trunc.report.as_dict()["accepted"]
     assert max(len(json.loads(line)["input_ids"]) for p in trunc.tokenized_paths.values()
                for line in p.read_text().splitlines()) == longest - 1
     drop = kit.run_gate(path, tmp_path / "dr", tokenizer=tok, request=GateRequest(
-        policy_overrides={**limit, "over_length": "drop"})).report
+        policy_overrides={**limit, "over_length": "drop"})).report.as_dict()
     assert drop["rows_kept"] == 13 - drop["tokenization"]["dropped"] and drop["warning_counts"]["over_length_dropped"]
     reject = kit.run_gate(path, tmp_path / "rj", tokenizer=tok, request=GateRequest(
-        policy_overrides={**limit, "over_length": "reject"})).report
+        policy_overrides={**limit, "over_length": "reject"})).report.as_dict()
     assert not reject["accepted"] and "too_long" in reject["error_counts"]
     SEEN.update(reject["error_counts"])
 
@@ -450,8 +470,8 @@ def test_token_counts_of_an_earlier_run_are_reused_only_when_they_apply(tmp_path
     tok = Counting.load(str(ingest_tiny_model))
     path = kit.write_jsonl(tmp_path / "d.jsonl", kit.good_rows(30) + [kit.good_rows(1)[0]])
     first = kit.run_gate(path, tmp_path / "first", tokenizer=tok)
-    fp = first.report["tokenization"]["fingerprint"]
-    assert first.report["tokenization"]["cache"] is None and first.lengths_path.read_text().count("\n") == 30
+    fp = first.report.as_dict()["tokenization"]["fingerprint"]
+    assert first.report.as_dict()["tokenization"]["cache"] is None and first.lengths_path.read_text().count("\n") == 30
 
     def again(where: str, **policies):
         from whetstone.ingest.gates import make_gate
@@ -464,11 +484,11 @@ def test_token_counts_of_an_earlier_run_are_reused_only_when_they_apply(tmp_path
         return gate.run(open_source(path, workdir=tmp_path / where / "s"), tmp_path / where / "g")
 
     reused = again("reused")
-    assert reused.report["tokenization"]["cache"] == "reused" and Counting.calls == 0
-    assert reused.report["tokens_total"] == first.report["tokens_total"] and reused.tokenized_paths == {}
-    assert reused.report["stats"] == first.report["stats"] and len(reused.report["tokenization"]["mask_preview"]) == 3
+    assert reused.report.as_dict()["tokenization"]["cache"] == "reused" and Counting.calls == 0
+    assert reused.report.tokens_total == first.report.tokens_total and reused.tokenized_paths == {}
+    assert reused.report.stats == first.report.stats and len(reused.report.tokenization.mask_preview) == 3
     stale = again("stale", max_seq_len=20)
-    assert stale.report["tokenization"]["cache"] == "stale" and Counting.calls >= 30 and stale.tokenized_paths
+    assert stale.report.as_dict()["tokenization"]["cache"] == "stale" and Counting.calls >= 30 and stale.tokenized_paths
 
 
 def test_preference_and_text_tokenization(tmp_path, kit, ingest_tiny_model):
@@ -479,7 +499,7 @@ def test_preference_and_text_tokenization(tmp_path, kit, ingest_tiny_model):
     result = kit.run_gate(kit.write_jsonl(tmp_path / "p.jsonl", pref), tmp_path / "p", tokenizer=tok)
     t = json.loads(next(iter(result.tokenized_paths.values())).read_text().splitlines()[0])
     assert set(t) == {"line", "chosen_input_ids", "chosen_labels", "rejected_input_ids", "rejected_labels"}
-    assert result.report["tokens_total"] > 0 and result.report["accepted"]
+    assert result.report.as_dict()["tokens_total"] > 0 and result.report.as_dict()["accepted"]
     text = [{"text": f"document {i} about rivers and mountains"} for i in range(12)]
     result = kit.run_gate(kit.write_jsonl(tmp_path / "t.jsonl", text), tmp_path / "t", tokenizer=tok)
     t = json.loads(next(iter(result.tokenized_paths.values())).read_text().splitlines()[0])
@@ -498,7 +518,7 @@ def test_a_template_that_cannot_render_a_row_is_a_row_error(tmp_path, kit, inges
     tok = BaseModelTokenizer.load(str(model))
     rows = kit.good_rows(12) + [{"messages": [{"role": "system", "content": "s"}, {"role": "user", "content": "u"},
                                               {"role": "assistant", "content": "a"}]}]
-    r = kit.run_gate(kit.write_jsonl(tmp_path / "d.jsonl", rows), tmp_path / "g", tokenizer=tok).report
+    r = kit.run_gate(kit.write_jsonl(tmp_path / "d.jsonl", rows), tmp_path / "g", tokenizer=tok).report.as_dict()
     assert errors(r) == {13: ["template_error"]} and "no system prompts" in r["errors"][0]["message"]
 
 

@@ -11,7 +11,7 @@ import pytest
 from whetstone.contracts import DatasetSubmittedV1, DatasetValidatedV1, dataset_id_for
 from whetstone.ingest.bootstrap import build_service
 from whetstone.ingest.config import IngestSettings
-from whetstone.runtime.testing import outbox, send_event, wait_until
+from whetstone.devstack.testing import outbox, send_event, wait_until
 
 pytestmark = pytest.mark.integration
 
@@ -152,13 +152,13 @@ async def test_bad_uploads_get_a_rejection_with_a_reason_and_never_stop_the_serv
             assert env["payload"]["errors"][0]["code"] == code, env["payload"]["errors"]
             assert env["payload"]["errors"][0]["message"]
 
-        rt.state["toxicity"] = Exploding()
+        classifier, rt.ctx.toxicity = rt.ctx.toxicity, Exploding()
         broken = upload(rt, "demo", unique())
         await send_event(boot, broken, "demo")
         [env] = await verdicts(rt, broken.dataset_id)
         assert env["payload"]["errors"][0]["code"] == "processing_failed"
 
-        rt.state.pop("toxicity")
+        rt.ctx.toxicity = classifier
         fine = upload(rt, "demo", unique())
         await send_event(boot, fine, "demo")
         [env] = await verdicts(rt, fine.dataset_id)

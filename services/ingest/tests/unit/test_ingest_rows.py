@@ -6,10 +6,10 @@ import pytest
 
 from whetstone.ingest.domain.chat import check_messages
 from whetstone.ingest.domain.issues import ERROR_CODES, WARNING_CODES, Issue, IssueLog
-from whetstone.ingest.domain.rows import SchemaGate, apply_pii, map_contents, parse_json_line, role_counts
-from whetstone.ingest.domain.schemas import (
-    canonical_text, default_purpose, detect_schema, normalize_row, row_messages, validate_row,
-)
+from whetstone.ingest.domain.layouts import LAYOUTS, RowFacts, choose, key_issues
+from whetstone.ingest.domain.rows import LayoutGate, apply_pii, map_contents, parse_json_line, role_counts
+from whetstone.ingest.domain.schemas import canonical_text, default_purpose, normalize_preference, row_messages
+from whetstone.ingest.domain.suggest import closest, edit_distance
 
 pytestmark = pytest.mark.unit
 
@@ -24,6 +24,10 @@ def codes(issues: list[Issue]) -> list[str]:
 
 @pytest.mark.parametrize("raw, code", [
     (b"\xef\xbb\xbf{\"messages\": []}", "bom"),
+    (b'{"messages": NaN}', "invalid_number"),
+    (b'{"a": -Infinity}', "invalid_number"),
+    (b'{"messages": "a\x00b"}', "binary_content"),
+    (b'{"m": "\x00\xff\xfe"}', "binary_content"),
     (b"{\"messages\": \"\xff\xfe\"}", "bad_encoding"),
     (b"{\"messages\": [", "invalid_json"),
     (b"[" * 100_000 + b"]" * 100_000, "invalid_json"),
@@ -44,10 +48,19 @@ def test_valid_line_parses():
     ("not a list", ["messages_not_list"]),
     ([], ["messages_not_list"]),
     ([U, "oops"], ["message_not_object", "no_assistant"]),
-    ([U, {"role": "assistant", "content": "x", "extra": 1}], ["unknown_key"]),
+    ([U, {"role": "assistant", "content": "x", "contnet": 1}], ["unknown_key"]),
     ([{"content": "x"}, A], ["missing_key", "role_order"]),
     ([U, {"role": "assistant"}], ["missing_key"]),
-    ([{"role": "tool", "content": "x"}, U, A], ["unknown_role"]),
+    ([{"role": "robot", "content": "x"}, U, A], ["unknown_role"]),
+    ([{"role": "asistant", "content": "x"}, U, A], ["unknown_role"]),
+    ([{"role": "tool", "content": "x"}, U, A], ["role_order"]),
+    ([U, {"role": "assistant", "content": [{"type": "image_url", "image_url": {"url": "x"}}]}],
+     ["content_part_unsupported"]),
+    ([U, {"role": "assistant", "content": None}], ["content_not_string"]),
+    ([U, {"role": "assistant", "content": "", "tool_calls": [{"function": {"name": "f", "arguments": "{oops"}}]}],
+     ["bad_tool_call"]),
+    ([U, {"role": "user", "content": "x", "tool_calls": [{"function": {"name": "f", "arguments": "{}"}}]}, A],
+     ["bad_tool_call"]),
     ([U, {"role": "assistant", "content": 5}], ["content_not_string"]),
     ([U, {"role": "assistant", "content": "   "}], ["empty_content"]),
     ([U, {"role": "user", "content": "again"}], ["no_assistant"]),
@@ -73,83 +86,167 @@ def test_valid_chat_with_weights_and_system():
     assert check_messages([U, {**A, "weight": 0}, {"role": "user", "content": "x", "weight": 1}, A], 1) == []
 
 
-@pytest.mark.parametrize("row, schema", [
-    ({"messages": [U, A]}, "chat"),
-    ({"prompt": "p", "completion": "c"}, "prompt_completion"),
-    ({"instruction": "i", "input": "", "output": "o"}, "instruction"),
-    ({"prompt": "p", "chosen": "a", "rejected": "b"}, "preference"),
-    ({"text": "plain text"}, "text"),
-    ({"foo": 1}, None),
+def test_content_parts_tools_and_tool_messages_are_valid():
+    call = {"id": "c1", "type": "function", "function": {"name": "get_weather", "arguments": '{"city": "Paris"}'}}
+    parts = [{"type": "text", "text": "Weather"}, {"type": "text", "text": "Paris?"}]
+    messages = [S, {"role": "user", "content": parts},
+                {"role": "assistant", "content": None, "tool_calls": [call]},
+                {"role": "tool", "tool_call_id": "c1", "content": "18C"},
+                {"role": "assistant", "content": "It is 18C.", "weight": 1, "name": "bot"}]
+    assert check_messages(messages, 1) == []
+    wrong_id = [U, {"role": "assistant", "content": "", "tool_calls": [call]},
+                {"role": "tool", "tool_call_id": "c9", "content": "x"}, A]
+    assert codes(check_messages(wrong_id, 1)) == ["bad_tool_call"]
+
+
+def read(row, purpose=None):
+    gate = LayoutGate(purpose=purpose)
+    got = gate.read(row, 1)
+    return gate, got
+
+
+@pytest.mark.parametrize("row, layout, schema", [
+    ({"messages": [U, A]}, "openai_chat", "chat"),
+    ({"conversations": [{"from": "human", "value": "q"}, {"from": "gpt", "value": "a"}]}, "sharegpt", "chat"),
+    ({"prompt": "p", "completion": "c"}, "prompt_completion", "prompt_completion"),
+    ({"instruction": "i", "input": "", "output": "o"}, "alpaca", "instruction"),
+    ({"prompt": "p", "chosen": "a", "rejected": "b"}, "trl_preference", "preference"),
+    ({"input": {"messages": [U]}, "preferred_output": [A], "non_preferred_output": [{**A, "content": "no"}]},
+     "openai_dpo", "preference"),
+    ({"text": "plain text"}, "text", "text"),
 ])
-def test_schema_detection(row, schema):
-    assert detect_schema(row) == schema
+def test_layout_detection(row, layout, schema):
+    choice = choose(row, None, None)
+    assert choice.layout.name == layout and choice.layout.schema == schema and not choice.alternatives
+    gate, got = read(row)
+    assert got.issues == [] and gate.layout_counts == {layout: 1}
 
 
-@pytest.mark.parametrize("row, schema, expected", [
-    ({"prompt": "p"}, "prompt_completion", ["missing_key"]),
-    ({"prompt": "p", "completion": "c", "x": 1}, "prompt_completion", ["unknown_key"]),
+def test_purpose_decides_between_layouts_that_both_fit():
+    ultra = {"prompt": "q", "chosen": [{"role": "user", "content": "q"}, A],
+             "rejected": [{"role": "user", "content": "q"}, {**A, "content": "no"}], "messages": [U, A],
+             "prompt_id": "abc", "score_chosen": 8.0}
+    assert choose(ultra, "dpo", None).layout.name == "trl_preference"
+    assert choose(ultra, "sft", None).layout.name == "openai_chat"
+    default = choose(ultra, None, None)
+    assert default.layout.name == "openai_chat" and default.alternatives == ("trl_preference",)
+    gate, got = read(ultra, "dpo")
+    assert got.out == {"prompt": [{"role": "user", "content": "q"}], "chosen": [A],
+                       "rejected": [{**A, "content": "no"}]}  # the sides no longer repeat the prompt
+    assert gate.facts.ignored == {"messages": 1, "prompt_id": 1, "score_chosen": 1}
+
+
+@pytest.mark.parametrize("row, expected", [
+    ({"prompt": "p"}, ["missing_key"]),
+    ({"prompt": "p", "complection": "c"}, ["unknown_key"]),
+    ({"mesages": [U, A]}, ["unknown_key"]),
+    ({"messages": [U, A], "id": 7, "source": "x"}, []),
+    ({"foo": 1}, ["unknown_schema"]),
+])
+def test_unknown_keys_are_ignored_but_typos_are_errors(row, expected):
+    _, got = read(row)
+    assert codes(got.issues) == expected
+    if expected == ["unknown_key"]:
+        assert "did you mean" in got.issues[0].message
+
+
+def test_suggestions():
+    assert closest("mesages", ["messages", "text"]) == "messages" and closest("Messages", ["messages"]) == "messages"
+    assert closest("prompt_id", ["prompt"]) is None and closest("id", ["text"]) is None
+    assert closest("asistant", ["system", "user", "assistant"]) == "assistant"
+    assert edit_distance("abcd", "abdc") == 1 and edit_distance("", "abc") == 3
+
+
+@pytest.mark.parametrize("row, layout, expected", [
     ({"prompt": 3, "completion": "c"}, "prompt_completion", ["field_not_string"]),
     ({"prompt": "p", "completion": ""}, "prompt_completion", ["empty_field"]),
-    ({"instruction": "i", "output": "o", "input": None}, "instruction", ["field_not_string"]),
+    ({"instruction": "i", "output": "o", "input": None}, "alpaca", ["field_not_string"]),
+    ({"instruction": "i", "output": "o", "history": [["q"]]}, "alpaca", ["field_not_string"]),
     ({"text": ""}, "text", ["empty_field"]),
-    ({"prompt": "p", "chosen": "same", "rejected": "same"}, "preference", ["chosen_equals_rejected"]),
-    ({"chosen": "a", "rejected": "b"}, "preference", ["missing_key"]),
-    ({"prompt": "p", "chosen": [U], "rejected": [A]}, "preference", ["no_assistant"]),
-    ({"prompt": "p", "chosen": [A, A], "rejected": [A]}, "preference", ["role_order"]),
-    ({"prompt": [U, A], "chosen": "a", "rejected": "b"}, "preference", []),
-    ({"prompt": "p", "chosen": "a"}, "preference", ["missing_key"]),
+    ({"prompt": "p", "chosen": "same", "rejected": "same"}, "trl_preference", ["chosen_equals_rejected"]),
+    ({"chosen": "a", "rejected": "b"}, "trl_preference", ["missing_key"]),
+    ({"prompt": "p", "chosen": [U], "rejected": [A]}, "trl_preference", ["no_assistant"]),
+    ({"prompt": "p", "chosen": [A, A], "rejected": [A]}, "trl_preference", ["role_order"]),
+    ({"prompt": [U, A], "chosen": "a", "rejected": "b"}, "trl_preference", []),
+    ({"conversations": [{"from": "humn", "value": "q"}]}, "sharegpt", ["unknown_role"]),
+    ({"conversations": [{"from": "human", "value": "q"}]}, "sharegpt", ["no_assistant"]),
+    ({"input": {"msgs": []}, "preferred_output": [A], "non_preferred_output": [A]}, "openai_dpo", ["missing_key"]),
+    ({"input": {"messages": [U]}, "preferred_output": "a", "non_preferred_output": [A]}, "openai_dpo",
+     ["messages_not_list"]),
 ])
-def test_other_schema_errors(row, schema, expected):
-    assert codes(validate_row(row, schema, 1)) == expected
+def test_layout_errors(row, layout, expected):
+    assert codes(LAYOUTS[layout].validate(row, 1, RowFacts())) == expected
 
 
 def test_normalized_rows():
-    assert normalize_row({"prompt": "p", "completion": "c"}, "prompt_completion") == {
+    def norm(row, layout):
+        return LAYOUTS[layout].normalize(row)
+    assert norm({"prompt": "p", "completion": "c"}, "prompt_completion") == {
         "messages": [{"role": "user", "content": "p"}, {"role": "assistant", "content": "c"}]}
-    assert normalize_row({"instruction": "Do", "input": "this", "output": "ok"}, "instruction")["messages"][0] == \
+    assert norm({"instruction": "Do", "input": "this", "output": "ok"}, "alpaca")["messages"][0] == \
         {"role": "user", "content": "Do\n\nthis"}
-    assert normalize_row({"instruction": "Do", "input": "", "output": "ok"}, "instruction")["messages"][0][
-        "content"] == "Do"
-    pref = normalize_row({"prompt": "q", "chosen": "a", "rejected": "b"}, "preference")
+    alpaca = norm({"instruction": "Do", "input": "", "output": "ok", "system": "Be brief.", "history": [["hi", "hey"]]},
+                  "alpaca")
+    assert [m["role"] for m in alpaca["messages"]] == ["system", "user", "assistant", "user", "assistant"]
+    pref = norm({"prompt": "q", "chosen": "a", "rejected": "b"}, "trl_preference")
     assert pref == {"prompt": [{"role": "user", "content": "q"}], "chosen": [{"role": "assistant", "content": "a"}],
                     "rejected": [{"role": "assistant", "content": "b"}]}
-    implicit = normalize_row({"chosen": [U, A], "rejected": [U, {"role": "assistant", "content": "no"}]}, "preference")
+    implicit = normalize_preference(None, [U, A], [U, {"role": "assistant", "content": "no"}])
     assert implicit["prompt"] == [U] and implicit["chosen"] == [A]
-    assert normalize_row({"text": "t"}, "text") == {"text": "t"}
+    assert norm({"text": "t"}, "text") == {"text": "t"}
+    two = [{"type": "text", "text": "a"}, {"type": "text", "text": "b"}]
+    parts = norm({"messages": [{"role": "user", "content": two},
+                               {"role": "developer", "content": "x"}]}, "openai_chat")
+    assert parts["messages"] == [{"role": "user", "content": "a\nb"}, {"role": "system", "content": "x"}]
+    plain = {"messages": [U, A]}
+    assert norm(plain, "openai_chat")["messages"] is plain["messages"]  # nothing to change: the same list
     assert default_purpose("preference") == "dpo" and default_purpose("text") == "cpt"
     assert default_purpose("chat") == "sft"
 
 
 def test_implicit_preference_without_shared_prompt_is_missing_a_prompt():
     row = {"chosen": [U, A], "rejected": [{"role": "user", "content": "other"}, A]}
-    assert codes(validate_row(row, "preference", 1)) == ["missing_key"]
+    assert codes(LAYOUTS["trl_preference"].validate(row, 1, RowFacts())) == ["missing_key"]
 
 
-def test_schema_gate_fixes_the_schema_and_rejects_mixed_rows():
-    gate = SchemaGate()
-    assert gate.check({"messages": [U, A]}, 1) == ("chat", [])
+def test_layout_gate_fixes_the_schema_and_rejects_mixed_rows():
+    gate = LayoutGate()
+    assert gate.read({"messages": [U, A]}, 1).issues == []
     assert gate.purpose == "sft"
-    schema, issues = gate.check({"prompt": "p", "completion": "c"}, 2)
+    share = gate.read({"conversations": [{"from": "human", "value": "q"}, {"from": "gpt", "value": "a"}]}, 2)
+    assert share.issues == [] and share.out == {"messages": [{"role": "user", "content": "q"},
+                                                              {"role": "assistant", "content": "a"}]}
+    issues = gate.read({"prompt": "p", "completion": "c"}, 3).issues
     assert codes(issues) == ["mixed_schema"] and "line 1" in issues[0].message
-    _, issues = gate.check({"nothing": 1}, 3)
-    assert codes(issues) == ["unknown_schema"]
+    assert codes(gate.read({"nothing": 1}, 4).issues) == ["unknown_schema"]
+    assert gate.layout_counts == {"openai_chat": 1, "sharegpt": 1}
+    assert gate.role_mapping() == {"sharegpt": {"human": "user", "gpt": "assistant"}}
 
 
-def test_schema_gate_purpose_mismatch_is_one_file_level_error():
-    gate = SchemaGate(purpose="dpo")
-    gate.check({"messages": [U, A]}, 4)
-    gate.check({"messages": [U, A]}, 5)
+def test_layout_gate_purpose_mismatch_is_one_file_level_error():
+    gate = LayoutGate(purpose="dpo")
+    gate.read({"messages": [U, A]}, 4)
+    gate.read({"messages": [U, A]}, 5)
     assert codes(gate.file_issues) == ["schema_purpose_mismatch"] and gate.file_issues[0].line == 4
     assert "'sft'" in gate.file_issues[0].message
 
 
+def test_key_issues_count_ignored_keys():
+    facts = RowFacts()
+    assert key_issues({"messages": [], "id": 1, "meta": {}}, LAYOUTS["openai_chat"], 1, facts) == []
+    assert facts.ignored == {"id": 1, "meta": 1}
+
+
 def test_text_and_roles_of_rows():
-    pref = normalize_row({"prompt": "q", "chosen": "a", "rejected": "b"}, "preference")
+    pref = normalize_preference("q", "a", "b")
     assert canonical_text(pref) == "q\na\nb"
     assert [m["role"] for m in row_messages(pref)] == ["user", "assistant", "assistant"]
     assert role_counts({"messages": [S, U, A, U, A]}) == {"system": 1, "user": 2, "assistant": 2}
     assert role_counts({"text": "x"}) == {"text": 1}
     assert map_contents({"text": "ab"}, str.upper) == {"text": "AB"}
+    call = {"messages": [U, {"role": "assistant", "content": "", "tool_calls": [
+        {"type": "function", "function": {"name": "f", "arguments": '{"a": 1}'}}]}]}
+    assert canonical_text(call) == 'hi\nf({"a": 1})'  # tool calls count for dedup and screening
 
 
 def test_pii_redaction_keeps_weights_and_other_keys():
@@ -171,3 +268,23 @@ def test_issue_log_counts_everything_and_keeps_a_capped_list():
     with pytest.raises(AssertionError):
         log.error("not_a_code", "x")
     assert not set(ERROR_CODES) & set(WARNING_CODES)
+
+
+def test_llama_factory_function_calling_sharegpt():
+    row = {"conversations": [{"from": "human", "value": "Weather in Paris?"},
+                             {"from": "function_call", "value": json.dumps({"name": "get_weather",
+                                                                            "arguments": {"city": "Paris"}})},
+                             {"from": "observation", "value": "18C"},
+                             {"from": "gpt", "value": "It is 18C."}],
+           "tools": json.dumps([{"name": "get_weather", "parameters": {"type": "object"}}])}
+    gate, got = read(row)
+    assert got.issues == []
+    assert got.out["messages"][1] == {"role": "assistant", "content": "", "tool_calls": [
+        {"type": "function", "function": {"name": "get_weather", "arguments": '{"city": "Paris"}'}}]}
+    assert got.out["messages"][2] == {"role": "tool", "content": "18C"}
+    assert got.out["tools"] == [{"type": "function", "function": {"name": "get_weather",
+                                                                  "parameters": {"type": "object"}}}]
+    assert gate.role_mapping()["sharegpt"] == {"human": "user", "function_call": "assistant", "observation": "tool",
+                                               "gpt": "assistant"}
+    bad = {"conversations": [{"from": "human", "value": "q"}, {"from": "function_call", "value": "not json"}]}
+    assert codes(read(bad)[1].issues) == ["bad_tool_call"]

@@ -11,7 +11,8 @@ from whetstone.contracts import (
     CheckpointRef, JobCompletedV1, JobFailedV1, JobPreemptedV1, JobQueuedV1, JobStartedV1, Resources, TrainingSpec,
 )
 from whetstone.metering.bootstrap import build_service
-from whetstone.runtime.testing import outbox, send, send_event, wait_until
+from whetstone.runtime.identity import identity_headers
+from whetstone.devstack.testing import outbox, send, send_event, wait_until
 
 pytestmark = pytest.mark.integration
 T = "demo"  # standard tier
@@ -83,21 +84,27 @@ async def test_a_preempted_and_resumed_job_is_billed_once_per_segment_and_once_i
         assert await rt.pool.fetchval("SELECT count(*) FROM inbox") == 5
 
         async with httpx.AsyncClient(base_url=p.url("metering")) as c:
-            usage = (await c.get(f"/v1/usage/jobs/{job}", headers={"X-Tenant-Id": T})).json()
+            usage = (await c.get(f"/v1/usage/jobs/{job}", headers=identity_headers(T))).json()
             assert usage["total"]["cost"] == pytest.approx(7.8) and usage["total"]["charge_class"] == "charged"
             assert usage["total"]["billable_gpu_seconds"] == 45 * 60 * 2 + 7200 and len(usage["lines"]) == 2
-            assert (await c.get(f"/v1/usage/jobs/{job}", headers={"X-Tenant-Id": "acme"})).status_code == 404
-            audit = (await c.get(f"/v1/usage/lines/{s1['id']}/events", headers={"X-Tenant-Id": T})).json()
+            assert (await c.get(f"/v1/usage/jobs/{job}", headers=identity_headers("acme"))).status_code == 404
+            # only a signed identity counts: a tenant header or a forged signature is refused
+            assert (await c.get(f"/v1/usage/jobs/{job}", headers={"X-Tenant-Id": T})).status_code == 401
+            forged = {**identity_headers(T), "X-Whetstone-Signature": "0" * 64}
+            refused = await c.get(f"/v1/usage/jobs/{job}", headers=forged)
+            assert refused.status_code == 401 and refused.json()["error"]["code"] == "invalid_identity"
+            assert (await c.get("/v1/usage/anomalies", headers=identity_headers(T))).status_code == 403
+            audit = (await c.get(f"/v1/usage/lines/{s1['id']}/events", headers=identity_headers(T))).json()
             assert [e["event_type"] for e in audit["events"]] == ["job.started", "job.preempted"]
-            audit = (await c.get(f"/v1/usage/lines/{total['id']}/events", headers={"X-Tenant-Id": T})).json()
+            audit = (await c.get(f"/v1/usage/lines/{total['id']}/events", headers=identity_headers(T))).json()
             assert sorted(e["event_type"] for e in audit["events"]) == [
                 "job.completed", "job.preempted", "job.queued", "job.started", "job.started"]
             month = (await c.get(f"/v1/usage/tenants/{T}", params={"month": "2026-11"},
-                                 headers={"X-Tenant-Id": T})).json()
+                                 headers=identity_headers(T))).json()
             assert (month["jobs"], month["succeeded"], month["success_rate"]) == (1, 1, 1.0)
             assert month["spend"] == pytest.approx(7.8) and month["gpu_hours"] == pytest.approx(4.0)
             assert month["by_gpu_type"][0]["gpu_type"] == "A100"
-            await rt.state["usage_metrics"].refresh(rt.pool, T0)
+            await rt.ctx.usage_metrics.refresh(rt.pool, T0)
             text = (await c.get("/metrics")).text
             assert 'whetstone_metering_cost_usd{charge_class="charged",gpu_type="A100",tenant="demo"} 7.8' in text
             assert 'whetstone_metering_jobs{outcome="succeeded",tenant="demo"} 1.0' in text
@@ -139,22 +146,22 @@ async def test_an_ambiguous_failure_is_held_for_review_until_an_operator_decides
         await send_event(b, failed(job, "s1", T0 + timedelta(hours=2), "ambiguous"), T)
         await wait_until(lambda: closed(rt, job), 30, "the job total")
         async with httpx.AsyncClient(base_url=p.url("metering")) as c:
-            usage = (await c.get(f"/v1/usage/jobs/{job}", headers={"X-Tenant-Id": T})).json()
+            usage = (await c.get(f"/v1/usage/jobs/{job}", headers=identity_headers(T))).json()
             assert usage["total"]["charge_class"] == "review" and usage["total"]["cost"] == 0
             assert usage["total"]["list_cost"] == pytest.approx(10.0)
-            held = (await c.get("/v1/usage/reviews", headers={"X-Operator-Id": "ops"})).json()["data"]
+            held = (await c.get("/v1/usage/reviews", headers=identity_headers("ops", ("admin",), key_id="ops"))).json()["data"]
             assert held == [{"job_id": job, "tenant_id": T, "segments": 1, "held_usd": 10.0}]
             r = await c.post(f"/v1/usage/jobs/{job}/review", json={"decision": "charge", "note": "user OOM"},
-                             headers={"X-Operator-Id": "ops"})
+                             headers=identity_headers("ops", ("admin",), key_id="ops"))
             assert r.status_code == 200, r.text
             again = await c.post(f"/v1/usage/jobs/{job}/review", json={"decision": "refund"},
-                                 headers={"X-Operator-Id": "ops"})
+                                 headers=identity_headers("ops", ("admin",), key_id="ops"))
             assert again.status_code == 409
-            usage = (await c.get(f"/v1/usage/jobs/{job}", headers={"X-Tenant-Id": T})).json()
+            usage = (await c.get(f"/v1/usage/jobs/{job}", headers=identity_headers(T))).json()
             assert usage["total"]["charge_class"] == "charged" and usage["total"]["cost"] == pytest.approx(10.0)
             assert usage["total"]["corrected_after_close"] is True
             line = usage["lines"][0]
-            audit = (await c.get(f"/v1/usage/lines/{line['id']}/events", headers={"X-Tenant-Id": T})).json()
+            audit = (await c.get(f"/v1/usage/lines/{line['id']}/events", headers=identity_headers(T))).json()
             assert [e["event_type"] for e in audit["events"]][-1] == "usage.reviewed"
 
 
@@ -195,5 +202,41 @@ async def test_bad_input_is_an_anomaly_never_a_charge_and_never_stops_the_consum
         cost = await rt.pool.fetchval("SELECT sum(cost) FROM ledger WHERE job_id = 'j-unknown' AND scope = 'segment'")
         assert float(cost) == pytest.approx(0.8)
         async with httpx.AsyncClient(base_url=p.url("metering")) as c:
-            listed = (await c.get("/v1/usage/anomalies", headers={"X-Operator-Id": "ops"})).json()["data"]
+            listed = (await c.get("/v1/usage/anomalies", headers=identity_headers("ops", ("admin",), key_id="ops"))).json()["data"]
             assert {a["code"] for a in listed} == set(found.values()) - {"unknown_job"}
+
+
+async def test_a_node_lost_segment_is_a_refund_with_its_basis_and_a_forged_tenant_changes_nothing(platform, settings):
+    """Issue 20: a platform fault shows in the ledger and the tenant's month as a refund, with what was
+    checkpointed and what was lost; an event naming another tenant for the job is dead-lettered."""
+    b = settings.kafka_bootstrap
+    job = "ftjob-lost"
+    async with platform(build_service) as p:
+        rt = p["metering"]
+        await send_event(b, queued(job), T)
+        await send_event(b, started(job, "s1", 1, T0), T)
+        await wait_until(lambda: rt.pool.fetchval("SELECT count(*) = 1 FROM segments WHERE job_id = $1", job),
+                         30, "segment 1 known")
+        # another tenant tries to complete the job (it would bill the segment and close the job)
+        await send_event(b, completed(job, "s1", T0 + timedelta(minutes=5)), "acme")
+        lost = JobPreemptedV1(job_id=job, segment_id="s1", node_id="n1", reason="node_lost",
+                              stopped_at=T0 + timedelta(seconds=256), checkpoint=CK,
+                              checkpointed_at=T0 + timedelta(seconds=250))
+        await send_event(b, lost, T)
+        await wait_until(lambda: rt.pool.fetchval(
+            "SELECT count(*) = 1 FROM ledger WHERE job_id = $1 AND scope = 'segment'", job), 30, "s1 billed")
+        (s1,) = [r for r in await ledger(rt, job) if r["segment_id"] == "s1"]
+        assert s1["charge_class"] == "refunded" and float(s1["cost"]) == 0 and float(s1["list_cost"]) > 0
+        assert "500 of 512 GPU-s checkpointed, 12 GPU-s lost" in s1["basis"], s1["basis"]
+        letters = await wait_until(lambda: outbox_dlq(rt), 30, "the forged event dead-lettered")
+        assert "tenant_mismatch" in letters[0]["payload"]["error"]
+        assert rt.metrics.registry.get_sample_value(
+            "whetstone_refused_total", {"service": "metering", "reason": "tenant_mismatch"}) == 1
+        async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{rt.http.port}") as c:
+            month = (await c.get(f"/v1/usage/tenants/{T}", params={"month": "2026-11"},
+                                 headers=identity_headers(T))).json()
+        assert month["refunded"] == pytest.approx(float(s1["list_cost"])) and month["spend"] == 0
+
+
+async def outbox_dlq(rt) -> list[dict]:
+    return await outbox(rt, "job.completed.dlq")

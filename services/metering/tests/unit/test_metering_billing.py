@@ -126,3 +126,18 @@ def test_conflicting_ends_resolve_the_same_way_in_any_order():
     assert pick_stop(completed, tie) == pick_stop(tie, completed) == completed
     early, late = start(event="x"), start(at=T0 + timedelta(minutes=1), event="y")
     assert pick_start(early, late) == pick_start(late, early) == late
+
+
+def test_a_node_the_platform_lost_is_refunded_with_what_was_checkpointed_and_lost():
+    s = start(spot=False)
+    lost = Stop("x", "preempted", s.started_at + timedelta(seconds=256), reason="node_lost",
+                checkpointed_at=s.started_at + timedelta(seconds=250))
+    c = charge(s, lost)
+    assert c.charge_class == "refunded" and c.cost == 0 and c.billable_gpu_seconds == 0
+    assert c.list_cost > 0 and c.gpu_seconds == 256 * s.gpu_count
+    assert f"{250 * s.gpu_count} of {256 * s.gpu_count} GPU-s checkpointed" in c.basis
+    assert f"{6 * s.gpu_count} GPU-s lost" in c.basis and "refunded" in c.basis
+    # capacity the tenant accepted (spot, priority) is not a refund
+    spot = Stop("y", "preempted", s.started_at + timedelta(seconds=256), reason="spot_loss",
+                checkpointed_at=s.started_at + timedelta(seconds=250))
+    assert charge(s, spot).charge_class == "charged"

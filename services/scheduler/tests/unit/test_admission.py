@@ -76,6 +76,20 @@ def test_state_machine():
 def test_method_must_fit_dataset_purpose():
     assert J.check_method_fits_dataset("lora", "sft") is None
     assert J.check_method_fits_dataset("dpo", "sft").code == "method_dataset_mismatch"
+    # the detected schema decides over the declared purpose, and the refusal names the field
+    refusal = J.check_method_fits_dataset("dpo", "dpo", "chat", "ds-1")
+    assert refusal.param == "training_file" and "preference" in refusal.message and "ds-1" in refusal.message
+    assert J.check_method_fits_dataset("lora", "sft", "preference").code == "method_dataset_mismatch"
+    assert J.check_method_fits_dataset("orpo", "dpo", "preference") is None
+
+
+def test_defaults_fit_the_model_and_limits_name_the_hyperparameter():
+    assert J.resolve_hyperparameters("lora", {}, J.model_defaults(1024))[0]["max_seq_len"] == 1024
+    assert J.resolve_hyperparameters("lora", {}, J.model_defaults(8192))[0]["max_seq_len"] == 2048
+    assert J.resolve_hyperparameters("lora", {"max_seq_len": 256}, J.model_defaults(1024))[0]["max_seq_len"] == 256
+    too_long = J.check_hyperparameters("lora", {"max_seq_len": 4096}, 64, 1024)
+    assert too_long.param == "hyperparameters.max_seq_len" and "1024" in too_long.message
+    assert J.check_hyperparameters("lora", {"lora_r": 128}, 64, 1024).param == "hyperparameters.lora_r"
 
 
 def test_job_usage_counts_each_gpu_second_once_whatever_the_order():

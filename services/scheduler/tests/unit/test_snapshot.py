@@ -4,7 +4,7 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
-from whetstone.scheduler.adapters.snapshot import pick_gpu_ids, to_view
+from whetstone.scheduler.domain.cluster import pick_gpu_ids, to_view
 
 pytestmark = pytest.mark.unit
 NOW = datetime(2026, 11, 1, 12, 0, tzinfo=UTC)

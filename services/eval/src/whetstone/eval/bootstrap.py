@@ -1,13 +1,29 @@
-"""Wiring: the eval service definition."""
+"""Wiring: the eval service definition (the one place its dependencies are built)."""
 
 from whetstone.runtime.service import Service
 
-from . import handlers as H
+from . import handlers
+from .adapters.judges import EndpointJudge, LocalModelJudge, ModelSafetyClassifier
 from .adapters.migrations import MIGRATIONS
 from .config import EvalSettings
+from .context import EvalContext
+from .worker import eval_worker
 
 
-def build_service(config: EvalSettings | None = None) -> Service:
+def build_context(config: EvalSettings) -> EvalContext:
+    judge = None
+    if config.judge_url:
+        judge = EndpointJudge(config.judge_url, config.judge_model, config.judge_api_key, config.judge_timeout_s)
+    elif config.judge_local_model:
+        judge = LocalModelJudge(config.judge_local_model)
+    classifier = ModelSafetyClassifier(config.safety_classifier_model) if config.safety_classifier_model else None
+    return EvalContext(config=config, judge=judge, safety_classifier=classifier)
+
+
+def build_service(config: EvalSettings | None = None) -> Service[EvalContext]:
     config = config or EvalSettings()
-    return Service(name="eval", migrations=MIGRATIONS, http_port=config.http_port, state={"config": config},
-                   subscriptions={"job.queued": H.on_job_queued, "checkpoint.written": H.on_checkpoint_written})
+    return Service(name="eval", migrations=MIGRATIONS, http_port=config.http_port, context=build_context(config),
+                   subscriptions={"job.queued": handlers.on_job_queued,
+                                  "checkpoint.written": handlers.on_checkpoint_written,
+                                  "eval.requested": handlers.on_eval_requested},
+                   background=[eval_worker] * max(1, config.workers))

@@ -1,14 +1,17 @@
-"""Wiring: the ingest service definition."""
+"""Wiring: the ingest service definition and every dependency its handlers use (`IngestContext`)."""
 
 from whetstone.runtime.service import Service
 
-from . import handlers as H
+from . import api, file_usage, handlers
 from .adapters.migrations import MIGRATIONS
 from .config import IngestSettings
+from .context import IngestContext
+from .gates import toxicity_classifier
 
 
-def build_service(config: IngestSettings | None = None) -> Service:
+def build_service(config: IngestSettings | None = None) -> Service[IngestContext]:
     config = config or IngestSettings()
+    context = IngestContext(config=config, toxicity=toxicity_classifier(config))
     return Service(name="ingest", migrations=MIGRATIONS,
-                   subscriptions={"dataset.submitted": H.on_dataset_submitted},
-                   http_port=config.http_port, state={"config": config})
+                   subscriptions={"dataset.submitted": handlers.on_dataset_submitted, **file_usage.SUBSCRIPTIONS},
+                   http_port=config.http_port, context=context, routes=api.routes)

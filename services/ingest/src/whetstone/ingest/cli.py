@@ -23,6 +23,7 @@ from .adapters.tokenizer import BaseModelTokenizer, TokenizerUnavailable
 from .config import IngestSettings
 from .domain.issues import Issue
 from .domain.policies import CHOICES, PolicyError
+from .domain.report import GateReport
 from .domain.schemas import PURPOSES
 from .gates import GateRequest, archive_limits, make_gate, reference_index, toxicity_classifier
 
@@ -131,14 +132,15 @@ def check_main(argv: list[str]) -> int:
         stop()
         return _usage(str(exc))
     try:
-        report = _run(gate, settings, path, hub, args)
+        report, files = _run(gate, settings, path, hub, args)
     finally:
         stop()
-    _print(report, args.json)
-    return 0 if report["accepted"] else 1
+    _print(report, files, args.json)
+    return 0 if report.accepted else 1
 
 
-def _run(gate, settings: IngestSettings, path: Path, hub: str | None, args) -> dict[str, Any]:
+def _run(gate, settings: IngestSettings, path: Path, hub: str | None, args) -> tuple[GateReport, dict[str, str]]:
+    """The report, and the cleaned files written with --output-dir."""
     with tempfile.TemporaryDirectory(prefix="whet-check-", dir=settings.work_dir) as tmp:
         tmpd = Path(tmp)
         try:
@@ -149,9 +151,9 @@ def _run(gate, settings: IngestSettings, path: Path, hub: str | None, args) -> d
                                          max_line_bytes=settings.max_line_bytes, limits=archive_limits(settings))
                 source = _combined_source(source, validation)
         except SourceError as exc:
-            return _rejected(exc.issue, hub or path)
+            return GateReport.rejected(exc.issue, file=str(hub or path)), {}
         result = gate.run(source, tmpd / "gate")
-        report = result.report
+        files: dict[str, str] = {}
         if args.output_dir and result.accepted:
             out = Path(args.output_dir)
             out.mkdir(parents=True, exist_ok=True)
@@ -159,15 +161,8 @@ def _run(gate, settings: IngestSettings, path: Path, hub: str | None, args) -> d
                 if p:
                     target = out / f"{side}.jsonl"
                     shutil.copyfile(p, target)
-                    report[f"{side}_file"] = str(target)
-        return report
-
-
-def _rejected(issue: Issue, what) -> dict[str, Any]:
-    return {"accepted": False, "status": "rejected", "format": None, "schema": None, "file": str(what),
-            "errors": [issue.as_dict()], "error_count": 1, "error_counts": {issue.code: 1}, "warnings": [],
-            "rows_total": 0, "rows_kept": 0, "exact_duplicates": 0, "near_duplicates": 0, "contaminated": 0,
-            "pii_hits": 0, "tokens_total": 0, "cost_estimate": None}
+                    files[f"{side}_file"] = str(target)
+        return result.report, files
 
 
 def _catalog() -> Path | None:
@@ -176,13 +171,16 @@ def _catalog() -> Path | None:
     return CommonSettings().model_catalog
 
 
-def _print(report: dict[str, Any], as_json: bool) -> None:
+def _print(gate_report: GateReport, files: dict[str, str], as_json: bool) -> None:
+    report = {**gate_report.as_dict(), **files}
     if as_json:
         print(json.dumps(report, default=str))
         return
     verdict = "ACCEPTED" if report["accepted"] else "REJECTED"
-    print(f"{verdict}: {report.get('format')} / {report.get('schema')} — {report['rows_kept']}/{report['rows_total']} "
-          f"rows kept, {report['tokens_total']} tokens{' (estimated)' if report.get('tokens_estimated') else ''}")
+    layout = f" ({report['layout']})" if report.get("layout") else ""
+    print(f"{verdict}: {report.get('format')} / {report.get('schema')}{layout} — {report['rows_kept']}/"
+          f"{report['rows_total']} rows kept, {report['tokens_total']} tokens"
+          f"{' (estimated)' if report.get('tokens_estimated') else ''}")
     print(f"  duplicates: {report['exact_duplicates']} exact, {report['near_duplicates']} near; "
           f"contaminated: {report['contaminated']}; PII hits: {report['pii_hits']}")
     for issue in report["errors"]:

@@ -14,6 +14,7 @@ import hashlib
 import json
 import tempfile
 import time
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
@@ -25,18 +26,20 @@ from whetstone.runtime.service import Runtime
 from .adapters.archives import SourceError
 from .adapters.formats import HubSource, check_name, hub_id, open_source, suffix_of
 from .adapters.tokenizer import BaseModelTokenizer, TokenizerUnavailable
-from .config import IngestSettings
+from .context import IngestContext
 from .domain.issues import Issue
-from .gates import GateRequest, archive_limits, make_gate, reference_index, toxicity_classifier
+from .domain.report import GateReport
+from .gates import GateRequest, archive_limits, make_gate, reference_index
 from .pipeline import GateResult, TokenCounts
 
 EVENT_LIST_LIMIT = 10
 
 
-def reject(ev: DatasetSubmittedV1, version: str, code: str, message: str, **extra: Any) -> DatasetValidatedV1:
+def reject(ev: DatasetSubmittedV1, version: str, code: str, message: str, line: int | None = None,
+           **extra: Any) -> DatasetValidatedV1:
     return DatasetValidatedV1(dataset_id=ev.dataset_id, version=version, name=ev.name, status="rejected",
-                              purpose=ev.purpose, errors=[ValidationIssue(code=code, message=message)], error_count=1,
-                              **extra)
+                              purpose=ev.purpose, errors=[ValidationIssue(code=code, message=message, line=line)],
+                              error_count=1, **extra)
 
 
 def _download(store: ObjectStore, uri: str, dest: Path, limit: int) -> tuple[str, int] | None:
@@ -67,7 +70,7 @@ def _materialize_hub(ref: str, dest: Path) -> tuple[str, int]:
     return h.hexdigest(), size
 
 
-def _throttled_log(rt: Runtime, dataset_id: str):
+def _throttled_log(rt: Runtime[IngestContext], dataset_id: str):
     last = [0.0]
 
     def progress(phase: str, done: int, total: int | None) -> None:
@@ -78,22 +81,23 @@ def _throttled_log(rt: Runtime, dataset_id: str):
     return progress
 
 
-def _event_stats(report: dict[str, Any], size: int, extra: dict[str, Any]) -> dict[str, Any]:
+def _event_stats(report: GateReport, size: int, extra: dict[str, Any]) -> dict[str, Any]:
     """The report's figures for dataset.validated (lists capped; the full report is at report_uri)."""
-    stats = report["stats"]
+    c, stats = report.counts, report.stats
+    assert report.near_dup and report.contamination and report.pii and report.tokenization
     return {
-        "train_rows": report["train_rows"], "validation_rows": report["validation_rows"],
-        "exact_duplicates": report["exact_duplicates"], "near_duplicates": report["near_duplicates"],
-        "contaminated": report["contaminated"], "pii_hits": report["pii_hits"], "toxic": report["toxic"],
-        "size_bytes": size, "output_schema": report["output_schema"], "tokens_estimated": report["tokens_estimated"],
-        "error_counts": report["error_counts"], "warning_counts": report["warning_counts"],
+        "train_rows": c.train_rows, "validation_rows": c.validation_rows, "exact_duplicates": c.exact_duplicates,
+        "near_duplicates": c.near_duplicates, "contaminated": c.contaminated, "pii_hits": c.pii_hits, "toxic": c.toxic,
+        "size_bytes": size, "output_schema": report.output_schema, "tokens_estimated": report.tokens_estimated,
+        "layout": report.layout, "layout_counts": report.layout_counts, "role_mapping": report.role_mapping,
+        "ignored_keys": report.ignored_keys,
+        "error_counts": report.error_counts, "warning_counts": report.warning_counts,
         "tokens": stats["tokens"], "token_histogram": stats["token_histogram"], "roles": stats["roles"],
         "turns": stats["turns"], "trained_tokens": stats["trained_tokens"],
-        "near_dup_clusters": report["near_dup"]["clusters"][:EVENT_LIST_LIMIT],
-        "contamination_examples": report["contamination"]["examples"][:EVENT_LIST_LIMIT],
-        "references": report["contamination"]["references"], "pii_by_kind": report["pii"]["by_kind"],
-        "tokenization": {k: v for k, v in report["tokenization"].items()},
-        "timings": report.get("timings", {}), **extra,
+        "near_dup_clusters": report.near_dup.clusters[:EVENT_LIST_LIMIT],
+        "contamination_examples": report.contamination.examples[:EVENT_LIST_LIMIT],
+        "references": report.contamination.references, "pii_by_kind": report.pii.by_kind,
+        "tokenization": asdict(report.tokenization), "timings": report.timings, **extra,
     }
 
 
@@ -110,26 +114,30 @@ def _cached_token_counts(store: ObjectStore, base: str, dest: Path) -> TokenCoun
         return None
 
 
-def _store_tokenized(store: ObjectStore, base: str, version: str, result: GateResult) -> dict[str, Any]:
+def _store_tokenized(store: ObjectStore, base: str, version: str, result: GateResult) -> None:
     """Tokenized rows keyed by dataset version + tokenizer hash: written once, reused when they still apply."""
-    tok = result.report["tokenization"]
-    if tok["cache"] == "reused":
-        return {"tokenized_uri": store.uri(base), "tokenized_cache": "hit"}
+    tok = result.report.tokenization
+    assert tok is not None
+    tok.tokenized_uri = store.uri(base)
+    if tok.cache == "reused":
+        tok.tokenized_cache = "hit"
+        return
     files = {}
     for side, path in sorted(result.tokenized_paths.items()):
         store.put_file(f"{base}/{side}.jsonl", path)
         files[side] = f"{side}.jsonl"
+    assert result.lengths_path is not None
     store.put_file(f"{base}/lengths.tsv", result.lengths_path)
-    manifest = {"dataset_version": version, "tokenizer": tok["tokenizer"], "tokenizer_hash": tok["tokenizer_hash"],
-                "fingerprint": tok["fingerprint"], "max_seq_len": tok["max_seq_len"],
-                "over_length_policy": tok["over_length_policy"], "rows": result.report["rows_kept"], "files": files}
+    manifest = {"dataset_version": version, "tokenizer": tok.tokenizer, "tokenizer_hash": tok.tokenizer_hash,
+                "fingerprint": tok.fingerprint, "max_seq_len": tok.max_seq_len,
+                "over_length_policy": tok.over_length_policy, "rows": result.report.counts.rows_kept, "files": files}
     store.put_bytes(f"{base}/manifest.json", json.dumps(manifest, indent=1).encode(), "application/json")
-    return {"tokenized_uri": store.uri(base), "tokenized_cache": "written"}
+    tok.tokenized_cache = "written"
 
 
-def process_upload(rt: Runtime, tenant_id: str, ev: DatasetSubmittedV1, cfg: IngestSettings) -> DatasetValidatedV1:
+def process_upload(rt: Runtime[IngestContext], tenant_id: str, ev: DatasetSubmittedV1) -> DatasetValidatedV1:
     """Blocking: download, gate, store. Runs in a worker thread."""
-    store = rt.store
+    store, ctx, cfg = rt.store, rt.ctx, rt.ctx.config
     prefix = f"{tenant_prefix(tenant_id)}datasets/{ev.dataset_id}"
     hub = hub_id(ev.source_uri) if ev.source_uri.startswith("hf://") else None
     with tempfile.TemporaryDirectory(prefix="ingest-", dir=cfg.work_dir) as tmp:
@@ -158,7 +166,7 @@ def process_upload(rt: Runtime, tenant_id: str, ev: DatasetSubmittedV1, cfg: Ing
         report_uri = store.uri(f"{prefix}/report.json")
 
         def rejected(issue: Issue) -> DatasetValidatedV1:
-            event = reject(ev, version, issue.code, issue.message, raw_uri=raw_uri, report_uri=report_uri,
+            event = reject(ev, version, issue.code, issue.message, issue.line, raw_uri=raw_uri, report_uri=report_uri,
                            stats={"size_bytes": size})
             store.put_bytes(f"{prefix}/report.json", event.model_dump_json(indent=1).encode(), "application/json")
             return event
@@ -178,12 +186,10 @@ def process_upload(rt: Runtime, tenant_id: str, ev: DatasetSubmittedV1, cfg: Ing
             token_counts = _cached_token_counts(store, tokenized_base, tmpd)
         problems: list[Issue] = []
         references = reference_index(cfg, _tenant_references(store, tenant_id, tmpd / "refs"), problems,
-                                     rt.state.setdefault("reference_cache", {}))
-        if "toxicity" not in rt.state:
-            rt.state["toxicity"] = toxicity_classifier(cfg)
+                                     ctx.reference_cache)
         tier = rt.settings.tenants.get(tenant_id)
         request = GateRequest(tenant_id=tenant_id, tier=tier, purpose=ev.purpose, base_model=ev.base_model)
-        gate = make_gate(cfg, request, tokenizer=tokenizer, references=references, toxicity=rt.state["toxicity"],
+        gate = make_gate(cfg, request, tokenizer=tokenizer, references=references, toxicity=ctx.toxicity,
                          progress=_throttled_log(rt, ev.dataset_id), warnings=problems, token_counts=token_counts)
         try:
             result = gate.run(source, tmpd / "gate")
@@ -200,20 +206,24 @@ def process_upload(rt: Runtime, tenant_id: str, ev: DatasetSubmittedV1, cfg: Ing
             if result.validation_path:
                 uris["validation_uri"] = store.put_file(f"{prefix}/validation.jsonl", result.validation_path)
             if tokenized_base:
-                extra.update(_store_tokenized(store, tokenized_base, version, result))
-        if result.audit_path and result.audit_path.stat().st_size:
+                _store_tokenized(store, tokenized_base, version, result)
+        if report.tokenization and report.tokenization.tokenized_uri:
+            extra.update(tokenized_uri=report.tokenization.tokenized_uri,
+                         tokenized_cache=report.tokenization.tokenized_cache)
+        if result.audit_path.stat().st_size:
             extra["audit_uri"] = store.put_file(f"{prefix}/audit.jsonl", result.audit_path)
-        report["tokenization"].update({k: v for k, v in extra.items() if k.startswith("tokenized")})
+        c = report.counts
         event = DatasetValidatedV1(
-            dataset_id=ev.dataset_id, version=version, name=ev.name, status=report["status"],
-            purpose=report["purpose"], format=report["format"], data_schema=report["schema"],
-            rows_total=report["rows_total"], rows_kept=report["rows_kept"], tokens_total=report["tokens_total"],
-            errors=[ValidationIssue(**i) for i in report["errors"]], error_count=report["error_count"],
-            warnings=[ValidationIssue(**i) for i in report["warnings"]], stats=_event_stats(report, size, extra),
-            policies={**report["policies"], "split": f"hash:{cfg.validation_fraction}", "dedup": "exact+minhash"},
-            raw_uri=raw_uri, report_uri=report_uri, cost_estimate=report["cost_estimate"], **uris)
-        full = {**report, "dataset_id": ev.dataset_id, "version": version, "name": ev.name, "size_bytes": size,
-                "raw_uri": raw_uri, **uris}
+            dataset_id=ev.dataset_id, version=version, name=ev.name, status=report.status,
+            purpose=report.purpose, format=report.format, data_schema=report.schema,
+            rows_total=c.rows_total, rows_kept=c.rows_kept, tokens_total=report.tokens_total,
+            errors=[ValidationIssue(**i.as_dict()) for i in report.errors], error_count=report.error_count,
+            warnings=[ValidationIssue(**i.as_dict()) for i in report.warnings],
+            stats=_event_stats(report, size, extra),
+            policies={**report.policies, "split": f"hash:{cfg.validation_fraction}", "dedup": "exact+minhash"},
+            raw_uri=raw_uri, report_uri=report_uri, cost_estimate=report.cost_estimate, **uris)
+        full = {**report.as_dict(), "dataset_id": ev.dataset_id, "version": version, "name": ev.name,
+                "size_bytes": size, "raw_uri": raw_uri, **uris}
         store.put_bytes(f"{prefix}/report.json", json.dumps(full, indent=1, default=str).encode(), "application/json")
         return event
 
@@ -228,8 +238,8 @@ def _tenant_references(store: ObjectStore, tenant_id: str, dest: Path) -> list[P
     return paths
 
 
-async def on_dataset_submitted(rt: Runtime, uow: UnitOfWork, env: Envelope, ev: DatasetSubmittedV1) -> None:
-    cfg: IngestSettings = rt.state["config"]
+async def on_dataset_submitted(rt: Runtime[IngestContext], uow: UnitOfWork, env: Envelope,
+                               ev: DatasetSubmittedV1) -> None:
     existing = await uow.conn.fetchrow(
         "SELECT validated, base_model FROM dataset_versions WHERE tenant_id = $1 AND dataset_id = $2",
         env.tenant_id, ev.dataset_id)
@@ -237,7 +247,7 @@ async def on_dataset_submitted(rt: Runtime, uow: UnitOfWork, env: Envelope, ev: 
         # immutable: the same content was validated before; announce the same verdict again
         await uow.publish(DatasetValidatedV1.model_validate(existing["validated"]), tenant_id=env.tenant_id)
         return
-    event = await _validate(rt, env, ev, cfg)
+    event = await _validate(rt, env, ev)
     if event.version:  # only content-addressed verdicts are remembered
         await uow.conn.execute(
             "INSERT INTO dataset_versions (tenant_id, dataset_id, version, name, status, report_uri, validated,"
@@ -251,7 +261,7 @@ async def on_dataset_submitted(rt: Runtime, uow: UnitOfWork, env: Envelope, ev: 
     await uow.publish(event, tenant_id=env.tenant_id)
 
 
-async def _validate(rt: Runtime, env: Envelope, ev: DatasetSubmittedV1, cfg: IngestSettings) -> DatasetValidatedV1:
+async def _validate(rt: Runtime[IngestContext], env: Envelope, ev: DatasetSubmittedV1) -> DatasetValidatedV1:
     if env.tenant_id not in rt.settings.tenants:
         return reject(ev, "", "unknown_tenant", f"tenant {env.tenant_id!r} is not registered")
     bad_name = check_name(ev.name)
@@ -269,4 +279,4 @@ async def _validate(rt: Runtime, env: Envelope, ev: DatasetSubmittedV1, cfg: Ing
             return reject(ev, "", "source_outside_tenant", bad)
         if not await asyncio.to_thread(rt.store.exists, ev.source_uri):
             return reject(ev, "", "source_missing", f"no object at {ev.source_uri}")
-    return await asyncio.to_thread(process_upload, rt, env.tenant_id, ev, cfg)
+    return await asyncio.to_thread(process_upload, rt, env.tenant_id, ev)

@@ -1,8 +1,9 @@
 """Usage API.
 
-Tenants (X-Tenant-Id): a job's ledger (`total` once the job is over, the current line of
-each segment, every append-only entry), the events behind any line (audit), a month's
-usage. Operators (X-Operator-Id): open anomalies, jobs held for review, review decisions.
+Tenants (a verified caller with `read`): a job's ledger (`total` once the job is over, the
+current line of each segment, every append-only entry), the events behind any line (audit), a
+month's usage. Operators (scope `admin`): open anomalies, jobs held for review, review decisions.
+Another tenant's job or line answers 404, never its data.
 """
 
 from __future__ import annotations
@@ -11,9 +12,12 @@ import json
 from decimal import Decimal
 from typing import Literal
 
-from fastapi import APIRouter, Header, HTTPException, Query
+from datetime import UTC, datetime
+
+from fastapi import APIRouter, HTTPException, Query
 from pydantic import BaseModel
 
+from whetstone.runtime.identity import Caller, require
 from whetstone.runtime.service import Runtime
 
 from .handlers import review_job
@@ -69,7 +73,8 @@ def routes(rt: Runtime) -> APIRouter:
     r = APIRouter(prefix="/v1/usage")
 
     @r.get("/jobs/{job_id}")
-    async def job_usage(job_id: str, x_tenant_id: str = Header(...)) -> dict:
+    async def job_usage(job_id: str, caller: Caller = require("read")) -> dict:
+        x_tenant_id = caller.tenant_id
         async with rt.uow() as uow:
             rows = await uow.conn.fetch("SELECT * FROM ledger WHERE job_id = $1 AND tenant_id = $2 ORDER BY id",
                                         job_id, x_tenant_id)
@@ -92,8 +97,9 @@ def routes(rt: Runtime) -> APIRouter:
                 "anomalies": [_anomaly(a) for a in anomalies]}
 
     @r.get("/lines/{line_id}/events")
-    async def line_events(line_id: int, x_tenant_id: str = Header(...)) -> dict:
+    async def line_events(line_id: int, caller: Caller = require("read")) -> dict:
         """Audit: the events that produced a ledger line."""
+        x_tenant_id = caller.tenant_id
         async with rt.uow() as uow:
             line = await uow.conn.fetchrow("SELECT * FROM ledger WHERE id = $1 AND tenant_id = $2", line_id,
                                            x_tenant_id)
@@ -103,11 +109,20 @@ def routes(rt: Runtime) -> APIRouter:
                                           " ORDER BY occurred_at, event_id", line["job_id"], list(line["source_events"]))
         return {"line": _entry(line), "events": [_audit_event(e) for e in events]}
 
+    @r.get("")
+    async def my_usage(caller: Caller = require("read"), month: str | None = Query(None, pattern=r"^\d{4}-\d{2}$")) -> dict:
+        """The caller's tenant, one month (default: the current one)."""
+        return await month_of(caller.tenant_id, month or datetime.now(UTC).strftime("%Y-%m"))
+
     @r.get("/tenants/{tenant_id}")
-    async def tenant_usage(tenant_id: str, x_tenant_id: str = Header(...),
+    async def tenant_usage(tenant_id: str, caller: Caller = require("read"),
                            month: str = Query(..., pattern=r"^\d{4}-\d{2}$")) -> dict:
-        if tenant_id != x_tenant_id:
-            raise HTTPException(403, {"code": "forbidden", "message": "tenants see only their own usage"})
+        if tenant_id != caller.tenant_id and not caller.allows("admin"):
+            raise HTTPException(404, {"code": "unknown_tenant", "message": f"no usage for tenant {tenant_id}",
+                                      "param": "tenant_id"})
+        return await month_of(tenant_id, month)
+
+    async def month_of(tenant_id: str, month: str) -> dict:
         async with rt.uow() as uow:
             usage = await uow.conn.fetch("SELECT * FROM usage_monthly WHERE tenant_id = $1 AND period = $2",
                                          tenant_id, month)
@@ -116,7 +131,7 @@ def routes(rt: Runtime) -> APIRouter:
         return tenant_month(tenant_id, month, usage, {j["outcome"]: j["jobs"] for j in jobs})
 
     @r.get("/anomalies")
-    async def open_anomalies(x_operator_id: str = Header(...), limit: int = Query(100, le=1000)) -> dict:
+    async def open_anomalies(caller: Caller = require("admin"), limit: int = Query(100, le=1000)) -> dict:
         async with rt.uow() as uow:
             rows = await uow.conn.fetch(
                 "SELECT job_id, tenant_id, segment_id, code, reason, event_ids, created_at, resolved_at, resolution"
@@ -124,7 +139,7 @@ def routes(rt: Runtime) -> APIRouter:
         return {"data": [{"job_id": a["job_id"], "tenant_id": a["tenant_id"], **_anomaly(a)} for a in rows]}
 
     @r.get("/reviews")
-    async def pending_reviews(x_operator_id: str = Header(...), limit: int = Query(100, le=1000)) -> dict:
+    async def pending_reviews(caller: Caller = require("admin"), limit: int = Query(100, le=1000)) -> dict:
         async with rt.uow() as uow:
             rows = await uow.conn.fetch(
                 "SELECT job_id, tenant_id, count(*) AS segments, sum((billed->>'list_cost')::numeric) AS held"
@@ -133,8 +148,8 @@ def routes(rt: Runtime) -> APIRouter:
                           "held_usd": float(x["held"])} for x in rows]}
 
     @r.post("/jobs/{job_id}/review")
-    async def review(job_id: str, body: ReviewDecision, x_operator_id: str = Header(...)) -> dict:
-        result = await review_job(rt, job_id, body.decision, x_operator_id, body.note)
+    async def review(job_id: str, body: ReviewDecision, caller: Caller = require("admin")) -> dict:
+        result = await review_job(rt, job_id, body.decision, f"{caller.tenant_id}/{caller.key_id}", body.note)
         if result is None:
             raise HTTPException(404, {"code": "no_usage", "message": f"no metered usage for {job_id}"})
         if not result.entries:

@@ -22,26 +22,23 @@ from whetstone.contracts import (
 )
 from whetstone.runtime.batching import Delivery
 from whetstone.runtime.messaging import UnitOfWork, encode, make_envelope
-from whetstone.runtime.service import Runtime
+from whetstone.runtime.service import PoisonMessage, Runtime
+
+from .config import MeteringSettings
+from .context import MeteringContext
 
 from .adapters.cache import State, StateCache
 from .adapters.store import LedgerStore
 from .domain.billing import Start, Stop
-from .domain.clock import EventClock
 from .domain.ledger import Entry, JobState, Policy, Queued, SegmentState, Settlement, Terminal, settle
 
 TOPICS = ("job.queued", "job.started", "job.preempted", "job.completed", "job.failed", "job.cancelled")
 
 
-def policy_of(rt: Runtime) -> Policy:
-    """Built on first use: the tenants' tiers come from the runtime's settings."""
-    policy = rt.state.get("policy")
-    if policy is None:
-        cfg = rt.state["config"]
-        policy = rt.state["policy"] = Policy(tiers=dict(rt.settings.tenants),
-                                             orphan_grace=timedelta(seconds=cfg.orphan_grace_s),
-                                             close_grace=timedelta(seconds=cfg.close_grace_s))
-    return policy
+def policy_for(config: MeteringSettings, tenants: dict[str, str]) -> Policy:
+    """The billing policy: the tenants' tiers (platform settings) and the service's grace periods."""
+    return Policy(tiers=dict(tenants), orphan_grace=timedelta(seconds=config.orphan_grace_s),
+                  close_grace=timedelta(seconds=config.close_grace_s))
 
 
 def utc(ts: datetime) -> datetime:
@@ -96,25 +93,11 @@ def fact_of(env: Envelope, ev: Event, raw: bytes, received_at: datetime) -> Fact
 # -- consuming ----------------------------------------------------------------------------
 
 
-def event_clock(rt: Runtime) -> EventClock:
-    clock = rt.state.get("event_clock")
-    if clock is None:
-        clock = rt.state["event_clock"] = EventClock()
-    return clock
-
-
-async def event_now(rt: Runtime, wall: datetime) -> datetime:
+async def event_now(rt: Runtime[MeteringContext], wall: datetime) -> datetime:
     """Event time, with the consumer's lag measured now (fetched-but-unhandled records count)."""
-    clock = event_clock(rt)
+    clock = rt.ctx.event_clock
     clock.set_lag(await rt.measure_lag())
     return clock.now(wall)
-
-
-def cache_of(rt: Runtime) -> StateCache:
-    cache = rt.state.get("state_cache")
-    if cache is None:
-        cache = rt.state["state_cache"] = StateCache(rt.state["config"].state_cache_jobs)
-    return cache
 
 
 async def lock_and_load(store: LedgerStore, job_ids: list[str], tenants: dict[str, str] | None, now: datetime,
@@ -148,10 +131,10 @@ def segment_of(state: State, f: Fact, now: datetime) -> SegmentState:
     return seg
 
 
-async def meter(rt: Runtime, uow: UnitOfWork, deliveries: list[Delivery]) -> None:
+async def meter(rt: Runtime[MeteringContext], uow: UnitOfWork, deliveries: list[Delivery]) -> None:
     """The batch handler."""
     wall = rt.clock()
-    clock = event_clock(rt)
+    clock = rt.ctx.event_clock
     for d in deliveries:
         clock.observe(d.topic, d.partition, utc(d.envelope.occurred_at), wall)
     now = await event_now(rt, wall)
@@ -162,8 +145,13 @@ async def meter(rt: Runtime, uow: UnitOfWork, deliveries: list[Delivery]) -> Non
     tenants: dict[str, str] = {}
     for f in facts:
         tenants.setdefault(f.job_id, f.tenant_id)
-    cache = cache_of(rt)
+    cache = rt.ctx.state_cache
     states, versions = await lock_and_load(store, sorted(tenants), tenants, wall, cache)
+    for f in facts:  # a job's events all name its tenant: another tenant's event is forged or misrouted
+        owner = states[f.job_id][0].tenant_id
+        if owner != f.tenant_id:
+            raise PoisonMessage(f"job {f.job_id} belongs to tenant {owner!r}; an event naming {f.tenant_id!r}"
+                                " cannot change its usage", reason="tenant_mismatch")
     touched: dict[str, set[str]] = {}
     repriced: set[str] = set()  # jobs whose own facts changed: all their segments are re-evaluated
     for f in facts:
@@ -186,18 +174,18 @@ async def meter(rt: Runtime, uow: UnitOfWork, deliveries: list[Delivery]) -> Non
                            {(j, s) for j, segs in touched.items() for s in segs}, traces, cache, only)
 
 
-async def on_lifecycle_event(rt: Runtime, uow: UnitOfWork, env: Envelope, ev: Event) -> None:
+async def on_lifecycle_event(rt: Runtime[MeteringContext], uow: UnitOfWork, env: Envelope, ev: Event) -> None:
     """Per-message handler (a batch that failed is retried message by message through it)."""
     await meter(rt, uow, [Delivery(topic_for(ev).name, env, ev)])
 
 
-async def settle_and_write(rt: Runtime, uow: UnitOfWork, store: LedgerStore, states: dict[str, State],
+async def settle_and_write(rt: Runtime[MeteringContext], uow: UnitOfWork, store: LedgerStore, states: dict[str, State],
                            versions: dict[str, int], now: datetime, dirty_jobs: set[str],
                            dirty_segments: set[tuple[str, str]], traces: dict[str, str] | None = None,
                            cache: StateCache | None = None, only: dict[str, set[str] | None] | None = None
                            ) -> Settlement:
     """Settle the jobs, write what changed, and put their state back in the cache."""
-    policy = policy_of(rt)
+    policy = rt.ctx.policy
     total = Settlement()
     for job_id in sorted(states):
         job, segments = states[job_id]
@@ -221,7 +209,7 @@ async def settle_and_write(rt: Runtime, uow: UnitOfWork, store: LedgerStore, sta
                               if (s.job_id, s.segment_id) in dirty_segments)
     await store.append(total.entries, [str(env.event_id) for env in envelopes])
     await store.anomalies(total.opened, total.resolved, rt.clock())
-    await write_outbox(uow, envelopes)
+    await uow.publish_many(envelopes, topic=topic_for(UsageMeteredV1).name)
     await store.roll_up(total.entries)
     if cache is not None:
         for job_id, state in states.items():
@@ -250,22 +238,12 @@ def usage_event(e: Entry) -> UsageMeteredV1:
                           price_version=c.price_version, cost=float(c.cost), segments=e.segments)
 
 
-async def write_outbox(uow: UnitOfWork, envelopes: Sequence[Envelope]) -> None:
-    """The outbox rows of many events in one COPY (same table and relay as `uow.publish`)."""
-    if not envelopes:
-        return
-    topic = topic_for(UsageMeteredV1).name
-    await uow.conn.copy_records_to_table("outbox", records=[(topic, env.key, encode(env)) for env in envelopes],
-                                         columns=("topic", "key", "value"))
-    uow.pending.extend(envelopes)
-
-
 # -- time-based decisions ------------------------------------------------------------------
 
 
-async def sweep_once(rt: Runtime, limit: int = 2000) -> int:
+async def sweep_once(rt: Runtime[MeteringContext], limit: int = 2000) -> int:
     """Jobs whose grace ran out: unknown-job anomalies, segments that never stopped, totals to close."""
-    policy = policy_of(rt)
+    policy = rt.ctx.policy
     wall = rt.clock()
     now = await event_now(rt, wall)
     async with rt.uow() as uow:
@@ -273,14 +251,14 @@ async def sweep_once(rt: Runtime, limit: int = 2000) -> int:
         ids = await store.jobs_due(now - policy.close_grace, now - policy.orphan_grace, limit)
         if not ids:
             return 0
-        cache = cache_of(rt)
+        cache = rt.ctx.state_cache
         states, versions = await lock_and_load(store, ids, None, wall, cache)
         await settle_and_write(rt, uow, store, states, versions, now, set(), set(), cache=cache)
     return len(ids)
 
 
-async def sweep_forever(rt: Runtime) -> None:
-    interval = rt.state["config"].sweep_interval_s
+async def sweep_forever(rt: Runtime[MeteringContext]) -> None:
+    interval = rt.ctx.config.sweep_interval_s
     while True:
         await asyncio.sleep(interval)
         await sweep_once(rt)
@@ -289,14 +267,14 @@ async def sweep_forever(rt: Runtime) -> None:
 # -- operator decisions --------------------------------------------------------------------
 
 
-async def review_job(rt: Runtime, job_id: str, decision: str, reviewer: str, note: str) -> Settlement | None:
+async def review_job(rt: Runtime[MeteringContext], job_id: str, decision: str, reviewer: str, note: str) -> Settlement | None:
     """Resolve a job held for review: charge it or refund it. The decision is an audit event of
     its own, and its effect on the ledger is reversals and new charges, like any correction."""
     wall = rt.clock()
     now = await event_now(rt, wall)
     async with rt.uow() as uow:
         store = LedgerStore(uow.conn)
-        cache = cache_of(rt)
+        cache = rt.ctx.state_cache
         states, versions = await lock_and_load(store, [job_id], None, wall, cache)
         if job_id not in states:
             return None

@@ -8,11 +8,15 @@ from __future__ import annotations
 
 import asyncio
 from datetime import datetime
+from typing import TYPE_CHECKING
 
 import asyncpg
 from prometheus_client import CollectorRegistry, Gauge
 
 from whetstone.runtime.service import Runtime
+
+if TYPE_CHECKING:
+    from .context import MeteringContext
 
 LABELS = ["tenant", "gpu_type", "charge_class"]
 
@@ -82,11 +86,11 @@ class UsageMetrics:
         self.refreshed.set(now.timestamp())
 
 
-async def refresh_forever(rt: Runtime) -> None:
+async def refresh_forever(rt: Runtime[MeteringContext]) -> None:
     from .handlers import event_now  # noqa: PLC0415  (handlers import this module's users)
 
-    metrics: UsageMetrics = rt.state["usage_metrics"]
-    interval = rt.state["config"].metrics_interval_s
+    metrics = rt.ctx.usage_metrics
+    interval = rt.ctx.config.metrics_interval_s
     while True:
         assert rt.pool is not None
         wall = rt.clock()

@@ -17,11 +17,19 @@ follows it (e.g. `<|end|>`, `<|eot_id|>`, `<|im_end|>`), trailing whitespace exc
 exactly what trl's `{% generation %}` blocks cover, so the model learns to stop.
 The role header (`<|assistant|>\\n`) is never trained.
 
-Per-message `weight`: 0 = not trained, 1 = trained. Default: assistant 1, others 0.
+Per-message `weight`: 0 = not trained, 1 = trained. Default: assistant 1, others 0 (so
+`tool` results and user turns are never trained unless weighted 1).
+
+Tools (OpenAI's shape): pass the definitions as `tools=[...]` (forwarded to the template);
+assistant messages may carry `tool_calls` (content empty or null), whose JSON-string
+`arguments` are handed to the template as dicts, as Hugging Face templates expect. An
+assistant turn with tool calls is trained on everything the template renders for it
+(the call included), from the generation prompt to its end-of-turn marker.
 """
 
 from __future__ import annotations
 
+import json
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -43,15 +51,39 @@ def message_weight(message: Mapping[str, Any]) -> int:
     return int(weight)
 
 
+def _template_call(call: Mapping[str, Any]) -> dict[str, Any]:
+    """An OpenAI tool call as chat templates read it: `arguments` a dict (OpenAI writes a JSON string)."""
+    function = dict(call.get("function") or {})
+    arguments = function.get("arguments")
+    if isinstance(arguments, str):
+        try:
+            parsed = json.loads(arguments)
+        except ValueError as exc:
+            raise ChatFormatError(f"tool call arguments are not valid JSON: {arguments[:80]!r}") from exc
+        if isinstance(parsed, dict):
+            function["arguments"] = parsed
+    return {**call, "type": call.get("type", "function"), "function": function}
+
+
+def _template_message(m: Mapping[str, Any]) -> dict[str, Any]:
+    out = {k: v for k, v in m.items() if k not in _TEMPLATE_KEYS_DROPPED}
+    if m.get("tool_calls"):
+        out["tool_calls"] = [_template_call(c) for c in m["tool_calls"]]
+        if out.get("content") is None:
+            out["content"] = ""
+    return out
+
+
 def _template_messages(messages: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
     for i, message in enumerate(messages):
         if not isinstance(message, Mapping):
             raise ChatFormatError(f"message {i} is not an object")
         if not isinstance(message.get("role"), str):
             raise ChatFormatError(f"message {i} has no string 'role'")
-        if not isinstance(message.get("content"), str):
+        content = message.get("content")
+        if not isinstance(content, str) and not (content is None and message.get("tool_calls")):
             raise ChatFormatError(f"message {i} has no string 'content'")
-    return [{k: v for k, v in m.items() if k not in _TEMPLATE_KEYS_DROPPED} for m in messages]
+    return [_template_message(m) for m in messages]
 
 
 def _render(tokenizer, messages, *, add_generation_prompt: bool = False, **template_kwargs) -> str:

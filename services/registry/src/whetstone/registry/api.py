@@ -1,38 +1,153 @@
-"""Registry API: a tenant's models with lineage and stage history."""
+"""Registry API: OpenAI-compatible models (with stage and lineage as extensions), stage changes,
+downloads. Thin: the domain decides (promotion.py applies), the store holds the SQL."""
 
 from __future__ import annotations
 
-from fastapi import APIRouter, Header, HTTPException
+from typing import Any, Literal
 
+from fastapi import APIRouter, Query
+from pydantic import BaseModel, Field
+
+from whetstone.runtime.errors import ApiError
+from whetstone.runtime.identity import Caller, require
 from whetstone.runtime.service import Runtime
 
+from . import downloads, promotion
+from .adapters.store import ModelStore
+from .context import RegistryContext
+from .domain.stages import STAGES, ModelRecord, TransitionRefused
 
-def routes(rt: Runtime) -> APIRouter:
+
+class PromoteRequest(BaseModel):
+    stage: Literal["dev", "staging", "production", "archived", "quarantined"] = Field(
+        validation_alias="stage", description="target stage")
+    reason: str = Field(min_length=1, max_length=2000)
+
+
+class ReasonRequest(BaseModel):
+    reason: str = Field("requested by the tenant", min_length=1, max_length=2000)
+
+
+def not_found(model_id: str) -> ApiError:
+    return ApiError(404, f"The model '{model_id}' does not exist", code="model_not_found", param="model")
+
+
+def refused(exc: TransitionRefused) -> ApiError:
+    return ApiError(exc.status, exc.message, code=exc.code, param="stage" if exc.code == "invalid_stage" else None,
+                    type="permission_error" if exc.status == 403 else "invalid_request_error")
+
+
+def iso(value: Any) -> Any:
+    return value.isoformat() if hasattr(value, "isoformat") else value
+
+
+async def model_view(store: ModelStore, m: ModelRecord, *, detail: bool = True) -> dict[str, Any]:
+    view: dict[str, Any] = {
+        "id": m.model_id, "object": "model", "created": int(m.created_at.timestamp()), "owned_by": m.tenant_id,
+        "name": m.name, "stage": m.stage, "needs_reeval": m.needs_reeval, "job_id": m.job_id,
+        "artifact_uri": m.artifact_uri, "artifact_sha256": m.artifact_sha256,
+    }
+    if detail:
+        lineage = await store.lineage(m.model_id) or {}
+        lineage.pop("model_id", None)
+        view["lineage"] = {k: iso(v) for k, v in lineage.items()}
+        view["stage_history"] = [{k: iso(v) for k, v in h.items()} for h in await store.history(m.model_id)]
+    return view
+
+
+def routes(rt: Runtime[RegistryContext]) -> APIRouter:
     r = APIRouter(prefix="/v1/models")
-
-    async def view(uow, row) -> dict:
-        history = await uow.conn.fetch("SELECT from_stage, to_stage, reason, at FROM stage_history"
-                                       " WHERE model_id = $1 ORDER BY id", row["model_id"])
-        return {"id": row["model_id"], "object": "model", "name": row["name"], "stage": row["stage"],
-                "job_id": row["job_id"], "artifact_uri": row["artifact_uri"],
-                "artifact_sha256": row["artifact_sha256"], "lineage": row["lineage"],
-                "created_at": int(row["created_at"].timestamp()),
-                "stage_history": [{**dict(h), "at": h["at"].isoformat()} for h in history]}
+    cfg = rt.ctx.config
 
     @r.get("")
-    async def list_models(x_tenant_id: str = Header(...), job_id: str | None = None) -> dict:
+    async def list_models(caller: Caller = require("read"), job_id: str | None = None, name: str | None = None,
+                          after: str | None = None, limit: int = Query(100, ge=1, le=1000),
+                          lineage: bool | None = None) -> dict:
+        lineage = lineage if lineage is not None else job_id is not None  # one job: its model, in full
         async with rt.uow() as uow:
-            rows = await uow.conn.fetch("SELECT * FROM models WHERE tenant_id = $1 AND ($2::text IS NULL OR job_id = $2)"
-                                        " ORDER BY created_at DESC LIMIT 100", x_tenant_id, job_id)
-            return {"object": "list", "data": [await view(uow, x) for x in rows]}
+            store = ModelStore(uow.conn)
+            rows = await store.list(caller.tenant_id, job_id=job_id, name=name, after=after, limit=limit + 1)
+            data = [await model_view(store, m, detail=lineage) for m in rows[:limit]]
+        return {"object": "list", "data": data, "has_more": len(rows) > limit,
+                "first_id": data[0]["id"] if data else None, "last_id": data[-1]["id"] if data else None}
 
     @r.get("/{model_id}")
-    async def get(model_id: str, x_tenant_id: str = Header(...)) -> dict:
+    async def get(model_id: str, caller: Caller = require("read")) -> dict:
         async with rt.uow() as uow:
-            row = await uow.conn.fetchrow("SELECT * FROM models WHERE model_id = $1 AND tenant_id = $2",
-                                          model_id, x_tenant_id)
-            if row is None:
-                raise HTTPException(404, {"code": "model_not_found", "message": f"no model {model_id}"})
-            return await view(uow, row)
+            store = ModelStore(uow.conn)
+            model = await store.resolve(model_id, caller.tenant_id)  # an id, or a name (`fine_tuned_model`)
+            if model is None:
+                raise not_found(model_id)
+            return await model_view(store, model)
+
+    async def change(model_id: str, caller: Caller, action) -> dict:
+        try:
+            async with rt.uow() as uow:
+                store = ModelStore(uow.conn)
+                model = await action(uow, store)
+                return await model_view(store, model)
+        except LookupError:
+            raise not_found(model_id) from None
+        except TransitionRefused as exc:
+            raise refused(exc) from None
+
+    @r.post("/{model_id}/promote")
+    async def promote(model_id: str, body: PromoteRequest, caller: Caller = require("write")) -> dict:
+        if body.stage not in STAGES:
+            raise ApiError(400, f"unknown stage {body.stage}", code="invalid_stage", param="stage")
+        return await change(model_id, caller, lambda uow, store: promotion.promote(
+            uow, store, model_id, caller.tenant_id, body.stage, body.reason,
+            can_approve=caller.allows("models:promote"), actor=caller.key_id, min_margin=cfg.auto_promote_min_margin))
+
+    @r.post("/{model_id}/rollback")
+    async def rollback(model_id: str, body: ReasonRequest | None = None,
+                       caller: Caller = require("models:promote")) -> dict:
+        reason = (body or ReasonRequest()).reason
+        return await change(model_id, caller, lambda uow, store: promotion.rollback(
+            uow, store, model_id, caller.tenant_id, reason, caller.key_id))
+
+    async def archive(model_id: str, reason: str, caller: Caller) -> dict:
+        async def act(uow, store: ModelStore):
+            model = await store.get(model_id, caller.tenant_id)
+            if model is not None and model.stage == "production" and not caller.allows("models:promote"):
+                raise TransitionRefused("insufficient_scope", "archiving the production version takes it out of"
+                                        " serving: it needs the `models:promote` scope", 403)
+            return await promotion.archive(uow, store, model_id, caller.tenant_id, reason, caller.key_id)
+        return await change(model_id, caller, act)
+
+    @r.post("/{model_id}/archive")
+    async def archive_model(model_id: str, body: ReasonRequest | None = None, caller: Caller = require("write")) -> dict:
+        return await archive(model_id, (body or ReasonRequest()).reason, caller)
+
+    @r.delete("/{model_id}")
+    async def delete(model_id: str, caller: Caller = require("write")) -> dict:
+        """OpenAI's delete: the version is archived (history and artifact are kept for lineage). A name
+        names its current version (production, else the newest staging or dev one)."""
+        async with rt.uow() as uow:
+            model = await ModelStore(uow.conn).resolve(model_id, caller.tenant_id)
+        if model is None:
+            raise not_found(model_id)
+        try:
+            await archive(model.model_id, "deleted by the tenant", caller)
+        except ApiError as exc:
+            if exc.code != "already_in_stage":
+                raise
+        return {"id": model_id, "object": "model", "deleted": True}
+
+    @r.get("/{model_id}/content")
+    async def content(model_id: str, caller: Caller = require("read")) -> dict:
+        return await downloads.adapter_download(rt, caller.tenant_id, model_id)
+
+    @r.get("/{model_id}/download")
+    async def download(model_id: str, caller: Caller = require("read")) -> dict:
+        return await downloads.adapter_download(rt, caller.tenant_id, model_id)
+
+    @r.post("/{model_id}/merged")
+    async def request_merge(model_id: str, caller: Caller = require("write")) -> dict:
+        return await downloads.request_merge(rt, caller.tenant_id, model_id)
+
+    @r.get("/{model_id}/merged")
+    async def merged(model_id: str, caller: Caller = require("read")) -> dict:
+        return await downloads.merged_download(rt, caller.tenant_id, model_id)
 
     return r

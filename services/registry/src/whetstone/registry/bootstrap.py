@@ -1,16 +1,41 @@
-"""Wiring: the registry service definition."""
+"""Wiring: the registry service definition — the one place its dependencies are built."""
 
-from whetstone.runtime.service import Service
+from __future__ import annotations
 
-from . import handlers as H
+from fastapi import APIRouter
+
+from whetstone.runtime.service import Runtime, Service
+
+from . import api, base_models, handlers, handoff
+from .adapters.artifacts import ArtifactStore
+from .adapters.environment import capture_environment
 from .adapters.migrations import MIGRATIONS
-from .api import routes
 from .config import RegistrySettings
+from .context import RegistryContext
 
 
-def build_service(config: RegistrySettings | None = None) -> Service:
-    config = config or RegistrySettings()
-    return Service(name="registry", migrations=MIGRATIONS, routes=routes, http_port=config.http_port,
-                   state={"config": config},
-                   subscriptions={"job.queued": H.on_job_queued, "checkpoint.written": H.on_checkpoint_written,
-                                  "eval.completed": H.on_eval_completed})
+def routes(rt: Runtime[RegistryContext]) -> APIRouter:
+    router = APIRouter()
+    router.include_router(api.routes(rt))
+    router.include_router(base_models.routes(rt))
+    return router
+
+
+async def on_start(rt: Runtime[RegistryContext]) -> None:
+    rt.ctx.artifacts.bind(rt.store)
+
+
+def build_context(config: RegistrySettings | None = None) -> RegistryContext:
+    return RegistryContext(config=config or RegistrySettings(), artifacts=ArtifactStore(),
+                           environment=capture_environment())
+
+
+def build_service(config: RegistrySettings | None = None) -> Service[RegistryContext]:
+    context = build_context(config)
+    return Service(name="registry", migrations=MIGRATIONS, routes=routes, http_port=context.config.http_port,
+                   context=context, on_start=on_start,
+                   background=[handoff.vllm_handoff] if context.config.vllm_urls else [],
+                   subscriptions={"job.queued": handlers.on_job_queued,
+                                  "checkpoint.written": handlers.on_checkpoint_written,
+                                  "eval.completed": handlers.on_eval_completed,
+                                  "model.merged": handlers.on_model_merged})

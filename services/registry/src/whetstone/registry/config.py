@@ -1,3 +1,6 @@
+from pathlib import Path
+
+from pydantic import Field
 from pydantic_settings import SettingsConfigDict
 
 from whetstone.runtime.settings import ServiceSettings
@@ -6,3 +9,12 @@ from whetstone.runtime.settings import ServiceSettings
 class RegistrySettings(ServiceSettings):
     model_config = SettingsConfigDict(env_prefix="WHETSTONE_REGISTRY_", extra="ignore")
     http_port: int = 8104
+    auto_promote: bool = Field(False, description="promote to production at registration when the policy passes")
+    auto_promote_min_margin: float = Field(0.10, ge=0, description="smallest relative eval margin over the base")
+    presign_ttl_s: int = Field(3600, ge=60, le=7 * 24 * 3600)
+    # vLLM handoff (adapters/vllm.py): empty = off
+    vllm_urls: list[str] = Field(default_factory=list, description="base URLs of the vLLM servers to keep in step")
+    vllm_api_key: str | None = None
+    vllm_adapter_dir: Path | None = Field(None, description="directory shared with vLLM (its LoRA resolver dir)")
+    vllm_stages: list[str] = Field(default_factory=lambda: ["production"])
+    vllm_sync_interval_s: float = Field(5.0, gt=0)

@@ -31,6 +31,7 @@ import asyncpg
 
 from whetstone.contracts import Envelope, Event
 
+from . import db
 from .messaging import UnitOfWork, decode, parse_payload
 
 if TYPE_CHECKING:
@@ -65,6 +66,21 @@ def undecoded(message: Any) -> None:
     return None
 
 
+async def _crashed_before(rt: Runtime, records: Sequence[Any]) -> bool:
+    """Count this delivery of the batch (by the first offset of each partition in it). A batch
+    seen more than `max_attempts` times killed the process before: its records then go one by one
+    through the per-message path, which counts each record and dead-letters the one that crashes."""
+    firsts: dict[tuple[str, int], int] = {}
+    for rec in records:
+        tp = (rec.topic, rec.partition)
+        firsts[tp] = min(firsts.get(tp, rec.offset), rec.offset)
+    worst = 0
+    assert rt.pool is not None
+    for (topic, partition), offset in firsts.items():
+        worst = max(worst, await db.count_delivery(rt.pool, rt.consumer + "#batch", topic, partition, offset))
+    return worst > rt.settings.max_attempts
+
+
 def _key(record: Any) -> str | None:
     return record.key.decode(errors="replace") if record.key else None
 
@@ -76,6 +92,13 @@ async def consume_batch(rt: Runtime, routes: dict[str, tuple[type[Event], Handle
     shards, each handled in its own transaction concurrently: one shard's Python work
     overlaps the other's database round trips. Records with one key stay in one shard,
     in order. Offsets are committed by the caller after every shard has finished."""
+    if await _crashed_before(rt, records):
+        rt.log.warning("batch was delivered before and never finished; handling its messages one by one",
+                       size=len(records))
+        for rec in records:
+            model, handler = routes[rec.topic]
+            await rt.handle_message(rec.topic, model, handler, rec.value, rec.partition, rec.offset, _key(rec))
+        return
     decoded: list[tuple[Any, Delivery]] = []
     for rec in records:
         model, handler = routes[rec.topic]

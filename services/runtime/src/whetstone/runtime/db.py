@@ -34,6 +34,33 @@ RUNTIME_MIGRATIONS = [
     """,
 ]
 
+# Runtime tables added later. Numbered from RUNTIME_LATER_BASE so that the numbers of the services'
+# own migrations (2, 3, ...) stay what they were in databases migrated before these existed.
+RUNTIME_LATER_BASE = 10_000
+RUNTIME_LATER_MIGRATIONS = [
+    """
+    -- an outbox row the broker refuses for itself (too large, bad topic) is quarantined, not retried forever
+    ALTER TABLE outbox ADD COLUMN IF NOT EXISTS attempts int NOT NULL DEFAULT 0;
+    ALTER TABLE outbox ADD COLUMN IF NOT EXISTS last_error text;
+    ALTER TABLE outbox ADD COLUMN IF NOT EXISTS quarantined_at timestamptz;
+    DROP INDEX IF EXISTS outbox_unsent;
+    CREATE INDEX IF NOT EXISTS outbox_pending ON outbox (id) WHERE sent_at IS NULL AND quarantined_at IS NULL;
+    CREATE INDEX IF NOT EXISTS outbox_sent_at ON outbox (sent_at) WHERE sent_at IS NOT NULL;
+    CREATE INDEX IF NOT EXISTS inbox_processed_at ON inbox (processed_at);
+    -- deliveries of one record, counted outside the handler's transaction: a record that kills
+    -- the process is seen again after the restart and dead-lettered once it has been tried enough
+    CREATE TABLE IF NOT EXISTS deliveries (
+        consumer   text        NOT NULL,
+        topic      text        NOT NULL,
+        partition  int         NOT NULL,
+        "offset"   bigint      NOT NULL,
+        count      int         NOT NULL DEFAULT 1,
+        last_at    timestamptz NOT NULL DEFAULT now(),
+        PRIMARY KEY (consumer, topic, partition, "offset")
+    );
+    """,
+]
+
 
 async def _init_connection(conn: asyncpg.Connection) -> None:
     for typ in ("json", "jsonb"):
@@ -55,20 +82,26 @@ async def create_pool(dsn: str, schema: str, *, min_size: int = 1, max_size: int
     )
 
 
+def lock_key(schema: str, purpose: str = "") -> int:
+    """A Postgres advisory-lock key for one purpose in one service schema."""
+    return int(hashlib.sha256(f"{schema}{':' + purpose if purpose else ''}".encode()).hexdigest()[:15], 16)
+
+
 async def migrate(pool: asyncpg.Pool, schema: str, migrations: Sequence[str]) -> int:
     """Apply numbered migrations once, under an advisory lock so replicas can start together.
     A migration whose text changed after it was applied is an error, not a silent skip."""
-    steps = list(RUNTIME_MIGRATIONS) + [f"-- service\n{m}" for m in migrations]
+    steps = list(enumerate(RUNTIME_MIGRATIONS, start=1))
+    steps += [(len(RUNTIME_MIGRATIONS) + i, f"-- service\n{m}") for i, m in enumerate(migrations, start=1)]
+    steps += [(RUNTIME_LATER_BASE + i, m) for i, m in enumerate(RUNTIME_LATER_MIGRATIONS, start=1)]
     applied = 0
     async with pool.acquire() as conn, conn.transaction():
-        lock = int(hashlib.sha256(schema.encode()).hexdigest()[:15], 16)
-        await conn.execute("SELECT pg_advisory_xact_lock($1)", lock)
+        await conn.execute("SELECT pg_advisory_xact_lock($1)", lock_key(schema))
         await conn.execute(
             "CREATE TABLE IF NOT EXISTS schema_migrations ("
             " version int PRIMARY KEY, checksum text NOT NULL, applied_at timestamptz NOT NULL DEFAULT now())"
         )
         done = {r["version"]: r["checksum"] for r in await conn.fetch("SELECT version, checksum FROM schema_migrations")}
-        for version, sql in enumerate(steps, start=1):
+        for version, sql in steps:
             checksum = hashlib.sha256(sql.encode()).hexdigest()
             if version in done:
                 if done[version] != checksum:
@@ -93,3 +126,28 @@ async def claim_inbox(conn: asyncpg.Connection, consumer: str, message_id: str, 
 async def seen_in_inbox(pool_or_conn: Any, consumer: str, message_id: str) -> bool:
     return bool(await pool_or_conn.fetchval(
         "SELECT 1 FROM inbox WHERE consumer = $1 AND message_id = $2", consumer, message_id))
+
+
+async def count_delivery(pool_or_conn: Any, consumer: str, topic: str, partition: int, offset: int) -> int:
+    """How many times this record has been delivered to this consumer, this time included
+    (committed at once, outside any handler transaction, so a crash cannot roll it back)."""
+    return await pool_or_conn.fetchval(
+        'INSERT INTO deliveries (consumer, topic, partition, "offset") VALUES ($1, $2, $3, $4)'
+        ' ON CONFLICT (consumer, topic, partition, "offset")'
+        " DO UPDATE SET count = deliveries.count + 1, last_at = now() RETURNING count",
+        consumer, topic, partition, offset)
+
+
+async def prune(pool_or_conn: Any, *, outbox_sent_hours: float, inbox_days: float, deliveries_hours: float) -> dict:
+    """Retention: rows that can no longer matter. Inbox rows must outlive the longest possible
+    redelivery (the topics' retention), or a very late duplicate would be handled again."""
+    out = {}
+    for name, sql, age in (
+        ("outbox", "DELETE FROM outbox WHERE sent_at < now() - make_interval(secs => $1)", outbox_sent_hours * 3600),
+        ("inbox", "DELETE FROM inbox WHERE processed_at < now() - make_interval(secs => $1)", inbox_days * 86400),
+        ("deliveries", "DELETE FROM deliveries WHERE last_at < now() - make_interval(secs => $1)",
+         deliveries_hours * 3600),
+    ):
+        status = await pool_or_conn.execute(sql, float(age))
+        out[name] = int(status.split()[-1])
+    return out

@@ -7,7 +7,10 @@ from collections.abc import Awaitable, Callable
 
 import uvicorn
 from fastapi import FastAPI, Response
-from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, Histogram
+
+from .errors import install_error_handlers
+from .observability import safe_exposition
 
 HealthCheck = Callable[[], Awaitable[None]]
 
@@ -31,12 +34,15 @@ class ServiceMetrics:
                                               ["service", "topic"], registry=self.registry))
         self.outbox_published = Counter(f"{ns}_outbox_published_total", "Outbox rows published", ["service"],
                                         registry=self.registry).labels(service=service)
+        self.refused = labelled(Counter(f"{ns}_refused_total", "Messages or requests refused, by reason",
+                                        ["service", "reason"], registry=self.registry))
         self.up = Gauge(f"{ns}_service_up", "1 while the service runs", ["service"], registry=self.registry)
         self.up.labels(service=service).set(1)
 
 
 def make_app(service: str, metrics: ServiceMetrics, checks: dict[str, HealthCheck]) -> FastAPI:
     app = FastAPI(title=f"whetstone-{service}")
+    install_error_handlers(app)  # every error in OpenAI's shape {"error": {message, type, param, code}}
 
     @app.get("/healthz")
     async def healthz(response: Response) -> dict:
@@ -53,7 +59,7 @@ def make_app(service: str, metrics: ServiceMetrics, checks: dict[str, HealthChec
 
     @app.get("/metrics")
     async def prom() -> Response:
-        return Response(generate_latest(metrics.registry), media_type=CONTENT_TYPE_LATEST)
+        return Response(safe_exposition(metrics.registry, service), media_type=CONTENT_TYPE_LATEST)
 
     return app
 

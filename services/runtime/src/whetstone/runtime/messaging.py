@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextvars
-from collections.abc import AsyncIterator
+from collections.abc import Sequence, AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from typing import Any
@@ -79,6 +79,15 @@ class UnitOfWork:
         self.pending.append(env)
         return env
 
+    async def publish_many(self, envelopes: Sequence[Envelope], *, topic: str) -> None:
+        """Many ready-made envelopes to one topic in a single COPY into the outbox: the same
+        table and relay as `publish`, for handlers that emit hundreds of events per transaction."""
+        if not envelopes:
+            return
+        await self.conn.copy_records_to_table("outbox", records=[(topic, env.key, encode(env)) for env in envelopes],
+                                              columns=("topic", "key", "value"))
+        self.pending.extend(envelopes)
+
     async def publish_raw(self, topic: str, key: str, value: bytes) -> None:
         await self.conn.execute("INSERT INTO outbox (topic, key, value) VALUES ($1, $2, $3)", topic, key, value)
 
@@ -87,27 +96,89 @@ class OutboxRelay:
     """Publishes committed outbox rows in id order and marks them sent.
 
     A broker outage delays events, never loses them; a crash between publish and
-    mark re-publishes (at-least-once), which consumers absorb with their inbox."""
+    mark re-publishes (at-least-once), which consumers absorb with their inbox.
 
-    def __init__(self, pool: asyncpg.Pool, send: Any, *, batch: int = 200, idle_poll_s: float = 0.5) -> None:
+    - One flush at a time per service schema (a transaction-scoped advisory lock): two replicas
+      never publish disjoint batches in parallel, so events of one key keep their order.
+    - Records are handed to the producer one after another (in id order) and acknowledged
+      together; rows the broker acknowledged are marked sent even when others failed, so nothing
+      acknowledged is published again.
+    - A row the broker refuses for itself (larger than `max_record_bytes`, a permanent error, or
+      failing `max_attempts` times while other rows went through) is quarantined with its error;
+      the rows after it flow on. When every row fails it is an outage: nothing is counted.
+    """
+
+    def __init__(self, pool: asyncpg.Pool, send: Any, *, batch: int = 200, idle_poll_s: float = 0.5,
+                 max_record_bytes: int = 1_000_000, max_attempts: int = 5, lock_key: int = 0) -> None:
         self.pool, self.send, self.batch, self.idle_poll_s = pool, send, batch, idle_poll_s
+        self.max_record_bytes, self.max_attempts, self.lock_key = max_record_bytes, max_attempts, lock_key
         self.wakeup = asyncio.Event()
         self.published = 0
+        self.quarantined = 0
+        self.on_committed: Any = None  # called with the envelopes of each committed unit of work (metrics)
+        self.on_quarantined: Any = None  # called with (topic, error) for each quarantined row (metrics)
 
     def poke(self) -> None:
         self.wakeup.set()
 
     async def flush_once(self) -> int:
         async with self.pool.acquire() as conn, conn.transaction():
+            if not await conn.fetchval("SELECT pg_try_advisory_xact_lock($1)", self.lock_key):
+                return 0  # another replica's relay is flushing; it publishes these rows in order
             rows = await conn.fetch(
-                "SELECT id, topic, key, value FROM outbox WHERE sent_at IS NULL "
-                "ORDER BY id LIMIT $1 FOR UPDATE SKIP LOCKED", self.batch)
+                "SELECT id, topic, key, value, attempts FROM outbox WHERE sent_at IS NULL AND quarantined_at IS NULL"
+                " ORDER BY id LIMIT $1 FOR UPDATE SKIP LOCKED", self.batch)
             if not rows:
                 return 0
-            await asyncio.gather(*(self.send(r["topic"], r["key"], bytes(r["value"])) for r in rows))
-            await conn.execute("UPDATE outbox SET sent_at = now() WHERE id = ANY($1::bigint[])", [r["id"] for r in rows])
-        self.published += len(rows)
+            sent, failed, refused = await self._publish(rows)
+            if sent:
+                await conn.execute("UPDATE outbox SET sent_at = now() WHERE id = ANY($1::bigint[])", sent)
+            if failed and not sent and not refused:
+                raise failed[0][1]  # an outage: every row failed alike; retry them all later
+            for row, exc in failed:
+                attempts = row["attempts"] + 1
+                if attempts >= self.max_attempts:
+                    refused.append((row, f"failed {attempts} times: {type(exc).__name__}: {exc}"))
+                else:
+                    await conn.execute("UPDATE outbox SET attempts = $2, last_error = $3 WHERE id = $1", row["id"],
+                                       attempts, f"{type(exc).__name__}: {exc}"[:2000])
+            for row, error in refused:
+                await conn.execute("UPDATE outbox SET quarantined_at = now(), attempts = attempts + 1,"
+                                   " last_error = $2 WHERE id = $1", row["id"], error[:2000])
+                self.quarantined += 1
+                log.error("outbox row quarantined: the broker will not take it", outbox_id=row["id"],
+                          topic=row["topic"], key=row["key"], bytes=len(row["value"]), error=error)
+                if self.on_quarantined is not None:
+                    self.on_quarantined(row["topic"], error)
+        self.published += len(sent)
         return len(rows)
+
+    async def _publish(self, rows: list) -> tuple[list[int], list[tuple[Any, BaseException]], list[tuple[Any, str]]]:
+        refused: list[tuple[Any, str]] = []
+        queued: list[tuple[Any, Any]] = []
+        failed: list[tuple[Any, BaseException]] = []
+        for r in rows:  # handed over in id order: the producer keeps that order per partition
+            size = len(r["value"]) + len(r["key"].encode())
+            if size > self.max_record_bytes:
+                refused.append((r, f"record of {size} bytes exceeds the producer's limit of {self.max_record_bytes}"))
+                continue
+            try:
+                queued.append((r, await self.send(r["topic"], r["key"], bytes(r["value"]))))
+            except Exception as exc:
+                if _permanent(exc):
+                    refused.append((r, f"{type(exc).__name__}: {exc}"))
+                else:
+                    failed.append((r, exc))
+        results = await asyncio.gather(*(ack for _, ack in queued), return_exceptions=True)
+        sent = []
+        for (r, _), result in zip(queued, results, strict=True):
+            if not isinstance(result, BaseException):
+                sent.append(r["id"])
+            elif _permanent(result):
+                refused.append((r, f"{type(result).__name__}: {result}"))
+            else:
+                failed.append((r, result))
+        return sent, failed, refused
 
     async def run(self) -> None:
         backoff = 0.2
@@ -130,6 +201,15 @@ class OutboxRelay:
                     pass
 
 
+def _permanent(exc: BaseException) -> bool:
+    """Errors about the record itself, which no retry fixes."""
+    from aiokafka import errors  # noqa: PLC0415
+
+    permanent = (errors.MessageSizeTooLargeError, errors.RecordListTooLargeError, errors.InvalidTopicError,
+                 errors.CorruptRecordException, errors.TopicAuthorizationFailedError)
+    return isinstance(exc, permanent)
+
+
 @asynccontextmanager
 async def unit_of_work(pool: asyncpg.Pool, producer: str, relay: OutboxRelay | None = None) -> AsyncIterator[UnitOfWork]:
     async with pool.acquire() as conn:
@@ -138,15 +218,17 @@ async def unit_of_work(pool: asyncpg.Pool, producer: str, relay: OutboxRelay | N
             yield uow
     if relay is not None and uow.pending:
         relay.poke()
+        if relay.on_committed is not None:
+            relay.on_committed(uow.pending)
 
 
 async def publish_direct(bootstrap: str, event: Event, *, tenant_id: str, producer: str = "whet-cli",
-                         trace_id: str | None = None) -> Envelope:
+                         trace_id: str | None = None, **client_options: Any) -> Envelope:
     """For external producers (CLI, tests): one envelope straight to Kafka, no outbox."""
     from aiokafka import AIOKafkaProducer  # noqa: PLC0415
 
     env = make_envelope(event, producer=producer, tenant_id=tenant_id, trace_id=trace_id)
-    kafka = AIOKafkaProducer(bootstrap_servers=bootstrap, acks="all")
+    kafka = AIOKafkaProducer(bootstrap_servers=bootstrap, acks="all", **client_options)  # security: settings
     await kafka.start()
     try:
         await kafka.send_and_wait(topic_for(event).name, encode(env), key=env.key.encode())

@@ -24,7 +24,7 @@ from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
+from typing import Any, Generic, TypeVar
 
 import asyncpg
 from aiokafka import AIOKafkaProducer
@@ -32,27 +32,29 @@ from fastapi import APIRouter, FastAPI
 from faststream import AckPolicy
 from faststream.kafka import KafkaBroker, KafkaMessage
 
-from whetstone.contracts import DLQ_MODEL, TOPICS, Envelope, Event, all_topic_partitions
+from whetstone.contracts import TOPICS, Envelope, Event
 
-from . import db
+from . import db, observability
+from .delivery import MAX_RECORD_BYTES, PoisonMessage, dead_letter, is_transient, prune_forever
 from .batching import BatchHandler, consume_batch, undecoded
 from .http import HttpServer, ServiceMetrics, make_app
 from .logging import bound_contextvars, configure_logging, get_logger
 from .messaging import OutboxRelay, UnitOfWork, current_envelope, decode, parse_payload, unit_of_work
 from .s3 import ObjectStore
 from .settings import CommonSettings
-
-
-class PoisonMessage(Exception):
-    """Raised by a handler for input that no retry can fix: dead-letter at once."""
+from .kafka_security import broker_security
+from .topics import ensure_topics
 
 
 Handler = Callable[["Runtime", UnitOfWork, Envelope, Any], Awaitable[None]]
 Background = Callable[["Runtime"], Awaitable[None]]
 
+C = TypeVar("C")
+STOP_TIMEOUT_S = 30.0  # a service that takes longer to stop is left behind, logged
+
 
 @dataclass
-class Service:
+class Service(Generic[C]):
     name: str
     migrations: Sequence[str] = ()
     subscriptions: dict[str, Handler] = field(default_factory=dict)
@@ -62,7 +64,9 @@ class Service:
     on_stop: Callable[["Runtime"], Awaitable[None]] | None = None
     group_id: str | None = None
     http_port: int = 0
-    state: dict[str, Any] = field(default_factory=dict)
+    # The service's typed dependencies (config, stores, clients, policies), built once in its
+    # bootstrap.py and read by handlers as `rt.ctx`.
+    context: C | None = None
     # Optional: consume in batches, one transaction per batch (see batching.py). The per-topic
     # `subscriptions` handlers stay required: a failing batch falls back to them message by message.
     batch_handler: BatchHandler | None = None
@@ -100,16 +104,17 @@ def resolve_settings() -> CommonSettings:
     return settings
 
 
-class Runtime:
+class Runtime(Generic[C]):
     """A running service: its pool, broker, outbox relay, store, metrics and HTTP server."""
 
-    def __init__(self, service: Service, settings: CommonSettings, *, clock: Callable[[], datetime] | None = None):
+    def __init__(self, service: Service[C], settings: CommonSettings, *, clock: Callable[[], datetime] | None = None):
         self.service, self.settings = service, settings
         self.name = service.name
         self.consumer = service.group_id or f"whetstone-{service.name}"
         self.clock = clock or (lambda: datetime.now(UTC))
         self.log = get_logger(f"whetstone.{self.name}").bind(service=self.name)
         self.metrics = ServiceMetrics(self.name)
+        self.observer = observability.Observer(self.metrics.registry, self.name, settings.tenants)
         self.pool: asyncpg.Pool | None = None
         self.broker: KafkaBroker | None = None
         self.relay: OutboxRelay | None = None
@@ -118,11 +123,17 @@ class Runtime:
         self.store = ObjectStore(settings.s3_endpoint, settings.s3_access_key, settings.s3_secret_key,
                                  settings.bucket, settings.s3_region)
         self._tasks: list[asyncio.Task] = []
-        self.state = service.state
         # messages left on each assigned (topic, partition), see `measure_lag`
         self.consumer_lag: dict[tuple[str, int], int] | None = None
         self._subscriber: Any = None
         self._in_flight: dict[tuple[str, int], int] = {}  # records fetched, not yet handled
+
+    @property
+    def ctx(self) -> C:
+        """The service's typed dependencies (see `Service.context`)."""
+        if self.service.context is None:
+            raise RuntimeError(f"service {self.name} declares no context")
+        return self.service.context
 
     # -- units of work ------------------------------------------------------
     def uow(self):
@@ -134,17 +145,23 @@ class Runtime:
         s = self.settings
         self.pool = await db.create_pool(s.database_url, self.service.schema)
         applied = await db.migrate(self.pool, self.service.schema, self.service.migrations)
-        self.broker = KafkaBroker(s.kafka_bootstrap, client_id=f"whetstone-{self.name}", logger=None)
+        self.broker = KafkaBroker(s.kafka_bootstrap, client_id=f"whetstone-{self.name}", logger=None,
+                                  security=broker_security(s))
         if self.service.subscriptions:
             self._subscribe_all()
         await self.broker.start()
         # The relay sends straight through aiokafka: many rows per request, no per-message
         # middleware. acks=all: a row is marked sent only once the broker has it durably.
         self.producer = AIOKafkaProducer(bootstrap_servers=s.kafka_bootstrap, client_id=f"whetstone-{self.name}-outbox",
-                                         acks="all", linger_ms=2, max_batch_size=512 * 1024)
+                                         acks="all", linger_ms=2, max_batch_size=512 * 1024,
+                                         **s.kafka_client_options())
         await self.producer.start()
-        self.relay = OutboxRelay(self.pool, self._send, batch=1000)
+        self.relay = OutboxRelay(self.pool, self._send, batch=1000, max_record_bytes=MAX_RECORD_BYTES,
+                                 lock_key=db.lock_key(self.service.schema, "outbox-relay"))
+        self.relay.on_committed = self.observer.committed
+        self._tasks.append(asyncio.create_task(observability.collector_for(self).run(), name=f"{self.name}-metrics"))
         self._tasks.append(asyncio.create_task(self.relay.run(), name=f"{self.name}-outbox"))
+        self._tasks.append(asyncio.create_task(self._guard(prune_forever), name=f"{self.name}-retention"))
         if self.service.on_start:
             await self.service.on_start(self)
         for bg in self.service.background:
@@ -153,7 +170,7 @@ class Runtime:
         if self.service.routes:
             app.include_router(self.service.routes(self))
         self.app: FastAPI = app
-        self.http = HttpServer(app, "127.0.0.1", self.service.http_port)
+        self.http = HttpServer(app, s.http_host, self.service.http_port)
         await self.http.start()
         self.log.info("service started", migrations_applied=applied, http_port=self.http.port,
                       topics=list(self.service.subscriptions))
@@ -202,11 +219,18 @@ class Runtime:
         if not await self.broker.ping(timeout=2):
             raise RuntimeError("broker unreachable")
 
-    async def _send(self, topic: str, key: str, value: bytes) -> None:
+    async def _send(self, topic: str, key: str, value: bytes) -> Awaitable[None]:
+        """Hand one record to the producer (in call order) and return the wait for its ack."""
         assert self.producer is not None
+        sent = time.perf_counter()
         delivered = await self.producer.send(topic, value, key=key.encode())  # queued in a batch
-        await delivered  # acknowledged by the broker
-        self.metrics.outbox_published.inc()
+
+        async def acknowledged() -> None:
+            await delivered  # acknowledged by the broker
+            self.metrics.outbox_published.inc()
+            self.observer.published(topic, time.perf_counter() - sent)
+
+        return acknowledged()
 
     # -- consumption --------------------------------------------------------
     def _subscribe_all(self) -> None:
@@ -228,7 +252,7 @@ class Runtime:
             tp = (rec.topic, rec.partition)
             self._in_flight[tp] = self._in_flight.get(tp, 0) + 1
             try:
-                await self.handle_message(rec.topic, model, handler, msg.body, rec.partition, rec.offset,
+                await self.handle_message(rec.topic, model, handler, rec.value, rec.partition, rec.offset,
                                           rec.key.decode(errors="replace") if rec.key else None)
             except Exception:
                 # even dead-lettering failed (database down?): rewind and retry after a pause
@@ -295,15 +319,30 @@ class Runtime:
                              partition: int, offset: int, key: str | None) -> str:
         """Returns the outcome: handled | duplicate | dead_lettered."""
         start = time.perf_counter()
+        where = f"{topic}/{partition}/{offset}"
+        if raw is None:  # a tombstone: no envelope, no event; nothing to do but say so
+            await self._dead_letter(topic, where, partition, offset, key, b"", 1,
+                                    "tombstone: a record with a null value carries no event", tenant_id="unknown",
+                                    trace_id=None)
+            self.metrics.refused(reason="tombstone").inc()
+            return "dead_lettered"
+        assert self.pool is not None
+        deliveries = await db.count_delivery(self.pool, self.consumer, topic, partition, offset)
+        if deliveries > self.settings.max_attempts:  # it was handed out before and the process never finished it
+            await self._dead_letter(topic, where, partition, offset, key, raw, deliveries,
+                                    f"delivered {deliveries} times without completing (the consumer crashed or was"
+                                    " killed while handling it)", tenant_id="unknown", trace_id=None)
+            self.metrics.refused(reason="crash_loop").inc()
+            return "dead_lettered"
         try:
             env = decode(raw)
             event = parse_payload(env, model)
         except Exception as exc:
-            await self._dead_letter(topic, f"{topic}/{partition}/{offset}", partition, offset, key, raw, 1,
+            await self._dead_letter(topic, where, partition, offset, key, raw, 1,
                                     f"malformed message: {exc}", tenant_id="unknown", trace_id=None)
+            self.metrics.refused(reason="malformed").inc()
             return "dead_lettered"
         message_id = str(env.event_id)
-        assert self.pool is not None
         if await db.seen_in_inbox(self.pool, self.consumer, message_id):
             self.metrics.consumed(topic=topic, outcome="duplicate").inc()
             return "duplicate"
@@ -315,7 +354,9 @@ class Runtime:
         with bound_contextvars(**ids):
             token = current_envelope.set(env)
             try:
-                for attempt in range(1, attempts + 1):
+                attempt, outage_since = 0, None
+                while attempt < attempts:
+                    attempt += 1
                     try:
                         async with self.uow() as uow:
                             if not await db.claim_inbox(uow.conn, self.consumer, message_id, topic):
@@ -326,14 +367,26 @@ class Runtime:
                         self.metrics.handler_seconds(topic=topic).observe(time.perf_counter() - start)
                         return "handled"
                     except PoisonMessage as exc:
-                        last_error, attempts = f"rejected: {exc}", attempt
+                        last_error, attempts = f"rejected ({exc.reason}): {exc}", attempt
+                        self.metrics.refused(reason=exc.reason).inc()
                         break
                     except Exception as exc:
                         last_error = f"{type(exc).__name__}: {exc}"
+                        if is_transient(exc):  # a dependency is down, not this message's fault: wait for it
+                            outage_since = outage_since or time.monotonic()
+                            waited = time.monotonic() - outage_since
+                            if waited < self.settings.transient_retry_s:
+                                self.log.warning("dependency unavailable; retrying", error=last_error,
+                                                 waited_s=round(waited, 1))
+                                attempt -= 1  # does not count against the message
+                                await asyncio.sleep(min(0.5 * 2 ** min(int(waited) // 5, 5), 10.0))
+                                continue
                         self.log.warning("handler failed", attempt=attempt, of=attempts, error=last_error)
                         if attempt < attempts:
                             await asyncio.sleep(0.1 * 2 ** attempt)
-                await self._dead_letter(topic, message_id, partition, offset, key, raw, attempts, last_error,
+                # claimed as dlq:<event_id>: the event itself stays unclaimed, so a redrive after a
+                # fix goes through the normal inbox once (`whet dlq redrive`)
+                await self._dead_letter(topic, f"dlq:{message_id}", partition, offset, key, raw, attempts, last_error,
                                         tenant_id=env.tenant_id, trace_id=env.trace_id)
                 return "dead_lettered"
             finally:
@@ -341,24 +394,16 @@ class Runtime:
 
     async def _dead_letter(self, topic: str, message_id: str, partition: int, offset: int, key: str | None,
                            raw: bytes, attempts: int, error: str, *, tenant_id: str, trace_id: str | None) -> None:
-        letter = DLQ_MODEL(source_topic=topic, partition=partition, offset=offset, consumer=self.name,
-                           attempts=attempts, error=error[:4000], key=key,
-                           value=raw[:1_000_000].decode("utf-8", errors="replace"))
+        letter = dead_letter(topic, partition, offset, self.name, attempts, error, key, raw)
         async with self.uow() as uow:
             if not await db.claim_inbox(uow.conn, self.consumer, message_id, topic):
                 return
             env = await uow.publish(letter, tenant_id=tenant_id, trace_id=trace_id, topic=TOPICS[topic].dlq,
-                                    key=key or message_id)
+                                    key=(key or message_id)[:1000])
         self.metrics.dead_lettered(topic=topic).inc()
         self.metrics.consumed(topic=topic, outcome="dead_lettered").inc()
         self.log.error("message dead-lettered", dlq=TOPICS[topic].dlq, error=error, attempts=attempts,
                        dlq_event_id=str(env.event_id))
-
-
-async def ensure_topics(settings: CommonSettings) -> None:
-    from .stack import create_topics  # noqa: PLC0415  (keeps import light for tools)
-
-    await asyncio.to_thread(create_topics, settings.kafka_bootstrap, all_topic_partitions())
 
 
 async def run_services(services: Sequence[Service], settings: CommonSettings | None = None,
@@ -368,13 +413,16 @@ async def run_services(services: Sequence[Service], settings: CommonSettings | N
     settings = settings or resolve_settings()
     configure_logging(settings.log_level, settings.log_json)
     await ensure_topics(settings)
-    stop_event = stop_event or asyncio.Event()
     loop = asyncio.get_running_loop()
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        try:
-            loop.add_signal_handler(sig, stop_event.set)
-        except (NotImplementedError, RuntimeError):
-            pass
+    handled: list[signal.Signals] = []
+    if stop_event is None:  # we own the process: SIGINT/SIGTERM stop the services cleanly
+        stop_event = asyncio.Event()
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            try:
+                loop.add_signal_handler(sig, stop_event.set)
+                handled.append(sig)
+            except (NotImplementedError, RuntimeError):
+                pass
     runtimes = [Runtime(s, settings) for s in services]
     started: list[Runtime] = []
     try:
@@ -386,7 +434,12 @@ async def run_services(services: Sequence[Service], settings: CommonSettings | N
         await stop_event.wait()
     finally:
         for rt in reversed(started):
-            await rt.stop()
+            try:
+                await asyncio.wait_for(rt.stop(), timeout=STOP_TIMEOUT_S)
+            except TimeoutError:
+                rt.log.error("service did not stop in time; leaving it", timeout_s=STOP_TIMEOUT_S)
+        for sig in handled:  # give the signals back: a later hang must still be interruptible
+            loop.remove_signal_handler(sig)
 
 
 def service_main(*builders: Callable[[], Service]) -> None:

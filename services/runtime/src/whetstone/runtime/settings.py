@@ -28,8 +28,39 @@ class CommonSettings(BaseSettings):
     tenants: dict[str, str] = Field(default_factory=lambda: dict(DEFAULT_TENANTS),
                                     description="tenant id -> tier (free|standard|premium)")
     max_attempts: int = Field(default=3, ge=1, description="handler attempts before a message goes to <topic>.dlq")
+    outbox_retention_hours: float = Field(default=24.0, gt=0, description="sent outbox rows are deleted after this")
+    inbox_retention_days: float = Field(default=14.0, gt=0,
+                                        description="inbox rows (dedup memory) are deleted after this: keep it"
+                                                    " longer than the topics' retention")
+    transient_retry_s: float = Field(default=300.0, ge=0,
+                                     description="how long a handler whose dependency is down (Postgres, S3, network)"
+                                                 " is retried with backoff before its attempts count")
+    retention_interval_s: float = Field(default=600.0, gt=0, description="how often retention runs")
+    http_host: str = Field(default="127.0.0.1", description="bind address of every service's HTTP server; "
+                           "0.0.0.0 in a cluster (WHETSTONE_HTTP_HOST)")
     log_level: str = "INFO"
     log_json: bool = True
+    # Kafka security (production: Strimzi SCRAM-SHA-512 users, deploy/kafka/users.yaml); unset = PLAINTEXT
+    kafka_security_protocol: str = Field(default="PLAINTEXT", description="PLAINTEXT|SASL_PLAINTEXT|SASL_SSL|SSL")
+    kafka_sasl_mechanism: str = Field(default="SCRAM-SHA-512", description="with SASL_*: SCRAM-SHA-512|SCRAM-SHA-256|PLAIN")
+    kafka_sasl_username: str | None = None
+    kafka_sasl_password: str | None = None
+    create_topics: bool = Field(default=True, description="create the contract topics at start-up; false where an "
+                                "operator manages them (Strimzi KafkaTopic) and services may not create topics")
+
+    def kafka_client_options(self) -> dict:
+        """aiokafka client keyword arguments for the configured security (empty for PLAINTEXT)."""
+        if self.kafka_security_protocol == "PLAINTEXT":
+            return {}
+        options: dict = {"security_protocol": self.kafka_security_protocol}
+        if self.kafka_security_protocol.startswith("SASL"):
+            options.update(sasl_mechanism=self.kafka_sasl_mechanism, sasl_plain_username=self.kafka_sasl_username,
+                           sasl_plain_password=self.kafka_sasl_password)
+        if self.kafka_security_protocol.endswith("SSL"):
+            import ssl  # noqa: PLC0415
+
+            options["ssl_context"] = ssl.create_default_context()
+        return options
 
     @property
     def model_catalog(self) -> Path:

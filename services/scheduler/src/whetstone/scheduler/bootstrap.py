@@ -1,45 +1,64 @@
-"""Wiring: the scheduler service definition."""
+"""Wiring: the scheduler service definition. Every dependency of the service is built here, once,
+into `SchedulerContext` (handlers read it as `rt.ctx`)."""
 
-from dataclasses import fields
+from __future__ import annotations
 
-from whetstone.runtime.service import Service
+from datetime import UTC, datetime
 
-from . import handlers as H
+from whetstone.runtime.service import Runtime, Service
+
+from . import handlers, templates, watchers, webhooks
+from .adapters.catalog import ModelCatalog
+from .adapters.metrics import SchedulerMetrics
 from .adapters.migrations import MIGRATIONS
 from .api import routes
 from .config import SchedulerSettings
+from .context import Clock, SchedulerContext
+from .keys_api import including_keys
+from .loop import SchedulingLoop
 
 
-def build_service(config: SchedulerSettings | None = None) -> Service:
+def utc_now() -> datetime:
+    return datetime.now(UTC)
+
+
+def build_service(config: SchedulerSettings | None = None, clock: Clock = utc_now) -> Service[SchedulerContext]:
     config = config or SchedulerSettings()
-    background = [H.watch_lost_nodes, H.expire_waiting_jobs, H.scheduling_loop]
+    ctx = SchedulerContext(config=config, policy=config.policy(), clock=clock, metrics=SchedulerMetrics(),
+                           loop=SchedulingLoop(), models=ModelCatalog())
+    background = [ctx.loop.run, watchers.watch_lost_nodes, watchers.watch_timeouts, watchers.expire_waiting_jobs,
+                  webhooks.send_webhooks]
     if config.k8s_inventory:
-        background.append(H.sync_kubernetes)
-    # job.requested -> job.assigned is latency-bound: poll the broker often instead of the client's
-    # 500 ms default fetch wait (the embedded broker answers an idle fetch only when it expires).
-    # Passed only where the runtime's Service accepts consumer options.
-    consumer = {"consumer_options": {"fetch_max_wait_ms": config.fetch_max_wait_ms}} \
-        if any(f.name == "consumer_options" for f in fields(Service)) else {}
+        background.append(watchers.sync_kubernetes)
+
+    async def on_start(rt: Runtime[SchedulerContext]) -> None:
+        rt.metrics.registry.register(ctx.metrics.registry)   # served on the service's /metrics
+
     return Service(
         name="scheduler",
         migrations=MIGRATIONS,
         subscriptions={
-            "job.requested": H.on_job_requested,
-            "dataset.submitted": H.on_dataset_submitted,
-            "dataset.validated": H.on_dataset_validated,
-            "node.heartbeat": H.on_node_heartbeat,
-            "job.started": H.on_job_started,
-            "job.progress": H.on_job_progress,
-            "checkpoint.written": H.on_checkpoint_written,
-            "job.preempted": H.on_job_preempted,
-            "job.completed": H.on_job_completed,
-            "job.failed": H.on_job_failed,
-            "eval.completed": H.on_eval_completed,
-            "usage.metered": H.on_usage_metered,
+            "job.requested": handlers.on_job_requested,
+            "dataset.submitted": handlers.on_dataset_submitted,
+            "dataset.validated": handlers.on_dataset_validated,
+            "node.heartbeat": handlers.on_node_heartbeat,
+            "job.started": handlers.on_job_started,
+            "job.progress": handlers.on_job_progress,
+            "checkpoint.written": handlers.on_checkpoint_written,
+            "job.preempted": handlers.on_job_preempted,
+            "job.completed": handlers.on_job_completed,
+            "job.failed": handlers.on_job_failed,
+            "eval.completed": handlers.on_eval_completed,
+            "model.registered": webhooks.notifying(handlers.on_model_registered),
+            "model.promoted": webhooks.on_model_event,
+            "usage.metered": handlers.on_usage_metered,
         },
-        routes=routes,
+        routes=including_keys(routes, templates.routes, webhooks.routes),
         background=background,
+        on_start=on_start,
         http_port=config.http_port,
-        state={"config": config, "policy": config.policy()},
-        **consumer,
+        context=ctx,
+        # job.requested -> job.assigned is latency-bound: poll the broker often instead of the client's
+        # 500 ms default fetch wait (the embedded broker answers an idle fetch only when it expires).
+        consumer_options={"fetch_max_wait_ms": config.fetch_max_wait_ms},
     )

@@ -6,6 +6,7 @@ from pydantic_settings import SettingsConfigDict
 from whetstone.runtime.settings import ServiceSettings
 
 from .domain.admission import DEFAULT_QUOTAS, Quota
+from .domain.job import Timeouts
 from .domain.policy import DEFAULT_TIERS, Policy
 
 
@@ -20,10 +21,19 @@ class SchedulerSettings(ServiceSettings):
     http_port: int = 8100
     node_timeout_s: float = 20.0
     lost_node_check_s: float = 5.0
+    # platform-side timeouts per non-terminal state (validating: dataset_wait_s); each ends in a
+    # named failure (error_class platform) or a re-queue with job.preempted reason platform_timeout
+    provisioning_timeout_s: float = Field(900.0, description="assigned, but no job.started within this")
+    running_timeout_s: float = Field(1800.0, description="on a node with no progress, start or checkpoint for this")
+    checkpointing_timeout_s: float = Field(1800.0, description="checkpoint-and-stop requested, no job.preempted")
+    evaluating_timeout_s: float = Field(7200.0, description="training succeeded, no eval.completed within this")
+    timeout_check_s: float = Field(5.0, description="how often the timeout watcher looks")
     dataset_wait_s: float = 600.0
     unknown_dataset_grace_s: float = Field(30.0, description="a training_file never submitted fails after this")
     cycle_interval_s: float = Field(5.0, description="a scheduling cycle runs at least this often (aging, targets)")
     unplaceable_grace_s: float = Field(1800.0, description="a queued job no known node can ever hold fails after this")
+    cycle_in_request: bool = Field(False, description="baseline for bench/scheduler.py only: each create also "
+                                   "runs a scheduling cycle before it answers (the pre-loop behaviour)")
     fetch_max_wait_ms: int = Field(20, description="longest idle wait of the Kafka consumer's fetch")
     queue_scan: int = Field(2000, description="queued jobs one cycle looks at, in priority order")
     forecast_limit: int = Field(200, description="queued jobs that get an estimated start time")
@@ -42,10 +52,21 @@ class SchedulerSettings(ServiceSettings):
     k8s_inventory: bool = Field(False, description="build the node inventory from the Kubernetes API")
     k8s_host: str | None = Field(None, description="API server URL; unset = in-cluster config, then kubeconfig")
     k8s_label_selector: str = "nvidia.com/gpu.present=true"
+    # tenant webhooks: 5 tries over about 3 minutes by default (backoff base, 4x, 16x, 64x)
+    webhook_max_attempts: int = Field(5, ge=1, description="tries of one delivery before it is marked failed")
+    webhook_backoff_s: float = Field(2.0, gt=0, description="wait after the first failure; x4 after each next")
+    webhook_timeout_s: float = Field(5.0, gt=0, description="a receiver's answer must come within this")
+    webhook_poll_s: float = Field(1.0, gt=0, description="how often the sender looks for due deliveries")
+    webhook_batch: int = Field(20, ge=1, description="deliveries one sender round claims")
 
     @property
     def node_timeout(self) -> timedelta:
         return timedelta(seconds=self.node_timeout_s)
+
+    @property
+    def timeouts(self) -> Timeouts:
+        return Timeouts(self.provisioning_timeout_s, self.running_timeout_s, self.checkpointing_timeout_s,
+                        self.evaluating_timeout_s)
 
     def quota_for(self, tenant_id: str, tier: str) -> Quota:
         base = self.tier_quotas.get(tier) or QuotaSettings()

@@ -1,32 +1,34 @@
-"""Wiring: the trainer-agent service definition (one consumer group per node)."""
+"""Wiring: the trainer-agent service definition (one consumer group per node) and its context.
 
-import asyncio
+Every dependency of the handlers is here: the node's settings, the `runs` repository, the
+node's in-memory state (segments running here, cancels and preempt requests being carried
+out, the drain reason) and, once the runtime has its object store, the checkpoint store and
+the scratch workspaces."""
 
-from whetstone.runtime.service import Service
+from whetstone.runtime.service import Runtime, Service
 
-from . import handlers as H
+from . import handlers
 from .adapters.migrations import MIGRATIONS
 from .config import TrainerAgentSettings
+from .context import TrainerAgentContext
 
 
-def build_service(config: TrainerAgentSettings | None = None) -> Service:
+async def attach_storage(rt: Runtime[TrainerAgentContext]) -> None:
+    rt.ctx.attach_storage(rt.store, rt.settings.data_dir, rt.settings.model_catalog)
+
+
+def build_service(config: TrainerAgentSettings | None = None) -> Service[TrainerAgentContext]:
     config = config or TrainerAgentSettings()
     return Service(
         name="trainer-agent",
         group_id=f"whetstone-trainer-agent-{config.node_id}",
         migrations=MIGRATIONS,
-        subscriptions={"job.assigned": H.on_job_assigned, "job.cancelled": H.on_job_cancelled,
-                       "job.preempt_requested": H.on_job_preempt_requested},
-        background=[H.heartbeat, H.supervise],
-        on_stop=H.drain,
+        subscriptions={"job.assigned": handlers.on_job_assigned, "job.cancelled": handlers.on_job_cancelled,
+                       "job.preempt_requested": handlers.on_job_preempt_requested,
+                       "node.fenced": handlers.on_node_fenced},
+        background=[handlers.heartbeat, handlers.supervise],
+        on_start=attach_storage,
+        on_stop=handlers.drain,
         http_port=config.http_port,
-        state={
-            "config": config,
-            "wakeup": asyncio.Event(),
-            "segments": {},        # segment_id -> handlers.Segment running on this node
-            "cancelled": set(),    # job ids cancelled while running here
-            "tasks": set(),        # the segments' supervising tasks
-            "stopping": None,      # set by drain: the preemption reason (drain | spot_loss)
-            "preempt_reasons": {},  # job id -> reason of a job.preempt_requested being carried out
-        },
+        context=TrainerAgentContext(config=config),
     )

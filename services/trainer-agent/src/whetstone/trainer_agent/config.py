@@ -26,7 +26,7 @@ class TrainerAgentSettings(ServiceSettings):
     keep_checkpoints: int = Field(default=3, ge=1, description="resumable checkpoints kept per job in S3")
     launcher: Literal["torchrun", "deepspeed"] = Field(default="torchrun",
                                                        description="multi-GPU / multi-node launcher")
-    recipe_module: str = "whetstone.trainer_agent.recipes.sft"
+    recipe_module: str = "whetstone.trainer_agent.recipes.main"
     drain_timeout_s: float = Field(default=100.0, gt=0, description="SIGTERM -> emergency checkpoint uploaded; "
                                    "spot nodes get about 120 s of notice")
     cancel_grace_s: float = Field(default=10.0, gt=0, description="SIGTERM -> SIGKILL for a cancelled job")

@@ -20,16 +20,18 @@ from typing import IO
 from ..domain.issues import Issue
 
 ARCHIVE_SUFFIXES = (".zip", ".tar", ".tar.gz", ".tgz", ".gz")
-_JUNK = ("__MACOSX/", ".DS_Store")
 _CHUNK = 1 << 20
+MAX_HEADER_BYTES = 64 * 1024          # a GNU long name / pax header (real ones are a few hundred bytes)
+_EXTENDED_HEADERS = (tarfile.GNUTYPE_LONGNAME, tarfile.GNUTYPE_LONGLINK, tarfile.XHDTYPE, tarfile.XGLTYPE,
+                     tarfile.SOLARIS_XHDTYPE)
 
 
 class SourceError(Exception):
     """The upload cannot become a record stream; carries the rejection issue."""
 
-    def __init__(self, code: str, message: str) -> None:
+    def __init__(self, code: str, message: str, line: int | None = None) -> None:
         super().__init__(message)
-        self.issue = Issue(code, message)
+        self.issue = Issue(code, message, line)
 
 
 @dataclass(frozen=True)
@@ -58,7 +60,20 @@ def _safe_member_name(name: str) -> bool:
 
 
 def _is_junk(name: str) -> bool:
-    return name.startswith(_JUNK[0]) or name.rsplit("/", 1)[-1] == _JUNK[1]
+    """macOS metadata, wherever it sits: `__MACOSX/` trees, AppleDouble `._name` files, `.DS_Store`."""
+    parts = PurePosixPath(name).parts
+    return bool(parts) and ("__MACOSX" in parts or parts[-1].startswith("._") or parts[-1] == ".DS_Store")
+
+
+class _BoundedTarInfo(tarfile.TarInfo):
+    """Refuses GNU long-name/long-link and pax headers over MAX_HEADER_BYTES BEFORE tarfile
+    reads them into memory (it allocates whatever size the header declares)."""
+
+    def _proc_member(self, tarfile_):  # type: ignore[override]
+        if self.type in _EXTENDED_HEADERS and self.size > MAX_HEADER_BYTES:
+            raise SourceError("archive_invalid", f"archive header of {self.size} bytes (a GNU long name or pax "
+                              f"header; limit {MAX_HEADER_BYTES}): refusing a corrupt or hostile tar")
+        return super()._proc_member(tarfile_)
 
 
 class _Budget:
@@ -103,7 +118,7 @@ def _unzip(path: Path, dest: Path, limits: ArchiveLimits) -> None:
 
 def _untar(path: Path, dest: Path, limits: ArchiveLimits) -> None:
     budget = _Budget(limits, path.stat().st_size)
-    with tarfile.open(path, "r:*") as tar:
+    with tarfile.open(path, "r:*", tarinfo=_BoundedTarInfo) as tar:
         count = 0
         for member in tar:
             if _is_junk(member.name):

@@ -9,51 +9,28 @@ extension; a directory must be a `save_to_disk` directory.
 
 from __future__ import annotations
 
-import csv
 import io
 import json
 import os
 import re
 from collections.abc import Iterator
-from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 from typing import Any
 
 from ..domain.issues import Issue
+from ..domain.rows import BOM
 from .archives import ArchiveLimits, SourceError, archive_kind, unpack
+from .source import Record, Source
+from .spreadsheets import CsvSource, sniff_delimiter
+
+__all__ = ["ArrowDirSource", "CsvSource", "HubSource", "JsonlSource", "ParquetSource", "Record", "Source",
+           "check_name", "hub_id", "open_source", "suffix_of"]
 
 FORMAT_BY_SUFFIX = {".jsonl": "jsonl", ".ndjson": "jsonl", ".json": "jsonl", ".parquet": "parquet",
                     ".pq": "parquet", ".csv": "csv", ".tsv": "tsv"}
 ARCHIVE_SUFFIXES = (".zip", ".tar", ".tar.gz", ".tgz", ".gz")
 _HUB_ID = re.compile(r"^(?:hf://(?:datasets/)?)?([A-Za-z0-9][\w.-]*/[\w.-]+)$")
-_JSON_CELLS = ("messages", "prompt", "chosen", "rejected")
-_SURROGATE = re.compile("[\udc80-\udcff]")
 _CONTROL = re.compile(r"[\x00-\x1f\x7f]")
-
-
-@dataclass
-class Record:
-    line: int
-    origin: int = 0                  # 0: the training file, 1: a validation file/split given with it
-    raw: bytes | None = None         # a JSONL line, parsed by the pipeline
-    row: Any = None                  # an already-decoded row (Parquet, CSV, Arrow, Hub)
-    issue: Issue | None = None
-
-
-@dataclass
-class Source:
-    """A record stream plus what the report needs to know about it."""
-
-    format: str
-    total: int | None = None         # progress: bytes or rows, when known
-    unit: str = "bytes"
-    done: int = 0
-    blank_lines: int = 0
-    has_validation: bool = False
-    notes: list[Issue] = field(default_factory=list)
-
-    def records(self) -> Iterator[Record]:  # pragma: no cover - interface
-        raise NotImplementedError
 
 
 # ----------------------------------------------------------------------------- names
@@ -86,17 +63,24 @@ def hub_id(ref: str) -> str | None:
 # --------------------------------------------------------------------------- sniffing
 
 
-def _looks_binary(head: bytes) -> bool:
-    if b"\x00" in head:
-        return True
+def _binary_at(head: bytes) -> int | None:
+    """Offset of the first binary byte when the sample is binary, else None.
+
+    Text with a stray NUL or a bad byte on some line is NOT binary: its rows are read and
+    that line is reported (`binary_content`, `bad_encoding`). Binary means undecodable as
+    UTF-8 beyond a cut character, or more than 1% control bytes (NUL included)."""
+    controls = [i for i, b in enumerate(head) if b < 9 or 13 < b < 32]
+    if len(controls) > max(1, len(head) // 100):
+        return controls[0]
     try:
         head.decode("utf-8")
-        return False
+        return None
     except UnicodeDecodeError as exc:
         if exc.start >= len(head) - 4:      # a character cut at the end of the sample
-            return False
-    controls = sum(1 for b in head if b < 9 or 13 < b < 32)
-    return controls > len(head) // 100
+            return None
+        bad = exc.start
+    rest = head[bad:bad + 64]
+    return bad if sum(1 for b in rest if b >= 0x80) > len(rest) // 4 else None
 
 
 def _content_kind(path: Path) -> tuple[str, bytes]:
@@ -108,8 +92,12 @@ def _content_kind(path: Path) -> tuple[str, bytes]:
         return a, head
     if head.startswith(b"ARROW1") or head.startswith(b"\xff\xff\xff\xff"):
         return "arrow", head
-    if _looks_binary(head):
-        return "binary", head
+    if head.startswith((b"\xff\xfe", b"\xfe\xff")):
+        raise SourceError("bad_encoding", "the file is UTF-16 encoded; save it as UTF-8")
+    if (at := _binary_at(head)) is not None:
+        line = head[:at].count(b"\n") + 1
+        raise SourceError("binary_file", f"{path.name}: binary content at line {line} (byte {at + 1}); the file is "
+                          "binary, not a dataset (JSONL, Parquet or CSV)", line)
     return "text", head
 
 
@@ -149,8 +137,6 @@ def open_source(path: Path, *, name: str | None = None, workdir: Path, max_line_
                            limits=limits, _depth=_depth + 1)
     if suffix in ARCHIVE_SUFFIXES:
         raise SourceError("extension_mismatch", f"{name} is named {suffix} but is not an archive")
-    if kind == "binary":
-        raise SourceError("binary_file", f"{name} is a binary file, not a dataset (JSONL, Parquet or CSV)")
     if kind == "arrow":
         raise SourceError("unsupported_format", "a bare Arrow file; upload the whole save_to_disk directory "
                           "(as .zip or .tar.gz) or Parquet")
@@ -164,7 +150,7 @@ def open_source(path: Path, *, name: str | None = None, workdir: Path, max_line_
     fmt = _text_format(head, suffix)
     if fmt == "jsonl":
         return JsonlSource(path, max_line_bytes)
-    return CsvSource(path, max_line_bytes, delimiter="\t" if fmt == "tsv" else ",")
+    return CsvSource(path, max_line_bytes, delimiter=sniff_delimiter(path, default="\t" if fmt == "tsv" else ","))
 
 
 # ------------------------------------------------------------------------------ JSONL
@@ -185,6 +171,10 @@ class JsonlSource(Source):
                     return
                 line += 1
                 self.done += len(raw)
+                if line == 1 and raw.startswith(BOM):
+                    raw = raw[len(BOM):]
+                    self.notes.append(Issue("bom_stripped", "the file starts with a UTF-8 byte-order mark (as Windows "
+                                            "editors write it); it was stripped", 1))
                 if len(raw) > limit and not raw.endswith(b"\n"):
                     self.done += _skip_rest_of_line(f)
                     yield Record(line, issue=Issue("line_too_long", f"line is longer than {limit} bytes", line))
@@ -203,80 +193,6 @@ def _skip_rest_of_line(f: io.BufferedReader) -> int:
         skipped += len(chunk)
         if not chunk or chunk.endswith(b"\n"):
             return skipped
-
-
-# -------------------------------------------------------------------------------- CSV
-
-
-def _decode_cells(row: dict[str, str]) -> dict[str, Any]:
-    out: dict[str, Any] = {}
-    for key, value in row.items():
-        if key in _JSON_CELLS and value.lstrip().startswith("["):
-            try:
-                value = json.loads(value)
-            except (json.JSONDecodeError, RecursionError):
-                pass
-        out[key] = value
-    return out
-
-
-class _CountingReader(io.RawIOBase):
-    def __init__(self, f: io.BufferedReader, source: Source) -> None:
-        self.f, self.source = f, source
-
-    def readable(self) -> bool:
-        return True
-
-    def readinto(self, b) -> int:  # type: ignore[override]
-        n = self.f.readinto(b)
-        self.source.done += n or 0
-        return n
-
-
-class CsvSource(Source):
-    def __init__(self, path: Path, max_line_bytes: int, delimiter: str = ",") -> None:
-        super().__init__("csv" if delimiter == "," else "tsv", total=path.stat().st_size)
-        self.path, self.max_line_bytes, self.delimiter = path, max_line_bytes, delimiter
-
-    def records(self) -> Iterator[Record]:
-        csv.field_size_limit(self.max_line_bytes)
-        with open(self.path, "rb") as raw:
-            bom = raw.read(3) == b"\xef\xbb\xbf"
-            raw.seek(3 if bom else 0)
-            if bom:
-                yield Record(1, issue=Issue("bom", "the file starts with a UTF-8 byte-order mark; "
-                                            "save it as UTF-8 without BOM", 1))
-            text = io.TextIOWrapper(io.BufferedReader(_CountingReader(raw, self)), encoding="utf-8",
-                                    errors="surrogateescape", newline="")
-            reader = csv.reader(text, delimiter=self.delimiter)
-            header: list[str] | None = None
-            while True:
-                start = reader.line_num + 1
-                try:
-                    cells = next(reader)
-                except StopIteration:
-                    return
-                except csv.Error as exc:
-                    yield Record(start, issue=Issue("line_too_long" if "larger than field limit" in str(exc)
-                                                    else "unreadable_file", f"CSV error: {exc}", start))
-                    continue
-                if header is None:
-                    header = cells
-                    if _SURROGATE.search("".join(cells)):
-                        yield Record(start, issue=Issue("bad_encoding", "the header is not valid UTF-8", start))
-                    continue
-                if not any(c.strip() for c in cells):
-                    self.blank_lines += 1
-                    continue
-                yield self._record(start, header, cells)
-
-    def _record(self, line: int, header: list[str], cells: list[str]) -> Record:
-        if _SURROGATE.search("".join(cells)):
-            return Record(line, issue=Issue("bad_encoding", "the row is not valid UTF-8", line))
-        if len(cells) > len(header):
-            return Record(line, issue=Issue("unknown_key", f"row has {len(cells)} columns, the header {len(header)}",
-                                            line))
-        return Record(line, row=_decode_cells(dict(zip(header, cells))))
 
 
 # ---------------------------------------------------------------------- Parquet/Arrow

@@ -15,4 +15,30 @@ MIGRATIONS = [
     """
     ALTER TABLE dataset_versions ADD COLUMN base_model text;
     """,
+    """
+    -- Files API (issue 15): one row per tenant and file (the file id is the dataset id); which jobs use it
+    CREATE TABLE files (
+        tenant_id       text NOT NULL,
+        file_id         text NOT NULL,
+        filename        text NOT NULL,
+        purpose         text NOT NULL,
+        dataset_purpose text NOT NULL,
+        bytes           bigint NOT NULL,
+        sha256          text NOT NULL,
+        source_uri      text NOT NULL,
+        created_at      timestamptz NOT NULL,
+        deleted_at      timestamptz,
+        PRIMARY KEY (tenant_id, file_id)
+    );
+    CREATE INDEX files_listing ON files (tenant_id, created_at, file_id) WHERE deleted_at IS NULL;
+    CREATE TABLE file_usage (
+        tenant_id text NOT NULL,
+        file_id   text NOT NULL,
+        job_id    text NOT NULL,
+        since     timestamptz NOT NULL,
+        ended_at  timestamptz,
+        PRIMARY KEY (tenant_id, file_id, job_id)
+    );
+    CREATE INDEX file_usage_job ON file_usage (tenant_id, job_id) WHERE ended_at IS NULL;
+    """,
 ]

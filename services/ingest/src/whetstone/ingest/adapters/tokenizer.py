@@ -2,8 +2,11 @@
 
 Chat rows go through `whetstone.modelkit.chat` (the same masking the trainer uses):
 labels are -100 except on the trained tokens (assistant turns by default, per-message
-`weight` when given). Preference rows are tokenized as prompt+chosen and
-prompt+rejected; text rows (continued pre-training) train on every token.
+`weight` when given; tool results and user turns are never trained unless weighted 1).
+Rows with tools, tool calls or tool messages are rendered with the template's own tool
+support; a template without it (probed once) refuses them with `ToolsUnsupported`.
+Preference rows are tokenized as prompt+chosen and prompt+rejected; text rows (continued
+pre-training) train on every token.
 """
 
 from __future__ import annotations
@@ -21,6 +24,24 @@ _IGNORE = -100
 
 class TokenizerUnavailable(Exception):
     pass
+
+
+class ToolsUnsupported(ValueError):
+    """A row uses tools but the base model's chat template does not render them."""
+
+
+_PROBE_TOOL, _PROBE_CALL, _PROBE_RESULT = "whetstone_probe_tool", "whetstone_probe_call", "whetstone_probe_result"
+_PROBE = [{"role": "user", "content": "probe"},
+          {"role": "assistant", "content": "", "tool_calls": [
+              {"id": "call_0", "type": "function", "function": {"name": _PROBE_CALL, "arguments": '{"x": 1}'}}]},
+          {"role": "tool", "tool_call_id": "call_0", "content": _PROBE_RESULT},
+          {"role": "assistant", "content": "done"}]
+_PROBE_TOOLS = [{"type": "function", "function": {"name": _PROBE_TOOL, "description": "probe",
+                                                  "parameters": {"type": "object", "properties": {}}}}]
+
+
+def _uses_tools(messages: list[dict]) -> bool:
+    return any("tool_calls" in m or m["role"] == "tool" for m in messages)
 
 
 @dataclass
@@ -80,6 +101,7 @@ class BaseModelTokenizer:
     def __init__(self, tokenizer, ref: str, location: str) -> None:
         self.tok, self.ref, self.location = tokenizer, ref, location
         self.hash = tokenizer_fingerprint(tokenizer)
+        self._tool_support: bool | None = None
         limit = getattr(tokenizer, "model_max_length", None)
         self.model_max_length = int(limit) if isinstance(limit, int) and 0 < limit <= 1_000_000 else None
 
@@ -114,10 +136,30 @@ class BaseModelTokenizer:
 
     # -- tokenization --------------------------------------------------------------
 
-    def _chat(self, messages: list[dict]) -> dict[str, list[int]]:
+    @property
+    def tool_support(self) -> bool:
+        """Whether the chat template renders tool definitions, tool calls and tool results
+        (probed once with a conversation that has all three)."""
+        if self._tool_support is None:
+            from whetstone.modelkit.chat import render_with_spans  # noqa: PLC0415
+
+            try:
+                text, _ = render_with_spans(self.tok, _PROBE, tools=_PROBE_TOOLS)
+                self._tool_support = all(name in text for name in (_PROBE_TOOL, _PROBE_CALL, _PROBE_RESULT))
+            except Exception:  # the template refuses the tool role, tool_calls, ...
+                self._tool_support = False
+        return self._tool_support
+
+    def _check_tools(self, messages: list[dict], tools: list | None) -> None:
+        if (tools or _uses_tools(messages)) and not self.tool_support:
+            raise ToolsUnsupported(f"the chat template of {self.ref!r} does not render tools, tool calls or tool "
+                                   "messages; use a base model whose template supports tools, or remove tool rows")
+
+    def _chat(self, messages: list[dict], tools: list | None = None) -> dict[str, list[int]]:
         from whetstone.modelkit.chat import tokenize_chat  # noqa: PLC0415
 
-        return tokenize_chat(self.tok, messages)
+        self._check_tools(messages, tools)
+        return tokenize_chat(self.tok, messages, **({"tools": tools} if tools else {}))
 
     def _text(self, text: str) -> dict[str, list[int]]:
         ids = list(self.tok(text, add_special_tokens=True)["input_ids"])
@@ -128,11 +170,12 @@ class BaseModelTokenizer:
     def tokenize(self, out: dict, max_len: int | None = None) -> Tokenized:
         """Token ids and labels of a normalized row; sequences cut to `max_len` when given.
         Raises ValueError (or the template's own error) when the row cannot be rendered."""
+        tools = out.get("tools")
         if "messages" in out:
-            seqs = {"": self._chat(out["messages"])}
+            seqs = {"": self._chat(out["messages"], tools)}
         elif "chosen" in out:
-            seqs = {"chosen_": self._chat(out["prompt"] + out["chosen"]),
-                    "rejected_": self._chat(out["prompt"] + out["rejected"])}
+            seqs = {"chosen_": self._chat(out["prompt"] + out["chosen"], tools),
+                    "rejected_": self._chat(out["prompt"] + out["rejected"], tools)}
         else:
             seqs = {"": self._text(out["text"])}
         longest = max(len(s["input_ids"]) for s in seqs.values())
@@ -149,8 +192,9 @@ class BaseModelTokenizer:
         """The row rendered with the chat template, trained tokens wrapped in [[ ]]."""
         from whetstone.modelkit.chat import mask_preview  # noqa: PLC0415
 
+        kwargs = {"tools": out["tools"]} if out.get("tools") else {}
         if "messages" in out:
-            return mask_preview(self.tok, out["messages"])
+            return mask_preview(self.tok, out["messages"], **kwargs)
         if "chosen" in out:
-            return mask_preview(self.tok, out["prompt"] + out["chosen"])
+            return mask_preview(self.tok, out["prompt"] + out["chosen"], **kwargs)
         return f"[[{out['text']}]]"

@@ -1,34 +1,175 @@
-"""Chat message lists: role, content, per-message weight and role-order rules. Pure."""
+"""Chat message lists in OpenAI's shape: validation and normalisation. Pure.
+
+A message is `{"role", "content", "weight"?, "name"?, "tool_calls"?, "tool_call_id"?}`:
+
+- `role`: system (or `developer`, read as system), user, assistant, tool;
+- `content`: a string, or OpenAI's list of content parts; text parts are joined with a
+  newline, any other part (image, audio, file) is refused: the platform trains text models;
+  an assistant turn that carries `tool_calls` may have empty or null content;
+- `tool_calls` (assistant only): `[{"id"?, "type": "function", "function": {"name",
+  "arguments"}}]`, arguments a JSON object or a string holding one (normalised to a string,
+  as OpenAI writes them);
+- `tool` messages answer an earlier call (`tool_call_id` must name one when given);
+- `weight` 0/1: trained or not (default: assistant 1, every other role 0), `name`: a string.
+
+Unknown keys of a message are ignored (the caller counts them), unless they look like a
+typo of a known key (`contnet`), which is an error with the suggestion.
+"""
 
 from __future__ import annotations
 
+import json
+from collections.abc import Callable
 from typing import Any
 
 from .issues import Issue
+from .suggest import closest
 
-ROLES = ("system", "user", "assistant")
-MESSAGE_KEYS = {"role", "content", "weight", "name"}
+ROLES = ("system", "user", "assistant", "tool")
+ROLE_ALIASES = {"developer": "system"}
+MESSAGE_KEYS = frozenset({"role", "content", "weight", "name", "tool_calls", "tool_call_id"})
+PLAIN_KEYS = frozenset({"role", "content", "weight", "name"})
+MEDIA_PARTS = ("image_url", "input_audio", "file", "image", "audio", "input_image", "video")
 
 
-def _check_message(m: Any, where: str, line: int) -> list[Issue]:
+def message_weight(m: dict) -> int:
+    w = m.get("weight")
+    return (1 if m.get("role") == "assistant" else 0) if w is None else int(w)
+
+
+def _check_parts(parts: list, where: str, line: int) -> list[Issue]:
+    issues: list[Issue] = []
+    for j, part in enumerate(parts):
+        at = f"{where}.content[{j}]"
+        kind = part.get("type") if isinstance(part, dict) else None
+        if kind == "text" and isinstance(part.get("text"), str):
+            continue
+        if kind in MEDIA_PARTS:
+            issues.append(Issue("content_part_unsupported", f"{at} is an {kind} part; only text parts can be trained "
+                                "on a text model (remove the part or use text)", line, at))
+        else:
+            issues.append(Issue("content_not_string", f"{at} must be a text part "
+                                '{"type": "text", "text": "..."}', line, at))
+    return issues
+
+
+def part_text(parts: list) -> str:
+    return "\n".join(p["text"] for p in parts)
+
+
+def _check_tool_calls(calls: Any, where: str, line: int) -> list[Issue]:
+    at = f"{where}.tool_calls"
+    if not isinstance(calls, list) or not calls:
+        return [Issue("bad_tool_call", f"{at} must be a non-empty list", line, at)]
+    issues: list[Issue] = []
+    for j, call in enumerate(calls):
+        c = f"{at}[{j}]"
+        fn = call.get("function") if isinstance(call, dict) else None
+        if not isinstance(fn, dict):
+            issues.append(Issue("bad_tool_call", f'{c} must be {{"type": "function", "function": {{"name", '
+                                '"arguments"}}}}', line, c))
+            continue
+        if call.get("type", "function") != "function":
+            issues.append(Issue("bad_tool_call", f"{c}.type must be 'function'", line, c + ".type"))
+        if not isinstance(fn.get("name"), str) or not fn["name"].strip():
+            issues.append(Issue("bad_tool_call", f"{c}.function.name must be a non-empty string", line,
+                                c + ".function.name"))
+        args = fn.get("arguments", {})
+        if isinstance(args, str):
+            try:
+                args = json.loads(args)
+            except ValueError:
+                issues.append(Issue("bad_tool_call", f"{c}.function.arguments is not valid JSON", line,
+                                    c + ".function.arguments"))
+                continue
+        if not isinstance(args, dict):
+            issues.append(Issue("bad_tool_call", f"{c}.function.arguments must be a JSON object", line,
+                                c + ".function.arguments"))
+    return issues
+
+
+def _function_of(tool: Any) -> Any:
+    """A tool definition's function: OpenAI's `{"type": "function", "function": {...}}` or a bare
+    `{"name", "description", "parameters"}` (as LLaMA-Factory writes them)."""
+    if not isinstance(tool, dict):
+        return None
+    return tool.get("function") if "function" in tool else (tool if "name" in tool else None)
+
+
+def normalize_tools(tools: list) -> list:
+    """Tool definitions in OpenAI's shape."""
+    if all(isinstance(t, dict) and "function" in t for t in tools):
+        return tools
+    return [t if "function" in t else {"type": "function", "function": t} for t in tools]
+
+
+def check_tools(tools: Any, line: int, path: str = "tools") -> list[Issue]:
+    """OpenAI's tool definitions: `[{"type": "function", "function": {"name", "description"?, "parameters"?}}]`."""
+    if not isinstance(tools, list) or not tools:
+        return [Issue("bad_tool_call", f"`{path}` must be a non-empty list of tool definitions", line, path)]
+    issues: list[Issue] = []
+    for j, tool in enumerate(tools):
+        fn = _function_of(tool)
+        at = f"{path}[{j}]"
+        if not isinstance(fn, dict) or not isinstance(fn.get("name"), str) or not fn["name"].strip():
+            issues.append(Issue("bad_tool_call", f'{at} must be {{"type": "function", "function": {{"name", ...}}}}',
+                                line, at))
+        elif "parameters" in fn and not isinstance(fn["parameters"], dict):
+            issues.append(Issue("bad_tool_call", f"{at}.function.parameters must be a JSON schema object", line, at))
+    return issues
+
+
+def _check_content(m: dict, role: Any, where: str, line: int) -> list[Issue]:
+    calls = role == "assistant" and m.get("tool_calls")
+    if "content" not in m:
+        return [] if calls else [Issue("missing_key", f"{where} has no `content`", line, where + ".content")]
+    content = m["content"]
+    if content is None and calls:
+        return []
+    if isinstance(content, list):
+        issues = _check_parts(content, where, line)
+        if issues:
+            return issues
+        content = part_text(content)
+    if not isinstance(content, str):
+        return [Issue("content_not_string", f"{where}.content must be a string or a list of text parts, not "
+                      f"{type(content).__name__}", line, where + ".content")]
+    if not calls and not content.strip():
+        return [Issue("empty_content", f"{where}.content is empty", line, where + ".content")]
+    return []
+
+
+def _check_message(m: Any, where: str, line: int, ignore: Callable[[str], None] | None) -> list[Issue]:
     if not isinstance(m, dict):
         return [Issue("message_not_object", f"{where} must be an object", line, where)]
     issues: list[Issue] = []
-    unknown = sorted(str(k)[:40] for k in set(m) - MESSAGE_KEYS)
-    if unknown:
-        issues.append(Issue("unknown_key", f"{where} has unknown key(s): {', '.join(unknown[:10])}", line, where))
+    if not m.keys() <= MESSAGE_KEYS:
+        for key in sorted(str(k)[:40] for k in m.keys() - MESSAGE_KEYS):
+            guess = closest(key, MESSAGE_KEYS)
+            if guess:
+                issues.append(Issue("unknown_key", f"{where} has an unknown key `{key}`; did you mean `{guess}`?",
+                                    line, f"{where}.{key}"))
+            elif ignore is not None:
+                ignore(f"{where.split('[')[0]}[].{key}")
+    role = ROLE_ALIASES.get(m.get("role"), m.get("role")) if isinstance(m.get("role"), str) else m.get("role")
     if "role" not in m:
         issues.append(Issue("missing_key", f"{where} has no `role`", line, where + ".role"))
-    elif m["role"] not in ROLES:
-        issues.append(Issue("unknown_role", f"{where}.role {str(m['role'])[:40]!r} is not one of system/user/assistant",
-                            line, where + ".role"))
-    if "content" not in m:
-        issues.append(Issue("missing_key", f"{where} has no `content`", line, where + ".content"))
-    elif not isinstance(m["content"], str):
-        issues.append(Issue("content_not_string", f"{where}.content must be a string, not {type(m['content']).__name__}",
-                            line, where + ".content"))
-    elif not m["content"].strip():
-        issues.append(Issue("empty_content", f"{where}.content is empty", line, where + ".content"))
+    elif role not in ROLES:
+        guess = closest(str(role), ROLES) if isinstance(role, str) else None
+        hint = f"; did you mean {guess!r}?" if guess else ""
+        issues.append(Issue("unknown_role", f"{where}.role {str(m['role'])[:40]!r} is not one of "
+                            f"system/user/assistant/tool{hint}", line, where + ".role"))
+    issues += _check_content(m, role, where, line)
+    if "tool_calls" in m:
+        if role != "assistant":
+            issues.append(Issue("bad_tool_call", f"{where}: only assistant messages make tool calls", line,
+                                where + ".tool_calls"))
+        else:
+            issues += _check_tool_calls(m["tool_calls"], where, line)
+    if "tool_call_id" in m and not isinstance(m["tool_call_id"], str):
+        issues.append(Issue("bad_tool_call", f"{where}.tool_call_id must be a string", line, where + ".tool_call_id"))
+    if "name" in m and not isinstance(m["name"], str):
+        issues.append(Issue("field_not_string", f"{where}.name must be a string", line, where + ".name"))
     if "weight" in m and (isinstance(m["weight"], bool) or m["weight"] not in (0, 1)):
         issues.append(Issue("bad_weight", f"{where}.weight must be 0 or 1, got {str(m['weight'])[:20]}",
                             line, where + ".weight"))
@@ -40,8 +181,10 @@ def _check_order(messages: list[Any], path: str, line: int, *, continuation: boo
     issues: list[Issue] = []
     seen_user = continuation
     prev = "user" if continuation else None
+    open_calls: set[str] | None = None   # ids of the last assistant turn's tool calls (None: no call to answer)
     for i, m in enumerate(messages):
         role = m.get("role") if isinstance(m, dict) else None
+        role = ROLE_ALIASES.get(role, role) if isinstance(role, str) else role
         where = f"{path}[{i}]"
         if role == "system" and (i > 0 or continuation):
             issues.append(Issue("role_order", f"{where}: system message after the first turn", line, where))
@@ -50,25 +193,30 @@ def _check_order(messages: list[Any], path: str, line: int, *, continuation: boo
                 issues.append(Issue("role_order", f"{where}: assistant before any user message", line, where))
             elif prev == "assistant":
                 issues.append(Issue("role_order", f"{where}: two assistant messages in a row", line, where))
+            calls = m.get("tool_calls")
+            open_calls = {c.get("id") for c in calls if isinstance(c, dict)} if isinstance(calls, list) else None
+        elif role == "tool":
+            if open_calls is None:
+                issues.append(Issue("role_order", f"{where}: a tool message must answer an assistant tool call",
+                                    line, where))
+            elif isinstance(m.get("tool_call_id"), str) and m["tool_call_id"] not in open_calls:
+                issues.append(Issue("bad_tool_call", f"{where}.tool_call_id {m['tool_call_id'][:60]!r} names no tool "
+                                    "call of the assistant turn before it", line, where + ".tool_call_id"))
         elif role == "user":
             seen_user = True
+            open_calls = None
         prev = role
     return issues
 
 
-def message_weight(m: dict) -> int:
-    w = m.get("weight")
-    return (1 if m.get("role") == "assistant" else 0) if w is None else int(w)
-
-
 def check_messages(messages: Any, line: int, path: str = "messages", *, need_assistant: bool = True,
-                   continuation: bool = False) -> list[Issue]:
-    """Every issue of one message list (not just the first)."""
+                   continuation: bool = False, ignore: Callable[[str], None] | None = None) -> list[Issue]:
+    """Every issue of one message list (not just the first). Unknown message keys go to `ignore`."""
     if not isinstance(messages, list) or not messages:
         return [Issue("messages_not_list", f"`{path}` must be a non-empty list of messages", line, path)]
     issues: list[Issue] = []
     for i, m in enumerate(messages):
-        issues += _check_message(m, f"{path}[{i}]", line)
+        issues += _check_message(m, f"{path}[{i}]", line, ignore)
     issues += _check_order(messages, path, line, continuation=continuation)
     if need_assistant:
         assistants = [m for m in messages if isinstance(m, dict) and m.get("role") == "assistant"]
@@ -77,3 +225,51 @@ def check_messages(messages: Any, line: int, path: str = "messages", *, need_ass
         elif not issues and not any(message_weight(m) for m in messages):
             issues.append(Issue("nothing_to_train", f"`{path}`: every message has weight 0", line, path))
     return issues
+
+
+# ------------------------------------------------------------------------ normalisation
+
+
+def _normal_call(call: dict) -> dict:
+    fn = call["function"]
+    args = fn.get("arguments", {})
+    out = {"type": "function", "function": {"name": fn["name"], "arguments": args if isinstance(args, str)
+                                            else json.dumps(args, ensure_ascii=False)}}
+    if isinstance(call.get("id"), str):
+        out = {"id": call["id"], **out}
+    return out
+
+
+def normalize_message(m: dict) -> dict:
+    """A valid message in the platform's form (only the known keys, content a string)."""
+    role = ROLE_ALIASES.get(m["role"], m["role"])
+    content = m.get("content")
+    out: dict[str, Any] = {"role": role, "content": part_text(content) if isinstance(content, list)
+                           else (content or "")}
+    for key in ("weight", "name", "tool_call_id"):
+        if key in m:
+            out[key] = m[key]
+    if m.get("tool_calls"):
+        out["tool_calls"] = [_normal_call(c) for c in m["tool_calls"]]
+    return out
+
+
+def normalize_messages(messages: list[dict]) -> list[dict]:
+    """Messages as written: the list itself when it already is in the platform's form (the common case)."""
+    for m in messages:
+        if type(m.get("content")) is not str or not m.keys() <= PLAIN_KEYS or m["role"] in ROLE_ALIASES:
+            return [normalize_message(m) for m in messages]
+    return messages
+
+
+def uses_tools(messages: list[dict]) -> bool:
+    return any("tool_calls" in m or m["role"] == "tool" for m in messages)
+
+
+def message_text(m: dict) -> str:
+    """What the duplicate/contamination/toxicity checks read of a message: content plus its tool calls."""
+    calls = m.get("tool_calls")
+    if not calls:
+        return m["content"]
+    rendered = " ".join(f"{c['function']['name']}({c['function']['arguments']})" for c in calls)
+    return f"{m['content']}\n{rendered}" if m["content"] else rendered

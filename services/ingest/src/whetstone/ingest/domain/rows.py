@@ -1,28 +1,53 @@
-"""One row at a time: JSON line parsing, schema detection across the file, PII handling. Pure."""
+"""One row at a time: JSON line parsing, layout detection across the file, PII handling. Pure."""
 
 from __future__ import annotations
 
 import json
 from collections.abc import Callable
 from dataclasses import dataclass, field
+
 from . import pii
 from .issues import Issue
-from .schemas import PURPOSE_SCHEMAS, default_purpose, detect_schema, validate_row
+from .layouts import LAYOUTS, Layout, RowFacts, choose, key_issues
+from .schemas import PURPOSE_SCHEMAS, default_purpose
 
 BOM = b"\xef\xbb\xbf"
+
+
+class _NonFinite(ValueError):
+    pass
+
+
+def _refuse_constant(name: str) -> float:
+    raise _NonFinite(name)
+
+
+# NaN / Infinity / -Infinity are not JSON (RFC 8259); Python's parser accepts them unless told.
+_DECODER = json.JSONDecoder(parse_constant=_refuse_constant)
+
+
+def decode_json(text: str):
+    """Strict JSON: raises ValueError (json.JSONDecodeError, or for NaN/Infinity literals) on bad input."""
+    return _DECODER.decode(text)
 
 
 def parse_json_line(raw: bytes, line: int) -> tuple[dict | None, Issue | None]:
     """A JSONL line (without its newline) -> the object, or the one issue that stops it."""
     if raw.startswith(BOM):
-        return None, Issue("bom", "line starts with a UTF-8 byte-order mark; save the file as UTF-8 without BOM", line)
+        return None, Issue("bom", "a UTF-8 byte-order mark inside the file (files joined together?); remove it", line)
     try:
         text = raw.decode("utf-8")
     except UnicodeDecodeError as exc:
+        if b"\x00" in raw:
+            return None, _nul(raw, line)
         return None, Issue("bad_encoding", f"invalid UTF-8 at byte {exc.start} of the line", line)
     try:
-        row = json.loads(text)
+        row = _DECODER.decode(text)
+    except _NonFinite as exc:
+        return None, Issue("invalid_number", f"`{exc}` is not valid JSON; write null or a finite number", line)
     except json.JSONDecodeError as exc:
+        if "\x00" in text:
+            return None, _nul(raw, line)
         return None, Issue("invalid_json", f"invalid JSON: {exc.msg} at column {exc.colno}", line)
     except RecursionError:
         return None, Issue("invalid_json", "invalid JSON: nested too deeply", line)
@@ -31,26 +56,68 @@ def parse_json_line(raw: bytes, line: int) -> tuple[dict | None, Issue | None]:
     return row, None
 
 
+def _nul(raw: bytes, line: int) -> Issue:
+    at = raw.index(b"\x00") + 1
+    return Issue("binary_content", f"NUL byte at byte {at} of the line: binary or corrupt content "
+                 "(is this a text file saved as UTF-8?)", line)
+
+
 @dataclass
-class SchemaGate:
-    """The first recognisable row fixes the file's schema; rows of another schema are errors."""
+class Read:
+    """One row read: its layout and normalised form, or its issues."""
+
+    layout: Layout | None
+    issues: list[Issue]
+    out: dict | None = None
+
+
+@dataclass
+class LayoutGate:
+    """Reads rows: the first recognisable row fixes the file's schema; rows of another schema
+    are errors. Counts rows per layout, ignored keys and role mappings for the report."""
 
     purpose: str | None = None          # None: follow the schema
     schema: str | None = None
     schema_line: int | None = None
     file_issues: list[Issue] = field(default_factory=list)
+    layout_counts: dict[str, int] = field(default_factory=dict)
+    ambiguous: dict[str, int] = field(default_factory=dict)     # "a or b" -> rows read as a by default
+    facts: RowFacts = field(default_factory=RowFacts)
 
-    def check(self, row: dict, line: int) -> tuple[str | None, list[Issue]]:
-        found = detect_schema(row)
-        if found is None:
-            keys = ", ".join(sorted(map(str, row))[:8]) or "no keys"
-            return None, [Issue("unknown_schema", f"row matches no supported schema (keys: {keys})", line)]
+    def read(self, row: dict, line: int) -> Read:
+        choice = choose(row, self.purpose, self.schema)
+        layout = choice.layout
+        issues = key_issues(row, layout, line, self.facts) if layout is None or row.keys() != layout.required else []
+        if layout is None:
+            if not issues:
+                keys = ", ".join(sorted(map(str, row))[:8]) or "no keys"
+                issues = [Issue("unknown_schema", f"row matches no supported layout (keys: {keys})", line)]
+            return Read(None, issues)
         if self.schema is None:
-            self._fix(found, line)
-        elif found != self.schema:
-            return found, [Issue("mixed_schema", f"row has the {found} schema but the file is {self.schema} "
-                                 f"(from line {self.schema_line}); one schema per file", line)]
-        return found, validate_row(row, found, line)
+            self._fix(layout.schema, line)
+        elif layout.schema != self.schema:
+            return Read(layout, [Issue("mixed_schema", f"row has the {layout.schema} schema ({layout.name}) but the "
+                                       f"file is {self.schema} (from line {self.schema_line}); one schema per file",
+                                       line)])
+        if choice.alternatives:
+            key = " or ".join((layout.name, *choice.alternatives))
+            self.ambiguous[key] = self.ambiguous.get(key, 0) + 1
+        if issues:
+            return Read(layout, issues)
+        issues = layout.validate(row, line, self.facts)
+        if issues:
+            return Read(layout, issues)
+        self.layout_counts[layout.name] = self.layout_counts.get(layout.name, 0) + 1
+        return Read(layout, [], layout.normalize(row))
+
+    @property
+    def layout(self) -> str | None:
+        """The file's layout: the one most rows were read as."""
+        return max(self.layout_counts, key=self.layout_counts.__getitem__) if self.layout_counts else None
+
+    def role_mapping(self) -> dict[str, dict[str, str]]:
+        mapping = {name: dict(LAYOUTS[name].roles) for name in self.layout_counts if LAYOUTS[name].roles}
+        return {**mapping, **{k: v for k, v in self.facts.role_mapping.items() if k in self.layout_counts}}
 
     def _fix(self, schema: str, line: int) -> None:
         self.schema, self.schema_line = schema, line
@@ -63,23 +130,36 @@ class SchemaGate:
                 f"{self.purpose!r} (it takes: {allowed}); submit it with purpose {default_purpose(schema)!r}", line))
 
 
+# ------------------------------------------------------------------------------- PII
+
+
+def _map_message(m: dict, fn: Callable[[str], str]) -> dict:
+    out = {**m, "content": fn(m["content"])}
+    if m.get("tool_calls"):
+        out["tool_calls"] = [{**c, "function": {**c["function"], "arguments": fn(c["function"]["arguments"])}}
+                             for c in m["tool_calls"]]
+    return out
+
+
 def map_contents(out: dict, fn: Callable[[str], str]) -> dict:
-    """A normalized row with `fn` applied to every message content (or the text)."""
+    """A normalized row with `fn` applied to every message content and tool-call arguments (or the text)."""
     def msgs(ms: list[dict]) -> list[dict]:
-        return [{**m, "content": fn(m["content"])} for m in ms]
+        return [_map_message(m, fn) for m in ms]
     if "messages" in out:
-        return {"messages": msgs(out["messages"])}
+        return {**out, "messages": msgs(out["messages"])}
     if "chosen" in out:
-        return {"prompt": msgs(out["prompt"]), "chosen": msgs(out["chosen"]), "rejected": msgs(out["rejected"])}
+        return {**out, "prompt": msgs(out["prompt"]), "chosen": msgs(out["chosen"]), "rejected": msgs(out["rejected"])}
     return {"text": fn(out["text"])}
 
 
 def contents(out: dict) -> list[str]:
-    if "messages" in out:
-        return [m["content"] for m in out["messages"]]
-    if "chosen" in out:
-        return [m["content"] for side in ("prompt", "chosen", "rejected") for m in out[side]]
-    return [out["text"]]
+    if "text" in out:
+        return [out["text"]]
+    messages = out["messages"] if "messages" in out else [m for s in ("prompt", "chosen", "rejected") for m in out[s]]
+    texts = [m["content"] for m in messages]
+    for m in messages:
+        texts += [c["function"]["arguments"] for c in m.get("tool_calls") or ()]
+    return texts
 
 
 @dataclass

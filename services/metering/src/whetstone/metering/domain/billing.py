@@ -7,7 +7,10 @@ never part of it. Rules (see also the refund policy in ledger.py, which is per j
 - completed: charged in full, at the spot price on a spot node, on-demand otherwise;
 - failed by the user: charged in full; by the platform: refunded; ambiguous: held for review;
 - preempted: charged at the spot price, only for the work up to the last checkpoint of
-  this segment (the lost work after it is not billed, nor is a segment without one).
+  this segment (the lost work after it is not billed, nor is a segment without one);
+- preempted because the platform lost the node (or timed the segment out on its side): the
+  platform's fault, so the whole segment is refunded, with the checkpointed and the lost
+  GPU-seconds named in its basis.
 
 Input that cannot be billed honestly is an `Anomaly`, never a silent charge.
 """
@@ -25,6 +28,8 @@ MAX_GPUS_PER_SEGMENT = 1024
 MICRO_USD = Decimal("0.000001")
 
 CHARGED, REFUNDED, REVIEW = "charged", "refunded", "review"
+# Preemption reasons that are the platform's fault, not capacity the tenant accepted (spot, priority).
+PLATFORM_LOSSES = frozenset({"node_lost", "platform_timeout"})
 # When two classes meet (a segment's own and its job's), the one kinder to the tenant wins.
 _KINDNESS = {CHARGED: 0, REVIEW: 1, REFUNDED: 2}
 
@@ -121,6 +126,8 @@ def kinder(a: str, b: str | None) -> str:
 def own_class(stop: Stop) -> str:
     if stop.kind == "failed":
         return {"user": CHARGED, "platform": REFUNDED}.get(stop.error_class or "", REVIEW)
+    if stop.kind == "preempted" and stop.reason in PLATFORM_LOSSES:
+        return REFUNDED
     return CHARGED
 
 
@@ -159,10 +166,15 @@ def _price(start: Start, stop: Stop, pricing: Pricing, version: str, capacity_ra
     gpu_seconds = seconds * start.gpu_count
     capacity = "spot" if start.spot else "on-demand"
     if stop.kind == "preempted":
-        rate = spot_rate
         done = seconds_between(start.started_at, stop.checkpointed_at) if stop.checkpointed_at else Decimal(0)
-        chargeable = min(max(done, Decimal(0)), seconds) * start.gpu_count
-        basis = f"preempted ({stop.reason or 'unknown'}): {chargeable:.0f} of {gpu_seconds:.0f} GPU-s checkpointed, at spot"
+        saved = min(max(done, Decimal(0)), seconds) * start.gpu_count
+        if stop.reason in PLATFORM_LOSSES:  # refunded in full, at the capacity's own price
+            rate, chargeable = capacity_rate, gpu_seconds
+            basis = (f"preempted ({stop.reason}): {saved:.0f} of {gpu_seconds:.0f} GPU-s checkpointed,"
+                     f" {gpu_seconds - saved:.0f} GPU-s lost; the platform's fault, refunded at {capacity}")
+        else:
+            rate, chargeable = spot_rate, saved
+            basis = f"preempted ({stop.reason or 'unknown'}): {saved:.0f} of {gpu_seconds:.0f} GPU-s checkpointed, at spot"
     else:
         rate, chargeable = capacity_rate, gpu_seconds
         basis = f"{stop.kind}" + (f" ({stop.error_class}: {stop.code})" if stop.kind == "failed" else "") \

@@ -37,3 +37,118 @@ MIGRATIONS = [
     );
     """,
 ]
+
+# 2: lineage that cannot be incomplete, append-only stage history, base-model catalog,
+# re-evaluation, artifact verification, merge requests.
+MIGRATIONS.append(
+    """
+    ALTER TABLE jobs ADD COLUMN suffix text, ADD COLUMN job_template text, ADD COLUMN job_template_version text;
+    ALTER TABLE final_checkpoints ADD COLUMN segment_id text NOT NULL DEFAULT '',
+        ADD COLUMN files jsonb NOT NULL DEFAULT '{}'::jsonb, ADD COLUMN chat_template_sha256 text,
+        ADD COLUMN adapter_config jsonb, ADD COLUMN environment jsonb;
+    ALTER TABLE models ADD COLUMN needs_reeval boolean NOT NULL DEFAULT false,
+        ADD COLUMN files jsonb NOT NULL DEFAULT '{}'::jsonb;
+    CREATE UNIQUE INDEX models_one_production ON models (tenant_id, name) WHERE stage = 'production';
+    CREATE INDEX models_by_name ON models (tenant_id, name, created_at);
+
+    CREATE TABLE model_lineage (
+        model_id              text PRIMARY KEY REFERENCES models (model_id),
+        job_id                text NOT NULL CHECK (job_id <> ''),
+        base_model            text NOT NULL CHECK (base_model <> ''),
+        base_model_sha256     text NOT NULL CHECK (base_model_sha256 <> ''),
+        dataset_id            text NOT NULL CHECK (dataset_id <> ''),
+        dataset_version       text NOT NULL CHECK (dataset_version <> ''),
+        method                text NOT NULL,
+        hyperparameters       jsonb NOT NULL,
+        hyperparameters_hash  text NOT NULL CHECK (hyperparameters_hash <> ''),
+        training_run          text NOT NULL CHECK (training_run <> ''),
+        checkpoint_step       int NOT NULL,
+        job_template          text,
+        job_template_version  text,
+        job_template_missing_reason text,
+        environment           jsonb NOT NULL,
+        environment_sha256    text NOT NULL,
+        eval_verdict          text NOT NULL,
+        eval_metrics          jsonb NOT NULL,
+        eval_stages           jsonb NOT NULL,
+        files                 jsonb NOT NULL CHECK (jsonb_typeof(files) = 'object' AND files <> '{}'::jsonb),
+        chat_template_sha256  text,
+        model_card_uri        text NOT NULL,
+        CHECK ((job_template IS NOT NULL AND job_template_version IS NOT NULL)
+               OR job_template_missing_reason IS NOT NULL)
+    );
+
+    ALTER TABLE stage_history ADD COLUMN approval text, ADD COLUMN actor text,
+        ADD COLUMN replaces_model_id text, ADD COLUMN tenant_id text;
+    CREATE FUNCTION refuse_change() RETURNS trigger LANGUAGE plpgsql AS $$
+    BEGIN
+        RAISE EXCEPTION '% is append-only: % refused', TG_TABLE_NAME, TG_OP USING ERRCODE = 'insufficient_privilege';
+    END $$;
+    CREATE TRIGGER stage_history_append_only BEFORE UPDATE OR DELETE ON stage_history
+        FOR EACH ROW EXECUTE FUNCTION refuse_change();
+    CREATE TRIGGER stage_history_no_truncate BEFORE TRUNCATE ON stage_history
+        FOR EACH STATEMENT EXECUTE FUNCTION refuse_change();
+
+    CREATE TABLE base_models (
+        name        text PRIMARY KEY,
+        sha256      text NOT NULL,
+        previous_sha256 text,
+        uri         text,
+        updated_at  timestamptz NOT NULL DEFAULT now()
+    );
+    CREATE TABLE base_model_versions (
+        id          bigserial PRIMARY KEY,
+        name        text NOT NULL,
+        sha256      text NOT NULL,
+        previous_sha256 text,
+        uri         text,
+        reason      text NOT NULL,
+        actor       text NOT NULL,
+        at          timestamptz NOT NULL DEFAULT now(),
+        UNIQUE (name, sha256)
+    );
+    CREATE TRIGGER base_model_versions_append_only BEFORE UPDATE OR DELETE ON base_model_versions
+        FOR EACH ROW EXECUTE FUNCTION refuse_change();
+
+    CREATE TABLE reevals (
+        request_id  text PRIMARY KEY,
+        model_id    text NOT NULL REFERENCES models (model_id),
+        base_model  text NOT NULL,
+        base_model_sha256 text NOT NULL,
+        status      text NOT NULL,
+        reasons     jsonb NOT NULL DEFAULT '[]'::jsonb,
+        requested_at timestamptz NOT NULL DEFAULT now(),
+        completed_at timestamptz,
+        UNIQUE (model_id, base_model_sha256)
+    );
+
+    CREATE TABLE verified_objects (
+        uri         text PRIMARY KEY,
+        etag        text NOT NULL,
+        sha256      text NOT NULL,
+        verified_at timestamptz NOT NULL DEFAULT now()
+    );
+
+    CREATE TABLE merges (
+        merge_id    text PRIMARY KEY,
+        model_id    text NOT NULL UNIQUE REFERENCES models (model_id),
+        tenant_id   text NOT NULL,
+        status      text NOT NULL,
+        uri         text,
+        manifest_sha256 text,
+        files       jsonb NOT NULL DEFAULT '{}'::jsonb,
+        merge_job_id text,
+        error       text,
+        requested_at timestamptz NOT NULL DEFAULT now(),
+        completed_at timestamptz
+    );
+    """
+)
+
+# 3: the tenant each input event came from (a model's three inputs must agree on it)
+MIGRATIONS.append(
+    """
+    ALTER TABLE final_checkpoints ADD COLUMN tenant_id text;
+    ALTER TABLE evals ADD COLUMN tenant_id text;
+    """
+)

@@ -1,12 +1,73 @@
-"""Model stages and identity. Pure."""
+"""Model stages, identity and the rules of every stage transition. Pure: no IO.
+
+dev -> staging -> production -> archived, and quarantined (never promotable). At most one
+production version per (tenant, name): promoting one archives the version it replaces.
+Production needs an approval: a caller allowed to approve (`manual`) or the auto-promotion
+policy (`auto`). Rollback puts the previous production version of the same name back.
+"""
 
 from __future__ import annotations
 
 import hashlib
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any, Literal
 
 STAGES = ("dev", "staging", "production", "archived", "quarantined")
-PROMOTIONS = {"dev": {"staging", "quarantined", "archived"}, "staging": {"production", "quarantined", "archived"},
-              "production": {"archived"}, "quarantined": {"archived"}, "archived": set()}
+Approval = Literal["manual", "auto"]
+
+# target stages reachable by an ordinary promotion (rollback and replacement are separate rules)
+PROMOTIONS: dict[str, set[str]] = {
+    "dev": {"staging", "quarantined", "archived"},
+    "staging": {"production", "quarantined", "archived"},
+    "production": {"archived"},
+    "quarantined": {"archived"},
+    "archived": set(),
+}
+
+
+class TransitionRefused(Exception):
+    """A transition the rules forbid; `code` names why (an API error code)."""
+
+    def __init__(self, code: str, message: str, status: int = 409) -> None:
+        super().__init__(message)
+        self.code, self.message, self.status = code, message, status
+
+
+@dataclass(frozen=True)
+class ModelRecord:
+    model_id: str
+    job_id: str
+    tenant_id: str
+    name: str
+    stage: str
+    artifact_uri: str
+    artifact_sha256: str
+    created_at: datetime
+    needs_reeval: bool = False
+    lineage: dict[str, Any] = field(default_factory=dict)
+    files: dict[str, str] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class Transition:
+    model_id: str
+    from_stage: str
+    to_stage: str
+    reason: str
+    approval: Approval | None = None
+    replaces_model_id: str | None = None
+
+
+@dataclass(frozen=True)
+class Plan:
+    """The transitions of one request, applied in one transaction, in this order."""
+
+    transitions: tuple[Transition, ...]
+
+    @property
+    def main(self) -> Transition:
+        return self.transitions[-1]
 
 
 def model_id_for(job_id: str) -> str:
@@ -14,8 +75,10 @@ def model_id_for(job_id: str) -> str:
 
 
 def model_name(base_model: str, tenant_id: str, job_id: str, suffix: str | None = None) -> str:
+    """The name a tenant calls: versions of one name share the job's suffix; without a suffix
+    each job is its own name (OpenAI's `ft:<base>:<org>:<suffix>:<id>`)."""
     base = base_model.rstrip("/").rsplit("/", 1)[-1]
-    return f"ft:{base}:{tenant_id}:{suffix + ':' if suffix else ''}{job_id[-8:]}"
+    return f"ft:{base}:{tenant_id}:{suffix}" if suffix else f"ft:{base}:{tenant_id}:{job_id[-8:]}"
 
 
 def stage_after_eval(verdict: str) -> str:
@@ -25,3 +88,55 @@ def stage_after_eval(verdict: str) -> str:
 
 def can_promote(current: str, target: str) -> bool:
     return target in PROMOTIONS.get(current, set())
+
+
+def plan_promotion(model: ModelRecord, target: str, reason: str, *, current_production: ModelRecord | None,
+                   approval: Approval | None) -> Plan:
+    """`approval` is what the caller could bring: manual (scope models:promote), auto (the policy
+    passed) or None. Production without one is refused."""
+    if target not in STAGES:
+        raise TransitionRefused("invalid_stage", f"unknown stage {target!r}; one of {', '.join(STAGES)}", 400)
+    if model.stage == "quarantined" and target != "archived":
+        raise TransitionRefused("model_quarantined", f"model {model.model_id} is quarantined and can never be promoted")
+    if model.stage == target:
+        raise TransitionRefused("already_in_stage", f"model {model.model_id} is already {target}")
+    if not can_promote(model.stage, target):
+        raise TransitionRefused("invalid_transition", f"model {model.model_id} cannot move from {model.stage} to "
+                                f"{target}; allowed: {', '.join(sorted(PROMOTIONS[model.stage])) or 'none'}")
+    if target != "production":
+        return Plan((Transition(model.model_id, model.stage, target, reason),))
+    if model.needs_reeval:
+        raise TransitionRefused("needs_reeval", f"model {model.model_id} was trained on a base-model SHA that has"
+                                " been replaced; it must pass re-evaluation first")
+    if approval is None:
+        raise TransitionRefused("approval_required", "promotion to production needs a caller with the"
+                                " `models:promote` scope or an eval that passes the auto-promotion policy", 403)
+    steps: list[Transition] = []
+    replaced = None
+    if current_production is not None and current_production.model_id != model.model_id:
+        replaced = current_production.model_id
+        steps.append(Transition(replaced, "production", "archived", f"replaced by {model.model_id}"))
+    steps.append(Transition(model.model_id, model.stage, "production", reason, approval, replaced))
+    return Plan(tuple(steps))
+
+
+def plan_rollback(current: ModelRecord, previous: ModelRecord | None, reason: str) -> Plan:
+    """Production goes back to the previous production version of the same name, in one step."""
+    if current.stage != "production":
+        raise TransitionRefused("not_in_production", f"model {current.model_id} is {current.stage}, not production;"
+                                " roll back the production version of the name")
+    if previous is None:
+        raise TransitionRefused("no_previous_version", f"{current.name} has no previous production version to"
+                                " roll back to")
+    if previous.needs_reeval:
+        raise TransitionRefused("needs_reeval", f"the previous version {previous.model_id} was trained on a replaced"
+                                " base-model SHA and has not passed re-evaluation")
+    return Plan((Transition(current.model_id, "production", "archived", f"rolled back: {reason}"),
+                 Transition(previous.model_id, previous.stage, "production", f"rollback of {current.model_id}: {reason}",
+                            "manual", current.model_id)))
+
+
+def plan_archive(model: ModelRecord, reason: str) -> Plan:
+    if model.stage == "archived":
+        raise TransitionRefused("already_in_stage", f"model {model.model_id} is already archived")
+    return Plan((Transition(model.model_id, model.stage, "archived", reason),))

@@ -1,13 +1,14 @@
 """What the scheduler may read about a base model without loading it: its config.json and
-the size of its weight files (for the parameter count)."""
+the size of its weight files (for the parameter count), remembered while the files stay the same."""
 
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from whetstone.runtime.models import WEIGHT_SUFFIXES, ResolvedModel
+from whetstone.runtime.models import WEIGHT_SUFFIXES, ResolvedModel, resolve_model
 
 
 def model_facts(model: ResolvedModel) -> tuple[dict[str, Any] | None, int | None]:
@@ -21,3 +22,40 @@ def model_facts(model: ResolvedModel) -> tuple[dict[str, Any] | None, int | None
         config = None
     weights = sum(p.stat().st_size for p in directory.iterdir() if p.is_file() and p.suffix in WEIGHT_SUFFIXES)
     return (config if isinstance(config, dict) else None), (weights or None)
+
+
+@dataclass(frozen=True)
+class BaseModelFacts:
+    model: ResolvedModel
+    config: dict[str, Any] | None
+    weight_bytes: int | None
+
+
+class ModelCatalog:
+    """Resolved base models, remembered while their files stay the same (size and mtime of every
+    file): resolving hashes the weights, which a submission must not pay for every time."""
+
+    def __init__(self) -> None:
+        self._known: dict[tuple[str, str], tuple[tuple, BaseModelFacts]] = {}
+
+    def lookup(self, ref: str, catalog: Path) -> BaseModelFacts:
+        """Blocking (stats, maybe hashing): run it in a thread. UnknownModel when it is nowhere."""
+        signature = _signature(ref, catalog)
+        known = self._known.get((ref, str(catalog)))
+        if known is not None and signature is not None and known[0] == signature:
+            return known[1]
+        model = resolve_model(ref, catalog)
+        config, weights = model_facts(model)
+        facts = BaseModelFacts(model, config, weights)
+        if signature is not None:
+            self._known[(ref, str(catalog))] = (signature, facts)
+        return facts
+
+
+def _signature(ref: str, catalog: Path) -> tuple | None:
+    for directory in ([catalog / ref] if not ref.startswith(("/", ".")) and ".." not in ref else []) + \
+            ([Path(ref)] if ref.startswith(("/", ".")) else []):
+        if (directory / "config.json").is_file():
+            return tuple(sorted((p.name, st.st_size, st.st_mtime_ns) for p in directory.iterdir()
+                                if p.is_file() and (st := p.stat())))
+    return None

@@ -126,4 +126,111 @@ MIGRATIONS = [
         PRIMARY KEY (job_id, key)
     );
     """,
+    """
+    -- API keys (issue 15): stored only as a hash of the secret; revoked keys stay for the audit trail
+    CREATE TABLE api_keys (
+        key_id           text PRIMARY KEY,
+        tenant_id        text NOT NULL,
+        name             text NOT NULL DEFAULT '',
+        scopes           text[] NOT NULL,
+        secret_hash      text NOT NULL,
+        rate_limit_per_s double precision,
+        created_at       timestamptz NOT NULL,
+        last_used_at     timestamptz,
+        revoked_at       timestamptz
+    );
+    CREATE INDEX api_keys_tenant ON api_keys (tenant_id, created_at);
+    """,
+    """
+    -- issue 15: OpenAI-shaped jobs: the registered model's name, event types, checkpoints with metrics
+    ALTER TABLE jobs ADD COLUMN fine_tuned_model text;
+    ALTER TABLE job_events ADD COLUMN type text NOT NULL DEFAULT 'message';
+    CREATE TABLE job_checkpoints (
+        job_id        text NOT NULL,
+        checkpoint_id text NOT NULL,
+        step          int  NOT NULL,
+        kind          text NOT NULL,
+        uri           text NOT NULL,
+        created_at    timestamptz NOT NULL,
+        metrics       jsonb NOT NULL DEFAULT '{}',
+        PRIMARY KEY (job_id, checkpoint_id)
+    );
+    CREATE INDEX job_checkpoints_step ON job_checkpoints (job_id, step DESC, checkpoint_id DESC);
+    """,
+    """
+    -- issue 20: fencing (attempts up to fenced_attempt are refused), state timeouts, the data's schema
+    ALTER TABLE jobs
+        ADD COLUMN fenced_attempt int NOT NULL DEFAULT 0,
+        ADD COLUMN last_activity_at timestamptz,
+        ADD COLUMN timeouts int NOT NULL DEFAULT 0;
+    ALTER TABLE datasets ADD COLUMN data_schema text;
+    """,
 ]
+
+# issue 15 item 7: job templates and tenant webhooks (appended: keep at the end)
+MIGRATIONS.append(
+    """
+    -- job templates: immutable versions per tenant and name
+    CREATE TABLE job_templates (
+        tenant_id   text NOT NULL,
+        name        text NOT NULL,
+        version     int  NOT NULL,
+        description text NOT NULL DEFAULT '',
+        body        jsonb NOT NULL,
+        created_at  timestamptz NOT NULL,
+        PRIMARY KEY (tenant_id, name, version)
+    );
+    -- tenant webhooks and their deliveries (an outbox: written in the transaction of the change)
+    CREATE TABLE webhooks (
+        webhook_id  text PRIMARY KEY,
+        tenant_id   text NOT NULL,
+        url         text NOT NULL,
+        events      text[] NOT NULL DEFAULT '{}',
+        secret      text NOT NULL,
+        description text NOT NULL DEFAULT '',
+        created_at  timestamptz NOT NULL,
+        deleted_at  timestamptz
+    );
+    CREATE INDEX webhooks_tenant ON webhooks (tenant_id) WHERE deleted_at IS NULL;
+    CREATE TABLE webhook_deliveries (
+        delivery_id      bigserial PRIMARY KEY,
+        webhook_id       text NOT NULL REFERENCES webhooks (webhook_id),
+        tenant_id        text NOT NULL,
+        event_id         text NOT NULL,
+        event_type       text NOT NULL,
+        payload          jsonb NOT NULL,
+        status           text NOT NULL DEFAULT 'pending',
+        attempts         int  NOT NULL DEFAULT 0,
+        next_attempt_at  timestamptz NOT NULL DEFAULT now(),
+        last_status_code int,
+        last_error       text,
+        created_at       timestamptz NOT NULL DEFAULT now(),
+        updated_at       timestamptz NOT NULL DEFAULT now(),
+        UNIQUE (webhook_id, event_id)
+    );
+    CREATE INDEX webhook_deliveries_due ON webhook_deliveries (next_attempt_at) WHERE status = 'pending';
+    CREATE INDEX webhook_deliveries_log ON webhook_deliveries (webhook_id, delivery_id DESC);
+    -- a job reaching succeeded / failed / cancelled, by whatever path (handler, API, watcher), queues
+    -- a delivery to each matching webhook of its tenant in the same transaction
+    CREATE FUNCTION whetstone_job_webhooks() RETURNS trigger LANGUAGE plpgsql AS $$
+    DECLARE
+        kind text := 'job.' || NEW.status;
+        ev   text := gen_random_uuid()::text;
+    BEGIN
+        INSERT INTO webhook_deliveries (webhook_id, tenant_id, event_id, event_type, payload)
+        SELECT w.webhook_id, NEW.tenant_id, ev, kind,
+               jsonb_build_object('id', NEW.job_id, 'object', 'fine_tuning.job', 'status', NEW.status,
+                                  'fine_tuned_model', NEW.fine_tuned_model, 'error', NEW.error)
+        FROM webhooks w
+        WHERE w.tenant_id = NEW.tenant_id AND w.deleted_at IS NULL
+          AND (cardinality(w.events) = 0 OR kind = ANY (w.events));
+        RETURN NEW;
+    END $$;
+    CREATE TRIGGER jobs_webhooks_insert AFTER INSERT ON jobs FOR EACH ROW
+        WHEN (NEW.status IN ('succeeded', 'failed', 'cancelled'))
+        EXECUTE FUNCTION whetstone_job_webhooks();
+    CREATE TRIGGER jobs_webhooks_update AFTER UPDATE OF status ON jobs FOR EACH ROW
+        WHEN (OLD.status IS DISTINCT FROM NEW.status AND NEW.status IN ('succeeded', 'failed', 'cancelled'))
+        EXECUTE FUNCTION whetstone_job_webhooks();
+    """
+)

@@ -59,6 +59,7 @@ TIER_PRIORITY = {"premium": 0, "standard": 1, "free": 2}
 class Rejection:
     code: str
     message: str
+    param: str | None = None    # the request field at fault (OpenAI's error.param)
 
 
 def check_tenant(tenant_id: str, tenants: dict[str, str], requested_tier: str | None) -> Rejection | str:
@@ -93,6 +94,22 @@ COMMON_DEFAULTS: dict[str, Any] = {
     "warmup_ratio": 0.03, "seed": 42, "checkpoint_every_steps": 50,
 }
 METHODS_FOR_PURPOSE = {"sft": {"lora", "qlora", "full"}, "dpo": {"dpo", "orpo"}, "cpt": {"cpt"}, "eval": set()}
+# the data's schema as ingest detected it (dataset.validated `data_schema`) decides before the declared purpose
+SUPERVISED = frozenset({"lora", "qlora", "full"})
+METHODS_FOR_SCHEMA = {"chat": SUPERVISED, "prompt_completion": SUPERVISED, "instruction": SUPERVISED,
+                      "preference": frozenset({"dpo", "orpo"}), "text": frozenset({"cpt"})}
+NEEDS = {"dpo": "a preference dataset (chosen/rejected or preferred_output/non_preferred_output pairs)",
+         "orpo": "a preference dataset (chosen/rejected or preferred_output/non_preferred_output pairs)",
+         "cpt": "plain text rows", "lora": "chat, prompt/completion or instruction rows",
+         "qlora": "chat, prompt/completion or instruction rows", "full": "chat, prompt/completion or instruction rows"}
+DEFAULT_MAX_SEQ_LEN = 2048
+
+
+def model_defaults(max_positions: int | None) -> dict[str, Any]:
+    """Defaults fitted to the base model: the sequence length never exceeds its context."""
+    if max_positions and max_positions < DEFAULT_MAX_SEQ_LEN:
+        return {"max_seq_len": int(max_positions)}
+    return {}
 
 
 def resolve_hyperparameters(method: str, given: dict[str, Any], model_defaults: dict[str, Any] | None = None
@@ -109,12 +126,18 @@ def resolve_hyperparameters(method: str, given: dict[str, Any], model_defaults: 
     return resolved, digest
 
 
-def check_method_fits_dataset(method: str, purpose: str) -> Rejection | None:
-    allowed = METHODS_FOR_PURPOSE.get(purpose, set())
+def check_method_fits_dataset(method: str, purpose: str, schema: str | None = None,
+                              dataset_id: str = "the training file") -> Rejection | None:
+    """The method against the data: by its detected schema when known, else its declared purpose."""
+    if schema in METHODS_FOR_SCHEMA:
+        allowed, holds = METHODS_FOR_SCHEMA[schema], f"{schema} data"
+    else:
+        allowed, holds = METHODS_FOR_PURPOSE.get(purpose, set()), f"a {purpose!r} dataset"
     if method not in allowed:
         return Rejection("method_dataset_mismatch",
-                         f"method {method!r} cannot train on a {purpose!r} dataset "
-                         f"(fits: {', '.join(sorted(allowed)) or 'nothing: eval-only data'})")
+                         f"method {method!r} needs {NEEDS.get(method, 'another kind of data')}; training_file "
+                         f"{dataset_id} holds {holds} (fits: {', '.join(sorted(allowed)) or 'nothing: eval-only data'})",
+                         param="training_file")
     return None
 
 
@@ -130,13 +153,16 @@ def check_hyperparameters(method: str, given: dict[str, Any], hidden_size: int |
     if method not in ADAPTER_METHODS and set_knobs:
         return Rejection("hyperparameter_out_of_range",
                          f"{', '.join(set_knobs)} only apply to adapter methods (lora, qlora, dpo, orpo), "
-                         f"not {method!r}")
+                         f"not {method!r}", param=f"hyperparameters.{set_knobs[0]}")
     r = given.get("lora_r")
     if r is not None and hidden_size and r > hidden_size:
         return Rejection("hyperparameter_out_of_range",
-                         f"lora_r={r} exceeds the base model's hidden size ({hidden_size})")
+                         f"hyperparameters.lora_r={r} exceeds the base model's hidden size ({hidden_size})",
+                         param="hyperparameters.lora_r")
     seq = given.get("max_seq_len")
     if seq is not None and max_positions and seq > max_positions:
         return Rejection("hyperparameter_out_of_range",
-                         f"max_seq_len={seq} exceeds the base model's context length ({max_positions})")
+                         f"hyperparameters.max_seq_len={seq} exceeds the base model's context length "
+                         f"(max_position_embeddings {max_positions}): use at most {max_positions}, or leave it "
+                         "out to get the model's limit", param="hyperparameters.max_seq_len")
     return None

@@ -195,7 +195,8 @@ def adapter_params(arch: ModelArch, lora_r: int) -> int:
 def training_memory(arch: ModelArch, method: str, hp: Mapping[str, Any]) -> MemoryEstimate:
     kind = METHOD_KIND.get(method, "full")
     p = arch.params
-    micro_batch = int(hp.get("batch_size") or 8)
+    given = hp.get("batch_size")
+    micro_batch = given if isinstance(given, int) and given > 0 else 8   # "auto": sized for the default
     seq = int(hp.get("max_seq_len") or 2048)
     hidden, layers, vocab = (arch.hidden_size, arch.num_layers, arch.vocab_size) if arch.hidden_size else \
         _approx_dims(p)

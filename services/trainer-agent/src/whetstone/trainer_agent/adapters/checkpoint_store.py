@@ -9,17 +9,21 @@ from __future__ import annotations
 import hashlib
 import json
 import shutil
-from collections.abc import Collection
+import time
+from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from whetstone.contracts import CheckpointRef
 from whetstone.runtime.checkpoints import MANIFEST, CorruptCheckpoint, UploadedCheckpoint, upload_checkpoint
 from whetstone.runtime.s3 import ObjectStore, parse_uri, sha256_file
 
 from ..domain.checkpoints import (
-    StoredCheckpoint, checkpoints_in, job_checkpoints_prefix, parse_checkpoint, resume_candidates, to_prune,
+    AttemptFence, StaleAttempt, StoredCheckpoint, checkpoint_ref, checkpoints_in, job_checkpoints_prefix,
+    parse_checkpoint, resume_candidates, to_prune,
 )
+from .processes import snapshot
 
 
 @dataclass(frozen=True)
@@ -32,28 +36,90 @@ class ResumePoint:
     manifest_sha256: str | None = None
     skipped: list[tuple[str, str]] = field(default_factory=list)   # (uri, why)
 
-    def ref(self) -> dict[str, Any] | None:
-        return {"uri": self.uri, "step": self.step, "manifest_sha256": self.manifest_sha256} if self.uri else None
+    def ref(self) -> CheckpointRef | None:
+        if self.uri is None or self.manifest_sha256 is None:
+            return None
+        return CheckpointRef(uri=self.uri, step=self.step, manifest_sha256=self.manifest_sha256)
+
+    @property
+    def prefix(self) -> str | None:
+        """The object key prefix resumed from (never pruned while the segment runs)."""
+        return parse_uri(self.uri)[1] if self.uri else None
 
 
 class S3Checkpoints:
     def __init__(self, store: ObjectStore) -> None:
         self.store = store
 
+    # -- fencing
+
+    def fenced_attempt(self, fence: AttemptFence) -> int | None:
+        """The newest attempt that started a segment of the job, None before any did."""
+        uri = self.store.uri(fence.key)
+        if not self.store.exists(uri):
+            return None
+        try:
+            return int(json.loads(self.store.get_bytes(uri))["attempt"])
+        except (ValueError, KeyError, TypeError):
+            return None
+
+    def claim(self, fence: AttemptFence) -> None:
+        """A segment starts: its attempt takes the job's checkpoints over (older attempts are refused
+        from now on); StaleAttempt when a newer attempt did already."""
+        fenced = self.fenced_attempt(fence)
+        fence.check(fenced)
+        if fenced != fence.attempt:
+            self.store.put_bytes(fence.key, json.dumps({"attempt": fence.attempt}).encode())
+
+    def check(self, fence: AttemptFence) -> None:
+        fence.check(self.fenced_attempt(fence))
+
     # -- write
 
     def upload(self, local: Path, prefix: str, meta: dict[str, Any]) -> UploadedCheckpoint:
         return upload_checkpoint(self.store, local, prefix, meta)
 
+    def upload_snapshot(self, local: Path, staged: Path, prefix: str, meta: dict[str, Any], *, fence: AttemptFence,
+                        attempts: int, on_retry: Callable[[int, Exception], None] = lambda attempt, exc: None,
+                        ) -> UploadedCheckpoint:
+        """Upload a hard-linked snapshot of `local` (the trainer may rotate its own checkpoints
+        meanwhile), retried with backoff: an S3 hiccup boto3 gave up on, or the directory vanished.
+        A stale attempt is refused before the upload, and its upload is removed again when a newer
+        attempt took over meanwhile (StaleAttempt either way)."""
+        for attempt in range(1, attempts + 1):
+            self.check(fence)
+            try:
+                uploaded = self.upload(snapshot(local, staged), prefix, meta)
+            except Exception as exc:
+                if attempt == attempts:
+                    raise
+                on_retry(attempt, exc)
+                time.sleep(0.5 * 2 ** attempt)
+                continue
+            try:
+                self.check(fence)
+            except StaleAttempt:
+                self.delete_prefix(prefix)
+                raise
+            return uploaded
+        raise AssertionError("unreachable")
+
     def delete(self, ck: StoredCheckpoint) -> None:
+        self.delete_prefix(ck.prefix)
+
+    def delete_prefix(self, prefix: str) -> None:
+        prefix = prefix.rstrip("/")
         client, bucket = self.store.client, self.store.bucket
-        client.delete_object(Bucket=bucket, Key=f"{ck.prefix}/{MANIFEST}")
-        for key in list(self.store.list_keys(ck.prefix + "/")):
+        client.delete_object(Bucket=bucket, Key=f"{prefix}/{MANIFEST}")
+        for key in list(self.store.list_keys(prefix + "/")):
             client.delete_object(Bucket=bucket, Key=key)
 
-    def prune(self, tenant_id: str, job_id: str, keep_last: int, protected: Collection[str]) -> list[str]:
+    def prune(self, tenant_id: str, job_id: str, keep_last: int, protected: Collection[str],
+              fence: AttemptFence | None = None) -> list[str]:
         """Delete resumable checkpoints beyond the newest `keep_last`; returns the deleted prefixes.
-        Call only after the newest checkpoint's manifest is stored."""
+        Call only after the newest checkpoint's manifest is stored; never for a stale attempt."""
+        if fence is not None:
+            self.check(fence)
         doomed = to_prune(self.list_job(tenant_id, job_id), keep_last, protected)
         for ck in doomed:
             self.delete(ck)
@@ -99,20 +165,22 @@ class S3Checkpoints:
                 raise CorruptCheckpoint(f"{uri}: {rel} does not match its sha256")
         return manifest, digest
 
-    def resume_point(self, tenant_id: str, job_id: str, requested: dict[str, Any] | None, dest: Path) -> ResumePoint:
+    def resume_point(self, tenant_id: str, job_id: str, requested: CheckpointRef | Mapping[str, Any] | None,
+                     dest: Path) -> ResumePoint:
         """The requested checkpoint if it verifies, else the newest older one that does; from
         scratch (path None) when none does. Store errors other than corruption propagate."""
-        if not requested:
+        requested = checkpoint_ref(requested)
+        if requested is None:
             return ResumePoint(None)
-        _, key = parse_uri(requested["uri"])
+        _, key = parse_uri(requested.uri)
         key = key.rstrip("/")
         listed = self.list_job(tenant_id, job_id)
         wanted = parse_checkpoint(key)
         if wanted is not None and all(c.prefix != key for c in listed):
             listed.append(wanted)  # not listed at all: try it anyway, the fetch says why it fails
         skipped: list[tuple[str, str]] = []
-        for ck in resume_candidates(listed, key, max_step=int(requested.get("step", 0)) or None):
-            pinned = requested.get("manifest_sha256") if ck.prefix == key else None
+        for ck in resume_candidates(listed, key, max_step=requested.step or None):
+            pinned = requested.manifest_sha256 if ck.prefix == key else None
             try:
                 _, digest = self.fetch_verified(ck.prefix, dest, expected_manifest_sha256=pinned, job_id=job_id)
             except CorruptCheckpoint as exc:

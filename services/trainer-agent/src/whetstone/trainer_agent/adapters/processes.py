@@ -6,11 +6,11 @@ import asyncio
 import os
 import shutil
 import signal
-import sys
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
-SHIM = "whetstone.trainer_agent.adapters.pdeathsig"
+from whetstone.runtime import pdeathsig
+
 STDOUT_LINE_LIMIT = 1 << 22
 
 
@@ -20,7 +20,7 @@ async def spawn(argv: Sequence[str], env: Mapping[str, str], log_path: Path) -> 
     log_path.parent.mkdir(parents=True, exist_ok=True)
     with open(log_path, "ab") as log:
         return await asyncio.create_subprocess_exec(
-            sys.executable, "-m", SHIM, str(os.getpid()), "--", *argv,
+            *pdeathsig.wrap(list(argv)),  # tied to the agent's life, the platform's one way
             stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.PIPE, stderr=log, env=dict(env),
             start_new_session=True, limit=STDOUT_LINE_LIMIT)
 

@@ -1,20 +1,31 @@
-"""Which checkpoints of a job exist, which to keep, which to resume from. Pure.
+"""Which checkpoints of a job exist, which to keep, which to resume from, which attempt may
+write them. Pure.
 
-A job's checkpoints live under ``tenants/<tenant>/jobs/<job>/checkpoints/step-<8 digits>-<kind>``.
-Periodic and emergency checkpoints are resumable trainer states; the final one is the
-trained artifact (never pruned, never resumed from). Newest = highest step, and at the
-same step an emergency checkpoint is newer than a periodic one.
+A job's checkpoints live under ``tenants/<tenant>/jobs/<job>/checkpoints/step-<8 digits>-<kind>-a<attempt>``
+(names without ``-a<attempt>`` come from agents before fencing). Periodic and emergency
+checkpoints are resumable trainer states; the final one is the trained artifact (never pruned,
+never resumed from). Newest = highest step, at the same step an emergency checkpoint is newer
+than a periodic one, then the higher attempt.
+
+Fencing: the job's ``checkpoints/fence.json`` holds the newest attempt that started a segment.
+A segment of an older attempt (a node that lost contact while its job moved on) may neither
+write nor prune checkpoints; its names carry its attempt, so it never overwrites the new one's.
 """
 
 from __future__ import annotations
 
 import re
-from collections.abc import Collection, Iterable
+from collections.abc import Collection, Iterable, Mapping
 from dataclasses import dataclass
+from typing import Any
+
+from whetstone.contracts import CheckpointRef
+from whetstone.contracts.base import TOLERANT
 
 KINDS = ("periodic", "emergency", "final")
 RESUMABLE = ("periodic", "emergency")
-_NAME = re.compile(r"step-(\d{8})-(periodic|emergency|final)$")
+_NAME = re.compile(r"step-(\d{8})-(periodic|emergency|final)(?:-a(\d+))?$")
+FENCE = "fence.json"
 
 
 @dataclass(frozen=True)
@@ -22,31 +33,63 @@ class StoredCheckpoint:
     prefix: str      # object key prefix, no trailing slash
     step: int
     kind: str
+    attempt: int = 0  # 0: written before fencing
 
     @property
     def resumable(self) -> bool:
         return self.kind in RESUMABLE
 
-    def order(self) -> tuple[int, int]:
-        return self.step, KINDS.index(self.kind)
+    def order(self) -> tuple[int, int, int]:
+        return self.step, KINDS.index(self.kind), self.attempt
+
+
+class StaleAttempt(Exception):
+    """A segment of an older attempt tried to write or prune the job's checkpoints."""
+
+
+@dataclass(frozen=True)
+class AttemptFence:
+    tenant_id: str
+    job_id: str
+    attempt: int
+
+    @property
+    def key(self) -> str:
+        return job_checkpoints_prefix(self.tenant_id, self.job_id) + FENCE
+
+    def check(self, fenced: int | None) -> None:
+        """StaleAttempt when the job has moved on to a newer attempt than ours."""
+        if fenced is not None and fenced > self.attempt:
+            raise StaleAttempt(f"job {self.job_id}: attempt {self.attempt} is stale (attempt {fenced} took over); "
+                               "its checkpoints are refused")
+
+
+def checkpoint_ref(value: CheckpointRef | Mapping[str, Any] | None) -> CheckpointRef | None:
+    """A stored checkpoint reference (a jsonb column, an event's field) as the contract's type."""
+    if value is None or isinstance(value, CheckpointRef):
+        return value
+    return CheckpointRef.model_validate(value, context=TOLERANT)
 
 
 def job_checkpoints_prefix(tenant_id: str, job_id: str) -> str:
     return f"tenants/{tenant_id}/jobs/{job_id}/checkpoints/"
 
 
-def checkpoint_prefix(tenant_id: str, job_id: str, step: int, kind: str) -> str:
+def checkpoint_prefix(tenant_id: str, job_id: str, step: int, kind: str, attempt: int | None = None) -> str:
     if kind not in KINDS:
         raise ValueError(f"unknown checkpoint kind {kind!r}")
     if step < 0:
         raise ValueError(f"negative step {step}")
-    return f"{job_checkpoints_prefix(tenant_id, job_id)}step-{step:08d}-{kind}"
+    if attempt is not None and attempt < 1:
+        raise ValueError(f"attempt {attempt} (must be >= 1)")
+    suffix = f"-a{attempt}" if attempt is not None else ""
+    return f"{job_checkpoints_prefix(tenant_id, job_id)}step-{step:08d}-{kind}{suffix}"
 
 
 def parse_checkpoint(prefix: str) -> StoredCheckpoint | None:
     prefix = prefix.rstrip("/")
     m = _NAME.search(prefix.rsplit("/", 1)[-1])
-    return StoredCheckpoint(prefix, int(m.group(1)), m.group(2)) if m else None
+    return StoredCheckpoint(prefix, int(m.group(1)), m.group(2), int(m.group(3) or 0)) if m else None
 
 
 def checkpoints_in(keys: Iterable[str], job_prefix: str) -> list[StoredCheckpoint]:

@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 import signal
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
-from typing import Literal
+from typing import Any, Literal
 
 PREEMPT_REASONS = ("spot_loss", "priority", "node_lost", "drain", "signal")
 LOG_TAIL_CHARS = 2000
@@ -79,3 +79,31 @@ def free_gpu_ids(gpu_count: int, held: Iterable[Iterable[int]], draining: bool) 
         return []
     busy = {g for ids in held for g in ids}
     return [g for g in range(gpu_count) if g not in busy]
+
+
+# ------------------------------------------------------------------ the recipe's events -> ours
+
+PROGRESS_FIELDS = ("step", "total_steps", "epoch", "loss", "grad_norm", "learning_rate", "tokens_per_s",
+                   "samples_per_s", "peak_memory_mb", "validation_loss", "tokens_seen", "token_accuracy",
+                   "gpu_utilization")
+ENVELOPE_FIELDS = ("event", "job_id", "time")
+
+
+def progress_fields(msg: Mapping[str, Any]) -> dict[str, Any]:
+    """job.progress fields from a recipe `progress` event (absent ones None)."""
+    return {k: msg.get(k) for k in PROGRESS_FIELDS}
+
+
+def progress_due(msg: Mapping[str, Any], seconds_since_last: float, interval_s: float) -> bool:
+    """Throttle: at most one job.progress per interval, but always the last step's."""
+    return seconds_since_last >= interval_s or msg.get("step") == msg.get("total_steps")
+
+
+def completed_metrics(msg: Mapping[str, Any]) -> dict[str, Any]:
+    """Every scalar of the recipe's `completed` event, as the job's metrics."""
+    return {k: v for k, v in msg.items() if k not in ENVELOPE_FIELDS and isinstance(v, (int, float, str, bool))}
+
+
+def reported_advice(msg: Mapping[str, Any]) -> list[str]:
+    advice = msg.get("advice")
+    return [str(a) for a in advice] if isinstance(advice, list) else []

@@ -1,8 +1,7 @@
-"""The platform's TrainerCallback: progress events, checkpoint cadence, SIGTERM, loss guard."""
+"""The platform's training monitor: progress events, checkpoint cadence, SIGTERM, loss guard."""
 
 from __future__ import annotations
 
-import json
 import logging
 import math
 import time
@@ -11,13 +10,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from .checkpointing import write_checkpoint_state
 from .errors import UserError
-from .metrics import gpu_utilization, peak_memory_mb
+from .hyperparams import Hyperparameters
+from .metrics import ProgressMeter
 from .protocol import EventStream, PreemptionFlag
 
 log = logging.getLogger("whetstone.trainer_agent.recipes")
-
-CHECKPOINT_STATE_FILE = "whetstone_state.json"
 
 
 class DivergenceGuard:
@@ -78,96 +77,92 @@ class Cadence:
         return by_steps or by_time
 
 
-def platform_callback(events: EventStream, preemption: PreemptionFlag, run: RunState, cadence: Cadence,
-                      guard: DivergenceGuard, learning_rate: float,
-                      validate: Callable[[Any], dict[str, float]] | None,
-                      describe: Callable[[Any], dict[str, Any]]):
-    """A TrainerCallback bound to this run (transformers is imported lazily)."""
+Validator = Callable[[Any], dict[str, float]]      # model -> {"validation_loss", ...}
+Describer = Callable[[Any, str], dict[str, Any]]   # (trainer state, kind) -> whetstone_state.json
+
+
+class TrainingMonitor:
+    """What the platform does at each point of the HF training loop (`platform_callback` is its
+    adapter): announce the run, stop after the step in flight on SIGTERM, checkpoint on cadence
+    (validating first), report progress, stop a diverging run, mark each saved checkpoint."""
+
+    def __init__(self, events: EventStream, preemption: PreemptionFlag, run: RunState, hp: Hyperparameters,
+                 validate: Validator | None, describe: Describer) -> None:
+        self.events, self.preemption, self.run = events, preemption, run
+        self.cadence = Cadence(hp.checkpoint_every_steps, hp.checkpoint_every_minutes)
+        self.guard = DivergenceGuard(hp.divergence_factor, hp.divergence_patience)
+        self.learning_rate = hp.learning_rate
+        self.validate, self.describe = validate, describe
+        self.meter = ProgressMeter()
+        self.stopping = False
+        self.last_save = time.monotonic()
+        self.validation: dict[int, dict[str, float]] = {}  # step -> metrics, reported with its checkpoint
+
+    def train_begin(self, args, state) -> None:
+        self.meter.start(state)
+        self.last_save = time.monotonic()
+        for entry in state.log_history:  # a resumed run keeps its running minimum
+            if "loss" in entry and entry["loss"] is not None and math.isfinite(entry["loss"]):
+                self.guard.best = min(self.guard.best, entry["loss"])
+        if not self.run.announced:
+            self.run.announced = True
+            self.events.emit("started", total_steps=state.max_steps, resumed_from_step=state.global_step,
+                             micro_batch_size=args.per_device_train_batch_size,
+                             gradient_accumulation_steps=args.gradient_accumulation_steps)
+
+    def step_end(self, state, control, model) -> None:
+        if state.global_step >= state.max_steps:
+            return  # the final artifact follows
+        if self.preemption.requested:
+            self.stopping = True
+            control.should_save = True
+            control.should_training_stop = True
+        elif self.cadence.due(state.global_step, time.monotonic() - self.last_save):
+            control.should_save = True
+            if self.validate is not None:
+                started = time.perf_counter()
+                self.validation[state.global_step] = self.validate(model)
+                self.run.validation_seconds += time.perf_counter() - started
+
+    def logged(self, args, state, logs) -> None:
+        if not logs or "loss" not in logs:
+            return
+        reason = self.guard.check(state.global_step, logs["loss"])
+        progress = {**self.meter.measure(args, state, logs), **self.validation.get(state.global_step, {})}
+        self.run.progress.append(progress)
+        self.events.emit("progress", **progress)
+        if reason is not None:
+            raise UserError(reason, code="loss_diverged", advice=divergence_advice(self.learning_rate))
+
+    def saved(self, args, state) -> None:
+        path = Path(args.output_dir, f"checkpoint-{state.global_step}").resolve()
+        kind = "emergency" if self.stopping else "periodic"
+        write_checkpoint_state(path, self.describe(state, kind))
+        self.last_save = time.monotonic()
+        if self.stopping:
+            self.run.emergency_checkpoint = path
+        else:
+            self.run.last_checkpoint = path
+        self.events.emit("checkpoint", kind=kind, step=state.global_step, path=str(path),
+                         **self.validation.pop(state.global_step, {}))
+
+
+def platform_callback(monitor: TrainingMonitor):
+    """The monitor as a transformers TrainerCallback (transformers is imported lazily)."""
     from transformers import TrainerCallback
 
     class PlatformCallback(TrainerCallback):
-        def __init__(self) -> None:
-            self._stopping = False
-            self._last = (time.perf_counter(), 0, 0)  # time, tokens seen, global step
-            self._last_save = time.monotonic()
-            self._validation: dict[int, dict[str, float]] = {}
-
         def on_train_begin(self, args, state, control, **kwargs):
-            self._last = (time.perf_counter(), state.num_input_tokens_seen, state.global_step)
-            self._last_save = time.monotonic()
-            for entry in state.log_history:  # a resumed run keeps its running minimum
-                if "loss" in entry and entry["loss"] is not None and math.isfinite(entry["loss"]):
-                    guard.best = min(guard.best, entry["loss"])
-            if not run.announced:
-                run.announced = True
-                events.emit("started", total_steps=state.max_steps, resumed_from_step=state.global_step,
-                            micro_batch_size=args.per_device_train_batch_size,
-                            gradient_accumulation_steps=args.gradient_accumulation_steps)
+            monitor.train_begin(args, state)
 
         def on_step_end(self, args, state, control, model=None, **kwargs):
-            if state.global_step >= state.max_steps:
-                return control  # the final artifact follows
-            if preemption.requested:
-                self._stopping = True
-                control.should_save = True
-                control.should_training_stop = True
-            elif cadence.due(state.global_step, time.monotonic() - self._last_save):
-                control.should_save = True
-                if validate is not None:
-                    started = time.perf_counter()
-                    self._validation[state.global_step] = validate(model)
-                    run.validation_seconds += time.perf_counter() - started
+            monitor.step_end(state, control, model)
             return control
 
         def on_log(self, args, state, control, logs=None, **kwargs):
-            if not logs or "loss" not in logs:
-                return
-            step = state.global_step
-            reason = guard.check(step, logs["loss"])
-            self._emit_progress(args, state, logs)
-            if reason is not None:
-                raise UserError(reason, code="loss_diverged", advice=divergence_advice(learning_rate))
-
-        def _emit_progress(self, args, state, logs) -> None:
-            now, tokens, step = time.perf_counter(), state.num_input_tokens_seen, state.global_step
-            last_time, last_tokens, last_step = self._last
-            elapsed = max(now - last_time, 1e-9)
-            samples = (step - last_step) * args.per_device_train_batch_size * args.gradient_accumulation_steps
-            samples *= max(args.world_size, 1)
-            self._last = (now, tokens, step)
-            progress = {
-                "step": step,
-                "total_steps": state.max_steps,
-                "epoch": round(state.epoch or 0.0, 4),
-                "loss": logs["loss"],
-                "grad_norm": logs.get("grad_norm"),
-                "learning_rate": logs.get("learning_rate"),
-                "tokens_per_s": round((tokens - last_tokens) / elapsed, 1),
-                "samples_per_s": round(samples / elapsed, 2),
-                "tokens_seen": tokens,
-                "peak_memory_mb": peak_memory_mb(),
-            }
-            for key in ("mean_token_accuracy", "rewards/accuracies", "rewards/margins", "nll_loss"):
-                if key in logs:
-                    progress[key.replace("/", "_")] = logs[key]
-            utilization = gpu_utilization()
-            if utilization is not None:
-                progress["gpu_utilization"] = utilization
-            progress.update(self._validation.get(step, {}))
-            run.progress.append(progress)
-            events.emit("progress", **progress)
+            monitor.logged(args, state, logs)
 
         def on_save(self, args, state, control, **kwargs):
-            path = Path(args.output_dir, f"checkpoint-{state.global_step}").resolve()
-            kind = "emergency" if self._stopping else "periodic"
-            info = {"kind": kind, **describe(state)}
-            (path / CHECKPOINT_STATE_FILE).write_text(json.dumps(info, indent=1) + "\n")
-            self._last_save = time.monotonic()
-            if self._stopping:
-                run.emergency_checkpoint = path
-            else:
-                run.last_checkpoint = path
-            events.emit("checkpoint", kind=kind, step=state.global_step, path=str(path),
-                        **self._validation.pop(state.global_step, {}))
+            monitor.saved(args, state)
 
     return PlatformCallback()

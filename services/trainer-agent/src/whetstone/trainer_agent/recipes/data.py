@@ -1,15 +1,18 @@
 """Training data: reading (line-numbered), the method/format check, tokenization, collators.
 
 Formats (JSON lines):
-- chat SFT (lora, qlora, full): {"messages": [{"role", "content", "weight"?}, ...]}
+- chat SFT (lora, qlora, full): {"messages": [{"role", "content", "weight"?, "name"?}, ...], "tools"?: [...]}
+  in OpenAI's tool-calling shape too (as ingest normalises it): `tool` role messages
+  (`tool_call_id`?), assistant turns with `tool_calls` (content null or empty, `arguments` a
+  JSON string or object) and a row-level `tools` list handed to the chat template
 - preference (dpo, orpo): {"prompt": str | messages, "chosen": str | messages, "rejected": str | messages}
 - raw text (cpt): {"text": str}
 
 Every example remembers the line it came from, so that a failure met mid-run names it.
 
 Chat examples are rendered with the base tokenizer's OWN chat template and trained on
-the assistant tokens only (per-message `weight` honoured), with the mask computed by
-`whetstone.modelkit.chat`.
+the assistant tokens only (tool calls included; tool results and user turns not; per-message
+`weight` honoured), with the mask computed by `whetstone.modelkit.chat`.
 
 Packing is padding-free: the examples of a micro-batch are concatenated into ONE row with
 `position_ids` restarting at 0 for each example and no attention mask. The attention then
@@ -29,7 +32,7 @@ from .errors import PlatformError, UserError
 
 log = logging.getLogger("whetstone.trainer_agent.recipes")
 
-SUPPORTED_ROLES = ("system", "user", "assistant")
+SUPPORTED_ROLES = ("system", "user", "assistant", "tool")
 IGNORE_INDEX = -100
 FORMAT_FOR_METHOD = {"lora": "chat", "qlora": "chat", "full": "chat", "dpo": "preference",
                      "orpo": "preference", "cpt": "text"}
@@ -80,12 +83,20 @@ def check_format(rows: list[tuple[int, Any]], method: str, name: str) -> None:
                 f"(fits method {METHODS_FOR_FORMAT[found]})", code="method_dataset_mismatch")
 
 
-def read_chat_jsonl(path: Path) -> list[tuple[int, list[dict[str, Any]]]]:
+@dataclass(frozen=True)
+class Chat:
+    """One SFT row: its messages and the tool definitions the template renders (None: no tools)."""
+
+    messages: list[dict[str, Any]]
+    tools: list[dict[str, Any]] | None = None
+
+
+def read_chat_jsonl(path: Path) -> list[tuple[int, Chat]]:
     """(line number, messages) per non-blank line; UserError naming the line on bad data."""
     return [(line_no, _validate_chat(row, path.name, line_no)) for line_no, row in read_jsonl(path)]
 
 
-def read_preference_jsonl(path: Path) -> list[tuple[int, dict[str, list[dict[str, str]]]]]:
+def read_preference_jsonl(path: Path) -> list[tuple[int, dict[str, list[dict[str, Any]]]]]:
     return [(line_no, _validate_preference(row, path.name, line_no)) for line_no, row in read_jsonl(path)]
 
 
@@ -105,14 +116,22 @@ def read_rows(path: Path, method: str) -> list[tuple[int, Any]]:
     return reader[FORMAT_FOR_METHOD[method]](path)
 
 
-def _validate_chat(row: Any, name: str, line_no: int) -> list[dict[str, Any]]:
+def _validate_chat(row: Any, name: str, line_no: int) -> Chat:
     where = f"{name} line {line_no}"
     if not isinstance(row, dict) or not isinstance(row.get("messages"), list) or not row["messages"]:
         raise UserError(f"{where}: expected an object with a non-empty 'messages' list", code="bad_example")
     _validate_messages(row["messages"], where)
     if not any(m.get("weight", 1 if m["role"] == "assistant" else 0) for m in row["messages"]):
         raise UserError(f"{where}: no trained message (needs an assistant message with weight 1)", code="bad_example")
-    return row["messages"]
+    tools = row.get("tools")
+    if tools is not None:
+        if not isinstance(tools, list) or not all(isinstance(t, dict) for t in tools):
+            raise UserError(f"{where}: 'tools' must be a list of tool definitions", code="bad_example")
+        for j, tool in enumerate(tools):
+            function = tool.get("function", tool)
+            if not isinstance(function, dict) or not isinstance(function.get("name"), str):
+                raise UserError(f"{where}: tools[{j}] has no function 'name'", code="bad_example")
+    return Chat(row["messages"], tools or None)
 
 
 def _validate_messages(messages: list, where: str) -> None:
@@ -122,14 +141,42 @@ def _validate_messages(messages: list, where: str) -> None:
         if message.get("role") not in SUPPORTED_ROLES:
             raise UserError(f"{where}: message {i} has role {message.get('role')!r}; expected one of "
                             f"{SUPPORTED_ROLES}", code="bad_example")
-        if not isinstance(message.get("content"), str):
+        calls = message.get("tool_calls")
+        if calls is not None:
+            _validate_tool_calls(calls, message["role"], f"{where}: message {i}")
+        content = message.get("content")
+        if not isinstance(content, str) and not (content is None and calls):
             raise UserError(f"{where}: message {i} has no string 'content'", code="bad_example")
+        for key in ("name", "tool_call_id"):
+            if message.get(key) is not None and not isinstance(message[key], str):
+                raise UserError(f"{where}: message {i} has a non-string {key!r}", code="bad_example")
         weight = message.get("weight")
         if weight is not None and (isinstance(weight, bool) or weight not in (0, 1)):
             raise UserError(f"{where}: message {i} has weight {weight!r}; expected 0 or 1", code="bad_example")
 
 
-def _validate_preference(row: Any, name: str, line_no: int) -> dict[str, list[dict[str, str]]]:
+def _validate_tool_calls(calls: Any, role: str, where: str) -> None:
+    """OpenAI's `[{"id"?, "type": "function", "function": {"name", "arguments"}}]`, on assistant turns only."""
+    if role != "assistant":
+        raise UserError(f"{where} has 'tool_calls' but role {role!r} (only assistant turns call tools)",
+                        code="bad_example")
+    if not isinstance(calls, list) or not calls:
+        raise UserError(f"{where}: 'tool_calls' must be a non-empty list", code="bad_example")
+    for j, call in enumerate(calls):
+        function = call.get("function") if isinstance(call, dict) else None
+        if not isinstance(function, dict) or not isinstance(function.get("name"), str) or not function["name"]:
+            raise UserError(f"{where}: tool_calls[{j}] needs a function with a 'name'", code="bad_example")
+        arguments = function.get("arguments", {})
+        if isinstance(arguments, str):
+            try:
+                arguments = json.loads(arguments)
+            except ValueError:
+                raise UserError(f"{where}: tool_calls[{j}] arguments are not valid JSON", code="bad_example") from None
+        if not isinstance(arguments, dict):
+            raise UserError(f"{where}: tool_calls[{j}] arguments must be a JSON object", code="bad_example")
+
+
+def _validate_preference(row: Any, name: str, line_no: int) -> dict[str, list[dict[str, Any]]]:
     where = f"{name} line {line_no}"
     if not isinstance(row, dict) or not all(k in row for k in ("prompt", "chosen", "rejected")):
         raise UserError(f"{where}: expected 'prompt', 'chosen' and 'rejected'", code="bad_example")
@@ -146,7 +193,7 @@ def _validate_preference(row: Any, name: str, line_no: int) -> dict[str, list[di
     return pair
 
 
-def _as_messages(value: Any, role: str, where: str, key: str) -> list[dict[str, str]]:
+def _as_messages(value: Any, role: str, where: str, key: str) -> list[dict[str, Any]]:
     if isinstance(value, str):
         if not value.strip():
             raise UserError(f"{where}: '{key}' is empty", code="bad_example")
@@ -154,7 +201,7 @@ def _as_messages(value: Any, role: str, where: str, key: str) -> list[dict[str, 
     if not isinstance(value, list) or not value:
         raise UserError(f"{where}: '{key}' must be a string or a non-empty list of messages", code="bad_example")
     _validate_messages(value, f"{where} '{key}'")
-    return [{"role": m["role"], "content": m["content"]} for m in value]
+    return [dict(m) for m in value]  # extra keys (tool_calls, name, weight...) kept for the template
 
 
 # ------------------------------------------------------------------ tokenization
@@ -177,9 +224,10 @@ def tokenize_chat_rows(tokenizer, rows, max_seq_len: int, name: str) -> list[Exa
     from whetstone.modelkit.chat import ChatFormatError, tokenize_chat
 
     examples, dropped = [], []
-    for line_no, messages in rows:
+    for line_no, chat in rows:
+        messages, tools = (chat.messages, chat.tools) if isinstance(chat, Chat) else (chat, None)
         try:
-            tokens = tokenize_chat(tokenizer, messages, max_seq_len)
+            tokens = tokenize_chat(tokenizer, messages, max_seq_len, **({"tools": tools} if tools else {}))
         except ChatFormatError as exc:
             raise UserError(f"{name} line {line_no}: {exc}", code="bad_example") from exc
         except TemplateError as exc:  # e.g. raise_exception() in the model's own chat template
@@ -218,6 +266,14 @@ def _kept(examples: list[Example], dropped: list[int], name: str, max_seq_len: i
 
 
 # ------------------------------------------------------------------ collators
+
+
+def examples_by_line(examples: list[dict[str, Any]]) -> dict[int, list[dict[str, Any]]]:
+    """Tokenized rows grouped by their source line (to re-run a failing micro-batch example by example)."""
+    out: dict[int, list[dict[str, Any]]] = {}
+    for row in examples:
+        out.setdefault(row["line"], []).append(row)
+    return out
 
 
 class TokenCounter:

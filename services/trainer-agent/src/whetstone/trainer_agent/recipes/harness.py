@@ -1,6 +1,6 @@
 """Drive a recipe the way the trainer agent does, for tests and benchmarks.
 
-- `run_subprocess`: a real child process (`python -m ...recipes.sft`), events read from its
+- `run_subprocess`: a real child process (`python -m ...recipes.main`), events read from its
   stdout; optionally SIGTERM after a given progress step, or test faults via the env var.
 - `run_in_process`: the same `execute()` in this process (no interpreter start-up: cheap),
   events captured in memory. SIGTERM is routed to the run's flag while it lasts.
@@ -23,7 +23,7 @@ from typing import Any
 
 from .faults import ENV as FAULTS_ENV
 
-RECIPE_MODULE = "whetstone.trainer_agent.recipes.sft"
+RECIPE_MODULE = "whetstone.trainer_agent.recipes.main"
 
 
 @dataclass
@@ -88,7 +88,7 @@ def run_subprocess(config: dict[str, Any], workdir: Path, *, faults: dict[str, A
 
 def run_in_process(config: dict[str, Any], workdir: Path, *, faults: dict[str, Any] | None = None) -> RecipeRun:
     from .protocol import EventStream, PreemptionFlag
-    from .sft import execute
+    from .main import execute
 
     config_path = write_config(config, workdir)
     buffer = io.StringIO()

@@ -207,3 +207,29 @@ def plan_auto_batch(target_effective: int, example_lengths: list[int], token_bud
     while micro * 2 <= target_effective and micro * 2 * p95 <= token_budget:
         micro *= 2
     return micro, math.ceil(target_effective / micro)
+
+
+def plan_batch(hp: Hyperparameters, example_lengths: list[int], token_budget: int,
+               previous: tuple[int, int] | None) -> Hyperparameters:
+    """The batch geometry of this segment: "auto" planned from the data, then the geometry of the
+    checkpoint we resume from when its effective batch is the same (the segment before us may
+    have halved its micro-batch after running out of memory)."""
+    if hp.batch_size == AUTO:
+        hp = hp.with_batch(*plan_auto_batch(hp.target_effective_batch, example_lengths or [hp.max_seq_len],
+                                            token_budget))
+        log.info("batch_size auto: micro-batch %d x accumulation %d", hp.batch_size, hp.gradient_accumulation_steps)
+    if previous and previous[0] * previous[1] == hp.effective_batch:
+        hp = hp.with_batch(*previous)
+    return hp
+
+
+def halved_batch(hp: Hyperparameters) -> Hyperparameters | None:
+    """Half the micro-batch, twice the accumulation: the same effective batch. None at 1.
+
+    An odd micro-batch cannot be halved exactly; it drops to 1 with all of it accumulated."""
+    micro, accumulation = int(hp.batch_size), hp.gradient_accumulation_steps
+    if micro < 2:
+        return None
+    if micro % 2:
+        return replace(hp, batch_size=1, gradient_accumulation_steps=accumulation * micro)
+    return replace(hp, batch_size=micro // 2, gradient_accumulation_steps=accumulation * 2)

@@ -1,4 +1,4 @@
-"""Training metrics: peak memory, GPU utilization, the loss curve as a PNG.
+"""Training metrics: per-step progress (throughput), peak memory, GPU utilization, the loss curve as a PNG.
 
     python -m whetstone.trainer_agent.recipes.metrics EVENTS.jsonl OUT.png
 
@@ -11,9 +11,51 @@ import argparse
 import json
 import resource
 import sys
+import time
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
+
+
+LOGGED_EXTRAS = ("mean_token_accuracy", "rewards/accuracies", "rewards/margins", "nll_loss")
+
+
+class ProgressMeter:
+    """One `progress` record per logged optimizer step: loss, learning rate, throughput since the
+    previous record, memory."""
+
+    def __init__(self) -> None:
+        self._last = (time.perf_counter(), 0, 0)  # time, tokens seen, global step
+
+    def start(self, state) -> None:
+        self._last = (time.perf_counter(), state.num_input_tokens_seen, state.global_step)
+
+    def measure(self, args, state, logs: Mapping[str, Any]) -> dict[str, Any]:
+        now, tokens, step = time.perf_counter(), state.num_input_tokens_seen, state.global_step
+        last_time, last_tokens, last_step = self._last
+        elapsed = max(now - last_time, 1e-9)
+        samples = (step - last_step) * args.per_device_train_batch_size * args.gradient_accumulation_steps
+        samples *= max(args.world_size, 1)
+        self._last = (now, tokens, step)
+        progress = {
+            "step": step,
+            "total_steps": state.max_steps,
+            "epoch": round(state.epoch or 0.0, 4),
+            "loss": logs["loss"],
+            "grad_norm": logs.get("grad_norm"),
+            "learning_rate": logs.get("learning_rate"),
+            "tokens_per_s": round((tokens - last_tokens) / elapsed, 1),
+            "samples_per_s": round(samples / elapsed, 2),
+            "tokens_seen": tokens,
+            "peak_memory_mb": peak_memory_mb(),
+        }
+        for key in LOGGED_EXTRAS:
+            if key in logs:
+                progress[key.replace("/", "_")] = logs[key]
+        utilization = gpu_utilization()
+        if utilization is not None:
+            progress["gpu_utilization"] = utilization
+        return progress
 
 
 def peak_memory_mb() -> float:

@@ -3,12 +3,29 @@
 from __future__ import annotations
 
 import logging
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
 from typing import Any
 
 from .errors import PlatformError, UserError
 from .hyperparams import Hyperparameters
 
 log = logging.getLogger("whetstone.trainer_agent.recipes")
+
+CPU_MICRO_BATCH_TOKENS = 4096
+GPU_MICRO_BATCH_TOKENS = 16384
+
+
+@contextmanager
+def _base_model_errors() -> Iterator[None]:
+    """A base model missing on this node is the platform's fault, not the user's."""
+    from whetstone.modelkit.loading import ModelNotFoundError
+
+    try:
+        yield
+    except ModelNotFoundError as exc:
+        raise PlatformError(f"base model: {exc}", code="base_model_missing") from exc
 
 
 def compute_dtype():
@@ -19,13 +36,21 @@ def compute_dtype():
     return torch.float32
 
 
+def load_base_tokenizer(ref: str):
+    from whetstone.modelkit.loading import load_tokenizer
+
+    with _base_model_errors():
+        return load_tokenizer(ref)
+
+
 def load_base_config(ref: str):
     from transformers import AutoConfig
 
     from whetstone.modelkit.loading import check_local_model_dir, is_local_ref
 
-    source = str(check_local_model_dir(ref)) if is_local_ref(ref) else ref
-    return AutoConfig.from_pretrained(source)
+    with _base_model_errors():
+        source = str(check_local_model_dir(ref)) if is_local_ref(ref) else ref
+        return AutoConfig.from_pretrained(source)
 
 
 def check_sequence_length(config, max_seq_len: int) -> None:
@@ -52,7 +77,27 @@ def quantization_config():
                               bnb_4bit_compute_dtype=compute_dtype())
 
 
-def load_base_model(ref: str, method: str, attn_implementation: str):
+def deepspeed_zero_init(deepspeed: dict[str, Any] | None, zero_init: bool):
+    """With ZeRO-3 and zero_init, from_pretrained must see the DeepSpeed config BEFORE loading, so that
+    each rank materialises only its shard: keep the returned object alive while models are loaded."""
+    stage = (deepspeed or {}).get("zero_optimization", {}).get("stage")
+    if not (zero_init and stage == 3):
+        return None
+    from transformers.integrations import HfDeepSpeedConfig
+
+    return HfDeepSpeedConfig(deepspeed)
+
+
+def load_base_model(ref: str, method: str, *, packing: bool):
+    """The base model for `method`; packed batches need the per-example attention kernel."""
+    from . import attention
+
+    impl = attention.register() if packing else "sdpa"
+    with _base_model_errors():
+        return _load_base_model(ref, method, impl)
+
+
+def _load_base_model(ref: str, method: str, attn_implementation: str):
     from whetstone.modelkit.loading import load_model
 
     kwargs: dict[str, Any] = {"attn_implementation": attn_implementation}
@@ -87,6 +132,30 @@ def quantization_summary(model) -> dict[str, Any] | None:
     states = [layer.weight.quant_state for layer in layers]
     return {"bits": 4, "quant_type": sorted({s.quant_type for s in states}), "layers": len(layers),
             "double_quant": all(s.nested for s in states), "compute_dtype": str(layers[0].compute_dtype)}
+
+
+@dataclass(frozen=True)
+class BaseModelFacts:
+    parameters: int                         # 4-bit packed weights counted at their logical size
+    quantization: dict[str, Any] | None     # what the loaded base weights really are
+
+
+def describe_base(model) -> BaseModelFacts:
+    return BaseModelFacts(count_parameters(model), quantization_summary(model))
+
+
+def micro_batch_token_budget(hp: Hyperparameters) -> int:
+    """Token budget of a batch_size "auto" micro-batch: the user's, else by device."""
+    import torch
+
+    return hp.micro_batch_tokens or (GPU_MICRO_BATCH_TOKENS if torch.cuda.is_available() else CPU_MICRO_BATCH_TOKENS)
+
+
+def empty_device_cache() -> None:
+    import torch
+
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()
 
 
 def _device() -> str:

@@ -1,177 +1,176 @@
-"""Entry point of every training recipe, run by the trainer agent as a child process.
+"""Supervised fine-tuning recipe, read top to bottom: setup -> train -> save_checkpoint -> cleanup.
 
-    python -m whetstone.trainer_agent.recipes.sft --config CONFIG.json
+    lora, qlora, full   chat SFT on the assistant tokens (the platform's mask, per-message weights)
+    cpt                 continued pre-training on raw text, every token trained
 
-`method` in CONFIG picks what is trained (lora, qlora, full, dpo, orpo, cpt); the recipe
-itself is `recipe.TrainingRecipe` (setup -> train -> save_checkpoint -> cleanup).
+HF Trainer with the platform's collators: padding-free packing (one row per micro-batch,
+per-example attention) or padded batches. Components: `data` (rows, tokenization, collators),
+`modeling` (base model, LoRA), `trainers` (arguments, timed saves, bad-example blame),
+`callbacks` (progress, cadence, SIGTERM, divergence), `checkpointing` (whetstone_state.json,
+the final artifact), `validation`.
 
-Protocol with the parent (the trainer agent):
-- stdout carries ONLY events, one JSON object per line: `started`, `progress`,
-  `checkpoint` (kind periodic | emergency | final), `completed`, `failed`, `preempted`,
-  and `oom_retry`. Everything else goes to stderr (fd 1 is re-pointed to fd 2 first).
-- SIGTERM (spot loss, priority preemption): the handler is installed before anything
-  heavy is imported; the current optimizer step finishes (all its gradient-accumulation
-  micro-steps), an emergency checkpoint is written, then `checkpoint` + `preempted`
-  are printed and the process exits 0.
-- Out of memory: the micro-batch is halved and the accumulation doubled (same effective
-  batch), training goes on from the last checkpoint of this segment (or its start), up
-  to `max_oom_retries` times; then `failed` (ambiguous) with advice.
-- `failed` carries error_class user | platform | ambiguous, a code, the message and,
-  where there is some, advice.
-- Exit status: 0 completed or preempted, 1 failed (after a `failed` event).
+Checkpoints are HF Trainer `checkpoint-N` directories plus `whetstone_state.json`, written every
+`checkpoint_every_steps` steps or `checkpoint_every_minutes` minutes, whichever comes first, and
+on SIGTERM (emergency). Started by `main.py`, which owns the OOM retries and the final events.
 """
 
 from __future__ import annotations
 
-import argparse
-import io
-import json
-import logging
-import os
-import sys
-import time
 from pathlib import Path
+from typing import Any
 
-from .data import read_chat_jsonl
-from .errors import AmbiguousError, PlatformError, RecipeError, UserError, is_out_of_memory
-from .hyperparams import Hyperparameters
+from .callbacks import RunState, TrainingMonitor, platform_callback
+from .checkpointing import (
+    checkpoint_geometry, checkpoint_state, mean_train_loss, merged_writer, remove_partial_artifact, training_summary,
+    write_final_artifact,
+)
+from .data import (
+    PaddedCollator, PaddingFreeCollator, TokenCounter, examples_by_line, read_rows, tokenize_chat_rows,
+    tokenize_text_rows,
+)
+from .faults import Faults
+from .hyperparams import ADAPTER_METHODS, Hyperparameters, plan_batch
+from .modeling import (
+    BaseModelFacts, check_sequence_length, deepspeed_zero_init, describe_base, load_base_config, load_base_model,
+    load_base_tokenizer, lora_config, micro_batch_token_budget,
+)
 from .protocol import EventStream, PreemptionFlag
-from .spec import RecipeConfig
+from .spec import RecipeConfig, read_resume_state
+from .trainers import finish_trainer, free_memory, sft_trainer_class, training_arguments
+from .validation import Validator, examples_validator
 
-log = logging.getLogger("whetstone.trainer_agent.recipes.sft")
-
-__all__ = [
-    "EventStream", "Hyperparameters", "PlatformError", "PreemptionFlag", "RecipeConfig", "RecipeError",
-    "UserError", "execute", "main", "read_chat_jsonl", "run",
-]
+METHODS = ("lora", "qlora", "full", "cpt")
 
 
-def _configure_logging() -> None:
-    logging.basicConfig(stream=sys.stderr, level=logging.INFO,
-                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-    os.environ.setdefault("HF_DATASETS_DISABLE_PROGRESS_BARS", "1")
+class SFTRecipe:
+    """setup -> train -> save_checkpoint -> cleanup, for lora / qlora / full / cpt."""
 
+    def __init__(self, cfg: RecipeConfig, events: EventStream, preemption: PreemptionFlag,
+                 faults: Faults | None = None) -> None:
+        self.cfg = cfg
+        self.hp: Hyperparameters = cfg.hyperparameters
+        self.events = events
+        self.preemption = preemption
+        self.faults = faults or Faults()
+        self.run = RunState()          # what outlives one Trainer (an OOM retry builds a new one)
+        self.counter = TokenCounter()  # real vs computed tokens, over the whole segment
+        self.tokenizer = None
+        self.trainer = None
+        self.train_output = None
+        self.examples: list[dict[str, Any]] = []
+        self.validation_rows: list | None = None
+        self.validation_examples: list[dict[str, Any]] | None = None
+        self.base: BaseModelFacts | None = None
+        self._zero_init = None
 
-def run(cfg: RecipeConfig, events: EventStream, preemption: PreemptionFlag, started: float) -> int:
-    from .faults import Faults
-    from .recipe import TrainingRecipe
+    # ------------------------------------------------------------------ setup
 
-    recipe = TrainingRecipe(cfg, events, preemption, Faults.from_env())
-    try:
-        recipe.setup()
-        if preemption.requested:  # SIGTERM during setup: nothing new to checkpoint
-            step = _checkpoint_step(cfg.resume_from)
-            events.emit("preempted", step=step, checkpoint=str(cfg.resume_from) if cfg.resume_from else None)
-            return 0
-        train_started = time.perf_counter()
-        oom_retries = _train_with_oom_retries(recipe, events)
-        train_seconds = time.perf_counter() - train_started
-        state = recipe.trainer.state
-        if recipe.run.emergency_checkpoint is not None:
-            events.emit("preempted", step=state.global_step, checkpoint=str(recipe.run.emergency_checkpoint),
-                        sigterm_to_checkpoint_s=_since(preemption.received_at))
-            return 0
-        recipe.save_checkpoint()
-        events.emit(
-            "completed",
-            step=state.global_step,
-            train_loss=recipe.train_loss(),
-            tokens=state.num_input_tokens_seen,
-            runtime_s=round(time.perf_counter() - started, 3),
-            train_runtime_s=round(recipe.train_output.metrics.get("train_runtime", 0.0), 3),
-            checkpoint_s=round(recipe.run.checkpoint_seconds + _trainer_checkpoint_seconds(recipe), 3),
-            training_loop_s=round(train_seconds, 3),
-            non_padding_fraction=round(recipe.counter.non_padding_fraction, 6) if recipe.counter.computed else None,
-            ref_log_probs_s=round(getattr(recipe.trainer, "ref_log_probs_seconds", 0.0), 3),
-            micro_batch_size=int(recipe.hp.batch_size),
-            gradient_accumulation_steps=recipe.hp.gradient_accumulation_steps,
-            oom_retries=oom_retries,
-            **recipe.validation_metrics(),
+    def setup(self) -> None:
+        """Cheap checks first (user errors fail fast), then tokenizer, data, model, trainer."""
+        cfg = self.cfg
+        read_resume_state(cfg.resume_from)
+        train_rows = read_rows(cfg.train_file, cfg.method)
+        if cfg.validation_file:
+            self.validation_rows = read_rows(cfg.validation_file, cfg.method)
+        self.tokenizer = load_base_tokenizer(cfg.base_model)
+        check_sequence_length(load_base_config(cfg.base_model), self.hp.max_seq_len)
+        self.examples = self._tokenize(train_rows, cfg.train_file.name)
+        if self.validation_rows is not None:
+            self.validation_examples = self._tokenize(self.validation_rows, cfg.validation_file.name)
+        self._zero_init = deepspeed_zero_init(cfg.deepspeed, cfg.zero_init)  # alive while models load
+        model = load_base_model(cfg.base_model, cfg.method, packing=self.hp.packing)
+        self.base = describe_base(model)
+        self.hp = plan_batch(self.hp.resolved(cfg.method, self.base.parameters),
+                             [len(e["input_ids"]) for e in self.examples], micro_batch_token_budget(self.hp),
+                             checkpoint_geometry(cfg.resume_from))
+        self.trainer = self._build_trainer(model)
+
+    def rebuild(self, hp: Hyperparameters) -> None:
+        """A fresh model and trainer with other batch geometry (after an out-of-memory error)."""
+        self.run.checkpoint_seconds += getattr(self.trainer, "checkpoint_seconds", 0.0)
+        self.trainer = None
+        free_memory()
+        self.hp = hp
+        self.trainer = self._build_trainer(load_base_model(self.cfg.base_model, self.cfg.method,
+                                                           packing=self.hp.packing))
+
+    def _tokenize(self, rows, name: str) -> list[dict[str, Any]]:
+        tokenize = tokenize_text_rows if self.cfg.method == "cpt" else tokenize_chat_rows
+        return [e.as_row() for e in tokenize(self.tokenizer, rows, self.hp.max_seq_len, name)]
+
+    def _build_trainer(self, model):
+        from datasets import Dataset
+        from peft import get_peft_model
+        from transformers import TrainingArguments, set_seed
+
+        set_seed(self.hp.seed)  # LoRA init
+        if self.cfg.method in ADAPTER_METHODS:
+            model = get_peft_model(model, lora_config(model, self.hp))
+        poison = self.faults.poison(model.get_input_embeddings().num_embeddings)
+        collator = (PaddingFreeCollator(self.counter, poison) if self.hp.packing
+                    else PaddedCollator(self.tokenizer.pad_token_id, self.counter, poison))
+        monitor = TrainingMonitor(self.events, self.preemption, self.run, self.hp, self._validator(),
+                                  self._checkpoint_state)
+        trainer = sft_trainer_class()(
+            model=model,
+            args=TrainingArguments(**training_arguments(self.hp, output_dir=self.cfg.output_dir,
+                                                        deepspeed=self.cfg.deepspeed), remove_unused_columns=False),
+            train_dataset=Dataset.from_list(self.examples),
+            data_collator=collator,
+            processing_class=self.tokenizer,
+            callbacks=[platform_callback(monitor)],
         )
-        return 0
-    finally:
-        recipe.cleanup()
+        trainer.examples_by_line = examples_by_line(self.examples)
+        trainer.data_name = self.cfg.train_file.name
+        return finish_trainer(trainer, self.faults)
 
+    def _validator(self) -> Validator | None:
+        if not self.validation_rows:
+            return None
+        # the held-out rows as tokenized for training (chat: the platform's mask, tools rendered)
+        return examples_validator(self.validation_examples or [], pad_id=self.tokenizer.pad_token_id or 0,
+                                  batch_size=int(self.hp.batch_size))
 
-def _train_with_oom_retries(recipe, events: EventStream) -> int:
-    """Train; on out-of-memory halve the micro-batch (same effective batch) and go on from
-    the last checkpoint this segment wrote (or where it started). Returns the retries used."""
-    from .recipe import halved_batch
+    def _checkpoint_state(self, state, kind: str) -> dict[str, Any]:
+        return checkpoint_state(state, kind=kind, method=self.cfg.method, hp=self.hp,
+                                examples_per_epoch=len(self.examples), train_file=self.cfg.train_file.name)
 
-    resume = recipe.cfg.resume_from
-    retries = 0
-    while True:
-        try:
-            recipe.train(resume)
-            return retries
-        except Exception as exc:
-            if not is_out_of_memory(exc):
-                raise
-            smaller = halved_batch(recipe.hp)
-            if smaller is None or retries >= recipe.hp.max_oom_retries:
-                raise AmbiguousError(
-                    f"out of memory at micro-batch {recipe.hp.batch_size} (max_seq_len {recipe.hp.max_seq_len}) "
-                    f"after {retries} retries with smaller micro-batches: {exc}",
-                    code="out_of_memory",
-                    advice=["lower max_seq_len", "use method qlora (4-bit base weights)",
-                            "enable gradient_checkpointing", "request a GPU with more memory"]) from exc
-            retries += 1
-            resume = recipe.run.last_checkpoint or recipe.cfg.resume_from
-            log.warning("out of memory (%s); retry %d with micro-batch %d x accumulation %d from %s",
-                        exc, retries, smaller.batch_size, smaller.gradient_accumulation_steps, resume or "the start")
-            events.emit("oom_retry", attempt=retries, micro_batch_size=smaller.batch_size,
-                        gradient_accumulation_steps=smaller.gradient_accumulation_steps,
-                        resume_step=_checkpoint_step(resume), message=str(exc)[:500])
-            recipe.rebuild(smaller)
+    # ------------------------------------------------------------------ train
 
+    def train(self, resume_from: Path | None) -> bool:
+        """Run (or resume) training; True when stopped by SIGTERM."""
+        self.train_output = self.trainer.train(resume_from_checkpoint=str(resume_from) if resume_from else None)
+        return self.run.emergency_checkpoint is not None
 
-def _trainer_checkpoint_seconds(recipe) -> float:
-    return getattr(recipe.trainer, "checkpoint_seconds", 0.0)
+    def train_loss(self) -> float | None:
+        return mean_train_loss(self.trainer, self.train_output)
 
+    def validation_metrics(self) -> dict[str, Any]:
+        validate = self._validator()
+        return validate(self.trainer.model) if validate else {}
 
-def _since(moment: float | None) -> float | None:
-    return round(time.time() - moment, 3) if moment is not None else None
+    def outcome_metrics(self) -> dict[str, Any]:
+        """What this method adds to the `completed` event."""
+        return {"non_padding_fraction": round(self.counter.non_padding_fraction, 6) if self.counter.computed else None}
 
+    # ------------------------------------------------------------------ save_checkpoint
 
-def _checkpoint_step(checkpoint: Path | None) -> int:
-    if checkpoint is None:
-        return 0
-    state = json.loads((checkpoint / "trainer_state.json").read_text())
-    return int(state.get("global_step", 0))
+    def save_checkpoint(self) -> Path:
+        """output_dir/final: adapter (or weights), tokenizer, optionally merged, summary, loss curve."""
+        cfg = self.cfg
+        merge = merged_writer(cfg.base_model, self.tokenizer) \
+            if self.hp.merge_adapter and cfg.method in ADAPTER_METHODS else None
+        summary = training_summary(
+            job_id=cfg.job_id, base_model=cfg.base_model, method=cfg.method, hp=self.hp,
+            base_parameters=self.base.parameters, quantization=self.base.quantization, trainer=self.trainer,
+            train_loss=self.train_loss(), non_padding_fraction=self.counter.non_padding_fraction)
+        final = write_final_artifact(self.trainer, self.tokenizer, cfg.output_dir, summary=summary,
+                                     progress=self.run.progress, title=f"{cfg.job_id} ({cfg.method})", merge=merge)
+        self.events.emit("checkpoint", kind="final", step=self.trainer.state.global_step, path=str(final))
+        return final
 
+    # ------------------------------------------------------------------ cleanup
 
-def execute(config_path: Path, events: EventStream, preemption: PreemptionFlag, started: float | None = None) -> int:
-    """Load CONFIG and run the recipe; every failure becomes ONE `failed` event. Returns the exit status."""
-    started = time.perf_counter() if started is None else started
-    try:
-        cfg = RecipeConfig.load(config_path)
-        events.job_id = cfg.job_id
-        return run(cfg, events, preemption, started)
-    except RecipeError as exc:
-        log.error("%s error: %s", exc.error_class, exc)
-        events.emit("failed", **exc.event_fields())
-    except Exception as exc:  # noqa: BLE001 - anything unexpected is the platform's fault
-        if is_out_of_memory(exc):
-            events.emit("failed", error_class="ambiguous", code="out_of_memory", message=f"{type(exc).__name__}: {exc}")
-        else:
-            log.exception("recipe crashed")
-            events.emit("failed", error_class="platform", code="recipe_crashed", message=f"{type(exc).__name__}: {exc}")
-    return 1
-
-
-def main(argv: list[str] | None = None) -> int:
-    started = time.perf_counter()
-    preemption = PreemptionFlag().install()  # FIRST: before any slow import or model load
-    events = EventStream.claim_stdout()
-    if int(os.environ.get("RANK", "0")) != 0:  # multi-process launch: rank 0 speaks for the job
-        events = EventStream(io.StringIO())
-    _configure_logging()
-    parser = argparse.ArgumentParser(prog="python -m whetstone.trainer_agent.recipes.sft")
-    parser.add_argument("--config", type=Path, required=True, help="recipe config JSON")
-    args = parser.parse_args(argv)
-    return execute(args.config, events, preemption, started)
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())
+    def cleanup(self) -> None:
+        remove_partial_artifact(self.cfg.output_dir)
+        self.trainer = None

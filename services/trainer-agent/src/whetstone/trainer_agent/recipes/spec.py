@@ -16,6 +16,7 @@ from typing import Any
 
 from .errors import PlatformError, UserError
 from .hyperparams import METHODS, Hyperparameters
+from .safe_load import verify_checkpoint_pickles
 
 
 @dataclass(frozen=True)
@@ -84,7 +85,8 @@ def _deepspeed_config(value: Any) -> dict[str, Any] | None:
 
 
 def read_resume_state(resume: Path | None) -> dict[str, Any] | None:
-    """trainer_state.json of the checkpoint to resume from; an unreadable one is a platform error."""
+    """trainer_state.json of the checkpoint to resume from; an unreadable or unsafe one (a pickle that
+    would run code) is a platform error."""
     if resume is None:
         return None
     state_file = resume / "trainer_state.json"
@@ -100,4 +102,5 @@ def read_resume_state(resume: Path | None) -> dict[str, Any] | None:
     weights = ("adapter_model.safetensors", "model.safetensors", "model.safetensors.index.json", "pytorch_model.bin")
     if not any((resume / name).is_file() for name in weights):
         raise PlatformError(f"resume_from {resume} has no weights", code="unreadable_checkpoint")
+    verify_checkpoint_pickles(resume)  # before transformers or DeepSpeed unpickles anything of it
     return state

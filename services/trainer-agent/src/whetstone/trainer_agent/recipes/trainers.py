@@ -1,4 +1,5 @@
-"""Trainer classes: HF Trainer (SFT, CPT) and trl's DPO/ORPO, plus the platform's additions.
+"""Trainer components: the arguments every recipe shares, and the trainer classes - HF Trainer
+(SFT, CPT) and trl's DPO/ORPO - with the platform's additions.
 
 - `TimedSaveMixin`: measures checkpoint writing (the checkpoint overhead figure) and adds
   files the platform keeps with every checkpoint (DPO reference log-probs).
@@ -22,6 +23,63 @@ from .errors import PlatformError, UserError, is_out_of_memory
 log = logging.getLogger("whetstone.trainer_agent.recipes")
 
 REF_LOG_PROBS_FILE = "ref_log_probs.json"
+
+
+def training_arguments(hp, *, output_dir: Path, deepspeed: dict[str, Any] | None) -> dict[str, Any]:
+    """Keyword arguments of TrainingArguments (or trl's configs) shared by every method."""
+    import torch
+
+    from .modeling import compute_dtype
+
+    use_cuda = torch.cuda.is_available()
+    args: dict[str, Any] = dict(
+        output_dir=str(output_dir),
+        num_train_epochs=hp.n_epochs,
+        learning_rate=hp.learning_rate,
+        per_device_train_batch_size=int(hp.batch_size),
+        per_device_eval_batch_size=int(hp.batch_size),
+        gradient_accumulation_steps=hp.gradient_accumulation_steps,
+        lr_scheduler_type="cosine",
+        warmup_steps=hp.warmup_ratio,  # a float in [0, 1) is a ratio of total steps
+        weight_decay=hp.weight_decay,
+        max_grad_norm=hp.max_grad_norm,
+        seed=hp.seed,
+        data_seed=hp.seed,
+        logging_strategy="steps",
+        logging_steps=1,
+        logging_nan_inf_filter=False,  # a NaN loss must be seen, not averaged away
+        save_strategy="no",  # the platform callback decides when to checkpoint
+        report_to="none",
+        disable_tqdm=True,
+        include_num_input_tokens_seen="non_padding",
+        use_cpu=not use_cuda,
+        bf16=compute_dtype() == torch.bfloat16,
+        dataloader_num_workers=0,
+    )
+    if hp.gradient_checkpointing:
+        args["gradient_checkpointing"] = True
+    if deepspeed:
+        args["deepspeed"] = deepspeed
+    return args
+
+
+def finish_trainer(trainer, faults):
+    """Our events replace the PrinterCallback's dict prints; test faults hook the trained model."""
+    from transformers import PrinterCallback
+
+    trainer.remove_callback(PrinterCallback)
+    faults.install(trainer.model)
+    return trainer
+
+
+def free_memory() -> None:
+    """After the last reference to a trainer is dropped (before rebuilding one after out of memory)."""
+    import gc
+
+    from .modeling import empty_device_cache
+
+    gc.collect()
+    empty_device_cache()
 
 
 class TimedSaveMixin:

@@ -1,0 +1,18 @@
+# whetstone-scheduler: only the contracts, the runtime library and the scheduler service (no torch).
+#   docker build -f deploy/docker/scheduler.Dockerfile -t ghcr.io/whetstone/whetstone-scheduler:0.1.0 .
+FROM python:3.11-slim AS build
+WORKDIR /src
+RUN python -m venv /opt/venv
+ENV PATH=/opt/venv/bin:$PATH PIP_NO_CACHE_DIR=1 PIP_DISABLE_PIP_VERSION_CHECK=1
+COPY constraints.txt ./
+COPY contracts/ contracts/
+COPY services/runtime/ services/runtime/
+COPY services/scheduler/ services/scheduler/
+RUN pip install -c constraints.txt ./contracts ./services/runtime ./services/scheduler
+
+FROM python:3.11-slim
+RUN useradd --uid 10001 --user-group --no-create-home --shell /usr/sbin/nologin whetstone
+COPY --from=build /opt/venv /opt/venv
+ENV PATH=/opt/venv/bin:$PATH PYTHONUNBUFFERED=1 WHETSTONE_HTTP_HOST=0.0.0.0
+USER 10001:10001
+ENTRYPOINT ["python", "-m", "whetstone.scheduler"]

@@ -1,0 +1,1 @@
+"""`whet`: the operator and developer command line, an application over the services."""

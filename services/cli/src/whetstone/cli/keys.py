@@ -1,0 +1,111 @@
+"""`whet keys create|list|revoke`: API keys, managed by an operator who holds the internal secret
+(WHETSTONE_INTERNAL_SECRET or <data_dir>/internal.secret), talking to the scheduler directly.
+With `--via-api`, an `admin` key (WHETSTONE_API_KEY) manages its own tenant's keys through the
+public API instead."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from typing import Any
+
+import httpx
+
+from .client import Api, ApiFailure, dumps
+
+
+def scheduler_url() -> str:
+    explicit = os.environ.get("WHETSTONE_SCHEDULER_URL")
+    if explicit:
+        return explicit.rstrip("/")
+    return f"http://127.0.0.1:{os.environ.get('WHETSTONE_SCHEDULER_HTTP_PORT', '8100')}"
+
+
+def operator_call(method: str, path: str, body: dict | None = None, params: dict | None = None,
+                  base_url: str | None = None) -> Any:
+    """A call to the scheduler signed with the internal secret (never a tenant's key)."""
+    from whetstone.runtime.identity import internal_headers  # noqa: PLC0415
+    from whetstone.runtime.settings import CommonSettings  # noqa: PLC0415
+    from whetstone.runtime.identity import internal_secret  # noqa: PLC0415
+
+    secret = internal_secret(CommonSettings().data_dir)
+    try:
+        r = httpx.request(method, (base_url or scheduler_url()) + path, json=body, params=params,
+                          headers=internal_headers(secret), timeout=30)
+    except httpx.HTTPError as exc:
+        raise SystemExit(f"scheduler not reachable at {base_url or scheduler_url()} ({type(exc).__name__}): "
+                         "is `whet dev` running? (set WHETSTONE_SCHEDULER_URL)") from exc
+    if r.status_code >= 400:
+        raise ApiFailure(r.status_code, (r.json() if r.content else {}).get("error") or {"message": r.text})
+    return r.json()
+
+
+def create_key(tenant: str, *, name: str = "", scopes: list[str] | None = None, rate_limit: float | None = None,
+               base_url: str | None = None) -> dict:
+    body = {"tenant_id": tenant, "name": name, "scopes": scopes, "rate_limit_per_s": rate_limit}
+    return operator_call("POST", "/v1/keys", {k: v for k, v in body.items() if v is not None}, base_url=base_url)
+
+
+def _print_key(k: dict) -> None:
+    print(f"{k['id']}  tenant={k['tenant_id']}  name={k['name'] or '-'}  scopes={','.join(k['scopes'])}  "
+          f"status={k['status']}")
+
+
+def cmd_keys(args: argparse.Namespace) -> int:
+    try:
+        if args.action == "create":
+            body = {"tenant_id": args.tenant, "name": args.name or "", "scopes": args.scope or None,
+                    "rate_limit_per_s": args.rate_limit}
+            body = {k: v for k, v in body.items() if v is not None}
+            if args.via_api:
+                with Api() as api:
+                    key = api.post("/keys", body)
+            else:
+                key = operator_call("POST", "/v1/keys", body)
+            if args.json:
+                print(dumps(key))
+            else:
+                _print_key(key)
+                print("the key below is shown once; it is stored only as a hash:", file=sys.stderr)
+            print(key["key"])  # always the last line
+        elif args.action == "list":
+            if args.via_api:
+                with Api() as api:
+                    page = api.get("/keys")
+            else:
+                page = operator_call("GET", "/v1/keys", params={"tenant_id": args.tenant} if args.tenant else None)
+            if args.json:
+                print(dumps(page["data"]))
+            for k in [] if args.json else page["data"]:
+                _print_key(k)
+        else:
+            if args.via_api:
+                with Api() as api:
+                    key = api.post(f"/keys/{args.key_id}/revoke")
+            else:
+                key = operator_call("POST", f"/v1/keys/{args.key_id}/revoke")
+            print(dumps(key) if args.json else f"revoked {key['id']} (tenant {key['tenant_id']})")
+    except ApiFailure as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
+    return 0
+
+
+def add_parser(sub) -> None:
+    keys = sub.add_parser("keys", help="API keys (operator: internal secret; --via-api: an admin key)")
+    actions = keys.add_subparsers(dest="action", required=True)
+    create = actions.add_parser("create", help="a new key for TENANT, printed on the last line (shown once)")
+    create.add_argument("tenant")
+    create.add_argument("--name", default="")
+    create.add_argument("--scope", action="append", choices=["read", "write", "models:promote", "admin"],
+                        help="repeatable; default read + write")
+    create.add_argument("--rate-limit", type=float, help="requests per second for this key")
+    lst = actions.add_parser("list")
+    lst.add_argument("--tenant")
+    revoke = actions.add_parser("revoke")
+    revoke.add_argument("key_id")
+    for p in (create, lst, revoke):
+        p.add_argument("--json", action="store_true")
+        p.add_argument("--via-api", action="store_true", help="use WHETSTONE_API_KEY (admin scope) and the public API")
+        p.set_defaults(fn=cmd_keys)

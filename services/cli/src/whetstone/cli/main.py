@@ -1,0 +1,227 @@
+"""`whet`: the operator and developer command line.
+
+  whet stack up                 embedded Kafka + Postgres + S3 until Ctrl-C
+  whet dev                      all services + the public gateway (WHETSTONE_API_PORT, 8000) in one process
+  whet keys create TENANT       an API key (last line; shown once), `whet keys list|revoke`
+  whet models create-tiny NAME  a tiny random Llama + tokenizer in the local model catalog
+  whet datasets upload FILE     put a dataset in S3 and publish dataset.submitted
+  whet datasets check FILE      validate a dataset offline
+  whet files|jobs|models|usage  the public API (WHETSTONE_API_KEY, WHETSTONE_BASE_URL; --json)
+  whet demo                     everything above, end to end, then shut down
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from . import dlq, keys, public
+from .dev import all_service_builders  # noqa: F401  (re-exported: tests and tools import it here)
+
+DEFAULT_PORTS = {"scheduler": 8100, "ingest": 8101, "trainer-agent": 8102, "eval": 8103, "registry": 8104,
+                 "metering": 8105}
+
+
+# ------------------------------------------------------------------ stack
+
+
+def cmd_stack_up(args: argparse.Namespace) -> int:
+    from whetstone.contracts import all_topic_partitions  # noqa: PLC0415
+
+    from whetstone.runtime.settings import CommonSettings  # noqa: PLC0415
+    from whetstone.devstack.stack import stack_up_main  # noqa: PLC0415
+
+    s = CommonSettings()
+    data_dir = Path(args.data_dir or s.data_dir)
+    env_file = data_dir / "stack.env"
+    if env_file.exists():  # a previous launcher's endpoints: never adopt them as "external" servers
+        env_file.unlink()
+    external = {"kafka_bootstrap": s.kafka_bootstrap, "database_url": s.database_url, "s3_endpoint": s.s3_endpoint,
+                "s3_access_key": s.s3_access_key, "s3_secret_key": s.s3_secret_key}
+    return stack_up_main(data_dir / "stack", all_topic_partitions(), [s.bucket], env_file,
+                         broker_storage=args.broker_storage, **external)
+
+
+def cmd_dev(args: argparse.Namespace) -> int:
+    from .dev import run_platform  # noqa: PLC0415
+
+    def ready(upstreams: dict[str, str], gateway) -> None:
+        print("services: " + "  ".join(f"{k}={v}" for k, v in upstreams.items()), flush=True)
+        print(f"public API: {gateway.url}/v1  (create a key: whet keys create demo)", flush=True)
+
+    asyncio.run(run_platform(api_port=args.api_port, ready=ready))
+    return 0
+
+
+# ----------------------------------------------------------------- models
+
+
+def cmd_models_create_tiny(args: argparse.Namespace) -> int:
+    from whetstone.modelkit.tiny import build_tiny_model  # noqa: PLC0415
+
+    from whetstone.runtime.models import resolve_model  # noqa: PLC0415
+    from whetstone.runtime.settings import CommonSettings  # noqa: PLC0415
+
+    catalog = CommonSettings().model_catalog
+    out = build_tiny_model(catalog / args.name, seed=args.seed)
+    print(f"{args.name}: {out} sha256={resolve_model(args.name, catalog).sha256}")
+    return 0
+
+
+# --------------------------------------------------------------- datasets
+
+
+def upload_dataset(store, path: Path, tenant_id: str) -> tuple[str, str, int]:
+    """Stream the file to S3 under the tenant's upload prefix; returns (dataset_id, uri, size)."""
+    from whetstone.contracts import dataset_id_for  # noqa: PLC0415
+
+    from whetstone.runtime.s3 import sha256_file, tenant_prefix  # noqa: PLC0415
+
+    digest = sha256_file(path)
+    key = f"{tenant_prefix(tenant_id)}uploads/{digest}{path.suffix}"
+    uri = store.put_file(key, path)
+    return dataset_id_for(digest), uri, path.stat().st_size
+
+
+async def submit_dataset(settings, path: Path, tenant_id: str, purpose: str = "sft", name: str | None = None) -> str:
+    from whetstone.contracts import DatasetSubmittedV1  # noqa: PLC0415
+
+    from whetstone.runtime.messaging import publish_direct  # noqa: PLC0415
+    from whetstone.runtime.s3 import ObjectStore  # noqa: PLC0415
+
+    store = ObjectStore(settings.s3_endpoint, settings.s3_access_key, settings.s3_secret_key, settings.bucket)
+    dataset_id, uri, size = await asyncio.to_thread(upload_dataset, store, path, tenant_id)
+    await publish_direct(settings.kafka_bootstrap, DatasetSubmittedV1(
+        dataset_id=dataset_id, name=name or path.name, source_uri=uri, purpose=purpose, size_bytes=size),
+        tenant_id=tenant_id)
+    return dataset_id
+
+
+def cmd_datasets_upload(args: argparse.Namespace) -> int:
+    from whetstone.runtime.service import resolve_settings  # noqa: PLC0415
+
+    path = Path(args.file)
+    if not path.is_file():
+        print(f"no such file: {path}", file=sys.stderr)
+        return 2
+    dataset_id = asyncio.run(submit_dataset(resolve_settings(), path, args.tenant, args.purpose))
+    print(dataset_id)
+    return 0
+
+
+def cmd_datasets_check(argv: list[str]) -> int:
+    """`whet datasets check FILE ...`: the ingest service's own offline validator."""
+    from whetstone.ingest.cli import check_main  # noqa: PLC0415
+
+    return check_main(argv)
+
+
+# ------------------------------------------------------------------- jobs
+
+
+async def wait_for(fetch, what: str, timeout_s: float = 60) -> Any:
+    deadline = time.monotonic() + timeout_s
+    while True:
+        r = await fetch()
+        if r.status_code == 200 and (r.json().get("data", True) and r.json().get("total", True)):
+            return r.json()
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"{what} not available after {timeout_s}s: {r.status_code} {r.text[:200]}")
+        await asyncio.sleep(0.3)
+
+
+async def create_and_follow(ports: dict[str, int], tenant_id: str, body: dict, key: str,
+                            timeout_s: float = 600) -> dict:
+    """For tests inside the platform: straight to the service ports with a signed identity (what the
+    gateway adds), no progress bar. Users go through the public API (`whet jobs create --follow`)."""
+    import httpx  # noqa: PLC0415
+
+    from whetstone.runtime.identity import identity_headers  # noqa: PLC0415
+
+    def url(svc: str) -> str:
+        return f"http://127.0.0.1:{ports[svc]}"
+
+    def signed() -> dict[str, str]:
+        return identity_headers(tenant_id, ("read", "write"))
+
+    async with httpx.AsyncClient(timeout=30) as c:
+        r = await c.post(url("scheduler") + "/v1/fine_tuning/jobs", json=body,
+                         headers={**signed(), "Idempotency-Key": key})
+        if r.status_code != 200:
+            raise SystemExit(f"job rejected ({r.status_code}): {r.text}")
+        job_id, deadline = r.json()["id"], time.monotonic() + timeout_s
+        while True:
+            job = (await c.get(url("scheduler") + f"/v1/fine_tuning/jobs/{job_id}", headers=signed())).json()
+            if job["status"] in ("succeeded", "failed", "cancelled"):
+                break
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"job {job_id} still {job['status']} after {timeout_s}s")
+            await asyncio.sleep(0.5)
+        result: dict[str, Any] = {"job": job}
+        if job["status"] == "succeeded":
+            models = await wait_for(lambda: c.get(url("registry") + "/v1/models", params={"job_id": job_id},
+                                                  headers=signed()), "model")
+            result["model"] = models["data"][0]
+        result["usage"] = await wait_for(lambda: c.get(url("metering") + f"/v1/usage/jobs/{job_id}",
+                                                       headers=signed()), "usage")
+    return result
+
+
+# ------------------------------------------------------------------- demo
+
+
+def cmd_demo(args: argparse.Namespace) -> int:
+    from .demo import run_demo  # noqa: PLC0415
+
+    return run_demo(Path(args.dataset), keep=args.keep)
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="whet", description="Whetstone fine-tuning platform")
+    sub = p.add_subparsers(dest="cmd", required=True)
+    stack = sub.add_parser("stack").add_subparsers(dest="action", required=True)
+    up = stack.add_parser("up", help="start the embedded Kafka + Postgres + S3 until Ctrl-C")
+    up.add_argument("--data-dir")
+    up.add_argument("--broker-storage", choices=("s3", "memory"), default="s3",
+                    help="s3 (default): the broker keeps its log in the embedded S3 and survives a restart;"
+                         " memory: faster, everything is lost when the broker stops")
+    up.set_defaults(fn=cmd_stack_up)
+    dev = sub.add_parser("dev", help="run all services and the public gateway in one process")
+    dev.add_argument("--api-port", type=int, help="public port (default WHETSTONE_API_PORT or 8000)")
+    dev.set_defaults(fn=cmd_dev)
+    keys.add_parser(sub)
+    dlq.add_parser(sub)
+    public.add_parsers(sub)
+    models = next(a for a in sub.choices["models"]._actions if isinstance(a, argparse._SubParsersAction))
+    tiny = models.add_parser("create-tiny", help="a tiny random Llama + tokenizer in the local model catalog")
+    tiny.add_argument("name", nargs="?", default="tiny-llama")
+    tiny.add_argument("--seed", type=int, default=0)
+    tiny.set_defaults(fn=cmd_models_create_tiny)
+    ds = sub.add_parser("datasets").add_subparsers(dest="action", required=True)
+    upl = ds.add_parser("upload")
+    upl.add_argument("file")
+    upl.add_argument("--tenant", default="demo")
+    upl.add_argument("--purpose", default="sft", choices=["sft", "dpo", "cpt", "eval"])
+    upl.set_defaults(fn=cmd_datasets_upload)
+    ds.add_parser("check", help="validate a dataset offline (whet datasets check --help)", add_help=False)
+    from whetstone.eval.cli import add_subcommands as add_eval_subcommands  # noqa: PLC0415
+
+    add_eval_subcommands(sub.add_parser("eval", help="eval gate tools (import-tasks)")
+                         .add_subparsers(dest="action", required=True))
+    demo = sub.add_parser("demo", help="end-to-end demo on the embedded stack")
+    demo.add_argument("--dataset", default="examples/datasets/chat_demo.jsonl")
+    demo.add_argument("--keep", action="store_true", help="keep the data directory")
+    demo.set_defaults(fn=cmd_demo)
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:2] == ["datasets", "check"]:  # its own parser lives in the ingest service
+        return cmd_datasets_check(argv[2:])
+    args = p.parse_args(argv)
+    return args.fn(args)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,166 @@
+"""Pytest plugin shared by every test tier (loaded with `-p whetstone.devstack.testing`).
+
+Integration tests get a fresh, real embedded stack per test (about 3.5 s) and run real
+services against it; nothing here fakes Kafka, Postgres or S3."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import shutil
+import tempfile
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from whetstone.contracts import TOPICS, Envelope, Event, all_topic_partitions
+
+SERVICE_ENV = ("INGEST", "SCHEDULER", "TRAINER_AGENT", "EVAL", "REGISTRY", "METERING", "SERVING")
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """Each session gets its own temporary root, traversable by the unprivileged user the
+    embedded PostgreSQL runs as. pytest's shared `pytest-of-<user>` root is reset to mode 0700 by
+    every session that starts, which would cut a concurrently running session's PostgreSQL off its
+    own data directory."""
+    if config.option.basetemp is None and not os.environ.get("PYTEST_DEBUG_TEMPROOT") \
+            and not hasattr(config, "workerinput"):
+        root = Path(tempfile.mkdtemp(prefix="whetstone-pytest-"))
+        root.chmod(0o755)
+        config.option.basetemp = str(root / "t")
+        config._whetstone_temp_root = root  # type: ignore[attr-defined]
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    root = getattr(config, "_whetstone_temp_root", None)
+    if root is not None:
+        shutil.rmtree(root, ignore_errors=True)
+
+
+@pytest.fixture
+def stack(tmp_path: Path):
+    from .stack import EmbeddedStack  # noqa: PLC0415
+
+    s = EmbeddedStack(tmp_path / "stack", topics=all_topic_partitions(), buckets=["whetstone"], log=lambda m: None)
+    endpoints = s.start()
+    try:
+        yield endpoints
+    finally:
+        s.stop()
+
+
+@pytest.fixture
+def settings(stack, tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+    from whetstone.runtime.settings import CommonSettings  # noqa: PLC0415
+
+    for k, v in stack.as_env().items():
+        monkeypatch.setenv(k, v)
+    monkeypatch.setenv("WHETSTONE_DATA_DIR", str(tmp_path))
+    for svc in SERVICE_ENV:
+        monkeypatch.setenv(f"WHETSTONE_{svc}_HTTP_PORT", "0")
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    return CommonSettings(log_json=True)
+
+
+@dataclass
+class Platform:
+    runtimes: dict[str, Any]
+    settings: Any
+
+    def url(self, service: str) -> str:
+        return f"http://127.0.0.1:{self.runtimes[service].http.port}"
+
+    def __getitem__(self, service: str):
+        return self.runtimes[service]
+
+
+@pytest.fixture
+def platform(settings) -> Callable[..., Any]:
+    """``async with platform(build_a, build_b) as p:`` runs those services until the block ends."""
+    from whetstone.runtime.service import run_services  # noqa: PLC0415
+
+    @asynccontextmanager
+    async def run(*builders: Callable[[], Any]) -> AsyncIterator[Platform]:
+        stop = asyncio.Event()
+        ready: dict[str, Any] = {}
+        task = asyncio.create_task(run_services([b() for b in builders], settings,
+                                                lambda rts: ready.update({r.name: r for r in rts}), stop))
+        while not ready:
+            if task.done():
+                task.result()
+            await asyncio.sleep(0.05)
+        try:
+            yield Platform(ready, settings)
+        finally:
+            stop.set()
+            await task
+
+    return run
+
+
+async def send(bootstrap: str, topic: str, value: bytes, key: str = "k", times: int = 1) -> None:
+    """Put raw bytes on a topic (``times`` copies: at-least-once redelivery)."""
+    from aiokafka import AIOKafkaProducer  # noqa: PLC0415
+
+    producer = AIOKafkaProducer(bootstrap_servers=bootstrap)
+    await producer.start()
+    try:
+        for _ in range(times):
+            await producer.send_and_wait(topic, value, key=key.encode())
+    finally:
+        await producer.stop()
+
+
+async def send_event(bootstrap: str, event: Event, tenant_id: str, times: int = 1, **env_fields: Any) -> Envelope:
+    """One envelope, delivered ``times`` times with the same event_id."""
+    from whetstone.runtime.messaging import encode, make_envelope  # noqa: PLC0415
+
+    env = make_envelope(event, producer="test", tenant_id=tenant_id)
+    if env_fields:
+        env = env.model_copy(update=env_fields)
+    await send(bootstrap, TOPICS[event.EVENT_TYPE].name, encode(env), env.key, times)
+    return env
+
+
+async def wait_until(check: Callable[[], Awaitable[Any]], timeout: float = 30.0, what: str = "condition") -> Any:
+    deadline = time.monotonic() + timeout
+    while True:
+        value = await check()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+        await asyncio.sleep(0.1)
+
+
+async def outbox(rt: Any, topic: str) -> list[dict]:
+    """Envelopes a service committed for ``topic`` (sent or not), oldest first."""
+    rows = await rt.pool.fetch("SELECT value FROM outbox WHERE topic = $1 ORDER BY id", topic)
+    return [json.loads(bytes(r["value"])) for r in rows]
+
+
+async def consume_all(bootstrap: str, topic: str, timeout: float = 3.0) -> list[bytes]:
+    """Every message currently on a topic, from the beginning (a fresh consumer group)."""
+    import uuid  # noqa: PLC0415
+
+    from aiokafka import AIOKafkaConsumer  # noqa: PLC0415
+
+    consumer = AIOKafkaConsumer(topic, bootstrap_servers=bootstrap, group_id=f"test-{uuid.uuid4().hex[:8]}",
+                                auto_offset_reset="earliest", enable_auto_commit=False)
+    await consumer.start()
+    out: list[bytes] = []
+    try:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            batch = await consumer.getmany(timeout_ms=300)
+            for records in batch.values():
+                out += [r.value for r in records]
+    finally:
+        await consumer.stop()
+    return out

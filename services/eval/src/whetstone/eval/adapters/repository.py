@@ -1,0 +1,168 @@
+"""Postgres access for the eval service: projections, claims with leases, stage results, results."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Any
+
+import asyncpg
+from whetstone.contracts import EvalStageResult
+
+
+class LeaseLost(RuntimeError):
+    """Another worker owns this evaluation now (our lease ran out): stop, record nothing more."""
+
+
+@dataclass(frozen=True)
+class Claim:
+    """A run held under a lease: a job's own evaluation (run_id = job_id, request None) or an
+    `eval.requested` command (its payload in `request`)."""
+    run_id: str
+    tenant_id: str
+    attempts: int
+    owner: str
+    job_id: str = ""
+    request: dict | None = None
+    trace_id: str | None = None
+
+
+async def save_job(conn: asyncpg.Connection, job_id: str, tenant_id: str, spec: dict, tier: str | None) -> None:
+    await conn.execute("INSERT INTO jobs (job_id, tenant_id, spec, tier) VALUES ($1, $2, $3, $4)"
+                       " ON CONFLICT DO NOTHING", job_id, tenant_id, spec, tier)
+
+
+async def save_final_checkpoint(conn: asyncpg.Connection, job_id: str, tenant_id: str, uri: str,
+                                manifest_sha256: str, trace_id: str) -> None:
+    await conn.execute(
+        "INSERT INTO final_checkpoints (job_id, tenant_id, uri, manifest_sha256, trace_id) VALUES ($1,$2,$3,$4,$5)"
+        " ON CONFLICT DO NOTHING", job_id, tenant_id, uri, manifest_sha256, trace_id)
+
+
+async def request_eval_if_ready(conn: asyncpg.Connection, job_id: str) -> bool:
+    """Both the job and its final checkpoint known: add a pending evaluation (once). Cheap."""
+    status = await conn.execute(
+        "INSERT INTO eval_runs (run_id, job_id, tenant_id, trace_id) SELECT j.job_id, j.job_id, j.tenant_id, c.trace_id"
+        " FROM jobs j JOIN final_checkpoints c USING (job_id) WHERE j.job_id = $1 ON CONFLICT DO NOTHING", job_id)
+    return status.endswith(" 1")
+
+
+async def add_request(conn: asyncpg.Connection, run_id: str, job_id: str, tenant_id: str, request: dict,
+                      trace_id: str) -> bool:
+    """An `eval.requested` command as a pending run (once per run id: a redelivery adds nothing). Cheap."""
+    status = await conn.execute(
+        "INSERT INTO eval_runs (run_id, job_id, tenant_id, request, trace_id) VALUES ($1, $2, $3, $4, $5)"
+        " ON CONFLICT DO NOTHING", run_id, job_id, tenant_id, request, trace_id)
+    return status.endswith(" 1")
+
+
+async def claim_next(pool: asyncpg.Pool, owner: str, lease_s: float) -> Claim | None:
+    """A pending evaluation, or a running one whose lease expired (its worker died)."""
+    row = await pool.fetchrow(
+        "UPDATE eval_runs SET status = 'running', lease_owner = $1, lease_until = now() + make_interval(secs => $2),"
+        " attempts = attempts + 1, updated_at = now()"
+        " WHERE run_id = (SELECT run_id FROM eval_runs WHERE status = 'pending'"
+        "                 OR (status = 'running' AND lease_until < now())"
+        "                 ORDER BY created_at FOR UPDATE SKIP LOCKED LIMIT 1)"
+        " RETURNING run_id, job_id, tenant_id, attempts, request, trace_id", owner, lease_s)
+    if row is None:
+        return None
+    return Claim(row["run_id"], row["tenant_id"], row["attempts"], owner, job_id=row["job_id"],
+                 request=row["request"], trace_id=row["trace_id"])
+
+
+async def renew_lease(pool: asyncpg.Pool, claim: Claim, lease_s: float) -> bool:
+    status = await pool.execute(
+        "UPDATE eval_runs SET lease_until = now() + make_interval(secs => $3), updated_at = now()"
+        " WHERE run_id = $1 AND lease_owner = $2 AND status = 'running'", claim.run_id, claim.owner, lease_s)
+    return status.endswith(" 1")
+
+
+async def _hold_lease(conn: asyncpg.Connection, claim: Claim) -> None:
+    owner = await conn.fetchval("SELECT lease_owner FROM eval_runs WHERE run_id = $1 AND status = 'running'"
+                                " FOR UPDATE", claim.run_id)
+    if owner != claim.owner:
+        raise LeaseLost(f"evaluation {claim.run_id} is now owned by {owner}")
+
+
+async def load_inputs(pool: asyncpg.Pool, claim: Claim) -> dict[str, Any]:
+    """The job projection (None when eval never saw the job), its final checkpoint (job runs only) and the
+    stages this run already recorded."""
+    async with pool.acquire() as conn:
+        job = await conn.fetchrow("SELECT * FROM jobs WHERE job_id = $1 AND tenant_id = $2", claim.job_id,
+                                  claim.tenant_id)
+        ckpt = None
+        if claim.request is None:
+            ckpt = await conn.fetchrow("SELECT * FROM final_checkpoints WHERE job_id = $1", claim.job_id)
+        done = await conn.fetch("SELECT stage, result FROM eval_stage_results WHERE run_id = $1", claim.run_id)
+    return {"job": dict(job) if job else None, "checkpoint": dict(ckpt) if ckpt else None,
+            "done": {r["stage"]: EvalStageResult.model_validate(r["result"]) for r in done}}
+
+
+async def last_accepted(pool: asyncpg.Pool, lineage_key: str, job_id: str) -> dict | None:
+    row = await pool.fetchrow(
+        "SELECT job_id, adapter_uri, adapter_manifest_sha256 FROM results WHERE lineage_key = $1"
+        " AND verdict = 'passed' AND job_id <> $2 AND adapter_uri IS NOT NULL ORDER BY created_at DESC LIMIT 1",
+        lineage_key, job_id)
+    return dict(row) if row else None
+
+
+async def record_stage(pool: asyncpg.Pool, claim: Claim, result: EvalStageResult) -> None:
+    """Durable, short, and only while we still hold the lease."""
+    async with pool.acquire() as conn, conn.transaction():
+        await _hold_lease(conn, claim)
+        await conn.execute("INSERT INTO eval_stage_results (run_id, stage, result) VALUES ($1, $2, $3)"
+                           " ON CONFLICT (run_id, stage) DO UPDATE SET result = EXCLUDED.result, recorded_at = now()",
+                           claim.run_id, result.name, result.model_dump(mode="json"))
+
+
+async def record_failure(pool: asyncpg.Pool, claim: Claim, error: str, *, retry: bool) -> None:
+    """A crashed attempt: back to pending (retried by any worker) unless the attempts are spent."""
+    await pool.execute("UPDATE eval_runs SET status = CASE WHEN $3 THEN 'pending' ELSE status END,"
+                       " lease_owner = CASE WHEN $3 THEN NULL ELSE lease_owner END, last_error = $4, updated_at = now()"
+                       " WHERE run_id = $1 AND lease_owner = $2", claim.run_id, claim.owner, retry, error[:2000])
+
+
+async def finish(conn: asyncpg.Connection, claim: Claim, *, lineage_key: str, verdict: str,
+                 candidate_loss: float | None, adapter_uri: str, adapter_manifest_sha256: str, event: dict) -> bool:
+    """Inside the final short transaction (with the outbox publish): result row, run done."""
+    await _hold_lease(conn, claim)
+    status = await conn.execute(
+        "INSERT INTO results (job_id, tenant_id, lineage_key, verdict, candidate_loss, event, adapter_uri,"
+        " adapter_manifest_sha256) VALUES ($1,$2,$3,$4,$5,$6,$7,$8) ON CONFLICT DO NOTHING",
+        claim.job_id, claim.tenant_id, lineage_key, verdict, candidate_loss, event, adapter_uri,
+        adapter_manifest_sha256)
+    await _done(conn, claim, verdict)
+    return status.endswith(" 1")
+
+
+async def finish_request(conn: asyncpg.Connection, claim: Claim, *, verdict: str) -> bool:
+    """Inside the final short transaction of a command's run: done (the lease check makes it once)."""
+    await _hold_lease(conn, claim)
+    await _done(conn, claim, verdict)
+    return True
+
+
+async def _done(conn: asyncpg.Connection, claim: Claim, verdict: str) -> None:
+    await conn.execute("UPDATE eval_runs SET status = 'done', verdict = $2, lease_until = NULL, updated_at = now()"
+                       " WHERE run_id = $1", claim.run_id, verdict)
+
+
+class PgScoreCache:
+    """The ScoreCache of base-side scores in Postgres, used from the worker thread."""
+
+    def __init__(self, pool: asyncpg.Pool, loop):
+        self.pool, self.loop = pool, loop
+
+    def _run(self, coro):
+        import asyncio
+
+        return asyncio.run_coroutine_threadsafe(coro, self.loop).result(timeout=60)
+
+    def get(self, key: str) -> dict | None:
+        value = self._run(self.pool.fetchval("SELECT value FROM base_scores WHERE key = $1", key))
+        return json.loads(value) if isinstance(value, str) else value
+
+    def put(self, key: str, value: dict) -> None:
+        self._run(self.pool.execute("INSERT INTO base_scores (key, value) VALUES ($1, $2) ON CONFLICT DO NOTHING",
+                                    key, value))

@@ -1,0 +1,85 @@
+"""What one eval run evaluates: a job's final checkpoint on the base it was trained on, or an
+`eval.requested` command's adapter on the base SHA the command names (e.g. a new base revision)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from whetstone.contracts import EvalRequestedV1
+from whetstone.runtime.models import ResolvedModel, UnknownModel, resolve_model, weights_sha256
+from whetstone.runtime.s3 import ObjectStore, parse_uri, tenant_prefix
+
+from .adapters.repository import Claim
+from .domain.requests import base_mismatch
+
+
+@dataclass(frozen=True)
+class Target:
+    job_id: str
+    checkpoint_uri: str
+    manifest_sha256: str
+    base_model: str
+    base_model_sha256: str | None
+    trace_id: str
+    spec: dict = field(default_factory=dict)   # the job as eval projected it (empty: a job eval never saw)
+    tier: str | None = None
+    eval_config: dict | None = None
+    base_model_uri: str | None = None
+    request_id: str | None = None              # set for a command: the answer carries it
+
+
+def job_target(job: dict, ckpt: dict) -> Target:
+    spec = job["spec"]
+    return Target(job_id=job["job_id"], checkpoint_uri=ckpt["uri"], manifest_sha256=ckpt["manifest_sha256"],
+                  base_model=spec["base_model"], base_model_sha256=spec.get("base_model_sha256"),
+                  trace_id=ckpt["trace_id"], spec=spec, tier=job.get("tier"), eval_config=spec.get("eval_config"))
+
+
+def request_target(claim: Claim, job: dict | None) -> Target:
+    """The command's own fields win; the job projection (same tenant) adds validation data, method, tier and,
+    when the command carries none, the job's eval_config."""
+    req = EvalRequestedV1.model_validate(claim.request)
+    spec = job["spec"] if job else {}
+    return Target(job_id=req.job_id, checkpoint_uri=req.checkpoint_uri, manifest_sha256=req.manifest_sha256,
+                  base_model=req.base_model, base_model_sha256=req.base_model_sha256,
+                  trace_id=claim.trace_id or "", spec=spec, tier=job.get("tier") if job else None,
+                  eval_config=req.eval_config if req.eval_config is not None else spec.get("eval_config"),
+                  base_model_uri=req.base_model_uri, request_id=req.request_id)
+
+
+def request_problem(target: Target, tenant_id: str) -> str | None:
+    """A command may only name an adapter stored under its own tenant's prefix."""
+    try:
+        _bucket, key = parse_uri(target.checkpoint_uri)
+        prefix = tenant_prefix(tenant_id)
+    except ValueError as exc:
+        return f"checkpoint_uri unusable: {exc}"
+    if not key.startswith(prefix):
+        return f"checkpoint_uri {target.checkpoint_uri} is not stored under tenant {tenant_id}'s prefix {prefix}"
+    return None
+
+
+def resolve_base(target: Target, store: ObjectStore, catalog: Path | None, work: Path) -> ResolvedModel:
+    """`base_model_uri` when the command gives one (an s3:// prefix, a local directory or a Hub id), else the
+    base by name from the local catalog. UnknownModel when there are no weights to load."""
+    uri = target.base_model_uri
+    if not uri:
+        return resolve_model(target.base_model, catalog)
+    if uri.startswith("s3://"):
+        dest = store.download_prefix(uri, work / "base")
+        if not (dest / "config.json").is_file():
+            raise UnknownModel(f"base model {target.base_model}: no config.json under {uri}")
+        return ResolvedModel(uri, str(dest), weights_sha256(dest), True)
+    return resolve_model(uri.removeprefix("file://"))
+
+
+def base_problem(target: Target, base: ResolvedModel) -> str | None:
+    """Weights other than the pinned ones are never evaluated: a command's SHA is always checked, a job's
+    when its base is local (a Hub base is pinned by commit at training time)."""
+    if not target.base_model_sha256:
+        return None
+    if target.request_id is None and not base.local:
+        return None
+    where = target.base_model_uri or f"the local catalog ({base.location})"
+    return base_mismatch(target.base_model, target.base_model_sha256, base.sha256, where)

@@ -1,0 +1,235 @@
+"""The public edge. For every request: find the owning service by path, authenticate the bearer
+key, take a token from the key's bucket, drop whatever identity the caller sent, sign the verified
+identity, and stream the request to the service and its answer back (uploads and SSE included:
+a body is buffered only when it is small). Errors are OpenAI-shaped.
+
+The proxy path is a plain ASGI callable over an aiohttp client session: on this path a framework's
+routing and an httpx client cost more CPU than the service behind them."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import aiohttp
+from fastapi import FastAPI, Response
+from fastapi.responses import JSONResponse
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Histogram, generate_latest
+
+from whetstone.runtime.errors import ApiError, install_error_handlers
+from whetstone.runtime.identity import UNTRUSTED_HEADERS, identity_headers, internal_secret
+
+from .auth import KeysUnavailable, KeyVerifier, Verdict
+from .config import GatewaySettings
+from .ratelimit import RateLimiter, retry_after_header
+from .routing import bearer, owner_of
+
+# Hop-by-hop headers (RFC 9110 §7.6.1) belong to one connection, never forwarded.
+HOP_BY_HOP = frozenset({"connection", "keep-alive", "proxy-authenticate", "proxy-authorization", "te", "trailer",
+                        "transfer-encoding", "upgrade", "host"})
+DROP_REQUEST = HOP_BY_HOP | UNTRUSTED_HEADERS | {"authorization", "expect"}
+DROP_RESPONSE = HOP_BY_HOP | {"server", "date"}
+OWN_ROUTES = ("/healthz", "/metrics")
+BUFFER_LIMIT = 1 << 20   # request bodies up to this size (JSON) are read whole; larger ones stream
+
+
+@dataclass
+class GatewayMetrics:
+    registry: CollectorRegistry = field(default_factory=CollectorRegistry)
+
+    def __post_init__(self) -> None:
+        self.requests = Counter("whetstone_gateway_requests_total", "Requests by owning service and status",
+                                ["service", "status"], registry=self.registry)
+        self.refused = Counter("whetstone_refused_total", "Requests refused at the edge, by reason",
+                               ["service", "reason"], registry=self.registry)
+        self.latency = Histogram("whetstone_gateway_upstream_seconds", "Time to the upstream's response headers",
+                                 ["service"], registry=self.registry)
+
+
+class Gateway:
+    def __init__(self, settings: GatewaySettings, upstreams: dict[str, str] | None = None,
+                 secret: bytes | None = None) -> None:
+        self.settings = settings
+        self.upstreams = {k: v.rstrip("/") for k, v in (upstreams or settings.resolved_upstreams()).items()}
+        self.secret = secret or internal_secret()
+        self._session: aiohttp.ClientSession | None = None
+        verify_url = f"{self.upstreams['scheduler']}/internal/keys/verify" if "scheduler" in self.upstreams else None
+        self.keys = KeyVerifier(self.session, verify_url, ttl_s=settings.key_cache_ttl_s, secret=self.secret)
+        self.limiter = RateLimiter(burst_s=settings.rate_limit_burst_s)
+        self.metrics = GatewayMetrics()
+
+    def session(self) -> aiohttp.ClientSession:
+        if self._session is None or self._session.closed:
+            connector = aiohttp.TCPConnector(limit=self.settings.max_connections, ttl_dns_cache=300,
+                                             keepalive_timeout=self.settings.upstream_keep_alive_s)
+            timeout = aiohttp.ClientTimeout(total=None, connect=5.0, sock_read=self.settings.upstream_timeout_s)
+            self._session = aiohttp.ClientSession(connector=connector, timeout=timeout, auto_decompress=False,
+                                                  skip_auto_headers=("User-Agent",))
+        return self._session
+
+    async def close(self) -> None:
+        if self._session is not None:
+            await self._session.close()
+
+    # -- the decision: who may go where -------------------------------------------------------
+    async def admit(self, method: str, path: str, headers: dict[str, str]) -> tuple[str, str, Verdict] | ApiError:
+        """(service, upstream base, verdict) or the refusal (counted by reason)."""
+        service = owner_of(path)
+        if service is None:
+            return self.refused("none", "unknown_route", ApiError(
+                404, f"Unknown request URL: {method} {path}.", code="unknown_url"))
+        key = bearer(headers.get("authorization"))
+        if key is None:
+            return self.refused(service, "missing_key", ApiError(
+                401, "You didn't provide an API key. Send `Authorization: Bearer <key>` (create one with "
+                     "`whet keys create TENANT`).", code="invalid_api_key"))
+        try:
+            verdict = await self.keys.verify(key)
+        except KeysUnavailable as exc:
+            return self.refused(service, "keys_unavailable", ApiError(
+                503, f"API keys cannot be verified right now ({exc}); retry shortly.", type="server_error",
+                code="service_unavailable", retry=True))
+        if verdict is None:
+            return self.refused(service, "invalid_key", ApiError(
+                401, "Incorrect API key provided (unknown, malformed or revoked).", code="invalid_api_key"))
+        rate = verdict.rate_limit_per_s or self.settings.rate_limit_per_s
+        wait = self.limiter.take(verdict.key_id, rate, time.monotonic())
+        if wait > 0:
+            return self.refused(service, "rate_limited", ApiError(
+                429, f"Rate limit reached for this API key ({rate:g} requests/s); retry after {wait:.2f}s.",
+                type="rate_limit_error", code="rate_limit_exceeded", retry=True,
+                headers={"Retry-After": retry_after_header(wait), "x-ratelimit-limit-requests": f"{rate:g}/s"}))
+        base = self.upstreams.get(service)
+        if base is None:
+            return self.refused(service, "no_upstream", ApiError(
+                503, f"The {service} service is not available on this deployment.", type="server_error",
+                code="service_unavailable", retry=False))
+        return service, base, verdict
+
+    def refused(self, service: str, reason: str, exc: ApiError) -> ApiError:
+        self.metrics.refused.labels(service=service, reason=reason).inc()
+        self.metrics.requests.labels(service=service, status=str(exc.status)).inc()
+        return exc
+
+    # -- ASGI ----------------------------------------------------------------------------------
+    async def __call__(self, scope: dict, receive, send) -> None:
+        if scope["type"] != "http" or scope["path"] in OWN_ROUTES:
+            await self.own_app(scope, receive, send)
+            return
+        raw = scope["headers"]
+        headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in raw}
+        admitted = await self.admit(scope["method"], scope["path"], headers)
+        if isinstance(admitted, ApiError):
+            await send_error(send, admitted)
+            return
+        service, base, verdict = admitted
+        await self.forward(scope, receive, send, raw, headers, service, base, verdict)
+
+    async def forward(self, scope: dict, receive, send, raw: list, headers: dict[str, str], service: str, base: str,
+                      verdict: Verdict) -> None:
+        out = [(k.decode("latin-1"), v.decode("latin-1")) for k, v in raw
+               if k.decode("latin-1").lower() not in DROP_REQUEST]
+        out += list(identity_headers(verdict.tenant_id, verdict.scopes, key_id=verdict.key_id,
+                                     secret=self.secret).items())
+        query = scope.get("query_string", b"").decode("latin-1")
+        path = (scope.get("raw_path") or scope["path"].encode()).decode("latin-1")  # as sent: %-escapes kept
+        url = base + path + (f"?{query}" if query else "")
+        length = headers.get("content-length")
+        data: Any = None
+        if "transfer-encoding" in headers or (length and length.isdigit() and int(length) > BUFFER_LIMIT):
+            data = request_body(receive)             # streamed, chunk by chunk
+        elif length and length != "0":
+            try:
+                data = b"".join([chunk async for chunk in request_body(receive)])
+            except ClientGone:
+                return                               # the caller left before sending its body: nothing to do
+        began = time.perf_counter()
+        try:
+            resp = await self.session().request(scope["method"], url, headers=out, data=data, allow_redirects=False)
+        except ClientGone:
+            return                                   # the caller left mid-upload: the upstream saw it end early
+        except (aiohttp.ClientError, asyncio.TimeoutError, OSError) as exc:
+            await send_error(send, self.refused(service, "upstream_unreachable", ApiError(
+                502, f"The {service} service did not answer ({type(exc).__name__}); retry shortly.",
+                type="server_error", code="upstream_unavailable", retry=True)))
+            return
+        try:
+            self.metrics.latency.labels(service=service).observe(time.perf_counter() - began)
+            self.metrics.requests.labels(service=service, status=str(resp.status)).inc()
+            await send({"type": "http.response.start", "status": resp.status,
+                        "headers": [(k, v) for k, v in resp.raw_headers if k.decode("latin-1").lower()
+                                    not in DROP_RESPONSE]})
+            async for chunk in resp.content.iter_any():     # as it arrives: SSE and downloads stream
+                await send({"type": "http.response.body", "body": chunk, "more_body": True})
+            await send({"type": "http.response.body", "body": b"", "more_body": False})
+        finally:
+            resp.release()
+
+    async def health(self) -> tuple[int, dict]:
+        async def probe(name: str, base: str) -> tuple[str, str]:
+            try:
+                async with self.session().get(f"{base}/healthz", timeout=aiohttp.ClientTimeout(total=3)) as r:
+                    return name, "ok" if r.status == 200 else f"status {r.status}"
+            except (aiohttp.ClientError, asyncio.TimeoutError, OSError) as exc:
+                return name, f"error: {type(exc).__name__}"
+
+        results = dict(await asyncio.gather(*(probe(n, b) for n, b in sorted(self.upstreams.items()))))
+        ok = results.get("scheduler") == "ok"  # without the key service nothing can be authenticated
+        return (200 if ok else 503), {"service": "gateway", "status": "ok" if ok else "degraded",
+                                      "upstreams": results}
+
+    @property
+    def own_app(self) -> FastAPI:
+        app = getattr(self, "_own_app", None)
+        if app is None:
+            app = self._own_app = make_own_app(self)
+        return app
+
+
+class ClientGone(Exception):
+    """The caller disconnected before its request body was complete."""
+
+
+async def request_body(receive) -> AsyncIterator[bytes]:
+    while True:
+        message = await receive()
+        if message["type"] == "http.disconnect":
+            raise ClientGone("client went away mid-request")
+        body = message.get("body", b"")
+        if body:
+            yield body
+        if not message.get("more_body"):
+            return
+
+
+async def send_error(send, exc: ApiError) -> None:
+    body = json.dumps(exc.body()).encode()
+    headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]
+    headers += [(k.lower().encode("latin-1"), v.encode("latin-1")) for k, v in exc.headers.items()]
+    await send({"type": "http.response.start", "status": exc.status, "headers": headers})
+    await send({"type": "http.response.body", "body": body, "more_body": False})
+
+
+def make_own_app(gateway: Gateway) -> FastAPI:
+    app = FastAPI(title="whetstone", docs_url=None, redoc_url=None, openapi_url=None)
+    install_error_handlers(app)
+
+    @app.get("/healthz")
+    async def healthz() -> JSONResponse:
+        status, body = await gateway.health()
+        return JSONResponse(body, status_code=status)
+
+    @app.get("/metrics")
+    async def metrics() -> Response:
+        return Response(generate_latest(gateway.metrics.registry), media_type=CONTENT_TYPE_LATEST)
+
+    return app
+
+
+def make_gateway_app(gateway: Gateway) -> Gateway:
+    """The ASGI application: the gateway itself (its own /healthz and /metrics included)."""
+    return gateway

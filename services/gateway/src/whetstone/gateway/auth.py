@@ -1,0 +1,82 @@
+"""Whose key is this? Asked of the scheduler (it owns keys), answers cached for at most 2 s.
+
+Both verdicts are cached (valid and invalid), keyed by the key's sha256 so the cache never holds
+a usable key. Concurrent requests with the same key share one question.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import aiohttp
+
+from whetstone.runtime.identity import internal_headers
+
+
+class KeysUnavailable(Exception):
+    """The key service could not answer (down, or an unexpected reply)."""
+
+
+@dataclass(frozen=True)
+class Verdict:
+    key_id: str
+    tenant_id: str
+    scopes: tuple[str, ...]
+    rate_limit_per_s: float | None
+
+
+class KeyVerifier:
+    def __init__(self, session: Callable[[], aiohttp.ClientSession], verify_url: str | None, *, ttl_s: float = 2.0,
+                 secret: bytes | None = None, clock: Callable[[], float] = time.monotonic,
+                 max_entries: int = 100_000) -> None:
+        self.session, self.verify_url, self.ttl_s, self.secret = session, verify_url, ttl_s, secret
+        self.clock, self.max_entries = clock, max_entries
+        self.cache: dict[str, tuple[float, Verdict | None]] = {}
+        self.pending: dict[str, asyncio.Future] = {}
+
+    async def verify(self, key: str) -> Verdict | None:
+        digest = hashlib.sha256(key.encode()).hexdigest()
+        now = self.clock()
+        hit = self.cache.get(digest)
+        if hit is not None and hit[0] > now:
+            return hit[1]
+        waiting = self.pending.get(digest)
+        if waiting is not None:
+            return await asyncio.shield(waiting)
+        fut: asyncio.Future = asyncio.get_running_loop().create_future()
+        self.pending[digest] = fut
+        try:
+            verdict = await self._ask(key)
+            if len(self.cache) >= self.max_entries:
+                self.cache = {k: v for k, v in self.cache.items() if v[0] > now}
+                if len(self.cache) >= self.max_entries:
+                    self.cache.clear()
+            self.cache[digest] = (self.clock() + self.ttl_s, verdict)
+            fut.set_result(verdict)
+            return verdict
+        except BaseException as exc:
+            fut.set_exception(exc)
+            fut.exception()  # retrieved: no "never retrieved" warning when nobody else waited
+            raise
+        finally:
+            self.pending.pop(digest, None)
+
+    async def _ask(self, key: str) -> Verdict | None:
+        if not self.verify_url:
+            raise KeysUnavailable("no key service (scheduler) configured")
+        try:
+            async with self.session().post(self.verify_url, json={"key": key}, headers=internal_headers(self.secret),
+                                           timeout=aiohttp.ClientTimeout(total=5.0)) as r:
+                status, body = r.status, await r.json(content_type=None)
+        except (aiohttp.ClientError, asyncio.TimeoutError, OSError, ValueError) as exc:
+            raise KeysUnavailable(f"key service unreachable: {type(exc).__name__}") from exc
+        if status == 401 and (body or {}).get("error", {}).get("code") == "invalid_api_key":
+            return None
+        if status != 200:
+            raise KeysUnavailable(f"key service answered {status}")
+        return Verdict(key_id=body["key_id"], tenant_id=body["tenant_id"], scopes=tuple(body["scopes"]),
+                       rate_limit_per_s=body.get("rate_limit_per_s"))

@@ -1,0 +1,36 @@
+"""Gateway settings (prefix WHETSTONE_GATEWAY_; the public port is WHETSTONE_API_PORT)."""
+
+from __future__ import annotations
+
+from pydantic import AliasChoices, Field
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+SERVICES = ("scheduler", "ingest", "registry", "metering", "serving")
+
+
+class GatewaySettings(BaseSettings):
+    model_config = SettingsConfigDict(env_prefix="WHETSTONE_GATEWAY_", extra="ignore")
+
+    http_port: int = Field(default=8000, validation_alias=AliasChoices("WHETSTONE_API_PORT",
+                                                                       "WHETSTONE_GATEWAY_HTTP_PORT"))
+    host: str = "127.0.0.1"
+    upstreams: dict[str, str] = Field(default_factory=dict,
+                                      description='service -> base URL, e.g. {"scheduler": "http://scheduler:8100"}')
+    scheduler_url: str | None = None
+    ingest_url: str | None = None
+    registry_url: str | None = None
+    metering_url: str | None = None
+    serving_url: str | None = None
+    key_cache_ttl_s: float = Field(default=2.0, ge=0, le=2.0,
+                                   description="how long a key's verdict is reused: a revoked key stops within this")
+    rate_limit_per_s: float = Field(default=50.0, gt=0, description="per-key request rate (keys may set their own)")
+    rate_limit_burst_s: float = Field(default=2.0, gt=0, description="bucket size, in seconds of the key's rate")
+    upstream_timeout_s: float = Field(default=600.0, gt=0, description="read timeout towards a service (SSE included)")
+    max_connections: int = 512
+    keep_alive_s: int = Field(default=75, description="idle keep-alive towards clients (longer than theirs)")
+    upstream_keep_alive_s: float = Field(default=2.0, description="idle keep-alive towards the services: shorter "
+                                         "than their servers' 5 s, so a reused connection is never one being closed")
+
+    def resolved_upstreams(self) -> dict[str, str]:
+        one_by_one = {s: getattr(self, f"{s}_url") for s in SERVICES if getattr(self, f"{s}_url")}
+        return {k: v.rstrip("/") for k, v in {**one_by_one, **self.upstreams}.items() if v}

@@ -1,0 +1,33 @@
+import pytest
+
+from whetstone.gateway.ratelimit import RateLimiter, retry_after_header
+from whetstone.gateway.routing import bearer, owner_of
+
+pytestmark = pytest.mark.unit
+
+
+@pytest.mark.parametrize("path,owner", [
+    ("/v1/files", "ingest"), ("/v1/files/ds-1/content", "ingest"), ("/v1/fine_tuning/jobs", "scheduler"),
+    ("/v1/keys/abc/revoke", "scheduler"), ("/v1/models/m-1", "registry"), ("/v1/base_models", "registry"),
+    ("/v1/chat/completions", "serving"), ("/v1/usage/jobs/x", "metering"), ("/v1/filesystem", None),
+    ("/internal/keys/verify", None), ("/v1/files/../keys", None), ("/metrics", None), ("/v1//files", None),
+])
+def test_owner_of(path, owner):
+    assert owner_of(path) == owner
+
+
+def test_bearer():
+    assert bearer("Bearer wsk-1") == "wsk-1"
+    assert bearer("bearer   wsk-1 ") == "wsk-1"
+    assert bearer("Basic abc") is None and bearer("Bearer ") is None and bearer(None) is None
+
+
+def test_token_bucket_refills_at_the_key_rate():
+    rl = RateLimiter(burst_s=2.0)
+    assert [rl.take("k", 1.0, 0.0) for _ in range(2)] == [0.0, 0.0]  # burst of 2
+    wait = rl.take("k", 1.0, 0.0)
+    assert wait == pytest.approx(1.0)
+    assert retry_after_header(wait) == "1"
+    assert rl.take("other", 1.0, 0.0) == 0.0  # buckets are per key
+    assert rl.take("k", 1.0, 0.5) == pytest.approx(0.5)
+    assert rl.take("k", 1.0, 1.0) == 0.0

@@ -1,0 +1,243 @@
+"""The Files API's storage: file rows (ingest's schema), the streamed multipart receiver, and which
+jobs use a file. A file's id is the dataset id (content address), which `training_file` takes."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import dataclass, field
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+import asyncpg
+from python_multipart import MultipartParser
+from python_multipart.multipart import parse_options_header
+
+OPENAI_PURPOSE = "fine-tune"
+PLATFORM_PURPOSES = ("sft", "dpo", "cpt", "eval")
+MAX_FIELD_BYTES = 4096
+SNIFF_BYTES = 1 << 20
+
+
+class UploadRefused(Exception):
+    def __init__(self, status: int, code: str, message: str, param: str | None = None) -> None:
+        super().__init__(message)
+        self.status, self.code, self.message, self.param = status, code, message, param
+
+
+@dataclass
+class Received:
+    path: Path
+    size: int = 0
+    sha256: str = ""
+    filename: str | None = None
+    fields: dict[str, str] = field(default_factory=dict)
+    file_parts: int = 0
+
+
+class MultipartReceiver:
+    """Feeds the request body, chunk by chunk, through a streaming multipart parser: the `file`
+    part goes to `dest` (hashed on the way) and never into memory; past `limit` bytes it stops."""
+
+    def __init__(self, boundary: bytes, dest: Path, limit: int) -> None:
+        self.result = Received(dest)
+        self.limit = limit
+        self._hash = hashlib.sha256()
+        self._out = None
+        self._headers: dict[bytes, bytes] = {}
+        self._hname, self._hvalue = b"", b""
+        self._field: str | None = None
+        self._value = bytearray()
+        self.parser = MultipartParser(boundary, {
+            "on_part_begin": self._begin, "on_header_field": self._header_field,
+            "on_header_value": self._header_value, "on_header_end": self._header_end,
+            "on_headers_finished": self._headers_done, "on_part_data": self._data, "on_part_end": self._end})
+
+    def _begin(self) -> None:
+        self._headers, self._field, self._value = {}, None, bytearray()
+
+    def _header_field(self, data: bytes, start: int, end: int) -> None:
+        self._hname += data[start:end]
+
+    def _header_value(self, data: bytes, start: int, end: int) -> None:
+        self._hvalue += data[start:end]
+
+    def _header_end(self) -> None:
+        self._headers[self._hname.lower()] = self._hvalue
+        self._hname, self._hvalue = b"", b""
+
+    def _headers_done(self) -> None:
+        _, params = parse_options_header(self._headers.get(b"content-disposition", b""))
+        name = params.get(b"name", b"").decode("utf-8", "replace")
+        if name == "file":
+            if self.result.file_parts:
+                raise UploadRefused(400, "invalid_file", "send exactly one `file` part", "file")
+            self.result.file_parts += 1
+            self.result.filename = params.get(b"filename", b"").decode("utf-8", "replace") or None
+            self._out = open(self.result.path, "wb")  # noqa: SIM115 - closed in _end / close()
+        self._field = name
+
+    def _data(self, data: bytes, start: int, end: int) -> None:
+        chunk = data[start:end]
+        if self._out is not None:
+            self.result.size += len(chunk)
+            if self.result.size > self.limit:
+                raise UploadRefused(413, "file_too_large", f"the file exceeds the upload limit of {self.limit} bytes",
+                                    "file")
+            self._hash.update(chunk)
+            self._out.write(chunk)
+        else:
+            self._value += chunk
+            if len(self._value) > MAX_FIELD_BYTES:
+                raise UploadRefused(400, "field_too_large", f"form field `{self._field}` is too long", self._field)
+
+    def _end(self) -> None:
+        if self._out is not None:
+            self._out.close()
+            self._out = None
+        elif self._field:
+            self.result.fields[self._field] = self._value.decode("utf-8", "replace")
+
+    def feed(self, chunk: bytes) -> None:
+        self.parser.write(chunk)
+
+    def finish(self) -> Received:
+        self.parser.finalize()
+        self.close()
+        self.result.sha256 = self._hash.hexdigest()
+        return self.result
+
+    def close(self) -> None:
+        if self._out is not None:
+            self._out.close()
+            self._out = None
+
+
+def boundary_of(content_type: str | None) -> bytes:
+    ctype, params = parse_options_header(content_type or "")
+    if ctype != b"multipart/form-data" or not params.get(b"boundary"):
+        raise UploadRefused(400, "invalid_content_type", "upload a file as multipart/form-data with a `file` part "
+                            "and `purpose`", "file")
+    return params[b"boundary"]
+
+
+def sniff_purpose(path: Path) -> str:
+    """OpenAI's `fine-tune` covers several formats: the first row says which one (preference -> dpo)."""
+    with open(path, "rb") as f:
+        head = f.read(SNIFF_BYTES)
+    for line in head.splitlines():
+        if not line.strip():
+            continue
+        try:
+            row = json.loads(line)
+        except ValueError:
+            return "sft"  # not JSONL (csv, parquet, archives): the data gate detects and reports it
+        if isinstance(row, dict):
+            if {"preferred_output", "non_preferred_output", "chosen", "rejected"} & set(row):
+                return "dpo"
+            if set(row) == {"text"}:
+                return "cpt"
+        return "sft"
+    return "sft"
+
+
+def safe_filename(name: str | None) -> str:
+    base = (name or "upload.jsonl").replace("\\", "/").rsplit("/", 1)[-1].strip() or "upload.jsonl"
+    return "".join(ch for ch in base if ch.isprintable())[:255] or "upload.jsonl"
+
+
+# ----------------------------------------------------------------------------- rows
+
+FILE_COLUMNS = """f.tenant_id, f.file_id, f.filename, f.purpose, f.dataset_purpose, f.bytes, f.sha256, f.source_uri,
+    f.created_at, dv.status AS validation_status, dv.validated"""
+
+
+def _ts(t: datetime | None) -> int | None:
+    return int(t.timestamp()) if t else None
+
+
+def status_of(row: asyncpg.Record) -> str:
+    return {"accepted": "processed", "rejected": "error"}.get(row["validation_status"] or "", "uploaded")
+
+
+def file_view(row: asyncpg.Record) -> dict[str, Any]:
+    validated = row["validated"]
+    if isinstance(validated, str):
+        validated = json.loads(validated)
+    status = status_of(row)
+    view: dict[str, Any] = {"id": row["file_id"], "object": "file", "bytes": row["bytes"],
+                            "created_at": _ts(row["created_at"]), "filename": row["filename"],
+                            "purpose": row["purpose"], "status": status, "status_details": None, "expires_at": None,
+                            "dataset_purpose": row["dataset_purpose"], "validation": None}
+    if validated:
+        errors = validated.get("errors") or []
+        view["validation"] = {
+            "status": validated.get("status"), "format": validated.get("format"),
+            "schema": validated.get("data_schema"), "rows_total": validated.get("rows_total"),
+            "rows_kept": validated.get("rows_kept"), "tokens_total": validated.get("tokens_total"),
+            "error_count": validated.get("error_count"), "errors": errors,
+            "warnings": validated.get("warnings") or [], "report_uri": validated.get("report_uri")}
+        if status == "error":
+            lines = [(f"line {e['line']}: " if e.get("line") else "") + e.get("message", e.get("code", ""))
+                     for e in errors[:20]]
+            more = (validated.get("error_count") or len(errors)) - len(lines)
+            view["status_details"] = "; ".join(lines) + (f"; and {more} more" if more > 0 else "")
+    return view
+
+
+class FileStore:
+    def __init__(self, conn: asyncpg.Connection) -> None:
+        self.conn = conn
+
+    async def add(self, tenant_id: str, file_id: str, *, filename: str, purpose: str, dataset_purpose: str,
+                  size: int, sha256: str, source_uri: str, now: datetime) -> None:
+        """Identical bytes are the same file: a re-upload (even after a delete) brings it back."""
+        await self.conn.execute(
+            "INSERT INTO files (tenant_id, file_id, filename, purpose, dataset_purpose, bytes, sha256, source_uri,"
+            " created_at) VALUES ($1,$2,$3,$4,$5,$6,$7,$8,$9) ON CONFLICT (tenant_id, file_id) DO UPDATE SET"
+            " deleted_at = NULL, filename = EXCLUDED.filename, purpose = EXCLUDED.purpose,"
+            " created_at = CASE WHEN files.deleted_at IS NULL THEN files.created_at ELSE EXCLUDED.created_at END",
+            tenant_id, file_id, filename, purpose, dataset_purpose, size, sha256, source_uri, now)
+
+    async def get(self, tenant_id: str, file_id: str) -> asyncpg.Record | None:
+        return await self.conn.fetchrow(
+            f"SELECT {FILE_COLUMNS} FROM files f LEFT JOIN dataset_versions dv"
+            " ON dv.tenant_id = f.tenant_id AND dv.dataset_id = f.file_id"
+            " WHERE f.tenant_id = $1 AND f.file_id = $2 AND f.deleted_at IS NULL", tenant_id, file_id)
+
+    async def list(self, tenant_id: str, *, purpose: str | None, after: str | None, limit: int,
+                   ascending: bool) -> list[asyncpg.Record]:
+        cursor = None
+        if after:
+            cursor = await self.conn.fetchrow("SELECT created_at, file_id FROM files WHERE tenant_id = $1"
+                                              " AND file_id = $2", tenant_id, after)
+        op, order = (">", "ASC") if ascending else ("<", "DESC")
+        where = ["f.tenant_id = $1", "f.deleted_at IS NULL", "($2::text IS NULL OR f.purpose = $2)"]
+        args: list[Any] = [tenant_id, purpose, limit]
+        if cursor is not None:
+            where.append(f"(f.created_at, f.file_id) {op} ($4, $5)")
+            args += [cursor["created_at"], cursor["file_id"]]
+        return await self.conn.fetch(
+            f"SELECT {FILE_COLUMNS} FROM files f LEFT JOIN dataset_versions dv"
+            " ON dv.tenant_id = f.tenant_id AND dv.dataset_id = f.file_id"
+            f" WHERE {' AND '.join(where)} ORDER BY f.created_at {order}, f.file_id {order} LIMIT $3", *args)
+
+    async def jobs_using(self, tenant_id: str, file_id: str) -> list[str]:
+        rows = await self.conn.fetch("SELECT job_id FROM file_usage WHERE tenant_id = $1 AND file_id = $2"
+                                     " AND ended_at IS NULL ORDER BY job_id", tenant_id, file_id)
+        return [r["job_id"] for r in rows]
+
+    async def delete(self, tenant_id: str, file_id: str, now: datetime) -> bool:
+        done = await self.conn.execute("UPDATE files SET deleted_at = $3 WHERE tenant_id = $1 AND file_id = $2"
+                                       " AND deleted_at IS NULL", tenant_id, file_id, now)
+        return done.endswith(" 1")
+
+    async def job_started_using(self, tenant_id: str, file_id: str, job_id: str, now: datetime) -> None:
+        await self.conn.execute(
+            "INSERT INTO file_usage (tenant_id, file_id, job_id, since) VALUES ($1,$2,$3,$4)"
+            " ON CONFLICT (tenant_id, file_id, job_id) DO NOTHING", tenant_id, file_id, job_id, now)
+
+    async def job_ended(self, tenant_id: str, job_id: str, now: datetime) -> None:
+        await self.conn.execute("UPDATE file_usage SET ended_at = $3 WHERE tenant_id = $1 AND job_id = $2"
+                                " AND ended_at IS NULL", tenant_id, job_id, now)

@@ -1,0 +1,143 @@
+"""OpenAI's Files API, owned by ingest: upload (streamed to S3, validated by the data gate),
+list, retrieve with the validation verdict, download, delete (refused while a job uses it)."""
+
+from __future__ import annotations
+
+import asyncio
+import tempfile
+from pathlib import Path
+from typing import Any, Literal
+
+from fastapi import APIRouter, Query, Request
+from fastapi.responses import StreamingResponse
+from starlette.concurrency import iterate_in_threadpool
+
+from whetstone.contracts import DatasetSubmittedV1, dataset_id_for
+from whetstone.runtime.errors import ApiError
+from whetstone.runtime.identity import Caller, require
+from whetstone.runtime.s3 import tenant_prefix
+from whetstone.runtime.service import Runtime
+
+from .adapters.files import (OPENAI_PURPOSE, PLATFORM_PURPOSES, FileStore, MultipartReceiver, UploadRefused,
+                             boundary_of, file_view, safe_filename, sniff_purpose)
+from .adapters.formats import suffix_of
+from .context import IngestContext
+
+DRAIN_AFTER_REFUSAL = 16 << 20  # read (and drop) this much more so the client sees the answer, not a reset
+KNOWN_SUFFIXES = (".jsonl", ".json", ".ndjson", ".csv", ".tsv", ".parquet", ".zip", ".tar", ".tar.gz", ".tgz", ".gz")
+
+
+def not_found(file_id: str) -> ApiError:
+    return ApiError(404, f"No such File object: {file_id}", code="file_not_found", param="file_id")
+
+
+async def _receive(request: Request, dest: Path, limit: int) -> Any:
+    receiver = MultipartReceiver(boundary_of(request.headers.get("content-type")), dest, limit)
+    stream = request.stream()
+    try:
+        async for chunk in stream:
+            receiver.feed(chunk)
+        return receiver.finish()
+    except UploadRefused:
+        receiver.close()
+        drained = 0
+        async for chunk in stream:
+            drained += len(chunk)
+            if drained > DRAIN_AFTER_REFUSAL:
+                break
+        raise
+    except ValueError as exc:  # malformed multipart
+        receiver.close()
+        raise UploadRefused(400, "invalid_multipart", f"the multipart body could not be parsed: {exc}",
+                            "file") from exc
+
+
+def routes(rt: Runtime[IngestContext]) -> APIRouter:
+    r = APIRouter(prefix="/v1/files")
+
+    @r.post("")
+    async def upload(request: Request, caller: Caller = require("write")) -> dict:
+        cfg = rt.ctx.config
+        with tempfile.TemporaryDirectory(prefix="upload-", dir=cfg.work_dir) as tmp:
+            try:
+                got = await _receive(request, Path(tmp) / "file", cfg.max_upload_bytes)
+                if not got.file_parts:
+                    raise UploadRefused(400, "missing_file", "the multipart body has no `file` part", "file")
+                purpose = got.fields.get("purpose", "").strip()
+                if purpose not in (OPENAI_PURPOSE, *PLATFORM_PURPOSES):
+                    raise UploadRefused(400, "invalid_purpose", f"purpose must be `{OPENAI_PURPOSE}` (or one of "
+                                        f"{', '.join(PLATFORM_PURPOSES)}), not {purpose[:40]!r}", "purpose")
+                if got.size == 0:
+                    raise UploadRefused(400, "empty_file", "the file is empty", "file")
+            except UploadRefused as exc:
+                raise ApiError(exc.status, exc.message, code=exc.code, param=exc.param) from None
+            filename = safe_filename(got.filename)
+            dataset_purpose = purpose if purpose != OPENAI_PURPOSE else sniff_purpose(got.path)
+            file_id = dataset_id_for(got.sha256)
+            suffix = suffix_of(filename) if suffix_of(filename) in KNOWN_SUFFIXES else ""
+            key = f"{tenant_prefix(caller.tenant_id)}uploads/{got.sha256}{suffix}"
+            source_uri = await asyncio.to_thread(rt.store.put_file, key, got.path)
+        async with rt.uow() as uow:
+            files = FileStore(uow.conn)
+            await files.add(caller.tenant_id, file_id, filename=filename, purpose=purpose,
+                            dataset_purpose=dataset_purpose, size=got.size, sha256=got.sha256, source_uri=source_uri,
+                            now=rt.clock())
+            await uow.publish(DatasetSubmittedV1(dataset_id=file_id, name=filename, source_uri=source_uri,
+                                                 purpose=dataset_purpose, size_bytes=got.size),
+                              tenant_id=caller.tenant_id)
+            row = await files.get(caller.tenant_id, file_id)
+        rt.log.info("file uploaded", tenant_id=caller.tenant_id, file_id=file_id, bytes=got.size,
+                    purpose=dataset_purpose)
+        return file_view(row)
+
+    @r.get("")
+    async def list_files(caller: Caller = require("read"), purpose: str | None = None, after: str | None = None,
+                         limit: int = Query(100, ge=1, le=10_000),
+                         order: Literal["asc", "desc"] = "desc") -> dict:
+        async with rt.uow() as uow:
+            rows = await FileStore(uow.conn).list(caller.tenant_id, purpose=purpose, after=after, limit=limit + 1,
+                                                  ascending=order == "asc")
+        data = [file_view(x) for x in rows[:limit]]
+        return {"object": "list", "data": data, "has_more": len(rows) > limit,
+                "first_id": data[0]["id"] if data else None, "last_id": data[-1]["id"] if data else None}
+
+    @r.get("/{file_id}")
+    async def retrieve(file_id: str, caller: Caller = require("read")) -> dict:
+        async with rt.uow() as uow:
+            row = await FileStore(uow.conn).get(caller.tenant_id, file_id)
+        if row is None:
+            raise not_found(file_id)
+        return file_view(row)
+
+    @r.get("/{file_id}/content")
+    async def content(file_id: str, caller: Caller = require("read")) -> StreamingResponse:
+        async with rt.uow() as uow:
+            row = await FileStore(uow.conn).get(caller.tenant_id, file_id)
+        if row is None:
+            raise not_found(file_id)
+        body = await asyncio.to_thread(rt.store.open_stream, row["source_uri"])
+        return StreamingResponse(iterate_in_threadpool(body.iter_chunks(1 << 20)),
+                                 media_type="application/octet-stream",
+                                 headers={"content-length": str(row["bytes"]),
+                                          "content-disposition": f'attachment; filename="{row["file_id"]}"'})
+
+    @r.delete("/{file_id}")
+    async def delete(file_id: str, caller: Caller = require("write")) -> dict:
+        async with rt.uow() as uow:
+            files = FileStore(uow.conn)
+            row = await files.get(caller.tenant_id, file_id)
+            if row is None:
+                raise not_found(file_id)
+            using = await files.jobs_using(caller.tenant_id, file_id)
+            if using:
+                raise ApiError(409, f"File {file_id} is used by job(s) {', '.join(using[:5])}; delete it once they "
+                               "finish.", code="file_in_use", param="file_id")
+            await files.delete(caller.tenant_id, file_id, rt.clock())
+        try:
+            await asyncio.to_thread(rt.store.client.delete_object, Bucket=rt.store.bucket,
+                                    Key=row["source_uri"].split("/", 3)[3])
+        except Exception as exc:  # the row is gone; a leftover upload object is only storage
+            rt.log.warning("upload object not deleted", file_id=file_id, error=str(exc))
+        return {"id": file_id, "object": "file", "deleted": True}
+
+    return r

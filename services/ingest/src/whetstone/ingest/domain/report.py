@@ -1,0 +1,154 @@
+"""The data gate's report: typed, and serialised in ONE place (`GateReport.as_dict`). Pure.
+
+The service writes `as_dict()` as report.json and builds dataset.validated from the typed
+fields; `whet datasets check --json` prints `as_dict()`. JSON keys (stable):
+
+    status, accepted, format, schema, layout, layout_counts, role_mapping, ignored_keys, purpose,
+    output_schema, rows_total, rows_kept, train_rows, validation_rows, exact_duplicates,
+    near_duplicates, contaminated, pii_hits, toxic, tokens_total, tokens_estimated,
+    error_count, errors[{code, message, line, field}], error_counts, warnings[...], warning_counts,
+    policies, exact_duplicate_lines, near_dup{...}, contamination{...}, pii{...}, toxicity{...},
+    tokenization{...}, stats{...}, cost_estimate, notes, timings (+ file when given)
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field, fields
+from typing import Any
+
+from .issues import Issue, IssueLog
+from .schemas import OUTPUT_SCHEMA
+
+
+@dataclass
+class RowCounts:
+    rows_total: int = 0
+    rows_kept: int = 0
+    train_rows: int = 0
+    validation_rows: int = 0
+    exact_duplicates: int = 0
+    near_duplicates: int = 0
+    contaminated: int = 0
+    pii_hits: int = 0
+    toxic: int = 0
+
+
+@dataclass
+class NearDupReport:
+    threshold: float
+    num_perm: int
+    bands: int
+    rows: int
+    candidate_pairs: int = 0
+    clusters: list[dict[str, Any]] = field(default_factory=list)
+    shingle: str = "char 5-grams"
+
+
+@dataclass
+class ContaminationReport:
+    threshold: float
+    references: dict[str, dict[str, int]] = field(default_factory=dict)
+    examples: list[dict[str, Any]] = field(default_factory=list)
+    ngram: int = 13
+
+
+@dataclass
+class PiiReport:
+    policy: str
+    rows: int = 0
+    by_kind: dict[str, int] = field(default_factory=dict)
+
+
+@dataclass
+class ToxicityReport:
+    policy: str
+    classifier: str | None = None
+    flagged: int = 0
+
+
+@dataclass
+class TokenizationReport:
+    max_seq_len: int
+    over_length_policy: str
+    tokenizer: str | None = None
+    tokenizer_hash: str | None = None
+    fingerprint: str | None = None
+    cache: str | None = None               # None (no earlier counts), "reused" or "stale"
+    over_length: int = 0
+    truncated: int = 0
+    dropped: int = 0
+    mask_preview: list[dict[str, Any]] = field(default_factory=list)
+    tokenized_uri: str | None = None       # set by the service once stored
+    tokenized_cache: str | None = None     # "written" or "hit"
+
+
+@dataclass
+class GateReport:
+    status: str                                            # accepted | rejected
+    format: str | None = None
+    schema: str | None = None
+    layout: str | None = None
+    layout_counts: dict[str, int] = field(default_factory=dict)
+    role_mapping: dict[str, dict[str, str]] = field(default_factory=dict)
+    ignored_keys: dict[str, int] = field(default_factory=dict)
+    purpose: str | None = None
+    counts: RowCounts = field(default_factory=RowCounts)
+    tokens_total: int = 0
+    tokens_estimated: bool = True
+    errors: list[Issue] = field(default_factory=list)
+    error_counts: dict[str, int] = field(default_factory=dict)
+    warnings: list[Issue] = field(default_factory=list)
+    warning_counts: dict[str, int] = field(default_factory=dict)
+    policies: dict[str, str] = field(default_factory=dict)
+    exact_duplicate_lines: list[int] = field(default_factory=list)
+    near_dup: NearDupReport | None = None
+    contamination: ContaminationReport | None = None
+    pii: PiiReport | None = None
+    toxicity: ToxicityReport | None = None
+    tokenization: TokenizationReport | None = None
+    stats: dict[str, Any] = field(default_factory=dict)    # DatasetStats.summary()
+    cost_estimate: dict[str, Any] | None = None
+    notes: list[str] = field(default_factory=list)
+    timings: dict[str, float] = field(default_factory=dict)
+    file: str | None = None
+
+    @property
+    def accepted(self) -> bool:
+        return self.status == "accepted"
+
+    @property
+    def error_count(self) -> int:
+        return sum(self.error_counts.values())
+
+    @property
+    def output_schema(self) -> str | None:
+        return OUTPUT_SCHEMA.get(self.schema or "")
+
+    @classmethod
+    def from_log(cls, log: IssueLog, **fields_: Any) -> GateReport:
+        return cls(status="accepted" if log.error_count == 0 else "rejected", errors=list(log.errors),
+                   error_counts=dict(sorted(log.error_counts.items())), warnings=list(log.warnings),
+                   warning_counts=dict(sorted(log.warning_counts.items())), **fields_)
+
+    @classmethod
+    def rejected(cls, issue: Issue, *, file: str | None = None, format: str | None = None) -> GateReport:
+        """An upload refused before any row was read (unreadable file, archive bomb, ...)."""
+        return cls(status="rejected", errors=[issue], error_counts={issue.code: 1}, file=file, format=format)
+
+    def as_dict(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"accepted": self.accepted, "status": self.status}
+        for f in fields(self):
+            value = getattr(self, f.name)
+            if f.name == "counts":
+                out.update(asdict(value))
+                continue
+            if f.name in ("errors", "warnings"):
+                value = [i.as_dict() for i in value]
+            elif f.name in ("near_dup", "contamination", "pii", "toxicity", "tokenization") and value is not None:
+                value = asdict(value)
+            elif f.name == "file" and value is None:
+                continue
+            out[f.name] = value
+        out["error_count"] = self.error_count
+        out["output_schema"] = self.output_schema
+        return out

@@ -1,0 +1,303 @@
+"""Prepare pass: the pure per-row work of pass 1, a chunk of records at a time, in this process
+or in a pool of worker processes (`Preparer`, `workers` > 1), results in input order.
+
+Per record: parse -> layout/schema -> normalise -> PII scan (redaction when asked) -> the
+row's payload, role counts, length estimate, normalized text and digest. Per chunk (numpy,
+batched): the contamination fraction of every row, its toxicity score (built-in word list),
+its MinHash band hashes. None of it depends on other rows, so a row's values are the same
+whichever chunk or process computed them. What DOES depend on the order (findings, the
+audit trail, exact duplicates, the file's schema, counts) stays in the calling process:
+`rows.RowPass.take` applies a `Prepared` in order.
+
+The file's schema is fixed by its first recognisable row: chunks are prepared in-process
+until it is fixed; then workers read rows with a copy of the gate's schema and purpose and
+send back what they learned (layout counts, ignored keys, role mappings), merged in chunk
+order, so the report is the one a single process writes.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import multiprocessing
+import pickle
+from collections import deque
+from collections.abc import Iterable, Iterator
+from concurrent.futures import Future, ProcessPoolExecutor
+from concurrent.futures.process import BrokenProcessPool
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from ..adapters.source import Record
+from ..domain.chat import uses_tools
+from ..domain.contamination import ReferenceIndex
+from ..domain.issues import Issue
+from ..domain.layouts import MAX_IGNORED_KEYS, RowFacts
+from ..domain.minhash import MinHasher
+from ..domain.rows import LayoutGate, apply_pii, parse_json_line, role_counts
+from ..domain.schemas import text_messages
+from ..domain.text import fingerprint
+from ..domain.toxicity import WordlistToxicity
+
+
+@dataclass
+class Candidate:
+    """A row that passed the row checks, with everything the batch passes need."""
+
+    line: int
+    origin: int                # 0: the training file, 1: a validation file/split given with it
+    payload: bytes             # the output row, JSON (the input line itself when nothing changed)
+    text: str | None           # canonical text; kept only for a plugged-in toxicity classifier
+    digest: bytes              # exact-duplicate digest
+    roles: dict[str, int]
+    estimate: int              # tokens estimated from characters
+    contamination: tuple[float, str | None] | None = None   # (fraction of 13-grams in a reference set, set)
+    toxicity: float | None = None
+    bands: np.ndarray | None = None                          # MinHash band hashes
+    shingles: int = 0
+
+
+@dataclass
+class Prepared:
+    """One record prepared: the issues that stop it, or the PII found and the candidate row."""
+
+    line: int
+    issues: list[Issue] = field(default_factory=list)       # parse / layout issues: the row stops here
+    pii: dict[str, int] | None = None                       # PII kinds found (before redaction)
+    too_long: bool = False                                  # row text over max_line_bytes (checked after PII)
+    tools: bool = False
+    candidate: Candidate | None = None
+
+
+@dataclass
+class PrepareContext:
+    """What preparing needs besides the records: picklable, sent once to each worker."""
+
+    pii_policy: str
+    max_line_bytes: int
+    references: ReferenceIndex | None
+    toxicity: WordlistToxicity | None        # only the built-in, pure classifier is run here
+    hasher: MinHasher | None
+    keep_text: bool                          # a plugged-in classifier scores the text later
+
+
+@dataclass
+class LayoutDelta:
+    """What a worker's LayoutGate learned from one chunk, merged into the gate's in chunk order."""
+
+    layout_counts: dict[str, int]
+    ambiguous: dict[str, int]
+    ignored: dict[str, int]
+    role_mapping: dict[str, dict[str, str]]
+
+
+class _AllFacts(RowFacts):
+    """RowFacts without the caps: the caps are applied when merged, in file order."""
+
+    def ignore(self, key: str) -> None:
+        self.ignored[key] = self.ignored.get(key, 0) + 1
+
+    def mapped(self, layout: str, source: str, target: str) -> None:
+        self.role_mapping.setdefault(layout, {}).setdefault(source, target)
+
+
+def prepare_record(rec: Record, layouts: LayoutGate, ctx: PrepareContext) -> tuple[Prepared, tuple[str, str] | None]:
+    """One record -> (Prepared, (normalized text, canonical text) of a candidate for the batch screens)."""
+    if rec.issue is not None:
+        return Prepared(rec.line, [rec.issue]), None
+    row = rec.row
+    if row is None:
+        row, issue = parse_json_line(rec.raw, rec.line)
+        if issue is not None:
+            return Prepared(rec.line, [issue]), None
+    elif not isinstance(row, dict):
+        return Prepared(rec.line, [Issue("row_not_object", "each row must be an object", rec.line)]), None
+    read = layouts.read(row, rec.line)
+    if read.issues:
+        return Prepared(rec.line, read.issues), None
+    out = read.out
+    found = apply_pii(out, ctx.pii_policy)
+    redacted = found.row
+    messages = text_messages(redacted)
+    text = "\n".join(m["content"] for m in messages)       # canonical_text(redacted)
+    prepared = Prepared(rec.line, pii=found.counts or None)
+    if len(text) > ctx.max_line_bytes:
+        prepared.too_long = True
+        return prepared, None
+    prepared.tools = "tools" in redacted or ("messages" in redacted and uses_tools(redacted["messages"]))
+    # the JSONL line itself is written when the row needed no change (the common case: no re-encoding)
+    same = rec.raw is not None and redacted is out and out.keys() == row.keys() and all(
+        out[k] is row[k] for k in out)
+    payload = rec.raw if same else json.dumps(redacted, ensure_ascii=False).encode("utf-8", "surrogatepass")
+    roles = role_counts(redacted)
+    norm, digest = fingerprint(messages)
+    prepared.candidate = Candidate(rec.line, rec.origin, payload, text if ctx.keep_text else None, digest, roles,
+                                   (len(text) + 3) // 4 + 4 * sum(roles.values()))
+    return prepared, (norm, text)
+
+
+def prepare_chunk(records: Iterable[Record], layouts: LayoutGate, ctx: PrepareContext) -> list[Prepared]:
+    """Prepare records, then screen and MinHash the candidates of the chunk in a few batched passes."""
+    out: list[Prepared] = []
+    rows: list[Candidate] = []
+    norms: list[str] = []
+    texts: list[str] = []
+    for rec in records:
+        prepared, screened = prepare_record(rec, layouts, ctx)
+        out.append(prepared)
+        if screened is not None and prepared.candidate is not None:
+            rows.append(prepared.candidate)
+            norms.append(screened[0])
+            texts.append(screened[1])
+    if not rows:
+        return out
+    if ctx.references is not None:
+        fractions, names = ctx.references.match(norms)
+        for p, fraction, name in zip(rows, fractions.tolist(), names):
+            p.contamination = (fraction, name)
+    if ctx.toxicity is not None:
+        for p, score in zip(rows, ctx.toxicity.scores(texts)):
+            p.toxicity = score
+    if ctx.hasher is not None:
+        sig, shingles = ctx.hasher.signatures(norms)
+        bands = ctx.hasher.band_hashes(sig)
+        for i, (p, n) in enumerate(zip(rows, shingles.tolist())):
+            p.bands, p.shingles = bands[i], n
+    return out
+
+
+# ------------------------------------------------------------------------------ worker processes
+
+log = logging.getLogger(__name__)
+_WORKER_CTX: PrepareContext | None = None
+
+
+def _init_worker(ctx_path: str) -> None:
+    """The context (reference sets included: megabytes) is read from a file, not sent through the
+    pipe that starts the process: a worker that dies while starting cannot block the gate."""
+    global _WORKER_CTX
+    with open(ctx_path, "rb") as f:
+        _WORKER_CTX = pickle.load(f)   # written by the gate's own process just before
+
+
+def _prepare_in_worker(records: list[tuple], purpose: str | None, schema: str, schema_line: int | None
+                       ) -> tuple[list[Prepared], np.ndarray | None, LayoutDelta]:
+    """In a worker: records (as tuples: cheaper to pickle) -> prepared rows (without the payloads that
+    are the input lines themselves), their band hashes as ONE array (not one small array per row),
+    and what the chunk taught the LayoutGate."""
+    assert _WORKER_CTX is not None
+    layouts = LayoutGate(purpose=purpose, schema=schema, schema_line=schema_line, facts=_AllFacts())
+    chunk = [Record(*r) for r in records]
+    prepared = prepare_chunk(chunk, layouts, _WORKER_CTX)
+    for rec, p in zip(chunk, prepared):     # the common case: the output row IS the input line, which
+        if p.candidate is not None and p.candidate.payload is rec.raw:     # the gate already has
+            p.candidate.payload = b""
+    bands = None
+    if _WORKER_CTX.hasher is not None:
+        rows = [p.candidate for p in prepared if p.candidate is not None]
+        bands = np.stack([c.bands for c in rows]) if rows else None
+        for c in rows:
+            c.bands = None
+    return prepared, bands, LayoutDelta(layouts.layout_counts, layouts.ambiguous, layouts.facts.ignored,
+                                        layouts.facts.role_mapping)
+
+
+def merge_layouts(layouts: LayoutGate, delta: LayoutDelta) -> None:
+    """Fold a worker's chunk into the gate's LayoutGate as if the gate had read the rows itself."""
+    for name, n in delta.layout_counts.items():
+        layouts.layout_counts[name] = layouts.layout_counts.get(name, 0) + n
+    for key, n in delta.ambiguous.items():
+        layouts.ambiguous[key] = layouts.ambiguous.get(key, 0) + n
+    ignored = layouts.facts.ignored
+    for key, n in delta.ignored.items():
+        if key in ignored or len(ignored) < MAX_IGNORED_KEYS:
+            ignored[key] = ignored.get(key, 0) + n
+    for layout, roles in delta.role_mapping.items():
+        for source, target in roles.items():
+            layouts.facts.mapped(layout, source, target)
+
+
+class Preparer:
+    """Prepared records in input order: chunks in this process, or in `workers` processes once the
+    file's schema is fixed and `min_rows` records were read (small files never start a pool).
+    At most 2 chunks per worker are in flight: memory stays bounded by the chunk size."""
+
+    def __init__(self, ctx: PrepareContext, layouts: LayoutGate, workdir: Path, *, workers: int = 1,
+                 chunk_rows: int = 1024, min_rows: int = 4096) -> None:
+        self.ctx, self.layouts, self.workers = ctx, layouts, workers
+        self.ctx_path = workdir / "prepare-context.pkl"
+        self.chunk_rows, self.min_rows = max(1, chunk_rows), min_rows
+        self.pool: ProcessPoolExecutor | None = None
+        self.chunks_in_workers = 0
+
+    def run(self, records: Iterable[Record]) -> Iterator[Prepared]:
+        pending: deque[tuple[Future, list[Record]]] = deque()
+        seen = 0
+        chunk: list[Record] = []
+        try:
+            for rec in records:
+                chunk.append(rec)
+                if len(chunk) >= self.chunk_rows:
+                    seen += len(chunk)
+                    yield from self._chunk(chunk, pending, seen)
+                    chunk = []
+            if chunk:
+                yield from self._chunk(chunk, pending, seen + len(chunk))
+            while pending:
+                yield from self._collect(pending.popleft())
+        finally:
+            for f, _ in pending:
+                f.cancel()
+            self.close()
+
+    def _chunk(self, chunk: list[Record], pending: deque[tuple[Future, list[Record]]], seen: int
+               ) -> Iterator[Prepared]:
+        layouts = self.layouts
+        if self.workers <= 1 or layouts.schema is None or seen < self.min_rows:
+            while pending:                      # keep the order: earlier chunks first
+                yield from self._collect(pending.popleft())
+            yield from prepare_chunk(chunk, layouts, self.ctx)
+            return
+        if self.pool is None:
+            with open(self.ctx_path, "wb") as f:
+                pickle.dump(self.ctx, f, protocol=pickle.HIGHEST_PROTOCOL)
+            self.pool = ProcessPoolExecutor(self.workers, mp_context=multiprocessing.get_context("spawn"),
+                                            initializer=_init_worker, initargs=(str(self.ctx_path),))
+        records = [(r.line, r.origin, r.raw, r.row, r.issue) for r in chunk]
+        try:
+            future = self.pool.submit(_prepare_in_worker, records, layouts.purpose, layouts.schema,
+                                      layouts.schema_line)
+        except BrokenProcessPool:
+            future = Future()
+            future.set_exception(BrokenProcessPool("the pool is broken"))
+        pending.append((future, chunk))
+        self.chunks_in_workers += 1
+        while len(pending) > 2 * self.workers:
+            yield from self._collect(pending.popleft())
+
+    def _collect(self, item: tuple[Future, list[Record]]) -> list[Prepared]:
+        future, chunk = item
+        try:
+            prepared, bands, delta = future.result()
+        except BrokenProcessPool as exc:
+            # a worker died (killed, out of memory, a main module that cannot be imported twice):
+            # this chunk and the rest are prepared here, in order: the result does not change
+            log.warning("ingest worker pool broken (%s); preparing in-process", exc)
+            self.workers = 1
+            return prepare_chunk(chunk, self.layouts, self.ctx)
+        for rec, p in zip(chunk, prepared):
+            if p.candidate is not None and not p.candidate.payload:
+                p.candidate.payload = rec.raw
+        if bands is not None:
+            for c, row in zip((p.candidate for p in prepared if p.candidate is not None), bands):
+                c.bands = row
+        merge_layouts(self.layouts, delta)
+        return prepared
+
+    def close(self) -> None:
+        if self.pool is not None:
+            self.pool.shutdown(wait=True, cancel_futures=True)
+            self.pool = None
+        self.ctx_path.unlink(missing_ok=True)

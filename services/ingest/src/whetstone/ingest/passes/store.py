@@ -1,0 +1,111 @@
+"""The surviving rows of pass 1, on local disk: one record per row (line, origin, side, length
+estimate, role counts, the output row), MinHash band hashes, byte offsets and line numbers.
+Only 2 bytes per row (origin, LSH eligibility) stay in memory."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from ..domain.minhash import MinHasher
+from .prepare import Candidate
+
+ROLE_FIELDS = ("system", "user", "assistant", "tool", "text")
+_HEAD = b"\t".join([b"%d"] * (4 + len(ROLE_FIELDS))) + b"\t"
+_FIELDS = 4 + len(ROLE_FIELDS)
+
+
+@dataclass
+class Stored:
+    """One stored row as pass 2 reads it back."""
+
+    line: int
+    side: int                  # 0: train, 1: validation
+    estimate: int              # tokens estimated from characters (no tokenizer)
+    roles: dict[str, int]
+    payload: bytes             # the output row, JSON
+
+
+class CandidateStore:
+    def __init__(self, workdir: Path, hasher: MinHasher | None) -> None:
+        self.path, self.bands_path = workdir / "candidates.tsv", workdir / "bands.u64"
+        self.offsets_path, self.lines_path = workdir / "offsets.i64", workdir / "lines.i64"
+        self.hasher = hasher
+        self.count = 0
+        self.origins: list[np.ndarray] = []
+        self.eligible: list[np.ndarray] = []
+        self._files = [open(p, "wb") for p in (self.path, self.bands_path, self.offsets_path, self.lines_path)]
+
+    def append(self, rows: list[Candidate], sides: list[int]) -> None:
+        cand, bands, offsets_file, lines_file = self._files
+        if self.hasher is not None:          # band hashes computed by `prepare`
+            bands.write(np.stack([p.bands for p in rows]).tobytes())
+            self.eligible.append(np.array([p.shingles > 0 for p in rows], dtype=bool))
+        offsets = np.empty(len(rows), dtype=np.int64)
+        pos = cand.tell()
+        for i, (p, side) in enumerate(zip(rows, sides)):
+            offsets[i] = pos
+            roles = p.roles
+            head = _HEAD % (p.line, p.origin, side, p.estimate, *(roles.get(r, 0) for r in ROLE_FIELDS))
+            record = head + p.payload + b"\n"
+            cand.write(record)
+            pos += len(record)
+        offsets_file.write(offsets.tobytes())
+        lines_file.write(np.array([p.line for p in rows], dtype=np.int64).tobytes())
+        self.origins.append(np.array([p.origin for p in rows], dtype=np.int8))
+        self.count += len(rows)
+
+    def close_writing(self) -> None:
+        for f in self._files:
+            f.close()
+
+    # ------------------------------------------------------------------ reading back
+
+    def origin_array(self) -> np.ndarray:
+        return np.concatenate(self.origins) if self.origins else np.zeros(0, np.int8)
+
+    def eligible_array(self) -> np.ndarray:
+        return np.concatenate(self.eligible) if self.eligible else np.zeros(0, bool)
+
+    def lines(self) -> np.ndarray:
+        return np.fromfile(self.lines_path, dtype=np.int64) if self.count else np.zeros(0, np.int64)
+
+    def band_columns(self, bands: int) -> Iterator[np.ndarray]:
+        table = np.memmap(self.bands_path, dtype=np.uint64, mode="r", shape=(self.count, bands))
+        for b in range(bands):
+            yield np.array(table[:, b])
+
+    def __iter__(self) -> Iterator[Stored]:
+        with open(self.path, "rb") as f:
+            for record in f:
+                yield _parse(record)
+
+    def reader(self) -> RandomAccess:
+        return RandomAccess(self.path, np.fromfile(self.offsets_path, dtype=np.int64))
+
+    def remove_files(self) -> None:
+        for p in (self.path, self.bands_path, self.offsets_path, self.lines_path):
+            p.unlink(missing_ok=True)
+
+
+def _parse(record: bytes) -> Stored:
+    parts = record.split(b"\t", _FIELDS)
+    roles = {r: int(parts[4 + j]) for j, r in enumerate(ROLE_FIELDS) if parts[4 + j] != b"0"}
+    return Stored(int(parts[0]), int(parts[2]), int(parts[3]), roles, parts[_FIELDS].rstrip(b"\n"))
+
+
+class RandomAccess:
+    """Stored rows by index (near-duplicate verification reads only the candidate pairs)."""
+
+    def __init__(self, path: Path, offsets: np.ndarray) -> None:
+        self.f, self.offsets = open(path, "rb"), offsets
+
+    def __call__(self, i: int) -> Stored:
+        self.f.seek(int(self.offsets[i]))
+        return _parse(self.f.readline())
+
+    def close(self) -> None:
+        self.f.close()

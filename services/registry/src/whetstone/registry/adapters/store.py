@@ -1,0 +1,228 @@
+"""ModelStore: the registry's Postgres repository — the only place with SQL."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import asyncpg
+
+from ..domain.drift import PinnedAdapter
+from ..domain.lineage import LineageRecord
+from ..domain.stages import ModelRecord, Transition
+
+LINEAGE_COLUMNS = ("job_id", "base_model", "base_model_sha256", "dataset_id", "dataset_version", "method",
+                   "hyperparameters", "hyperparameters_hash", "training_run", "checkpoint_step", "job_template",
+                   "job_template_version", "job_template_missing_reason", "environment", "environment_sha256",
+                   "eval_verdict", "eval_metrics", "eval_stages", "files", "chat_template_sha256")
+
+
+def _model(row: asyncpg.Record) -> ModelRecord:
+    return ModelRecord(model_id=row["model_id"], job_id=row["job_id"], tenant_id=row["tenant_id"], name=row["name"],
+                       stage=row["stage"], artifact_uri=row["artifact_uri"], artifact_sha256=row["artifact_sha256"],
+                       created_at=row["created_at"], needs_reeval=row["needs_reeval"], lineage=row["lineage"],
+                       files=row["files"])
+
+
+class ModelStore:
+    def __init__(self, conn: asyncpg.Connection) -> None:
+        self.conn = conn
+
+    # -- inputs of a registration ------------------------------------------------
+    async def record_job(self, job_id: str, tenant_id: str, spec: dict[str, Any], suffix: str | None,
+                         template: str | None, template_version: str | None) -> None:
+        await self.conn.execute(
+            "INSERT INTO jobs (job_id, tenant_id, spec, suffix, job_template, job_template_version)"
+            " VALUES ($1,$2,$3,$4,$5,$6) ON CONFLICT DO NOTHING",
+            job_id, tenant_id, spec, suffix, template, template_version)
+
+    async def record_final_checkpoint(self, job_id: str, tenant_id: str, uri: str, manifest_sha256: str, step: int,
+                                      segment_id: str, files: dict[str, str], chat_template_sha256: str | None,
+                                      adapter_config: dict | None, environment: dict | None) -> None:
+        await self.conn.execute(
+            "INSERT INTO final_checkpoints (job_id, tenant_id, uri, manifest_sha256, step, segment_id, files,"
+            " chat_template_sha256, adapter_config, environment) VALUES ($1,$2,$3,$4,$5,$6,$7,$8,$9,$10)"
+            " ON CONFLICT DO NOTHING",
+            job_id, tenant_id, uri, manifest_sha256, step, segment_id, files, chat_template_sha256, adapter_config,
+            environment)
+
+    async def record_eval(self, job_id: str, tenant_id: str, verdict: str, event: dict[str, Any]) -> None:
+        await self.conn.execute("INSERT INTO evals (job_id, tenant_id, verdict, event) VALUES ($1,$2,$3,$4)"
+                                " ON CONFLICT DO NOTHING", job_id, tenant_id, verdict, event)
+
+    async def registration_parts(self, job_id: str) -> tuple[Any, Any, Any]:
+        job = await self.conn.fetchrow("SELECT * FROM jobs WHERE job_id = $1", job_id)
+        ckpt = await self.conn.fetchrow("SELECT * FROM final_checkpoints WHERE job_id = $1", job_id)
+        ev = await self.conn.fetchrow("SELECT * FROM evals WHERE job_id = $1", job_id)
+        return job, ckpt, ev
+
+    async def insert_model(self, model_id: str, job_id: str, tenant_id: str, name: str, artifact_uri: str,
+                           artifact_sha256: str, lineage_json: dict[str, Any], files: dict[str, str]) -> bool:
+        return bool(await self.conn.fetchval(
+            "INSERT INTO models (model_id, job_id, tenant_id, name, stage, artifact_uri, artifact_sha256, lineage, files)"
+            " VALUES ($1,$2,$3,$4,'dev',$5,$6,$7,$8) ON CONFLICT DO NOTHING RETURNING 1",
+            model_id, job_id, tenant_id, name, artifact_uri, artifact_sha256, lineage_json, files))
+
+    async def insert_lineage(self, model_id: str, lineage: LineageRecord, model_card_uri: str) -> None:
+        values = [getattr(lineage, c) for c in LINEAGE_COLUMNS]
+        cols = ", ".join(("model_id", *LINEAGE_COLUMNS, "model_card_uri"))
+        marks = ", ".join(f"${i}" for i in range(1, len(values) + 3))
+        await self.conn.execute(f"INSERT INTO model_lineage ({cols}) VALUES ({marks})", model_id, *values, model_card_uri)
+
+    # -- models ------------------------------------------------------------------
+    async def get(self, model_id: str, tenant_id: str | None = None, *, for_update: bool = False) -> ModelRecord | None:
+        row = await self.conn.fetchrow(
+            "SELECT * FROM models WHERE model_id = $1 AND ($2::text IS NULL OR tenant_id = $2)"
+            + (" FOR UPDATE" if for_update else ""), model_id, tenant_id)
+        return _model(row) if row else None
+
+    async def resolve(self, ref: str, tenant_id: str) -> ModelRecord | None:
+        """A model id, or a model name (what a job's `fine_tuned_model` says): the name's production
+        version, else its newest staging, dev, quarantined, archived version, in that order."""
+        row = await self.conn.fetchrow(
+            "SELECT * FROM models WHERE (model_id = $1 OR name = $1) AND tenant_id = $2"
+            " ORDER BY model_id = $1 DESC, CASE stage WHEN 'production' THEN 0 WHEN 'staging' THEN 1 WHEN 'dev' THEN 2"
+            " WHEN 'quarantined' THEN 3 ELSE 4 END, created_at DESC LIMIT 1", ref, tenant_id)
+        return _model(row) if row else None
+
+    async def list(self, tenant_id: str, *, job_id: str | None = None, name: str | None = None,
+                   after: str | None = None, limit: int = 100) -> list[ModelRecord]:
+        rows = await self.conn.fetch(
+            "SELECT * FROM models WHERE tenant_id = $1 AND ($2::text IS NULL OR job_id = $2)"
+            " AND ($3::text IS NULL OR name = $3)"
+            " AND ($4::text IS NULL OR (created_at, model_id) < (SELECT created_at, model_id FROM models"
+            "      WHERE model_id = $4 AND tenant_id = $1))"
+            " ORDER BY created_at DESC, model_id DESC LIMIT $5", tenant_id, job_id, name, after, limit)
+        return [_model(r) for r in rows]
+
+    async def in_stages(self, stages: list[str]) -> list[ModelRecord]:
+        rows = await self.conn.fetch("SELECT * FROM models WHERE stage = ANY($1::text[]) ORDER BY model_id", stages)
+        return [_model(r) for r in rows]
+
+    async def lineage(self, model_id: str) -> dict[str, Any] | None:
+        row = await self.conn.fetchrow("SELECT * FROM model_lineage WHERE model_id = $1", model_id)
+        return dict(row) if row else None
+
+    async def lock_name(self, tenant_id: str, name: str) -> None:
+        """Serialise stage changes of one (tenant, name): at most one production version."""
+        await self.conn.execute("SELECT pg_advisory_xact_lock(hashtextextended($1, 0))", f"{tenant_id}/{name}")
+
+    async def production_of(self, tenant_id: str, name: str) -> ModelRecord | None:
+        row = await self.conn.fetchrow("SELECT * FROM models WHERE tenant_id = $1 AND name = $2"
+                                       " AND stage = 'production'", tenant_id, name)
+        return _model(row) if row else None
+
+    async def previous_production(self, tenant_id: str, name: str, current_id: str) -> ModelRecord | None:
+        """The version of the name that was in production most recently before `current_id`."""
+        row = await self.conn.fetchrow(
+            "SELECT m.* FROM stage_history h JOIN models m ON m.model_id = h.model_id"
+            " WHERE m.tenant_id = $1 AND m.name = $2 AND h.to_stage = 'production' AND m.model_id <> $3"
+            " AND m.stage = 'archived' ORDER BY h.id DESC LIMIT 1", tenant_id, name, current_id)
+        return _model(row) if row else None
+
+    async def apply(self, tenant_id: str, t: Transition, actor: str | None) -> int:
+        """One stage change: the model row and its history row (never updated)."""
+        await self.conn.execute("UPDATE models SET stage = $2 WHERE model_id = $1", t.model_id, t.to_stage)
+        return await self.conn.fetchval(
+            "INSERT INTO stage_history (model_id, from_stage, to_stage, reason, approval, actor, replaces_model_id,"
+            " tenant_id) VALUES ($1,$2,$3,$4,$5,$6,$7,$8) RETURNING id",
+            t.model_id, t.from_stage or None, t.to_stage, t.reason, t.approval, actor, t.replaces_model_id, tenant_id)
+
+    async def history(self, model_id: str) -> list[dict[str, Any]]:
+        rows = await self.conn.fetch("SELECT id, from_stage, to_stage, reason, approval, actor, replaces_model_id, at"
+                                     " FROM stage_history WHERE model_id = $1 ORDER BY id", model_id)
+        return [dict(r) for r in rows]
+
+    # -- base-model catalog --------------------------------------------------------
+    async def observe_base(self, name: str, sha256: str, job_id: str) -> None:
+        """A base first seen in a job enters the catalog at the SHA the job pinned."""
+        added = await self.conn.fetchval("INSERT INTO base_models (name, sha256) VALUES ($1,$2)"
+                                         " ON CONFLICT DO NOTHING RETURNING 1", name, sha256)
+        if added:
+            await self.conn.execute("INSERT INTO base_model_versions (name, sha256, reason, actor) VALUES ($1,$2,$3,$4)"
+                                    " ON CONFLICT DO NOTHING", name, sha256, f"first pinned by job {job_id}", "job.queued")
+
+    async def base(self, name: str, *, for_update: bool = False) -> dict[str, Any] | None:
+        row = await self.conn.fetchrow("SELECT * FROM base_models WHERE name = $1" + (" FOR UPDATE" if for_update else ""),
+                                       name)
+        return dict(row) if row else None
+
+    async def bases(self) -> list[dict[str, Any]]:
+        return [dict(r) for r in await self.conn.fetch("SELECT * FROM base_models ORDER BY name")]
+
+    async def base_versions(self, name: str) -> list[dict[str, Any]]:
+        return [dict(r) for r in await self.conn.fetch(
+            "SELECT sha256, previous_sha256, uri, reason, actor, at FROM base_model_versions WHERE name = $1"
+            " ORDER BY id", name)]
+
+    async def publish_base_version(self, name: str, sha256: str, previous: str | None, uri: str | None, reason: str,
+                                   actor: str) -> None:
+        await self.conn.execute(
+            "INSERT INTO base_models (name, sha256, previous_sha256, uri, updated_at) VALUES ($1,$2,$3,$4,now())"
+            " ON CONFLICT (name) DO UPDATE SET sha256 = $2, previous_sha256 = $3, uri = $4, updated_at = now()",
+            name, sha256, previous, uri)
+        await self.conn.execute("INSERT INTO base_model_versions (name, sha256, previous_sha256, uri, reason, actor)"
+                                " VALUES ($1,$2,$3,$4,$5,$6)", name, sha256, previous, uri, reason, actor)
+
+    async def pinned_elsewhere(self, base_model: str, sha256: str) -> list[ModelRecord]:
+        """Live models (not archived/quarantined) of this base pinned to another SHA."""
+        rows = await self.conn.fetch(
+            "SELECT m.* FROM models m JOIN model_lineage l USING (model_id) WHERE l.base_model = $1"
+            " AND l.base_model_sha256 <> $2 AND m.stage IN ('dev', 'staging', 'production') ORDER BY m.model_id",
+            base_model, sha256)
+        return [_model(r) for r in rows]
+
+    async def mark_needs_reeval(self, model_ids: list[str]) -> None:
+        await self.conn.execute("UPDATE models SET needs_reeval = true WHERE model_id = ANY($1::text[])", model_ids)
+
+    async def add_reeval(self, request_id: str, model_id: str, base_model: str, sha256: str) -> bool:
+        return bool(await self.conn.fetchval(
+            "INSERT INTO reevals (request_id, model_id, base_model, base_model_sha256, status)"
+            " VALUES ($1,$2,$3,$4,'requested') ON CONFLICT DO NOTHING RETURNING 1",
+            request_id, model_id, base_model, sha256))
+
+    async def reeval(self, request_id: str) -> dict[str, Any] | None:
+        row = await self.conn.fetchrow("SELECT * FROM reevals WHERE request_id = $1", request_id)
+        return dict(row) if row else None
+
+    async def complete_reeval(self, request_id: str, model_id: str, status: str, reasons: list[str],
+                              still_current: bool) -> None:
+        await self.conn.execute("UPDATE reevals SET status = $2, reasons = $3, completed_at = now()"
+                                " WHERE request_id = $1", request_id, status, reasons)
+        if status == "passed" and still_current:
+            await self.conn.execute("UPDATE models SET needs_reeval = false WHERE model_id = $1", model_id)
+
+    async def production_adapters(self, base_model: str, sha256: str) -> list[PinnedAdapter]:
+        rows = await self.conn.fetch(
+            "SELECT m.model_id, m.tenant_id, m.name, m.stage, l.base_model_sha256, r.status FROM models m"
+            " JOIN model_lineage l USING (model_id)"
+            " LEFT JOIN reevals r ON r.model_id = m.model_id AND r.base_model_sha256 = $2"
+            " WHERE l.base_model = $1 AND m.stage = 'production' ORDER BY m.model_id", base_model, sha256)
+        return [PinnedAdapter(r["model_id"], r["tenant_id"], r["name"], r["stage"], r["base_model_sha256"], r["status"])
+                for r in rows]
+
+    # -- artifacts ---------------------------------------------------------------
+    async def verified(self, uri: str) -> tuple[str, str] | None:
+        row = await self.conn.fetchrow("SELECT etag, sha256 FROM verified_objects WHERE uri = $1", uri)
+        return (row["etag"], row["sha256"]) if row else None
+
+    async def remember_verified(self, uri: str, etag: str, sha256: str) -> None:
+        await self.conn.execute("INSERT INTO verified_objects (uri, etag, sha256) VALUES ($1,$2,$3) ON CONFLICT (uri)"
+                                " DO UPDATE SET etag = $2, sha256 = $3, verified_at = now()", uri, etag, sha256)
+
+    async def merge(self, model_id: str) -> dict[str, Any] | None:
+        row = await self.conn.fetchrow("SELECT * FROM merges WHERE model_id = $1", model_id)
+        return dict(row) if row else None
+
+    async def add_merge(self, merge_id: str, model_id: str, tenant_id: str, status: str, uri: str | None = None,
+                        manifest_sha256: str | None = None, files: dict[str, str] | None = None) -> bool:
+        return bool(await self.conn.fetchval(
+            "INSERT INTO merges (merge_id, model_id, tenant_id, status, uri, manifest_sha256, files)"
+            " VALUES ($1,$2,$3,$4,$5,$6,$7) ON CONFLICT DO NOTHING RETURNING 1",
+            merge_id, model_id, tenant_id, status, uri, manifest_sha256, files or {}))
+
+    async def complete_merge(self, merge_id: str, status: str, uri: str | None, manifest_sha256: str | None,
+                             files: dict[str, str], merge_job_id: str | None, error: str | None) -> bool:
+        return bool(await self.conn.fetchval(
+            "UPDATE merges SET status = $2, uri = $3, manifest_sha256 = $4, files = $5, merge_job_id = $6, error = $7,"
+            " completed_at = now() WHERE merge_id = $1 AND status = 'requested' RETURNING 1",
+            merge_id, status, uri, manifest_sha256, files, merge_job_id, error))

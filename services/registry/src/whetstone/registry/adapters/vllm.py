@@ -1,0 +1,148 @@
+"""Handoff to production servers: keep a vLLM fleet in step with the registry, lay adapters out
+for vLLM's filesystem resolver, and name the S3 adapter source LoRAX expects.
+
+vLLM runtime LoRA endpoints (server started with `--enable-lora` and
+`VLLM_ALLOW_RUNTIME_LORA_UPDATING=True`):
+  POST /v1/load_lora_adapter   {"lora_name", "lora_path"}  -> 200 "Success: LoRA adapter ... added successfully."
+  POST /v1/unload_lora_adapter {"lora_name"}               -> 200 "Success: LoRA adapter ... removed successfully."
+  GET  /v1/models: loaded adapters are the entries with a `parent` (the base), `root` = their path.
+Errors are JSON (`{"object": "error", "message", "type", "code"}`, or nested under "error" in newer
+versions): loading a name twice is a 400 "... has already been loaded", unloading an unknown one
+a 400/404 "... cannot be found". Both are treated as done, so a sync is idempotent.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import tempfile
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from ..domain.lineage import served_adapter_config
+
+
+class VllmError(Exception):
+    pass
+
+
+@dataclass
+class SyncReport:
+    loaded: list[tuple[str, str]] = field(default_factory=list)    # (server, lora name)
+    unloaded: list[tuple[str, str]] = field(default_factory=list)
+    errors: list[str] = field(default_factory=list)
+
+
+def _message(r: httpx.Response) -> str:
+    try:
+        body = r.json()
+    except ValueError:
+        return r.text
+    if isinstance(body, dict):
+        inner = body.get("error") if isinstance(body.get("error"), dict) else body
+        return str(inner.get("message", body))
+    return r.text
+
+
+class VllmFleet:
+    """The vLLM servers serving one base model."""
+
+    def __init__(self, urls: list[str], *, api_key: str | None = None, client: httpx.AsyncClient | None = None,
+                 timeout_s: float = 60.0) -> None:
+        self.urls = [u.rstrip("/") for u in urls]
+        headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+        self.client = client or httpx.AsyncClient(timeout=timeout_s, headers=headers)
+
+    async def close(self) -> None:
+        await self.client.aclose()
+
+    async def loaded(self, url: str) -> dict[str, str]:
+        """lora name -> path of every adapter the server has loaded."""
+        r = await self.client.get(f"{url}/v1/models")
+        if r.status_code != 200:
+            raise VllmError(f"{url}: GET /v1/models -> {r.status_code} {_message(r)}")
+        return {m["id"]: m.get("root") or "" for m in r.json().get("data", []) if m.get("parent")}
+
+    async def load(self, url: str, name: str, path: str) -> bool:
+        """True when loaded now, False when it already was."""
+        r = await self.client.post(f"{url}/v1/load_lora_adapter", json={"lora_name": name, "lora_path": path})
+        if r.status_code == 200:
+            return True
+        message = _message(r)
+        if r.status_code == 400 and "already been loaded" in message:
+            return False
+        raise VllmError(f"{url}: load {name} from {path} -> {r.status_code} {message}")
+
+    async def unload(self, url: str, name: str) -> bool:
+        r = await self.client.post(f"{url}/v1/unload_lora_adapter", json={"lora_name": name})
+        if r.status_code == 200:
+            return True
+        message = _message(r)
+        if r.status_code in (400, 404) and "cannot be found" in message:
+            return False
+        raise VllmError(f"{url}: unload {name} -> {r.status_code} {message}")
+
+    async def swap(self, url: str, name: str, path: str) -> None:
+        """Serve another version under the same name (promotion, rollback): unload + load."""
+        await self.unload(url, name)
+        await self.load(url, name, path)
+
+    async def sync(self, desired: Mapping[str, str]) -> SyncReport:
+        """Make every server serve exactly `desired` (lora name -> path). A server that fails is
+        reported and retried at the next sync; the others still move."""
+        report = SyncReport()
+        for url in self.urls:
+            try:
+                current = await self.loaded(url)
+                for name in sorted(set(current) - set(desired)):
+                    if await self.unload(url, name):
+                        report.unloaded.append((url, name))
+                for name, path in sorted(desired.items()):
+                    if name not in current:
+                        await self.load(url, name, path)
+                        report.loaded.append((url, name))
+                    elif current[name] != path:
+                        await self.swap(url, name, path)
+                        report.unloaded.append((url, name))
+                        report.loaded.append((url, name))
+            except (VllmError, httpx.HTTPError) as exc:
+                report.errors.append(f"{url}: {exc}")
+        return report
+
+
+def lay_out_for_resolver(root: Path, lora_name: str, adapter_dir: Path, served_base: str) -> Path:
+    """`<root>/<lora_name>/` as vLLM's filesystem resolver loads it (VLLM_PLUGINS=lora_filesystem_resolver,
+    VLLM_LORA_RESOLVER_CACHE_DIR=<root>): the safetensors weights and an adapter_config.json with
+    `peft_type: LORA` and `base_model_name_or_path` = the served base. Replaced atomically."""
+    if "/" in lora_name or lora_name in ("", ".", ".."):
+        raise ValueError(f"invalid lora name {lora_name!r}")
+    weights = adapter_dir / "adapter_model.safetensors"
+    if not weights.is_file():
+        raise ValueError(f"{adapter_dir} has no adapter_model.safetensors (pickles are never laid out)")
+    config: dict[str, Any] = json.loads((adapter_dir / "adapter_config.json").read_text())
+    root.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=f".{lora_name}.", dir=root))
+    shutil.copyfile(weights, staging / "adapter_model.safetensors")
+    (staging / "adapter_config.json").write_text(json.dumps(served_adapter_config(config, served_base), indent=2))
+    target = root / lora_name
+    old = None
+    if target.exists():
+        old = root / f".{lora_name}.old"
+        shutil.rmtree(old, ignore_errors=True)
+        os.replace(target, old)
+    os.replace(staging, target)
+    if old is not None:
+        shutil.rmtree(old, ignore_errors=True)
+    return target
+
+
+def lorax_adapter(artifact_uri: str) -> dict[str, str]:
+    """The `parameters` LoRAX needs to serve an adapter straight from S3."""
+    if not artifact_uri.startswith("s3://"):
+        raise ValueError(f"LoRAX's s3 source needs an s3:// uri, got {artifact_uri!r}")
+    return {"adapter_id": artifact_uri.rstrip("/"), "adapter_source": "s3"}

@@ -1,0 +1,46 @@
+"""Auto-promotion policy: production without a human when the eval margins are wide. Pure."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+
+@dataclass(frozen=True)
+class PolicyResult:
+    passed: bool
+    reason: str
+
+
+def margin(metric: dict[str, Any]) -> float | None:
+    """Relative improvement of the candidate over the base (positive = better), None without a base."""
+    base = metric.get("base")
+    if base is None or base == 0:
+        return None
+    gain = metric["candidate"] - base if metric.get("higher_is_better") else base - metric["candidate"]
+    return gain / abs(base)
+
+
+def auto_promotion(verdict: str | None, metrics: Sequence[dict[str, Any]], stages: Sequence[dict[str, Any]],
+                   min_margin: float) -> PolicyResult:
+    """Passes only when the gate passed, no stage failed, every metric with a base improved by at
+    least `min_margin` (relative) and none regressed against the last accepted model."""
+    if verdict != "passed":
+        return PolicyResult(False, f"eval verdict is {verdict or 'missing'}")
+    failed = [s["name"] for s in stages if s.get("status") == "failed"]
+    if failed:
+        return PolicyResult(False, f"eval stage(s) failed: {', '.join(failed)}")
+    margins = {m["name"]: margin(m) for m in metrics}
+    known = {k: v for k, v in margins.items() if v is not None}
+    if not known:
+        return PolicyResult(False, "no metric compares the candidate with the base model")
+    worst_name, worst = min(known.items(), key=lambda kv: kv[1])
+    if worst < min_margin:
+        return PolicyResult(False, f"{worst_name} margin {worst:+.1%} is below the auto-promotion threshold "
+                                   f"{min_margin:.1%}")
+    for m in metrics:
+        last = m.get("last_accepted")
+        if last is not None and (m["candidate"] < last if m.get("higher_is_better") else m["candidate"] > last):
+            return PolicyResult(False, f"{m['name']} regressed against the last accepted model")
+    return PolicyResult(True, f"every eval margin >= {min_margin:.1%} (smallest: {worst_name} {worst:+.1%})")

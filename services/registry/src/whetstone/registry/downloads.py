@@ -1,0 +1,175 @@
+"""Artifacts a user can take away: the adapter (and merged weights) by presigned URL, each file
+checked against its recorded sha256 first. Safetensors and JSON only: never a pickle."""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+from dataclasses import replace
+from typing import Any
+
+from whetstone.contracts import MergeRequestedV1
+from whetstone.runtime.errors import ApiError
+from whetstone.runtime.service import Runtime
+
+from .adapters.artifacts import ArtifactMissing, ArtifactStore
+from .adapters.store import ModelStore
+from .context import RegistryContext
+from .domain import lineage as lineage_rules
+from .domain.stages import ModelRecord
+
+ADAPTER_EXTRAS = ("chat_template.jinja", "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json")
+
+
+def _missing(model_id: str) -> ApiError:
+    return ApiError(404, f"The model '{model_id}' does not exist", code="model_not_found", param="model")
+
+
+def corrupted(model: ModelRecord, what: str) -> ApiError:
+    return ApiError(409, f"The artifact of model '{model.model_id}' is corrupted: {what}. Nothing was served; the"
+                    " platform operators have to restore it.", code="artifact_corrupted", retry=False)
+
+
+async def _load(rt: Runtime[RegistryContext], tenant_id: str, model_id: str) -> tuple[ModelRecord, dict | None]:
+    async with rt.uow() as uow:
+        store = ModelStore(uow.conn)
+        model = await store.get(model_id, tenant_id)
+        if model is None:
+            raise _missing(model_id)
+        return model, await store.lineage(model_id)
+
+
+async def verify(rt: Runtime[RegistryContext], model: ModelRecord, files: dict[str, str]) -> dict[str, int]:
+    """Check manifest.json and every file against the recorded sha256 (a file whose ETag was
+    verified before is not hashed again). Returns sizes; ApiError artifact_corrupted otherwise."""
+    artifacts = rt.ctx.artifacts
+    try:
+        digest, _ = await asyncio.to_thread(artifacts.read_manifest, model.artifact_uri)
+    except ArtifactMissing:
+        raise corrupted(model, "manifest.json is missing") from None
+    if digest != model.artifact_sha256:
+        raise corrupted(model, "manifest.json does not match its recorded sha256")
+    sizes = {}
+    for rel, expected in files.items():
+        uri = artifacts.file_uri(model.artifact_uri, rel)
+        try:
+            info = await asyncio.to_thread(artifacts.info, uri)
+        except ArtifactMissing:
+            raise corrupted(model, f"{rel} is missing") from None
+        async with rt.uow() as uow:
+            known = await ModelStore(uow.conn).verified(uri)
+        if known != (info.etag, expected):
+            actual = await asyncio.to_thread(artifacts.sha256, uri)
+            if actual != expected:
+                rt.log.error("artifact file does not match its sha256", model_id=model.model_id, file=rel,
+                             expected=expected, actual=actual)
+                raise corrupted(model, f"{rel} does not match its sha256")
+            async with rt.uow() as uow:
+                await ModelStore(uow.conn).remember_verified(uri, info.etag, expected)
+        sizes[rel] = info.size
+    return sizes
+
+
+def _entry(artifacts: ArtifactStore, uri: str, name: str, sha256: str, size: int, ttl: int) -> dict[str, Any]:
+    return {"name": name, "url": artifacts.presign(uri, ttl, name.rsplit("/", 1)[-1]), "sha256": sha256, "size": size}
+
+
+async def adapter_download(rt: Runtime[RegistryContext], tenant_id: str, model_id: str) -> dict[str, Any]:
+    model, lineage = await _load(rt, tenant_id, model_id)
+    files = model.files
+    if "adapter_model.safetensors" not in files or "adapter_config.json" not in files:
+        unsafe = lineage_rules.pickles(files)
+        raise ApiError(409, f"model '{model_id}' has no safetensors adapter to download"
+                       + (f" (pickle files are never served: {', '.join(unsafe)})" if unsafe else ""),
+                       code="no_adapter_artifact")
+    wanted = {rel: files[rel] for rel in ("adapter_model.safetensors", *ADAPTER_EXTRAS) if rel in files}
+    wanted["adapter_config.json"] = files["adapter_config.json"]
+    sizes = await verify(rt, model, wanted)
+    artifacts, ttl = rt.ctx.artifacts, rt.ctx.config.presign_ttl_s
+    served_config_uri = artifacts.store.uri(f"tenants/{tenant_id}/models/{model_id}/adapter_config.json")
+    try:
+        served_config = await asyncio.to_thread(artifacts.read, served_config_uri)
+    except ArtifactMissing:
+        raise corrupted(model, "the served adapter_config.json is missing") from None
+    out = []
+    for rel, sha in wanted.items():
+        if rel == "adapter_config.json":
+            continue
+        out.append(await asyncio.to_thread(_entry, artifacts, artifacts.file_uri(model.artifact_uri, rel), rel, sha,
+                                           sizes[rel], ttl))
+    out.insert(1, await asyncio.to_thread(_entry, artifacts, served_config_uri, "adapter_config.json",
+                                          hashlib.sha256(served_config).hexdigest(), len(served_config), ttl))
+    card_uri = artifacts.store.uri(f"tenants/{tenant_id}/models/{model_id}/README.md")
+    try:
+        card = await asyncio.to_thread(artifacts.read, card_uri)
+        out.append(await asyncio.to_thread(_entry, artifacts, card_uri, "README.md", hashlib.sha256(card).hexdigest(),
+                                           len(card), ttl))
+    except ArtifactMissing:
+        pass
+    lineage = lineage or {}
+    return {"id": model_id, "object": "model.content", "format": "peft-lora-safetensors",
+            "base_model": lineage.get("base_model"), "base_model_sha256": lineage.get("base_model_sha256"),
+            "expires_in": ttl, "files": out,
+            "manifest": {f["name"]: f["sha256"] for f in out},
+            "training_manifest_sha256": model.artifact_sha256,
+            "training_manifest": {rel: sha for rel, sha in wanted.items()}}
+
+
+def merge_id_for(model_id: str) -> str:
+    return "merge-" + model_id
+
+
+def _merged_in_artifact(files: dict[str, str]) -> dict[str, str]:
+    """The trainer saves merged weights under merged/ when a job asked for it."""
+    return {rel: sha for rel, sha in files.items() if rel.startswith("merged/")}
+
+
+async def request_merge(rt: Runtime[RegistryContext], tenant_id: str, model_id: str) -> dict[str, Any]:
+    async with rt.uow() as uow:
+        store = ModelStore(uow.conn)
+        model = await store.get(model_id, tenant_id)
+        if model is None:
+            raise _missing(model_id)
+        if model.stage == "quarantined":
+            raise ApiError(409, f"model '{model_id}' is quarantined: no merged weights", code="model_quarantined")
+        existing = await store.merge(model_id)
+        if existing is None:
+            lineage = await store.lineage(model_id) or {}
+            merged = _merged_in_artifact(model.files)
+            if merged:  # already produced by the training job: cached, nothing to bill
+                await store.add_merge(merge_id_for(model_id), model_id, tenant_id, "succeeded", model.artifact_uri,
+                                      model.artifact_sha256, merged)
+            else:
+                await store.add_merge(merge_id_for(model_id), model_id, tenant_id, "requested")
+                await uow.publish(MergeRequestedV1(
+                    merge_id=merge_id_for(model_id), model_id=model_id, job_id=model.job_id,
+                    artifact_uri=model.artifact_uri, manifest_sha256=model.artifact_sha256,
+                    base_model=lineage.get("base_model", ""), base_model_sha256=lineage.get("base_model_sha256", "")),
+                    tenant_id=tenant_id)
+    return await merged_download(rt, tenant_id, model_id)
+
+
+async def merged_download(rt: Runtime[RegistryContext], tenant_id: str, model_id: str) -> dict[str, Any]:
+    async with rt.uow() as uow:
+        store = ModelStore(uow.conn)
+        model = await store.get(model_id, tenant_id)
+        if model is None:
+            raise _missing(model_id)
+        merge = await store.merge(model_id)
+    if merge is None:
+        raise ApiError(404, f"no merged weights requested for model '{model_id}': POST /v1/models/{model_id}/merged",
+                       code="merge_not_requested")
+    view: dict[str, Any] = {"id": merge["merge_id"], "object": "model.merge", "model": model_id,
+                            "status": merge["status"], "merge_job_id": merge["merge_job_id"], "error": merge["error"],
+                            "files": []}
+    if merge["status"] != "succeeded":
+        return view
+    files = {rel: sha for rel, sha in merge["files"].items() if not rel.lower().endswith(lineage_rules.PICKLE_SUFFIXES)}
+    source = model if merge["uri"] == model.artifact_uri else replace(
+        model, artifact_uri=merge["uri"], artifact_sha256=merge["manifest_sha256"])  # the merge job's own artifact
+    sizes = await verify(rt, source, files)
+    artifacts, ttl = rt.ctx.artifacts, rt.ctx.config.presign_ttl_s
+    view["expires_in"] = ttl
+    view["files"] = [await asyncio.to_thread(_entry, artifacts, artifacts.file_uri(merge["uri"], rel), rel, sha,
+                                             sizes[rel], ttl) for rel, sha in files.items()]
+    return view

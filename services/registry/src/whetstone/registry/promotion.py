@@ -1,0 +1,89 @@
+"""Applying stage-transition plans: rows, history and `model.promoted` events in one transaction."""
+
+from __future__ import annotations
+
+from whetstone.contracts import ModelPromotedV1
+from whetstone.runtime.messaging import UnitOfWork
+
+from .adapters.store import ModelStore
+from .domain import policy, stages
+from .domain.stages import ModelRecord, Plan, Transition
+
+
+def promoted_event(model: ModelRecord, t: Transition, sequence: int, actor: str | None) -> ModelPromotedV1:
+    lineage = model.lineage
+    return ModelPromotedV1(
+        model_id=model.model_id, from_stage=t.from_stage, to_stage=t.to_stage, reason=t.reason, name=model.name,
+        artifact_uri=model.artifact_uri, artifact_sha256=model.artifact_sha256, files=model.files,
+        base_model=lineage.get("base_model"), base_model_sha256=lineage.get("base_model_sha256"),
+        chat_template_sha256=lineage.get("chat_template_sha256"), approval=t.approval,
+        approved_by=actor if t.approval == "manual" else None, replaces_model_id=t.replaces_model_id,
+        sequence=sequence)
+
+
+async def apply_plan(uow: UnitOfWork, store: ModelStore, tenant_id: str, plan: Plan, actor: str | None) -> ModelRecord:
+    """Every transition: model row + history row + event. Returns the main model afterwards."""
+    model = None
+    for t in plan.transitions:
+        sequence = await store.apply(tenant_id, t, actor)
+        model = await store.get(t.model_id)
+        assert model is not None
+        await uow.publish(promoted_event(model, t, sequence, actor), tenant_id=tenant_id)
+    assert model is not None
+    return model
+
+
+async def auto_policy(store: ModelStore, model: ModelRecord, min_margin: float) -> policy.PolicyResult:
+    lineage = await store.lineage(model.model_id) or {}
+    return policy.auto_promotion(lineage.get("eval_verdict"), lineage.get("eval_metrics") or [],
+                                 lineage.get("eval_stages") or [], min_margin)
+
+
+async def promote(uow: UnitOfWork, store: ModelStore, model_id: str, tenant_id: str, target: str, reason: str, *,
+                  can_approve: bool, actor: str | None, min_margin: float) -> ModelRecord:
+    """Lock the name, re-read the model, let the domain decide, apply. Raises TransitionRefused."""
+    model = await store.get(model_id, tenant_id)
+    if model is None:
+        raise LookupError(model_id)
+    await store.lock_name(tenant_id, model.name)
+    model = await store.get(model_id, tenant_id)
+    assert model is not None
+    current = approval = None
+    if target == "production":
+        current = await store.production_of(tenant_id, model.name)
+        if can_approve:
+            approval = "manual"
+        else:
+            verdict = await auto_policy(store, model, min_margin)
+            approval = "auto" if verdict.passed else None
+            if approval:
+                reason = f"{reason} (auto-promotion: {verdict.reason})"
+            elif model.stage == "staging":
+                raise stages.TransitionRefused(
+                    "approval_required", "promotion to production needs a caller with the `models:promote` scope,"
+                    f" or an eval that passes the auto-promotion policy: {verdict.reason}", 403)
+    plan = stages.plan_promotion(model, target, reason, current_production=current, approval=approval)
+    return await apply_plan(uow, store, tenant_id, plan, actor)
+
+
+async def rollback(uow: UnitOfWork, store: ModelStore, model_id: str, tenant_id: str, reason: str,
+                   actor: str | None) -> ModelRecord:
+    model = await store.get(model_id, tenant_id)
+    if model is None:
+        raise LookupError(model_id)
+    await store.lock_name(tenant_id, model.name)
+    model = await store.get(model_id, tenant_id)
+    assert model is not None
+    previous = await store.previous_production(tenant_id, model.name, model.model_id)
+    return await apply_plan(uow, store, tenant_id, stages.plan_rollback(model, previous, reason), actor)
+
+
+async def archive(uow: UnitOfWork, store: ModelStore, model_id: str, tenant_id: str, reason: str,
+                  actor: str | None) -> ModelRecord:
+    model = await store.get(model_id, tenant_id)
+    if model is None:
+        raise LookupError(model_id)
+    await store.lock_name(tenant_id, model.name)
+    model = await store.get(model_id, tenant_id)
+    assert model is not None
+    return await apply_plan(uow, store, tenant_id, stages.plan_archive(model, reason), actor)

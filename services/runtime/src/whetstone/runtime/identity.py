@@ -1,0 +1,168 @@
+"""Who is calling: the tenant identity that the public gateway vouches for.
+
+The gateway (the only component that sees API keys) authenticates `Authorization: Bearer
+<key>`, then forwards the request to the owning service with two headers:
+
+    X-Whetstone-Identity: tenant=<id>;key=<key id>;scopes=<a,b>;ts=<unix seconds>
+    X-Whetstone-Signature: hex(HMAC-SHA256(internal secret, identity header value))
+
+A service trusts a tenant only when the signature verifies with the platform's internal secret
+and the timestamp is recent; any other header a caller sends (`X-Tenant-Id`, a forged identity)
+is refused with 401. Routes declare what they need with `Depends(require("write"))`.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import os
+import secrets
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from fastapi import Depends, Request
+
+from .errors import ApiError
+
+IDENTITY_HEADER = "X-Whetstone-Identity"
+SIGNATURE_HEADER = "X-Whetstone-Signature"
+# Platform-internal calls (the gateway asking the scheduler to verify a key, `whet keys` run by an
+# operator who holds the internal secret): `<unix seconds>:hex(HMAC(secret, "internal:<ts>"))`.
+INTERNAL_HEADER = "X-Whetstone-Internal"
+# What the gateway never forwards from a caller: identity can only be added by the gateway itself.
+UNTRUSTED_HEADERS = frozenset(h.lower() for h in (IDENTITY_HEADER, SIGNATURE_HEADER, INTERNAL_HEADER,
+                                                  "X-Tenant-Id"))
+MAX_AGE_S = 300
+SCOPES = ("read", "write", "models:promote", "admin")
+
+
+@dataclass(frozen=True)
+class Caller:
+    tenant_id: str
+    key_id: str
+    scopes: frozenset[str]
+    platform: bool = False  # the internal secret itself (operators, the gateway): acts for any tenant
+
+    def allows(self, scope: str) -> bool:
+        if "admin" in self.scopes:
+            return True
+        if scope == "read":
+            return bool(self.scopes & {"read", "write", "models:promote"})
+        return scope in self.scopes
+
+
+_SECRETS: dict[Path, bytes] = {}
+
+
+def internal_secret(data_dir: Path | None = None) -> bytes:
+    """WHETSTONE_INTERNAL_SECRET, else a random secret kept in <data_dir>/internal.secret so the
+    services and the gateway of one machine agree (created on first use, mode 0600; read once)."""
+    value = os.environ.get("WHETSTONE_INTERNAL_SECRET")
+    if value:
+        return value.encode()
+    path = ((data_dir or Path(os.environ.get("WHETSTONE_DATA_DIR", ".whetstone"))) / "internal.secret").absolute()
+    cached = _SECRETS.get(path)
+    if cached is not None and path.exists():
+        return cached
+    if not path.exists():
+        path.parent.mkdir(parents=True, exist_ok=True)
+        try:
+            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        except FileExistsError:  # another process created it first
+            pass
+        else:
+            with os.fdopen(fd, "w") as f:
+                f.write(secrets.token_hex(32))
+    _SECRETS[path] = path.read_text().strip().encode()
+    return _SECRETS[path]
+
+
+def sign(identity: str, secret: bytes) -> str:
+    return hmac.new(secret, identity.encode(), hashlib.sha256).hexdigest()
+
+
+def identity_headers(tenant_id: str, scopes: tuple[str, ...] | frozenset[str] = ("read", "write"), *,
+                     key_id: str = "internal", secret: bytes | None = None, now: float | None = None) -> dict[str, str]:
+    """The headers the gateway adds after authenticating a key (tests use it to call a service port)."""
+    ts = int(now if now is not None else time.time())
+    identity = f"tenant={tenant_id};key={key_id};scopes={','.join(sorted(scopes))};ts={ts}"
+    return {IDENTITY_HEADER: identity, SIGNATURE_HEADER: sign(identity, secret or internal_secret())}
+
+
+def internal_headers(secret: bytes | None = None, *, now: float | None = None) -> dict[str, str]:
+    """Headers of a platform-internal call (the gateway, an operator's `whet keys`)."""
+    ts = int(now if now is not None else time.time())
+    return {INTERNAL_HEADER: f"{ts}:{sign(f'internal:{ts}', secret or internal_secret())}"}
+
+
+def verify_internal(value: str | None, secret: bytes, *, now: float | None = None) -> bool:
+    ts, _, mac = (value or "").partition(":")
+    if not ts.isdigit() or not mac:
+        return False
+    if abs((now if now is not None else time.time()) - int(ts)) > MAX_AGE_S:
+        return False
+    return hmac.compare_digest(sign(f"internal:{ts}", secret), mac)
+
+
+def _secret_of(request: Request) -> bytes:
+    return getattr(request.app.state, "internal_secret", None) or internal_secret()
+
+
+def verify(identity: str | None, signature: str | None, secret: bytes, *, now: float | None = None) -> Caller:
+    if not identity or not signature:
+        raise ApiError(401, "Missing or invalid API key: send `Authorization: Bearer <key>` to the public API.",
+                       type="invalid_request_error", code="invalid_api_key")
+    if not hmac.compare_digest(sign(identity, secret), signature):
+        raise ApiError(401, "The caller's identity could not be verified.", type="invalid_request_error",
+                       code="invalid_identity")
+    fields = dict(part.partition("=")[::2] for part in identity.split(";"))
+    try:
+        ts = int(fields["ts"])
+        tenant = fields["tenant"]
+    except (KeyError, ValueError):
+        raise ApiError(401, "Malformed identity header.", type="invalid_request_error", code="invalid_identity")
+    if abs((now if now is not None else time.time()) - ts) > MAX_AGE_S:
+        raise ApiError(401, "The caller's identity has expired.", type="invalid_request_error", code="invalid_identity")
+    scopes = frozenset(s for s in fields.get("scopes", "").split(",") if s)
+    return Caller(tenant_id=tenant, key_id=fields.get("key", ""), scopes=scopes)
+
+
+def require(scope: str = "read"):
+    """FastAPI dependency: the verified caller, holding `scope` (403 otherwise)."""
+
+    async def caller(request: Request) -> Caller:
+        who = verify(request.headers.get(IDENTITY_HEADER), request.headers.get(SIGNATURE_HEADER), _secret_of(request))
+        if not who.allows(scope):
+            raise ApiError(403, f"This API key lacks the `{scope}` scope.", type="invalid_request_error",
+                           code="insufficient_scope")
+        return who
+
+    return Depends(caller)
+
+
+PLATFORM = Caller(tenant_id="*", key_id="internal", scopes=frozenset({"admin"}), platform=True)
+
+
+def require_internal():
+    """FastAPI dependency: only a caller holding the internal secret (never a tenant's key)."""
+
+    async def internal(request: Request) -> Caller:
+        if not verify_internal(request.headers.get(INTERNAL_HEADER), _secret_of(request)):
+            raise ApiError(401, "This route is internal to the platform.", code="invalid_internal_auth")
+        return PLATFORM
+
+    return Depends(internal)
+
+
+def require_or_internal(scope: str):
+    """FastAPI dependency: the internal secret (PLATFORM, any tenant) or a verified caller with `scope`."""
+    inner = require(scope).dependency
+
+    async def caller(request: Request) -> Caller:
+        if request.headers.get(INTERNAL_HEADER) and verify_internal(request.headers.get(INTERNAL_HEADER),
+                                                                    _secret_of(request)):
+            return PLATFORM
+        return await inner(request)
+
+    return Depends(caller)

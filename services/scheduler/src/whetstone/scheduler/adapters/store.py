@@ -1,0 +1,316 @@
+"""Postgres side of the scheduler: the only module with SQL. Jobs load into the `Job` aggregate
+and save back whole (one UPDATE), with the timeline lines the domain noted; datasets, nodes,
+usage and the scheduling snapshot are read and written here too. One store per unit of work."""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+from collections.abc import AsyncIterator, Sequence
+from datetime import datetime
+from typing import Any
+
+import asyncpg
+
+from whetstone.contracts import Event
+from whetstone.runtime.messaging import UnitOfWork
+
+from ..domain import jobs as rules
+from ..domain.admission import JobUsage, Usage
+from ..domain.cluster import ClusterView, to_view
+from ..domain.job import Job, Note
+
+WAKE_CHANNEL = "whetstone_scheduler_wake"
+ACTIVE = sorted(rules.ACTIVE_ON_NODE)
+TERMINAL = sorted(rules.TERMINAL)
+
+JOB_FIELDS = tuple(f.name for f in dataclasses.fields(Job) if f.name != "notes")
+MUTABLE = tuple(f for f in JOB_FIELDS if f not in ("job_id", "tenant_id", "idempotency_key", "fingerprint",
+                                                   "request", "created_at", "tier", "priority", "trace_id"))
+_SELECT = f"SELECT {', '.join(JOB_FIELDS)} FROM jobs"
+_INSERT = (f"INSERT INTO jobs ({', '.join(JOB_FIELDS)}) VALUES "
+           f"({', '.join(f'${i}' for i in range(1, len(JOB_FIELDS) + 1))})")
+_UPDATE = (f"UPDATE jobs SET {', '.join(f'{c} = ${i}' for i, c in enumerate(MUTABLE, start=2))} "
+           "WHERE job_id = $1")
+
+
+def _job(row: asyncpg.Record) -> Job:
+    return Job(**{k: row[k] for k in JOB_FIELDS})
+
+
+@dataclasses.dataclass(frozen=True)
+class NodeFacts:
+    node_id: str
+    gpu_type: str
+    gpu_count: int
+    gpu_memory_gb: float
+    spot: bool
+    interconnect_group: str
+    seen_at: datetime
+    address: str | None = None
+    schedulable: bool = True
+    unschedulable_reason: str | None = None
+
+
+class JobStore:
+    def __init__(self, uow: UnitOfWork, *, notify: bool = True) -> None:
+        """``notify=False``: the caller wakes its own process's loop after the commit (`woke`)."""
+        self.uow, self.conn = uow, uow.conn
+        self.notify, self.woke = notify, False
+
+    async def publish(self, job: Job, events: Sequence[Event]) -> None:
+        """Into the outbox, in this transaction: every event about a job carries its tenant and trace."""
+        for event in events:
+            await self.uow.publish(event, tenant_id=job.tenant_id, trace_id=job.trace_id)
+
+    # ----------------------------------------------------------------- jobs
+
+    async def get(self, job_id: str, *, lock: bool = False, skip_locked: bool = False) -> Job | None:
+        suffix = " FOR UPDATE SKIP LOCKED" if skip_locked else " FOR UPDATE" if lock else ""
+        row = await self.conn.fetchrow(f"{_SELECT} WHERE job_id = $1{suffix}", job_id)
+        return _job(row) if row else None
+
+    async def add(self, job: Job) -> None:
+        await self.conn.execute(_INSERT, *(getattr(job, f) for f in JOB_FIELDS))
+        await self._write_notes(job)
+
+    async def save(self, job: Job) -> None:
+        await self.conn.execute(_UPDATE, job.job_id, *(getattr(job, f) for f in MUTABLE))
+        await self._write_notes(job)
+
+    async def _write_notes(self, job: Job) -> None:
+        if job.notes:
+            await self.conn.executemany(
+                "INSERT INTO job_events (job_id, created_at, level, message, data, type) VALUES ($1,$2,$3,$4,$5,$6)",
+                [(job.job_id, n.created_at, n.level, n.message, n.data, n.type) for n in job.notes])
+            job.notes.clear()
+
+    async def note(self, job_id: str, note: Note) -> None:
+        await self.conn.execute(
+            "INSERT INTO job_events (job_id, created_at, level, message, data, type) VALUES ($1,$2,$3,$4,$5,$6)",
+            job_id, note.created_at, note.level, note.message, note.data, note.type)
+
+    async def owner_of(self, job_id: str) -> str | None:
+        return await self.conn.fetchval("SELECT tenant_id FROM jobs WHERE job_id = $1", job_id)
+
+    async def queue_position(self, sort_key: float | None, job_id: str) -> int:
+        """1 + queued jobs ahead of this sort key (the job itself not counted, queued or not)."""
+        return 1 + await self.conn.fetchval(
+            "SELECT count(*) FROM jobs WHERE status = 'queued' AND (sort_key, job_id) < ($1, $2)", sort_key, job_id)
+
+    async def lock_tenant(self, tenant_id: str) -> None:
+        """Serialise one tenant's admissions: the in-flight count and usage read stay true until commit."""
+        await self.conn.execute("SELECT pg_advisory_xact_lock(hashtextextended('tenant:' || $1, 0))", tenant_id)
+
+    async def usage(self, tenant_id: str, month: str) -> Usage:
+        row = await self.conn.fetchrow(   # the in-flight predicate is the jobs_in_flight index's, spelled out
+            "SELECT (SELECT gpu_seconds FROM tenant_usage WHERE tenant_id = $1 AND month = $2) AS seconds,"
+            " (SELECT count(*) FROM jobs WHERE tenant_id = $1"
+            "  AND status NOT IN ('succeeded', 'failed', 'cancelled')) AS in_flight", tenant_id, month)
+        return Usage((row["seconds"] or 0.0) / 3600.0, row["in_flight"])
+
+    async def waiting_for(self, tenant_id: str, dataset_id: str) -> list[Job]:
+        rows = await self.conn.fetch(
+            f"{_SELECT} WHERE tenant_id = $1 AND status = $2 AND request->>'training_file' = $3"
+            " ORDER BY created_at FOR UPDATE", tenant_id, rules.VALIDATING, dataset_id)
+        return [_job(r) for r in rows]
+
+    async def jobs_on_node(self, node_id: str) -> list[Job]:
+        rows = await self.conn.fetch(f"{_SELECT} WHERE $1 = ANY(node_ids) AND status = ANY($2::text[]) FOR UPDATE",
+                                     node_id, ACTIVE)
+        return [_job(r) for r in rows]
+
+    async def placed_elsewhere(self, node_id: str, job_ids: Sequence[str]) -> list[str]:
+        """Of these jobs, those on a node (active) but placed on nodes other than this one."""
+        if not job_ids:
+            return []
+        rows = await self.conn.fetch("SELECT job_id FROM jobs WHERE job_id = ANY($1::text[])"
+                                     " AND status = ANY($2::text[]) AND NOT ($3 = ANY(node_ids)) ORDER BY job_id",
+                                     list(job_ids), ACTIVE, node_id)
+        return [r["job_id"] for r in rows]
+
+    async def waiting_since(self, cutoff: datetime) -> list[tuple[Job, bool]]:
+        """Jobs still in validating_files created before the cutoff, and whether their dataset was submitted."""
+        rows = await self.conn.fetch(
+            f"SELECT j.*, EXISTS (SELECT 1 FROM dataset_submissions s WHERE s.tenant_id = j.tenant_id"
+            f"  AND s.dataset_id = j.request->>'training_file') AS submitted FROM ({_SELECT}) j"
+            " WHERE j.status = $1 AND j.created_at < $2", rules.VALIDATING, cutoff)
+        locked = []
+        for r in rows:
+            job = await self.get(r["job_id"], skip_locked=True)
+            if job is not None and job.status == rules.VALIDATING:
+                locked.append((job, r["submitted"]))
+        return locked
+
+    async def queued_since(self, cutoff: datetime) -> list[Job]:
+        rows = await self.conn.fetch(f"{_SELECT} WHERE status = 'queued' AND queued_at < $1 FOR UPDATE SKIP LOCKED",
+                                     cutoff)
+        return [_job(r) for r in rows]
+
+    async def quiet_since(self, cutoff: datetime) -> list[Job]:
+        """Jobs on a node or evaluating with no sign of life (or a checkpoint-and-stop request
+        unanswered) since the cutoff: candidates for a state timeout (the domain decides)."""
+        rows = await self.conn.fetch(
+            f"{_SELECT} WHERE status = ANY($1::text[]) AND least(coalesce(last_activity_at, updated_at),"
+            " coalesce(preempt_requested_at, updated_at)) < $2 FOR UPDATE SKIP LOCKED",
+            [*ACTIVE, rules.EVALUATING], cutoff)
+        return [_job(r) for r in rows]
+
+    async def any_queued(self) -> bool:
+        return bool(await self.conn.fetchval("SELECT 1 FROM jobs WHERE status = 'queued' LIMIT 1"))
+
+    # ---------------------------------------------------------- API reads
+
+    async def page(self, tenant_id: str, after: str | None, limit: int) -> tuple[list[Job], bool]:
+        cursor = await self.conn.fetchrow("SELECT created_at, job_id FROM jobs WHERE job_id = $1 AND tenant_id = $2",
+                                          after, tenant_id) if after else None
+        rows = await self.conn.fetch(
+            f"{_SELECT} WHERE tenant_id = $1 AND ($2::timestamptz IS NULL OR (created_at, job_id) < ($2, $3))"
+            " ORDER BY created_at DESC, job_id DESC LIMIT $4",
+            tenant_id, cursor["created_at"] if cursor else None, cursor["job_id"] if cursor else "", limit + 1)
+        return [_job(r) for r in rows[:limit]], len(rows) > limit
+
+    async def events(self, job_id: str, after: int | None, limit: int, newest_first: bool = True) -> list[Any]:
+        if newest_first:
+            return await self.conn.fetch(
+                "SELECT * FROM job_events WHERE job_id = $1 AND ($2::bigint IS NULL OR id < $2)"
+                " ORDER BY id DESC LIMIT $3", job_id, after, limit)
+        return await self.conn.fetch("SELECT * FROM job_events WHERE job_id = $1 AND id > $2 ORDER BY id LIMIT $3",
+                                     job_id, after or 0, limit)
+
+    async def add_checkpoint(self, job_id: str, checkpoint_id: str, step: int, kind: str, uri: str,
+                             created_at: datetime, metrics: dict[str, Any]) -> None:
+        await self.conn.execute(
+            "INSERT INTO job_checkpoints (job_id, checkpoint_id, step, kind, uri, created_at, metrics)"
+            " VALUES ($1,$2,$3,$4,$5,$6,$7) ON CONFLICT (job_id, checkpoint_id) DO NOTHING",
+            job_id, checkpoint_id, step, kind, uri, created_at, metrics)
+
+    async def checkpoints(self, job_id: str, after: str | None, limit: int) -> tuple[list[Any], bool]:
+        rows = await self.conn.fetch(
+            "SELECT * FROM job_checkpoints WHERE job_id = $1 AND ($2::text IS NULL OR (step, checkpoint_id) <"
+            " (SELECT step, checkpoint_id FROM job_checkpoints WHERE job_id = $1 AND checkpoint_id = $2))"
+            " ORDER BY step DESC, checkpoint_id DESC LIMIT $3", job_id, after, limit + 1)
+        return list(rows[:limit]), len(rows) > limit
+
+    # ------------------------------------------------------------ datasets
+
+    async def dataset(self, tenant_id: str, dataset_id: str) -> Any:
+        return await self.conn.fetchrow("SELECT * FROM datasets WHERE tenant_id = $1 AND dataset_id = $2",
+                                        tenant_id, dataset_id)
+
+    async def dataset_submitted(self, tenant_id: str, dataset_id: str, at: datetime) -> None:
+        await self.conn.execute("INSERT INTO dataset_submissions (tenant_id, dataset_id, submitted_at)"
+                                " VALUES ($1, $2, $3) ON CONFLICT DO NOTHING", tenant_id, dataset_id, at)
+
+    async def dataset_validated(self, tenant_id: str, ev: Any) -> None:
+        await self.conn.execute(
+            "INSERT INTO datasets (tenant_id, dataset_id, version, status, purpose, train_uri, validation_uri,"
+            " rows_kept, tokens_total, errors, cost_estimate, data_schema)"
+            " VALUES ($1,$2,$3,$4,$5,$6,$7,$8,$9,$10,$11,$12)"
+            " ON CONFLICT (tenant_id, dataset_id) DO UPDATE SET version = EXCLUDED.version, status = EXCLUDED.status,"
+            " purpose = EXCLUDED.purpose, train_uri = EXCLUDED.train_uri, validation_uri = EXCLUDED.validation_uri,"
+            " rows_kept = EXCLUDED.rows_kept, tokens_total = EXCLUDED.tokens_total, errors = EXCLUDED.errors,"
+            " cost_estimate = EXCLUDED.cost_estimate, data_schema = EXCLUDED.data_schema",
+            tenant_id, ev.dataset_id, ev.version, ev.status, ev.purpose, ev.train_uri, ev.validation_uri,
+            ev.rows_kept, ev.tokens_total, [e.model_dump(mode="json") for e in ev.errors], ev.cost_estimate,
+            ev.data_schema)
+
+    # --------------------------------------------------------------- nodes
+
+    async def upsert_node(self, node: NodeFacts, *, source: str) -> None:
+        """One node's facts from a heartbeat (alive now, address kept) or the Kubernetes inventory
+        (schedulability from taints and cordons)."""
+        common = ("gpu_type = EXCLUDED.gpu_type, gpu_count = EXCLUDED.gpu_count,"
+                  " gpu_memory_gb = EXCLUDED.gpu_memory_gb, spot = EXCLUDED.spot,"
+                  " interconnect_group = EXCLUDED.interconnect_group")
+        extra = (", address = coalesce(EXCLUDED.address, nodes.address),"
+                 " last_seen = greatest(nodes.last_seen, EXCLUDED.last_seen), lost = false" if source == "heartbeat"
+                 else ", schedulable = EXCLUDED.schedulable, unschedulable_reason = EXCLUDED.unschedulable_reason")
+        await self.conn.execute(
+            "INSERT INTO nodes (node_id, gpu_type, gpu_count, gpu_memory_gb, spot, interconnect_group, last_seen, lost,"
+            " address, schedulable, unschedulable_reason, source) VALUES ($1,$2,$3,$4,$5,$6,$7,false,$8,$9,$10,$11)"
+            f" ON CONFLICT (node_id) DO UPDATE SET {common}{extra}",
+            node.node_id, node.gpu_type, node.gpu_count, node.gpu_memory_gb, node.spot, node.interconnect_group,
+            node.seen_at, node.address, node.schedulable, node.unschedulable_reason, source)
+
+    async def node_deleted(self, node_id: str) -> None:
+        await self.conn.execute("UPDATE nodes SET lost = true, schedulable = false, unschedulable_reason = 'deleted'"
+                                " WHERE node_id = $1", node_id)
+
+    async def mark_lost(self, silent_since: datetime) -> list[str]:
+        rows = await self.conn.fetch("UPDATE nodes SET lost = true WHERE NOT lost AND last_seen < $1 RETURNING node_id",
+                                     silent_since)
+        return [r["node_id"] for r in rows]
+
+    async def pool_nodes(self) -> list[Any]:
+        return await self.conn.fetch("SELECT node_id, gpu_type, gpu_count, gpu_memory_gb, spot, interconnect_group"
+                                     " FROM nodes WHERE NOT lost")
+
+    async def addresses(self, node_ids: Sequence[str]) -> dict[str, str | None]:
+        rows = await self.conn.fetch("SELECT node_id, address FROM nodes WHERE node_id = ANY($1)", list(node_ids))
+        return {r["node_id"]: r["address"] for r in rows}
+
+    # ------------------------------------------------------------- cluster
+
+    async def lock_cycle(self, key: int) -> None:
+        """One cycle at a time, across replicas too."""
+        await self.conn.execute("SELECT pg_advisory_xact_lock($1)", key)
+
+    async def cluster(self, now: datetime, node_seen_since: datetime, queue_limit: int,
+                      checkpoint_s: float) -> ClusterView:
+        node_rows = await self.conn.fetch(
+            "SELECT node_id, gpu_type, gpu_count, spot, interconnect_group FROM nodes"
+            " WHERE NOT lost AND schedulable AND last_seen >= $1 ORDER BY node_id", node_seen_since)
+        active = await self.conn.fetch(
+            "SELECT job_id, tier, placement, segment_started_at, est_end_at, last_checkpoint_at, progress,"
+            " preempt_requested_at, priority_preemptions FROM jobs WHERE status = ANY($1::text[])", ACTIVE)
+        queued = await self.conn.fetch(
+            "SELECT job_id, tenant_id, tier, queued_at, resources, estimated_runtime_s, progress, spot_preemptions"
+            " FROM jobs WHERE status = 'queued' ORDER BY sort_key, job_id LIMIT $1", queue_limit)
+        return to_view(now, node_rows, active, queued, checkpoint_s)
+
+    @staticmethod
+    @contextlib.asynccontextmanager
+    async def wakes(pool: asyncpg.Pool, wake: Any) -> AsyncIterator[None]:
+        """Call ``wake()`` whenever a transaction that ran `wake_scheduler` commits."""
+        def notified(*_: Any) -> None:
+            wake()
+
+        async with pool.acquire() as conn:
+            await conn.add_listener(WAKE_CHANNEL, notified)
+            try:
+                yield
+            finally:
+                await conn.remove_listener(WAKE_CHANNEL, notified)
+
+    async def wake_scheduler(self) -> None:
+        """Wake the scheduling loop when this transaction commits (Postgres delivers NOTIFY on commit)."""
+        self.woke = True
+        if self.notify:
+            await self.conn.execute(f"NOTIFY {WAKE_CHANNEL}")
+
+    # --------------------------------------------------------------- usage
+
+    async def first_sight_of_usage(self, job_id: str, key: str) -> bool:
+        return bool(await self.conn.fetchval("INSERT INTO usage_seen (job_id, key) VALUES ($1, $2)"
+                                             " ON CONFLICT DO NOTHING RETURNING true", job_id, key))
+
+    async def job_usage(self, job_id: str, tenant_id: str) -> tuple[str, JobUsage]:
+        row = await self.conn.fetchrow(
+            "INSERT INTO job_usage (job_id, tenant_id) VALUES ($1, $2) ON CONFLICT (job_id)"
+            " DO UPDATE SET job_id = EXCLUDED.job_id RETURNING *", job_id, tenant_id)
+        return row["tenant_id"], JobUsage(row["segments"], row["segment_seconds"], row["segment_cost"],
+                                          row["total_seconds"], row["total_cost"])
+
+    async def save_job_usage(self, job_id: str, u: JobUsage) -> None:
+        await self.conn.execute(
+            "UPDATE job_usage SET segments = $2, segment_seconds = $3, segment_cost = $4, total_seconds = $5,"
+            " total_cost = $6 WHERE job_id = $1", job_id, u.segments, u.segment_seconds, u.segment_cost,
+            u.total_seconds, u.total_cost)
+
+    async def add_tenant_usage(self, tenant_id: str, month: str, jobs: int, seconds: float, cost: float) -> None:
+        await self.conn.execute(
+            "INSERT INTO tenant_usage (tenant_id, month, jobs, gpu_seconds, cost) VALUES ($1, $2, $3, $4, $5)"
+            " ON CONFLICT (tenant_id, month) DO UPDATE SET jobs = tenant_usage.jobs + EXCLUDED.jobs,"
+            " gpu_seconds = tenant_usage.gpu_seconds + EXCLUDED.gpu_seconds, cost = tenant_usage.cost + EXCLUDED.cost",
+            tenant_id, month, jobs, seconds, cost)

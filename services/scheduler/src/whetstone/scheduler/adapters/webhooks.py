@@ -1,0 +1,86 @@
+"""Postgres side of tenant webhooks: the hooks, the delivery outbox (rows written in the handler's
+transaction), claiming due deliveries (SKIP LOCKED: several scheduler replicas never send one
+twice at once) and recording each attempt."""
+
+from __future__ import annotations
+
+import json
+from datetime import datetime, timedelta
+from typing import Any
+
+import asyncpg
+
+
+def hook_view(row: asyncpg.Record) -> dict[str, Any]:
+    return {"object": "webhook", "id": row["webhook_id"], "url": row["url"], "events": list(row["events"]),
+            "description": row["description"], "created_at": int(row["created_at"].timestamp())}
+
+
+def delivery_view(row: asyncpg.Record) -> dict[str, Any]:
+    return {"object": "webhook.delivery", "id": str(row["delivery_id"]), "webhook_id": row["webhook_id"],
+            "event_id": row["event_id"], "event_type": row["event_type"], "status": row["status"],
+            "attempts": row["attempts"], "last_status_code": row["last_status_code"], "last_error": row["last_error"],
+            "next_attempt_at": int(row["next_attempt_at"].timestamp()) if row["status"] == "pending" else None,
+            "created_at": int(row["created_at"].timestamp()), "updated_at": int(row["updated_at"].timestamp())}
+
+
+class WebhookStore:
+    def __init__(self, conn: asyncpg.Connection) -> None:
+        self.conn = conn
+
+    async def add(self, webhook_id: str, tenant_id: str, url: str, events: list[str], secret: str,
+                  description: str, now: datetime) -> dict[str, Any]:
+        row = await self.conn.fetchrow(
+            "INSERT INTO webhooks (webhook_id, tenant_id, url, events, secret, description, created_at)"
+            " VALUES ($1,$2,$3,$4,$5,$6,$7) RETURNING *", webhook_id, tenant_id, url, events, secret, description, now)
+        return hook_view(row)
+
+    async def get(self, tenant_id: str, webhook_id: str) -> dict[str, Any] | None:
+        row = await self.conn.fetchrow("SELECT * FROM webhooks WHERE webhook_id = $1 AND tenant_id = $2"
+                                       " AND deleted_at IS NULL", webhook_id, tenant_id)
+        return hook_view(row) if row else None
+
+    async def list(self, tenant_id: str) -> list[dict[str, Any]]:
+        rows = await self.conn.fetch("SELECT * FROM webhooks WHERE tenant_id = $1 AND deleted_at IS NULL"
+                                     " ORDER BY created_at, webhook_id", tenant_id)
+        return [hook_view(r) for r in rows]
+
+    async def delete(self, tenant_id: str, webhook_id: str, now: datetime) -> bool:
+        """Soft delete (the delivery log stays); pending deliveries are dropped."""
+        done = await self.conn.fetchval("UPDATE webhooks SET deleted_at = $3 WHERE webhook_id = $1 AND tenant_id = $2"
+                                        " AND deleted_at IS NULL RETURNING true", webhook_id, tenant_id, now)
+        if done:
+            await self.conn.execute("UPDATE webhook_deliveries SET status = 'cancelled', updated_at = $2"
+                                    " WHERE webhook_id = $1 AND status = 'pending'", webhook_id, now)
+        return bool(done)
+
+    async def deliveries(self, webhook_id: str, limit: int) -> list[dict[str, Any]]:
+        rows = await self.conn.fetch("SELECT * FROM webhook_deliveries WHERE webhook_id = $1"
+                                     " ORDER BY delivery_id DESC LIMIT $2", webhook_id, limit)
+        return [delivery_view(r) for r in rows]
+
+    async def enqueue(self, tenant_id: str, event_type: str, event_id: str, payload: dict[str, Any]) -> int:
+        """One delivery per matching webhook of the tenant; the same event twice is queued once."""
+        result = await self.conn.execute(
+            "INSERT INTO webhook_deliveries (webhook_id, tenant_id, event_id, event_type, payload)"
+            " SELECT webhook_id, tenant_id, $2, $3, $4::jsonb FROM webhooks WHERE tenant_id = $1"
+            " AND deleted_at IS NULL AND (cardinality(events) = 0 OR $3 = ANY(events))"
+            " ON CONFLICT (webhook_id, event_id) DO NOTHING", tenant_id, event_id, event_type, json.dumps(payload))
+        return int(result.split()[-1])
+
+    async def claim(self, now: datetime, lease: timedelta, limit: int) -> list[asyncpg.Record]:
+        """Due deliveries, pushed `lease` into the future so that no other sender takes them meanwhile."""
+        return await self.conn.fetch(
+            "WITH due AS (SELECT delivery_id FROM webhook_deliveries WHERE status = 'pending'"
+            "  AND next_attempt_at <= $1 ORDER BY next_attempt_at LIMIT $3 FOR UPDATE SKIP LOCKED)"
+            " UPDATE webhook_deliveries d SET next_attempt_at = $1 + $2, attempts = d.attempts + 1, updated_at = $1"
+            " FROM due, webhooks w WHERE d.delivery_id = due.delivery_id AND w.webhook_id = d.webhook_id"
+            " RETURNING d.delivery_id, d.event_id, d.event_type, d.payload, d.tenant_id, d.attempts, d.created_at,"
+            " w.url, w.secret, w.webhook_id", now, lease, limit)
+
+    async def record(self, delivery_id: int, status: str, status_code: int | None, error: str | None,
+                     next_attempt_at: datetime, now: datetime) -> None:
+        await self.conn.execute(
+            "UPDATE webhook_deliveries SET status = $2, last_status_code = $3, last_error = $4,"
+            " next_attempt_at = $5, updated_at = $6 WHERE delivery_id = $1 AND status = 'pending'",
+            delivery_id, status, status_code, error, next_attempt_at, now)

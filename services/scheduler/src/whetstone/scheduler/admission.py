@@ -1,0 +1,224 @@
+"""Admission: a job request becomes a job (or a clear refusal), and a job waiting for its
+training file's verdict moves to the queue. Records facts and wakes the scheduling loop; never
+runs a scheduling cycle itself."""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+from datetime import UTC, datetime
+from typing import Any
+
+from whetstone.contracts import Event, JobRequestedV1, TrainingSpec, job_id_for
+from whetstone.runtime.models import UnknownModel
+from whetstone.runtime.service import Runtime
+
+from .adapters.catalog import BaseModelFacts
+from .adapters.store import JobStore
+from .context import SchedulerContext
+from .domain import admission as quotas
+from .domain import jobs as rules
+from .domain import resources
+from .domain.cluster import describe_pool, describe_shapes
+from .domain.job import Job, new_job
+from .domain.placement import Node, Shape, could_ever_fit
+
+
+class IdempotencyConflict(Exception):
+    pass
+
+
+class Rejected(Exception):
+    def __init__(self, code: str, message: str, status: int = 400, param: str | None = None):
+        super().__init__(message)
+        self.code, self.message, self.status, self.param = code, message, status, param
+
+
+def month_of(t: datetime) -> str:
+    return t.astimezone(UTC).strftime("%Y-%m")
+
+
+def larger_than_pool(what: str, shapes: tuple[Shape, ...], nodes: list[Node], detail: str = "") -> Rejected:
+    """The one wording of "no node of this pool can ever hold the job" (admission and the watcher)."""
+    return Rejected("larger_than_pool", f"{what} ({describe_shapes(shapes)}); the pool's {len(nodes)} node(s) "
+                                        f"({describe_pool(nodes)}) can never hold it" + detail)
+
+
+async def pool_offers(ctx: SchedulerContext, store: JobStore) -> tuple[list[resources.GpuOffer], list[Node]]:
+    """GPU types the pool (nodes not lost) and the catalog offer, and the pool's nodes."""
+    rows = await store.pool_nodes()
+    nodes = [Node(r["node_id"], resources.canonical_gpu_type(r["gpu_type"]), r["gpu_count"], r["gpu_count"],
+                  r["spot"], r["interconnect_group"]) for r in rows]
+    offers = resources.offers(((r["gpu_type"], r["gpu_memory_gb"], r["gpu_count"]) for r in rows),
+                              ctx.config.cpu_memory_gb, include_catalog=True)
+    return offers, nodes
+
+
+async def plan_resources(ctx: SchedulerContext, store: JobStore, req: JobRequestedV1, model: BaseModelFacts,
+                         explicit: dict[str, Any] | None) -> dict[str, Any]:
+    """The job's resource request ("auto" or the tenant's), checked against the pool; Rejected if it fits nowhere."""
+    arch = resources.model_arch(req.model, model.config, model.weight_bytes)
+    given = req.hyperparameters.model_dump(exclude_none=True)
+    bad = rules.check_hyperparameters(req.method, given, arch.hidden_size, arch.max_positions)
+    if bad:
+        raise Rejected(bad.code, bad.message, param=bad.param or "hyperparameters")
+    hp, _ = rules.resolve_hyperparameters(req.method, given, rules.model_defaults(arch.max_positions))
+    offers, nodes = await pool_offers(ctx, store)
+    plan = resources.plan_shapes(arch, req.method, hp, offers, ctx.config.cpu_max_params)
+    size = f"{arch.params / 1e9:.2f}B-parameter" if arch.params >= 1e8 else f"{arch.params / 1e6:.2f}M-parameter"
+    if explicit is None and arch.source == "unknown":
+        raise Rejected("unknown_model_size", f"cannot tell the size of base model {req.model!r} (no sizes in its "
+                       "config.json, no size in its name, no weight files): request resources explicitly", param="model")
+    if explicit is not None:
+        shape = Shape(resources.canonical_gpu_type(explicit["gpu_type"]), explicit["gpus_per_node"],
+                      explicit.get("nodes", 1))
+        problem = resources.explicit_shape_problem(shape, plan.memory, offers)
+        if problem:
+            raise Rejected("resources_insufficient", f"requested resources cannot train this {size} model: {problem}",
+                           param="resources")
+        shapes: tuple[Shape, ...] = (shape,)
+    else:
+        shapes = plan.shapes
+    if not shapes:
+        reasons = "; ".join(f"{t}: {why}" for t, why in sorted(plan.refused.items())) or "no GPU type known"
+        raise Rejected("fits_nowhere", f"a {req.method} job on this {size} model needs about "
+                                       f"{plan.memory.total:.1f} GB and fits on no GPU type ({reasons})", param="model")
+    if nodes:   # no node known yet (nothing heartbeated): keep every shape, capacity may come
+        fitting = tuple(s for s in shapes if could_ever_fit(s, nodes))
+        if not fitting:
+            pool_types = {n.gpu_type for n in nodes}
+            refused = "; ".join(f"{t}: {why}" for t, why in sorted(plan.refused.items()) if t in pool_types)
+            raise larger_than_pool(f"a {req.method} job on this {size} model needs about {plan.memory.total:.1f} GB",
+                                   shapes, nodes, f" ({refused})" if refused else "")
+        shapes = fitting
+    return {"request": explicit or "auto", "shapes": [s.as_dict() for s in shapes],
+            "memory_gb": plan.memory.as_dict(), "params": arch.params, "params_source": arch.source,
+            "arch": {"hidden_size": arch.hidden_size, "num_layers": arch.num_layers, "vocab_size": arch.vocab_size,
+                     "max_positions": arch.max_positions}}
+
+
+async def submit_job(rt: Runtime[SchedulerContext], store: JobStore, tenant_id: str, req: JobRequestedV1,
+                     trace_id: str | None = None, metadata: dict[str, str] | None = None,
+                     template: dict[str, Any] | None = None) -> tuple[Job, bool]:
+    """Create (or return the existing) job for this tenant's idempotency key (HTTP and Kafka alike).
+    The job keeps one trace id for its whole life (the request's, or a new one).
+
+    ``req.resources`` is an explicit {gpu_type, gpus_per_node, nodes} request; None means "auto"."""
+    ctx = rt.ctx
+    tier = rules.check_tenant(tenant_id, rt.settings.tenants, req.tier)
+    if isinstance(tier, rules.Rejection):
+        raise Rejected(tier.code, tier.message, 403, param="tier")
+    if req.job_id != job_id_for(tenant_id, req.idempotency_key):
+        raise Rejected("bad_job_id", "job_id must be job_id_for(tenant_id, idempotency_key)", param="job_id")
+    request = req.model_dump(mode="json", exclude={"job_id"})
+    explicit = request.pop("resources")
+    if explicit is not None:
+        request["resources"] = explicit
+    if request.get("eval_config") is None:
+        request.pop("eval_config", None)   # absent: fingerprints of older jobs stay the same
+    if metadata:
+        request["metadata"] = metadata
+    if template:   # the job template it came from: {name, version, overrides}
+        request["template"] = template
+    fingerprint = rules.request_fingerprint(request)
+
+    def replay(existing: Job) -> tuple[Job, bool]:
+        if existing.tenant_id != tenant_id or existing.fingerprint != fingerprint:
+            raise IdempotencyConflict(
+                f"idempotency_key {req.idempotency_key!r} was already used for job {existing.job_id} "
+                "with different parameters")
+        return existing, False
+
+    if existing := await store.get(req.job_id):      # a retry: answered without the work below
+        return replay(existing)
+    # sizing the job reads files and the pool: done before the tenant's lock, which only covers the
+    # quota check and the insert (the lock serialises one tenant's admissions)
+    try:
+        model = await asyncio.to_thread(ctx.models.lookup, req.model, rt.settings.model_catalog)
+    except UnknownModel as exc:
+        raise Rejected("unknown_base_model", str(exc), param="model") from exc
+    planned = await plan_resources(ctx, store, req, model, explicit)
+    dataset = await store.dataset(tenant_id, req.training_file)
+    if dataset is not None and dataset["status"] == "accepted" and (mismatch := rules.check_method_fits_dataset(
+            req.method, dataset["purpose"], dataset["data_schema"], req.training_file)):
+        raise Rejected(mismatch.code, mismatch.message, param=mismatch.param)
+    await store.lock_tenant(tenant_id)
+    if existing := await store.get(req.job_id, lock=True):
+        return replay(existing)
+    quota = ctx.config.quota_for(tenant_id, rt.settings.tenants[tenant_id])
+    usage = await store.usage(tenant_id, month_of(ctx.clock()))
+    refused = quotas.check_submission(quota, usage)
+    if refused:
+        raise Rejected(refused.code, refused.message, 429)
+    job = new_job(req.job_id, tenant_id, req.idempotency_key, fingerprint, request, tier, model.model.ref, model.model.sha256,
+                  planned, ctx.clock(), trace_id or str(uuid.uuid4()))
+    events = await queue_if_ready(rt, store, job, usage, dataset)
+    await store.add(job)
+    await store.publish(job, events)
+    return job, True
+
+
+async def try_queue(rt: Runtime[SchedulerContext], store: JobStore, job: Job) -> None:
+    events = await queue_if_ready(rt, store, job)
+    await store.save(job)
+    await store.publish(job, events)
+
+
+async def queue_if_ready(rt: Runtime[SchedulerContext], store: JobStore, job: Job,
+                         usage: quotas.Usage | None = None, dataset: Any = None) -> list[Event]:
+    """Out of validating_files once the dataset's verdict is known (queued, or failed with the reason);
+    the events to publish once the job is saved."""
+    if job.status != rules.VALIDATING:
+        return []
+    ctx, req = rt.ctx, job.request
+    ds = dataset or await store.dataset(job.tenant_id, job.training_file)
+    if ds is None:
+        return []  # waits for dataset.validated
+    now = ctx.clock()
+    if ds["status"] != "accepted":
+        reasons = "; ".join(f"line {e.get('line')}: {e['message']}" if e.get("line") else e["message"]
+                            for e in ds["errors"][:5])
+        events = job.fail(now, "invalid_training_file", f"dataset {ds['dataset_id']} was rejected: {reasons}")
+    elif mismatch := rules.check_method_fits_dataset(job.method, ds["purpose"], ds["data_schema"], ds["dataset_id"]):
+        events = job.fail(now, mismatch.code, mismatch.message, param=mismatch.param)
+    else:
+        max_positions = ((job.resources or {}).get("arch") or {}).get("max_positions")
+        hp, hp_hash = rules.resolve_hyperparameters(job.method, req.get("hyperparameters") or {},
+                                                    rules.model_defaults(max_positions))
+        spec = TrainingSpec(
+            base_model=job.spec["base_model"], base_model_sha256=job.spec["base_model_sha256"],
+            dataset_id=ds["dataset_id"], dataset_version=ds["version"], train_uri=ds["train_uri"],
+            validation_uri=ds["validation_uri"], method=job.method, hyperparameters=hp, hyperparameters_hash=hp_hash,
+            eval_config=req.get("eval_config"))
+        runtime_s, gpu_hours = estimate_job(ctx, job, ds["tokens_total"], hp)
+        quota = ctx.config.quota_for(job.tenant_id, rt.settings.tenants.get(job.tenant_id, job.tier))
+        usage = usage or await store.usage(job.tenant_id, month_of(now))
+        verdict = quotas.check_estimate(quota, usage, gpu_hours)
+        if isinstance(verdict, rules.Rejection):
+            events = job.fail(now, verdict.code, verdict.message)
+        else:
+            if verdict.over_soft:
+                job.note(now, "over the soft monthly GPU-hour quota: overage is billed", level="warning",
+                         **verdict.as_dict())
+            sort_key = now.timestamp() - ctx.policy.tier(job.tier).boost_s
+            cost = {**(ds["cost_estimate"] or {}), "estimated_runtime_s": round(runtime_s, 1),
+                    "estimated_gpu_hours": round(gpu_hours, 4),
+                    **({"over_soft_quota": True} if verdict.over_soft else {})}
+            events = job.queue(now, spec, sort_key, runtime_s, verdict.as_dict(),
+                               await store.queue_position(sort_key, job.job_id), cost)
+            await store.wake_scheduler()
+    return events
+
+
+def estimate_job(ctx: SchedulerContext, job: Job, tokens: int | None, hp: dict[str, Any]) -> tuple[float, float]:
+    """(runtime seconds, GPU-hours) on the job's preferred shape."""
+    res = job.resources or {}
+    first = job.shapes[0]
+    a = res.get("arch") or {}
+    arch = resources.ModelArch(res.get("params", 0), res.get("params_source", "unknown"), a.get("hidden_size"),
+                               a.get("num_layers"), a.get("vocab_size"), a.get("max_positions"))
+    gpu = resources.GPU_CATALOG.get(first.gpu_type)
+    tflops = gpu.tflops if gpu else (resources.CPU_TFLOPS if first.gpu_type == resources.CPU else 100.0)
+    runtime = resources.estimate_runtime_s(arch, job.method, tokens, int(hp.get("n_epochs") or 1), first,
+                                           tflops, ctx.config.default_runtime_s)
+    return runtime, runtime * first.total / 3600.0

@@ -1,0 +1,26 @@
+"""The scheduler's typed dependencies, built once in `bootstrap.py` and read by handlers as `rt.ctx`."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from datetime import datetime
+
+from .adapters.catalog import ModelCatalog
+from .adapters.metrics import SchedulerMetrics
+from .config import SchedulerSettings
+from .domain.policy import Forecast, Policy
+from .loop import SchedulingLoop
+
+Clock = Callable[[], datetime]
+
+
+@dataclass
+class SchedulerContext:
+    config: SchedulerSettings
+    policy: Policy
+    clock: Clock                     # injected: tests and the simulator can drive time
+    metrics: SchedulerMetrics
+    loop: SchedulingLoop
+    models: ModelCatalog             # resolved base models (weights hashed once per version)
+    forecasts: dict[str, Forecast] = field(default_factory=dict)   # queue position and start, from the last cycle

@@ -1,0 +1,405 @@
+"""The job aggregate: one fine-tuning job and its state machine. Pure (no IO).
+
+Every transition is a method that changes the job, notes what happened in the job's timeline
+(`notes`, appended to the job's events when the store saves it) and returns the events to
+publish. A transition the state machine does not allow changes nothing and returns no events
+(redelivered or stale events are harmless). Business rules that used to sit between SQL calls
+live here: preemption counts, re-queueing, which checkpoint to resume from, OFF-node fields."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+import re
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+from typing import Any
+
+from whetstone.contracts import (
+    CheckpointRef, Event, JobAssignedV1, JobCancelledV1, JobFailedV1, JobPreemptedV1, JobPreemptRequestedV1,
+    JobQueuedV1, NodeFencedV1, Resources, TrainingSpec,
+)
+
+from . import jobs as rules
+from .cluster import progress_fraction, shapes_of
+from .placement import Shape, rendezvous
+from .templates import template_fields
+
+# OpenAI's statuses; the platform's finer state is kept beside them (`Job.status`)
+PUBLIC_STATUS = {
+    rules.VALIDATING: "validating_files", rules.QUEUED: "queued", rules.PREEMPTED: "queued",
+    rules.PROVISIONING: "running", rules.RUNNING: "running", rules.CHECKPOINTING: "running",
+    rules.EVALUATING: "running", rules.SUCCEEDED: "succeeded", rules.FAILED: "failed",
+    rules.CANCELLED: "cancelled",
+}
+PREEMPT_COMMAND_REASONS = ("priority", "spot_loss", "drain")
+SEGMENT_ATTEMPT = re.compile(r"-s(\d+)$")
+MAX_TIMEOUT_REQUEUES = 3   # a job whose segments time out this often fails (platform) instead of looping
+
+
+@dataclass(frozen=True)
+class Timeouts:
+    """How long a job may sit in each non-terminal state on the platform's side (seconds)."""
+
+    provisioning: float      # assigned, no job.started / progress yet
+    running: float           # on the node, no progress, start or checkpoint for this long
+    checkpointing: float     # checkpoint-and-stop requested, no job.preempted yet
+    evaluating: float        # training succeeded, no eval.completed yet
+
+    def shortest(self) -> float:
+        return min(self.provisioning, self.running, self.checkpointing, self.evaluating)
+
+
+@dataclass
+class Note:
+    """One line of the job's timeline (shown as a fine_tuning.job.event)."""
+
+    created_at: datetime
+    message: str
+    level: str = "info"
+    type: str = "message"          # "message" | "metrics"
+    data: dict[str, Any] = field(default_factory=dict)
+
+
+def checkpoint_ref(ckpt: Mapping[str, Any] | None) -> CheckpointRef | None:
+    """The resumable part of a stored checkpoint record."""
+    if not ckpt:
+        return None
+    return CheckpointRef(uri=ckpt["uri"], step=ckpt["step"], manifest_sha256=ckpt["manifest_sha256"])
+
+
+@dataclass
+class Job:
+    job_id: str
+    tenant_id: str
+    idempotency_key: str
+    fingerprint: str
+    request: dict[str, Any]
+    status: str
+    tier: str
+    created_at: datetime
+    updated_at: datetime
+    trace_id: str
+    priority: int = 1
+    spec: dict[str, Any] | None = None
+    resources: dict[str, Any] | None = None
+    node_id: str | None = None
+    gpu_ids: list[int] = field(default_factory=list)
+    node_ids: list[str] = field(default_factory=list)
+    placement: list[dict[str, Any]] = field(default_factory=list)
+    segment_id: str | None = None
+    attempt: int = 0
+    latest_checkpoint: dict[str, Any] | None = None
+    progress: dict[str, Any] = field(default_factory=dict)
+    error: dict[str, Any] | None = None
+    eval: dict[str, Any] | None = None
+    trained_tokens: int | None = None
+    queued_at: datetime | None = None
+    started_at: datetime | None = None
+    finished_at: datetime | None = None
+    sort_key: float | None = None
+    estimated_runtime_s: float | None = None
+    segment_started_at: datetime | None = None
+    est_end_at: datetime | None = None
+    last_checkpoint_at: datetime | None = None
+    spot_preemptions: int = 0
+    priority_preemptions: int = 0
+    preempt_requested_at: datetime | None = None
+    preempt_reason: str | None = None
+    preempted_for: str | None = None
+    quota: dict[str, Any] | None = None
+    fine_tuned_model: str | None = None
+    fenced_attempt: int = 0                  # attempts up to this one were fenced: their events are refused
+    last_activity_at: datetime | None = None  # last sign of life of the state's work (timeouts count from it)
+    timeouts: int = 0                        # segments given up on by a timeout
+    notes: list[Note] = field(default_factory=list, repr=False, compare=False)   # unsaved timeline lines
+
+    # ------------------------------------------------------------ queries
+
+    @property
+    def public_status(self) -> str:
+        return PUBLIC_STATUS.get(self.status, self.status)
+
+    @property
+    def terminal(self) -> bool:
+        return self.status in rules.TERMINAL
+
+    @property
+    def on_node(self) -> bool:
+        return self.status in rules.ACTIVE_ON_NODE
+
+    @property
+    def shapes(self) -> tuple[Shape, ...]:
+        return shapes_of(self.resources)
+
+    @property
+    def method(self) -> str:
+        return self.request["method"]
+
+    @property
+    def training_file(self) -> str:
+        return self.request["training_file"]
+
+    def nodes_held(self) -> list[str]:
+        return list(self.node_ids) or ([self.node_id] if self.node_id else [])
+
+    def attempt_of(self, segment_id: str | None, attempt: int | None) -> int | None:
+        """The attempt an event speaks for: its own field, else the one its segment id names
+        (`<job>-s<attempt>`); None for an event that names neither."""
+        if attempt is not None:
+            return attempt
+        match = SEGMENT_ATTEMPT.search(segment_id or "")
+        return int(match.group(1)) if match and segment_id.startswith(self.job_id) else None  # type: ignore[union-attr]
+
+    def stale(self, segment_id: str | None, attempt: int | None, *, stop_report: bool = False) -> str | None:
+        """Why an event of this attempt must have no effect (a fenced or superseded attempt), or None.
+        ``stop_report``: a job.preempted of a superseded (not fenced) attempt is another gang member
+        reporting the stop that already re-queued the job: not refused (the segment check ignores it)."""
+        seen = self.attempt_of(segment_id, attempt)
+        if seen is None:
+            return None
+        if seen <= self.fenced_attempt:
+            return f"attempt {seen} of job {self.job_id} was fenced (the scheduler gave up on its node)"
+        if seen < self.attempt and not stop_report:
+            return f"attempt {seen} of job {self.job_id} is older than its current attempt {self.attempt}"
+        return None
+
+    def overdue(self, now: datetime, limits: Timeouts) -> str | None:
+        """The state whose platform-side timeout has passed (provisioning, running, checkpointing,
+        evaluating), or None."""
+        since = self.last_activity_at or self.updated_at
+        if self.on_node and self.preempt_requested_at is not None:
+            waited, state, limit = now - self.preempt_requested_at, "checkpointing", limits.checkpointing
+        elif self.status == rules.CHECKPOINTING:
+            waited, state, limit = now - since, "checkpointing", limits.checkpointing
+        elif self.status in (rules.PROVISIONING, rules.RUNNING, rules.EVALUATING):
+            waited, state = now - since, self.status
+            limit = getattr(limits, state)
+        else:
+            return None
+        return state if waited > timedelta(seconds=limit) else None
+
+    # ------------------------------------------------------------ helpers
+
+    def note(self, now: datetime, message: str, level: str = "info", type: str = "message", **data: Any) -> None:
+        self.notes.append(Note(now, message, level, type, data))
+
+    def _move(self, target: str, now: datetime, message: str, **data: Any) -> bool:
+        if not rules.can_transition(self.status, target):
+            return False
+        self.status, self.updated_at = target, now
+        if target in rules.TERMINAL and self.finished_at is None:
+            self.finished_at = now
+        self.note(now, message, status=target, **data)
+        return True
+
+    def _leave_nodes(self) -> None:
+        self.node_id, self.gpu_ids, self.placement, self.node_ids = None, [], [], []
+
+    def queued_event(self, position: int | None, cost: dict[str, Any] | None = None,
+                     requeued: bool = False) -> JobQueuedV1:
+        first = self.shapes[0]
+        return JobQueuedV1(job_id=self.job_id, tier=self.tier, spec=TrainingSpec.model_validate(self.spec),
+                           resources=Resources(gpu_type=first.gpu_type, gpus_per_node=first.gpus_per_node,
+                                               nodes=first.nodes),
+                           queue_position=position, cost_estimate=cost, requeued=requeued,
+                           suffix=self.request.get("suffix"), **template_fields(self.request.get("template")))
+
+    # -------------------------------------------------------- transitions
+
+    def fail(self, now: datetime, code: str, message: str, error_class: str = "user",
+             param: str | None = None) -> list[Event]:
+        if not self._move(rules.FAILED, now, message, code=code):
+            return []
+        self._leave_nodes()
+        self.error = {"code": code, "message": message, "error_class": error_class, "param": param}
+        return [JobFailedV1(job_id=self.job_id, error_class=error_class, code=code, message=message)]
+
+    def queue(self, now: datetime, spec: TrainingSpec, sort_key: float, runtime_s: float, quota: dict[str, Any],
+              position: int, cost: dict[str, Any]) -> list[Event]:
+        """Out of validating_files once the dataset is accepted and the estimate fits the quota."""
+        if not self._move(rules.QUEUED, now, "job queued"):
+            return []
+        self.spec, self.queued_at, self.sort_key = spec.model_dump(mode="json"), now, sort_key
+        self.estimated_runtime_s, self.quota = runtime_s, quota
+        return [self.queued_event(position, cost)]
+
+    def assign(self, now: datetime, placement: list[dict[str, Any]], shape: Shape, spot: bool, backfilled: bool,
+               default_runtime_s: float, addresses: Mapping[str, str | None]) -> list[Event]:
+        """A new segment on these nodes and GPU ids: every gang member gets its part of it."""
+        where = ", ".join(f"{p['node_id']} GPUs {p['gpu_ids']}" for p in placement)
+        if not self._move(rules.PROVISIONING, now, f"assigned to {where}" + (" (backfilled)" if backfilled else "")):
+            return []
+        self.attempt += 1
+        self.segment_id = f"{self.job_id}-s{self.attempt}"
+        self.placement = placement
+        self.node_ids = [p["node_id"] for p in placement]
+        self.node_id, self.gpu_ids = placement[0]["node_id"], placement[0]["gpu_ids"]
+        remaining = (self.estimated_runtime_s or default_runtime_s) * (1 - progress_fraction(self.progress))
+        self.segment_started_at, self.est_end_at = now, now + timedelta(seconds=remaining)
+        self.last_checkpoint_at, self.last_activity_at = None, now
+        self.resources = {**(self.resources or {}), "assigned": {**shape.as_dict(), "spot": spot}}
+        spec, resume = TrainingSpec.model_validate(self.spec), checkpoint_ref(self.latest_checkpoint)
+        meeting = rendezvous(self.node_ids, addresses)
+        return [JobAssignedV1(job_id=self.job_id, node_id=p["node_id"], segment_id=self.segment_id,
+                              attempt=self.attempt, gpu_ids=p["gpu_ids"], spec=spec, resume_from=resume,
+                              rendezvous=rdzv) for p, rdzv in zip(placement, meeting, strict=True)]
+
+    def request_preemption(self, now: datetime, reason: str, message: str,
+                           for_job: str | None = None) -> list[Event]:
+        """Tell the node(s) to checkpoint and stop; the agent's job.preempted then re-queues the job."""
+        if not self.on_node or self.preempt_requested_at is not None:
+            return []
+        self.preempt_requested_at, self.preempt_reason, self.preempted_for = now, reason, for_job
+        self.updated_at = now
+        self.note(now, f"{message}: checkpoint and stop requested; the job resumes from its checkpoint when "
+                  "capacity frees", level="warning", reason=reason, for_job=for_job)
+        command = reason if reason in PREEMPT_COMMAND_REASONS else "priority"
+        return [JobPreemptRequestedV1(job_id=self.job_id, node_id=node, segment_id=self.segment_id,
+                                      reason=command, for_job_id=for_job) for node in self.node_ids]
+
+    def give_up_segment(self, now: datetime, reason: str, position: int, node_id: str | None = None,
+                        requeue: bool = True) -> list[Event]:
+        """The scheduler gives up on the current attempt (its node was lost, or it timed out): the
+        segment is reported preempted with the true basis (`checkpointed_at`: when its latest
+        checkpoint was written, if this segment wrote one), every node of it is told to stop
+        (`node.fenced`), the attempt is fenced (its later events are refused) and the job re-queued
+        from its latest checkpoint. The next assignment takes the next attempt number."""
+        if not self.on_node or self.segment_id is None:
+            return []
+        nodes = self.nodes_held()
+        own = self.last_checkpoint_at is not None        # set only by a checkpoint of this segment
+        lost = JobPreemptedV1(job_id=self.job_id, segment_id=self.segment_id, attempt=self.attempt,
+                              node_id=node_id or (nodes[0] if nodes else ""), reason=reason, stopped_at=now,
+                              checkpoint=checkpoint_ref(self.latest_checkpoint),
+                              checkpointed_at=self.last_checkpoint_at if own else None)
+        fences = [NodeFencedV1(job_id=self.job_id, node_id=n, segment_id=self.segment_id, attempt=self.attempt,
+                               reason=reason) for n in nodes]
+        self.fenced_attempt = self.attempt
+        self.note(now, f"attempt {self.attempt} fenced ({reason}): node(s) {', '.join(nodes)} told to stop; "
+                  "its later events are refused", level="warning", reason=reason, attempt=self.attempt)
+        if not requeue:
+            return [lost, *fences]
+        return [lost, *fences, *self.preempted(now, reason, None, position)]
+
+    def time_out(self, now: datetime, state: str, limit_s: float, position: int) -> list[Event]:
+        """A platform-side timeout: evaluating fails the job (platform); a segment on a node is
+        given up and re-queued, until it has timed out MAX_TIMEOUT_REQUEUES times (then it fails)."""
+        what = {"provisioning": "no job.started", "running": "no progress", "checkpointing": "no job.preempted after "
+                "a checkpoint-and-stop request", "evaluating": "no eval.completed"}[state]
+        message = f"{state} timed out: {what} within {limit_s:.0f}s"
+        if state == "evaluating" or not self.on_node:
+            return self.fail(now, f"{state}_timeout", message, error_class="platform")
+        self.timeouts += 1
+        self.note(now, message, level="warning", state=state, timeouts=self.timeouts)
+        if self.timeouts < MAX_TIMEOUT_REQUEUES:
+            return self.give_up_segment(now, "platform_timeout", position)
+        return [*self.give_up_segment(now, "platform_timeout", position, requeue=False),
+                *self.fail(now, f"{state}_timeout", f"{message} ({self.timeouts} segments timed out; the platform "
+                           "gave up)", error_class="platform")]
+
+    def preempted(self, now: datetime, reason: str, checkpoint: CheckpointRef | None, position: int) -> list[Event]:
+        """Stopped (spot loss, priority, lost node, drain): counted, then always back in the queue with
+        the same job id and queue time, resuming from its latest checkpoint."""
+        if not rules.can_transition(self.status, rules.PREEMPTED):
+            return []
+        if checkpoint is not None and checkpoint.step >= (self.latest_checkpoint or {}).get("step", -1):
+            self.latest_checkpoint = {**checkpoint.model_dump(), "kind": "emergency"}
+        on_spot = bool((self.resources or {}).get("assigned", {}).get("spot"))
+        counts_spot = reason == "spot_loss" or (on_spot and reason in ("node_lost", "drain", "signal"))
+        counts_priority = reason == "priority" or self.preempt_reason == "priority"
+        self._move(rules.PREEMPTED, now, f"preempted ({reason})")
+        self.spot_preemptions += int(counts_spot)
+        self.priority_preemptions += int(counts_priority)
+        self._leave_nodes()
+        self.preempt_requested_at = self.preempt_reason = self.preempted_for = None
+        self.last_activity_at = now
+        self._move(rules.QUEUED, now, "re-queued; resumes from its latest checkpoint" if self.latest_checkpoint
+                   else "re-queued; no checkpoint yet, restarts from the beginning")
+        return [self.queued_event(position, requeued=True)]
+
+    def started(self, now: datetime, node_id: str, started_at: datetime, total_steps: int | None,
+                resumed_from_step: int | None) -> None:
+        if self._move(rules.RUNNING, now, f"training started on {node_id}"
+                      + (f", resumed from step {resumed_from_step}" if resumed_from_step else "")):
+            self.started_at = self.started_at or started_at
+            self.last_activity_at = now
+            self.progress = {**self.progress, "total_steps": total_steps}
+
+    def progressed(self, now: datetime, metrics: dict[str, Any]) -> bool:
+        """A training step's metrics (newer steps only); the first one shows the job running."""
+        if not self.on_node or metrics["step"] < self.progress.get("step", -1):
+            return False
+        self.progress, self.updated_at, self.last_activity_at = metrics, now, now
+        step_metrics = {k: v for k, v in metrics.items() if k not in ("total_steps",)}
+        self.note(now, f"step {metrics['step']}" + (f"/{metrics['total_steps']}" if metrics.get("total_steps") else "")
+                  + (f": training loss={metrics['loss']:.4f}" if metrics.get("loss") is not None else ""),
+                  type="metrics", **step_metrics)
+        if self.status == rules.PROVISIONING:
+            self._move(rules.RUNNING, now, "training running")
+        return True
+
+    def checkpoint_written(self, now: datetime, segment_id: str, kind: str, step: int, uri: str,
+                           manifest_sha256: str, written_at: datetime) -> bool:
+        """True when it becomes the job's latest checkpoint."""
+        self.note(now, f"{kind} checkpoint at step {step}", uri=uri)
+        if step < (self.latest_checkpoint or {}).get("step", -1):
+            return False
+        self.latest_checkpoint = {"uri": uri, "step": step, "manifest_sha256": manifest_sha256, "kind": kind,
+                                  "segment_id": segment_id, "written_at": written_at.isoformat()}
+        if segment_id == self.segment_id:
+            self.last_checkpoint_at = written_at   # the refund basis if this segment is lost
+            if self.on_node:
+                self.last_activity_at = now
+        return True
+
+    def training_completed(self, now: datetime, steps: int, tokens: int | None, final: CheckpointRef) -> bool:
+        if not self._move(rules.EVALUATING, now, f"training finished after {steps} steps; evaluating"):
+            return False
+        self.trained_tokens, self.last_activity_at = tokens, now
+        self._leave_nodes()
+        self.latest_checkpoint = {**final.model_dump(), "kind": "final"}
+        return True
+
+    def training_failed(self, now: datetime, code: str, message: str, error_class: str) -> bool:
+        """A failed job (NaN loss, bad data, crash) is terminal: never re-queued automatically."""
+        if not self._move(rules.FAILED, now, message, code=code):
+            return False
+        self._leave_nodes()
+        self.error = {"code": code, "message": message, "error_class": error_class}
+        return True
+
+    def evaluated(self, now: datetime, verdict: str, reasons: Sequence[str], result: dict[str, Any],
+                  stages: Sequence[Mapping[str, Any]]) -> bool:
+        for s in stages:
+            self.note(now, f"eval stage {s['name']}: {s['status']} ({s.get('reason', '')})",
+                      level="warning" if s["status"] == "failed" else "info", type="message",
+                      stage=s["name"], stage_status=s["status"])
+        if not self._move(rules.SUCCEEDED, now, f"evaluation {verdict}: {'; '.join(reasons)}"):
+            return False
+        self.eval = result
+        return True
+
+    def cancel(self, now: datetime) -> list[Event]:
+        nodes = self.nodes_held()
+        if not self._move(rules.CANCELLED, now, "cancelled by user"):
+            return []
+        self._leave_nodes()
+        return [JobCancelledV1(job_id=self.job_id, node_id=node) for node in nodes or [None]]
+
+    def model_registered(self, now: datetime, name: str, model_id: str) -> None:
+        if self.fine_tuned_model != name:
+            self.fine_tuned_model = name
+            self.note(now, f"model registered: {name}", model_id=model_id)
+
+
+def new_job(job_id: str, tenant_id: str, idempotency_key: str, fingerprint: str, request: dict[str, Any], tier: str,
+            base_model: str, base_model_sha256: str, resources: dict[str, Any], now: datetime,
+            trace_id: str) -> Job:
+    """A job just admitted: waiting for its training file's verdict (validating_files)."""
+    job = Job(job_id, tenant_id, idempotency_key, fingerprint, request, rules.VALIDATING, tier, now, now, trace_id,
+              priority=rules.TIER_PRIORITY[tier], resources=resources,
+              spec={"base_model": base_model, "base_model_sha256": base_model_sha256})
+    shapes = ", ".join(f"{s.nodes}x{s.gpus_per_node} {s.gpu_type}" for s in job.shapes[:3])
+    job.note(now, f"job created; needs about {resources['memory_gb']['total']:.1f} GB: {shapes}",
+             model=request["model"], training_file=request["training_file"], resources=resources)
+    return job

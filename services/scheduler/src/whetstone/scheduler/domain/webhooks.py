@@ -1,0 +1,65 @@
+"""Tenant webhooks, pure: which URLs and event types are allowed, the signature a receiver checks,
+and when a failed delivery is tried again."""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+from urllib.parse import urlsplit
+
+EVENT_TYPES = ("job.succeeded", "job.failed", "job.cancelled", "model.registered", "model.promoted")
+SIGNATURE_HEADER = "Whetstone-Signature"
+EVENT_ID_HEADER = "Whetstone-Event-Id"
+EVENT_TYPE_HEADER = "Whetstone-Event-Type"
+
+
+class WebhookError(ValueError):
+    def __init__(self, param: str, message: str) -> None:
+        super().__init__(f"{param}: {message}")
+        self.param, self.message = param, message
+
+
+def check_url(url: str) -> str:
+    parts = urlsplit(url)
+    if parts.scheme not in ("http", "https"):
+        raise WebhookError("url", "must be an http:// or https:// URL")
+    if not parts.hostname:
+        raise WebhookError("url", "has no host")
+    if parts.username or parts.password:
+        raise WebhookError("url", "must not carry credentials (the signature authenticates the platform)")
+    if len(url) > 2048:
+        raise WebhookError("url", "longer than 2048 characters")
+    return url
+
+
+def check_events(events: list[str]) -> list[str]:
+    """An empty filter means every event type."""
+    for i, e in enumerate(events):
+        if e not in EVENT_TYPES:
+            raise WebhookError(f"events.{i}", f"unknown event type {e!r} (known: {', '.join(EVENT_TYPES)})")
+    return sorted(set(events))
+
+
+def sign(secret: str, timestamp: int, body: bytes) -> str:
+    """`t=<unix>,v1=<hex hmac-sha256(secret, "<t>.<body>")>`: the receiver recomputes it and checks `t` is recent."""
+    mac = hmac.new(secret.encode(), f"{timestamp}.".encode() + body, hashlib.sha256).hexdigest()
+    return f"t={timestamp},v1={mac}"
+
+
+def verify(secret: str, header: str, body: bytes) -> bool:
+    fields = dict(part.split("=", 1) for part in header.split(",") if "=" in part)
+    if not fields.get("t", "").isdigit() or "v1" not in fields:
+        return False
+    return hmac.compare_digest(sign(secret, int(fields["t"]), body), f"t={fields['t']},v1={fields['v1']}")
+
+
+def next_delay_s(attempts: int, base_s: float, cap_s: float = 3600.0) -> float:
+    """Exponential backoff after the n-th failed attempt: base, 4x base, 16x base, ... (capped)."""
+    return min(cap_s, base_s * 4 ** max(0, attempts - 1))
+
+
+def outcome(status_code: int | None, attempts: int, max_attempts: int) -> str:
+    """'succeeded' on a 2xx; 'failed' once the attempts are spent; else 'pending' (tried again)."""
+    if status_code is not None and 200 <= status_code < 300:
+        return "succeeded"
+    return "failed" if attempts >= max_attempts else "pending"

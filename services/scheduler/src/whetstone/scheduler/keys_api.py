@@ -1,0 +1,97 @@
+"""API key routes. The scheduler owns tenants, so it owns their keys.
+
+- `POST /internal/keys/verify`: the gateway's question "whose key is this?" (internal secret only).
+- `POST /v1/keys`, `GET /v1/keys`, `POST /v1/keys/{id}/revoke`: an `admin` key manages its own
+  tenant's keys; the internal secret (an operator's `whet keys`) manages any tenant's.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from fastapi import APIRouter
+from pydantic import BaseModel, ConfigDict, Field
+
+from whetstone.runtime.errors import ApiError
+from whetstone.runtime.identity import Caller, require_internal, require_or_internal
+from whetstone.runtime.service import Runtime
+
+from .adapters.keys import KeyError_, KeyStore
+
+
+class CreateKey(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    tenant_id: str | None = Field(default=None, description="default: the caller's tenant")
+    name: str = Field(default="", max_length=200)
+    scopes: list[str] | None = None
+    rate_limit_per_s: float | None = Field(default=None, gt=0, le=100_000)
+
+
+class VerifyKey(BaseModel):
+    key: str = Field(max_length=200)
+
+
+def key_routes(rt: Runtime) -> APIRouter:
+    assert rt.pool is not None
+    keys = KeyStore(rt.pool, rt.clock)
+    tenants = rt.settings.tenants
+    r = APIRouter()
+
+    def not_found(key_id: str) -> ApiError:
+        return ApiError(404, f"No API key {key_id}.", code="key_not_found", param="key_id")
+
+    @r.post("/internal/keys/verify")
+    async def verify(body: VerifyKey, _: Caller = require_internal()) -> dict:
+        key = await keys.verify(body.key)
+        if key is None or key.tenant_id not in tenants:
+            raise ApiError(401, "Incorrect API key provided.", code="invalid_api_key")
+        return {"key_id": key.key_id, "tenant_id": key.tenant_id, "scopes": list(key.scopes),
+                "rate_limit_per_s": key.rate_limit_per_s}
+
+    @r.post("/v1/keys")
+    async def create(body: CreateKey, caller: Caller = require_or_internal("admin")) -> dict:
+        tenant = body.tenant_id or (None if caller.platform else caller.tenant_id)
+        if tenant is None:
+            raise ApiError(400, "tenant_id is required.", code="missing_tenant", param="tenant_id")
+        if not caller.platform and tenant != caller.tenant_id:
+            raise ApiError(404, f"No tenant {tenant}.", code="tenant_not_found", param="tenant_id")
+        if tenant not in tenants:
+            raise ApiError(404 if not caller.platform else 400,
+                           f"Unknown tenant {tenant!r}; known: {', '.join(sorted(tenants))}.",
+                           code="tenant_not_found", param="tenant_id")
+        try:
+            record, secret = await keys.create(tenant, name=body.name, scopes=body.scopes,
+                                               rate_limit_per_s=body.rate_limit_per_s)
+        except KeyError_ as exc:
+            raise ApiError(400, exc.message, code=exc.code, param=exc.param) from exc
+        return {**record.view(), "key": secret}
+
+    @r.get("/v1/keys")
+    async def list_keys(tenant_id: str | None = None, caller: Caller = require_or_internal("admin")) -> dict:
+        tenant = tenant_id if caller.platform else caller.tenant_id
+        data = [k.view() for k in await keys.list(tenant)]
+        return {"object": "list", "data": data, "has_more": False}
+
+    @r.post("/v1/keys/{key_id}/revoke")
+    async def revoke(key_id: str, caller: Caller = require_or_internal("admin")) -> dict:
+        key = await keys.get(key_id)
+        if key is None or (not caller.platform and key.tenant_id != caller.tenant_id):
+            raise not_found(key_id)
+        revoked = await keys.revoke(key_id)
+        assert revoked is not None
+        return revoked.view()
+
+    return r
+
+
+def including_keys(*routes: Callable[[Runtime], APIRouter]) -> Callable[[Runtime], APIRouter]:
+    """The scheduler's routes plus the key routes (one line in bootstrap.py)."""
+
+    def build(rt: Runtime) -> APIRouter:
+        router = APIRouter()
+        for more in routes:
+            router.include_router(more(rt))
+        router.include_router(key_routes(rt))
+        return router
+
+    return build

@@ -1,0 +1,137 @@
+"""The create-job body as OpenAI's client sends it, turned into the platform's `JobRequestedV1`.
+
+`method` is OpenAI's object, `{"type": "supervised" | "dpo", "supervised" | "dpo": {"hyperparameters":
+{...}}}`. The platform's own methods are an extension that stays valid for the client:
+`"whetstone": {"method": "qlora"}` beside `type` (supervised: lora (default), qlora, full, cpt; dpo:
+dpo (default), orpo), or `type` naming the platform method itself (`{"type": "qlora", "qlora":
+{"hyperparameters": ...}}`), or a plain string (`"method": "qlora"`, the platform's older form).
+Top-level `hyperparameters` (deprecated by OpenAI, still sent by older clients) are accepted when
+the method object carries none. `"auto"` means the platform's default; `learning_rate_multiplier`
+scales the method's default learning rate."""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from whetstone.contracts import Hyperparameters, JobRequestedV1, ResourceRequest
+from whetstone.runtime.errors import ApiError
+
+from .domain import jobs as rules
+
+PLATFORM_METHODS = ("lora", "qlora", "full", "cpt", "dpo", "orpo")
+FAMILY = {"lora": "supervised", "qlora": "supervised", "full": "supervised", "cpt": "supervised",
+          "dpo": "dpo", "orpo": "dpo"}
+DEFAULT_FOR = {"supervised": "lora", "dpo": "dpo"}
+
+
+class MethodConfig(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    hyperparameters: dict[str, Any] = Field(default_factory=dict)
+
+
+class PlatformMethod(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    method: Literal["lora", "qlora", "full", "cpt", "dpo", "orpo"]
+
+
+class MethodSpec(BaseModel):
+    model_config = ConfigDict(extra="allow")   # the config object under the platform method's own name
+    type: Literal["supervised", "dpo", "lora", "qlora", "full", "cpt", "orpo"]
+    supervised: MethodConfig | None = None
+    dpo: MethodConfig | None = None
+    whetstone: PlatformMethod | None = None
+
+
+class CreateJob(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    model: str | None = Field(default=None, min_length=1)   # required unless a template gives it
+    template: str | None = Field(default=None, min_length=1, max_length=80, description="'name' or 'name@version'")
+    training_file: str = Field(min_length=1)
+    validation_file: str | None = None
+    method: MethodSpec | Literal["lora", "qlora", "full", "cpt", "dpo", "orpo"] | None = None
+    hyperparameters: dict[str, Any] | None = None
+    suffix: str | None = Field(default=None, max_length=64)
+    seed: int | None = Field(default=None, ge=0)
+    metadata: dict[str, str] | None = Field(default=None, max_length=16)
+    integrations: list[dict[str, Any]] | None = None
+    tier: str | None = None
+    idempotency_key: str | None = Field(default=None, min_length=1, max_length=255)
+    resources: Literal["auto"] | ResourceRequest = "auto"
+    eval_config: dict[str, Any] | None = None
+
+
+def bad(param: str, message: str, code: str = "invalid_value") -> ApiError:
+    return ApiError(400, f"{param}: {message}", code=code, param=param)
+
+
+def platform_method(body: CreateJob) -> tuple[str, dict[str, Any]]:
+    """(platform method, the hyperparameters given with it)."""
+    m = body.method
+    if m is None or isinstance(m, str):
+        return m or "lora", {}
+    if m.type in ("supervised", "dpo"):
+        method = m.whetstone.method if m.whetstone else DEFAULT_FOR[m.type]
+        if FAMILY[method] != m.type:
+            raise bad("method.whetstone.method", f"{method!r} is not a {m.type} method "
+                      f"(fits: {', '.join(k for k, v in FAMILY.items() if v == m.type)})")
+        config = getattr(m, m.type)
+    else:
+        method = m.type
+        if m.whetstone and m.whetstone.method != method:
+            raise bad("method.whetstone.method", f"{m.whetstone.method!r} contradicts method.type {method!r}")
+        extra = (m.model_extra or {}).get(method) or getattr(m, FAMILY[method], None)
+        try:
+            config = MethodConfig.model_validate(extra) if isinstance(extra, dict) else extra
+        except ValidationError as exc:
+            raise bad(f"method.{method}", str(exc.errors()[0]["msg"])) from exc
+    unknown = set(m.model_extra or {}) - {method}
+    if unknown:
+        raise bad(f"method.{sorted(unknown)[0]}", "unknown field")
+    return method, dict(config.hyperparameters) if config else {}
+
+
+def hyperparameters(method: str, given: dict[str, Any], param: str) -> Hyperparameters:
+    """'auto' -> the default; learning_rate_multiplier -> learning_rate; ranges from the contract."""
+    hp = {k: v for k, v in given.items() if v != "auto" or k == "batch_size"}
+    if "learning_rate_multiplier" in hp:
+        multiplier = hp.pop("learning_rate_multiplier")
+        if not isinstance(multiplier, int | float) or multiplier <= 0:
+            raise bad(f"{param}.learning_rate_multiplier", "must be a number > 0 or 'auto'")
+        if hp.get("learning_rate") is not None:
+            raise bad(f"{param}.learning_rate_multiplier", "give learning_rate or learning_rate_multiplier, not both")
+        default = rules.resolve_hyperparameters(method, {})[0]["learning_rate"]
+        hp["learning_rate"] = default * multiplier
+    try:
+        return Hyperparameters(**hp)
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        field = ".".join(str(p) for p in first["loc"])
+        raise bad(f"{param}.{field}" if field else param, first["msg"]) from exc
+    except TypeError as exc:
+        raise bad(param, str(exc)) from exc
+
+
+def to_request(body: CreateJob, job_id: str, key: str) -> JobRequestedV1:
+    if not body.model:
+        raise bad("model", "Field required (or name a template that gives it)", code="missing_required_parameter")
+    method, nested = platform_method(body)
+    if nested and body.hyperparameters:
+        raise bad("hyperparameters", "give hyperparameters under method.<type>.hyperparameters or at the top level "
+                  "(deprecated), not both")
+    given = nested or dict(body.hyperparameters or {})
+    param = f"method.{body.method.type}.hyperparameters" if nested and isinstance(body.method, MethodSpec) \
+        else "hyperparameters"
+    if body.seed is not None:
+        if given.get("seed") not in (None, body.seed):
+            raise bad("seed", "contradicts hyperparameters.seed")
+        given["seed"] = body.seed
+    if body.integrations:
+        raise bad("integrations", "no integrations are supported on this platform; send [] or leave it out",
+                  code="unsupported_integration")
+    return JobRequestedV1(job_id=job_id, idempotency_key=key, model=body.model, training_file=body.training_file,
+                          validation_file=body.validation_file, method=method,
+                          hyperparameters=hyperparameters(method, given, param), suffix=body.suffix, tier=body.tier,
+                          resources=body.resources if isinstance(body.resources, ResourceRequest) else None,
+                          eval_config=body.eval_config)

@@ -1,0 +1,138 @@
+"""Job templates: `POST /v1/templates` (YAML or JSON; a known name makes the next version),
+`GET /v1/templates`, `GET /v1/templates/{name}` (latest), `GET /v1/templates/{name}/versions`,
+`GET /v1/templates/{name}/versions/{v}`; and `resolve`, which turns a job create naming
+`template: "name"` or `"name@3"` into the full create body, recording the overrides."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from typing import Any
+
+import yaml
+from fastapi import APIRouter, Request
+from pydantic import ValidationError
+from whetstone.runtime.errors import ApiError
+from whetstone.runtime.identity import Caller, require
+from whetstone.runtime.models import UnknownModel
+from whetstone.runtime.service import Runtime
+
+from .adapters.templates import TemplateStore
+from .context import SchedulerContext
+from .domain import templates as rules
+from .requests import CreateJob, to_request
+
+Rt = Runtime[SchedulerContext]
+MAX_BODY = 64 * 1024
+YAML_TYPES = ("application/yaml", "application/x-yaml", "text/yaml", "text/x-yaml")
+
+
+def bad(param: str, message: str) -> ApiError:
+    return ApiError(400, f"{param}: {message}", code="invalid_value", param=param)
+
+
+def invalid(exc: ValidationError) -> ApiError:
+    first = exc.errors()[0]
+    return bad(".".join(str(p) for p in first["loc"]) or "body", first["msg"])
+
+
+def not_found(ref: str) -> ApiError:
+    return ApiError(404, f"No job template {ref!r}", code="template_not_found", param="template")
+
+
+def parse_body(raw: bytes, content_type: str) -> Any:
+    if len(raw) > MAX_BODY:
+        raise ApiError(413, f"a template is at most {MAX_BODY} bytes", code="too_large", param="body")
+    text = raw.decode("utf-8", errors="strict") if raw else ""
+    try:
+        if content_type.split(";")[0].strip().lower() in YAML_TYPES:
+            return yaml.safe_load(text)
+        return json.loads(text)
+    except (yaml.YAMLError, ValueError) as exc:
+        where = getattr(exc, "problem_mark", None)
+        line = f" (line {where.line + 1})" if where is not None else \
+            f" (line {exc.lineno})" if isinstance(exc, json.JSONDecodeError) else ""
+        raise bad("body", f"not valid {'YAML' if 'yaml' in content_type else 'JSON'}{line}: {exc}") from exc
+
+
+def validate(fields: dict[str, Any]) -> None:
+    """The rules of a job create, on the template's fields (a placeholder stands in for the file)."""
+    try:
+        body = CreateJob.model_validate({**fields, "training_file": "file-template-check"})
+    except ValidationError as exc:
+        raise invalid(exc) from exc
+    to_request(body, "job-template-check", "template-check")
+
+
+async def resolve(rt: Rt, tenant_id: str, body: CreateJob) -> tuple[CreateJob, dict[str, Any] | None]:
+    """A create naming a template -> the create with the template's fields under the call's, and the
+    record `{name, version, overrides}` the job keeps; a create without one comes back unchanged."""
+    if body.template is None:
+        return body, None
+    try:
+        ref = rules.parse_ref(body.template)
+    except rules.TemplateError as exc:
+        raise bad(exc.param, exc.message) from exc
+    async with rt.uow() as uow:
+        template = await TemplateStore(uow.conn).get(tenant_id, ref.name, ref.version)
+    if template is None:   # another tenant's template is as unknown as a missing one
+        raise not_found(body.template)
+    call = body.model_dump(exclude_unset=True, exclude={"template"})
+    fields, overrides = rules.apply(template["template"], call)
+    try:
+        resolved = CreateJob.model_validate(fields)
+    except ValidationError as exc:
+        raise invalid(exc) from exc
+    return resolved, {"name": template["name"], "version": template["version"], "overrides": sorted(overrides)}
+
+
+def routes(rt: Rt) -> APIRouter:
+    r = APIRouter(prefix="/v1/templates")
+
+    @r.post("")
+    async def create(request: Request, caller: Caller = require("write")) -> dict:
+        parsed = parse_body(await request.body(), request.headers.get("content-type", "application/json"))
+        try:
+            name, fields = rules.split_body(parsed)
+        except rules.TemplateError as exc:
+            raise bad(exc.param, exc.message) from exc
+        validate(fields)
+        try:   # the base model must exist, as for a job create (sizes are checked when a job names it)
+            await asyncio.to_thread(rt.ctx.models.lookup, fields["model"], rt.settings.model_catalog)
+        except UnknownModel as exc:
+            raise ApiError(400, str(exc), code="unknown_base_model", param="model") from exc
+        async with rt.uow() as uow:
+            return await TemplateStore(uow.conn).add(caller.tenant_id, name, parsed.get("description") or "",
+                                                     fields, rt.ctx.clock())
+
+    @r.get("")
+    async def list_templates(caller: Caller = require("read")) -> dict:
+        async with rt.uow() as uow:
+            data = await TemplateStore(uow.conn).latest(caller.tenant_id)
+        return {"object": "list", "data": data, "has_more": False}
+
+    @r.get("/{name}")
+    async def latest(name: str, caller: Caller = require("read")) -> dict:
+        async with rt.uow() as uow:
+            template = await TemplateStore(uow.conn).get(caller.tenant_id, name)
+        if template is None:
+            raise not_found(name)
+        return template
+
+    @r.get("/{name}/versions")
+    async def versions(name: str, caller: Caller = require("read")) -> dict:
+        async with rt.uow() as uow:
+            data = await TemplateStore(uow.conn).versions(caller.tenant_id, name)
+        if not data:
+            raise not_found(name)
+        return {"object": "list", "data": data, "has_more": False}
+
+    @r.get("/{name}/versions/{version}")
+    async def version(name: str, version: int, caller: Caller = require("read")) -> dict:
+        async with rt.uow() as uow:
+            template = await TemplateStore(uow.conn).get(caller.tenant_id, name, version)
+        if template is None:
+            raise not_found(f"{name}@{version}")
+        return template
+
+    return r

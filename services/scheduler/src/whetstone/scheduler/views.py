@@ -1,0 +1,106 @@
+"""What the API shows: OpenAI's `fine_tuning.job`, `fine_tuning.job.event` and
+`fine_tuning.job.checkpoint` objects, with the platform's extra facts beside OpenAI's fields
+(`state` is the platform's finer status; `status` is one of OpenAI's values)."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from datetime import datetime
+from typing import Any
+
+from .domain import jobs as rules
+from .domain.job import Job
+from .domain.policy import Forecast
+from .requests import FAMILY
+
+OPENAI_HP = ("n_epochs", "batch_size", "learning_rate_multiplier", "beta")
+
+
+def ts(t: datetime | None) -> int | None:
+    return int(t.timestamp()) if t else None
+
+
+def event_id(n: int) -> str:
+    return f"ftevent-{n}"
+
+
+def parse_event_id(value: str | None) -> int | None:
+    if not value:
+        return None
+    digits = value.removeprefix("ftevent-")
+    return int(digits) if digits.isdigit() else -1
+
+
+def method_view(method: str, hp: Mapping[str, Any]) -> dict[str, Any]:
+    family = FAMILY.get(method, "supervised")
+    default_lr = rules.resolve_hyperparameters(method, {})[0]["learning_rate"]
+    shown = {"n_epochs": hp.get("n_epochs"), "batch_size": hp.get("batch_size"),
+             "learning_rate_multiplier": round(hp["learning_rate"] / default_lr, 6) if hp.get("learning_rate") else None}
+    if family == "dpo":
+        shown["beta"] = hp.get("beta")
+    return {"type": family, family: {"hyperparameters": shown}, "whetstone": {"method": method}}
+
+
+def job_view(job: Job, queue: Forecast | None = None) -> dict[str, Any]:
+    req, spec, res = job.request, job.spec or {}, job.resources or {}
+    hp = spec.get("hyperparameters") or req.get("hyperparameters") or {}
+    method = method_view(job.method, hp)
+    estimated_start = None
+    if job.status == rules.QUEUED and queue is not None and queue.estimated_start is not None:
+        estimated_start = int(queue.estimated_start)
+    if job.on_node and job.est_end_at:
+        finish = ts(job.est_end_at)
+    elif estimated_start is not None and job.estimated_runtime_s:
+        finish = estimated_start + int(job.estimated_runtime_s)
+    else:
+        finish = None
+    error = None
+    if job.error:
+        error = {"code": job.error.get("code"), "message": job.error.get("message"), "param": job.error.get("param"),
+                 "error_class": job.error.get("error_class")}
+    return {
+        # OpenAI's fine_tuning.job
+        "id": job.job_id, "object": "fine_tuning.job", "organization_id": job.tenant_id,
+        "model": req["model"], "training_file": req["training_file"], "validation_file": req.get("validation_file"),
+        "status": job.public_status, "created_at": ts(job.created_at), "finished_at": ts(job.finished_at),
+        "fine_tuned_model": job.fine_tuned_model, "result_files": [], "trained_tokens": job.trained_tokens,
+        "hyperparameters": method[method["type"]]["hyperparameters"], "method": method, "seed": hp.get("seed"), "estimated_finish": finish,
+        "error": error, "metadata": req.get("metadata"), "integrations": [],
+        "user_provided_suffix": req.get("suffix"), "template": req.get("template"),
+        # the platform's own
+        "state": job.status, "tier": job.tier, "tenant_id": job.tenant_id,
+        "resolved_hyperparameters": spec.get("hyperparameters"),
+        "base_model_sha256": spec.get("base_model_sha256"), "dataset_version": spec.get("dataset_version"),
+        "eval_config": req.get("eval_config"),
+        "progress": job.progress, "latest_checkpoint": job.latest_checkpoint,
+        "node_id": job.node_id, "placement": job.placement, "attempt": job.attempt,
+        "fenced_attempt": job.fenced_attempt or None, "timeouts": job.timeouts,
+        "eval": eval_view(job.eval), "idempotency_key": job.idempotency_key, "trace_id": job.trace_id,
+        "resources": {k: res.get(k) for k in ("request", "shapes", "assigned", "memory_gb", "params", "params_source")},
+        "estimated_runtime_s": job.estimated_runtime_s, "quota": job.quota,
+        "preemptions": {"spot": job.spot_preemptions, "priority": job.priority_preemptions},
+        "preemption_requested": {"at": ts(job.preempt_requested_at), "reason": job.preempt_reason,
+                                 "for_job": job.preempted_for} if job.preempt_requested_at else None,
+        "queue_position": queue.position if job.status == rules.QUEUED and queue is not None else None,
+        "estimated_start_at": estimated_start,
+    }
+
+
+def eval_view(result: Mapping[str, Any] | None) -> dict[str, Any] | None:
+    if not result:
+        return None
+    return {"verdict": result.get("verdict"), "reasons": result.get("reasons", []),
+            "stages": result.get("stages", []), "metrics": result.get("metrics", []),
+            "checkpoint_uri": result.get("checkpoint_uri")}
+
+
+def event_view(row: Mapping[str, Any]) -> dict[str, Any]:
+    return {"id": event_id(row["id"]), "object": "fine_tuning.job.event", "created_at": ts(row["created_at"]),
+            "level": row["level"], "message": row["message"], "type": row["type"], "data": row["data"]}
+
+
+def checkpoint_view(job: Job, row: Mapping[str, Any]) -> dict[str, Any]:
+    return {"id": row["checkpoint_id"], "object": "fine_tuning.job.checkpoint", "created_at": ts(row["created_at"]),
+            "fine_tuning_job_id": job.job_id, "step_number": row["step"], "metrics": row["metrics"],
+            "fine_tuned_model_checkpoint": f"{job.fine_tuned_model or job.job_id}:ckpt-step-{row['step']}",
+            "kind": row["kind"], "uri": row["uri"]}

@@ -1,0 +1,178 @@
+"""The job aggregate's state machine, without a database: transitions return the events to
+publish, refused transitions change nothing, preemption counts and re-queueing follow the rules."""
+
+from datetime import UTC, datetime, timedelta
+
+import pytest
+
+from whetstone.contracts import (
+    CheckpointRef, JobAssignedV1, JobCancelledV1, JobFailedV1, JobPreemptedV1, JobPreemptRequestedV1, JobQueuedV1,
+    NodeFencedV1, TrainingSpec,
+)
+from whetstone.scheduler.domain import jobs as rules
+from whetstone.scheduler.domain.job import Job, Timeouts, new_job
+from whetstone.scheduler.domain.placement import Shape
+
+pytestmark = pytest.mark.unit
+T0 = datetime(2026, 11, 23, 12, 0, tzinfo=UTC)
+SPEC = TrainingSpec(base_model="m", base_model_sha256="a" * 64, dataset_id="ds", dataset_version="v", train_uri="s3://x",
+                    method="lora", hyperparameters={"n_epochs": 1}, hyperparameters_hash="h")
+CK = CheckpointRef(uri="s3://ck/5", step=5, manifest_sha256="b" * 64)
+RESOURCES = {"shapes": [{"gpu_type": "A100", "gpus_per_node": 8, "nodes": 2}], "memory_gb": {"total": 10.0}}
+
+
+def fresh() -> Job:
+    return new_job("ftjob-1", "demo", "k", "fp", {"model": "m", "training_file": "ds", "method": "lora"}, "free",
+                   "m", "a" * 64, dict(RESOURCES), T0, "trace-1")
+
+
+def queued() -> Job:
+    job = fresh()
+    events = job.queue(T0, SPEC, 100.0, 600.0, {"over_soft_quota": False}, 3, {"estimated_gpu_hours": 1.0})
+    assert [type(e) for e in events] == [JobQueuedV1] and events[0].queue_position == 3
+    return job
+
+
+def running(spot: bool = False) -> Job:
+    job = queued()
+    placement = [{"node_id": "a", "gpu_ids": list(range(8))}, {"node_id": "b", "gpu_ids": list(range(8))}]
+    events = job.assign(T0, placement, Shape("A100", 8, 2), spot, False, 3600.0, {"a": "10.0.0.1"})
+    assert [e.node_id for e in events] == ["a", "b"] and all(isinstance(e, JobAssignedV1) for e in events)
+    job.started(T0, "a", T0, 100, None)
+    return job
+
+
+def test_a_new_job_waits_for_its_file_and_notes_why():
+    job = fresh()
+    assert job.status == rules.VALIDATING and job.public_status == "validating_files"
+    assert "needs about 10.0 GB" in job.notes[0].message
+
+
+def test_assignment_opens_a_segment_for_the_whole_gang_with_a_rendezvous():
+    job = running()
+    assert job.attempt == 1 and job.segment_id == "ftjob-1-s1" and job.node_ids == ["a", "b"]
+    assert job.status == rules.RUNNING and job.public_status == "running"
+    assert job.est_end_at == T0 + timedelta(seconds=600.0)
+    assert job.resources["assigned"] == {"gpu_type": "A100", "gpus_per_node": 8, "nodes": 2, "spot": False}
+
+
+def test_refused_transitions_change_nothing_and_publish_nothing():
+    job = fresh()
+    assert job.assign(T0, [{"node_id": "a", "gpu_ids": [0]}], Shape("A100", 1), False, False, 1.0, {}) == []
+    assert job.status == rules.VALIDATING and job.attempt == 0
+    job = running()
+    job.fail(T0, "x", "boom")
+    before = (job.status, job.spot_preemptions, job.latest_checkpoint)
+    assert job.preempted(T0, "spot_loss", CK, 1) == []
+    assert (job.status, job.spot_preemptions, job.latest_checkpoint) == before
+    assert job.cancel(T0) == []
+
+
+def test_preemption_counts_and_requeues_with_the_newest_checkpoint():
+    job = running(spot=False)
+    requested = job.request_preemption(T0, "priority", "for a premium job", "ftjob-9")
+    assert [type(e) for e in requested] == [JobPreemptRequestedV1] * 2 and requested[0].for_job_id == "ftjob-9"
+    assert job.request_preemption(T0, "priority", "again", "ftjob-9") == []    # asked once
+    events = job.preempted(T0, "signal", CK, 4)
+    assert job.status == rules.QUEUED and job.priority_preemptions == 1 and job.spot_preemptions == 0
+    assert job.latest_checkpoint["step"] == 5 and job.node_ids == [] and job.preempt_requested_at is None
+    assert isinstance(events[0], JobQueuedV1) and events[0].requeued and events[0].queue_position == 4
+    assert job.sort_key == 100.0   # keeps its place in the queue
+    # an older checkpoint never replaces a newer one; a lost spot node counts as a spot preemption
+    job.assign(T0, [{"node_id": "c", "gpu_ids": [0]}], Shape("A100", 1), True, False, 1.0, {})
+    job.preempted(T0, "node_lost", CheckpointRef(uri="s3://ck/2", step=2, manifest_sha256="c" * 64), 1)
+    assert job.latest_checkpoint["step"] == 5 and job.spot_preemptions == 1 and job.attempt == 2
+
+
+def test_progress_only_moves_forward_and_checkpoints_keep_the_latest():
+    job = running()
+    assert job.progressed(T0, {"step": 10, "loss": 1.5, "total_steps": 100})
+    assert not job.progressed(T0, {"step": 9, "loss": 9.0})
+    assert job.progress["step"] == 10 and job.notes[-1].type == "metrics"
+    assert job.checkpoint_written(T0, job.segment_id, "periodic", 10, "s3://ck/10", "d" * 64, T0)
+    assert not job.checkpoint_written(T0, job.segment_id, "periodic", 8, "s3://ck/8", "e" * 64, T0)
+    assert job.latest_checkpoint["step"] == 10 and job.last_checkpoint_at == T0
+
+
+def test_failure_is_terminal_and_cancellation_tells_every_node():
+    job = running()
+    events = job.cancel(T0)
+    assert [(type(e), e.node_id) for e in events] == [(JobCancelledV1, "a"), (JobCancelledV1, "b")]
+    assert job.terminal and job.finished_at == T0 and job.public_status == "cancelled"
+    job = queued()
+    (failed,) = job.fail(T0, "larger_than_pool", "too big")
+    assert isinstance(failed, JobFailedV1) and job.error["code"] == "larger_than_pool"
+    assert not job.training_failed(T0, "x", "y", "user") and job.error["code"] == "larger_than_pool"
+
+
+def test_completion_evaluation_and_the_registered_model():
+    job = running()
+    assert job.training_completed(T0, 100, 5000, CK)
+    assert job.status == rules.EVALUATING and job.public_status == "running" and job.node_ids == []
+    stages = [{"name": "holdout", "status": "passed", "reason": "ok"}, {"name": "safety", "status": "failed",
+                                                                         "reason": "refusals"}]
+    assert job.evaluated(T0, "failed", ["safety"], {"verdict": "failed", "stages": stages}, stages)
+    assert job.public_status == "succeeded" and job.eval["verdict"] == "failed"
+    assert [n.level for n in job.notes if "eval stage" in n.message] == ["info", "warning"]
+    job.model_registered(T0, "demo-m-ft-1", "mdl-1")
+    assert job.fine_tuned_model == "demo-m-ft-1"
+
+
+def test_giving_up_a_lost_segment_reports_its_checkpoint_fences_every_node_and_requeues():
+    job = running()
+    written = T0 + timedelta(seconds=40)
+    assert job.checkpoint_written(T0 + timedelta(seconds=41), "ftjob-1-s1", "periodic", 5, CK.uri, CK.manifest_sha256,
+                                  written)
+    lost, *fences, requeued = job.give_up_segment(T0 + timedelta(seconds=60), "node_lost", 1, "a")
+    assert isinstance(lost, JobPreemptedV1) and lost.attempt == 1 and lost.reason == "node_lost"
+    assert lost.checkpointed_at == written and lost.checkpoint.step == 5
+    assert all(isinstance(f, NodeFencedV1) and f.attempt == 1 for f in fences) and [f.node_id for f in fences] == ["a", "b"]
+    assert isinstance(requeued, JobQueuedV1) and requeued.requeued and job.status == rules.QUEUED
+    assert job.fenced_attempt == 1 and job.stale("ftjob-1-s1", None) and job.stale(None, 1)
+    assert job.give_up_segment(T0, "node_lost", 1) == []           # not on a node any more: nothing
+
+
+def test_a_segment_without_its_own_checkpoint_states_none_was_written():
+    job = running()
+    job.checkpoint_written(T0, "ftjob-0-s9", "periodic", 5, CK.uri, CK.manifest_sha256, T0)   # an older segment's
+    lost = job.give_up_segment(T0 + timedelta(seconds=60), "node_lost", 1)[0]
+    assert lost.checkpointed_at is None and lost.checkpoint.step == 5     # resumes from it, but this segment lost all
+
+
+def test_stale_attempts_superseded_or_fenced_and_attempt_less_events_by_their_segment():
+    job = running()
+    assert job.stale("ftjob-1-s1", 1) is None and job.stale(None, None) is None
+    job.attempt, job.segment_id = 2, "ftjob-1-s2"
+    assert "older" in job.stale("ftjob-1-s1", None) and "older" in job.stale(None, 1)
+    assert job.stale("ftjob-1-s2", None) is None
+    assert job.stale("ftjob-1-s1", None, stop_report=True) is None       # a gang member's late stop report
+    job.fenced_attempt = 1
+    assert "fenced" in job.stale("ftjob-1-s1", None, stop_report=True)
+
+
+def test_each_platform_side_state_has_a_timeout():
+    limits = Timeouts(provisioning=10, running=20, checkpointing=30, evaluating=40)
+    job = queued()
+    job.assign(T0, [{"node_id": "a", "gpu_ids": [0]}], Shape("A100", 1), False, False, 60.0, {})
+    assert job.overdue(T0 + timedelta(seconds=9), limits) is None
+    assert job.overdue(T0 + timedelta(seconds=11), limits) == "provisioning"
+    job.progressed(T0 + timedelta(seconds=5), {"step": 1})
+    assert job.overdue(T0 + timedelta(seconds=24), limits) is None
+    assert job.overdue(T0 + timedelta(seconds=26), limits) == "running"
+    job.request_preemption(T0 + timedelta(seconds=20), "priority", "for another job")
+    assert job.overdue(T0 + timedelta(seconds=49), limits) is None
+    assert job.overdue(T0 + timedelta(seconds=51), limits) == "checkpointing"
+    events = job.time_out(T0 + timedelta(seconds=51), "checkpointing", 30, 1)
+    assert events[0].reason == "platform_timeout" and job.status == rules.QUEUED and job.timeouts == 1
+    job.assign(T0, [{"node_id": "a", "gpu_ids": [0]}], Shape("A100", 1), False, False, 60.0, {})
+    job.training_completed(T0 + timedelta(seconds=60), 4, None, CK)
+    assert job.overdue(T0 + timedelta(seconds=101), limits) == "evaluating"
+    (failed,) = job.time_out(T0 + timedelta(seconds=101), "evaluating", 40, 1)
+    assert isinstance(failed, JobFailedV1) and failed.error_class == "platform" and failed.code == "evaluating_timeout"
+
+
+def test_the_queued_event_carries_the_suffix():
+    job = fresh()
+    job.request["suffix"] = "bot"
+    (ev,) = job.queue(T0, SPEC, 1.0, 1.0, {}, 1, {})
+    assert ev.suffix == "bot"

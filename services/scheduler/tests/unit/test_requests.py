@@ -1,0 +1,45 @@
+"""The create-job body as OpenAI's client sends it: method objects, the platform's extension,
+deprecated top-level hyperparameters, 'auto' and learning_rate_multiplier, and bad input naming the field."""
+
+import pytest
+
+from whetstone.runtime.errors import ApiError
+from whetstone.scheduler.requests import CreateJob, to_request
+
+pytestmark = pytest.mark.unit
+
+
+def req(**body):
+    return to_request(CreateJob(model="m", training_file="file-1", **body), "ftjob-x", "k")
+
+
+def refused(**body) -> ApiError:
+    with pytest.raises(ApiError) as exc:
+        req(**body)
+    assert exc.value.status == 400
+    return exc.value
+
+
+def test_openai_method_objects_and_the_platform_extension():
+    sft = req(method={"type": "supervised", "supervised": {"hyperparameters": {"n_epochs": 2, "batch_size": "auto"}}})
+    assert sft.method == "lora" and sft.hyperparameters.n_epochs == 2 and sft.hyperparameters.batch_size == "auto"
+    dpo = req(method={"type": "dpo", "dpo": {"hyperparameters": {"beta": 0.2, "learning_rate_multiplier": 2}}})
+    assert dpo.method == "dpo" and dpo.hyperparameters.beta == 0.2 and dpo.hyperparameters.learning_rate == 1e-5
+    assert req(method={"type": "supervised", "whetstone": {"method": "qlora"}}).method == "qlora"
+    assert req(method={"type": "orpo", "orpo": {"hyperparameters": {"n_epochs": "auto"}}}).method == "orpo"
+    assert req(method="full").method == "full" and req().method == "lora"
+    old = req(hyperparameters={"n_epochs": 4}, seed=7)
+    assert old.hyperparameters.n_epochs == 4 and old.hyperparameters.seed == 7
+
+
+def test_bad_method_and_hyperparameters_name_the_field():
+    assert refused(method={"type": "dpo", "whetstone": {"method": "qlora"}}).param == "method.whetstone.method"
+    err = refused(method={"type": "supervised", "supervised": {"hyperparameters": {"learning_rate": 5}}})
+    assert err.param == "method.supervised.hyperparameters.learning_rate"
+    assert refused(hyperparameters={"n_epochs": 0}).param == "hyperparameters.n_epochs"
+    assert refused(hyperparameters={"n_epochs": 2},
+                   method={"type": "supervised", "supervised": {"hyperparameters": {"n_epochs": 3}}}).param \
+        == "hyperparameters"
+    assert refused(integrations=[{"type": "wandb"}]).param == "integrations"
+    with pytest.raises(ValueError):
+        CreateJob(model="m", training_file="f", method={"type": "reinforcement"})

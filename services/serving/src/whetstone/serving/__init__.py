@@ -1,0 +1,1 @@
+"""Serving: one shared base model per process, many LoRA adapters, OpenAI-compatible API."""

@@ -1,0 +1,94 @@
+"""Fetch an adapter artifact from S3 by its manifest and verify every byte before it is used.
+
+The manifest (`manifest.json`, written last by the trainer) must hash to the sha256 the registry
+recorded; every file taken from it must hash to the manifest's entry. Only what serving needs is
+downloaded: the LoRA weights (safetensors only), its config and the chat template of training.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+from whetstone.runtime.s3 import ObjectStore, parse_uri, sha256_file
+from botocore.exceptions import ClientError
+
+from whetstone.serving.domain.catalog import AdapterCorrupted, AdapterUnavailable, ChatTemplateMismatch, ModelVersion
+
+_MISSING = ("404", "NoSuchKey", "NotFound", "NoSuchBucket")
+
+
+def _read_error(what: str, exc: Exception) -> Exception:
+    if isinstance(exc, ClientError) and exc.response.get("Error", {}).get("Code") in _MISSING:
+        return AdapterCorrupted(f"{what} is missing from the object store.")
+    return AdapterUnavailable(f"{what} could not be read from the object store ({type(exc).__name__}); retry.")
+
+MANIFEST = "manifest.json"
+REQUIRED = ("adapter_config.json", "adapter_model.safetensors")
+TEMPLATE_SOURCES = ("chat_template.jinja", "tokenizer_config.json")
+
+
+@dataclass(frozen=True)
+class FetchedAdapter:
+    directory: Path
+    chat_template: str | None  # None: the artifact carries none, the base tokenizer's applies
+
+
+def template_from(directory: Path, present: set[str]) -> str | None:
+    """The chat template saved with the training tokenizer: chat_template.jinja, else tokenizer_config.json's."""
+    if "chat_template.jinja" in present:
+        text = (directory / "chat_template.jinja").read_text()
+        if text:
+            return text
+    if "tokenizer_config.json" in present:
+        value = json.loads((directory / "tokenizer_config.json").read_text()).get("chat_template")
+        if isinstance(value, str):
+            return value
+        if isinstance(value, list):
+            return {t.get("name"): t.get("template") for t in value if isinstance(t, dict)}.get("default")
+    return None
+
+
+def fetch_adapter(store: ObjectStore, version: ModelVersion, dest: Path, base_template: str | None) -> FetchedAdapter:
+    """Download + verify; AdapterCorrupted / ChatTemplateMismatch on any doubt. Blocking: run in a thread."""
+    uri = (version.artifact_uri or "").rstrip("/")
+    try:
+        bucket, prefix = parse_uri(uri)
+    except ValueError as exc:
+        raise AdapterCorrupted(f"The artifact uri of `{version.name}` is invalid: {exc}") from exc
+    try:
+        raw = store.get_bytes(f"s3://{bucket}/{prefix}/{MANIFEST}")
+    except Exception as exc:
+        raise _read_error(f"The manifest of `{version.name}`", exc) from exc
+    if hashlib.sha256(raw).hexdigest() != version.artifact_sha256:
+        raise AdapterCorrupted(f"The manifest of `{version.name}` does not match the sha256 the registry recorded.")
+    try:
+        files = {rel: info["sha256"] for rel, info in json.loads(raw)["files"].items()}
+    except (ValueError, KeyError, TypeError, AttributeError) as exc:
+        raise AdapterCorrupted(f"The manifest of `{version.name}` is malformed: {exc}") from exc
+    for rel, sha in version.files.items():
+        if rel in files and files[rel] != sha:
+            raise AdapterCorrupted(f"{rel} of `{version.name}`: the manifest disagrees with the registry's sha256.")
+    missing = [f for f in REQUIRED if f not in files]
+    if missing:
+        raise AdapterCorrupted(f"The artifact of `{version.name}` lacks {', '.join(missing)} "
+                               "(safetensors only; pickled weights are never loaded).")
+    wanted = [*REQUIRED, *(f for f in TEMPLATE_SOURCES if f in files)]
+    dest.mkdir(parents=True, exist_ok=True)
+    for rel in wanted:
+        target = dest / rel
+        try:
+            store.download_file(f"s3://{bucket}/{prefix}/{rel}", target)
+        except Exception as exc:
+            raise _read_error(f"{rel} of `{version.name}`", exc) from exc
+        if sha256_file(target) != files[rel]:
+            raise AdapterCorrupted(f"{rel} of `{version.name}` does not match its sha256 in the manifest.")
+    template = template_from(dest, set(wanted))
+    if version.chat_template_sha256:
+        used = template or base_template
+        if not used or hashlib.sha256(used.encode()).hexdigest() != version.chat_template_sha256:
+            raise ChatTemplateMismatch(f"The chat template available for `{version.name}` is not the one it was "
+                                       "trained with (sha256 differs); refusing to serve it with another.")
+    return FetchedAdapter(dest, template)

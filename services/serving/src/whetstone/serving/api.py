@@ -1,0 +1,150 @@
+"""OpenAI-compatible completions over the tenant's fine-tuned models, and A/B routes."""
+
+from __future__ import annotations
+
+import json
+import time
+import uuid
+from collections.abc import AsyncIterator, Iterator
+from contextlib import contextmanager
+from typing import Any
+
+from fastapi import APIRouter, Response
+from fastapi.responses import JSONResponse, StreamingResponse
+from pydantic import BaseModel, ConfigDict, Field
+
+from whetstone.runtime.errors import ApiError
+from whetstone.runtime.identity import Caller, require
+from whetstone.runtime.service import Runtime
+
+from . import inference
+from .context import ServingContext
+from .domain import openai
+from .domain.catalog import ModelNotDeployed, ModelNotFound, ServingError
+from .domain.routing import make_route
+
+VERSION_HEADER = "x-whetstone-model-version"
+
+
+class VariantBody(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    model: str = Field(min_length=1, description="a model id (one version)")
+    weight: float = Field(ge=0)
+
+
+class RouteBody(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    variants: list[VariantBody] = Field(min_length=1)
+
+
+def routes(rt: Runtime[ServingContext]) -> APIRouter:
+    r = APIRouter()
+    ctx = rt.ctx
+
+    @contextmanager
+    def refusals() -> Iterator[None]:
+        try:
+            yield
+        except ServingError as exc:
+            ctx.metrics.rejected.labels(code=exc.code).inc()
+            raise ApiError(exc.status, exc.message, code=exc.code, param=exc.param,
+                           type="server_error" if exc.status >= 500 else "invalid_request_error") from exc
+
+    async def complete(req: openai.ChatCompletionRequest | openai.CompletionRequest, caller: Caller) -> Response:
+        chat = isinstance(req, openai.ChatCompletionRequest)
+        with refusals():
+            gen = await inference.start(ctx, caller.tenant_id, req)
+        cid = f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex[:24]}"
+        created = int(time.time())
+        headers = {VERSION_HEADER: gen.version.model_id}
+        if req.stream:
+            return StreamingResponse(_sse(gen, req, cid, created, chat, caller.tenant_id),
+                                     media_type="text/event-stream",
+                                     headers={**headers, "cache-control": "no-cache"})
+        with refusals():
+            choices = await gen.collect()
+        build = openai.chat_completion if chat else openai.text_completion
+        ctx.metrics.tokens.labels(tenant=caller.tenant_id, model=req.model, version=gen.version.model_id).inc(
+            gen.completion_tokens)
+        return JSONResponse(build(cid, req.model, choices, gen.prompt_tokens, gen.completion_tokens, created),
+                            headers=headers)
+
+    async def _sse(gen: inference.Generation, req, cid: str, created: int, chat: bool,
+                   tenant_id: str) -> AsyncIterator[str]:
+        usage_null = {"usage": None} if req.include_usage() else {}
+        if chat:
+            for index in range(len(gen.rows)):
+                yield _event({**openai.chat_chunk(cid, req.model, created, index, {"role": "assistant", "content": ""}),
+                              **usage_null})
+        try:
+            async for index, delta, finish in gen.stream():
+                if delta:
+                    chunk = (openai.chat_chunk(cid, req.model, created, index, {"content": delta}) if chat
+                             else openai.text_chunk(cid, req.model, created, index, delta))
+                    yield _event({**chunk, **usage_null})
+                if finish:
+                    chunk = (openai.chat_chunk(cid, req.model, created, index, {}, finish) if chat
+                             else openai.text_chunk(cid, req.model, created, index, "", finish))
+                    yield _event({**chunk, **usage_null})
+        except ServingError as exc:
+            yield _event({"error": {"message": exc.message, "type": "server_error", "param": None, "code": exc.code}})
+            return
+        ctx.metrics.tokens.labels(tenant=tenant_id, model=req.model, version=gen.version.model_id).inc(
+            gen.completion_tokens)
+        if req.include_usage():
+            usage = openai.usage(gen.prompt_tokens, gen.completion_tokens)
+            chunk = (openai.chat_chunk if chat else openai.text_chunk)(cid, req.model, created, None, usage_=usage)
+            yield _event(chunk)
+        yield "data: [DONE]\n\n"
+
+    @r.post("/v1/chat/completions")
+    async def chat_completions(body: openai.ChatCompletionRequest, caller: Caller = require("read")) -> Response:
+        return await complete(body, caller)
+
+    @r.post("/v1/completions")
+    async def completions(body: openai.CompletionRequest, caller: Caller = require("read")) -> Response:
+        return await complete(body, caller)
+
+    # -- A/B routes ------------------------------------------------------------------
+    async def route_view(tenant_id: str, name: str) -> dict[str, Any]:
+        route = ctx.catalog.routes.get((tenant_id, name))
+        if route is None:
+            raise ApiError(404, f"No route named `{name}`.", code="route_not_found", param="name")
+        return {"object": "serving.route", "name": name,
+                "variants": [{"model": v.model_id, "weight": v.weight,
+                              "requests": ctx.served.get((tenant_id, name, v.model_id), 0)}
+                             for v in route.variants]}
+
+    @r.put("/v1/serving/routes/{name}")
+    async def put_route(name: str, body: RouteBody, caller: Caller = require("models:promote")) -> dict[str, Any]:
+        with refusals():
+            route = make_route(name, [(v.model, v.weight) for v in body.variants])
+            versions = ctx.catalog.owned(caller.tenant_id, [v.model_id for v in route.variants])
+            for i, v in enumerate(route.variants):
+                found = versions.get(v.model_id)
+                if found is None:
+                    raise ModelNotFound(f"The model `{v.model_id}` does not exist or you do not have access to it.",
+                                        param=f"variants.{i}.model")
+                if not found.servable:
+                    raise ModelNotDeployed(f"The model `{v.model_id}` is {found.stage}: only staging and production "
+                                           "versions can take traffic.", param=f"variants.{i}.model")
+            await ctx.repo.put_route(caller.tenant_id, route, caller.key_id)
+            ctx.catalog.put_route(caller.tenant_id, name, route)  # this replica at once; others follow
+        return await route_view(caller.tenant_id, name)
+
+    @r.get("/v1/serving/routes/{name}")
+    async def get_route(name: str, caller: Caller = require("read")) -> dict[str, Any]:
+        return await route_view(caller.tenant_id, name)
+
+    @r.delete("/v1/serving/routes/{name}")
+    async def delete_route(name: str, caller: Caller = require("models:promote")) -> dict[str, Any]:
+        if not await ctx.repo.delete_route(caller.tenant_id, name, caller.key_id):
+            raise ApiError(404, f"No route named `{name}`.", code="route_not_found", param="name")
+        ctx.catalog.put_route(caller.tenant_id, name, None)
+        return {"object": "serving.route.deleted", "name": name, "deleted": True}
+
+    return r
+
+
+def _event(payload: dict[str, Any]) -> str:
+    return f"data: {json.dumps(payload, separators=(',', ':'))}\n\n"

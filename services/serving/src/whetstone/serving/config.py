@@ -1,0 +1,19 @@
+from pydantic import Field
+from pydantic_settings import SettingsConfigDict
+
+from whetstone.runtime.settings import ServiceSettings
+
+
+class ServingSettings(ServiceSettings):
+    model_config = SettingsConfigDict(env_prefix="WHETSTONE_SERVING_", extra="ignore")
+    http_port: int = 8107
+    base_model: str = Field(default="tiny-llama", description="the one base served: catalog name, local dir or Hub id")
+    max_resident_adapters: int = Field(default=64, ge=1, description="LRU budget of adapters kept in memory")
+    batch_window_ms: float = Field(default=4.0, ge=0, description="how long the batcher collects requests")
+    max_batch_size: int = Field(default=32, ge=1)
+    mixed_batches: bool = Field(default=True, description="false: one adapter per forward pass (the baseline)")
+    default_max_tokens: int = Field(default=64, ge=1)
+    torch_threads: int = Field(default=0, ge=0, description="0: torch's default")
+    preload: bool = Field(default=True, description="load adapters when promoted, not only on first request")
+    max_lora_rank: int = Field(default=64, ge=1, description="the largest LoRA rank accepted (vLLM: max_lora_rank)")
+    fetch_max_wait_ms: int = Field(default=50, ge=1, description="Kafka fetch wait: bounds promotion -> loaded latency")

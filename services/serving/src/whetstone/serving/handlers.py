@@ -1,0 +1,105 @@
+"""Serving's event handlers: keep the projection of servable models, and follow it with the
+adapter pool (preload on promotion to staging/production, unload on archive).
+
+The handlers only write the projection inside their unit of work, with a Postgres NOTIFY that is
+delivered when it commits; loading weights is long work, done by `follow_projection` the moment
+the notification arrives (it reads the projection's change sequence, so every replica follows
+every change whichever replica consumed the event). Promotion to staging/production starts the
+cold load at once (prefetch), so the first request usually finds the adapter resident."""
+
+from __future__ import annotations
+
+import asyncio
+
+from whetstone.contracts import Envelope, ModelPromotedV1, ModelRegisteredV1
+from whetstone.runtime.messaging import UnitOfWork
+from whetstone.runtime.service import PoisonMessage, Runtime
+
+from .adapters.repository import AsyncpgServingRepository
+from .context import ServingContext
+from .domain.catalog import ModelVersion, check_servable_on
+
+FALLBACK_POLL_S = 2.0  # only if a notification was lost (listener connection broke)
+
+
+async def on_model_registered(rt: Runtime[ServingContext], uow: UnitOfWork, env: Envelope,
+                              ev: ModelRegisteredV1) -> None:
+    await _same_owner(uow, ev.model_id, env.tenant_id)
+    lineage = ev.lineage
+    await rt.ctx.repo.record_registered(uow.conn, ModelVersion(
+        model_id=ev.model_id, tenant_id=env.tenant_id, name=ev.name, stage=ev.stage, artifact_uri=ev.artifact_uri,
+        artifact_sha256=ev.artifact_sha256, files=dict(getattr(ev, "files", {}) or {}),
+        base_model=lineage.base_model, base_model_sha256=lineage.base_model_sha256,
+        chat_template_sha256=getattr(lineage, "chat_template_sha256", None)))
+    await rt.ctx.repo.notify_changed(uow.conn)
+
+
+async def on_model_promoted(rt: Runtime[ServingContext], uow: UnitOfWork, env: Envelope, ev: ModelPromotedV1) -> None:
+    await _same_owner(uow, ev.model_id, env.tenant_id)
+    applied = await rt.ctx.repo.record_promoted(uow.conn, ModelVersion(
+        model_id=ev.model_id, tenant_id=env.tenant_id, name=ev.name or "", stage=ev.to_stage,
+        artifact_uri=ev.artifact_uri, artifact_sha256=ev.artifact_sha256, files=dict(ev.files or {}),
+        base_model=ev.base_model, base_model_sha256=ev.base_model_sha256,
+        chat_template_sha256=ev.chat_template_sha256), ev.sequence)
+    if not applied:
+        rt.log.info("stale stage change ignored", model_id=ev.model_id, sequence=ev.sequence, to_stage=ev.to_stage)
+    await rt.ctx.repo.notify_changed(uow.conn)
+
+
+async def _same_owner(uow: UnitOfWork, model_id: str, tenant_id: str) -> None:
+    owner = await AsyncpgServingRepository.owner(uow.conn, model_id)
+    if owner is not None and owner != tenant_id:
+        raise PoisonMessage(f"model {model_id} belongs to another tenant than the event's ({tenant_id})")
+
+
+async def sync_projection(rt: Runtime[ServingContext], *, act: bool) -> int:
+    """Bring the in-memory catalog up to the committed projection; with `act`, also load adapters
+    promoted to staging/production and unload archived ones. Returns how many changes it saw."""
+    ctx = rt.ctx
+    seen = 0
+    while True:
+        changes = await ctx.repo.changes_since(ctx.synced_to)
+        for change_seq, version in changes:
+            ctx.synced_to = max(ctx.synced_to, change_seq)
+            ctx.catalog.put(version)
+            if not act:
+                continue
+            if not version.servable:
+                await ctx.pool.unload(version.model_id)
+            elif ctx.config.preload:
+                task = asyncio.create_task(_preload(rt, version))
+                ctx.background.add(task)
+                task.add_done_callback(ctx.background.discard)
+        seen += len(changes)
+        if len(changes) < 500:
+            break
+    for change_seq, tenant_id, name, route in await ctx.repo.route_changes_since(ctx.synced_to_routes):
+        ctx.synced_to_routes = max(ctx.synced_to_routes, change_seq)
+        ctx.catalog.put_route(tenant_id, name, route)
+        seen += 1
+    ctx.metrics.resident.set(len(ctx.pool.lru))
+    return seen
+
+
+async def follow_projection(rt: Runtime[ServingContext]) -> None:
+    """Background: act on committed projection changes as soon as their NOTIFY arrives. Adapters
+    that were servable before this process started load on their first request."""
+    ctx = rt.ctx
+    async with ctx.repo.changes_notified(ctx.projection_changed.set):
+        while True:
+            ctx.projection_changed.clear()
+            await sync_projection(rt, act=True)  # first round: what committed before the listener started
+            try:
+                await asyncio.wait_for(ctx.projection_changed.wait(), timeout=FALLBACK_POLL_S)
+            except TimeoutError:
+                pass
+
+
+async def _preload(rt: Runtime[ServingContext], version: ModelVersion) -> None:
+    try:
+        check_servable_on(version, rt.ctx.base_sha256)
+        await rt.ctx.pool.preload(version)
+        rt.log.info("adapter loaded", model_id=version.model_id, name=version.name, stage=version.stage)
+    except Exception as exc:  # refused adapters are answered per request with the reason
+        rt.log.warning("adapter not loaded", model_id=version.model_id, name=version.name,
+                       error=f"{type(exc).__name__}: {exc}")

@@ -1,0 +1,123 @@
+"""A completion request from model name to tokens: route, resolve, lease the adapter, render
+with the training chat template, check the context, submit to the batcher, collect or stream."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+
+from .adapters.engine import GenRow
+from .adapters.pool import Lease
+from .context import ServingContext
+from .domain.catalog import (
+    ModelNotDeployed, ModelVersion, ServingError, check_servable_on, choose_version, completion_budget,
+)
+from .domain.openai import ChatCompletionRequest, CompletionRequest
+from .domain.routing import Route, pick_variant
+
+
+class InvalidMessages(ServingError):
+    status, code, param = 400, "invalid_messages", "messages"
+
+
+class GenerationFailed(ServingError):
+    status, code = 500, "generation_failed"
+
+
+async def resolve(ctx: ServingContext, tenant_id: str, requested: str, user: str | None) -> ModelVersion:
+    """The version that answers: an A/B route of that name first, else the name's live version."""
+    route = ctx.catalog.routes.get((tenant_id, requested))
+    if route is not None:
+        versions = ctx.catalog.owned(tenant_id, [v.model_id for v in route.variants])
+        live = tuple(v for v in route.variants if v.model_id in versions and versions[v.model_id].servable
+                     and v.weight > 0)
+        if not live:
+            raise ModelNotDeployed(f"No version behind the route `{requested}` is deployed.")
+        version = versions[pick_variant(Route(route.name, live), user, ctx.random.random()).model_id]
+    else:
+        version = choose_version(requested, ctx.catalog.candidates(tenant_id, requested))
+    check_servable_on(version, ctx.base_sha256)
+    return version
+
+
+@dataclass
+class Generation:
+    requested: str
+    version: ModelVersion
+    lease: Lease
+    rows: list[GenRow]
+    events: asyncio.Queue
+    prompt_tokens: int
+
+    @property
+    def completion_tokens(self) -> int:
+        return sum(r.completion_tokens for r in self.rows)
+
+    async def collect(self) -> list[tuple[str, str]]:
+        texts, finishes = [""] * len(self.rows), [""] * len(self.rows)
+        async for index, delta, finish in self.stream():
+            texts[index] += delta
+            if finish:
+                finishes[index] = finish
+        return list(zip(texts, finishes))
+
+    async def stream(self) -> AsyncIterator[tuple[int, str, str | None]]:
+        """(choice index, text delta, finish_reason or None) until every choice finished."""
+        open_rows = len(self.rows)
+        while open_rows:
+            index, delta, finish = await self.events.get()
+            if finish == "error":
+                raise GenerationFailed(f"generation failed: {delta}")
+            if finish:
+                open_rows -= 1
+            yield index, delta, finish
+
+
+async def start(ctx: ServingContext, tenant_id: str, req: ChatCompletionRequest | CompletionRequest) -> Generation:
+    version = await resolve(ctx, tenant_id, req.model, req.user)
+    lease = await ctx.pool.acquire(version)
+    try:
+        if isinstance(req, ChatCompletionRequest):
+            messages = [m.as_template_message() for m in req.messages]
+            try:
+                prompts = [ctx.engine.render_chat(messages, lease.chat_template)]
+            except Exception as exc:  # the template refuses the conversation (e.g. an unsupported role)
+                raise InvalidMessages(f"messages cannot be rendered with the model's chat template: {exc}") from exc
+            param = "messages"
+        else:
+            prompts, param = req.prompts(), "prompt"
+        encoded = [ctx.engine.encode(p) or [ctx.engine.pad_id] for p in prompts]
+        budgets = [completion_budget(len(ids), req.token_limit(), ctx.config.default_max_tokens,
+                                     ctx.engine.context_length, param) for ids in encoded]
+        loop = asyncio.get_running_loop()
+        events: asyncio.Queue = asyncio.Queue()
+        rows: list[GenRow] = []
+        unfinished = [len(encoded) * req.n]
+
+        def deliver(index: int, delta: str, finish: str | None) -> None:  # on the event loop
+            events.put_nowait((index, delta, finish))
+            if finish:
+                unfinished[0] -= 1
+                if unfinished[0] == 0:
+                    lease.release()  # the adapter may be evicted only once no row of ours needs it
+
+        for ids, budget in zip(encoded, budgets):
+            for _ in range(req.n):
+                index = len(rows)
+
+                def emit(delta: str, finish: str | None, index: int = index) -> None:
+                    loop.call_soon_threadsafe(deliver, index, delta, finish)
+
+                seed = None if req.seed is None else req.seed + index
+                rows.append(GenRow(adapter=version.model_id, prompt_ids=ids, max_tokens=budget, emit=emit,
+                                   temperature=req.temperature, top_p=req.top_p, stops=req.stops(), seed=seed))
+    except BaseException:
+        lease.release()
+        raise
+    for row in rows:
+        ctx.batcher.submit(row)
+    key = (tenant_id, req.model, version.model_id)
+    ctx.served[key] = ctx.served.get(key, 0) + 1
+    ctx.metrics.requests.labels(tenant=tenant_id, model=req.model, version=version.model_id, outcome="served").inc()
+    return Generation(req.model, version, lease, rows, events, sum(len(ids) for ids in encoded))

@@ -1,0 +1,110 @@
+"""What serving refuses, on the real embedded stack: corrupted adapter objects, adapters trained on
+another base SHA, archived models; and the LRU budget with cold loads on demand."""
+
+import dataclasses
+import shutil
+
+import openai
+import pytest
+
+from whetstone.devstack.testing import send_event, wait_until
+from whetstone.modelkit.tiny import CHAT_TEMPLATE
+from whetstone.runtime.identity import identity_headers
+from whetstone.runtime.models import weights_sha256
+from whetstone.runtime.s3 import ObjectStore
+from whetstone.serving.bootstrap import build_service
+from whetstone.serving.config import ServingSettings
+from whetstone.serving.samples import promoted, registered, store_adapter
+
+pytestmark = pytest.mark.integration
+BASE = "tiny-llama"
+MESSAGES = [{"role": "user", "content": "Hello"}]
+
+
+async def test_refusals_and_lru_budget(platform, settings, tiny_base, sample_adapters, tmp_path):
+    settings.model_catalog.mkdir(parents=True, exist_ok=True)
+    (settings.model_catalog / BASE).symlink_to(tiny_base, target_is_directory=True)
+    sha = weights_sha256(tiny_base)
+    b = settings.kafka_bootstrap
+    store = ObjectStore(settings.s3_endpoint, settings.s3_access_key, settings.s3_secret_key, settings.bucket)
+    good = [store_adapter(store, sample_adapters[i], "demo", f"wsm-g{i}", f"ft:tiny-llama:demo:g{i}") for i in range(3)]
+    corrupt = store_adapter(store, sample_adapters[3], "demo", "wsm-bad", "ft:tiny-llama:demo:bad")
+    # the weights object is replaced after the manifest was written: its sha256 no longer matches
+    key = corrupt.uri.removeprefix(f"s3://{settings.bucket}/") + "/adapter_model.safetensors"
+    store.put_bytes(key, b"not the weights that were trained")
+    drifted = store_adapter(store, sample_adapters[0], "demo", "wsm-drift", "ft:tiny-llama:demo:drift")
+    # trained with its own chat template (a system preamble the base template lacks)
+    own = tmp_path / "own-template"
+    shutil.copytree(sample_adapters[1], own)
+    own_template = "{{- '<|system|>\nAnswer briefly.<|end|>\n' -}}" + CHAT_TEMPLATE
+    (own / "chat_template.jinja").write_text(own_template)
+    templated = store_adapter(store, own, "demo", "wsm-tmpl", "ft:tiny-llama:demo:tmpl")
+    # the registry recorded another template than the one in the artifact
+    mismatched = dataclasses.replace(
+        store_adapter(store, sample_adapters[1], "demo", "wsm-mis", "ft:tiny-llama:demo:mis"),
+        chat_template_sha256="0" * 64)
+    for a, base_sha in [*((g, sha) for g in good), (corrupt, sha), (drifted, "f" * 64), (templated, sha),
+                        (mismatched, sha)]:
+        await send_event(b, registered(a, base_model=BASE, base_sha256=base_sha), "demo")
+        await send_event(b, promoted(a, "dev", "staging", base_model=BASE, base_sha256=base_sha, sequence=1), "demo")
+    config = ServingSettings(http_port=0, max_resident_adapters=2, preload=False)
+    async with platform(lambda: build_service(config)) as p:
+        rt = p["serving"]
+        demo = openai.AsyncOpenAI(base_url=p.url("serving") + "/v1", api_key="unused", max_retries=0,
+                                  default_headers=identity_headers("demo", ("read",)))
+        await wait_until(lambda: _staging(rt, 7), 30, "projection in memory")
+
+        async def refusal(model: str) -> openai.APIStatusError:
+            with pytest.raises(openai.APIStatusError) as err:
+                await demo.chat.completions.create(model=model, messages=MESSAGES, max_tokens=2)
+            return err.value
+
+        err = await refusal(corrupt.name)
+        assert (err.status_code, err.code) == (422, "adapter_corrupted") and "sha256" in err.message
+        assert not rt.ctx.pool.resident("wsm-bad")
+        err = await refusal(drifted.name)
+        assert (err.status_code, err.code) == (422, "base_model_mismatch")
+        assert not rt.ctx.pool.resident("wsm-drift")
+
+        # three adapters, two slots: each still answers, cold-loading and evicting the least recently used
+        for a in (*good, good[0]):
+            reply = await demo.chat.completions.create(model=a.name, messages=MESSAGES, max_tokens=2, temperature=0)
+            assert reply.choices[0].finish_reason in ("stop", "length")
+            assert len(rt.ctx.pool.lru) <= 2 and len(rt.ctx.engine.adapters) <= 2
+        assert len(rt.ctx.pool.cold_load_ms) == 4  # g0, g1, g2 (evicts g0), g0 again (evicts g1)
+        assert rt.ctx.pool.resident("wsm-g0") and rt.ctx.pool.resident("wsm-g2")
+        assert len(rt.ctx.engine.adapters) == 2  # the evicted one left the engine's slots too
+
+        # the chat template of training is the one serving renders with, and a recorded template
+        # that does not match the artifact's is refused
+        reply = await demo.chat.completions.create(model=templated.name, messages=MESSAGES, max_tokens=2)
+        tok = rt.ctx.engine.tokenizer
+        assert reply.usage.prompt_tokens == len(tok(tok.apply_chat_template(
+            MESSAGES, tokenize=False, add_generation_prompt=True, chat_template=own_template),
+            add_special_tokens=False).input_ids)
+        assert reply.usage.prompt_tokens > len(tok(tok.apply_chat_template(
+            MESSAGES, tokenize=False, add_generation_prompt=True), add_special_tokens=False).input_ids)
+        err = await refusal(mismatched.name)
+        assert (err.status_code, err.code) == (422, "chat_template_mismatch")
+
+        # archived: unloaded and refused with its own code; quarantine too
+        await send_event(b, promoted(good[2], "staging", "archived", base_model=BASE, base_sha256=sha, sequence=2),
+                         "demo")
+        await wait_until(lambda: _gone(rt, "wsm-g2"), 30, "archived adapter unloaded")
+        err = await refusal(good[2].name)
+        assert (err.status_code, err.code) == (404, "model_not_deployed") and "archived" in err.message
+        # a promotion naming a model of another tenant is dead-lettered, not applied
+        await send_event(b, promoted(good[0], "staging", "archived", base_model=BASE, base_sha256=sha, sequence=9),
+                         "acme")
+        await wait_until(lambda: rt.pool.fetchval("SELECT count(*) > 0 FROM outbox WHERE topic = 'model.promoted.dlq'"),
+                         30, "dead letter")
+        assert await rt.pool.fetchval("SELECT stage FROM model_versions WHERE model_id = 'wsm-g0'") == "staging"
+
+
+async def _staging(rt, n: int) -> bool:
+    return sum(v.stage == "staging" for v in rt.ctx.catalog.versions.values()) == n
+
+
+async def _gone(rt, model_id: str) -> bool:
+    """Archived in the in-memory catalog and out of the engine."""
+    return rt.ctx.catalog.versions[model_id].stage == "archived" and not rt.ctx.pool.resident(model_id)

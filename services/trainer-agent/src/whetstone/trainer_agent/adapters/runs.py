@@ -1,0 +1,87 @@
+"""The agent's `runs` table: the only place with SQL. Every method runs on the caller's
+connection (inside its unit of work), so a state change and the events it publishes commit together.
+
+    assigned --claim--> running --finish--> finished (completed | failed | preempted | worker_done)
+       |                   `--agent restart--> interrupted
+       `--cancel--> cancelled, or --hand back (agent stopping)--> finished (preempted)
+    assigned | running --node.fenced--> finished (fenced): final, nothing the segment does later changes it
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import asyncpg
+
+from whetstone.contracts import Envelope, JobAssignedV1
+
+from ..domain.runs import Run
+
+# columns a supervisor may set on its run
+UPDATABLE = frozenset({"status", "outcome", "finished_at", "latest_checkpoint", "pid", "pid_start"})
+
+
+class RunStore:
+    async def add_assignment(self, conn: asyncpg.Connection, env: Envelope, ev: JobAssignedV1) -> None:
+        """Record an assignment (a redelivered one changes nothing)."""
+        await conn.execute(
+            "INSERT INTO runs (segment_id, job_id, node_id, tenant_id, trace_id, attempt, gpu_ids, spec, resume_from,"
+            " rendezvous, status) VALUES ($1,$2,$3,$4,$5,$6,$7,$8,$9,$10,'assigned') ON CONFLICT DO NOTHING",
+            ev.segment_id, ev.job_id, ev.node_id, env.tenant_id, env.trace_id, ev.attempt, ev.gpu_ids,
+            ev.spec.model_dump(mode="json"), ev.resume_from.model_dump(mode="json") if ev.resume_from else None,
+            ev.rendezvous)
+
+    async def hand_back(self, conn: asyncpg.Connection, segment_id: str) -> bool:
+        """An assignment not started yet ends as preempted; False when it had started (or ended)."""
+        return bool(await conn.fetchval(
+            "UPDATE runs SET status = 'finished', outcome = 'preempted', finished_at = now()"
+            " WHERE segment_id = $1 AND status = 'assigned' RETURNING segment_id", segment_id))
+
+    async def hand_back_all(self, conn: asyncpg.Connection, node_id: str) -> list[Run]:
+        rows = await conn.fetch(
+            "UPDATE runs SET status = 'finished', outcome = 'preempted', finished_at = now()"
+            " WHERE node_id = $1 AND status = 'assigned' RETURNING *", node_id)
+        return [Run.from_row(r) for r in rows]
+
+    async def cancel_assigned(self, conn: asyncpg.Connection, job_id: str, node_id: str) -> list[str]:
+        """Assignments of the job not started yet are dropped; returns their segment ids."""
+        rows = await conn.fetch(
+            "UPDATE runs SET status = 'cancelled', finished_at = now() WHERE job_id = $1 AND node_id = $2"
+            " AND status = 'assigned' RETURNING segment_id", job_id, node_id)
+        return [r["segment_id"] for r in rows]
+
+    async def fence(self, conn: asyncpg.Connection, node_id: str, job_id: str, attempt: int,
+                    segment_id: str | None) -> list[Run]:
+        """The scheduler fenced this attempt: its runs not finished yet end as fenced; returns them
+        (none when it is not ours, or already ended: a redelivered command changes nothing)."""
+        rows = await conn.fetch(
+            "UPDATE runs SET status = 'finished', outcome = 'fenced', finished_at = now()"
+            " WHERE node_id = $1 AND job_id = $2 AND attempt = $3 AND ($4::text IS NULL OR segment_id = $4)"
+            " AND status IN ('assigned', 'running') RETURNING *", node_id, job_id, attempt, segment_id)
+        return [Run.from_row(r) for r in rows]
+
+    async def running_count(self, conn: asyncpg.Connection, job_id: str, node_id: str) -> int:
+        return int(await conn.fetchval(
+            "SELECT count(*) FROM runs WHERE job_id = $1 AND node_id = $2 AND status = 'running'", job_id, node_id))
+
+    async def claim_assigned(self, conn: asyncpg.Connection, node_id: str) -> list[Run]:
+        rows = await conn.fetch("UPDATE runs SET status = 'running', started_at = now()"
+                                " WHERE node_id = $1 AND status = 'assigned' RETURNING *", node_id)
+        return [Run.from_row(r) for r in rows]
+
+    async def interrupt_running(self, conn: asyncpg.Connection, node_id: str) -> list[Run]:
+        """Runs left 'running' by an agent that was killed outright."""
+        rows = await conn.fetch("UPDATE runs SET status = 'interrupted', finished_at = now()"
+                                " WHERE node_id = $1 AND status = 'running' RETURNING *", node_id)
+        return [Run.from_row(r) for r in rows]
+
+    async def update(self, conn: asyncpg.Connection, segment_id: str, columns: dict[str, Any]) -> None:
+        if not columns:
+            return
+        unknown = set(columns) - UPDATABLE
+        if unknown:
+            raise ValueError(f"runs: not updatable here: {', '.join(sorted(unknown))}")
+        sets = ", ".join(f"{name} = ${i}" for i, name in enumerate(columns, start=2))
+        # a fenced run stays fenced: what its segment still records afterwards is dropped
+        await conn.execute(f"UPDATE runs SET {sets} WHERE segment_id = $1 AND outcome IS DISTINCT FROM 'fenced'",
+                           segment_id, *columns.values())

@@ -1,0 +1,164 @@
+"""Checkpoint components shared by every recipe.
+
+- Resumable checkpoints are HF Trainer `checkpoint-N` directories (adapter or weights,
+  optimizer, scheduler, RNG states, trainer state); the platform adds `whetstone_state.json`
+  (kind, data position, batch geometry) when one is saved, and reads the geometry back on
+  resume (a segment may have halved its micro-batch after running out of memory).
+- The final artifact is written to `output_dir/final` atomically (staged, then renamed):
+  adapter (or weights), tokenizer and chat template, optionally a merged model, the training
+  summary and the loss curve. Never a pickle.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import os
+import shutil
+from collections.abc import Callable
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any
+
+from .hyperparams import Hyperparameters
+
+log = logging.getLogger("whetstone.trainer_agent.recipes")
+
+CHECKPOINT_STATE_FILE = "whetstone_state.json"
+FINAL_DIR = "final"
+
+
+# ------------------------------------------------------------------ resumable checkpoints
+
+
+def checkpoint_state(state, *, kind: str, method: str, hp: Hyperparameters, examples_per_epoch: int,
+                     train_file: str) -> dict[str, Any]:
+    """whetstone_state.json: where in the data this checkpoint stands, with which batch geometry."""
+    n = examples_per_epoch
+    micro, accumulation = int(hp.batch_size), hp.gradient_accumulation_steps
+    steps_per_epoch = math.ceil(math.ceil(n / micro) / accumulation)
+    in_epoch = state.global_step % steps_per_epoch
+    return {
+        "kind": kind,
+        "step": state.global_step,
+        "epoch": state.epoch,
+        "method": method,
+        "micro_batch_size": micro,
+        "gradient_accumulation_steps": accumulation,
+        "effective_batch": micro * accumulation,
+        "data_position": {
+            "epoch_index": state.global_step // steps_per_epoch,
+            "optimizer_steps_into_epoch": in_epoch,
+            "micro_batches_into_epoch": in_epoch * accumulation,
+            "examples_into_epoch": min(n, in_epoch * accumulation * micro),
+            "examples_per_epoch": n,
+            "shuffle_seed": hp.seed,
+        },
+        "tokens_seen": state.num_input_tokens_seen,
+        "train_file": train_file,
+    }
+
+
+def write_checkpoint_state(checkpoint: Path, info: dict[str, Any]) -> None:
+    (checkpoint / CHECKPOINT_STATE_FILE).write_text(json.dumps(info, indent=1) + "\n")
+
+
+def checkpoint_geometry(resume: Path | None) -> tuple[int, int] | None:
+    """(micro-batch, accumulation) the checkpoint was written with, or None when unknown."""
+    path = resume / CHECKPOINT_STATE_FILE if resume else None
+    if path is None or not path.is_file():
+        return None
+    try:
+        state = json.loads(path.read_text())
+        return int(state["micro_batch_size"]), int(state["gradient_accumulation_steps"])
+    except (ValueError, KeyError, TypeError):
+        return None
+
+
+def checkpoint_step(checkpoint: Path | None) -> int:
+    if checkpoint is None:
+        return 0
+    state = json.loads((checkpoint / "trainer_state.json").read_text())
+    return int(state.get("global_step", 0))
+
+
+# ------------------------------------------------------------------ the final artifact
+
+
+def write_final_artifact(trainer, tokenizer, output_dir: Path, *, summary: dict[str, Any],
+                         progress: list[dict[str, Any]], title: str,
+                         merge: Callable[[Path, Path], None] | None = None) -> Path:
+    """output_dir/final, atomically; `merge(adapter_dir, out_dir)` also writes a merged model."""
+    final = output_dir / FINAL_DIR
+    staging = output_dir / f"{FINAL_DIR}.partial"
+    shutil.rmtree(staging, ignore_errors=True)
+    trainer.model.config.use_cache = True  # the artifact is for inference
+    trainer.save_model(str(staging))
+    tokenizer.save_pretrained(str(staging))  # tokenizer.json + chat_template.jinja, whatever the trainer did
+    (staging / "training_args.bin").unlink(missing_ok=True)  # a pickle: keep it out of the artifact
+    if merge is not None:
+        merge(staging, staging / "merged")
+    (staging / "whetstone_training.json").write_text(json.dumps(summary, indent=2) + "\n")
+    _save_loss_curve(progress, staging / "loss_curve.png", title)
+    shutil.rmtree(final, ignore_errors=True)
+    os.replace(staging, final)
+    return final
+
+
+def remove_partial_artifact(output_dir: Path) -> None:
+    shutil.rmtree(output_dir / f"{FINAL_DIR}.partial", ignore_errors=True)
+
+
+def merged_writer(base_model: str, tokenizer) -> Callable[[Path, Path], None]:
+    """merge_and_unload onto a full-precision copy of the base (also for QLoRA adapters)."""
+
+    def merge(adapter_dir: Path, out: Path) -> None:
+        from peft import PeftModel
+
+        from whetstone.modelkit.loading import load_model
+
+        from .modeling import compute_dtype
+
+        base = load_model(base_model, dtype=compute_dtype())
+        merged = PeftModel.from_pretrained(base, str(adapter_dir)).merge_and_unload()
+        merged.save_pretrained(str(out))
+        tokenizer.save_pretrained(str(out))
+
+    return merge
+
+
+def training_summary(*, job_id: str, base_model: str, method: str, hp: Hyperparameters, base_parameters: int,
+                     quantization: dict[str, Any] | None, trainer, train_loss: float | None,
+                     non_padding_fraction: float | None) -> dict[str, Any]:
+    hyperparameters = asdict(hp)
+    hyperparameters.pop("explicit", None)
+    return {
+        "job_id": job_id,
+        "base_model": base_model,
+        "method": method,
+        "hyperparameters": hyperparameters,
+        "base_model_parameters": base_parameters,
+        "quantization": quantization,
+        "global_step": trainer.state.global_step,
+        "train_loss": train_loss,
+        "tokens": trainer.state.num_input_tokens_seen,
+        "non_padding_fraction": round(non_padding_fraction, 6) if non_padding_fraction is not None else None,
+    }
+
+
+def mean_train_loss(trainer, train_output) -> float | None:
+    """Mean logged loss over ALL steps, including those of earlier (preempted) segments."""
+    losses = [entry["loss"] for entry in trainer.state.log_history if "loss" in entry]
+    if losses:
+        return sum(losses) / len(losses)
+    return train_output.training_loss if train_output else None
+
+
+def _save_loss_curve(progress: list[dict[str, Any]], path: Path, title: str) -> None:
+    from .metrics import render_loss_curve
+
+    try:
+        render_loss_curve(progress, path, title=title)
+    except (RuntimeError, ValueError) as exc:
+        log.warning("no loss curve: %s", exc)

@@ -1,0 +1,190 @@
+"""Entry point of every training recipe, run by the trainer agent as a child process.
+
+    python -m whetstone.trainer_agent.recipes.main --config CONFIG.json
+
+`method` in CONFIG picks the recipe (setup -> train -> save_checkpoint -> cleanup):
+`sft.SFTRecipe` for lora, qlora, full and cpt; `preference.PreferenceRecipe` for dpo and orpo.
+
+Protocol with the parent (the trainer agent):
+- stdout carries ONLY events, one JSON object per line: `started`, `progress`,
+  `checkpoint` (kind periodic | emergency | final), `completed`, `failed`, `preempted`,
+  and `oom_retry`. Everything else goes to stderr (fd 1 is re-pointed to fd 2 first).
+- SIGTERM (spot loss, priority preemption): the handler is installed before anything
+  heavy is imported; the current optimizer step finishes (all its gradient-accumulation
+  micro-steps), an emergency checkpoint is written, then `checkpoint` + `preempted`
+  are printed and the process exits 0.
+- Out of memory: the micro-batch is halved and the accumulation doubled (same effective
+  batch), training goes on from the last checkpoint of this segment (or its start), up
+  to `max_oom_retries` times; then `failed` (ambiguous) with advice.
+- `failed` carries error_class user | platform | ambiguous, a code, the message and,
+  where there is some, advice.
+- Exit status: 0 completed or preempted, 1 failed (after a `failed` event).
+"""
+
+from __future__ import annotations
+
+import argparse
+import io
+import logging
+import os
+import sys
+import time
+from pathlib import Path
+from typing import Any, Protocol
+
+from .checkpointing import checkpoint_step
+from .errors import AmbiguousError, RecipeError, is_out_of_memory
+from .hyperparams import PREFERENCE_METHODS, Hyperparameters, halved_batch
+from .protocol import EventStream, PreemptionFlag
+from .spec import RecipeConfig
+
+log = logging.getLogger("whetstone.trainer_agent.recipes.main")
+
+
+class Recipe(Protocol):
+    """What every recipe module offers this entry point."""
+
+    cfg: RecipeConfig
+    hp: Hyperparameters
+    run: Any       # callbacks.RunState
+    trainer: Any   # the transformers / trl trainer
+    train_output: Any
+
+    def setup(self) -> None: ...
+    def train(self, resume_from: Path | None) -> bool: ...
+    def rebuild(self, hp: Hyperparameters) -> None: ...
+    def save_checkpoint(self) -> Path: ...
+    def train_loss(self) -> float | None: ...
+    def validation_metrics(self) -> dict[str, Any]: ...
+    def outcome_metrics(self) -> dict[str, Any]: ...
+    def cleanup(self) -> None: ...
+
+
+def recipe_for(cfg: RecipeConfig, events: EventStream, preemption: PreemptionFlag) -> Recipe:
+    from .faults import Faults
+
+    if cfg.method in PREFERENCE_METHODS:
+        from .preference import PreferenceRecipe
+
+        return PreferenceRecipe(cfg, events, preemption, Faults.from_env())
+    from .sft import SFTRecipe
+
+    return SFTRecipe(cfg, events, preemption, Faults.from_env())
+
+
+def _configure_logging() -> None:
+    logging.basicConfig(stream=sys.stderr, level=logging.INFO,
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    os.environ.setdefault("HF_DATASETS_DISABLE_PROGRESS_BARS", "1")
+
+
+def run(cfg: RecipeConfig, events: EventStream, preemption: PreemptionFlag, started: float) -> int:
+    recipe = recipe_for(cfg, events, preemption)
+    try:
+        recipe.setup()
+        if preemption.requested:  # SIGTERM during setup: nothing new to checkpoint
+            step = checkpoint_step(cfg.resume_from)
+            events.emit("preempted", step=step, checkpoint=str(cfg.resume_from) if cfg.resume_from else None)
+            return 0
+        train_started = time.perf_counter()
+        oom_retries = _train_with_oom_retries(recipe, events)
+        train_seconds = time.perf_counter() - train_started
+        state = recipe.trainer.state
+        if recipe.run.emergency_checkpoint is not None:
+            events.emit("preempted", step=state.global_step, checkpoint=str(recipe.run.emergency_checkpoint),
+                        sigterm_to_checkpoint_s=_since(preemption.received_at))
+            return 0
+        recipe.save_checkpoint()
+        events.emit(
+            "completed",
+            step=state.global_step,
+            train_loss=recipe.train_loss(),
+            tokens=state.num_input_tokens_seen,
+            runtime_s=round(time.perf_counter() - started, 3),
+            train_runtime_s=round(recipe.train_output.metrics.get("train_runtime", 0.0), 3),
+            checkpoint_s=round(recipe.run.checkpoint_seconds + _trainer_checkpoint_seconds(recipe), 3),
+            training_loop_s=round(train_seconds, 3),
+            micro_batch_size=int(recipe.hp.batch_size),
+            gradient_accumulation_steps=recipe.hp.gradient_accumulation_steps,
+            oom_retries=oom_retries,
+            **recipe.outcome_metrics(),
+            **recipe.validation_metrics(),
+        )
+        return 0
+    finally:
+        recipe.cleanup()
+
+
+def _train_with_oom_retries(recipe: Recipe, events: EventStream) -> int:
+    """Train; on out-of-memory halve the micro-batch (same effective batch) and go on from
+    the last checkpoint this segment wrote (or where it started). Returns the retries used."""
+    resume = recipe.cfg.resume_from
+    retries = 0
+    while True:
+        try:
+            recipe.train(resume)
+            return retries
+        except Exception as exc:
+            if not is_out_of_memory(exc):
+                raise
+            smaller = halved_batch(recipe.hp)
+            if smaller is None or retries >= recipe.hp.max_oom_retries:
+                raise AmbiguousError(
+                    f"out of memory at micro-batch {recipe.hp.batch_size} (max_seq_len {recipe.hp.max_seq_len}) "
+                    f"after {retries} retries with smaller micro-batches: {exc}",
+                    code="out_of_memory",
+                    advice=["lower max_seq_len", "use method qlora (4-bit base weights)",
+                            "enable gradient_checkpointing", "request a GPU with more memory"]) from exc
+            retries += 1
+            resume = recipe.run.last_checkpoint or recipe.cfg.resume_from
+            log.warning("out of memory (%s); retry %d with micro-batch %d x accumulation %d from %s",
+                        exc, retries, smaller.batch_size, smaller.gradient_accumulation_steps, resume or "the start")
+            events.emit("oom_retry", attempt=retries, micro_batch_size=smaller.batch_size,
+                        gradient_accumulation_steps=smaller.gradient_accumulation_steps,
+                        resume_step=checkpoint_step(resume), message=str(exc)[:500])
+            recipe.rebuild(smaller)
+
+
+def _trainer_checkpoint_seconds(recipe: Recipe) -> float:
+    return getattr(recipe.trainer, "checkpoint_seconds", 0.0)
+
+
+def _since(moment: float | None) -> float | None:
+    return round(time.time() - moment, 3) if moment is not None else None
+
+
+def execute(config_path: Path, events: EventStream, preemption: PreemptionFlag, started: float | None = None) -> int:
+    """Load CONFIG and run the recipe; every failure becomes ONE `failed` event. Returns the exit status."""
+    started = time.perf_counter() if started is None else started
+    try:
+        cfg = RecipeConfig.load(config_path)
+        events.job_id = cfg.job_id
+        return run(cfg, events, preemption, started)
+    except RecipeError as exc:
+        log.error("%s error: %s", exc.error_class, exc)
+        events.emit("failed", **exc.event_fields())
+    except Exception as exc:  # noqa: BLE001 - anything unexpected is the platform's fault
+        if is_out_of_memory(exc):
+            events.emit("failed", error_class="ambiguous", code="out_of_memory", message=f"{type(exc).__name__}: {exc}")
+        else:
+            log.exception("recipe crashed")
+            events.emit("failed", error_class="platform", code="recipe_crashed", message=f"{type(exc).__name__}: {exc}")
+    return 1
+
+
+def main(argv: list[str] | None = None) -> int:
+    started = time.perf_counter()
+    preemption = PreemptionFlag().install()  # FIRST: before any slow import or model load
+    events = EventStream.claim_stdout()
+    if int(os.environ.get("RANK", "0")) != 0:  # multi-process launch: rank 0 speaks for the job
+        events = EventStream(io.StringIO())
+    _configure_logging()
+    parser = argparse.ArgumentParser(prog="python -m whetstone.trainer_agent.recipes.main")
+    parser.add_argument("--config", type=Path, required=True, help="recipe config JSON")
+    args = parser.parse_args(argv)
+    return execute(args.config, events, preemption, started)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,362 @@
+"""Running one segment: the child process group, its JSON-lines events turned into Kafka events,
+checkpoints uploaded (manifest last) and pruned, and exactly one terminal event per segment
+(none for a fenced one)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import shutil
+import signal
+import time
+from dataclasses import dataclass, field
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+from whetstone.contracts import (
+    CheckpointRef, CheckpointWrittenV1, JobCompletedV1, JobFailedV1,
+    JobPreemptedV1, JobProgressV1, JobStartedV1,
+)
+from whetstone.runtime.models import UnknownModel
+from whetstone.runtime.service import Runtime
+
+from .adapters.checkpoint_store import ResumePoint
+from .adapters.processes import log_tail, signal_group, spawn, start_ticks
+from .adapters.workspace import Prepared
+from .context import TrainerAgentContext
+from .domain.checkpoints import StaleAttempt, checkpoint_prefix
+from .domain.distributed import DistributedConfigError
+from .domain.runs import Run
+from .domain.supervision import (
+    classify_exit, completed_metrics, failure_message, preempt_reason, progress_due, progress_fields,
+    reported_advice,
+)
+
+ERROR_CLASSES = ("user", "platform", "ambiguous")
+
+AgentRuntime = Runtime[TrainerAgentContext]
+
+
+
+@dataclass
+class Segment:
+    """One segment on this node: its process, its durable checkpoints, and its reporting."""
+
+    rt: AgentRuntime
+    run: Run
+    proc: asyncio.subprocess.Process | None = None
+    terminal: bool = False
+    last_progress: float = 0.0
+    latest: CheckpointRef | None = None          # newest durable resumable checkpoint
+    latest_at: datetime | None = None
+    final: CheckpointRef | None = None
+    final_error: str | None = None
+    fenced: str | None = None                    # why a newer attempt of the job took over
+    resumed_prefix: str | None = None            # never pruned while this segment runs
+    uploaded_local: list[Path] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        self.job_id, self.segment_id, self.tenant_id = self.run.job_id, self.run.segment_id, self.run.tenant_id
+        self.gpu_ids: list[int] = list(self.run.gpu_ids)
+        self.latest = self.run.resume_from
+
+    @property
+    def cancelled(self) -> bool:
+        return self.job_id in self.rt.ctx.node.cancelled
+
+    @property
+    def fenced_by_scheduler(self) -> bool:
+        """A node.fenced command named this segment: nothing more is reported or uploaded for it."""
+        return self.segment_id in self.rt.ctx.node.fenced
+
+    def fence(self, why: str) -> None:
+        self.rt.ctx.node.fenced[self.segment_id] = self.fenced = why
+        self.terminal = True
+        self.signal(signal.SIGKILL)
+
+    def signal(self, sig: int) -> bool:
+        if self.proc is None or self.proc.returncode is not None:
+            return False
+        return signal_group(self.proc.pid, sig)
+
+    async def publish(self, event, **columns: Any) -> None:
+        """The event and the run's new state, in one transaction (nothing once the segment is fenced)."""
+        if self.fenced_by_scheduler:
+            self.rt.log.info("segment fenced: event not published", job_id=self.job_id, event=event.EVENT_TYPE)
+            return
+        async with self.rt.uow() as uow:
+            await uow.publish(event, tenant_id=self.tenant_id, trace_id=self.run.trace_id)
+            await self.rt.ctx.runs.update(uow.conn, self.segment_id, columns)
+
+    async def record(self, **columns: Any) -> None:
+        async with self.rt.uow() as uow:
+            await self.rt.ctx.runs.update(uow.conn, self.segment_id, columns)
+
+    async def fail(self, error_class: str, code: str, message: str, advice: list[str] | None = None) -> None:
+        self.terminal = True
+        await self.publish(JobFailedV1(
+            job_id=self.job_id, segment_id=self.segment_id, node_id=self.run.node_id, attempt=self.run.attempt,
+            stopped_at=self.rt.clock(), error_class=error_class if error_class in ERROR_CLASSES else "platform",
+            code=code, message=message, advice=advice or []),
+            status="finished", outcome="failed", finished_at=self.rt.clock())
+
+    async def preempted(self, reason: str) -> None:
+        self.terminal = True
+        await self.publish(JobPreemptedV1(
+            job_id=self.job_id, segment_id=self.segment_id, node_id=self.run.node_id, attempt=self.run.attempt,
+            reason=reason,
+            stopped_at=self.rt.clock(), checkpoint=self.latest, checkpointed_at=self.latest_at),
+            status="finished", outcome="preempted", finished_at=self.rt.clock())
+
+    async def adopt(self, resume: ResumePoint) -> None:
+        """Resume from what verified (maybe an older checkpoint than asked, maybe none)."""
+        for uri, why in resume.skipped:
+            self.rt.log.warning("checkpoint not usable; falling back to an older one", job_id=self.job_id, uri=uri,
+                                why=why)
+        if self.run.resume_from and resume.path is None:
+            self.rt.log.error("no durable checkpoint verifies; training restarts from step 0", job_id=self.job_id)
+        self.latest = resume.ref()
+        self.resumed_prefix = resume.prefix
+        await self.record(latest_checkpoint=self.latest.model_dump() if self.latest else None)
+
+
+async def run_segment(rt: AgentRuntime, run: Run) -> None:
+    ctx = rt.ctx
+    seg = Segment(rt, run)
+    ctx.node.segments[seg.segment_id] = seg
+    try:
+        if seg.fenced_by_scheduler:  # fenced between its claim and now
+            return
+        try:
+            prepared = await asyncio.to_thread(ctx.workspaces.prepare, run)
+        except DistributedConfigError as exc:
+            await seg.fail("user", "invalid_distributed_config", str(exc))
+            return
+        except UnknownModel as exc:
+            await seg.fail("platform", "base_model_unavailable", str(exc))
+            return
+        except StaleAttempt as exc:
+            await seg.fail("platform", "stale_attempt", str(exc))
+            return
+        except Exception as exc:
+            rt.log.exception("segment setup failed", job_id=seg.job_id)
+            await seg.fail("platform", "setup_failed", f"{type(exc).__name__}: {exc}")
+            return
+        await seg.adopt(prepared.resume)
+        if seg.fenced_by_scheduler:
+            rt.log.info("segment fenced before its process started", job_id=seg.job_id)
+        elif seg.cancelled:
+            await seg.fail("user", "cancelled", "cancelled by user")
+        elif ctx.node.stopping:
+            await seg.preempted(ctx.node.stopping)
+        else:
+            await watch(rt, seg, prepared, ctx.workspaces.path(seg.segment_id))
+    except Exception as exc:  # the agent's own fault (database, bug): still never a silent end
+        rt.log.exception("segment supervision failed", job_id=seg.job_id)
+        if not seg.terminal and not seg.fenced_by_scheduler:
+            try:
+                await seg.fail("platform", "agent_error", f"trainer agent error: {type(exc).__name__}: {exc}")
+            except Exception:  # database unreachable: the run stays 'running' and is recovered at restart
+                rt.log.exception("could not report the failure", job_id=seg.job_id)
+    finally:
+        ctx.node.segments.pop(seg.segment_id, None)
+        ctx.node.fenced.pop(seg.segment_id, None)
+        if not ctx.node.segments_of(seg.job_id):
+            ctx.node.cancelled.discard(seg.job_id)
+        await asyncio.to_thread(ctx.workspaces.remove, [seg.segment_id])
+
+
+async def watch(rt: AgentRuntime, seg: Segment, prepared: Prepared, scratch: Path) -> None:
+    """Run the launcher, handle its events in order, and make sure its end is reported."""
+    c = rt.ctx.config
+    log_path = scratch / "train.log"
+    started_at = rt.clock()
+    proc = seg.proc = await spawn(prepared.launch.argv, prepared.launch.environment(os.environ), log_path)
+    await seg.record(pid=proc.pid, pid_start=start_ticks(proc.pid))
+    if seg.fenced_by_scheduler:  # the fence arrived while the process was being started
+        seg.signal(signal.SIGKILL)
+    elif seg.cancelled:  # the cancel arrived while the process was being started
+        seg.signal(signal.SIGTERM)
+        asyncio.get_running_loop().call_later(c.cancel_grace_s, seg.signal, signal.SIGKILL)
+    rt.log.info("training process started", job_id=seg.job_id, segment_id=seg.segment_id, pid=proc.pid,
+                launcher=prepared.launch.launcher, zero_stage=prepared.plan.zero_stage)
+    events: asyncio.Queue[dict[str, Any] | None] = asyncio.Queue()
+    reader = asyncio.create_task(read_events(proc, events))
+    try:
+        while (msg := await events.get()) is not None:
+            await on_child_event(rt, seg, msg, started_at, scratch)
+        if seg.terminal:
+            try:
+                await asyncio.wait_for(proc.wait(), timeout=c.exit_grace_s)
+            except TimeoutError:
+                rt.log.warning("training process lingers after its last event; killing it", job_id=seg.job_id)
+        else:
+            code = await proc.wait()
+            await report_exit(rt, seg, code, prepared, log_path)
+    finally:
+        reader.cancel()
+        if proc.returncode is None:  # only while it lives: its pid (= group id) is surely still ours
+            signal_group(proc.pid, signal.SIGKILL)
+            await proc.wait()
+
+
+async def read_events(proc: asyncio.subprocess.Process, events: asyncio.Queue) -> None:
+    """Keep the pipe drained while events are handled (uploads take time): one JSON object per line."""
+    assert proc.stdout is not None
+    try:
+        while True:
+            try:
+                line = await proc.stdout.readline()
+            except ValueError:  # a line over the limit: not an event
+                continue
+            if not line:
+                break
+            try:
+                msg = json.loads(line)
+            except ValueError:
+                continue
+            if isinstance(msg, dict):
+                events.put_nowait(msg)
+    finally:
+        events.put_nowait(None)
+
+
+async def report_exit(rt: AgentRuntime, seg: Segment, code: int, prepared: Prepared, log_path: Path) -> None:
+    if seg.fenced_by_scheduler:
+        rt.log.warning("fenced segment stopped; nothing reported", job_id=seg.job_id, segment_id=seg.segment_id,
+                       code=code)
+        return
+    report = classify_exit(code, cancelled=seg.cancelled, stopping=rt.ctx.node.stopping,
+                           worker_node=prepared.node_rank > 0, log_tail=log_tail(log_path))
+    if seg.fenced:
+        await seg.fail("platform", "stale_attempt", seg.fenced)
+    elif report.outcome == "failed":
+        rt.log.error("training process ended without a result", job_id=seg.job_id, code=code, reported=report.code)
+        await seg.fail(report.error_class or "platform", report.code or "trainer_crashed", report.message or "")
+    elif report.outcome == "preempted":
+        await seg.preempted(report.reason or "signal")
+    else:
+        seg.terminal = True
+        await seg.record(status="finished", outcome="worker_done", finished_at=rt.clock())
+
+
+async def on_child_event(rt: AgentRuntime, seg: Segment, msg: dict[str, Any], started_at: datetime,
+                         scratch: Path) -> None:
+    c, node = rt.ctx.config, rt.ctx.node
+    kind = msg.get("event")
+    if seg.fenced_by_scheduler:  # what the killed process had already written: not ours to report
+        return
+    if kind == "started":
+        await seg.publish(JobStartedV1(
+            job_id=seg.job_id, node_id=c.node_id, segment_id=seg.segment_id, attempt=seg.run.attempt,
+            gpu_type=c.gpu_type, gpu_count=max(1, len(seg.gpu_ids)), spot=c.spot, started_at=started_at,
+            total_steps=msg.get("total_steps"), resumed_from_step=msg.get("resumed_from_step")))
+    elif kind == "progress":
+        now = time.monotonic()
+        if not progress_due(msg, now - seg.last_progress, c.progress_interval_s):
+            return
+        seg.last_progress = now
+        await seg.publish(JobProgressV1(job_id=seg.job_id, segment_id=seg.segment_id, attempt=seg.run.attempt,
+                                        **progress_fields(msg)))
+    elif kind == "checkpoint":
+        await on_checkpoint(rt, seg, msg, scratch)
+    elif kind == "completed":
+        seg.terminal = True
+        if seg.final is None:
+            await seg.fail("platform", "no_final_checkpoint",
+                           seg.final_error or "training finished without a durable final checkpoint")
+            return
+        await seg.publish(JobCompletedV1(
+            job_id=seg.job_id, segment_id=seg.segment_id, node_id=c.node_id, attempt=seg.run.attempt,
+            stopped_at=rt.clock(), steps=int(msg.get("step", 0)), train_loss=msg.get("train_loss"),
+            tokens=msg.get("tokens"), final_checkpoint=seg.final, metrics=completed_metrics(msg)),
+            status="finished", outcome="completed", finished_at=rt.clock())
+    elif kind == "preempted":
+        if seg.cancelled:
+            await seg.fail("user", "cancelled", "cancelled by user")
+            return
+        rt.log.info("training process stopped for preemption", job_id=seg.job_id, step=msg.get("step"),
+                    sigterm_to_checkpoint_s=msg.get("sigterm_to_checkpoint_s"))
+        requested = node.preempt_reasons.pop(seg.job_id, None)
+        await seg.preempted(requested or preempt_reason(node.stopping, msg.get("reason")))
+    elif kind == "failed":
+        advice = reported_advice(msg)
+        await seg.fail(str(msg.get("error_class", "platform")), str(msg.get("code") or "training_failed"),
+                       failure_message(msg.get("message"), advice), advice)
+    elif kind == "oom_retry":
+        rt.log.warning("training ran out of memory; the recipe retries with a smaller micro-batch",
+                       job_id=seg.job_id, attempt=msg.get("attempt"), micro_batch_size=msg.get("micro_batch_size"))
+
+
+async def on_checkpoint(rt: AgentRuntime, seg: Segment, msg: dict[str, Any], scratch: Path) -> None:
+    """Upload (files, then the manifest), publish checkpoint.written, and only then prune older
+    checkpoints in S3 and on local disk. A cancelled job's checkpoints are not kept."""
+    ctx = rt.ctx
+    try:
+        step, kind, local = int(msg["step"]), str(msg["kind"]), Path(msg["path"])
+        prefix = checkpoint_prefix(seg.tenant_id, seg.job_id, step, kind, seg.run.attempt)
+    except (KeyError, TypeError, ValueError) as exc:
+        rt.log.error("malformed checkpoint event", job_id=seg.job_id, error=str(exc))
+        return
+    if seg.cancelled or seg.fenced_by_scheduler:
+        rt.log.info("job cancelled or segment fenced: checkpoint not uploaded", job_id=seg.job_id, step=step)
+        return
+    staged = scratch / "uploading" / f"step-{step}-{kind}"
+    meta = {"job_id": seg.job_id, "segment_id": seg.segment_id, "tenant_id": seg.tenant_id, "step": step,
+            "kind": kind, "attempt": seg.run.attempt}
+
+    def on_retry(attempt: int, exc: Exception) -> None:
+        rt.log.warning("checkpoint upload failed; retrying", prefix=prefix, attempt=attempt,
+                       error=f"{type(exc).__name__}: {exc}")
+    try:
+        up = await asyncio.to_thread(ctx.checkpoints.upload_snapshot, local, staged, prefix, meta,
+                                     fence=seg.run.fence, attempts=ctx.config.upload_attempts, on_retry=on_retry)
+    except StaleAttempt as exc:  # this node lost its job (partitioned, declared lost): stop, write nothing
+        rt.log.error("a newer attempt of the job took over; stopping this segment", job_id=seg.job_id, error=str(exc))
+        seg.fenced = seg.final_error = str(exc)
+        seg.signal(signal.SIGKILL)
+        return
+    except Exception as exc:
+        rt.log.error("checkpoint not uploaded", job_id=seg.job_id, step=step, kind=kind,
+                     error=f"{type(exc).__name__}: {exc}")
+        if kind == "final":
+            seg.final_error = f"final checkpoint upload failed: {type(exc).__name__}: {exc}"
+        return
+    finally:
+        await asyncio.to_thread(shutil.rmtree, staged, True)
+    now = rt.clock()
+    checkpoint = CheckpointRef(uri=up.uri, step=step, manifest_sha256=up.manifest_sha256)
+    columns: dict[str, Any] = {}
+    if kind == "final":
+        seg.final = checkpoint
+    else:
+        seg.latest, seg.latest_at = checkpoint, now
+        columns["latest_checkpoint"] = checkpoint.model_dump()
+    await seg.publish(CheckpointWrittenV1(
+        job_id=seg.job_id, segment_id=seg.segment_id, attempt=seg.run.attempt,
+        checkpoint_id=f"{seg.job_id}:{step}:{kind}", kind=kind,
+        step=step, uri=up.uri, manifest_sha256=up.manifest_sha256, files=up.files, size_bytes=up.size_bytes,
+        written_at=now, metrics={k: float(msg[k]) for k in ("validation_loss",) if isinstance(msg.get(k), (int, float))}),
+        **columns)
+    if kind != "final":
+        await prune(rt, seg, prefix, local)
+
+
+async def prune(rt: AgentRuntime, seg: Segment, newest: str, local: Path) -> None:
+    protected = {newest} | ({seg.resumed_prefix} if seg.resumed_prefix else set())
+    try:
+        deleted = await asyncio.to_thread(rt.ctx.checkpoints.prune, seg.tenant_id, seg.job_id,
+                                          rt.ctx.config.keep_checkpoints, protected, seg.run.fence)
+    except Exception as exc:  # pruning is housekeeping: a failure costs storage, never a job
+        rt.log.warning("checkpoint pruning failed", job_id=seg.job_id, error=f"{type(exc).__name__}: {exc}")
+        deleted = []
+    if deleted:
+        rt.log.info("old checkpoints pruned", job_id=seg.job_id, deleted=deleted)
+    for old in seg.uploaded_local:  # uploaded and superseded: free the node's disk
+        await asyncio.to_thread(shutil.rmtree, old, True)
+    seg.uploaded_local = [local]
+
+
+# --------------------------------------------------------------------- stop
