@@ -90,7 +90,8 @@ def platform(settings) -> Callable[..., Any]:
         stop = asyncio.Event()
         ready: dict[str, Any] = {}
         task = asyncio.create_task(run_services([b() for b in builders], settings,
-                                                lambda rts: ready.update({r.name: r for r in rts}), stop))
+                                                lambda rts: ready.update({r.name: r for r in rts}), stop,
+                                                handle_signals=False))
         while not ready:
             if task.done():
                 task.result()

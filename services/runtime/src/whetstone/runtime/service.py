@@ -408,15 +408,17 @@ class Runtime(Generic[C]):
 
 async def run_services(services: Sequence[Service], settings: CommonSettings | None = None,
                        ready: Callable[[list[Runtime]], None] | None = None,
-                       stop_event: asyncio.Event | None = None) -> None:
-    """Start the services in one loop, run until SIGINT/SIGTERM (or stop_event), stop cleanly."""
+                       stop_event: asyncio.Event | None = None, handle_signals: bool = True) -> None:
+    """Start the services in one loop, run until SIGINT/SIGTERM (or stop_event), stop cleanly.
+    `handle_signals=False` (tests running services inside their own process) leaves SIGINT/SIGTERM
+    alone, so a hung test can still be interrupted; the handlers are removed again on the way out."""
     settings = settings or resolve_settings()
     configure_logging(settings.log_level, settings.log_json)
     await ensure_topics(settings)
     loop = asyncio.get_running_loop()
     handled: list[signal.Signals] = []
-    if stop_event is None:  # we own the process: SIGINT/SIGTERM stop the services cleanly
-        stop_event = asyncio.Event()
+    stop_event = stop_event or asyncio.Event()
+    if handle_signals:  # SIGINT/SIGTERM stop the services cleanly
         for sig in (signal.SIGINT, signal.SIGTERM):
             try:
                 loop.add_signal_handler(sig, stop_event.set)
