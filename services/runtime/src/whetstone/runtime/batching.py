@@ -74,10 +74,8 @@ async def _crashed_before(rt: Runtime, records: Sequence[Any]) -> bool:
     for rec in records:
         tp = (rec.topic, rec.partition)
         firsts[tp] = min(firsts.get(tp, rec.offset), rec.offset)
-    worst = 0
     assert rt.pool is not None
-    for (topic, partition), offset in firsts.items():
-        worst = max(worst, await db.count_delivery(rt.pool, rt.consumer + "#batch", topic, partition, offset))
+    worst = await db.count_deliveries(rt.pool, rt.consumer + "#batch", [(t, p, o) for (t, p), o in firsts.items()])
     return worst > rt.settings.max_attempts
 
 

@@ -123,9 +123,20 @@ async def claim_inbox(conn: asyncpg.Connection, consumer: str, message_id: str, 
     return row is not None
 
 
-async def seen_in_inbox(pool_or_conn: Any, consumer: str, message_id: str) -> bool:
-    return bool(await pool_or_conn.fetchval(
-        "SELECT 1 FROM inbox WHERE consumer = $1 AND message_id = $2", consumer, message_id))
+async def check_delivery(pool_or_conn: Any, consumer: str, message_id: str, topic: str, partition: int,
+                         offset: int) -> tuple[bool, int]:
+    """One round trip before a handler runs: was the event handled already (inbox), and if not, how
+    many times has this record been delivered, this time included. The count is committed at once,
+    outside any handler transaction, so a crash cannot roll it back; a duplicate counts nothing."""
+    row = await pool_or_conn.fetchrow(
+        "WITH seen AS (SELECT 1 FROM inbox WHERE consumer = $1 AND message_id = $2),"
+        ' counted AS (INSERT INTO deliveries (consumer, topic, partition, "offset")'
+        " SELECT $1, $3, $4, $5 WHERE NOT EXISTS (SELECT 1 FROM seen)"
+        ' ON CONFLICT (consumer, topic, partition, "offset")'
+        " DO UPDATE SET count = deliveries.count + 1, last_at = now() RETURNING count)"
+        " SELECT EXISTS (SELECT 1 FROM seen) AS seen, (SELECT count FROM counted) AS deliveries",
+        consumer, message_id, topic, partition, offset)
+    return bool(row["seen"]), int(row["deliveries"] or 0)
 
 
 async def count_delivery(pool_or_conn: Any, consumer: str, topic: str, partition: int, offset: int) -> int:
@@ -136,6 +147,17 @@ async def count_delivery(pool_or_conn: Any, consumer: str, topic: str, partition
         ' ON CONFLICT (consumer, topic, partition, "offset")'
         " DO UPDATE SET count = deliveries.count + 1, last_at = now() RETURNING count",
         consumer, topic, partition, offset)
+
+
+async def count_deliveries(pool_or_conn: Any, consumer: str, records: Sequence[tuple[str, int, int]]) -> int:
+    """`count_delivery` for many (topic, partition, offset) at once; returns the highest count."""
+    topics, partitions, offsets = (list(col) for col in zip(*records, strict=True)) if records else ([], [], [])
+    return int(await pool_or_conn.fetchval(
+        'WITH counted AS (INSERT INTO deliveries (consumer, topic, partition, "offset")'
+        " SELECT $1, t, p, o FROM unnest($2::text[], $3::int[], $4::bigint[]) AS r(t, p, o)"
+        ' ON CONFLICT (consumer, topic, partition, "offset")'
+        " DO UPDATE SET count = deliveries.count + 1, last_at = now() RETURNING count)"
+        " SELECT coalesce(max(count), 0) FROM counted", consumer, topics, partitions, offsets))
 
 
 async def prune(pool_or_conn: Any, *, outbox_sent_hours: float, inbox_days: float, deliveries_hours: float) -> dict:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextvars
-from collections.abc import Sequence, AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from typing import Any
@@ -87,9 +87,6 @@ class UnitOfWork:
         await self.conn.copy_records_to_table("outbox", records=[(topic, env.key, encode(env)) for env in envelopes],
                                               columns=("topic", "key", "value"))
         self.pending.extend(envelopes)
-
-    async def publish_raw(self, topic: str, key: str, value: bytes) -> None:
-        await self.conn.execute("INSERT INTO outbox (topic, key, value) VALUES ($1, $2, $3)", topic, key, value)
 
 
 class OutboxRelay:

@@ -37,6 +37,7 @@ from whetstone.contracts import TOPICS, Envelope, Event
 from . import db, observability
 from .delivery import MAX_RECORD_BYTES, PoisonMessage, dead_letter, is_transient, prune_forever
 from .batching import BatchHandler, consume_batch, undecoded
+from .identity import internal_secret
 from .http import HttpServer, ServiceMetrics, make_app
 from .logging import bound_contextvars, configure_logging, get_logger
 from .messaging import OutboxRelay, UnitOfWork, current_envelope, decode, parse_payload, unit_of_work
@@ -167,6 +168,7 @@ class Runtime(Generic[C]):
         for bg in self.service.background:
             self._tasks.append(asyncio.create_task(self._guard(bg), name=f"{self.name}-{bg.__name__}"))
         app = make_app(self.name, self.metrics, {"postgres": self._check_db, "kafka": self._check_kafka})
+        app.state.internal_secret = internal_secret(s.data_dir)  # resolved once: identity checks read it per request
         if self.service.routes:
             app.include_router(self.service.routes(self))
         self.app: FastAPI = app
@@ -326,14 +328,6 @@ class Runtime(Generic[C]):
                                     trace_id=None)
             self.metrics.refused(reason="tombstone").inc()
             return "dead_lettered"
-        assert self.pool is not None
-        deliveries = await db.count_delivery(self.pool, self.consumer, topic, partition, offset)
-        if deliveries > self.settings.max_attempts:  # it was handed out before and the process never finished it
-            await self._dead_letter(topic, where, partition, offset, key, raw, deliveries,
-                                    f"delivered {deliveries} times without completing (the consumer crashed or was"
-                                    " killed while handling it)", tenant_id="unknown", trace_id=None)
-            self.metrics.refused(reason="crash_loop").inc()
-            return "dead_lettered"
         try:
             env = decode(raw)
             event = parse_payload(env, model)
@@ -343,9 +337,17 @@ class Runtime(Generic[C]):
             self.metrics.refused(reason="malformed").inc()
             return "dead_lettered"
         message_id = str(env.event_id)
-        if await db.seen_in_inbox(self.pool, self.consumer, message_id):
+        assert self.pool is not None
+        seen, deliveries = await db.check_delivery(self.pool, self.consumer, message_id, topic, partition, offset)
+        if seen:
             self.metrics.consumed(topic=topic, outcome="duplicate").inc()
             return "duplicate"
+        if deliveries > self.settings.max_attempts:  # handed out before, and the process never finished it
+            await self._dead_letter(topic, f"dlq:{message_id}", partition, offset, key, raw, deliveries,
+                                    f"delivered {deliveries} times without completing (the consumer crashed or was"
+                                    " killed while handling it)", tenant_id=env.tenant_id, trace_id=env.trace_id)
+            self.metrics.refused(reason="crash_loop").inc()
+            return "dead_lettered"
         ids = {"event_id": message_id, "tenant_id": env.tenant_id, "trace_id": env.trace_id, "topic": topic}
         if hasattr(event, "job_id"):
             ids["job_id"] = event.job_id
