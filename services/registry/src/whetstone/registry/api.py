@@ -13,23 +13,19 @@ from whetstone.runtime.identity import Caller, require
 from whetstone.runtime.service import Runtime
 
 from . import downloads, promotion
+from .downloads import not_found
 from .adapters.store import ModelStore
 from .context import RegistryContext
-from .domain.stages import STAGES, ModelRecord, TransitionRefused
+from .domain.stages import ModelRecord, TransitionRefused
 
 
 class PromoteRequest(BaseModel):
-    stage: Literal["dev", "staging", "production", "archived", "quarantined"] = Field(
-        validation_alias="stage", description="target stage")
+    stage: Literal["dev", "staging", "production", "archived", "quarantined"] = Field(description="target stage")
     reason: str = Field(min_length=1, max_length=2000)
 
 
 class ReasonRequest(BaseModel):
     reason: str = Field("requested by the tenant", min_length=1, max_length=2000)
-
-
-def not_found(model_id: str) -> ApiError:
-    return ApiError(404, f"The model '{model_id}' does not exist", code="model_not_found", param="model")
 
 
 def refused(exc: TransitionRefused) -> ApiError:
@@ -80,7 +76,7 @@ def routes(rt: Runtime[RegistryContext]) -> APIRouter:
                 raise not_found(model_id)
             return await model_view(store, model)
 
-    async def change(model_id: str, caller: Caller, action) -> dict:
+    async def change(model_id: str, action) -> dict:
         try:
             async with rt.uow() as uow:
                 store = ModelStore(uow.conn)
@@ -93,9 +89,7 @@ def routes(rt: Runtime[RegistryContext]) -> APIRouter:
 
     @r.post("/{model_id}/promote")
     async def promote(model_id: str, body: PromoteRequest, caller: Caller = require("write")) -> dict:
-        if body.stage not in STAGES:
-            raise ApiError(400, f"unknown stage {body.stage}", code="invalid_stage", param="stage")
-        return await change(model_id, caller, lambda uow, store: promotion.promote(
+        return await change(model_id, lambda uow, store: promotion.promote(
             uow, store, model_id, caller.tenant_id, body.stage, body.reason,
             can_approve=caller.allows("models:promote"), actor=caller.key_id, min_margin=cfg.auto_promote_min_margin))
 
@@ -103,17 +97,12 @@ def routes(rt: Runtime[RegistryContext]) -> APIRouter:
     async def rollback(model_id: str, body: ReasonRequest | None = None,
                        caller: Caller = require("models:promote")) -> dict:
         reason = (body or ReasonRequest()).reason
-        return await change(model_id, caller, lambda uow, store: promotion.rollback(
+        return await change(model_id, lambda uow, store: promotion.rollback(
             uow, store, model_id, caller.tenant_id, reason, caller.key_id))
 
     async def archive(model_id: str, reason: str, caller: Caller) -> dict:
-        async def act(uow, store: ModelStore):
-            model = await store.get(model_id, caller.tenant_id)
-            if model is not None and model.stage == "production" and not caller.allows("models:promote"):
-                raise TransitionRefused("insufficient_scope", "archiving the production version takes it out of"
-                                        " serving: it needs the `models:promote` scope", 403)
-            return await promotion.archive(uow, store, model_id, caller.tenant_id, reason, caller.key_id)
-        return await change(model_id, caller, act)
+        return await change(model_id, lambda uow, store: promotion.archive(
+            uow, store, model_id, caller.tenant_id, reason, caller.key_id, can_approve=caller.allows("models:promote")))
 
     @r.post("/{model_id}/archive")
     async def archive_model(model_id: str, body: ReasonRequest | None = None, caller: Caller = require("write")) -> dict:
@@ -135,11 +124,8 @@ def routes(rt: Runtime[RegistryContext]) -> APIRouter:
         return {"id": model_id, "object": "model", "deleted": True}
 
     @r.get("/{model_id}/content")
-    async def content(model_id: str, caller: Caller = require("read")) -> dict:
-        return await downloads.adapter_download(rt, caller.tenant_id, model_id)
-
     @r.get("/{model_id}/download")
-    async def download(model_id: str, caller: Caller = require("read")) -> dict:
+    async def content(model_id: str, caller: Caller = require("read")) -> dict:
         return await downloads.adapter_download(rt, caller.tenant_id, model_id)
 
     @r.post("/{model_id}/merged")

@@ -20,6 +20,7 @@ from whetstone.runtime.messaging import UnitOfWork
 from whetstone.runtime.service import Runtime
 
 from .adapters.store import ModelStore
+from .api import iso
 from .context import RegistryContext
 from .domain.drift import reeval_request_id, rollout_check
 
@@ -33,8 +34,11 @@ class NewVersion(BaseModel):
     reason: str = Field("new base-model revision", min_length=1, max_length=2000)
 
 
-def _unknown(name: str) -> ApiError:
-    return ApiError(404, f"The base model '{name}' is not in the catalog", code="base_model_not_found", param="name")
+async def _known(store: ModelStore, name: str) -> dict[str, Any]:
+    base = await store.base(name)
+    if base is None:
+        raise ApiError(404, f"The base model '{name}' is not in the catalog", code="base_model_not_found", param="name")
+    return base
 
 
 async def publish_version(uow: UnitOfWork, store: ModelStore, name: str, sha256: str, uri: str | None, reason: str,
@@ -83,9 +87,7 @@ def routes(rt: Runtime[RegistryContext]) -> APIRouter:
     async def check(name: str, caller: Caller = require("admin")) -> dict:
         async with rt.uow() as uow:
             store = ModelStore(uow.conn)
-            base = await store.base(name)
-            if base is None:
-                raise _unknown(name)
+            base = await _known(store, name)
             result = rollout_check(name, base["sha256"], base["previous_sha256"],
                                    await store.production_adapters(name, base["sha256"]))
         return {"object": "base_model.rollout_check", **asdict(result)}
@@ -100,9 +102,7 @@ def routes(rt: Runtime[RegistryContext]) -> APIRouter:
     async def versions(name: str, caller: Caller = require("read")) -> dict:
         async with rt.uow() as uow:
             store = ModelStore(uow.conn)
-            base = await store.base(name)
-            if base is None:
-                raise _unknown(name)
+            base = await _known(store, name)
             history = await store.base_versions(name)
         return {"id": name, "object": "base_model", **_iso(base), "versions": [_iso(v) for v in history]}
 
@@ -110,4 +110,4 @@ def routes(rt: Runtime[RegistryContext]) -> APIRouter:
 
 
 def _iso(row: dict[str, Any]) -> dict[str, Any]:
-    return {k: (v.isoformat() if hasattr(v, "isoformat") else v) for k, v in row.items()}
+    return {k: iso(v) for k, v in row.items()}

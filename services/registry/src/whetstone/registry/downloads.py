@@ -21,8 +21,16 @@ from .domain.stages import ModelRecord
 ADAPTER_EXTRAS = ("chat_template.jinja", "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json")
 
 
-def _missing(model_id: str) -> ApiError:
+def not_found(model_id: str) -> ApiError:
     return ApiError(404, f"The model '{model_id}' does not exist", code="model_not_found", param="model")
+
+
+async def owned(store: ModelStore, tenant_id: str, model_id: str) -> ModelRecord:
+    """The tenant's model; 404 model_not_found otherwise (another tenant's model included)."""
+    model = await store.get(model_id, tenant_id)
+    if model is None:
+        raise not_found(model_id)
+    return model
 
 
 def corrupted(model: ModelRecord, what: str) -> ApiError:
@@ -33,10 +41,7 @@ def corrupted(model: ModelRecord, what: str) -> ApiError:
 async def _load(rt: Runtime[RegistryContext], tenant_id: str, model_id: str) -> tuple[ModelRecord, dict | None]:
     async with rt.uow() as uow:
         store = ModelStore(uow.conn)
-        model = await store.get(model_id, tenant_id)
-        if model is None:
-            raise _missing(model_id)
-        return model, await store.lineage(model_id)
+        return await owned(store, tenant_id, model_id), await store.lineage(model_id)
 
 
 async def verify(rt: Runtime[RegistryContext], model: ModelRecord, files: dict[str, str]) -> dict[str, int]:
@@ -127,9 +132,7 @@ def _merged_in_artifact(files: dict[str, str]) -> dict[str, str]:
 async def request_merge(rt: Runtime[RegistryContext], tenant_id: str, model_id: str) -> dict[str, Any]:
     async with rt.uow() as uow:
         store = ModelStore(uow.conn)
-        model = await store.get(model_id, tenant_id)
-        if model is None:
-            raise _missing(model_id)
+        model = await owned(store, tenant_id, model_id)
         if model.stage == "quarantined":
             raise ApiError(409, f"model '{model_id}' is quarantined: no merged weights", code="model_quarantined")
         existing = await store.merge(model_id)
@@ -152,9 +155,7 @@ async def request_merge(rt: Runtime[RegistryContext], tenant_id: str, model_id: 
 async def merged_download(rt: Runtime[RegistryContext], tenant_id: str, model_id: str) -> dict[str, Any]:
     async with rt.uow() as uow:
         store = ModelStore(uow.conn)
-        model = await store.get(model_id, tenant_id)
-        if model is None:
-            raise _missing(model_id)
+        model = await owned(store, tenant_id, model_id)
         merge = await store.merge(model_id)
     if merge is None:
         raise ApiError(404, f"no merged weights requested for model '{model_id}': POST /v1/models/{model_id}/merged",

@@ -23,7 +23,7 @@ from .domain import stages
 from .domain.lineage import IncompleteLineage, LineageRecord
 
 SMALL_FILES = ("adapter_config.json", "environment.lock.json") + lineage_rules.CHAT_TEMPLATE_FILES
-NO_TEMPLATE = "job.queued named no job template (templates not available yet)"
+NO_TEMPLATE = "the job was not created from a job template"
 
 
 def owned_by(uri: str, tenant_id: str) -> bool:
@@ -33,22 +33,10 @@ def owned_by(uri: str, tenant_id: str) -> bool:
         return False
 
 
-def _first(payload: dict[str, Any], *keys: str) -> str | None:
-    for k in keys:
-        if isinstance(payload.get(k), str) and payload[k]:
-            return payload[k]
-    return None
-
-
 async def on_job_queued(rt: Runtime[RegistryContext], uow: UnitOfWork, env: Envelope, ev: JobQueuedV1) -> None:
-    # suffix and template fields are read tolerantly: newer producers may send them
-    raw, spec = env.payload, env.payload.get("spec") or {}
     store = ModelStore(uow.conn)
-    await store.record_job(ev.job_id, env.tenant_id, ev.spec.model_dump(mode="json"),
-                           _first(raw, "suffix") or _first(spec, "suffix"),
-                           _first(raw, "job_template", "template") or _first(spec, "job_template", "template"),
-                           _first(raw, "job_template_version", "template_version")
-                           or _first(spec, "job_template_version", "template_version"))
+    await store.record_job(ev.job_id, env.tenant_id, ev.spec.model_dump(mode="json"), ev.suffix, ev.job_template,
+                           ev.job_template_version)
     await store.observe_base(ev.spec.base_model, ev.spec.base_model_sha256, ev.job_id)
     await register_if_ready(rt, uow, ev.job_id)
 

@@ -39,15 +39,22 @@ async def auto_policy(store: ModelStore, model: ModelRecord, min_margin: float) 
                                  lineage.get("eval_stages") or [], min_margin)
 
 
-async def promote(uow: UnitOfWork, store: ModelStore, model_id: str, tenant_id: str, target: str, reason: str, *,
-                  can_approve: bool, actor: str | None, min_margin: float) -> ModelRecord:
-    """Lock the name, re-read the model, let the domain decide, apply. Raises TransitionRefused."""
+async def locked(store: ModelStore, model_id: str, tenant_id: str) -> ModelRecord:
+    """The model, re-read under its (tenant, name) lock: stage changes of one name are serialised.
+    LookupError when the tenant has no such model."""
     model = await store.get(model_id, tenant_id)
     if model is None:
         raise LookupError(model_id)
     await store.lock_name(tenant_id, model.name)
     model = await store.get(model_id, tenant_id)
     assert model is not None
+    return model
+
+
+async def promote(uow: UnitOfWork, store: ModelStore, model_id: str, tenant_id: str, target: str, reason: str, *,
+                  can_approve: bool, actor: str | None, min_margin: float) -> ModelRecord:
+    """Lock the name, re-read the model, let the domain decide, apply. Raises TransitionRefused."""
+    model = await locked(store, model_id, tenant_id)
     current = approval = None
     if target == "production":
         current = await store.production_of(tenant_id, model.name)
@@ -68,22 +75,12 @@ async def promote(uow: UnitOfWork, store: ModelStore, model_id: str, tenant_id: 
 
 async def rollback(uow: UnitOfWork, store: ModelStore, model_id: str, tenant_id: str, reason: str,
                    actor: str | None) -> ModelRecord:
-    model = await store.get(model_id, tenant_id)
-    if model is None:
-        raise LookupError(model_id)
-    await store.lock_name(tenant_id, model.name)
-    model = await store.get(model_id, tenant_id)
-    assert model is not None
+    model = await locked(store, model_id, tenant_id)
     previous = await store.previous_production(tenant_id, model.name, model.model_id)
     return await apply_plan(uow, store, tenant_id, stages.plan_rollback(model, previous, reason), actor)
 
 
 async def archive(uow: UnitOfWork, store: ModelStore, model_id: str, tenant_id: str, reason: str,
-                  actor: str | None) -> ModelRecord:
-    model = await store.get(model_id, tenant_id)
-    if model is None:
-        raise LookupError(model_id)
-    await store.lock_name(tenant_id, model.name)
-    model = await store.get(model_id, tenant_id)
-    assert model is not None
-    return await apply_plan(uow, store, tenant_id, stages.plan_archive(model, reason), actor)
+                  actor: str | None, *, can_approve: bool) -> ModelRecord:
+    model = await locked(store, model_id, tenant_id)
+    return await apply_plan(uow, store, tenant_id, stages.plan_archive(model, reason, can_approve=can_approve), actor)

@@ -6,7 +6,6 @@ import asyncio
 from pathlib import Path
 
 from whetstone.runtime.models import resolve_model
-from whetstone.runtime.s3 import ObjectStore
 from whetstone.runtime.service import Runtime, Service, load_stack_env
 from whetstone.runtime.settings import CommonSettings
 
@@ -28,9 +27,8 @@ def build_context(config: ServingSettings, common: CommonSettings) -> ServingCon
                         threads=config.torch_threads)
     batcher = Batcher(engine, window_ms=config.batch_window_ms, max_batch=config.max_batch_size,
                       mixed=config.mixed_batches)
-    store = ObjectStore(common.s3_endpoint, common.s3_access_key, common.s3_secret_key, common.bucket, common.s3_region)
     scratch = Path(common.data_dir) / "serving" / "downloads"
-    pool = AdapterPool(store, engine, batcher, budget=config.max_resident_adapters, scratch=scratch)
+    pool = AdapterPool(engine, batcher, budget=config.max_resident_adapters, scratch=scratch)
     metrics = ServingMetrics()
     pool.on_cold_load = lambda ms: metrics.cold_load.observe(ms / 1000)
     return ServingContext(config=config, base_model=config.base_model, base_sha256=base.sha256, engine=engine,
@@ -39,6 +37,7 @@ def build_context(config: ServingSettings, common: CommonSettings) -> ServingCon
 
 async def on_start(rt: Runtime[ServingContext]) -> None:
     rt.ctx.repo.bind(rt.pool)
+    rt.ctx.pool.bind(rt.store)  # the runtime's S3 client, not a second one
     rt.ctx.metrics.register(rt.metrics.registry)
     rt.ctx.batcher.start()
     await handlers.sync_projection(rt, act=False)  # the catalog is complete before the API opens

@@ -28,9 +28,9 @@ async def on_model_registered(rt: Runtime[ServingContext], uow: UnitOfWork, env:
     lineage = ev.lineage
     await rt.ctx.repo.record_registered(uow.conn, ModelVersion(
         model_id=ev.model_id, tenant_id=env.tenant_id, name=ev.name, stage=ev.stage, artifact_uri=ev.artifact_uri,
-        artifact_sha256=ev.artifact_sha256, files=dict(getattr(ev, "files", {}) or {}),
+        artifact_sha256=ev.artifact_sha256, files=dict(ev.files),
         base_model=lineage.base_model, base_model_sha256=lineage.base_model_sha256,
-        chat_template_sha256=getattr(lineage, "chat_template_sha256", None)))
+        chat_template_sha256=lineage.chat_template_sha256))
     await rt.ctx.repo.notify_changed(uow.conn)
 
 

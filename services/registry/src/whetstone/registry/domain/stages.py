@@ -136,7 +136,11 @@ def plan_rollback(current: ModelRecord, previous: ModelRecord | None, reason: st
                             "manual", current.model_id)))
 
 
-def plan_archive(model: ModelRecord, reason: str) -> Plan:
+def plan_archive(model: ModelRecord, reason: str, *, can_approve: bool = True) -> Plan:
+    """Archiving the production version takes it out of serving: it needs an approver."""
     if model.stage == "archived":
         raise TransitionRefused("already_in_stage", f"model {model.model_id} is already archived")
+    if model.stage == "production" and not can_approve:
+        raise TransitionRefused("insufficient_scope", "archiving the production version takes it out of serving:"
+                                " it needs the `models:promote` scope", 403)
     return Plan((Transition(model.model_id, model.stage, "archived", reason),))

@@ -36,8 +36,9 @@ class Lease:
 
 
 class AdapterPool:
-    def __init__(self, store: ObjectStore, engine: LoraEngine, batcher: Batcher, *, budget: int, scratch: Path) -> None:
-        self.store, self.engine, self.batcher, self.scratch = store, engine, batcher, scratch
+    def __init__(self, engine: LoraEngine, batcher: Batcher, *, budget: int, scratch: Path) -> None:
+        self.engine, self.batcher, self.scratch = engine, batcher, scratch
+        self.store: ObjectStore | None = None  # the runtime's, bound when the service starts
         self.lru = LruBudget(budget)
         self.templates: dict[str, str | None] = {}
         self.versions: dict[str, str] = {}  # model_id -> artifact sha256 of what is resident
@@ -47,6 +48,9 @@ class AdapterPool:
         self._slots = asyncio.Lock()
         self.cold_load_ms: deque[float] = deque(maxlen=10_000)
         self.on_cold_load = None  # optional callback(ms) for metrics
+
+    def bind(self, store: ObjectStore) -> None:
+        self.store = store
 
     def resident(self, model_id: str) -> bool:
         return model_id in self.lru
@@ -77,6 +81,7 @@ class AdapterPool:
         (await self.acquire(version)).release()
 
     async def _load(self, version: ModelVersion) -> None:
+        assert self.store is not None, "adapter pool used before the service started"
         started = time.perf_counter()
         dest = self.scratch / f"{version.model_id}-{uuid.uuid4().hex[:8]}"
         try:

@@ -109,11 +109,6 @@ class AsyncpgServingRepository:
                                      " ORDER BY change_seq LIMIT $2", change_seq, limit)
         return [(r["change_seq"], _version(r)) for r in rows]
 
-    async def last_change(self) -> int:
-        return int(await self.pool.fetchval(
-            "SELECT GREATEST((SELECT COALESCE(max(change_seq), 0) FROM model_versions),"
-            " (SELECT COALESCE(max(change_seq), 0) FROM routes))"))
-
     # -- routes --------------------------------------------------------------------
     async def route_changes_since(self, change_seq: int) -> list[tuple[int, str, str, Route | None]]:
         """(change_seq, tenant, name, route or None when deleted), oldest first."""
