@@ -56,12 +56,14 @@ from minhash_baselines import (  # bench/ sibling module
     THRESHOLD,
     bench_minhash,
     best_rate,
+    shingle_jaccard,
     timed,
 )
 from whetstone.ingest.adapters.formats import open_source
 from whetstone.ingest.config import IngestSettings
 from whetstone.ingest.domain.contamination import ReferenceIndex
 from whetstone.ingest.domain.schemas import canonical_text
+from whetstone.ingest.domain.text import normalize_text
 from whetstone.ingest.gates import (
     GateRequest,
     make_gate,
@@ -123,14 +125,9 @@ class Words:
         return " ".join(words) + "."
 
 
-def shingles(text: str, k: int = 5) -> set[str]:
-    t = " ".join(text.lower().split())
-    return {t[i:i + k] for i in range(max(1, len(t) - k + 1))}
-
-
 def jaccard(a: str, b: str) -> float:
-    sa, sb = shingles(a), shingles(b)
-    return len(sa & sb) / len(sa | sb)
+    """Exact Jaccard of the gate's shingles (char 5-grams of the normalized text)."""
+    return shingle_jaccard(normalize_text(a), normalize_text(b))
 
 
 def row_text(row: dict) -> str:

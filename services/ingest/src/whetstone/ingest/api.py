@@ -15,16 +15,15 @@ from starlette.concurrency import iterate_in_threadpool
 from whetstone.contracts import DatasetSubmittedV1, dataset_id_for
 from whetstone.runtime.errors import ApiError
 from whetstone.runtime.identity import Caller, require
-from whetstone.runtime.s3 import tenant_prefix
+from whetstone.runtime.s3 import parse_uri, tenant_prefix
 from whetstone.runtime.service import Runtime
 
 from .adapters.files import (OPENAI_PURPOSE, PLATFORM_PURPOSES, FileStore, MultipartReceiver, UploadRefused,
                              boundary_of, file_view, safe_filename, sniff_purpose)
-from .adapters.formats import suffix_of
+from .adapters.formats import known_suffix
 from .context import IngestContext
 
 DRAIN_AFTER_REFUSAL = 16 << 20  # read (and drop) this much more so the client sees the answer, not a reset
-KNOWN_SUFFIXES = (".jsonl", ".json", ".ndjson", ".csv", ".tsv", ".parquet", ".zip", ".tar", ".tar.gz", ".tgz", ".gz")
 
 
 def not_found(file_id: str) -> ApiError:
@@ -59,23 +58,19 @@ def routes(rt: Runtime[IngestContext]) -> APIRouter:
     async def upload(request: Request, caller: Caller = require("write")) -> dict:
         cfg = rt.ctx.config
         with tempfile.TemporaryDirectory(prefix="upload-", dir=cfg.work_dir) as tmp:
-            try:
-                got = await _receive(request, Path(tmp) / "file", cfg.max_upload_bytes)
-                if not got.file_parts:
-                    raise UploadRefused(400, "missing_file", "the multipart body has no `file` part", "file")
-                purpose = got.fields.get("purpose", "").strip()
-                if purpose not in (OPENAI_PURPOSE, *PLATFORM_PURPOSES):
-                    raise UploadRefused(400, "invalid_purpose", f"purpose must be `{OPENAI_PURPOSE}` (or one of "
-                                        f"{', '.join(PLATFORM_PURPOSES)}), not {purpose[:40]!r}", "purpose")
-                if got.size == 0:
-                    raise UploadRefused(400, "empty_file", "the file is empty", "file")
-            except UploadRefused as exc:
-                raise ApiError(exc.status, exc.message, code=exc.code, param=exc.param) from None
+            got = await _receive(request, Path(tmp) / "file", cfg.max_upload_bytes)
+            if not got.file_parts:
+                raise UploadRefused(400, "missing_file", "the multipart body has no `file` part", "file")
+            purpose = got.fields.get("purpose", "").strip()
+            if purpose not in (OPENAI_PURPOSE, *PLATFORM_PURPOSES):
+                raise UploadRefused(400, "invalid_purpose", f"purpose must be `{OPENAI_PURPOSE}` (or one of "
+                                    f"{', '.join(PLATFORM_PURPOSES)}), not {purpose[:40]!r}", "purpose")
+            if got.size == 0:
+                raise UploadRefused(400, "empty_file", "the file is empty", "file")
             filename = safe_filename(got.filename)
             dataset_purpose = purpose if purpose != OPENAI_PURPOSE else sniff_purpose(got.path)
             file_id = dataset_id_for(got.sha256)
-            suffix = suffix_of(filename) if suffix_of(filename) in KNOWN_SUFFIXES else ""
-            key = f"{tenant_prefix(caller.tenant_id)}uploads/{got.sha256}{suffix}"
+            key = f"{tenant_prefix(caller.tenant_id)}uploads/{got.sha256}{known_suffix(filename)}"
             source_uri = await asyncio.to_thread(rt.store.put_file, key, got.path)
         async with rt.uow() as uow:
             files = FileStore(uow.conn)
@@ -134,8 +129,8 @@ def routes(rt: Runtime[IngestContext]) -> APIRouter:
                                "finish.", code="file_in_use", param="file_id")
             await files.delete(caller.tenant_id, file_id, rt.clock())
         try:
-            await asyncio.to_thread(rt.store.client.delete_object, Bucket=rt.store.bucket,
-                                    Key=row["source_uri"].split("/", 3)[3])
+            bucket, key = parse_uri(row["source_uri"])
+            await asyncio.to_thread(rt.store.client.delete_object, Bucket=bucket, Key=key)
         except Exception as exc:  # the row is gone; a leftover upload object is only storage
             rt.log.warning("upload object not deleted", file_id=file_id, error=str(exc))
         return {"id": file_id, "object": "file", "deleted": True}

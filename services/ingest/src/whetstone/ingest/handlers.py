@@ -24,7 +24,7 @@ from whetstone.runtime.s3 import ObjectStore, parse_uri, tenant_prefix
 from whetstone.runtime.service import Runtime
 
 from .adapters.archives import SourceError
-from .adapters.formats import HubSource, check_name, hub_id, open_source, suffix_of
+from .adapters.formats import HubSource, check_name, hub_id, known_suffix, open_source, suffix_of
 from .adapters.tokenizer import BaseModelTokenizer, TokenizerUnavailable
 from .context import IngestContext
 from .domain.issues import Issue
@@ -160,9 +160,7 @@ def process_upload(rt: Runtime[IngestContext], tenant_id: str, ev: DatasetSubmit
                               f"dataset_id {ev.dataset_id} does not match the content ({dataset_id_for(version)})")
         if size == 0:
             return reject(ev, version, "empty_file", "the uploaded file is empty")
-        raw_suffix = suffix_of(name) if suffix_of(name) in (".jsonl", ".parquet", ".csv", ".tsv", ".zip", ".tar",
-                                                             ".tar.gz", ".tgz", ".gz", ".json", ".ndjson") else ""
-        raw_uri = store.put_file(f"{prefix}/raw{raw_suffix}", raw_path)
+        raw_uri = store.put_file(f"{prefix}/raw{known_suffix(name)}", raw_path)
         report_uri = store.uri(f"{prefix}/report.json")
 
         def rejected(issue: Issue) -> DatasetValidatedV1:

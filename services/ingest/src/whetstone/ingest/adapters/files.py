@@ -14,16 +14,23 @@ import asyncpg
 from python_multipart import MultipartParser
 from python_multipart.multipart import parse_options_header
 
+from whetstone.runtime.errors import ApiError
+
+from ..domain.layouts import choose
+from ..domain.schemas import default_purpose
+
 OPENAI_PURPOSE = "fine-tune"
 PLATFORM_PURPOSES = ("sft", "dpo", "cpt", "eval")
 MAX_FIELD_BYTES = 4096
 SNIFF_BYTES = 1 << 20
 
 
-class UploadRefused(Exception):
+class UploadRefused(ApiError):
+    """An upload the Files API refuses: raised while the body streams in, rendered by the runtime's
+    error handlers like any ApiError (the route drains the rest of the body first)."""
+
     def __init__(self, status: int, code: str, message: str, param: str | None = None) -> None:
-        super().__init__(message)
-        self.status, self.code, self.message, self.param = status, code, message, param
+        super().__init__(status, message, code=code, param=param)
 
 
 @dataclass
@@ -123,7 +130,8 @@ def boundary_of(content_type: str | None) -> bytes:
 
 
 def sniff_purpose(path: Path) -> str:
-    """OpenAI's `fine-tune` covers several formats: the first row says which one (preference -> dpo)."""
+    """OpenAI's `fine-tune` covers several formats: the layout the gate reads the first row as says
+    which one (preference -> dpo, text -> cpt, anything else -> sft)."""
     with open(path, "rb") as f:
         head = f.read(SNIFF_BYTES)
     for line in head.splitlines():
@@ -133,12 +141,8 @@ def sniff_purpose(path: Path) -> str:
             row = json.loads(line)
         except ValueError:
             return "sft"  # not JSONL (csv, parquet, archives): the data gate detects and reports it
-        if isinstance(row, dict):
-            if {"preferred_output", "non_preferred_output", "chosen", "rejected"} & set(row):
-                return "dpo"
-            if set(row) == {"text"}:
-                return "cpt"
-        return "sft"
+        layout = choose(row, None, None).layout if isinstance(row, dict) else None
+        return default_purpose(layout.schema) if layout else "sft"
     return "sft"
 
 
@@ -162,9 +166,7 @@ def status_of(row: asyncpg.Record) -> str:
 
 
 def file_view(row: asyncpg.Record) -> dict[str, Any]:
-    validated = row["validated"]
-    if isinstance(validated, str):
-        validated = json.loads(validated)
+    validated = row["validated"]   # jsonb, decoded by the runtime's pool codec
     status = status_of(row)
     view: dict[str, Any] = {"id": row["file_id"], "object": "file", "bytes": row["bytes"],
                             "created_at": _ts(row["created_at"]), "filename": row["filename"],

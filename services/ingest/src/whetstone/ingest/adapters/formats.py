@@ -24,7 +24,7 @@ from .source import Record, Source
 from .spreadsheets import CsvSource, sniff_delimiter
 
 __all__ = ["ArrowDirSource", "CsvSource", "HubSource", "JsonlSource", "ParquetSource", "Record", "Source",
-           "check_name", "hub_id", "open_source", "suffix_of"]
+           "check_name", "hub_id", "known_suffix", "open_source", "suffix_of"]
 
 FORMAT_BY_SUFFIX = {".jsonl": "jsonl", ".ndjson": "jsonl", ".json": "jsonl", ".parquet": "parquet",
                     ".pq": "parquet", ".csv": "csv", ".tsv": "tsv"}
@@ -52,6 +52,12 @@ def suffix_of(name: str) -> str:
         if lowered.endswith(double):
             return double
     return PurePosixPath(lowered).suffix
+
+
+def known_suffix(name: str) -> str:
+    """The name's suffix when it is a dataset or archive format the gate reads, else "" (for storage keys)."""
+    suffix = suffix_of(name)
+    return suffix if suffix in FORMAT_BY_SUFFIX or suffix in ARCHIVE_SUFFIXES else ""
 
 
 def hub_id(ref: str) -> str | None:

@@ -18,6 +18,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from ..domain.chat import uses_tools
+
 DEFAULT_MAX_SEQ_LEN = 4096
 _IGNORE = -100
 
@@ -38,10 +40,6 @@ _PROBE = [{"role": "user", "content": "probe"},
           {"role": "assistant", "content": "done"}]
 _PROBE_TOOLS = [{"type": "function", "function": {"name": _PROBE_TOOL, "description": "probe",
                                                   "parameters": {"type": "object", "properties": {}}}}]
-
-
-def _uses_tools(messages: list[dict]) -> bool:
-    return any("tool_calls" in m or m["role"] == "tool" for m in messages)
 
 
 @dataclass
@@ -151,7 +149,7 @@ class BaseModelTokenizer:
         return self._tool_support
 
     def _check_tools(self, messages: list[dict], tools: list | None) -> None:
-        if (tools or _uses_tools(messages)) and not self.tool_support:
+        if (tools or uses_tools(messages)) and not self.tool_support:
             raise ToolsUnsupported(f"the chat template of {self.ref!r} does not render tools, tool calls or tool "
                                    "messages; use a base model whose template supports tools, or remove tool rows")
 

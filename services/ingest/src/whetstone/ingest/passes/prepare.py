@@ -230,7 +230,6 @@ class Preparer:
         self.ctx_path = workdir / "prepare-context.pkl"
         self.chunk_rows, self.min_rows = max(1, chunk_rows), min_rows
         self.pool: ProcessPoolExecutor | None = None
-        self.chunks_in_workers = 0
 
     def run(self, records: Iterable[Record]) -> Iterator[Prepared]:
         pending: deque[tuple[Future, list[Record]]] = deque()
@@ -273,7 +272,6 @@ class Preparer:
             future = Future()
             future.set_exception(BrokenProcessPool("the pool is broken"))
         pending.append((future, chunk))
-        self.chunks_in_workers += 1
         while len(pending) > 2 * self.workers:
             yield from self._collect(pending.popleft())
 

@@ -6,6 +6,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..adapters.formats import Source
+from ..domain.actions import action_for
 from ..domain.cost import estimate_cost
 from ..domain.issues import Issue
 from ..domain.policies import Policies
@@ -92,7 +93,7 @@ def _summary_warnings(source: Source, layouts: LayoutGate, findings: Findings, e
         log.warn("exact_duplicates", f"{c.exact_duplicates} exact duplicate row(s) removed (lines {lines}"
                  f"{', ...' if c.exact_duplicates > 10 else ''})")
     if c.near_duplicates:
-        action = "removed" if policies.near_dup == "remove" else "flagged"
+        action = action_for("near_duplicate", policies)
         log.warn("near_duplicates", f"{c.near_duplicates} near-duplicate row(s) (Jaccard >= "
                  f"{policies.near_dup_threshold}) in {near_clusters} cluster(s); {action}")
     tok = sections.tokenization
