@@ -20,6 +20,7 @@ import shutil
 import sys
 import tempfile
 import time
+from contextlib import asynccontextmanager
 from datetime import UTC, datetime
 from pathlib import Path
 
@@ -112,27 +113,28 @@ def decisions_per_second(seed: int, repeats: int = 3) -> dict:
 # ---------------------------------------------------------------- real stack
 
 
-async def real_stack_latency(jobs: int, rate_per_s: float) -> dict:
-    """job.requested -> job.assigned on Kafka, through the real scheduler service (Postgres, outbox)."""
+@asynccontextmanager
+async def scheduler_on_stack(prefix: str, config, nodes: int, per_group: int):
+    """The embedded stack, a tiny base model in the catalog, the scheduler service running on them,
+    `nodes` 8-GPU A100 nodes heartbeating and dataset `ds-bench` validated for tenant demo (both
+    recorded by the scheduler before this yields). Yields (endpoints, runtime, send(event, tenant))."""
     import os  # noqa: PLC0415
 
-    from aiokafka import AIOKafkaConsumer, AIOKafkaProducer  # noqa: PLC0415
+    from aiokafka import AIOKafkaProducer  # noqa: PLC0415
 
-    from whetstone.contracts import (  # noqa: PLC0415
-        DatasetValidatedV1, JobRequestedV1, NodeHeartbeatV1, all_topic_partitions, job_id_for, topic_for,
-    )
+    from whetstone.contracts import DatasetValidatedV1, NodeHeartbeatV1, all_topic_partitions, topic_for  # noqa: PLC0415
+    from whetstone.devstack.stack import EmbeddedStack  # noqa: PLC0415
     from whetstone.runtime.messaging import encode, make_envelope  # noqa: PLC0415
     from whetstone.runtime.service import run_services  # noqa: PLC0415
     from whetstone.runtime.settings import CommonSettings  # noqa: PLC0415
-    from whetstone.devstack.stack import EmbeddedStack  # noqa: PLC0415
     from whetstone.scheduler.bootstrap import build_service  # noqa: PLC0415
-    from whetstone.scheduler.config import QuotaSettings, SchedulerSettings  # noqa: PLC0415
 
-    tmp = Path(tempfile.mkdtemp(prefix="bench-scheduler-"))
+    tmp = Path(tempfile.mkdtemp(prefix=prefix))
     stack = EmbeddedStack(tmp / "stack", topics=all_topic_partitions(), buckets=["whetstone"], log=lambda m: None)
     endpoints = await asyncio.to_thread(stack.start)
     try:
         os.environ.update(endpoints.as_env())
+        os.environ["WHETSTONE_DATA_DIR"] = str(tmp)   # identity headers are signed with this stack's secret
         settings = CommonSettings(data_dir=tmp, log_level="WARNING", log_json=True)
         model = settings.model_catalog / "tiny-llama"
         model.mkdir(parents=True)
@@ -140,31 +142,56 @@ async def real_stack_latency(jobs: int, rate_per_s: float) -> dict:
                                                        "num_hidden_layers": 2, "intermediate_size": 128,
                                                        "vocab_size": 1536, "num_attention_heads": 4}))
         (model / "model.safetensors").write_bytes(b"\0" * 1024)
-        config = SchedulerSettings(http_port=0, node_timeout_s=3600,
-                                   tenant_quotas={"demo": QuotaSettings(max_in_flight=100_000)})
         stop, ready = asyncio.Event(), asyncio.Event()
-        service = asyncio.create_task(run_services([build_service(config)], settings, lambda _: ready.set(), stop))
+        runtimes: list = []
+        service = asyncio.create_task(run_services([build_service(config)], settings,
+                                                   lambda rts: (runtimes.extend(rts), ready.set()), stop))
         await ready.wait()
+        rt = runtimes[0]
         producer = AIOKafkaProducer(bootstrap_servers=endpoints.kafka_bootstrap, linger_ms=0)
-        # the measuring consumer polls every 5 ms so that it adds no wait of its own
-        consumer = AIOKafkaConsumer("job.assigned", bootstrap_servers=endpoints.kafka_bootstrap,
-                                    group_id="bench-latency", auto_offset_reset="latest", enable_auto_commit=False,
-                                    fetch_max_wait_ms=5)
         await producer.start()
-        await consumer.start()
         try:
             async def send(event, tenant: str) -> None:
                 env = make_envelope(event, producer="bench", tenant_id=tenant)
                 await producer.send_and_wait(topic_for(event).name, encode(env), key=env.key.encode())
 
-            nodes = (jobs + 40) // 8 + 1
             for i in range(nodes):
                 await send(NodeHeartbeatV1(node_id=f"gpu-{i:03d}", gpu_type="A100", gpu_count=8, gpu_memory_gb=80,
-                                           interconnect_group=f"ib-{i // 16}", sent_at=datetime.now(UTC)), "platform")
+                                           interconnect_group=f"ib-{i // per_group}", sent_at=datetime.now(UTC)),
+                           "platform")
             await send(DatasetValidatedV1(dataset_id="ds-bench", version="ab" * 32, name="d", status="accepted",
                                           rows_kept=100, tokens_total=10_000,
                                           train_uri="s3://whetstone/tenants/demo/datasets/ds-bench/train.jsonl"),
                        "demo")
+            while not (await rt.pool.fetchval("SELECT count(*) FROM datasets") == 1
+                       and await rt.pool.fetchval("SELECT count(*) FROM nodes") == nodes):
+                await asyncio.sleep(0.05)
+            yield endpoints, rt, send
+        finally:
+            await producer.stop()
+            stop.set()
+            await service
+    finally:
+        await asyncio.to_thread(stack.stop)
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+async def real_stack_latency(jobs: int, rate_per_s: float) -> dict:
+    """job.requested -> job.assigned on Kafka, through the real scheduler service (Postgres, outbox)."""
+    from aiokafka import AIOKafkaConsumer  # noqa: PLC0415
+
+    from whetstone.contracts import JobRequestedV1, job_id_for  # noqa: PLC0415
+    from whetstone.scheduler.config import QuotaSettings, SchedulerSettings  # noqa: PLC0415
+
+    config = SchedulerSettings(http_port=0, node_timeout_s=3600,
+                               tenant_quotas={"demo": QuotaSettings(max_in_flight=100_000)})
+    async with scheduler_on_stack("bench-scheduler-", config, (jobs + 40) // 8 + 1, 16) as (endpoints, rt, send):
+        # the measuring consumer polls every 5 ms so that it adds no wait of its own
+        consumer = AIOKafkaConsumer("job.assigned", bootstrap_servers=endpoints.kafka_bootstrap,
+                                    group_id="bench-latency", auto_offset_reset="latest", enable_auto_commit=False,
+                                    fetch_max_wait_ms=5)
+        await consumer.start()
+        try:
             while not consumer.assignment():
                 await asyncio.sleep(0.05)
             for tp in consumer.assignment():     # resolve "latest" before the first job is sent
@@ -196,140 +223,79 @@ async def real_stack_latency(jobs: int, rate_per_s: float) -> dict:
                 await asyncio.sleep(1 / rate_per_s)
             done_sending.set()
             await receiver
-            import asyncpg  # noqa: PLC0415
-
-            db = await asyncpg.connect(endpoints.database_url)
-            try:   # when the scheduler's handler ran: splits broker delivery from the scheduler's own work
-                handled = {r["job_id"]: r["created_at"].timestamp() for r in
-                           await db.fetch("SELECT job_id, created_at FROM scheduler.jobs")}
-            finally:
-                await db.close()
+            # when the scheduler's handler ran: splits broker delivery from the scheduler's own work
+            handled = {r["job_id"]: r["created_at"].timestamp() for r in
+                       await rt.pool.fetch("SELECT job_id, created_at FROM jobs")}
         finally:
             await consumer.stop()
-            await producer.stop()
-            stop.set()
-            await service
-        measured = list(sent)[20:]
-        latencies = sorted((got[j] - sent[j]) * 1000 for j in measured if j in got)
-        inbound = sorted((handled[j] - sent[j]) * 1000 for j in measured if j in handled)
-        onward = sorted((got[j] - handled[j]) * 1000 for j in measured if j in got and j in handled)
-        out = {"jobs": len(measured), "assigned": len(latencies), "rate_per_s": rate_per_s,
-               "p50_ms": round(percentile(latencies, 50), 1),
-               "p99_ms": round(percentile(latencies, 99), 1), "max_ms": round(latencies[-1], 1) if latencies else None}
-        out["delivery_to_scheduler_ms"] = {"p50": round(percentile(inbound, 50), 1),
-                                           "p99": round(percentile(inbound, 99), 1)}
-        out["scheduler_to_assigned_ms"] = {"p50": round(percentile(onward, 50), 1),
-                                           "p99": round(percentile(onward, 99), 1)}
-        out["target_p99_le_250ms"] = out["p99_ms"] <= 250.0 and len(latencies) == len(measured)
-        print(f"[real stack] job.requested -> job.assigned over {out['jobs']} jobs at {rate_per_s}/s: "
-              f"p50 {out['p50_ms']} ms  p99 {out['p99_ms']} ms  max {out['max_ms']} ms; of which broker delivery "
-              f"to the scheduler's handler p50 {out['delivery_to_scheduler_ms']['p50']} ms, handler start to "
-              f"job.assigned received p50 {out['scheduler_to_assigned_ms']['p50']} ms "
-              f"p99 {out['scheduler_to_assigned_ms']['p99']} ms", flush=True)
-        return out
-    finally:
-        await asyncio.to_thread(stack.stop)
-        shutil.rmtree(tmp, ignore_errors=True)
+    measured = list(sent)[20:]
+    latencies = sorted((got[j] - sent[j]) * 1000 for j in measured if j in got)
+    inbound = sorted((handled[j] - sent[j]) * 1000 for j in measured if j in handled)
+    onward = sorted((got[j] - handled[j]) * 1000 for j in measured if j in got and j in handled)
+    out = {"jobs": len(measured), "assigned": len(latencies), "rate_per_s": rate_per_s,
+           "p50_ms": round(percentile(latencies, 50), 1),
+           "p99_ms": round(percentile(latencies, 99), 1), "max_ms": round(latencies[-1], 1) if latencies else None}
+    out["delivery_to_scheduler_ms"] = {"p50": round(percentile(inbound, 50), 1),
+                                       "p99": round(percentile(inbound, 99), 1)}
+    out["scheduler_to_assigned_ms"] = {"p50": round(percentile(onward, 50), 1),
+                                       "p99": round(percentile(onward, 99), 1)}
+    out["target_p99_le_250ms"] = out["p99_ms"] <= 250.0 and len(latencies) == len(measured)
+    print(f"[real stack] job.requested -> job.assigned over {out['jobs']} jobs at {rate_per_s}/s: "
+          f"p50 {out['p50_ms']} ms  p99 {out['p99_ms']} ms  max {out['max_ms']} ms; of which broker delivery "
+          f"to the scheduler's handler p50 {out['delivery_to_scheduler_ms']['p50']} ms, handler start to "
+          f"job.assigned received p50 {out['scheduler_to_assigned_ms']['p50']} ms "
+          f"p99 {out['scheduler_to_assigned_ms']['p99']} ms", flush=True)
+    return out
 
 
 async def submission_rate(jobs: int, concurrency: int, label: str) -> dict:
     """POST /v1/fine_tuning/jobs as fast as the scheduler answers (each call a new idempotency key),
     on the embedded stack with a pool of GPU nodes: create calls answered per second. A create
     that runs a scheduling cycle inside the request pays for the whole queue on every call."""
-    import os  # noqa: PLC0415
-
     import httpx  # noqa: PLC0415
-    from aiokafka import AIOKafkaProducer  # noqa: PLC0415
 
-    from whetstone.contracts import DatasetValidatedV1, NodeHeartbeatV1, all_topic_partitions, topic_for  # noqa: PLC0415
-    from whetstone.runtime.messaging import encode, make_envelope  # noqa: PLC0415
-    from whetstone.runtime.service import run_services  # noqa: PLC0415
-    from whetstone.runtime.settings import CommonSettings  # noqa: PLC0415
-    from whetstone.scheduler.bootstrap import build_service  # noqa: PLC0415
-    from whetstone.scheduler.config import QuotaSettings, SchedulerSettings  # noqa: PLC0415
-    from whetstone.devstack.stack import EmbeddedStack  # noqa: PLC0415
     from whetstone.runtime.identity import identity_headers  # noqa: PLC0415
+    from whetstone.scheduler.config import QuotaSettings, SchedulerSettings  # noqa: PLC0415
 
-    tmp = Path(tempfile.mkdtemp(prefix="bench-submit-"))
-    stack = EmbeddedStack(tmp / "stack", topics=all_topic_partitions(), buckets=["whetstone"], log=lambda m: None)
-    endpoints = await asyncio.to_thread(stack.start)
-    try:
-        os.environ.update(endpoints.as_env())
-        os.environ["WHETSTONE_DATA_DIR"] = str(tmp)
-        settings = CommonSettings(data_dir=tmp, log_level="WARNING", log_json=True)
-        model = settings.model_catalog / "tiny-llama"
-        model.mkdir(parents=True)
-        (model / "config.json").write_text(json.dumps({"model_type": "llama", "hidden_size": 64,
-                                                       "num_hidden_layers": 2, "intermediate_size": 128,
-                                                       "vocab_size": 1536, "num_attention_heads": 4}))
-        (model / "model.safetensors").write_bytes(b"\0" * 1024)
-        config = SchedulerSettings(http_port=0, node_timeout_s=3600, cycle_in_request=label == "inline",
-                                   tenant_quotas={"demo": QuotaSettings(max_in_flight=1_000_000)})
-        stop, ready = asyncio.Event(), asyncio.Event()
-        runtimes: list = []
-        service = asyncio.create_task(run_services([build_service(config)], settings,
-                                                   lambda rts: (runtimes.extend(rts), ready.set()), stop))
-        await ready.wait()
-        rt = runtimes[0]
-        producer = AIOKafkaProducer(bootstrap_servers=endpoints.kafka_bootstrap, linger_ms=0)
-        await producer.start()
-        try:
-            async def send(event, tenant: str) -> None:
-                env = make_envelope(event, producer="bench", tenant_id=tenant)
-                await producer.send_and_wait(topic_for(event).name, encode(env), key=env.key.encode())
+    config = SchedulerSettings(http_port=0, node_timeout_s=3600, cycle_in_request=label == "inline",
+                               tenant_quotas={"demo": QuotaSettings(max_in_flight=1_000_000)})
+    # 16 nodes, 128 GPUs: the first jobs run, the rest queue
+    async with scheduler_on_stack("bench-submit-", config, 16, 8) as (_, rt, _send):
+        url = f"http://127.0.0.1:{rt.http.port}"
+        latencies: list[float] = []
+        codes: dict[int, int] = {}
+        counter = iter(range(jobs))
+        async with httpx.AsyncClient(base_url=url, timeout=120,
+                                     limits=httpx.Limits(max_connections=concurrency)) as c:
+            async def worker() -> None:
+                for i in counter:
+                    headers = identity_headers("demo", ("read", "write")) | {"Idempotency-Key": f"{label}-{i}"}
+                    t0 = time.perf_counter()
+                    r = await c.post("/v1/fine_tuning/jobs", headers=headers,
+                                     json={"model": "tiny-llama", "training_file": "ds-bench"})
+                    latencies.append((time.perf_counter() - t0) * 1000)
+                    codes[r.status_code] = codes.get(r.status_code, 0) + 1
 
-            for i in range(16):   # 128 GPUs: the first jobs run, the rest queue
-                await send(NodeHeartbeatV1(node_id=f"gpu-{i:03d}", gpu_type="A100", gpu_count=8, gpu_memory_gb=80,
-                                           interconnect_group=f"ib-{i // 8}", sent_at=datetime.now(UTC)), "platform")
-            await send(DatasetValidatedV1(dataset_id="ds-bench", version="ab" * 32, name="d", status="accepted",
-                                          rows_kept=100, tokens_total=10_000,
-                                          train_uri="s3://whetstone/tenants/demo/datasets/ds-bench/train.jsonl"),
-                       "demo")
-            while not (await rt.pool.fetchval("SELECT count(*) FROM datasets") == 1
-                       and await rt.pool.fetchval("SELECT count(*) FROM nodes") == 16):
-                await asyncio.sleep(0.05)
-            url = f"http://127.0.0.1:{rt.http.port}"
-            latencies: list[float] = []
-            codes: dict[int, int] = {}
-            counter = iter(range(jobs))
-            async with httpx.AsyncClient(base_url=url, timeout=120,
-                                         limits=httpx.Limits(max_connections=concurrency)) as c:
-                async def worker() -> None:
-                    for i in counter:
-                        headers = identity_headers("demo", ("read", "write")) | {"Idempotency-Key": f"{label}-{i}"}
-                        t0 = time.perf_counter()
-                        r = await c.post("/v1/fine_tuning/jobs", headers=headers,
-                                         json={"model": "tiny-llama", "training_file": "ds-bench"})
-                        latencies.append((time.perf_counter() - t0) * 1000)
-                        codes[r.status_code] = codes.get(r.status_code, 0) + 1
-
-                began = time.perf_counter()
-                await asyncio.gather(*(worker() for _ in range(concurrency)))
-                elapsed = time.perf_counter() - began
-            # the loop (or the inline cycles) placed what fits: wait until the assignments settle
-            settle_began = time.perf_counter()
-            while time.perf_counter() - settle_began < 60:
-                placed = await rt.pool.fetchval("SELECT count(*) FROM jobs WHERE status = 'provisioning'")
-                if placed >= min(jobs, 128):
-                    break
-                await asyncio.sleep(0.1)
+            began = time.perf_counter()
+            await asyncio.gather(*(worker() for _ in range(concurrency)))
+            elapsed = time.perf_counter() - began
+        # the loop (or the inline cycles) placed what fits: wait until the assignments settle
+        settle_began = time.perf_counter()
+        while time.perf_counter() - settle_began < 60:
             placed = await rt.pool.fetchval("SELECT count(*) FROM jobs WHERE status = 'provisioning'")
-            queued = await rt.pool.fetchval("SELECT count(*) FROM jobs WHERE status = 'queued'")
-        finally:
-            await producer.stop()
-            stop.set()
-            await service
-        latencies.sort()
-        out = {"label": label, "jobs": jobs, "concurrency": concurrency, "codes": {str(k): v for k, v in codes.items()},
-               "submissions_per_s": round(jobs / elapsed, 1), "create_p50_ms": round(percentile(latencies, 50), 1),
-               "create_p99_ms": round(percentile(latencies, 99), 1), "placed": placed, "queued": queued}
-        print(f"[submissions:{label}] {jobs} creates, {concurrency} concurrent: {out['submissions_per_s']}/s  "
-              f"p50 {out['create_p50_ms']} ms  p99 {out['create_p99_ms']} ms  codes {out['codes']}  "
-              f"placed {placed} queued {queued}", flush=True)
-        return out
-    finally:
-        await asyncio.to_thread(stack.stop)
-        shutil.rmtree(tmp, ignore_errors=True)
+            if placed >= min(jobs, 128):
+                break
+            await asyncio.sleep(0.1)
+        placed = await rt.pool.fetchval("SELECT count(*) FROM jobs WHERE status = 'provisioning'")
+        queued = await rt.pool.fetchval("SELECT count(*) FROM jobs WHERE status = 'queued'")
+    latencies.sort()
+    out = {"label": label, "jobs": jobs, "concurrency": concurrency, "codes": {str(k): v for k, v in codes.items()},
+           "submissions_per_s": round(jobs / elapsed, 1), "create_p50_ms": round(percentile(latencies, 50), 1),
+           "create_p99_ms": round(percentile(latencies, 99), 1), "placed": placed, "queued": queued}
+    print(f"[submissions:{label}] {jobs} creates, {concurrency} concurrent: {out['submissions_per_s']}/s  "
+          f"p50 {out['create_p50_ms']} ms  p99 {out['create_p99_ms']} ms  codes {out['codes']}  "
+          f"placed {placed} queued {queued}", flush=True)
+    return out
 
 
 def submissions(jobs: int, concurrency: int) -> dict:

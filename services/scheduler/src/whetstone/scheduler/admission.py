@@ -44,11 +44,16 @@ def larger_than_pool(what: str, shapes: tuple[Shape, ...], nodes: list[Node], de
                                         f"({describe_pool(nodes)}) can never hold it" + detail)
 
 
+def nodes_of(rows: list[Any]) -> list[Node]:
+    """The pool's nodes (`JobStore.pool_nodes` rows) as placement sees them."""
+    return [Node(r["node_id"], resources.canonical_gpu_type(r["gpu_type"]), r["gpu_count"], r["gpu_count"],
+                 r["spot"], r["interconnect_group"]) for r in rows]
+
+
 async def pool_offers(ctx: SchedulerContext, store: JobStore) -> tuple[list[resources.GpuOffer], list[Node]]:
     """GPU types the pool (nodes not lost) and the catalog offer, and the pool's nodes."""
     rows = await store.pool_nodes()
-    nodes = [Node(r["node_id"], resources.canonical_gpu_type(r["gpu_type"]), r["gpu_count"], r["gpu_count"],
-                  r["spot"], r["interconnect_group"]) for r in rows]
+    nodes = nodes_of(rows)
     offers = resources.offers(((r["gpu_type"], r["gpu_memory_gb"], r["gpu_count"]) for r in rows),
                               ctx.config.cpu_memory_gb, include_catalog=True)
     return offers, nodes

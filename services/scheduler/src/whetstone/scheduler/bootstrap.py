@@ -5,21 +5,27 @@ from __future__ import annotations
 
 from datetime import UTC, datetime
 
+from fastapi import APIRouter
 from whetstone.runtime.service import Runtime, Service
 
-from . import handlers, templates, watchers, webhooks
+from . import api, handlers, keys_api, templates, watchers, webhooks
 from .adapters.catalog import ModelCatalog
 from .adapters.metrics import SchedulerMetrics
 from .adapters.migrations import MIGRATIONS
-from .api import routes
 from .config import SchedulerSettings
 from .context import Clock, SchedulerContext
-from .keys_api import including_keys
 from .loop import SchedulingLoop
 
 
 def utc_now() -> datetime:
     return datetime.now(UTC)
+
+
+def routes(rt: Runtime[SchedulerContext]) -> APIRouter:
+    router = APIRouter()
+    for part in (api.routes, templates.routes, webhooks.routes, keys_api.routes):
+        router.include_router(part(rt))
+    return router
 
 
 def build_service(config: SchedulerSettings | None = None, clock: Clock = utc_now) -> Service[SchedulerContext]:
@@ -53,7 +59,7 @@ def build_service(config: SchedulerSettings | None = None, clock: Clock = utc_no
             "model.promoted": webhooks.on_model_event,
             "usage.metered": handlers.on_usage_metered,
         },
-        routes=including_keys(routes, templates.routes, webhooks.routes),
+        routes=routes,
         background=background,
         on_start=on_start,
         http_port=config.http_port,

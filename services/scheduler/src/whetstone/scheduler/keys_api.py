@@ -7,8 +7,6 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
-
 from fastapi import APIRouter
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -17,6 +15,7 @@ from whetstone.runtime.identity import Caller, require_internal, require_or_inte
 from whetstone.runtime.service import Runtime
 
 from .adapters.keys import KeyError_, KeyStore
+from .context import SchedulerContext
 
 
 class CreateKey(BaseModel):
@@ -31,9 +30,9 @@ class VerifyKey(BaseModel):
     key: str = Field(max_length=200)
 
 
-def key_routes(rt: Runtime) -> APIRouter:
+def routes(rt: Runtime[SchedulerContext]) -> APIRouter:
     assert rt.pool is not None
-    keys = KeyStore(rt.pool, rt.clock)
+    keys = KeyStore(rt.pool, rt.ctx.clock)
     tenants = rt.settings.tenants
     r = APIRouter()
 
@@ -82,16 +81,3 @@ def key_routes(rt: Runtime) -> APIRouter:
         return revoked.view()
 
     return r
-
-
-def including_keys(*routes: Callable[[Runtime], APIRouter]) -> Callable[[Runtime], APIRouter]:
-    """The scheduler's routes plus the key routes (one line in bootstrap.py)."""
-
-    def build(rt: Runtime) -> APIRouter:
-        router = APIRouter()
-        for more in routes:
-            router.include_router(more(rt))
-        router.include_router(key_routes(rt))
-        return router
-
-    return build

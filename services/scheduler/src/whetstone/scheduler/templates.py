@@ -20,15 +20,11 @@ from whetstone.runtime.service import Runtime
 from .adapters.templates import TemplateStore
 from .context import SchedulerContext
 from .domain import templates as rules
-from .requests import CreateJob, to_request
+from .requests import CreateJob, bad, to_request
 
 Rt = Runtime[SchedulerContext]
 MAX_BODY = 64 * 1024
 YAML_TYPES = ("application/yaml", "application/x-yaml", "text/yaml", "text/x-yaml")
-
-
-def bad(param: str, message: str) -> ApiError:
-    return ApiError(400, f"{param}: {message}", code="invalid_value", param=param)
 
 
 def invalid(exc: ValidationError) -> ApiError:

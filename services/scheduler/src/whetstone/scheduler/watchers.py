@@ -4,12 +4,13 @@ node can ever hold, and the Kubernetes node inventory. Each records facts and wa
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 from datetime import timedelta
 from typing import Any
 
 from whetstone.runtime.service import Runtime
 
-from .admission import larger_than_pool, pool_offers
+from .admission import larger_than_pool, nodes_of
 from .adapters.store import JobStore, NodeFacts
 from .context import SchedulerContext
 from .domain.placement import could_ever_fit
@@ -111,7 +112,7 @@ async def expire_waiting_jobs(rt: Rt) -> None:
 async def fail_unplaceable(rt: Rt, store: JobStore) -> None:
     """A job admitted before any node was known, which no node of the pool can ever hold, fails
     (after a grace for nodes still joining) instead of waiting forever."""
-    _, nodes = await pool_offers(rt.ctx, store)
+    nodes = nodes_of(await store.pool_nodes())
     if not nodes:
         return
     now = rt.ctx.clock()
@@ -131,9 +132,7 @@ async def apply_node_change(rt: Rt, store: JobStore, kind: str, node: Any) -> No
         await store.node_deleted(node.node_id)
         await preempt_jobs_on_node(rt, store, node.node_id, "spot_loss" if node.spot else "node_lost")
         return
-    await store.upsert_node(NodeFacts(node.node_id, node.gpu_type, node.gpu_count, node.gpu_memory_gb, node.spot,
-                                      node.interconnect_group, rt.ctx.clock(), None, node.schedulable,
-                                      node.unschedulable_reason), source="k8s")
+    await store.upsert_node(NodeFacts(**dataclasses.asdict(node), seen_at=rt.ctx.clock()), source="k8s")
     await store.wake_scheduler()
     if node.unschedulable_reason in ("spot_loss", "drain"):
         what = "spot interruption notice" if node.unschedulable_reason == "spot_loss" else "node drain"
