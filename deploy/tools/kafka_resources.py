@@ -28,11 +28,11 @@ from generated import write_or_check  # noqa: E402
 import yaml
 
 from whetstone.contracts import TOPICS
+from whetstone.runtime.observability import DLQ_REVIEW_GROUP
 
 ROOT = Path(__file__).resolve().parents[2]
 OUT = ROOT / "deploy" / "kafka"
 CLUSTER = "whetstone"
-DLQ_REVIEW_GROUP = "whetstone-dlq-review"
 # service -> (package directory, python package); group: consumer group (prefix for per-node groups)
 SERVICES = {
     "ingest": ("ingest", "whetstone.ingest"), "scheduler": ("scheduler", "whetstone.scheduler"),

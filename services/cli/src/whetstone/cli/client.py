@@ -9,7 +9,7 @@ from __future__ import annotations
 import json
 import os
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -93,3 +93,15 @@ class Api:
 
 def dumps(obj: Any) -> str:
     return json.dumps(obj, indent=1, default=str)
+
+
+def poll_until(fetch: Callable[[], Any], what: str, *, timeout_s: float = 90, interval_s: float = 0.5) -> Any:
+    """The first truthy value `fetch()` returns; TimeoutError naming `what` after `timeout_s`."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        value = fetch()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"{what} not available after {timeout_s}s")
+        time.sleep(interval_s)

@@ -77,7 +77,7 @@ async def _demo(dataset: Path, tenant: str) -> int:
 
 
 def user_session(api_url: str, scheduler_url: str, dataset: Path, tenant: str) -> int:
-    from .client import Api  # noqa: PLC0415
+    from .client import Api, poll_until  # noqa: PLC0415
     from .keys import create_key  # noqa: PLC0415
     from .public import describe_file, describe_job, follow_job, usage_text, wait_for_file  # noqa: PLC0415
 
@@ -104,9 +104,9 @@ def user_session(api_url: str, scheduler_url: str, dataset: Path, tenant: str) -
         if checkpoints:
             print("[checkpoints] " + ", ".join(f"step {c['step_number']}" for c in checkpoints))
         if job["status"] == "succeeded":
-            model = _wait(lambda: (api.get("/models", job_id=job["id"])["data"] or [None])[0], "model")
+            model = poll_until(lambda: (api.get("/models", job_id=job["id"])["data"] or [None])[0], "model")
             try:  # the job learns its model's name once the registry announced it
-                job = _wait(lambda: (lambda j: j if j.get("fine_tuned_model") else None)(
+                job = poll_until(lambda: (lambda j: j if j.get("fine_tuned_model") else None)(
                     api.get(f"/fine_tuning/jobs/{job['id']}")), "fine_tuned_model", timeout_s=30)
             except TimeoutError:
                 pass
@@ -117,7 +117,7 @@ def user_session(api_url: str, scheduler_url: str, dataset: Path, tenant: str) -
                 print(f"[lineage] base={lin.get('base_model')}@sha256:{str(lin.get('base_model_sha256'))[:16]}…  "
                       f"dataset={lin.get('dataset_id')}@{str(lin.get('dataset_version'))[:16]}…  "
                       f"method={lin.get('method')}")
-        usage = _wait(lambda: _usage(api, job["id"]), "usage")
+        usage = poll_until(lambda: _usage(api, job["id"]), "usage")
         print(f"[usage] {usage_text(usage)}")
     return 0 if job["status"] == "succeeded" else 1
 
@@ -132,14 +132,3 @@ def _usage(api, job_id: str) -> dict | None:
             return None
         raise
     return u if u.get("total") else None
-
-
-def _wait(fetch, what: str, timeout_s: float = 90) -> Any:
-    deadline = time.monotonic() + timeout_s
-    while True:
-        value = fetch()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"{what} not available after {timeout_s}s")
-        time.sleep(0.5)

@@ -58,18 +58,17 @@ async def run_platform(settings=None, *, api_port: int | None = None, stop: asyn
     from whetstone.runtime.service import run_services  # noqa: PLC0415
 
     stop = stop or asyncio.Event()
-    started: list = []
+    started: asyncio.Future = asyncio.get_running_loop().create_future()
     chosen = build_services(builders, []) if builders else build_services(core_service_builders(),
                                                                           optional_service_builders())
-    services = asyncio.create_task(run_services(chosen, settings, started.extend, stop))
+    services = asyncio.create_task(run_services(chosen, settings, started.set_result, stop))
     gateway = None
     try:
-        while not started:
-            if services.done():
-                services.result()
-                return
-            await asyncio.sleep(0.05)
-        upstreams = upstreams_of(started)
+        await asyncio.wait((services, started), return_when=asyncio.FIRST_COMPLETED)
+        if not started.done():  # the services ended before they were all up: their error, if any
+            services.result()
+            return
+        upstreams = upstreams_of(started.result())
         gateway = await start_gateway(GatewaySettings(), upstreams, port=api_port)
         if ready:
             ready(upstreams, gateway)

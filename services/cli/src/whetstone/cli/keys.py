@@ -25,9 +25,8 @@ def scheduler_url() -> str:
 def operator_call(method: str, path: str, body: dict | None = None, params: dict | None = None,
                   base_url: str | None = None) -> Any:
     """A call to the scheduler signed with the internal secret (never a tenant's key)."""
-    from whetstone.runtime.identity import internal_headers  # noqa: PLC0415
+    from whetstone.runtime.identity import internal_headers, internal_secret  # noqa: PLC0415
     from whetstone.runtime.settings import CommonSettings  # noqa: PLC0415
-    from whetstone.runtime.identity import internal_secret  # noqa: PLC0415
 
     secret = internal_secret(CommonSettings().data_dir)
     try:
@@ -41,10 +40,15 @@ def operator_call(method: str, path: str, body: dict | None = None, params: dict
     return r.json()
 
 
+def key_body(tenant: str, name: str = "", scopes: list[str] | None = None, rate_limit: float | None = None) -> dict:
+    """The create body; unset fields are left to the scheduler's defaults (scopes: read + write)."""
+    body = {"tenant_id": tenant, "name": name, "scopes": scopes or None, "rate_limit_per_s": rate_limit}
+    return {k: v for k, v in body.items() if v is not None}
+
+
 def create_key(tenant: str, *, name: str = "", scopes: list[str] | None = None, rate_limit: float | None = None,
                base_url: str | None = None) -> dict:
-    body = {"tenant_id": tenant, "name": name, "scopes": scopes, "rate_limit_per_s": rate_limit}
-    return operator_call("POST", "/v1/keys", {k: v for k, v in body.items() if v is not None}, base_url=base_url)
+    return operator_call("POST", "/v1/keys", key_body(tenant, name, scopes, rate_limit), base_url=base_url)
 
 
 def _print_key(k: dict) -> None:
@@ -55,14 +59,11 @@ def _print_key(k: dict) -> None:
 def cmd_keys(args: argparse.Namespace) -> int:
     try:
         if args.action == "create":
-            body = {"tenant_id": args.tenant, "name": args.name or "", "scopes": args.scope or None,
-                    "rate_limit_per_s": args.rate_limit}
-            body = {k: v for k, v in body.items() if v is not None}
             if args.via_api:
                 with Api() as api:
-                    key = api.post("/keys", body)
+                    key = api.post("/keys", key_body(args.tenant, args.name or "", args.scope, args.rate_limit))
             else:
-                key = operator_call("POST", "/v1/keys", body)
+                key = create_key(args.tenant, name=args.name or "", scopes=args.scope, rate_limit=args.rate_limit)
             if args.json:
                 print(dumps(key))
             else:

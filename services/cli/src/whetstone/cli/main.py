@@ -22,9 +22,6 @@ from typing import Any
 from . import dlq, keys, public
 from .dev import all_service_builders  # noqa: F401  (re-exported: tests and tools import it here)
 
-DEFAULT_PORTS = {"scheduler": 8100, "ingest": 8101, "trainer-agent": 8102, "eval": 8103, "registry": 8104,
-                 "metering": 8105}
-
 
 # ------------------------------------------------------------------ stack
 

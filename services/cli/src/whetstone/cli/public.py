@@ -7,12 +7,11 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-import time
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from .client import Api, ApiFailure, dumps
+from .client import Api, ApiFailure, dumps, poll_until
 from .follow import TERMINAL, LossCurve, all_events, follow
 
 
@@ -33,14 +32,12 @@ def file_line(f: dict) -> str:
 
 
 def wait_for_file(api: Api, file_id: str, timeout_s: float = 600) -> dict:
-    deadline = time.monotonic() + timeout_s
-    while True:
+    """The file once validated (status no longer `uploaded`)."""
+    def validated() -> dict | None:
         f = api.get(f"/files/{file_id}")
-        if f["status"] != "uploaded":
-            return f
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"file {file_id} still being validated after {timeout_s}s")
-        time.sleep(0.5)
+        return f if f["status"] != "uploaded" else None
+
+    return poll_until(validated, f"validation of file {file_id}", timeout_s=timeout_s)
 
 
 def describe_file(f: dict) -> str:

@@ -61,6 +61,7 @@ class Gateway:
         self.keys = KeyVerifier(self.session, verify_url, ttl_s=settings.key_cache_ttl_s, secret=self.secret)
         self.limiter = RateLimiter(burst_s=settings.rate_limit_burst_s)
         self.metrics = GatewayMetrics()
+        self.own_app = make_own_app(self)   # /healthz and /metrics
 
     def session(self) -> aiohttp.ClientSession:
         if self._session is None or self._session.closed:
@@ -182,13 +183,6 @@ class Gateway:
         return (200 if ok else 503), {"service": "gateway", "status": "ok" if ok else "degraded",
                                       "upstreams": results}
 
-    @property
-    def own_app(self) -> FastAPI:
-        app = getattr(self, "_own_app", None)
-        if app is None:
-            app = self._own_app = make_own_app(self)
-        return app
-
 
 class ClientGone(Exception):
     """The caller disconnected before its request body was complete."""
@@ -228,8 +222,3 @@ def make_own_app(gateway: Gateway) -> FastAPI:
         return Response(generate_latest(gateway.metrics.registry), media_type=CONTENT_TYPE_LATEST)
 
     return app
-
-
-def make_gateway_app(gateway: Gateway) -> Gateway:
-    """The ASGI application: the gateway itself (its own /healthz and /metrics included)."""
-    return gateway

@@ -7,7 +7,7 @@ import asyncio
 from whetstone.runtime.http import HttpServer
 from whetstone.runtime.logging import configure_logging, get_logger
 
-from .app import Gateway, make_gateway_app
+from .app import Gateway
 from .config import GatewaySettings
 
 log = get_logger("whetstone.gateway")
@@ -34,7 +34,7 @@ async def start_gateway(settings: GatewaySettings | None = None, upstreams: dict
                         port: int | None = None) -> RunningGateway:
     settings = settings or GatewaySettings()
     gateway = Gateway(settings, upstreams)
-    server = HttpServer(make_gateway_app(gateway), settings.host, settings.http_port if port is None else port)
+    server = HttpServer(gateway, settings.host, settings.http_port if port is None else port)
     # clients keep connections open longer than uvicorn's 5 s default (httpx: 5 s, browsers: more); a server
     # that closes first races the client's next request into a reset: the edge waits longer than they do
     server.server.config.timeout_keep_alive = settings.keep_alive_s
