@@ -18,22 +18,9 @@ from whetstone.trainer_agent.recipes.data import (
     read_rows,
     tokenize_chat_rows,
 )
+from whetstone.modelkit.tiny import TOOL_CHAT_TEMPLATE
 from whetstone.trainer_agent.recipes.errors import UserError
 
-# a tool-capable template in the style of real ones: tools in a system block, tool results as
-# their own turn, an assistant turn renders its calls as name + JSON arguments
-TOOL_TEMPLATE = (
-    "{{- bos_token -}}"
-    "{%- if tools -%}{{- '<|system|>\\n' + (tools | tojson) + '<|end|>\\n' -}}{%- endif -%}"
-    "{%- for message in messages -%}"
-    "{%- if message['role'] == 'tool' -%}{{- '<|user|>\\n' + message['content'] + '<|end|>\\n' -}}"
-    "{%- elif message.get('tool_calls') -%}{{- '<|assistant|>\\n' + message['content'] -}}"
-    "{%- for c in message['tool_calls'] -%}{{- c['function']['name'] + (c['function']['arguments'] | tojson) -}}"
-    "{%- endfor -%}{{- '<|end|>\\n' -}}"
-    "{%- else -%}{{- '<|' + message['role'] + '|>\\n' + message['content'] + '<|end|>\\n' -}}{%- endif -%}"
-    "{%- endfor -%}"
-    "{%- if add_generation_prompt -%}{{- '<|assistant|>\\n' -}}{%- endif -%}"
-)
 TOOLS = [{"type": "function", "function": {"name": "lookup", "description": "find a capital",
                                            "parameters": {"type": "object", "properties": {"q": {"type": "string"}}}}}]
 
@@ -59,10 +46,10 @@ def tool_base(tiny_base, tmp_path_factory) -> Path:
     """The tiny Llama with a chat template that renders tools (same weights and vocabulary)."""
     base = tmp_path_factory.mktemp("tool-base") / "tiny-tools"
     shutil.copytree(tiny_base, base)
-    (base / "chat_template.jinja").write_text(TOOL_TEMPLATE)
+    (base / "chat_template.jinja").write_text(TOOL_CHAT_TEMPLATE)
     config = json.loads((base / "tokenizer_config.json").read_text())
     if "chat_template" in config:
-        config["chat_template"] = TOOL_TEMPLATE
+        config["chat_template"] = TOOL_CHAT_TEMPLATE
         (base / "tokenizer_config.json").write_text(json.dumps(config))
     return base
 
@@ -71,7 +58,7 @@ def test_tool_rows_train_the_calls_and_the_answer_not_the_tool_results(tool_base
     from whetstone.modelkit.loading import load_tokenizer
 
     tokenizer = load_tokenizer(str(tool_base))
-    assert tokenizer.chat_template == TOOL_TEMPLATE
+    assert tokenizer.chat_template == TOOL_CHAT_TEMPLATE
     rows = read_rows(write_rows(tmp_path / "train.jsonl", [tool_row(7)]), "lora")
     (line, chat), = rows
     assert line == 1 and isinstance(chat, Chat) and chat.tools == TOOLS

@@ -34,7 +34,7 @@ async def on_checkpoint_written(rt: Runtime[EvalContext], uow: UnitOfWork, env: 
 async def _request(rt: Runtime[EvalContext], uow: UnitOfWork, job_id: str) -> None:
     if await repository.request_eval_if_ready(uow.conn, job_id):
         rt.log.info("evaluation requested", job_id=job_id)
-        rt.ctx.wakeup.set()
+        uow.after_commit(rt.ctx.wakeup.set)  # the worker must see the committed run
 
 
 async def on_eval_requested(rt: Runtime[EvalContext], uow: UnitOfWork, env: Envelope, ev: EvalRequestedV1) -> None:
@@ -44,6 +44,6 @@ async def on_eval_requested(rt: Runtime[EvalContext], uow: UnitOfWork, env: Enve
                                     env.trace_id):
         rt.log.info("evaluation requested by command", job_id=ev.job_id, request_id=ev.request_id,
                     base_model=ev.base_model, base_model_sha256=ev.base_model_sha256)
-        rt.ctx.wakeup.set()
+        uow.after_commit(rt.ctx.wakeup.set)  # the worker must see the committed run
     else:
         rt.log.info("eval request already taken; not run again", request_id=ev.request_id)

@@ -107,7 +107,7 @@ async def evaluate_claim(rt: Runtime[EvalContext], claim: Claim) -> None:
     except Exception as exc:
         # back to pending: the next claim retries, or (attempts spent) publishes a failed verdict
         log.exception("eval attempt crashed", attempts_left=max(cfg.max_attempts - claim.attempts, 0))
-        await repository.record_failure(rt.pool, claim, f"{type(exc).__name__}: {exc}", retry=True)
+        await repository.record_failure(rt.pool, claim, f"{type(exc).__name__}: {exc}")
     finally:
         heartbeat.cancel()
 

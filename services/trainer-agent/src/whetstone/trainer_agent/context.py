@@ -15,7 +15,7 @@ from .adapters.workspace import Workspaces
 from .config import TrainerAgentSettings
 
 if TYPE_CHECKING:
-    from .handlers import Segment
+    from .segments import Segment
 
 
 @dataclass

@@ -15,17 +15,19 @@ import signal
 import time
 
 from whetstone.contracts import (
-    Envelope, JobAssignedV1, JobCancelledV1, JobPreemptedV1, JobPreemptRequestedV1, NodeFencedV1, NodeHeartbeatV1,
+    Envelope,
+    JobAssignedV1,
+    JobCancelledV1,
+    JobPreemptedV1,
+    JobPreemptRequestedV1,
+    NodeFencedV1,
+    NodeHeartbeatV1,
 )
 from whetstone.runtime.messaging import UnitOfWork
 
 from .adapters.processes import kill_orphan
-from .domain.supervision import (
-    free_gpu_ids, stop_reason,
-)
-
+from .domain.supervision import free_gpu_ids, stop_reason
 from .segments import AgentRuntime, run_segment
-
 
 # ------------------------------------------------------------------ events in
 

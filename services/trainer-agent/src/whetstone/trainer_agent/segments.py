@@ -16,8 +16,13 @@ from pathlib import Path
 from typing import Any
 
 from whetstone.contracts import (
-    CheckpointRef, CheckpointWrittenV1, JobCompletedV1, JobFailedV1,
-    JobPreemptedV1, JobProgressV1, JobStartedV1,
+    CheckpointRef,
+    CheckpointWrittenV1,
+    JobCompletedV1,
+    JobFailedV1,
+    JobPreemptedV1,
+    JobProgressV1,
+    JobStartedV1,
 )
 from whetstone.runtime.models import UnknownModel
 from whetstone.runtime.service import Runtime
@@ -30,14 +35,18 @@ from .domain.checkpoints import StaleAttempt, checkpoint_prefix
 from .domain.distributed import DistributedConfigError
 from .domain.runs import Run
 from .domain.supervision import (
-    classify_exit, completed_metrics, failure_message, preempt_reason, progress_due, progress_fields,
+    classify_exit,
+    completed_metrics,
+    failure_message,
+    preempt_reason,
+    progress_due,
+    progress_fields,
     reported_advice,
 )
 
 ERROR_CLASSES = ("user", "platform", "ambiguous")
 
 AgentRuntime = Runtime[TrainerAgentContext]
-
 
 
 @dataclass
@@ -357,6 +366,3 @@ async def prune(rt: AgentRuntime, seg: Segment, newest: str, local: Path) -> Non
     for old in seg.uploaded_local:  # uploaded and superseded: free the node's disk
         await asyncio.to_thread(shutil.rmtree, old, True)
     seg.uploaded_local = [local]
-
-
-# --------------------------------------------------------------------- stop

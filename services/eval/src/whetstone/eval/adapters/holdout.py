@@ -21,33 +21,28 @@ class HoldoutRow:
     messages: list[dict]        # the whole conversation (for the loss)
 
 
+def _messages(value, name: str, line_no: int, min_len: int = 1) -> list[dict]:
+    if not isinstance(value, list) or len(value) < min_len:
+        raise HoldoutError(f"validation file line {line_no}: '{name}' must be a list of at least {min_len} turn(s)")
+    for i, m in enumerate(value):
+        if not isinstance(m, dict) or not isinstance(m.get("role"), str) or not isinstance(m.get("content"), str):
+            raise HoldoutError(f"validation file line {line_no}: {name}[{i}] needs string 'role' and 'content'")
+    return [{"role": m["role"], "content": m["content"]} for m in value]
+
+
 def _row(obj, line_no: int) -> HoldoutRow:
     if not isinstance(obj, dict):
         raise HoldoutError(f"validation file line {line_no}: expected a JSON object")
     if "messages" in obj:
-        messages = obj["messages"]
-        if not isinstance(messages, list) or len(messages) < 2:
-            raise HoldoutError(f"validation file line {line_no}: 'messages' must be a list of at least 2 turns")
-        for i, m in enumerate(messages):
-            if not isinstance(m, dict) or not isinstance(m.get("role"), str) or not isinstance(m.get("content"), str):
-                raise HoldoutError(f"validation file line {line_no}: messages[{i}] needs string 'role' and 'content'")
-        if messages[-1]["role"] != "assistant":
-            raise HoldoutError(f"validation file line {line_no}: the last message must be the assistant's answer")
-        clean = [{"role": m["role"], "content": m["content"]} for m in messages]
-        return HoldoutRow(clean[:-1], clean[-1]["content"], clean)
-    if "input" in obj and "preferred_output" in obj:  # preference data: the preferred answer is the reference
-        prompt = (obj.get("input") or {}).get("messages")
-        preferred = obj.get("preferred_output")
-        if not isinstance(prompt, list) or not prompt or not isinstance(preferred, list) or not preferred:
-            raise HoldoutError(f"validation file line {line_no}: 'input.messages' and 'preferred_output' must be "
-                               "non-empty lists")
-        answer = preferred[0].get("content") if isinstance(preferred[0], dict) else None
-        if not isinstance(answer, str):
-            raise HoldoutError(f"validation file line {line_no}: preferred_output[0].content must be a string")
-        clean = [{"role": m.get("role"), "content": m.get("content")} for m in prompt]
-        return HoldoutRow(clean, answer, [*clean, {"role": "assistant", "content": answer}])
-    raise HoldoutError(f"validation file line {line_no}: expected 'messages' (chat) or 'input' + 'preferred_output' "
-                       f"(preference); got keys {sorted(obj)[:6]}")
+        messages = _messages(obj["messages"], "messages", line_no, min_len=2)
+    elif "prompt" in obj and "chosen" in obj:  # ingest's preference schema: the chosen answer is the reference
+        messages = _messages(obj["prompt"], "prompt", line_no) + _messages(obj["chosen"], "chosen", line_no)
+    else:
+        raise HoldoutError(f"validation file line {line_no}: expected 'messages' (chat) or 'prompt' + 'chosen' "
+                           f"(preference); got keys {sorted(obj)[:6]}")
+    if messages[-1]["role"] != "assistant":
+        raise HoldoutError(f"validation file line {line_no}: the last message must be the assistant's answer")
+    return HoldoutRow(messages[:-1], messages[-1]["content"], messages)
 
 
 def read_holdout(path: Path, limit: int) -> list[HoldoutRow]:

@@ -116,11 +116,11 @@ async def record_stage(pool: asyncpg.Pool, claim: Claim, result: EvalStageResult
                            claim.run_id, result.name, result.model_dump(mode="json"))
 
 
-async def record_failure(pool: asyncpg.Pool, claim: Claim, error: str, *, retry: bool) -> None:
-    """A crashed attempt: back to pending (retried by any worker) unless the attempts are spent."""
-    await pool.execute("UPDATE eval_runs SET status = CASE WHEN $3 THEN 'pending' ELSE status END,"
-                       " lease_owner = CASE WHEN $3 THEN NULL ELSE lease_owner END, last_error = $4, updated_at = now()"
-                       " WHERE run_id = $1 AND lease_owner = $2", claim.run_id, claim.owner, retry, error[:2000])
+async def record_failure(pool: asyncpg.Pool, claim: Claim, error: str) -> None:
+    """A crashed attempt: back to pending. Any worker retries it; once the attempts are spent the next claim
+    publishes a failed verdict instead."""
+    await pool.execute("UPDATE eval_runs SET status = 'pending', lease_owner = NULL, last_error = $3, updated_at = now()"
+                       " WHERE run_id = $1 AND lease_owner = $2", claim.run_id, claim.owner, error[:2000])
 
 
 async def finish(conn: asyncpg.Connection, claim: Claim, *, lineage_key: str, verdict: str,

@@ -33,11 +33,6 @@ def parse_verdict(text: str | None) -> str | None:
     return found.pop() if len(found) == 1 else None
 
 
-@dataclass(frozen=True)
-class PairOutcome:
-    outcome: str  # win | tie | loss | unparsable (from the candidate's point of view)
-
-
 def combine(candidate_first: str | None, candidate_second: str | None) -> str:
     """Verdicts from the two orders: (candidate as A, base as B) then (base as A, candidate as B).
     A win or loss counts only when both orders agree; an inconsistent pair is a tie."""

@@ -6,7 +6,6 @@ never mistaken for a durable one."""
 
 from __future__ import annotations
 
-import hashlib
 import json
 import shutil
 import time
@@ -16,8 +15,10 @@ from pathlib import Path
 from typing import Any
 
 from whetstone.contracts import CheckpointRef
-from whetstone.runtime.checkpoints import MANIFEST, CorruptCheckpoint, UploadedCheckpoint, upload_checkpoint
-from whetstone.runtime.s3 import ObjectStore, parse_uri, sha256_file
+from whetstone.runtime.checkpoints import (
+    MANIFEST, CorruptCheckpoint, UploadedCheckpoint, download_checkpoint, read_manifest, upload_checkpoint,
+)
+from whetstone.runtime.s3 import ObjectStore, parse_uri
 
 from ..domain.checkpoints import (
     AttemptFence, StaleAttempt, StoredCheckpoint, checkpoint_ref, checkpoints_in, job_checkpoints_prefix,
@@ -109,10 +110,9 @@ class S3Checkpoints:
 
     def delete_prefix(self, prefix: str) -> None:
         prefix = prefix.rstrip("/")
-        client, bucket = self.store.client, self.store.bucket
-        client.delete_object(Bucket=bucket, Key=f"{prefix}/{MANIFEST}")
+        self.store.delete(self.store.uri(f"{prefix}/{MANIFEST}"))  # manifest first: the checkpoint stops existing
         for key in list(self.store.list_keys(prefix + "/")):
-            client.delete_object(Bucket=bucket, Key=key)
+            self.store.delete(self.store.uri(key))
 
     def prune(self, tenant_id: str, job_id: str, keep_last: int, protected: Collection[str],
               fence: AttemptFence | None = None) -> list[str]:
@@ -133,36 +133,14 @@ class S3Checkpoints:
 
     def fetch_verified(self, prefix: str, dest: Path, *, expected_manifest_sha256: str | None = None,
                        job_id: str | None = None) -> tuple[dict[str, Any], str]:
-        """Download a checkpoint into an empty `dest` and check every file against the manifest.
-        CorruptCheckpoint when the manifest is missing, altered, of another job, or a file differs."""
+        """Download a checkpoint into an empty `dest` and check every file against the manifest (the
+        runtime's one verified download). CorruptCheckpoint when the manifest is missing, altered, of
+        another job, names a file outside the checkpoint, or a file differs."""
         uri = self.store.uri(prefix)
         shutil.rmtree(dest, ignore_errors=True)
         dest.mkdir(parents=True)
-        if not self.store.exists(f"{uri}/{MANIFEST}"):
-            raise CorruptCheckpoint(f"{uri}: no manifest")
-        raw = self.store.get_bytes(f"{uri}/{MANIFEST}")
-        digest = hashlib.sha256(raw).hexdigest()
-        if expected_manifest_sha256 and digest != expected_manifest_sha256:
-            raise CorruptCheckpoint(f"{uri}: manifest sha256 {digest[:12]}… is not the pinned "
-                                    f"{expected_manifest_sha256[:12]}…")
-        try:
-            manifest = json.loads(raw)
-            files = manifest["files"]
-        except (ValueError, KeyError, TypeError) as exc:
-            raise CorruptCheckpoint(f"{uri}: unreadable manifest ({exc})") from exc
-        if job_id is not None and manifest.get("job_id") != job_id:
-            raise CorruptCheckpoint(f"{uri}: manifest belongs to job {manifest.get('job_id')!r}")
-        if not files:
-            raise CorruptCheckpoint(f"{uri}: manifest lists no files")
-        for rel, info in files.items():
-            target = dest / rel
-            if not target.resolve().is_relative_to(dest.resolve()):
-                raise CorruptCheckpoint(f"{uri}: manifest names a file outside the checkpoint: {rel!r}")
-            if not self.store.exists(f"{uri}/{rel}"):
-                raise CorruptCheckpoint(f"{uri}: {rel} is missing")
-            self.store.download_file(f"{uri}/{rel}", target)
-            if target.stat().st_size != info.get("size", target.stat().st_size) or sha256_file(target) != info["sha256"]:
-                raise CorruptCheckpoint(f"{uri}: {rel} does not match its sha256")
+        manifest, digest = read_manifest(self.store, uri, expected_manifest_sha256, job_id=job_id)
+        download_checkpoint(self.store, uri, dest, manifest=manifest)
         return manifest, digest
 
     def resume_point(self, tenant_id: str, job_id: str, requested: CheckpointRef | Mapping[str, Any] | None,

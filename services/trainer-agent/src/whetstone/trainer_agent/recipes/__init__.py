@@ -13,6 +13,8 @@ Entry point and protocol:
 - spec.py           CONFIG.json (the contract with the agent), resume-dir checks
 
 Components:
+- session.py        the steps every recipe shares: cheap checks, base model and batch plan, the
+                    model rebuilt after OOM, train, the final artifact, cleanup (held, not inherited)
 - hyperparams.py    validation, per-method/per-size defaults, batch geometry (auto, OOM halving) (pure)
 - data.py           line-numbered readers per format, chat masking, padding-free/padded collators
 - attention.py      per-example attention for packed rows

@@ -15,6 +15,7 @@ from .errors import UserError
 from .hyperparams import Hyperparameters
 from .metrics import ProgressMeter
 from .protocol import EventStream, PreemptionFlag
+from .validation import Validator
 
 log = logging.getLogger("whetstone.trainer_agent.recipes")
 
@@ -77,7 +78,6 @@ class Cadence:
         return by_steps or by_time
 
 
-Validator = Callable[[Any], dict[str, float]]      # model -> {"validation_loss", ...}
 Describer = Callable[[Any, str], dict[str, Any]]   # (trainer state, kind) -> whetstone_state.json
 
 

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import logging
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, field, fields, replace
 from typing import Any
 
@@ -86,8 +87,8 @@ class Hyperparameters:
         return hp
 
     def validate(self) -> None:
-        bad = [f"{name}={getattr(self, name)!r} (must be {rule})" for name, rule in _RULES.items()
-               if not _ok(name, getattr(self, name))]
+        bad = [f"{name}={getattr(self, name)!r} (must be {rule})" for name, (rule, ok) in _RULES.items()
+               if not ok(getattr(self, name))]
         if self.lora_target_modules is not None and not self.lora_target_modules:
             bad.append("lora_target_modules=() (must name at least one module)")
         if bad:
@@ -115,54 +116,28 @@ _FLOAT = {"learning_rate", "lora_dropout", "warmup_ratio", "checkpoint_every_min
           "divergence_factor", "weight_decay", "max_grad_norm"}
 _BOOL = {"packing", "merge_adapter", "precompute_ref_log_probs", "gradient_checkpointing"}
 
-_RULES = {
-    "n_epochs": "1..100",
-    "learning_rate": "> 0 and < 1",
-    "batch_size": "1..4096 or 'auto'",
-    "gradient_accumulation_steps": "1..1024",
-    "lora_r": "1..1024",
-    "lora_alpha": "1..4096",
-    "lora_dropout": ">= 0 and < 1",
-    "max_seq_len": "8..131072",
-    "seed": ">= 0",
-    "checkpoint_every_steps": ">= 0",
-    "warmup_ratio": ">= 0 and < 1",
-    "checkpoint_every_minutes": ">= 0",
-    "beta": "> 0 and <= 10",
-    "target_effective_batch": "1..4096",
-    "micro_batch_tokens": ">= 0",
-    "max_oom_retries": "0..10",
-    "divergence_factor": "0 (off) or > 1",
-    "divergence_patience": "1..1000",
-    "weight_decay": ">= 0 and < 1",
-    "max_grad_norm": ">= 0",
+_RULES: dict[str, tuple[str, Callable[[Any], bool]]] = {  # name -> (what it must be, check)
+    "n_epochs": ("1..100", lambda v: 1 <= v <= 100),
+    "learning_rate": ("> 0 and < 1", lambda v: 0 < v < 1),
+    "batch_size": ("1..4096 or 'auto'", lambda v: v == AUTO or 1 <= v <= 4096),
+    "gradient_accumulation_steps": ("1..1024", lambda v: 1 <= v <= 1024),
+    "lora_r": ("1..1024", lambda v: 1 <= v <= 1024),
+    "lora_alpha": ("1..4096", lambda v: 1 <= v <= 4096),
+    "lora_dropout": (">= 0 and < 1", lambda v: 0 <= v < 1),
+    "max_seq_len": ("8..131072", lambda v: 8 <= v <= 131072),
+    "seed": (">= 0", lambda v: v >= 0),
+    "checkpoint_every_steps": (">= 0", lambda v: v >= 0),
+    "warmup_ratio": (">= 0 and < 1", lambda v: 0 <= v < 1),
+    "checkpoint_every_minutes": (">= 0", lambda v: v >= 0),
+    "beta": ("> 0 and <= 10", lambda v: 0 < v <= 10),
+    "target_effective_batch": ("1..4096", lambda v: 1 <= v <= 4096),
+    "micro_batch_tokens": (">= 0", lambda v: v >= 0),
+    "max_oom_retries": ("0..10", lambda v: 0 <= v <= 10),
+    "divergence_factor": ("0 (off) or > 1", lambda v: v == 0 or v > 1),
+    "divergence_patience": ("1..1000", lambda v: 1 <= v <= 1000),
+    "weight_decay": (">= 0 and < 1", lambda v: 0 <= v < 1),
+    "max_grad_norm": (">= 0", lambda v: v >= 0),
 }
-
-
-def _ok(name: str, v: Any) -> bool:
-    checks = {
-        "n_epochs": lambda: 1 <= v <= 100,
-        "learning_rate": lambda: 0 < v < 1,
-        "batch_size": lambda: v == AUTO or 1 <= v <= 4096,
-        "gradient_accumulation_steps": lambda: 1 <= v <= 1024,
-        "lora_r": lambda: 1 <= v <= 1024,
-        "lora_alpha": lambda: 1 <= v <= 4096,
-        "lora_dropout": lambda: 0 <= v < 1,
-        "max_seq_len": lambda: 8 <= v <= 131072,
-        "seed": lambda: v >= 0,
-        "checkpoint_every_steps": lambda: v >= 0,
-        "warmup_ratio": lambda: 0 <= v < 1,
-        "checkpoint_every_minutes": lambda: v >= 0,
-        "beta": lambda: 0 < v <= 10,
-        "target_effective_batch": lambda: 1 <= v <= 4096,
-        "micro_batch_tokens": lambda: v >= 0,
-        "max_oom_retries": lambda: 0 <= v <= 10,
-        "divergence_factor": lambda: v == 0 or v > 1,
-        "divergence_patience": lambda: 1 <= v <= 1000,
-        "weight_decay": lambda: 0 <= v < 1,
-        "max_grad_norm": lambda: v >= 0,
-    }
-    return checks[name]()
 
 
 def _coerce(name: str, value: Any) -> Any:

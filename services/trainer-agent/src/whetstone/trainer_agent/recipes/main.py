@@ -36,28 +36,23 @@ from .checkpointing import checkpoint_step
 from .errors import AmbiguousError, RecipeError, is_out_of_memory
 from .hyperparams import PREFERENCE_METHODS, Hyperparameters, halved_batch
 from .protocol import EventStream, PreemptionFlag
+from .session import TrainingSession
 from .spec import RecipeConfig
 
 log = logging.getLogger("whetstone.trainer_agent.recipes.main")
 
 
 class Recipe(Protocol):
-    """What every recipe module offers this entry point."""
+    """What every recipe module offers this entry point; the steps they share (train, train_loss,
+    cleanup, the config, hyperparameters and trainer) are its `session`."""
 
-    cfg: RecipeConfig
-    hp: Hyperparameters
-    run: Any       # callbacks.RunState
-    trainer: Any   # the transformers / trl trainer
-    train_output: Any
+    session: TrainingSession
 
     def setup(self) -> None: ...
-    def train(self, resume_from: Path | None) -> bool: ...
     def rebuild(self, hp: Hyperparameters) -> None: ...
     def save_checkpoint(self) -> Path: ...
-    def train_loss(self) -> float | None: ...
     def validation_metrics(self) -> dict[str, Any]: ...
     def outcome_metrics(self) -> dict[str, Any]: ...
-    def cleanup(self) -> None: ...
 
 
 def recipe_for(cfg: RecipeConfig, events: EventStream, preemption: PreemptionFlag) -> Recipe:
@@ -81,6 +76,7 @@ def _configure_logging() -> None:
 
 def run(cfg: RecipeConfig, events: EventStream, preemption: PreemptionFlag, started: float) -> int:
     recipe = recipe_for(cfg, events, preemption)
+    session = recipe.session
     try:
         recipe.setup()
         if preemption.requested:  # SIGTERM during setup: nothing new to checkpoint
@@ -90,54 +86,56 @@ def run(cfg: RecipeConfig, events: EventStream, preemption: PreemptionFlag, star
         train_started = time.perf_counter()
         oom_retries = _train_with_oom_retries(recipe, events)
         train_seconds = time.perf_counter() - train_started
-        state = recipe.trainer.state
-        if recipe.run.emergency_checkpoint is not None:
-            events.emit("preempted", step=state.global_step, checkpoint=str(recipe.run.emergency_checkpoint),
+        state = session.trainer.state
+        if session.run.emergency_checkpoint is not None:
+            events.emit("preempted", step=state.global_step, checkpoint=str(session.run.emergency_checkpoint),
                         sigterm_to_checkpoint_s=_since(preemption.received_at))
             return 0
         recipe.save_checkpoint()
         events.emit(
             "completed",
             step=state.global_step,
-            train_loss=recipe.train_loss(),
+            train_loss=session.train_loss(),
             tokens=state.num_input_tokens_seen,
             runtime_s=round(time.perf_counter() - started, 3),
-            train_runtime_s=round(recipe.train_output.metrics.get("train_runtime", 0.0), 3),
-            checkpoint_s=round(recipe.run.checkpoint_seconds + _trainer_checkpoint_seconds(recipe), 3),
+            train_runtime_s=round(session.train_output.metrics.get("train_runtime", 0.0), 3),
+            checkpoint_s=round(session.run.checkpoint_seconds + _trainer_checkpoint_seconds(session), 3),
             training_loop_s=round(train_seconds, 3),
-            micro_batch_size=int(recipe.hp.batch_size),
-            gradient_accumulation_steps=recipe.hp.gradient_accumulation_steps,
+            micro_batch_size=int(session.hp.batch_size),
+            gradient_accumulation_steps=session.hp.gradient_accumulation_steps,
             oom_retries=oom_retries,
             **recipe.outcome_metrics(),
             **recipe.validation_metrics(),
         )
         return 0
     finally:
-        recipe.cleanup()
+        session.cleanup()
 
 
 def _train_with_oom_retries(recipe: Recipe, events: EventStream) -> int:
     """Train; on out-of-memory halve the micro-batch (same effective batch) and go on from
     the last checkpoint this segment wrote (or where it started). Returns the retries used."""
-    resume = recipe.cfg.resume_from
+    session = recipe.session
+    resume = session.cfg.resume_from
     retries = 0
     while True:
         try:
-            recipe.train(resume)
+            session.train(resume)
             return retries
         except Exception as exc:
             if not is_out_of_memory(exc):
                 raise
-            smaller = halved_batch(recipe.hp)
-            if smaller is None or retries >= recipe.hp.max_oom_retries:
+            hp = session.hp
+            smaller = halved_batch(hp)
+            if smaller is None or retries >= hp.max_oom_retries:
                 raise AmbiguousError(
-                    f"out of memory at micro-batch {recipe.hp.batch_size} (max_seq_len {recipe.hp.max_seq_len}) "
+                    f"out of memory at micro-batch {hp.batch_size} (max_seq_len {hp.max_seq_len}) "
                     f"after {retries} retries with smaller micro-batches: {exc}",
                     code="out_of_memory",
                     advice=["lower max_seq_len", "use method qlora (4-bit base weights)",
                             "enable gradient_checkpointing", "request a GPU with more memory"]) from exc
             retries += 1
-            resume = recipe.run.last_checkpoint or recipe.cfg.resume_from
+            resume = session.run.last_checkpoint or session.cfg.resume_from
             log.warning("out of memory (%s); retry %d with micro-batch %d x accumulation %d from %s",
                         exc, retries, smaller.batch_size, smaller.gradient_accumulation_steps, resume or "the start")
             events.emit("oom_retry", attempt=retries, micro_batch_size=smaller.batch_size,
@@ -146,8 +144,8 @@ def _train_with_oom_retries(recipe: Recipe, events: EventStream) -> int:
             recipe.rebuild(smaller)
 
 
-def _trainer_checkpoint_seconds(recipe: Recipe) -> float:
-    return getattr(recipe.trainer, "checkpoint_seconds", 0.0)
+def _trainer_checkpoint_seconds(session: TrainingSession) -> float:
+    return getattr(session.trainer, "checkpoint_seconds", 0.0)
 
 
 def _since(moment: float | None) -> float | None:

@@ -1,4 +1,4 @@
-"""The recipe's CONFIG.json, written by the trainer agent (a contract with handlers.py).
+"""The recipe's CONFIG.json, written by the trainer agent (a contract with adapters/workspace.py).
 
 Keys: job_id, base_model, train_file, output_dir (required); method (lora|qlora|full|dpo|
 orpo|cpt, default lora), hyperparameters, validation_file, resume_from, and optionally
