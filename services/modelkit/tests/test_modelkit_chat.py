@@ -1,5 +1,7 @@
 import pytest
 
+from whetstone.modelkit.tiny import TOOL_CHAT_TEMPLATE
+
 from whetstone.modelkit.chat import IGNORE_INDEX, ChatFormatError, mask_preview, tokenize_chat
 
 pytestmark = pytest.mark.unit
@@ -97,25 +99,13 @@ def test_trained_user_message_whose_content_repeats_its_role_name(tokenizer):
     assert mask_preview(tokenizer, messages) == "<|bos|><|user|>\n[[user<|end|>]]\n<|assistant|>\n[[assistant<|end|>]]\n"
 
 
-TOOL_TEMPLATE = (
-    "{{- bos_token -}}"
-    "{%- if tools -%}{{- '<|system|>\\n' + (tools | tojson) + '<|end|>\\n' -}}{%- endif -%}"
-    "{%- for message in messages -%}"
-    "{%- if message['role'] == 'tool' -%}{{- '<|user|>\\n' + message['content'] + '<|end|>\\n' -}}"
-    "{%- elif message.get('tool_calls') -%}{{- '<|assistant|>\\n' + message['content'] -}}"
-    "{%- for c in message['tool_calls'] -%}{{- c['function']['name'] + (c['function']['arguments'] | tojson) -}}"
-    "{%- endfor -%}{{- '<|end|>\\n' -}}"
-    "{%- else -%}{{- '<|' + message['role'] + '|>\\n' + message['content'] + '<|end|>\\n' -}}{%- endif -%}"
-    "{%- endfor -%}"
-    "{%- if add_generation_prompt -%}{{- '<|assistant|>\\n' -}}{%- endif -%}"
-)
 
 
 def test_tool_calls_are_trained_and_tool_results_are_not(tokenizer):
     import copy
 
     tok = copy.deepcopy(tokenizer)
-    tok.chat_template = TOOL_TEMPLATE
+    tok.chat_template = TOOL_CHAT_TEMPLATE
     tools = [{"type": "function", "function": {"name": "lookup", "parameters": {"type": "object"}}}]
     messages = [
         {"role": "user", "content": "Capital of France?"},

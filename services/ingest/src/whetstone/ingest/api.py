@@ -15,7 +15,7 @@ from starlette.concurrency import iterate_in_threadpool
 from whetstone.contracts import DatasetSubmittedV1, dataset_id_for
 from whetstone.runtime.errors import ApiError
 from whetstone.runtime.identity import Caller, require
-from whetstone.runtime.s3 import parse_uri, tenant_prefix
+from whetstone.runtime.s3 import tenant_prefix
 from whetstone.runtime.service import Runtime
 
 from .adapters.files import (OPENAI_PURPOSE, PLATFORM_PURPOSES, FileStore, MultipartReceiver, UploadRefused,
@@ -129,8 +129,7 @@ def routes(rt: Runtime[IngestContext]) -> APIRouter:
                                "finish.", code="file_in_use", param="file_id")
             await files.delete(caller.tenant_id, file_id, rt.clock())
         try:
-            bucket, key = parse_uri(row["source_uri"])
-            await asyncio.to_thread(rt.store.client.delete_object, Bucket=bucket, Key=key)
+            await asyncio.to_thread(rt.store.delete, row["source_uri"])
         except Exception as exc:  # the row is gone; a leftover upload object is only storage
             rt.log.warning("upload object not deleted", file_id=file_id, error=str(exc))
         return {"id": file_id, "object": "file", "deleted": True}

@@ -37,6 +37,21 @@ CHAT_TEMPLATE = (
     "{%- if add_generation_prompt -%}{{- '<|assistant|>\\n' -}}{%- endif -%}"
 )
 
+# A tool-capable template in the style of real ones: tools in a system block, tool results as their
+# own turn, an assistant turn renders its calls as name + JSON arguments (tests of tool rendering and masks).
+TOOL_CHAT_TEMPLATE = (
+    "{{- bos_token -}}"
+    "{%- if tools -%}{{- '<|system|>\\n' + (tools | tojson) + '<|end|>\\n' -}}{%- endif -%}"
+    "{%- for message in messages -%}"
+    "{%- if message['role'] == 'tool' -%}{{- '<|user|>\\n' + message['content'] + '<|end|>\\n' -}}"
+    "{%- elif message.get('tool_calls') -%}{{- '<|assistant|>\\n' + message['content'] -}}"
+    "{%- for c in message['tool_calls'] -%}{{- c['function']['name'] + (c['function']['arguments'] | tojson) -}}"
+    "{%- endfor -%}{{- '<|end|>\\n' -}}"
+    "{%- else -%}{{- '<|' + message['role'] + '|>\\n' + message['content'] + '<|end|>\\n' -}}{%- endif -%}"
+    "{%- endfor -%}"
+    "{%- if add_generation_prompt -%}{{- '<|assistant|>\\n' -}}{%- endif -%}"
+)
+
 # Small built-in corpus: enough English, digits, punctuation and chat phrasing for BPE
 # merges to be meaningful. Byte-level BPE still encodes ANY text (unknown words fall
 # back to bytes), so data outside this corpus only costs more tokens.

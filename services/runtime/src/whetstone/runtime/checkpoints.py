@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -42,19 +43,66 @@ def upload_checkpoint(store: ObjectStore, local: Path, prefix: str, meta: dict) 
     return UploadedCheckpoint(store.uri(prefix), hashlib.sha256(manifest).hexdigest(), len(files), total)
 
 
-def download_checkpoint(store: ObjectStore, uri: str, dest: Path, expected_manifest_sha256: str | None = None) -> dict:
-    """Download and verify every file against the manifest; CorruptCheckpoint otherwise."""
-    bucket, prefix = parse_uri(uri)
+def _missing(exc: Exception) -> bool:
+    from botocore.exceptions import ClientError  # noqa: PLC0415
+
+    return isinstance(exc, ClientError) and exc.response.get("Error", {}).get("Code") in ("404", "NoSuchKey", "NotFound")
+
+
+def read_manifest(store: ObjectStore, uri: str, expected_sha256: str | None = None, *,
+                  job_id: str | None = None) -> tuple[dict, str]:
+    """A checkpoint's manifest and its sha256. CorruptCheckpoint when it is missing, differs from the
+    pinned sha256, is unreadable, lists no files, or belongs to another job; a store that cannot be
+    reached raises its own error (retry later, nothing is corrupt)."""
+    bucket, prefix = parse_uri(uri.rstrip("/"))
     try:
         raw = store.get_bytes(f"s3://{bucket}/{prefix}/{MANIFEST}")
     except Exception as exc:
-        raise CorruptCheckpoint(f"{uri}: no manifest ({exc})") from exc
-    if expected_manifest_sha256 and hashlib.sha256(raw).hexdigest() != expected_manifest_sha256:
-        raise CorruptCheckpoint(f"{uri}: manifest sha256 mismatch")
-    manifest = json.loads(raw)
-    for rel, info in manifest["files"].items():
+        if _missing(exc):
+            raise CorruptCheckpoint(f"{uri}: no manifest") from exc
+        raise
+    digest = hashlib.sha256(raw).hexdigest()
+    if expected_sha256 and digest != expected_sha256:
+        raise CorruptCheckpoint(f"{uri}: manifest sha256 mismatch ({digest[:12]}… is not the pinned {expected_sha256[:12]}…)")
+    try:
+        manifest = json.loads(raw)
+        files = manifest["files"]
+        if not isinstance(files, dict) or not all(isinstance(i, dict) and "sha256" in i for i in files.values()):
+            raise TypeError("files must map names to {sha256, size}")
+    except (ValueError, KeyError, TypeError) as exc:
+        raise CorruptCheckpoint(f"{uri}: unreadable manifest ({exc})") from exc
+    if not files:
+        raise CorruptCheckpoint(f"{uri}: manifest lists no files")
+    if job_id is not None and manifest.get("job_id") != job_id:
+        raise CorruptCheckpoint(f"{uri}: manifest belongs to job {manifest.get('job_id')!r}")
+    return manifest, digest
+
+
+def download_checkpoint(store: ObjectStore, uri: str, dest: Path, expected_manifest_sha256: str | None = None, *,
+                        only: Iterable[str] | None = None, job_id: str | None = None,
+                        manifest: dict | None = None) -> dict:
+    """Download the checkpoint's files (or `only` those) into `dest`, each checked against the manifest
+    (size and sha256), the manifest against its pinned sha256. CorruptCheckpoint on any doubt: a file
+    missing from the manifest or the store, a name outside `dest`, a size or hash that differs.
+    `manifest`: one already read with `read_manifest` (not read again)."""
+    if manifest is None:
+        manifest, _ = read_manifest(store, uri, expected_manifest_sha256, job_id=job_id)
+    bucket, prefix = parse_uri(uri.rstrip("/"))
+    files = manifest["files"]
+    root = dest.resolve()
+    for rel in (list(files) if only is None else list(only)):
+        info = files.get(rel)
+        if info is None:
+            raise CorruptCheckpoint(f"{uri}: the manifest lists no {rel}")
         target = dest / rel
-        store.download_file(f"s3://{bucket}/{prefix}/{rel}", target)
-        if sha256_file(target) != info["sha256"]:
+        if not target.resolve().is_relative_to(root):
+            raise CorruptCheckpoint(f"{uri}: manifest names a file outside the checkpoint: {rel!r}")
+        try:
+            store.download_file(f"s3://{bucket}/{prefix}/{rel}", target)
+        except Exception as exc:
+            if _missing(exc):
+                raise CorruptCheckpoint(f"{uri}: {rel} is missing") from exc
+            raise
+        if target.stat().st_size != info.get("size", target.stat().st_size) or sha256_file(target) != info["sha256"]:
             raise CorruptCheckpoint(f"{uri}: {rel} does not match its sha256")
     return manifest

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextvars
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from typing import Any
@@ -68,6 +68,12 @@ class UnitOfWork:
     conn: asyncpg.Connection
     producer: str
     pending: list[Envelope] = field(default_factory=list)
+    committed: list[Callable[[], Any]] = field(default_factory=list)
+
+    def after_commit(self, callback: Callable[[], Any]) -> None:
+        """Run `callback` once the transaction has committed (never if it rolls back): e.g. wake a
+        worker that must see the rows this unit of work wrote."""
+        self.committed.append(callback)
 
     async def publish(self, event: Event, *, tenant_id: str, trace_id: str | None = None,
                       topic: str | None = None, key: str | None = None) -> Envelope:
@@ -213,6 +219,8 @@ async def unit_of_work(pool: asyncpg.Pool, producer: str, relay: OutboxRelay | N
         async with conn.transaction():
             uow = UnitOfWork(conn, producer)
             yield uow
+    for callback in uow.committed:
+        callback()
     if relay is not None and uow.pending:
         relay.poke()
         if relay.on_committed is not None:

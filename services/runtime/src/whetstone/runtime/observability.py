@@ -62,29 +62,6 @@ class Probe:
     sql: str
 
 
-_ACTIVE = "status NOT IN ('succeeded', 'failed', 'cancelled')"
-SERVICE_PROBES: dict[str, tuple[Probe, ...]] = {
-    "scheduler": (
-        Probe("whetstone_jobs", "Jobs not finished, by state", ("state",),
-              f"SELECT status, count(*)::float8 FROM jobs WHERE {_ACTIVE} GROUP BY status"),
-        Probe("whetstone_job_state_age_seconds", "Oldest time a job has spent in its current state",
-              ("state",),
-              "SELECT status, extract(epoch FROM now() - min(updated_at))::float8 FROM jobs "
-              f"WHERE {_ACTIVE} GROUP BY status"),
-        Probe("whetstone_nodes", "Nodes that sent a heartbeat in the last hour", ("gpu_type", "spot", "lost"),
-              "SELECT gpu_type, spot::text, lost::text, count(*)::float8 FROM nodes "
-              "WHERE last_seen > now() - interval '1 hour' GROUP BY 1, 2, 3"),
-        Probe("whetstone_node_gpus", "GPUs on live nodes", ("gpu_type",),
-              "SELECT gpu_type, sum(gpu_count)::float8 FROM nodes "
-              "WHERE NOT lost AND last_seen > now() - interval '1 hour' GROUP BY 1"),
-        Probe("whetstone_node_heartbeat_age_seconds",
-              "Seconds since the stalest node (seen in the last hour) sent a heartbeat", ("gpu_type",),
-              "SELECT gpu_type, extract(epoch FROM now() - min(last_seen))::float8 FROM nodes "
-              "WHERE last_seen > now() - interval '1 hour' GROUP BY 1"),
-    ),
-}
-
-
 _ERRORS: "weakref.WeakKeyDictionary[CollectorRegistry, Any]" = weakref.WeakKeyDictionary()
 _LOGGED: "weakref.WeakKeyDictionary[CollectorRegistry, set[str]]" = weakref.WeakKeyDictionary()
 
@@ -484,5 +461,5 @@ def collector_for(rt: Any) -> Collector | _Disabled:
         return _Disabled()
     return Collector(rt.metrics.registry, rt.name, group=rt.consumer, bootstrap=rt.settings.kafka_bootstrap,
                      topics=list(rt.service.subscriptions), pool=rt.pool,
-                     probes=SERVICE_PROBES.get(rt.name, ()), interval_s=cfg.interval_s,
+                     probes=tuple(rt.service.probes), interval_s=cfg.interval_s,
                      client_options=rt.settings.kafka_client_options())

@@ -94,6 +94,11 @@ class ObjectStore:
         self.client.download_file(bucket, key, str(dest))
         return dest
 
+    def delete(self, uri: str) -> None:
+        """Delete one object (deleting one that does not exist is not an error)."""
+        bucket, key = parse_uri(uri)
+        self.client.delete_object(Bucket=bucket, Key=key)
+
     def list_keys(self, prefix: str) -> Iterator[str]:
         paginator = self.client.get_paginator("list_objects_v2")
         for page in paginator.paginate(Bucket=self.bucket, Prefix=prefix):

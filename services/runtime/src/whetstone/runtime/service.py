@@ -73,6 +73,8 @@ class Service(Generic[C]):
     batch_handler: BatchHandler | None = None
     batch_size: int = 500
     batch_concurrency: int = 1  # transactions a batch is split into, by record key, run concurrently
+    # Optional: gauges read from the service's own schema by the runtime's metrics collector.
+    probes: Sequence[observability.Probe] = ()
     # Optional: extra options of the Kafka consumer (e.g. session_timeout_ms, group_instance_id).
     consumer_options: dict[str, Any] = field(default_factory=dict)
 

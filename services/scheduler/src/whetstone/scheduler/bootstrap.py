@@ -12,6 +12,7 @@ from . import api, handlers, keys_api, templates, watchers, webhooks
 from .adapters.catalog import ModelCatalog
 from .adapters.metrics import SchedulerMetrics
 from .adapters.migrations import MIGRATIONS
+from .adapters.probes import PROBES
 from .config import SchedulerSettings
 from .context import Clock, SchedulerContext
 from .loop import SchedulingLoop
@@ -43,6 +44,7 @@ def build_service(config: SchedulerSettings | None = None, clock: Clock = utc_no
     return Service(
         name="scheduler",
         migrations=MIGRATIONS,
+        probes=PROBES,
         subscriptions={
             "job.requested": handlers.on_job_requested,
             "dataset.submitted": handlers.on_dataset_submitted,

@@ -12,7 +12,8 @@ from typing import Any
 
 from botocore.exceptions import ClientError
 
-from whetstone.runtime.s3 import ObjectStore, parse_uri, sha256_file
+from whetstone.runtime.checkpoints import CorruptCheckpoint, download_checkpoint
+from whetstone.runtime.s3 import ObjectStore, parse_uri
 
 MANIFEST = "manifest.json"
 
@@ -99,17 +100,10 @@ class ArtifactStore:
     def fetch_verified(self, prefix_uri: str, manifest_sha256: str, rels: tuple[str, ...], dest: Path) -> Path:
         """Download only `rels` of an artifact into `dest`, each checked against the manifest, which is
         checked against its recorded sha256 (a merged model next to the adapter is not fetched)."""
-        digest, manifest = self.read_manifest(prefix_uri)
-        if digest != manifest_sha256:
-            raise CorruptArtifact(f"{prefix_uri}: manifest.json does not match its recorded sha256")
-        for rel in rels:
-            expected = (manifest.get("files") or {}).get(rel, {}).get("sha256")
-            if expected is None:
-                raise CorruptArtifact(f"{prefix_uri}: the manifest lists no {rel}")
-            target = dest / rel
-            self.store.download_file(self.file_uri(prefix_uri, rel), target)
-            if sha256_file(target) != expected:
-                raise CorruptArtifact(f"{prefix_uri}: {rel} does not match its sha256")
+        try:
+            download_checkpoint(self.store, prefix_uri, dest, manifest_sha256, only=rels)
+        except CorruptCheckpoint as exc:
+            raise CorruptArtifact(str(exc)) from exc
         return dest
 
     def presign(self, uri: str, ttl_s: int, filename: str) -> str:

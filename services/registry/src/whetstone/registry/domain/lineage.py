@@ -132,7 +132,7 @@ def model_card(model_id: str, name: str, tenant_id: str, lineage: LineageRecord)
              f"- dataset: `{lineage.dataset_id}` version `{lineage.dataset_version}`",
              f"- method: {lineage.method}; hyperparameters sha256 `{lineage.hyperparameters_hash}`",
              f"- training run: `{lineage.training_run}`, final step {lineage.checkpoint_step}",
-             f"- job template: " + (f"`{lineage.job_template}` v{lineage.job_template_version}" if lineage.job_template
+             "- job template: " + (f"`{lineage.job_template}` v{lineage.job_template_version}" if lineage.job_template
                                      else f"none ({lineage.job_template_missing_reason})"),
              f"- environment lockfile sha256 `{lineage.environment_sha256}`",
              f"- chat template sha256: `{lineage.chat_template_sha256 or 'none'}`", "",

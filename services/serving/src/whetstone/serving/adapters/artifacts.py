@@ -12,7 +12,8 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
-from whetstone.runtime.s3 import ObjectStore, parse_uri, sha256_file
+from whetstone.runtime.checkpoints import CorruptCheckpoint, download_checkpoint, read_manifest
+from whetstone.runtime.s3 import ObjectStore
 from botocore.exceptions import ClientError
 
 from whetstone.serving.domain.catalog import AdapterCorrupted, AdapterUnavailable, ChatTemplateMismatch, ModelVersion
@@ -55,19 +56,12 @@ def fetch_adapter(store: ObjectStore, version: ModelVersion, dest: Path, base_te
     """Download + verify; AdapterCorrupted / ChatTemplateMismatch on any doubt. Blocking: run in a thread."""
     uri = (version.artifact_uri or "").rstrip("/")
     try:
-        bucket, prefix = parse_uri(uri)
-    except ValueError as exc:
-        raise AdapterCorrupted(f"The artifact uri of `{version.name}` is invalid: {exc}") from exc
-    try:
-        raw = store.get_bytes(f"s3://{bucket}/{prefix}/{MANIFEST}")
+        manifest, _ = read_manifest(store, uri, version.artifact_sha256)
+    except (CorruptCheckpoint, ValueError) as exc:  # ValueError: not an s3:// uri
+        raise AdapterCorrupted(f"The artifact of `{version.name}` cannot be trusted: {exc}") from exc
     except Exception as exc:
         raise _read_error(f"The manifest of `{version.name}`", exc) from exc
-    if hashlib.sha256(raw).hexdigest() != version.artifact_sha256:
-        raise AdapterCorrupted(f"The manifest of `{version.name}` does not match the sha256 the registry recorded.")
-    try:
-        files = {rel: info["sha256"] for rel, info in json.loads(raw)["files"].items()}
-    except (ValueError, KeyError, TypeError, AttributeError) as exc:
-        raise AdapterCorrupted(f"The manifest of `{version.name}` is malformed: {exc}") from exc
+    files = {rel: info["sha256"] for rel, info in manifest["files"].items()}
     for rel, sha in version.files.items():
         if rel in files and files[rel] != sha:
             raise AdapterCorrupted(f"{rel} of `{version.name}`: the manifest disagrees with the registry's sha256.")
@@ -77,14 +71,12 @@ def fetch_adapter(store: ObjectStore, version: ModelVersion, dest: Path, base_te
                                "(safetensors only; pickled weights are never loaded).")
     wanted = [*REQUIRED, *(f for f in TEMPLATE_SOURCES if f in files)]
     dest.mkdir(parents=True, exist_ok=True)
-    for rel in wanted:
-        target = dest / rel
-        try:
-            store.download_file(f"s3://{bucket}/{prefix}/{rel}", target)
-        except Exception as exc:
-            raise _read_error(f"{rel} of `{version.name}`", exc) from exc
-        if sha256_file(target) != files[rel]:
-            raise AdapterCorrupted(f"{rel} of `{version.name}` does not match its sha256 in the manifest.")
+    try:
+        download_checkpoint(store, uri, dest, only=wanted, manifest=manifest)
+    except CorruptCheckpoint as exc:
+        raise AdapterCorrupted(f"The adapter `{version.name}` does not match its sha256 in the manifest: {exc}") from exc
+    except Exception as exc:
+        raise _read_error(f"The files of `{version.name}`", exc) from exc
     template = template_from(dest, set(wanted))
     if version.chat_template_sha256:
         used = template or base_template
