@@ -20,7 +20,6 @@ from whetstone.scheduler.bootstrap import build_service
 from whetstone.scheduler.config import SchedulerSettings
 
 pytestmark = pytest.mark.integration
-NOW = datetime.now(UTC)
 
 
 def client(p, tenant: str) -> openai.AsyncOpenAI:
@@ -36,6 +35,7 @@ async def dataset(settings, dataset_id: str, purpose: str) -> None:
 
 
 async def test_the_openai_client_drives_jobs_events_checkpoints_and_cancel(platform, settings, tiny_model):
+    NOW = datetime.now(UTC)   # at run time: a heartbeat stamped at import goes stale in a long suite
     async with platform(lambda: build_service(SchedulerSettings(node_timeout_s=300))) as p:
         rt, b = p["scheduler"], settings.kafka_bootstrap
         api, other = client(p, "demo"), client(p, "acme")
