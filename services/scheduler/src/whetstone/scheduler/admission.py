@@ -4,7 +4,6 @@ runs a scheduling cycle itself."""
 
 from __future__ import annotations
 
-import asyncio
 import uuid
 from datetime import UTC, datetime
 from typing import Any
@@ -134,12 +133,14 @@ async def submit_job(rt: Runtime[SchedulerContext], store: JobStore, tenant_id: 
                 "with different parameters")
         return existing, False
 
-    if existing := await store.get(req.job_id):      # a retry: answered without the work below
+    quota = ctx.config.quota_for(tenant_id, rt.settings.tenants[tenant_id])
+    existing, seen = await store.peek(req.job_id, tenant_id, month_of(ctx.clock()))
+    if existing:      # a retry: answered without the work below
         return replay(existing)
     # sizing the job reads files and the pool: done before the tenant's lock, which only covers the
     # quota check and the insert (the lock serialises one tenant's admissions)
     try:
-        model = await asyncio.to_thread(ctx.models.lookup, req.model, rt.settings.model_catalog)
+        model = await ctx.models.resolve(req.model, rt.settings.model_catalog)
     except UnknownModel as exc:
         raise Rejected("unknown_base_model", str(exc), param="model") from exc
     planned = await plan_resources(ctx, store, req, model, explicit)
@@ -147,13 +148,15 @@ async def submit_job(rt: Runtime[SchedulerContext], store: JobStore, tenant_id: 
     if dataset is not None and dataset["status"] == "accepted" and (mismatch := rules.check_method_fits_dataset(
             req.method, dataset["purpose"], dataset["data_schema"], req.training_file)):
         raise Rejected(mismatch.code, mismatch.message, param=mismatch.param)
+    if refused := quotas.check_submission(quota, seen):   # at the cap already: no need to wait for the lock
+        raise Rejected(refused.code, refused.message, 429)
     await store.lock_tenant(tenant_id)
-    if existing := await store.get(req.job_id, lock=True):
+    # read again under the tenant's lock (a statement after the lock sees every admission before it):
+    # this is the answer that counts
+    existing, usage = await store.peek(req.job_id, tenant_id, month_of(ctx.clock()))
+    if existing:
         return replay(existing)
-    quota = ctx.config.quota_for(tenant_id, rt.settings.tenants[tenant_id])
-    usage = await store.usage(tenant_id, month_of(ctx.clock()))
-    refused = quotas.check_submission(quota, usage)
-    if refused:
+    if refused := quotas.check_submission(quota, usage):
         raise Rejected(refused.code, refused.message, 429)
     job = new_job(req.job_id, tenant_id, req.idempotency_key, fingerprint, request, tier, model.model.ref, model.model.sha256,
                   planned, ctx.clock(), trace_id or str(uuid.uuid4()))

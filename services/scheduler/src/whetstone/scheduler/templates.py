@@ -5,7 +5,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import json
 from typing import Any
 
@@ -94,7 +93,7 @@ def routes(rt: Rt) -> APIRouter:
             raise bad(exc.param, exc.message) from exc
         validate(fields)
         try:   # the base model must exist, as for a job create (sizes are checked when a job names it)
-            await asyncio.to_thread(rt.ctx.models.lookup, fields["model"], rt.settings.model_catalog)
+            await rt.ctx.models.resolve(fields["model"], rt.settings.model_catalog)
         except UnknownModel as exc:
             raise ApiError(400, str(exc), code="unknown_base_model", param="model") from exc
         async with rt.uow() as uow:

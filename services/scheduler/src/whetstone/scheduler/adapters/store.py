@@ -34,6 +34,13 @@ _UPDATE = (f"UPDATE jobs SET {', '.join(f'{c} = ${i}' for i, c in enumerate(MUTA
            "WHERE job_id = $1")
 
 
+# a tenant's GPU-seconds this month and jobs in flight ($1 tenant, $2 month); the in-flight
+# predicate is the jobs_in_flight index's, spelled out
+_USAGE = ("(SELECT gpu_seconds FROM tenant_usage WHERE tenant_id = $1 AND month = $2) AS usage_seconds,"
+          " (SELECT count(*) FROM jobs WHERE tenant_id = $1 AND status NOT IN ('succeeded', 'failed', 'cancelled'))"
+          " AS usage_in_flight")
+
+
 def _job(row: asyncpg.Record) -> Job:
     return Job(**{k: row[k] for k in JOB_FIELDS})
 
@@ -103,11 +110,17 @@ class JobStore:
         await self.conn.execute("SELECT pg_advisory_xact_lock(hashtextextended('tenant:' || $1, 0))", tenant_id)
 
     async def usage(self, tenant_id: str, month: str) -> Usage:
-        row = await self.conn.fetchrow(   # the in-flight predicate is the jobs_in_flight index's, spelled out
-            "SELECT (SELECT gpu_seconds FROM tenant_usage WHERE tenant_id = $1 AND month = $2) AS seconds,"
-            " (SELECT count(*) FROM jobs WHERE tenant_id = $1"
-            "  AND status NOT IN ('succeeded', 'failed', 'cancelled')) AS in_flight", tenant_id, month)
-        return Usage((row["seconds"] or 0.0) / 3600.0, row["in_flight"])
+        row = await self.conn.fetchrow(f"SELECT {_USAGE}", tenant_id, month)
+        return Usage((row["usage_seconds"] or 0.0) / 3600.0, row["usage_in_flight"])
+
+    async def peek(self, job_id: str, tenant_id: str, month: str) -> tuple[Job | None, Usage]:
+        """The job under this id (a retry) and the tenant's usage in one round trip, without locks:
+        enough to answer a retry, or to refuse a tenant already at its cap before any sizing work."""
+        row = await self.conn.fetchrow(f"SELECT {_USAGE}, {', '.join('j.' + f for f in JOB_FIELDS)}"
+                                       " FROM (SELECT 1) one LEFT JOIN jobs j ON j.job_id = $3",
+                                       tenant_id, month, job_id)
+        usage = Usage((row["usage_seconds"] or 0.0) / 3600.0, row["usage_in_flight"])
+        return (_job(row) if row["job_id"] is not None else None), usage
 
     async def waiting_for(self, tenant_id: str, dataset_id: str) -> list[Job]:
         rows = await self.conn.fetch(
