@@ -74,3 +74,9 @@ bench-serving: venv
 .PHONY: bench-eval
 bench-eval: venv
 	$(BIN)/python bench/eval.py $(ARGS)
+
+# the chaos suite (minutes): six services as processes, ≥ 30 jobs, seeded faults; last line JSON
+.PHONY: chaos
+chaos: venv
+	rm -f .whetstone/chaos-report.json; WHETSTONE_CHAOS=1 $(BIN)/python -m pytest tests/chaos -m chaos -q -s; status=$$?; \
+	cat .whetstone/chaos-report.json 2>/dev/null || echo '{"error": "no chaos report"}'; exit $$status

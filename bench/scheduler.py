@@ -124,6 +124,7 @@ async def scheduler_on_stack(prefix: str, config, nodes: int, per_group: int):
 
     from whetstone.contracts import DatasetValidatedV1, NodeHeartbeatV1, all_topic_partitions, topic_for  # noqa: PLC0415
     from whetstone.devstack.stack import EmbeddedStack  # noqa: PLC0415
+    from whetstone.runtime.identity import mint_producer_token  # noqa: PLC0415
     from whetstone.runtime.messaging import encode, make_envelope  # noqa: PLC0415
     from whetstone.runtime.service import run_services  # noqa: PLC0415
     from whetstone.runtime.settings import CommonSettings  # noqa: PLC0415
@@ -153,6 +154,8 @@ async def scheduler_on_stack(prefix: str, config, nodes: int, per_group: int):
         try:
             async def send(event, tenant: str) -> None:
                 env = make_envelope(event, producer="bench", tenant_id=tenant)
+                if event.EVENT_TYPE == "job.requested":   # an external producer: it carries its token
+                    env = env.model_copy(update={"producer_token": mint_producer_token(tenant)})
                 await producer.send_and_wait(topic_for(event).name, encode(env), key=env.key.encode())
 
             for i in range(nodes):

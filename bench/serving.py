@@ -9,11 +9,15 @@
    in memory shows the promotion and when the adapter is resident (the split of that time).
    Cold loads (S3 -> ready) are timed by the adapter pool;
 4. throughput: the same R requests (random adapters, greedy, max_tokens T) sent at once over
-   HTTP, served with mixed-adapter batches, then with one adapter per forward pass (the
-   baseline), alternating twice; the answers must be identical in both modes. The requests come
-   from a separate client process, so the load generator does not share the server's event loop;
-   then the engine alone (no HTTP): one batch of 32 rows on 32 adapters vs the same rows one
-   adapter at a time, on the engine's worker thread;
+   HTTP, served with mixed-adapter batches and with the baseline: what a server without mixed
+   batches does, one adapter per forward pass with the requests grouped per adapter (continuous
+   batching within one adapter, up to the same batch size). One untimed round in each mode warms
+   both paths up; then the timed rounds run mixed, one-adapter, one-adapter, mixed (ABBA, so a
+   drift of the machine's load weighs on both alike); the answers must be identical in both
+   modes. The requests come from a separate client process, so the load generator does not share
+   the server's event loop;
+   then the engine alone (no HTTP): one batch of rows on as many adapters (up to --batch) vs the
+   same rows one adapter at a time, on the engine's worker thread;
 5. rollback: version B replaces A in production; then the rollback events (B archived, A back
    to production) are published and the time until A answers again is measured.
 
@@ -107,7 +111,7 @@ def engine_only(engine, prompt_ids: list[int], adapters: list[str], max_tokens: 
     from whetstone.serving.adapters.engine import GenRow
 
     def rows():
-        return [GenRow(adapter=a, prompt_ids=prompt_ids, max_tokens=max_tokens, temperature=0,
+        return [GenRow(adapter=a, prompt_ids=prompt_ids, max_tokens=max_tokens, temperature=0, stream=False,
                        emit=lambda d, f: None) for a in adapters]
 
     figures = {}
@@ -230,8 +234,11 @@ async def run(args: argparse.Namespace, tmp: Path) -> dict:
             totals = {True: [0, 0.0], False: [0, 0.0]}
             rows_per_pass = {True: [0, 0], False: [0, 0]}
             answers: dict[bool, list[str]] = {}
-            await throughput(stream[:16], 2)  # warm-up (and the client process started)
-            for mixed in (True, False, True, False):
+            for mixed in (True, False):  # warm-up of both paths, not timed (and the client process started)
+                rt.ctx.batcher.mixed = mixed
+                await throughput(stream, args.max_tokens)
+            load_before = os.getloadavg()[0]
+            for mixed in (True, False, False, True):
                 rt.ctx.batcher.mixed = mixed
                 steps, step_rows = rt.ctx.batcher.steps, rt.ctx.batcher.step_rows
                 tokens, seconds, texts = await throughput(stream, args.max_tokens)
@@ -242,6 +249,7 @@ async def run(args: argparse.Namespace, tmp: Path) -> dict:
                 answers.setdefault(mixed, texts)
                 print(f"{'mixed batches' if mixed else 'one adapter at a time'}: {tokens} tokens in {seconds:.2f}s "
                       f"= {tokens / seconds:.0f} tokens/s", flush=True)
+            load_after = os.getloadavg()[0]
             rt.ctx.batcher.mixed = True
             identical = answers[True] == answers[False]
             prompt_ids = rt.ctx.engine.encode(rt.ctx.engine.render_chat(MESSAGES, None))
@@ -275,6 +283,9 @@ async def run(args: argparse.Namespace, tmp: Path) -> dict:
     return {"adapters": len(adapters), "requests": args.requests, "max_tokens": args.max_tokens,
             "mixed_batch_tokens_per_s": round(mixed_tps, 1), "one_adapter_at_a_time_tokens_per_s": round(single_tps, 1),
             "mixed_vs_one_at_a_time": round(mixed_tps / single_tps, 2), "answers_identical": identical,
+            "baseline": "one adapter per forward pass, requests grouped per adapter",
+            "torch_threads": rt.ctx.engine.threads,
+            "load_avg_1min": {"before": round(load_before, 2), "after": round(load_after, 2), "cores": os.cpu_count()},
             "cold_loads": len(cold), "cold_load_ms_p50": pct(cold, 50), "cold_load_ms_p99": pct(cold, 99),
             "engine_only": engine_alone, "promotions": len(promo_ms),
             "promotion_to_first_answer_ms_p50": pct(promo_ms, 50), "promotion_to_first_answer_ms_p95": pct(promo_ms, 95),
@@ -294,8 +305,8 @@ def main() -> None:
     parser.add_argument("--promotions", type=int, default=50, help="adapters promoted one at a time (timed)")
     parser.add_argument("--requests", type=int, default=192)
     parser.add_argument("--max-tokens", type=int, default=16)
-    parser.add_argument("--batch", type=int, default=32)
-    parser.add_argument("--threads", type=int, default=0, help="torch threads (0: default)")
+    parser.add_argument("--batch", type=int, default=64, help="max rows per forward pass (the server's default)")
+    parser.add_argument("--threads", type=int, default=0, help="torch threads (0: the server's default, all cores but one)")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory(prefix="wt-bench-serving-") as tmp:
         result = asyncio.run(run(args, Path(tmp)))

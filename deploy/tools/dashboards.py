@@ -108,7 +108,8 @@ def bus() -> dict:
 def scheduler() -> dict:
     return dashboard("whetstone-scheduler", "Whetstone — scheduler and GPU pool",
                      "Queues per tier, admission, placement, preemption, jobs per state and the node inventory "
-                     "(from heartbeats, as the scheduler recorded them).", [
+                     "(from heartbeats, as the scheduler recorded them); queue waits at placement, and GPU/CPU "
+                     "figures per node from the trainer agents' heartbeats.", [
         panel("Queue depth by tier", ("max by (tier) (whetstone_scheduler_queue_depth)", "{{tier}}")),
         panel("Longest queue wait by tier", ("max by (tier) (whetstone_scheduler_oldest_wait_seconds)", "{{tier}}"),
               unit="s"),
@@ -137,7 +138,28 @@ def scheduler() -> dict:
         panel("Stalest heartbeat by GPU type", ("max by (gpu_type) (whetstone_node_heartbeat_age_seconds)",
                                                "{{gpu_type}}"), unit="s",
               desc="Alert WhetstoneHeartbeatsMissing."),
+        panel("Queue wait at placement p50 / p90 by tier",
+              (f"histogram_quantile(0.5, sum by (le, tier) (rate(whetstone_scheduler_queue_wait_seconds_bucket[{R}])))",
+               "p50 {{tier}}"),
+              (f"histogram_quantile(0.9, sum by (le, tier) (rate(whetstone_scheduler_queue_wait_seconds_bucket[{R}])))",
+               "p90 {{tier}}"), unit="s", desc="Observed as each job leaves the queue for a placement."),
+        panel("GPU utilisation by node (heartbeats, nvidia-smi)",
+              ("max by (node, gpu_type) (whetstone_node_gpu_utilization_ratio)", "{{node}} ({{gpu_type}})"),
+              unit="percentunit", idle=NO_GPU),
+        panel("GPU memory used / total by node",
+              ("max by (node) (whetstone_node_gpu_memory_used_bytes)", "used {{node}}"),
+              ("max by (node) (whetstone_node_gpu_memory_total_bytes)", "total {{node}}"), unit="bytes", idle=NO_GPU),
+        panel("GPU power and hottest GPU by node",
+              ("max by (node) (whetstone_node_gpu_power_watts)", "W {{node}}"),
+              ("max by (node) (whetstone_node_gpu_temperature_celsius)", "°C {{node}}"), idle=NO_GPU),
+        panel("Node CPU busy (heartbeats)", ("max by (node) (whetstone_node_cpu_utilization_ratio)", "{{node}}"),
+              unit="percentunit"),
+        panel("Trainer agent + training processes resident memory by node",
+              ("max by (node) (whetstone_node_agent_rss_bytes)", "{{node}}"), unit="bytes"),
     ])
+
+
+NO_GPU = "the demo's node is a CPU: no nvidia-smi, so no GPU figures in its heartbeats"
 
 
 def training() -> dict:
@@ -168,6 +190,10 @@ def training() -> dict:
         panel("Training handler latency p99 (agent)",
               (f'histogram_quantile(0.99, sum by (le, topic) (rate(whetstone_handler_seconds_bucket'
                f'{{service="trainer-agent"}}[{R}])))', "{{topic}}"), unit="s"),
+        panel("MFU p50 / p90 (6 x params x tokens/s over the GPUs' bf16 peak)",
+              (f"histogram_quantile(0.5, sum by (le) (rate(whetstone_training_mfu_ratio_bucket[{R}])))", "p50"),
+              (f"histogram_quantile(0.9, sum by (le) (rate(whetstone_training_mfu_ratio_bucket[{R}])))", "p90"),
+              unit="percentunit", idle="MFU needs a GPU of a known type; the demo trains on CPU"),
     ])
 
 

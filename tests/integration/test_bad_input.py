@@ -9,7 +9,7 @@ import pytest
 from whetstone.contracts import DatasetSubmittedV1, JobRequestedV1, dataset_id_for, job_id_for
 from whetstone.ingest.bootstrap import build_service as ingest
 from whetstone.runtime.identity import identity_headers
-from whetstone.devstack.testing import outbox, send_event, wait_until
+from whetstone.devstack.testing import outbox, producer_token, send_event, wait_until
 from whetstone.scheduler.bootstrap import build_service as scheduler
 from whetstone.scheduler.config import SchedulerSettings
 
@@ -91,9 +91,10 @@ async def test_job_requests_over_kafka_from_unknown_tenants_or_for_unknown_model
     b = settings.kafka_bootstrap
     async with platform(scheduler) as p:
         await send_event(b, JobRequestedV1(job_id=job_id_for("nobody", "k"), idempotency_key="k", model="m",
-                                           training_file="ds-1"), "nobody")
+                                           training_file="ds-1"), "nobody", producer_token=producer_token("nobody"))
         await send_event(b, JobRequestedV1(job_id=job_id_for("demo", "k2"), idempotency_key="k2",
-                                           model="no-such-model", training_file="ds-1"), "demo")
+                                           model="no-such-model", training_file="ds-1"), "demo",
+                         producer_token=producer_token("demo"))
 
         async def failures():
             got = {e["payload"]["code"] for e in await outbox(p["scheduler"], "job.failed")}

@@ -63,7 +63,7 @@ async def test_quota_usage_follows_the_ledger_through_segments_totals_and_later_
 
         # the operator charges it after the job closed: reversals and new charges reach the quota too
         r = await c.post(f"/v1/usage/jobs/{job}/review", json={"decision": "charge", "note": "user OOM"},
-                         headers=identity_headers(T, ("admin",), key_id="ops"))
+                         headers=identity_headers("platform", ("admin",), key_id="ops"))
         assert r.status_code == 200, r.text
         charged = await ledger_sums(meter)
         assert charged[1] > held[1] and charged[0] == 30 * 60 + 2 * 3600

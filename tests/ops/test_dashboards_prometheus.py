@@ -130,6 +130,33 @@ def whet_dev(settings, tmp_path: Path, monkeypatch):
         proc.wait(timeout=30)
 
 
+async def check_trace(job_id: str) -> None:
+    """`whet jobs trace` on the finished job (services found through the file `whet dev` wrote): its
+    events from the topics in production order, each with the services that consumed it, their
+    consumer lag and handler latency, none negative."""
+    proc = await asyncio.create_subprocess_exec(sys.executable, "-m", "whetstone.cli", "jobs", "trace", job_id, "--json",
+                                                stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    out, err = await asyncio.wait_for(proc.communicate(), timeout=120)
+    assert proc.returncode == 0, err.decode()[-3000:]
+    trace = json.loads(out)
+    assert not trace["unanswered"], trace["unanswered"]
+    events = trace["events"]
+    produced = [e["produced_at"] for e in events]
+    assert produced == sorted(produced)
+    types = [e["event_type"] for e in events]
+    for expected in ("job.queued", "job.assigned", "job.started", "job.progress", "checkpoint.written",
+                     "job.completed", "eval.completed", "model.registered", "usage.metered"):
+        assert expected in types, (expected, types)
+    assert types.index("job.queued") < types.index("job.assigned") < types.index("job.completed")
+    consumers = {c["service"] for e in events for c in e["consumers"]}
+    assert {"scheduler", "trainer-agent", "eval", "registry", "metering"} <= consumers, consumers
+    by_type = {e["event_type"]: {c["service"] for c in e["consumers"]} for e in events}
+    assert "trainer-agent" in by_type["job.assigned"] and "scheduler" in by_type["job.completed"]
+    hops = [c for e in events for c in e["consumers"]]
+    assert all(c["lag_s"] >= 0 and c["handler_s"] >= 0 and c["outcome"] == "handled" for c in hops), hops
+    assert all(e["producer"] and e["offset"] is not None for e in events)
+
+
 async def test_every_dashboard_panel_has_data_from_a_real_workload(settings, whet_dev, prometheus):
     ports = await whet_dev()
     assert {"ingest", "scheduler", "trainer-agent", "eval", "registry", "metering"} <= set(ports)
@@ -156,6 +183,7 @@ async def test_every_dashboard_panel_has_data_from_a_real_workload(settings, whe
                                     "checkpoint_every_steps": 8, "lora_r": 8}}
         result = await create_and_follow(ports, "demo", body, key="ops-1")
         assert result["job"]["status"] == "succeeded", result["job"]
+        await check_trace(result["job"]["id"])
         # an upload event delivered twice (same event id): the second copy is absorbed by ingest's inbox
         dup = DatasetSubmittedV1(dataset_id="ds-" + "0" * 24, name="dup", source_uri=f"s3://{settings.bucket}/missing")
         await send_event(bootstrap, dup, "demo", times=2)

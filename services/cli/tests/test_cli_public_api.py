@@ -45,6 +45,14 @@ async def test_cli_over_the_public_api(platform, settings, monkeypatch, capsys):
             assert code == 1 and "tenant_not_found" in out[-1], out  # unknown tenant: refused, said why
             code, out = await asyncio.to_thread(run, "keys", "list", "--json")
             assert code == 0 and [k["name"] for k in json.loads("\n".join(out))] == ["cli"]
+            # a producer token for external job.requested producers: shown once, listed and revoked like a key
+            code, out = await asyncio.to_thread(run, "keys", "create-producer", "demo", "--name", "feed")
+            assert code == 0 and out[-1].startswith("whp_") and ".demo." in out[-1] and "producer-token" in out[0], out
+            code, out = await asyncio.to_thread(run, "keys", "list", "--json")
+            token = next(k for k in json.loads("\n".join(out)) if k["object"] == "producer_token")
+            assert token["name"] == "feed" and token["status"] == "active"
+            code, out = await asyncio.to_thread(run, "keys", "revoke", token["id"])
+            assert code == 0 and out[-1] == f"revoked {token['id']} (tenant demo)"
 
             code, out = await asyncio.to_thread(run, "files", "upload", str(DATASET), "--wait")
             assert code == 0 and out[-1].startswith("ds-") and "processed" in out[0]

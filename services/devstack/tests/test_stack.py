@@ -269,3 +269,40 @@ def test_a_durable_broker_keeps_every_acknowledged_record_across_a_crash(tmp_pat
         assert asyncio.run(consume(60, commit=False, group="fresh")) == [f"order-{i}" for i in range(60)]
     finally:
         stack.stop()
+
+
+def test_postgres_and_s3_stop_and_come_back_with_their_data(tmp_path):
+    """Fault injection for the chaos suite: one server stopped (a crash for PostgreSQL) and started again on the
+    same port with the same data; the others keep running meanwhile."""
+    from botocore.config import Config
+    from botocore.exceptions import EndpointConnectionError
+
+    stack = EmbeddedStack(tmp_path / "stack", buckets=["kept-data"], log=lambda m: None)
+    endpoints = stack.start()
+
+    async def pg(sql: str):
+        conn = await asyncpg.connect(endpoints.database_url)
+        try:
+            return await conn.fetchval(sql)
+        finally:
+            await conn.close()
+
+    try:
+        asyncio.run(pg("CREATE TABLE kept AS SELECT 42 AS answer"))
+        _s3(endpoints).put_object(Bucket="kept-data", Key="k", Body=b"kept")
+        stack.stop_component("postgres", kill=True)
+        with pytest.raises((OSError, asyncpg.PostgresError)):
+            asyncio.run(pg("SELECT 1"))
+        stack.start_component("postgres")
+        assert asyncio.run(pg("SELECT answer FROM kept")) == 42
+        stack.stop_component("s3")
+        with pytest.raises(EndpointConnectionError):
+            boto3.client("s3", endpoint_url=endpoints.s3_endpoint, region_name="us-east-1",
+                         aws_access_key_id="x", aws_secret_access_key="y",
+                         config=Config(retries={"max_attempts": 1}, connect_timeout=1)).list_buckets()
+        stack.start_component("s3")
+        assert _s3(endpoints).get_object(Bucket="kept-data", Key="k")["Body"].read() == b"kept"
+        with pytest.raises(RuntimeError, match="no embedded kafka"):
+            EmbeddedStack(tmp_path / "other", log=lambda m: None).stop_component("kafka")
+    finally:
+        stack.stop()

@@ -124,6 +124,7 @@ def test_events_in_order_and_final_adapter_beats_base(full_run, tiny_base, data_
         assert event["total_steps"] == TOTAL_STEPS
         for key in ("epoch", "loss", "grad_norm", "learning_rate", "tokens_per_s", "samples_per_s"):
             assert isinstance(event[key], (int, float)), key
+        assert event["step_time_s"] > 0 and event["mfu"] is None  # CPU: no peak FLOP/s, no MFU
     assert progress[-1]["epoch"] == pytest.approx(3.0)
 
     checkpoints = run.of("checkpoint")

@@ -56,3 +56,7 @@ class Envelope(Contract):
     trace_id: str = Field(default_factory=lambda: uuid.uuid4().hex)
     key: str
     payload: dict[str, Any]
+    # External producers of `job.requested` prove who they publish for with a platform-signed
+    # token (`whet keys create-producer TENANT`); services leave it unset on their own events.
+    producer_token: str | None = Field(default=None, max_length=512,
+                                       description="platform-signed producer token (external producers only)")

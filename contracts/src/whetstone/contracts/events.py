@@ -11,6 +11,9 @@ from .base import Contract, Event
 
 Purpose = Literal["sft", "dpo", "cpt", "eval"]
 Method = Literal["lora", "qlora", "full", "dpo", "orpo", "cpt"]
+# a job's resolved method: what a tenant may request, plus the platform's own merge job (an adapter
+# merged into its base on request: POST /v1/models/{id}/merged)
+SpecMethod = Literal["lora", "qlora", "full", "dpo", "orpo", "cpt", "merge"]
 ErrorClass = Literal["user", "platform", "ambiguous"]
 CheckpointKind = Literal["periodic", "emergency", "final"]
 
@@ -117,6 +120,16 @@ class JobRequestedV1(Event):
         default=None, description="per-job eval gate settings (stages, thresholds); absent: tenant defaults")
 
 
+class MergeSource(Contract):
+    """A merge job's input: a registered model's adapter, pinned by its manifest's sha256."""
+
+    merge_id: str
+    model_id: str
+    adapter_uri: str = Field(description="s3:// prefix of the adapter artifact (manifest.json inside)")
+    adapter_manifest_sha256: str
+    source_job_id: str = Field(description="the training job that produced the adapter")
+
+
 class TrainingSpec(Contract):
     """Everything a trainer needs to run the job, resolved by the scheduler."""
 
@@ -126,10 +139,11 @@ class TrainingSpec(Contract):
     dataset_version: str
     train_uri: str
     validation_uri: str | None = None
-    method: Method
+    method: SpecMethod
     hyperparameters: dict[str, Any]
     hyperparameters_hash: str
     eval_config: dict[str, Any] | None = Field(default=None, description="the job's eval gate settings, as requested")
+    merge: MergeSource | None = Field(default=None, description="method merge: the adapter to merge into the base")
 
 
 class Resources(Contract):
@@ -237,6 +251,9 @@ class JobProgressV1(Event):
     tokens_seen: int | None = None
     token_accuracy: float | None = None
     gpu_utilization: float | None = None
+    step_time_s: float | None = Field(default=None, ge=0, description="mean wall time per optimizer step since the last report")
+    mfu: float | None = Field(default=None, ge=0, description="model FLOPs utilisation: 6 * params * tokens/s over the"
+                              " GPUs' peak bf16 FLOP/s; absent on CPU or an unknown GPU type")
 
 
 class CheckpointWrittenV1(Event):
@@ -462,6 +479,18 @@ class UsageMeteredV1(Event):
 # --------------------------------------------------------------------- nodes
 
 
+class GpuSample(Contract):
+    """One GPU as `nvidia-smi --query-gpu` reports it (a field it cannot read is None)."""
+
+    index: int = Field(ge=0)
+    name: str | None = None
+    utilization_pct: float | None = Field(default=None, ge=0)
+    memory_used_mb: float | None = Field(default=None, ge=0)
+    memory_total_mb: float | None = Field(default=None, ge=0)
+    power_w: float | None = Field(default=None, ge=0)
+    temperature_c: float | None = None
+
+
 class NodeHeartbeatV1(Event):
     EVENT_TYPE = "node.heartbeat"
     node_id: str
@@ -476,6 +505,9 @@ class NodeHeartbeatV1(Event):
     address: str | None = Field(
         default=None, description="host name or IP the other nodes of a multi-node gang reach this node at"
                                   " (rank 0 hosts the rendezvous); the node_id when absent")
+    gpus: list[GpuSample] = Field(default_factory=list, description="per-GPU figures from nvidia-smi, when present")
+    cpu_percent: float | None = Field(default=None, ge=0, description="node CPU busy %, since the last heartbeat")
+    rss_mb: float | None = Field(default=None, ge=0, description="resident memory of the agent and its training processes")
 
 
 # ---------------------------------------------------------------------- dlq

@@ -144,9 +144,9 @@ async def test_eval_requested_is_answered_once_per_request_and_never_on_other_ba
         await send_event(b, request("req-ok", sha), "acme", times=2)        # redelivered
         await send_event(b, request("req-drift", "f" * 64), "acme")         # the catalog's weights are not f...
         await send_event(b, request("req-foreign", sha), "other")           # another tenant's adapter
-        answers = await wait_until(lambda: _answers(rt, 4), 180, "4 eval.completed for job-r")
+        answers = await wait_until(lambda: _answers(rt, 3), 180, "3 eval.completed for job-r")
         by_request = {a["payload"]["request_id"]: a for a in answers}
-        assert len(by_request) == 4 and None in by_request                  # the job's own eval coexists
+        assert len(by_request) == 3 and None in by_request                  # the job's own eval coexists
 
         ok = by_request["req-ok"]
         assert ok["tenant_id"] == "acme" and ok["payload"]["base_model_sha256"] == sha
@@ -161,14 +161,14 @@ async def test_eval_requested_is_answered_once_per_request_and_never_on_other_ba
         assert f"sha256 {sha[:12]}, not the pinned {'f' * 12}" in drift["stages"][0]["reason"]
         assert all(s["status"] == "skipped" for s in drift["stages"][1:])   # nothing run on other weights
 
-        foreign = by_request["req-foreign"]
-        assert foreign["tenant_id"] == "other" and foreign["payload"]["verdict"] == "failed"
-        assert "not stored under tenant other" in foreign["payload"]["stages"][0]["reason"]
+        # another tenant naming acme's job is refused before any work: a dead letter with the reason
+        letters = await wait_until(lambda: outbox(rt, "eval.requested.dlq"), 30, "the foreign request dead-lettered")
+        assert len(letters) == 1 and "tenant_mismatch" in letters[0]["payload"]["error"]
 
         # the later requests on the same partition were answered, so the duplicate was consumed: one answer
-        assert len(await _answers(rt, 0)) == 4
+        assert len(await _answers(rt, 0)) == 3
         runs = await rt.pool.fetch("SELECT run_id, status FROM eval_runs WHERE job_id = 'job-r' ORDER BY run_id")
-        assert [r["status"] for r in runs] == ["done"] * 4
+        assert [r["status"] for r in runs] == ["done"] * 3
 
 
 async def _answers(rt, at_least):

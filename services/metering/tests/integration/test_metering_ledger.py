@@ -149,13 +149,13 @@ async def test_an_ambiguous_failure_is_held_for_review_until_an_operator_decides
             usage = (await c.get(f"/v1/usage/jobs/{job}", headers=identity_headers(T))).json()
             assert usage["total"]["charge_class"] == "review" and usage["total"]["cost"] == 0
             assert usage["total"]["list_cost"] == pytest.approx(10.0)
-            held = (await c.get("/v1/usage/reviews", headers=identity_headers("ops", ("admin",), key_id="ops"))).json()["data"]
+            held = (await c.get("/v1/usage/reviews", headers=identity_headers("platform", ("admin",), key_id="ops"))).json()["data"]
             assert held == [{"job_id": job, "tenant_id": T, "segments": 1, "held_usd": 10.0}]
             r = await c.post(f"/v1/usage/jobs/{job}/review", json={"decision": "charge", "note": "user OOM"},
-                             headers=identity_headers("ops", ("admin",), key_id="ops"))
+                             headers=identity_headers("platform", ("admin",), key_id="ops"))
             assert r.status_code == 200, r.text
             again = await c.post(f"/v1/usage/jobs/{job}/review", json={"decision": "refund"},
-                                 headers=identity_headers("ops", ("admin",), key_id="ops"))
+                                 headers=identity_headers("platform", ("admin",), key_id="ops"))
             assert again.status_code == 409
             usage = (await c.get(f"/v1/usage/jobs/{job}", headers=identity_headers(T))).json()
             assert usage["total"]["charge_class"] == "charged" and usage["total"]["cost"] == pytest.approx(10.0)
@@ -202,7 +202,7 @@ async def test_bad_input_is_an_anomaly_never_a_charge_and_never_stops_the_consum
         cost = await rt.pool.fetchval("SELECT sum(cost) FROM ledger WHERE job_id = 'j-unknown' AND scope = 'segment'")
         assert float(cost) == pytest.approx(0.8)
         async with httpx.AsyncClient(base_url=p.url("metering")) as c:
-            listed = (await c.get("/v1/usage/anomalies", headers=identity_headers("ops", ("admin",), key_id="ops"))).json()["data"]
+            listed = (await c.get("/v1/usage/anomalies", headers=identity_headers("platform", ("admin",), key_id="ops"))).json()["data"]
             assert {a["code"] for a in listed} == set(found.values()) - {"unknown_job"}
 
 

@@ -45,3 +45,21 @@ def test_admin_allows_everything_and_errors_say_do_not_retry():
     assert e.body() == {"error": {"message": "conflict", "type": "invalid_request_error",
                                   "param": "Idempotency-Key", "code": "idempotency_conflict"}}
     assert "x-should-retry" not in ApiError(503, "busy", type="server_error").headers
+
+
+def test_a_producer_token_names_its_tenant_and_cannot_be_edited_or_forged():
+    from whetstone.runtime.identity import mint_producer_token, verify_producer_token
+
+    secret = b"platform"
+    token = mint_producer_token("demo", secret, token_id="0123456789abcdef")
+    assert token.startswith("whp_0123456789abcdef.demo.") and len(token) == len("whp_") + 16 + 1 + 4 + 1 + 32
+    assert verify_producer_token(token, secret) == ("0123456789abcdef", "demo")
+    assert verify_producer_token(f" {token}\n", secret) == ("0123456789abcdef", "demo")
+    assert verify_producer_token(token.replace(".demo.", ".acme."), secret) is None      # another tenant
+    assert verify_producer_token(token, b"other secret") is None                           # not this platform's
+    assert verify_producer_token(mint_producer_token("demo", b"other secret"), secret) is None
+    assert verify_producer_token(token[:-1] + ("0" if token[-1] != "0" else "1"), secret) is None
+    for junk in ("", "whp_", "wsk-0123456789ab-" + "0" * 48, token + ".x", "whp_XYZ.demo." + "0" * 32):
+        assert verify_producer_token(junk, secret) is None
+    with pytest.raises(ValueError):
+        mint_producer_token("no spaces allowed", secret)

@@ -17,6 +17,7 @@ from whetstone.contracts import (
 from whetstone.devstack.testing import consume_all, outbox, send_event, wait_until
 from whetstone.metering.bootstrap import build_service as metering
 from whetstone.runtime.identity import identity_headers as ident
+from whetstone.scheduler.adapters.store import JobStore
 
 from .test_scheduler_service import assigned, get, heartbeat, post, scheduler, validated
 
@@ -219,3 +220,30 @@ async def test_admission_refuses_what_it_can_know_and_fits_defaults_to_the_model
         assert view["error"]["param"] == "training_file" and view["error"]["code"] == "method_dataset_mismatch"
         assert not [e for e in await outbox(rt, "job.assigned") if e["payload"]["job_id"] == later["id"]]
         assert (await c.get(f"/v1/fine_tuning/jobs/{later['id']}", headers=ident("demo"))).status_code == 200
+
+
+async def test_a_job_whose_dataset_verdict_landed_unseen_is_queued_not_failed_as_the_users_error(platform, settings,
+                                                                                                tiny_model):
+    """The race the chaos suite found: `dataset.validated` commits while the job is being created, so
+    the handler's look for waiting jobs misses it and the job's own read missed the verdict. Here the
+    verdict is written straight into the table (no handler, no wake): the watcher must queue the job,
+    not fail it after `dataset_wait_s` as `training_file_not_validated`."""
+    async with platform(scheduler(unknown_dataset_grace_s=1.0, dataset_wait_s=30.0)) as p, \
+            httpx.AsyncClient(base_url=p.url("scheduler"), timeout=30) as c:
+        rt = p["scheduler"]
+        await heartbeat(settings, "n1")
+        job = (await post(c, "demo", "unseen")).json()
+        assert job["state"] == "validating_files", job
+        await rt.pool.execute("INSERT INTO dataset_submissions (tenant_id, dataset_id, submitted_at)"
+                              " VALUES ('demo', 'ds-1', now()) ON CONFLICT DO NOTHING")
+        verdict = DatasetValidatedV1(dataset_id="ds-1", version="cd" * 32, name="d.jsonl", status="accepted",
+                                     rows_total=200, rows_kept=200, tokens_total=5000,
+                                     train_uri="s3://whetstone/tenants/demo/datasets/ds-1/train.jsonl")
+        async with rt.uow() as uow:
+            await JobStore(uow).dataset_validated("demo", verdict)
+
+        async def moved_on():
+            state = (await get(c, "demo", job["id"]))["state"]
+            return state if state != "validating_files" else None
+        state = await wait_until(moved_on, 20, "the job to leave validating_files")
+        assert state in ("queued", "running", "provisioning", "assigned"), state

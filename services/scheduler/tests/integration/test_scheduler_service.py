@@ -12,7 +12,7 @@ from whetstone.contracts import (
     CheckpointRef, CheckpointWrittenV1, DatasetValidatedV1, JobCompletedV1, JobFailedV1, JobPreemptedV1,
     JobRequestedV1, JobStartedV1, NodeHeartbeatV1, ResourceRequest, UsageMeteredV1, job_id_for,
 )
-from whetstone.devstack.testing import outbox, send_event, wait_until
+from whetstone.devstack.testing import outbox, producer_token, send_event, wait_until
 from whetstone.runtime.identity import identity_headers as ident
 from whetstone.scheduler.bootstrap import build_service
 from whetstone.scheduler.config import QuotaSettings, SchedulerSettings
@@ -156,7 +156,7 @@ async def test_bad_input_is_rejected_at_admission_and_gangs_stay_in_one_group(pl
         # the same checks on the Kafka entry point answer with job.failed
         await send_event(settings.kafka_bootstrap, JobRequestedV1(
             job_id=job_id_for("demo", "kafka-1"), idempotency_key="kafka-1", model="no-such-model",
-            training_file="ds-1"), "demo")
+            training_file="ds-1"), "demo", producer_token=producer_token("demo"))
         async def kafka_failure():
             return [e["payload"] for e in await outbox(rt, "job.failed")
                     if e["payload"]["job_id"] == job_id_for("demo", "kafka-1")]
@@ -165,7 +165,7 @@ async def test_bad_input_is_rejected_at_admission_and_gangs_stay_in_one_group(pl
         # an explicit resource request travels on Kafka too
         await send_event(settings.kafka_bootstrap, JobRequestedV1(
             job_id=job_id_for("demo", "kafka-2"), idempotency_key="kafka-2", model=big_model, training_file="ds-1",
-            resources=ResourceRequest(gpu_type="cpu", gpus_per_node=1)), "demo")
+            resources=ResourceRequest(gpu_type="cpu", gpus_per_node=1)), "demo", producer_token=producer_token("demo"))
 
         async def kafka_failure_2():
             return [e["payload"] for e in await outbox(rt, "job.failed")

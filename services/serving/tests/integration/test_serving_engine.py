@@ -28,19 +28,29 @@ def test_mixed_batch_matches_peft_adapter_names(tiny_base, sample_adapters):
     assert not torch.allclose(got[0], got[1], atol=1e-2)  # the rows really took different weights
 
     # generation: a mixed batch gives each row what a batch of its adapter alone gives
-    def run(names, mixed):
+    def run(names, mixed, stream=True):
         out = {}
-        rows = [GenRow(adapter=n, prompt_ids=list(ids[0]), max_tokens=6, temperature=0,
+        rows = [GenRow(adapter=n, prompt_ids=list(ids[0]), max_tokens=6, temperature=0, stream=stream,
                        emit=lambda d, f, k=k: out.__setitem__(k, out.get(k, "") + d)) for k, n in enumerate(names)]
         engine.generate(rows, mixed=mixed)
         return [out.get(k, "") for k in range(len(names))]
 
     mixed = run(["a0", "a1", "a0"], True)
     assert mixed == [run(["a0"], False)[0], run(["a1"], False)[0], run(["a0"], False)[0]]
+    assert run(["a0", "a1", "a0"], True, stream=False) == mixed  # decoded once at the end: the same text
     with pytest.raises(ValueError):
         run(["a0", "a1"], False)
+    slot = engine.adapters["a0"]
+    with torch.inference_mode():  # the gathered weights of these rows are kept between passes...
+        engine.lora.use([slot])
+        engine.model(input_ids=ids[:1])
     engine.unload("a0")
     assert "a0" not in engine.adapters and engine.lora.users["model.layers.0.self_attn.q_proj"] == 1
+    engine.load("b", engine.read(sample_adapters[1]))
+    assert engine.adapters["b"] == slot
+    with torch.inference_mode():  # ...but a slot given other weights is gathered again
+        engine.lora.use([slot])
+        assert torch.allclose(engine.model(input_ids=ids[:1]).logits, want[1:2], atol=1e-4)
 
 
 def test_rows_joining_mid_generation_answer_as_if_alone(tiny_base, sample_adapters):

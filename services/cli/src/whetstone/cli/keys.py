@@ -1,4 +1,5 @@
-"""`whet keys create|list|revoke`: API keys, managed by an operator who holds the internal secret
+"""`whet keys create|create-producer|list|revoke`: API keys and producer tokens (for external
+`job.requested` producers; set the token in the envelope's `producer_token`), managed by an operator who holds the internal secret
 (WHETSTONE_INTERNAL_SECRET or <data_dir>/internal.secret), talking to the scheduler directly.
 With `--via-api`, an `admin` key (WHETSTONE_API_KEY) manages its own tenant's keys through the
 public API instead."""
@@ -25,8 +26,8 @@ def scheduler_url() -> str:
 def operator_call(method: str, path: str, body: dict | None = None, params: dict | None = None,
                   base_url: str | None = None) -> Any:
     """A call to the scheduler signed with the internal secret (never a tenant's key)."""
-    from whetstone.runtime.identity import internal_headers, internal_secret  # noqa: PLC0415
-    from whetstone.runtime.settings import CommonSettings  # noqa: PLC0415
+    from whetstone.runtime.identity import internal_headers, internal_secret
+    from whetstone.runtime.settings import CommonSettings
 
     secret = internal_secret(CommonSettings().data_dir)
     try:
@@ -51,8 +52,13 @@ def create_key(tenant: str, *, name: str = "", scopes: list[str] | None = None, 
     return operator_call("POST", "/v1/keys", key_body(tenant, name, scopes, rate_limit), base_url=base_url)
 
 
+def create_producer_token(tenant: str, *, name: str = "", base_url: str | None = None) -> dict:
+    return operator_call("POST", "/v1/keys/producer_tokens", {"tenant_id": tenant, "name": name}, base_url=base_url)
+
+
 def _print_key(k: dict) -> None:
-    print(f"{k['id']}  tenant={k['tenant_id']}  name={k['name'] or '-'}  scopes={','.join(k['scopes'])}  "
+    kind = "  producer-token" if k.get("object") == "producer_token" else ""
+    print(f"{k['id']}{kind}  tenant={k['tenant_id']}  name={k['name'] or '-'}  scopes={','.join(k['scopes'])}  "
           f"status={k['status']}")
 
 
@@ -70,6 +76,19 @@ def cmd_keys(args: argparse.Namespace) -> int:
                 _print_key(key)
                 print("the key below is shown once; it is stored only as a hash:", file=sys.stderr)
             print(key["key"])  # always the last line
+        elif args.action == "create-producer":
+            if args.via_api:
+                with Api() as api:
+                    token = api.post("/keys/producer_tokens", {"tenant_id": args.tenant, "name": args.name or ""})
+            else:
+                token = create_producer_token(args.tenant, name=args.name or "")
+            if args.json:
+                print(dumps(token))
+            else:
+                _print_key(token)
+                print("the producer token below is shown once; put it in each job.requested envelope's "
+                      "`producer_token`:", file=sys.stderr)
+            print(token["token"])  # always the last line
         elif args.action == "list":
             if args.via_api:
                 with Api() as api:
@@ -102,11 +121,15 @@ def add_parser(sub) -> None:
     create.add_argument("--scope", action="append", choices=["read", "write", "models:promote", "admin"],
                         help="repeatable; default read + write")
     create.add_argument("--rate-limit", type=float, help="requests per second for this key")
+    producer = actions.add_parser("create-producer", help="a producer token for TENANT's external job.requested "
+                                  "producers, printed on the last line (shown once); revoke it like a key")
+    producer.add_argument("tenant")
+    producer.add_argument("--name", default="")
     lst = actions.add_parser("list")
     lst.add_argument("--tenant")
     revoke = actions.add_parser("revoke")
     revoke.add_argument("key_id")
-    for p in (create, lst, revoke):
+    for p in (create, producer, lst, revoke):
         p.add_argument("--json", action="store_true")
         p.add_argument("--via-api", action="store_true", help="use WHETSTONE_API_KEY (admin scope) and the public API")
         p.set_defaults(fn=cmd_keys)

@@ -7,6 +7,7 @@
   whet datasets upload FILE     put a dataset in S3 and publish dataset.submitted
   whet datasets check FILE      validate a dataset offline
   whet files|jobs|models|usage  the public API (WHETSTONE_API_KEY, WHETSTONE_BASE_URL; --json)
+  whet jobs trace JOB           a job's events across topics and services: lag, handler latency (operators)
   whet demo                     everything above, end to end, then shut down
 """
 
@@ -19,7 +20,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from . import dlq, keys, public
+from . import dlq, keys, public, trace
 from .dev import all_service_builders  # noqa: F401  (re-exported: tests and tools import it here)
 
 
@@ -46,11 +47,21 @@ def cmd_stack_up(args: argparse.Namespace) -> int:
 def cmd_dev(args: argparse.Namespace) -> int:
     from .dev import run_platform  # noqa: PLC0415
 
+    from whetstone.runtime.settings import CommonSettings  # noqa: PLC0415
+
+    data_dir = CommonSettings().data_dir
+    written: list[Path] = []
+
     def ready(upstreams: dict[str, str], gateway) -> None:
+        written.append(trace.write_services_file(data_dir, upstreams))  # for `whet jobs trace`
         print("services: " + "  ".join(f"{k}={v}" for k, v in upstreams.items()), flush=True)
         print(f"public API: {gateway.url}/v1  (create a key: whet keys create demo)", flush=True)
 
-    asyncio.run(run_platform(api_port=args.api_port, ready=ready))
+    try:
+        asyncio.run(run_platform(api_port=args.api_port, ready=ready))
+    finally:
+        for path in written:
+            path.unlink(missing_ok=True)
     return 0
 
 
@@ -193,6 +204,8 @@ def main(argv: list[str] | None = None) -> int:
     keys.add_parser(sub)
     dlq.add_parser(sub)
     public.add_parsers(sub)
+    jobs = next(a for a in sub.choices["jobs"]._actions if isinstance(a, argparse._SubParsersAction))
+    trace.add_parser(jobs)
     models = next(a for a in sub.choices["models"]._actions if isinstance(a, argparse._SubParsersAction))
     tiny = models.add_parser("create-tiny", help="a tiny random Llama + tokenizer in the local model catalog")
     tiny.add_argument("name", nargs="?", default="tiny-llama")

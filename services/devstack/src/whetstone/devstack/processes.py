@@ -46,6 +46,7 @@ class _Child:
     stop_signal: signal.Signals = signal.SIGTERM
     signal_whole_group: bool = True  # False: send stop_signal to the leader only (postgres)
     stop_timeout_s: float = STOP_TIMEOUT_S
+    relaunch: Callable[[], _Child] | None = None  # the same server again (same args, ports and data)
 
     @property
     def pid(self) -> int:
@@ -138,6 +139,12 @@ def _spawn(
                 extra_groups=[] if run_as else None,
             )
 
+    def relaunch() -> _Child:
+        again = log_file if ".restarted" in log_file.name else log_file.with_suffix(f".restarted{log_file.suffix}")
+        return _spawn(name, args, again, env=env, cwd=cwd,
+                      run_as=run_as, stop_signal=stop_signal, signal_whole_group=signal_whole_group,
+                      stop_timeout_s=stop_timeout_s)
+
     return _Child(
         name=name,
         popen=_SPAWNER.call(popen),
@@ -145,6 +152,7 @@ def _spawn(
         stop_signal=stop_signal,
         signal_whole_group=signal_whole_group,
         stop_timeout_s=stop_timeout_s,
+        relaunch=relaunch,
     )
 
 

@@ -129,6 +129,7 @@ class EmbeddedStack:
         self._buckets = list(buckets)
         self._log = log
         self._children: list[_Child] = []
+        self._stopped: dict[str, _Child] = {}  # stop_component -> start_component
         self._cleanup_paths: list[Path] = []
         self._lock = threading.Lock()
         self.endpoints: StackEndpoints | None = None
@@ -232,21 +233,37 @@ class EmbeddedStack:
     def restart_broker(self, *, kill: bool = True) -> None:
         """Stop the embedded broker (SIGKILL by default, as a crash would) and start it again on the
         same port. With durable storage every acknowledged record is still there afterwards."""
+        if self.endpoints is None or self._kafka_port is None:
+            raise RuntimeError("the stack has no embedded broker running")
+        self.stop_component("kafka", kill=kill)
+        self.start_component("kafka")
+
+    def stop_component(self, name: str, *, kill: bool = False) -> None:
+        """Stop one embedded server ("kafka", "postgres" or "s3"), gracefully or by SIGKILL of its group, keeping
+        its data and ports; `start_component` brings the same server back. For fault injection."""
         with self._lock:
-            if self.endpoints is None or self._kafka_port is None:
-                raise RuntimeError("the stack has no embedded broker running")
-            broker = next(c for c in self._children if c.name.startswith("kafka"))
+            child = next((c for c in self._children if c.name.split(" ")[0] == name), None)
+            if child is None:
+                raise RuntimeError(f"no embedded {name} server is running")
             if kill:
-                _signal_group(broker.pid, signal.SIGKILL)
-                broker.popen.wait(timeout=STOP_TIMEOUT_S)
+                _signal_group(child.pid, signal.SIGKILL)
+                child.popen.wait(timeout=STOP_TIMEOUT_S)
             else:
-                _stop_children([broker])
-            self._children.remove(broker)
-            plan = _Plan()
-            bootstrap = self._launch_kafka(plan)
-            assert plan.kafka is not None
+                _stop_children([child])
+            self._children.remove(child)
+            self._stopped[name] = child
+
+    def start_component(self, name: str) -> None:
+        with self._lock:
+            if name == "s3":
+                _remove_stale_weed_sockets()
+            child = self._add_child(self._stopped.pop(name).relaunch())
+            assert self.endpoints is not None
+            e = self.endpoints
+            probe = {"kafka": lambda: _probe_kafka(e.kafka_bootstrap), "postgres": lambda: _probe_postgres(e.database_url),
+                     "s3": _S3Probe(e.s3_endpoint, e.s3_access_key, e.s3_secret_key)}[name]
             began = time.monotonic()
-            _run_coroutine(lambda: self._wait_ready(plan.kafka, lambda: _probe_kafka(bootstrap), began))
+            _run_coroutine(lambda: self._wait_ready(child, probe, began))
 
     def _launch_s3(self, plan: _Plan) -> str:
         _remove_stale_weed_sockets()

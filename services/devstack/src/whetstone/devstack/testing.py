@@ -129,6 +129,14 @@ async def send_event(bootstrap: str, event: Event, tenant_id: str, times: int = 
     return env
 
 
+def producer_token(tenant_id: str) -> str:
+    """A producer token for `tenant_id`, signed with this machine's internal secret (the one the
+    services under test read): what an external `job.requested` producer must send."""
+    from whetstone.runtime.identity import mint_producer_token  # noqa: PLC0415
+
+    return mint_producer_token(tenant_id)
+
+
 async def wait_until(check: Callable[[], Awaitable[Any]], timeout: float = 30.0, what: str = "condition") -> Any:
     deadline = time.monotonic() + timeout
     while True:

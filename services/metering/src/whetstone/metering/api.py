@@ -17,6 +17,7 @@ from datetime import UTC, datetime
 from fastapi import APIRouter, HTTPException, Query
 from pydantic import BaseModel
 
+from whetstone.runtime.errors import ApiError
 from whetstone.runtime.identity import Caller, require
 from whetstone.runtime.service import Runtime
 
@@ -69,6 +70,13 @@ class ReviewDecision(BaseModel):
     note: str = ""
 
 
+def operator_only(caller: Caller) -> None:
+    """Anomalies and reviews span tenants (and a review decides a charge): the platform's operator only."""
+    if not caller.operator:
+        raise ApiError(403, "Only the platform's operator may use this route.", type="permission_error",
+                       code="operator_only")
+
+
 def routes(rt: Runtime) -> APIRouter:
     r = APIRouter(prefix="/v1/usage")
 
@@ -117,7 +125,7 @@ def routes(rt: Runtime) -> APIRouter:
     @r.get("/tenants/{tenant_id}")
     async def tenant_usage(tenant_id: str, caller: Caller = require("read"),
                            month: str = Query(..., pattern=r"^\d{4}-\d{2}$")) -> dict:
-        if tenant_id != caller.tenant_id and not caller.allows("admin"):
+        if tenant_id != caller.tenant_id and not caller.operator:   # a tenant's admin key sees its own tenant
             raise HTTPException(404, {"code": "unknown_tenant", "message": f"no usage for tenant {tenant_id}",
                                       "param": "tenant_id"})
         return await month_of(tenant_id, month)
@@ -132,6 +140,7 @@ def routes(rt: Runtime) -> APIRouter:
 
     @r.get("/anomalies")
     async def open_anomalies(caller: Caller = require("admin"), limit: int = Query(100, le=1000)) -> dict:
+        operator_only(caller)
         async with rt.uow() as uow:
             rows = await uow.conn.fetch(
                 "SELECT job_id, tenant_id, segment_id, code, reason, event_ids, created_at, resolved_at, resolution"
@@ -140,6 +149,7 @@ def routes(rt: Runtime) -> APIRouter:
 
     @r.get("/reviews")
     async def pending_reviews(caller: Caller = require("admin"), limit: int = Query(100, le=1000)) -> dict:
+        operator_only(caller)
         async with rt.uow() as uow:
             rows = await uow.conn.fetch(
                 "SELECT job_id, tenant_id, count(*) AS segments, sum((billed->>'list_cost')::numeric) AS held"
@@ -149,6 +159,7 @@ def routes(rt: Runtime) -> APIRouter:
 
     @r.post("/jobs/{job_id}/review")
     async def review(job_id: str, body: ReviewDecision, caller: Caller = require("admin")) -> dict:
+        operator_only(caller)
         result = await review_job(rt, job_id, body.decision, f"{caller.tenant_id}/{caller.key_id}", body.note)
         if result is None:
             raise HTTPException(404, {"code": "no_usage", "message": f"no metered usage for {job_id}"})

@@ -74,6 +74,13 @@ async def publish_version(uow: UnitOfWork, store: ModelStore, name: str, sha256:
             "eval_requested": requested}
 
 
+def operator_only(caller: Caller) -> None:
+    """Base models are shared by every tenant: only the platform's operator changes or surveys them."""
+    if not caller.operator:
+        raise ApiError(403, "Only the platform's operator may use this route.", type="permission_error",
+                       code="operator_only")
+
+
 def routes(rt: Runtime[RegistryContext]) -> APIRouter:
     r = APIRouter(prefix="/v1/base_models")
 
@@ -85,6 +92,7 @@ def routes(rt: Runtime[RegistryContext]) -> APIRouter:
 
     @r.get("/{name:path}/rollout-check")
     async def check(name: str, caller: Caller = require("admin")) -> dict:
+        operator_only(caller)
         async with rt.uow() as uow:
             store = ModelStore(uow.conn)
             base = await _known(store, name)
@@ -94,6 +102,7 @@ def routes(rt: Runtime[RegistryContext]) -> APIRouter:
 
     @r.post("/{name:path}/versions")
     async def publish(name: str, body: NewVersion, caller: Caller = require("admin")) -> dict:
+        operator_only(caller)
         async with rt.uow() as uow:
             return await publish_version(uow, ModelStore(uow.conn), name, body.sha256, body.uri, body.reason,
                                          caller.key_id or "admin")
@@ -104,6 +113,9 @@ def routes(rt: Runtime[RegistryContext]) -> APIRouter:
             store = ModelStore(uow.conn)
             base = await _known(store, name)
             history = await store.base_versions(name)
+        if not caller.operator:   # the first pin names a tenant's job: not another tenant's to see
+            history = [{**v, "reason": "first pinned by a fine-tuning job"} if v["actor"] == "job.queued" else v
+                       for v in history]
         return {"id": name, "object": "base_model", **_iso(base), "versions": [_iso(v) for v in history]}
 
     return r

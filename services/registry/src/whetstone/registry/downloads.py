@@ -120,8 +120,13 @@ async def adapter_download(rt: Runtime[RegistryContext], tenant_id: str, model_i
             "training_manifest": {rel: sha for rel, sha in wanted.items()}}
 
 
-def merge_id_for(model_id: str) -> str:
-    return "merge-" + model_id
+def merge_id_for(model_id: str, previous: str | None = None) -> str:
+    """`merge-<model>` first; after a failed merge, `merge-<model>~2`, `~3`...: a new id, so the
+    scheduler makes a new job (its job id derives from the merge id) instead of finding the failed one."""
+    if previous is None:
+        return "merge-" + model_id
+    _, sep, n = previous.rpartition("~")
+    return f"merge-{model_id}~{int(n) + 1 if sep and n.isdigit() else 2}"
 
 
 def _merged_in_artifact(files: dict[str, str]) -> dict[str, str]:
@@ -136,20 +141,29 @@ async def request_merge(rt: Runtime[RegistryContext], tenant_id: str, model_id: 
         if model.stage == "quarantined":
             raise ApiError(409, f"model '{model_id}' is quarantined: no merged weights", code="model_quarantined")
         existing = await store.merge(model_id)
-        if existing is None:
-            lineage = await store.lineage(model_id) or {}
+        if existing is not None and existing["status"] == "failed":
+            # asked again after a failure (the adapter restored, the base back): a new merge, a new job
+            merge_id = merge_id_for(model_id, existing["merge_id"])
+            if await store.retry_merge(model_id, existing["merge_id"], merge_id):
+                await uow.publish(_merge_command(merge_id, model, await store.lineage(model_id) or {}),
+                                  tenant_id=tenant_id)
+        elif existing is None:
             merged = _merged_in_artifact(model.files)
             if merged:  # already produced by the training job: cached, nothing to bill
                 await store.add_merge(merge_id_for(model_id), model_id, tenant_id, "succeeded", model.artifact_uri,
                                       model.artifact_sha256, merged)
             else:
                 await store.add_merge(merge_id_for(model_id), model_id, tenant_id, "requested")
-                await uow.publish(MergeRequestedV1(
-                    merge_id=merge_id_for(model_id), model_id=model_id, job_id=model.job_id,
-                    artifact_uri=model.artifact_uri, manifest_sha256=model.artifact_sha256,
-                    base_model=lineage.get("base_model", ""), base_model_sha256=lineage.get("base_model_sha256", "")),
-                    tenant_id=tenant_id)
+                await uow.publish(_merge_command(merge_id_for(model_id), model, await store.lineage(model_id) or {}),
+                                  tenant_id=tenant_id)
     return await merged_download(rt, tenant_id, model_id)
+
+
+def _merge_command(merge_id: str, model: ModelRecord, lineage: dict[str, Any]) -> MergeRequestedV1:
+    return MergeRequestedV1(merge_id=merge_id, model_id=model.model_id, job_id=model.job_id,
+                            artifact_uri=model.artifact_uri, manifest_sha256=model.artifact_sha256,
+                            base_model=lineage.get("base_model", ""),
+                            base_model_sha256=lineage.get("base_model_sha256", ""))
 
 
 async def merged_download(rt: Runtime[RegistryContext], tenant_id: str, model_id: str) -> dict[str, Any]:

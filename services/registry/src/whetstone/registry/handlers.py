@@ -90,8 +90,15 @@ async def on_reeval_completed(rt: Runtime[RegistryContext], store: ModelStore, e
 
 
 async def on_model_merged(rt: Runtime[RegistryContext], uow: UnitOfWork, env: Envelope, ev: ModelMergedV1) -> None:
+    model = await ModelStore(uow.conn).get(ev.model_id)
+    if model is not None and model.tenant_id != env.tenant_id:
+        raise PoisonMessage(f"merge answer for model {ev.model_id} names tenant {env.tenant_id!r}, not the model's own",
+                            reason="tenant_mismatch")
+    if ev.uri and not owned_by(ev.uri, env.tenant_id):
+        raise PoisonMessage(f"merged weights of {ev.merge_id} ({ev.uri}) are not under tenant {env.tenant_id}'s prefix",
+                            reason="tenant_mismatch")
     done = await ModelStore(uow.conn).complete_merge(ev.merge_id, ev.status, ev.uri, ev.manifest_sha256, dict(ev.files),
-                                                     ev.merge_job_id, ev.error)
+                                                     ev.merge_job_id, ev.error, env.tenant_id)
     if not done:
         rt.log.warning("merge answer for an unknown or finished merge", merge_id=ev.merge_id)
 

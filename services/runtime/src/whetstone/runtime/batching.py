@@ -119,7 +119,7 @@ async def consume_batch(rt: Runtime, routes: dict[str, tuple[type[Event], Handle
 async def _consume_shard(rt: Runtime, routes: dict[str, tuple[type[Event], Handler]],
                          decoded: list[tuple[Any, Delivery]]) -> None:
     assert rt.service.batch_handler is not None
-    start = time.perf_counter()
+    start, began = time.perf_counter(), time.time()
     unique: dict[str, Delivery] = {}
     for _, d in decoded:
         unique.setdefault(str(d.envelope.event_id), d)
@@ -137,7 +137,10 @@ async def _consume_shard(rt: Runtime, routes: dict[str, tuple[type[Event], Handl
             model, handler = routes[rec.topic]
             await rt.handle_message(rec.topic, model, handler, rec.value, rec.partition, rec.offset, _key(rec))
         return
-    _count(rt, decoded, fresh, time.perf_counter() - start)
+    elapsed = time.perf_counter() - start
+    _count(rt, decoded, fresh, elapsed)
+    for d in fresh:  # each event of the batch waited for the whole transaction
+        rt.trace.record(d.topic, d.envelope, d.event, began, elapsed, "handled")
 
 
 def _count(rt: Runtime, decoded: list[tuple[Any, Delivery]], fresh: list[Delivery], elapsed: float) -> None:

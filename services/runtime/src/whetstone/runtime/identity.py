@@ -16,6 +16,7 @@ from __future__ import annotations
 import hashlib
 import hmac
 import os
+import re
 import secrets
 import time
 from dataclasses import dataclass
@@ -35,6 +36,7 @@ UNTRUSTED_HEADERS = frozenset(h.lower() for h in (IDENTITY_HEADER, SIGNATURE_HEA
                                                   "X-Tenant-Id"))
 MAX_AGE_S = 300
 SCOPES = ("read", "write", "models:promote", "admin")
+PLATFORM_TENANT = "platform"   # not a customer: the operator's identity for platform-wide routes
 
 
 @dataclass(frozen=True)
@@ -43,6 +45,12 @@ class Caller:
     key_id: str
     scopes: frozenset[str]
     platform: bool = False  # the internal secret itself (operators, the gateway): acts for any tenant
+
+    @property
+    def operator(self) -> bool:
+        """The platform's operator: the internal secret, or an `admin` identity of the `platform` tenant
+        (never a tenant's own key, whose `admin` reaches only its own tenant)."""
+        return self.platform or (self.tenant_id == PLATFORM_TENANT and "admin" in self.scopes)
 
     def allows(self, scope: str) -> bool:
         if "admin" in self.scopes:
@@ -103,6 +111,37 @@ def verify_internal(value: str | None, secret: bytes, *, now: float | None = Non
     if abs((now if now is not None else time.time()) - int(ts)) > MAX_AGE_S:
         return False
     return hmac.compare_digest(sign(f"internal:{ts}", secret), mac)
+
+
+# Producer tokens (issue 20): what an external producer of `job.requested` puts in the envelope's
+# `producer_token` to prove which tenant it publishes for. `whp_<token id>.<tenant>.<mac>`, where the
+# mac is hex(HMAC-SHA256(internal secret, "producer-token:v1:<token id>:<tenant>"))[:32]: only the
+# platform can mint one, and the tenant cannot be edited without breaking it. Revocation is stored
+# by the scheduler (its `api_keys` table), which checks it on every message.
+PRODUCER_TOKEN_PREFIX = "whp_"
+_PRODUCER_TOKEN = re.compile(r"whp_([0-9a-f]{16})\.([A-Za-z0-9_.:-]{1,128})\.([0-9a-f]{32})")
+
+
+def _producer_mac(token_id: str, tenant_id: str, secret: bytes) -> str:
+    return sign(f"producer-token:v1:{token_id}:{tenant_id}", secret)[:32]
+
+
+def mint_producer_token(tenant_id: str, secret: bytes | None = None, *, token_id: str | None = None) -> str:
+    """A producer token for `tenant_id` (the scheduler records issued ones so they can be revoked)."""
+    token_id = token_id or secrets.token_hex(8)
+    token = f"{PRODUCER_TOKEN_PREFIX}{token_id}.{tenant_id}.{_producer_mac(token_id, tenant_id, secret or internal_secret())}"
+    if not _PRODUCER_TOKEN.fullmatch(token):
+        raise ValueError(f"cannot mint a producer token for tenant {tenant_id!r}")
+    return token
+
+
+def verify_producer_token(token: str, secret: bytes) -> tuple[str, str] | None:
+    """(token id, tenant) of a token the platform signed, or None (malformed or forged)."""
+    m = _PRODUCER_TOKEN.fullmatch(token.strip())
+    if m is None:
+        return None
+    token_id, tenant, mac = m.groups()
+    return (token_id, tenant) if hmac.compare_digest(_producer_mac(token_id, tenant, secret), mac) else None
 
 
 def _secret_of(request: Request) -> bytes:

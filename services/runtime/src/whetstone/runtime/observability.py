@@ -6,7 +6,7 @@ Three sources, all with low-cardinality labels (never a job, dataset or event id
   (send -> broker ack), and platform counters derived from the events a service COMMITTED to its
   outbox (each event has exactly one producing service, so platform-wide sums count it once):
   eval verdicts and stage results, preemptions by cause, failures by class, training throughput,
-  GPU-seconds metered per tier and charge class, datasets validated, models registered/promoted;
+  GPU-seconds metered per tier and charge class, MFU, datasets validated, models registered/promoted;
 * a background `Collector` per service, every `interval_s`: consumer lag per partition of the
   service's group (committed offsets through the Kafka admin API - OffsetFetch with explicit
   partitions, which Tansu answers too - falling back to the consumer's OffsetFetch; vs the
@@ -158,6 +158,9 @@ class Observer(_Metrics):
         self.step_seconds = self._add(Histogram, "whetstone_training_step_seconds",
                                       "Wall time per training step, between progress reports", [],
                                       buckets=(.01, .05, .1, .25, .5, 1, 2.5, 5, 10, 30, 60))
+        self.mfu = self._add(Histogram, "whetstone_training_mfu_ratio",
+                             "Model FLOPs utilisation reported by training progress (GPUs of a known type only)", [],
+                             buckets=(.02, .05, .1, .15, .2, .25, .3, .35, .4, .5, .6, .8))
         self.gpu_util = self._add(Gauge, "whetstone_training_gpu_utilization_ratio",
                                   "Last GPU (or CPU) utilisation reported by training progress", [])
         self.usage_seconds = self._add(Counter, "whetstone_usage_gpu_seconds_total",
@@ -220,7 +223,8 @@ class Observer(_Metrics):
         last = self._last_step.get(seg)
         if last is not None and step > last[0]:
             self.steps.inc(step - last[0])
-            self.step_seconds.observe((now - last[1]) / (step - last[0]))
+            step_time = p.get("step_time_s")  # measured by the recipe; else between the reports' commits
+            self.step_seconds.observe(float(step_time) if step_time else (now - last[1]) / (step - last[0]))
             if tokens_seen is not None and last[2] is not None and tokens_seen > last[2]:
                 self.tokens.inc(tokens_seen - last[2])
         if len(self._last_step) > 10_000:  # segments that ended without us seeing it
@@ -230,6 +234,8 @@ class Observer(_Metrics):
             self.tokens_per_s.observe(float(p["tokens_per_s"]))
         if p.get("gpu_utilization") is not None:
             self.gpu_util.set(float(p["gpu_utilization"]))
+        if p.get("mfu") is not None:
+            self.mfu.observe(float(p["mfu"]))
 
     def _usage(self, env: Any, p: dict) -> None:
         if p.get("scope") != "segment":  # the job total repeats its segments

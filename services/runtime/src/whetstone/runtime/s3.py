@@ -31,6 +31,15 @@ def tenant_prefix(tenant_id: str) -> str:
     return f"tenants/{tenant_id}/"
 
 
+def within_tenant(uri: str, tenant_id: str, bucket: str | None = None) -> bool:
+    """Whether the s3:// `uri` lies under `tenant_id`'s prefix (of `bucket`, when given)."""
+    try:
+        b, key = parse_uri(uri)
+        return (bucket is None or b == bucket) and key.startswith(tenant_prefix(tenant_id)) and ".." not in key
+    except ValueError:
+        return False
+
+
 def sha256_file(path: Path, chunk: int = 1 << 20) -> str:
     h = hashlib.sha256()
     with open(path, "rb") as f:

@@ -45,6 +45,8 @@ from .s3 import ObjectStore
 from .settings import CommonSettings
 from .kafka_security import broker_security
 from .topics import ensure_topics
+from .tracing import TraceLog, trace_routes
+from .tenancy import check_tenant
 
 
 Handler = Callable[["Runtime", UnitOfWork, Envelope, Any], Awaitable[None]]
@@ -118,6 +120,7 @@ class Runtime(Generic[C]):
         self.log = get_logger(f"whetstone.{self.name}").bind(service=self.name)
         self.metrics = ServiceMetrics(self.name)
         self.observer = observability.Observer(self.metrics.registry, self.name, settings.tenants)
+        self.trace = TraceLog(self.consumer, self.metrics.registry, self.name)  # deliveries, for `whet jobs trace`
         self.pool: asyncpg.Pool | None = None
         self.broker: KafkaBroker | None = None
         self.relay: OutboxRelay | None = None
@@ -165,12 +168,15 @@ class Runtime(Generic[C]):
         self._tasks.append(asyncio.create_task(observability.collector_for(self).run(), name=f"{self.name}-metrics"))
         self._tasks.append(asyncio.create_task(self.relay.run(), name=f"{self.name}-outbox"))
         self._tasks.append(asyncio.create_task(self._guard(prune_forever), name=f"{self.name}-retention"))
+        self.trace.pool = self.pool
+        self._tasks.append(asyncio.create_task(self.trace.run(), name=f"{self.name}-trace"))
         if self.service.on_start:
             await self.service.on_start(self)
         for bg in self.service.background:
             self._tasks.append(asyncio.create_task(self._guard(bg), name=f"{self.name}-{bg.__name__}"))
         app = make_app(self.name, self.metrics, {"postgres": self._check_db, "kafka": self._check_kafka})
         app.state.internal_secret = internal_secret(s.data_dir)  # resolved once: identity checks read it per request
+        app.include_router(trace_routes(self.name, self.trace))
         if self.service.routes:
             app.include_router(self.service.routes(self))
         self.app: FastAPI = app
@@ -199,6 +205,10 @@ class Runtime(Generic[C]):
                 pass
         if self.producer:
             await self.producer.stop()
+        try:  # the last deliveries' trace rows
+            await asyncio.wait_for(self.trace.flush(), timeout=2)
+        except Exception:
+            pass
         if self.pool:
             await self.pool.close()
         self.log.info("service stopped")
@@ -322,7 +332,7 @@ class Runtime(Generic[C]):
     async def handle_message(self, topic: str, model: type[Event], handler: Handler, raw: bytes,
                              partition: int, offset: int, key: str | None) -> str:
         """Returns the outcome: handled | duplicate | dead_lettered."""
-        start = time.perf_counter()
+        start, began = time.perf_counter(), time.time()
         where = f"{topic}/{partition}/{offset}"
         if raw is None:  # a tombstone: no envelope, no event; nothing to do but say so
             await self._dead_letter(topic, where, partition, offset, key, b"", 1,
@@ -349,6 +359,7 @@ class Runtime(Generic[C]):
                                     f"delivered {deliveries} times without completing (the consumer crashed or was"
                                     " killed while handling it)", tenant_id=env.tenant_id, trace_id=env.trace_id)
             self.metrics.refused(reason="crash_loop").inc()
+            self.trace.record(topic, env, event, began, time.perf_counter() - start, "dead_lettered")
             return "dead_lettered"
         ids = {"event_id": message_id, "tenant_id": env.tenant_id, "trace_id": env.trace_id, "topic": topic}
         if hasattr(event, "job_id"):
@@ -366,9 +377,12 @@ class Runtime(Generic[C]):
                             if not await db.claim_inbox(uow.conn, self.consumer, message_id, topic):
                                 self.metrics.consumed(topic=topic, outcome="duplicate").inc()
                                 return "duplicate"
+                            await check_tenant(uow.conn, topic, env, event)
                             await handler(self, uow, env, event)
+                        elapsed = time.perf_counter() - start
                         self.metrics.consumed(topic=topic, outcome="handled").inc()
-                        self.metrics.handler_seconds(topic=topic).observe(time.perf_counter() - start)
+                        self.metrics.handler_seconds(topic=topic).observe(elapsed)
+                        self.trace.record(topic, env, event, began, elapsed, "handled")
                         return "handled"
                     except PoisonMessage as exc:
                         last_error, attempts = f"rejected ({exc.reason}): {exc}", attempt
@@ -392,6 +406,7 @@ class Runtime(Generic[C]):
                 # fix goes through the normal inbox once (`whet dlq redrive`)
                 await self._dead_letter(topic, f"dlq:{message_id}", partition, offset, key, raw, attempts, last_error,
                                         tenant_id=env.tenant_id, trace_id=env.trace_id)
+                self.trace.record(topic, env, event, began, time.perf_counter() - start, "dead_lettered")
                 return "dead_lettered"
             finally:
                 current_envelope.reset(token)

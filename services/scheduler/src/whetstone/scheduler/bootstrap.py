@@ -8,7 +8,7 @@ from datetime import UTC, datetime
 from fastapi import APIRouter
 from whetstone.runtime.service import Runtime, Service
 
-from . import api, handlers, keys_api, templates, watchers, webhooks
+from . import api, handlers, keys_api, merges, templates, watchers, webhooks
 from .adapters.catalog import ModelCatalog
 from .adapters.metrics import SchedulerMetrics
 from .adapters.migrations import MIGRATIONS
@@ -60,6 +60,7 @@ def build_service(config: SchedulerSettings | None = None, clock: Clock = utc_no
             "model.registered": webhooks.notifying(handlers.on_model_registered),
             "model.promoted": webhooks.on_model_event,
             "usage.metered": handlers.on_usage_metered,
+            "model.merge_requested": merges.on_merge_requested,
         },
         routes=routes,
         background=background,

@@ -10,6 +10,7 @@ from whetstone.contracts import (
     UsageMeteredV1,
 )
 from whetstone.runtime.messaging import UnitOfWork
+from whetstone.runtime.s3 import within_tenant
 from whetstone.runtime.service import PoisonMessage, Runtime
 
 from .admission import IdempotencyConflict, Rejected, month_of, submit_job, try_queue
@@ -17,6 +18,7 @@ from .adapters.store import JobStore, NodeFacts
 from .context import SchedulerContext
 from .domain import admission as quotas
 from .domain.job import Job
+from .producer_tokens import check_producer_token
 
 Rt = Runtime[SchedulerContext]
 Lifecycle = JobStartedV1 | JobProgressV1 | CheckpointWrittenV1 | JobPreemptedV1 | JobCompletedV1 | JobFailedV1
@@ -60,6 +62,9 @@ async def lifecycle_job(rt: Rt, store: JobStore, env: Envelope, ev: Lifecycle, *
 
 
 async def on_job_requested(rt: Rt, uow: UnitOfWork, env: Envelope, ev: JobRequestedV1) -> None:
+    """A job from an external producer: admitted only with a producer token for the envelope's tenant
+    (refused to the DLQ otherwise, see `producer_tokens`)."""
+    await check_producer_token(rt, uow, env)
     try:
         await submit_job(rt, JobStore(uow), env.tenant_id, ev, env.trace_id)
     except Rejected as exc:
@@ -70,12 +75,23 @@ async def on_job_requested(rt: Rt, uow: UnitOfWork, env: Envelope, ev: JobReques
         raise PoisonMessage(str(exc)) from exc
 
 
+def refuse_foreign_objects(rt: Rt, env: Envelope, uris: dict[str, str | None]) -> None:
+    """A dataset event may only point at objects under its own tenant's prefix of the platform's bucket
+    (a Hub id or another scheme is ingest's to judge): anything else is refused (dead letter)."""
+    for field, uri in uris.items():
+        if uri and uri.startswith("s3://") and not within_tenant(uri, env.tenant_id, rt.settings.bucket):
+            raise PoisonMessage(f"{env.event_type}: {field} {uri} is not under tenant {env.tenant_id!r}'s prefix",
+                                reason="tenant_mismatch")
+
+
 async def on_dataset_submitted(rt: Rt, uow: UnitOfWork, env: Envelope, ev: DatasetSubmittedV1) -> None:
     """Remember that the dataset exists (validation pending), so a job naming it waits instead of failing."""
+    refuse_foreign_objects(rt, env, {"source_uri": ev.source_uri})
     await JobStore(uow).dataset_submitted(env.tenant_id, ev.dataset_id, env.occurred_at)
 
 
 async def on_dataset_validated(rt: Rt, uow: UnitOfWork, env: Envelope, ev: DatasetValidatedV1) -> None:
+    refuse_foreign_objects(rt, env, {f: getattr(ev, f) for f in ("raw_uri", "train_uri", "validation_uri", "report_uri")})
     store = JobStore(uow)
     await store.dataset_validated(env.tenant_id, ev)
     for job in await store.waiting_for(env.tenant_id, ev.dataset_id):
@@ -94,6 +110,8 @@ async def on_node_heartbeat(rt: Rt, uow: UnitOfWork, env: Envelope, ev: NodeHear
                             f"{', '.join(foreign)}", reason="foreign_job_claim")
     await store.upsert_node(NodeFacts(ev.node_id, ev.gpu_type, ev.gpu_count, ev.gpu_memory_gb, ev.spot,
                                       ev.interconnect_group, ev.sent_at, ev.address), source="heartbeat")
+    figures = ev.model_dump(include={"gpus", "cpu_percent", "rss_mb"})
+    uow.after_commit(lambda: rt.ctx.metrics.nodes.observe(ev.node_id, ev.gpu_type, figures))
     if await store.any_queued():
         await store.wake_scheduler()
 

@@ -3,15 +3,21 @@
 - `POST /internal/keys/verify`: the gateway's question "whose key is this?" (internal secret only).
 - `POST /v1/keys`, `GET /v1/keys`, `POST /v1/keys/{id}/revoke`: an `admin` key manages its own
   tenant's keys; the internal secret (an operator's `whet keys`) manages any tenant's.
+- `POST /v1/keys/producer_tokens`: a producer token for external `job.requested` producers (same
+  rules; listed and revoked like a key, see `producer_tokens.py`).
 """
 
 from __future__ import annotations
 
 from fastapi import APIRouter
 from pydantic import BaseModel, ConfigDict, Field
-
 from whetstone.runtime.errors import ApiError
-from whetstone.runtime.identity import Caller, require_internal, require_or_internal
+from whetstone.runtime.identity import (
+    Caller,
+    internal_secret,
+    require_internal,
+    require_or_internal,
+)
 from whetstone.runtime.service import Runtime
 
 from .adapters.keys import KeyError_, KeyStore
@@ -24,6 +30,12 @@ class CreateKey(BaseModel):
     name: str = Field(default="", max_length=200)
     scopes: list[str] | None = None
     rate_limit_per_s: float | None = Field(default=None, gt=0, le=100_000)
+
+
+class CreateProducerToken(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    tenant_id: str | None = Field(default=None, description="default: the caller's tenant")
+    name: str = Field(default="", max_length=200)
 
 
 class VerifyKey(BaseModel):
@@ -47,9 +59,8 @@ def routes(rt: Runtime[SchedulerContext]) -> APIRouter:
         return {"key_id": key.key_id, "tenant_id": key.tenant_id, "scopes": list(key.scopes),
                 "rate_limit_per_s": key.rate_limit_per_s}
 
-    @r.post("/v1/keys")
-    async def create(body: CreateKey, caller: Caller = require_or_internal("admin")) -> dict:
-        tenant = body.tenant_id or (None if caller.platform else caller.tenant_id)
+    def tenant_for(caller: Caller, requested: str | None) -> str:
+        tenant = requested or (None if caller.platform else caller.tenant_id)
         if tenant is None:
             raise ApiError(400, "tenant_id is required.", code="missing_tenant", param="tenant_id")
         if not caller.platform and tenant != caller.tenant_id:
@@ -58,12 +69,26 @@ def routes(rt: Runtime[SchedulerContext]) -> APIRouter:
             raise ApiError(404 if not caller.platform else 400,
                            f"Unknown tenant {tenant!r}; known: {', '.join(sorted(tenants))}.",
                            code="tenant_not_found", param="tenant_id")
+        return tenant
+
+    @r.post("/v1/keys")
+    async def create(body: CreateKey, caller: Caller = require_or_internal("admin")) -> dict:
+        tenant = tenant_for(caller, body.tenant_id)
         try:
             record, secret = await keys.create(tenant, name=body.name, scopes=body.scopes,
                                                rate_limit_per_s=body.rate_limit_per_s)
         except KeyError_ as exc:
             raise ApiError(400, exc.message, code=exc.code, param=exc.param) from exc
         return {**record.view(), "key": secret}
+
+    @r.post("/v1/keys/producer_tokens")
+    async def create_producer(body: CreateProducerToken, caller: Caller = require_or_internal("admin")) -> dict:
+        tenant = tenant_for(caller, body.tenant_id)
+        try:
+            record, token = await keys.create_producer(tenant, internal_secret(rt.settings.data_dir), name=body.name)
+        except ValueError as exc:
+            raise ApiError(400, str(exc), code="invalid_tenant", param="tenant_id") from exc
+        return {**record.view(), "token": token}
 
     @r.get("/v1/keys")
     async def list_keys(tenant_id: str | None = None, caller: Caller = require_or_internal("admin")) -> dict:

@@ -93,12 +93,15 @@ async def assign(rt: Runtime[SchedulerContext], store: JobStore, view: ClusterVi
     job = await store.get(a.job_id, lock=True)
     if job is None or job.status != rules.QUEUED:
         return False
+    waited = max((rt.ctx.clock() - job.updated_at).total_seconds(), 0.0)   # since it (re-)entered the queue
     placement = [{"node_id": n, "gpu_ids": pick_gpu_ids(n, g, view)} for n, g in a.placement.nodes]
     addresses = await store.addresses([p["node_id"] for p in placement]) if len(placement) > 1 else {}
     events = job.assign(rt.ctx.clock(), placement, a.placement.shape, a.placement.spot, a.backfilled,
                         rt.ctx.config.default_runtime_s, addresses)
     await store.save(job)
     await store.publish(job, events)
+    if events:
+        store.uow.after_commit(lambda: rt.ctx.metrics.queue_wait.labels(tier=job.tier).observe(waited))
     return bool(events)
 
 

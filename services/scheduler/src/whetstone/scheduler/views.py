@@ -33,9 +33,10 @@ def parse_event_id(value: str | None) -> int | None:
 
 def method_view(method: str, hp: Mapping[str, Any]) -> dict[str, Any]:
     family = FAMILY.get(method, "supervised")
-    default_lr = rules.resolve_hyperparameters(method, {})[0]["learning_rate"]
+    default_lr = rules.resolve_hyperparameters(method, {})[0].get("learning_rate")   # none for a merge job
     shown = {"n_epochs": hp.get("n_epochs"), "batch_size": hp.get("batch_size"),
-             "learning_rate_multiplier": round(hp["learning_rate"] / default_lr, 6) if hp.get("learning_rate") else None}
+             "learning_rate_multiplier": round(hp["learning_rate"] / default_lr, 6)
+             if hp.get("learning_rate") and default_lr else None}
     if family == "dpo":
         shown["beta"] = hp.get("beta")
     return {"type": family, family: {"hyperparameters": shown}, "whetstone": {"method": method}}

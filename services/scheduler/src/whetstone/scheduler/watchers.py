@@ -10,7 +10,7 @@ from typing import Any
 
 from whetstone.runtime.service import Runtime
 
-from .admission import larger_than_pool, nodes_of
+from .admission import larger_than_pool, nodes_of, try_queue
 from .adapters.store import JobStore, NodeFacts
 from .context import SchedulerContext
 from .domain.placement import could_ever_fit
@@ -94,6 +94,11 @@ async def expire_waiting_jobs(rt: Rt) -> None:
             now = rt.ctx.clock()
             for job, submitted in await store.waiting_since(now - timedelta(seconds=cfg.unknown_dataset_grace_s)):
                 name = job.training_file
+                if await store.dataset(job.tenant_id, name) is not None:
+                    # the verdict committed while this job was being created, so neither saw the other
+                    # (found by the chaos suite): queue it (or fail it with the verdict's reason) now
+                    await try_queue(rt, store, job)
+                    continue
                 if not submitted:
                     events = job.fail(now, "unknown_training_file",
                                       f"training_file {name!r} is not a file this tenant uploaded: upload it first "

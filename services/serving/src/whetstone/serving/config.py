@@ -10,10 +10,11 @@ class ServingSettings(ServiceSettings):
     base_model: str = Field(default="tiny-llama", description="the one base served: catalog name, local dir or Hub id")
     max_resident_adapters: int = Field(default=64, ge=1, description="LRU budget of adapters kept in memory")
     batch_window_ms: float = Field(default=4.0, ge=0, description="how long the batcher collects requests")
-    max_batch_size: int = Field(default=32, ge=1)
+    max_batch_size: int = Field(default=64, ge=1, description="rows per forward pass (vLLM: max_num_seqs)")
     mixed_batches: bool = Field(default=True, description="false: one adapter per forward pass (the baseline)")
     default_max_tokens: int = Field(default=64, ge=1)
-    torch_threads: int = Field(default=0, ge=0, description="0: torch's default")
+    torch_threads: int = Field(default=0, ge=0, description="torch intra-op threads; 0: all cores but one "
+                               "(left to the event loop that feeds the engine)")
     preload: bool = Field(default=True, description="load adapters when promoted, not only on first request")
     max_lora_rank: int = Field(default=64, ge=1, description="the largest LoRA rank accepted (vLLM: max_lora_rank)")
     fetch_max_wait_ms: int = Field(default=50, ge=1, description="Kafka fetch wait: bounds promotion -> loaded latency")

@@ -106,12 +106,13 @@ async def start(ctx: ServingContext, tenant_id: str, req: ChatCompletionRequest 
             for _ in range(req.n):
                 index = len(rows)
 
-                def emit(delta: str, finish: str | None, index: int = index) -> None:
-                    loop.call_soon_threadsafe(deliver, index, delta, finish)
+                def emit(delta: str, finish: str | None, index: int = index) -> None:  # worker thread
+                    ctx.batcher.post(loop, deliver, index, delta, finish)
 
                 seed = None if req.seed is None else req.seed + index
                 rows.append(GenRow(adapter=version.model_id, prompt_ids=ids, max_tokens=budget, emit=emit,
-                                   temperature=req.temperature, top_p=req.top_p, stops=req.stops(), seed=seed))
+                                   temperature=req.temperature, top_p=req.top_p, stops=req.stops(), seed=seed,
+                                   stream=bool(req.stream)))
     except BaseException:
         lease.release()
         raise

@@ -24,8 +24,11 @@ from whetstone.contracts import (
     NodeHeartbeatV1,
 )
 from whetstone.runtime.messaging import UnitOfWork
+from whetstone.runtime.s3 import within_tenant
+from whetstone.runtime.service import PoisonMessage
 
 from .adapters.processes import kill_orphan
+from .adapters.telemetry import NodeTelemetry
 from .domain.supervision import free_gpu_ids, stop_reason
 from .segments import AgentRuntime, run_segment
 
@@ -36,6 +39,11 @@ async def on_job_assigned(rt: AgentRuntime, uow: UnitOfWork, env: Envelope, ev: 
     ctx = rt.ctx
     if ev.node_id != ctx.config.node_id:
         return
+    for field, uri in (("spec.train_uri", ev.spec.train_uri), ("spec.validation_uri", ev.spec.validation_uri),
+                       ("resume_from.uri", ev.resume_from.uri if ev.resume_from else None)):
+        if uri and uri.startswith("s3://") and not within_tenant(uri, env.tenant_id):   # never another tenant's data
+            raise PoisonMessage(f"job.assigned {ev.job_id}: {field} {uri} is not under tenant {env.tenant_id!r}'s prefix",
+                                reason="tenant_mismatch")
     await ctx.runs.add_assignment(uow.conn, env, ev)
     if ctx.node.stopping:  # arrived while draining: hand it straight back to the scheduler
         if await ctx.runs.hand_back(uow.conn, ev.segment_id):
@@ -106,14 +114,16 @@ async def on_node_fenced(rt: AgentRuntime, uow: UnitOfWork, env: Envelope, ev: N
 
 async def heartbeat(rt: AgentRuntime) -> None:
     c, node = rt.ctx.config, rt.ctx.node
+    telemetry = NodeTelemetry()
     while True:
         segments = list(node.segments.values())
+        figures = await telemetry.sample()   # outside the transaction: nvidia-smi may take a moment
         async with rt.uow() as uow:
             await uow.publish(NodeHeartbeatV1(
                 node_id=c.node_id, gpu_type=c.gpu_type, gpu_count=c.gpu_count, gpu_memory_gb=c.gpu_memory_gb,
                 free_gpu_ids=free_gpu_ids(c.gpu_count, [s.gpu_ids for s in segments], node.stopping is not None),
                 spot=c.spot, interconnect_group=c.interconnect_group,
-                running_jobs=sorted({s.job_id for s in segments}), sent_at=rt.clock(), address=c.address),
+                running_jobs=sorted({s.job_id for s in segments}), sent_at=rt.clock(), address=c.address, **figures),
                 tenant_id="platform")
         await asyncio.sleep(c.heartbeat_s)
 

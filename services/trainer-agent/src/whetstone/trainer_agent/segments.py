@@ -24,9 +24,11 @@ from whetstone.contracts import (
     JobProgressV1,
     JobStartedV1,
 )
+from whetstone.runtime.checkpoints import CorruptCheckpoint
 from whetstone.runtime.models import UnknownModel
 from whetstone.runtime.service import Runtime
 
+from . import merges
 from .adapters.checkpoint_store import ResumePoint
 from .adapters.processes import log_tail, signal_group, spawn, start_ticks
 from .adapters.workspace import Prepared
@@ -65,6 +67,7 @@ class Segment:
     fenced: str | None = None                    # why a newer attempt of the job took over
     resumed_prefix: str | None = None            # never pruned while this segment runs
     uploaded_local: list[Path] = field(default_factory=list)
+    outcome: list = field(default_factory=list)  # published with job.completed (a merge job's model.merged)
 
     def __post_init__(self) -> None:
         self.job_id, self.segment_id, self.tenant_id = self.run.job_id, self.run.segment_id, self.run.tenant_id
@@ -90,13 +93,14 @@ class Segment:
             return False
         return signal_group(self.proc.pid, sig)
 
-    async def publish(self, event, **columns: Any) -> None:
-        """The event and the run's new state, in one transaction (nothing once the segment is fenced)."""
+    async def publish(self, event, *also, **columns: Any) -> None:
+        """The event (and `also`) and the run's new state, in one transaction (nothing once the segment is fenced)."""
         if self.fenced_by_scheduler:
             self.rt.log.info("segment fenced: event not published", job_id=self.job_id, event=event.EVENT_TYPE)
             return
         async with self.rt.uow() as uow:
-            await uow.publish(event, tenant_id=self.tenant_id, trace_id=self.run.trace_id)
+            for ev in (event, *also):
+                await uow.publish(ev, tenant_id=self.tenant_id, trace_id=self.run.trace_id)
             await self.rt.ctx.runs.update(uow.conn, self.segment_id, columns)
 
     async def record(self, **columns: Any) -> None:
@@ -108,7 +112,7 @@ class Segment:
         await self.publish(JobFailedV1(
             job_id=self.job_id, segment_id=self.segment_id, node_id=self.run.node_id, attempt=self.run.attempt,
             stopped_at=self.rt.clock(), error_class=error_class if error_class in ERROR_CLASSES else "platform",
-            code=code, message=message, advice=advice or []),
+            code=code, message=message, advice=advice or []), *merges.failed(self.run, code, message),
             status="finished", outcome="failed", finished_at=self.rt.clock())
 
     async def preempted(self, reason: str) -> None:
@@ -139,7 +143,13 @@ async def run_segment(rt: AgentRuntime, run: Run) -> None:
         if seg.fenced_by_scheduler:  # fenced between its claim and now
             return
         try:
-            prepared = await asyncio.to_thread(ctx.workspaces.prepare, run)
+            if merges.is_merge(run):
+                prepared = await asyncio.to_thread(merges.prepare_merge, ctx.workspaces, run)
+            else:
+                prepared = await asyncio.to_thread(ctx.workspaces.prepare, run)
+        except CorruptCheckpoint as exc:  # a merge job's adapter does not verify against its pinned manifest
+            await seg.fail("platform", "adapter_corrupted", str(exc))
+            return
         except DistributedConfigError as exc:
             await seg.fail("user", "invalid_distributed_config", str(exc))
             return
@@ -280,8 +290,10 @@ async def on_child_event(rt: AgentRuntime, seg: Segment, msg: dict[str, Any], st
         await seg.publish(JobCompletedV1(
             job_id=seg.job_id, segment_id=seg.segment_id, node_id=c.node_id, attempt=seg.run.attempt,
             stopped_at=rt.clock(), steps=int(msg.get("step", 0)), train_loss=msg.get("train_loss"),
-            tokens=msg.get("tokens"), final_checkpoint=seg.final, metrics=completed_metrics(msg)),
+            tokens=msg.get("tokens"), final_checkpoint=seg.final, metrics=completed_metrics(msg)), *seg.outcome,
             status="finished", outcome="completed", finished_at=rt.clock())
+    elif kind == "merged":
+        await merges.on_merged(rt, seg, msg, scratch)
     elif kind == "preempted":
         if seg.cancelled:
             await seg.fail("user", "cancelled", "cancelled by user")

@@ -220,9 +220,18 @@ class ModelStore:
             " VALUES ($1,$2,$3,$4,$5,$6,$7) ON CONFLICT DO NOTHING RETURNING 1",
             merge_id, model_id, tenant_id, status, uri, manifest_sha256, files or {}))
 
+    async def retry_merge(self, model_id: str, failed_id: str, merge_id: str) -> bool:
+        """The failed merge becomes a new request under a new id (once, whoever asks first)."""
+        return bool(await self.conn.fetchval(
+            "UPDATE merges SET merge_id = $3, status = 'requested', uri = NULL, manifest_sha256 = NULL, files = '{}',"
+            " merge_job_id = NULL, error = NULL, completed_at = NULL"
+            " WHERE model_id = $1 AND merge_id = $2 AND status = 'failed' RETURNING 1", model_id, failed_id, merge_id))
+
     async def complete_merge(self, merge_id: str, status: str, uri: str | None, manifest_sha256: str | None,
-                             files: dict[str, str], merge_job_id: str | None, error: str | None) -> bool:
+                             files: dict[str, str], merge_job_id: str | None, error: str | None,
+                             tenant_id: str) -> bool:
+        """The tenant's requested merge, answered once (another tenant's answer changes nothing)."""
         return bool(await self.conn.fetchval(
             "UPDATE merges SET status = $2, uri = $3, manifest_sha256 = $4, files = $5, merge_job_id = $6, error = $7,"
-            " completed_at = now() WHERE merge_id = $1 AND status = 'requested' RETURNING 1",
-            merge_id, status, uri, manifest_sha256, files, merge_job_id, error))
+            " completed_at = now() WHERE merge_id = $1 AND status = 'requested' AND tenant_id = $8 RETURNING 1",
+            merge_id, status, uri, manifest_sha256, files, merge_job_id, error, tenant_id))

@@ -16,15 +16,17 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import asyncpg
-
-from whetstone.runtime.identity import SCOPES
+from whetstone.runtime.identity import SCOPES, mint_producer_token
 
 KEY_FORMAT = re.compile(r"wsk-([0-9a-f]{12})-([0-9a-f]{48})")
+# A producer token (whetstone.runtime.identity) is recorded here too, so `whet keys list|revoke` treat it
+# like a key; its row holds this one scope and no usable secret, so it never verifies as an API key.
+PRODUCER_SCOPE = "produce:job.requested"
 LAST_USED_GRANULARITY = timedelta(seconds=60)  # at most one write per key per minute on verify
 DEFAULT_SCOPES = ("read", "write")
 
 
-class KeyError_(Exception):  # noqa: N801 - distinct from the builtin KeyError
+class KeyError_(Exception):
     def __init__(self, code: str, message: str, param: str | None = None) -> None:
         super().__init__(message)
         self.code, self.message, self.param = code, message, param
@@ -45,7 +47,8 @@ class ApiKey:
         def ts(t: datetime | None) -> int | None:
             return int(t.timestamp()) if t else None
 
-        return {"id": self.key_id, "object": "api_key", "tenant_id": self.tenant_id, "name": self.name,
+        kind = "producer_token" if PRODUCER_SCOPE in self.scopes else "api_key"
+        return {"id": self.key_id, "object": kind, "tenant_id": self.tenant_id, "name": self.name,
                 "scopes": list(self.scopes), "created_at": ts(self.created_at), "last_used_at": ts(self.last_used_at),
                 "revoked_at": ts(self.revoked_at), "rate_limit_per_s": self.rate_limit_per_s,
                 "status": "revoked" if self.revoked_at else "active"}
@@ -87,6 +90,16 @@ class KeyStore:
             key_id, tenant_id, name[:200], list(chosen), hash_secret(secret), self.clock(), rate_limit_per_s)
         return _row(row), f"wsk-{key_id}-{secret}"
 
+    async def create_producer(self, tenant_id: str, secret: bytes, *, name: str = "") -> tuple[ApiKey, str]:
+        """A producer token for `tenant_id`; returns (its record, the token: shown once)."""
+        token_id = secrets.token_hex(8)
+        token = mint_producer_token(tenant_id, secret, token_id=token_id)
+        row = await self.pool.fetchrow(
+            "INSERT INTO api_keys (key_id, tenant_id, name, scopes, secret_hash, created_at)"
+            " VALUES ($1, $2, $3, $4, $5, $6) RETURNING *",
+            token_id, tenant_id, name[:200], [PRODUCER_SCOPE], "producer:" + hash_secret(token), self.clock())
+        return _row(row), token
+
     async def list(self, tenant_id: str | None = None, *, include_revoked: bool = True) -> list[ApiKey]:
         rows = await self.pool.fetch(
             "SELECT * FROM api_keys WHERE ($1::text IS NULL OR tenant_id = $1) AND ($2 OR revoked_at IS NULL)"
@@ -116,3 +129,10 @@ class KeyStore:
         if row["last_used_at"] is None or now - row["last_used_at"] > LAST_USED_GRANULARITY:
             await self.pool.execute("UPDATE api_keys SET last_used_at = $2 WHERE key_id = $1", key_id, now)
         return _row(row)
+
+
+async def producer_token_revoked(conn: asyncpg.Connection, token_id: str) -> bool:
+    """Whether the producer token `token_id` was revoked (read in the handler's transaction, so a
+    revocation applies to the next message)."""
+    return bool(await conn.fetchval(
+        "SELECT revoked_at IS NOT NULL FROM api_keys WHERE key_id = $1 AND $2 = ANY(scopes)", token_id, PRODUCER_SCOPE))

@@ -2,7 +2,16 @@
 
 from __future__ import annotations
 
+import time
+from collections.abc import Callable, Iterator
+from typing import Any
+
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.registry import Collector
+
+# Queue waits run from seconds (an idle pool) to days (a free tier behind a busy one).
+QUEUE_WAIT_BUCKETS = (1, 5, 15, 30, 60, 120, 300, 600, 1800, 3600, 3 * 3600, 6 * 3600, 12 * 3600, 86400, 3 * 86400)
 
 
 class SchedulerMetrics:
@@ -24,3 +33,75 @@ class SchedulerMetrics:
                                  registry=registry)
         self.oldest_wait = Gauge(f"{ns}_oldest_wait_seconds", "Longest current queue wait, by tier", ["tier"],
                                  registry=registry)
+        self.queue_wait = Histogram(f"{ns}_queue_wait_seconds",
+                                    "Time a job waited in the queue before it was placed (each stint of a "
+                                    "preempted job counts apart), by tier", ["tier"], registry=registry,
+                                    buckets=QUEUE_WAIT_BUCKETS)
+        self.nodes = NodeTelemetry()
+        registry.register(self.nodes)
+
+
+def _gpu_mean(key: str, scale: float = 1.0) -> Callable[[dict[str, Any]], float | None]:
+    def value(hb: dict[str, Any]) -> float | None:
+        vals = [g[key] for g in hb.get("gpus") or () if g.get(key) is not None]
+        return sum(vals) / len(vals) * scale if vals else None
+    return value
+
+
+def _gpu_sum(key: str, scale: float = 1.0) -> Callable[[dict[str, Any]], float | None]:
+    def value(hb: dict[str, Any]) -> float | None:
+        vals = [g[key] for g in hb.get("gpus") or () if g.get(key) is not None]
+        return sum(vals) * scale if vals else None
+    return value
+
+
+def _gpu_max(key: str) -> Callable[[dict[str, Any]], float | None]:
+    def value(hb: dict[str, Any]) -> float | None:
+        vals = [g[key] for g in hb.get("gpus") or () if g.get(key) is not None]
+        return max(vals) if vals else None
+    return value
+
+
+def _field(key: str, scale: float = 1.0) -> Callable[[dict[str, Any]], float | None]:
+    return lambda hb: hb[key] * scale if hb.get(key) is not None else None
+
+
+# name, help, the heartbeat figure it shows (None: absent from this heartbeat)
+_NODE_GAUGES: tuple[tuple[str, str, Callable[[dict[str, Any]], float | None]], ...] = (
+    ("whetstone_node_gpu_utilization_ratio", "Mean GPU utilisation of the node's GPUs (nvidia-smi), last heartbeat",
+     _gpu_mean("utilization_pct", 0.01)),
+    ("whetstone_node_gpu_memory_used_bytes", "GPU memory in use on the node, summed over its GPUs",
+     _gpu_sum("memory_used_mb", 2**20)),
+    ("whetstone_node_gpu_memory_total_bytes", "GPU memory of the node, summed over its GPUs",
+     _gpu_sum("memory_total_mb", 2**20)),
+    ("whetstone_node_gpu_power_watts", "Power drawn by the node's GPUs, summed", _gpu_sum("power_w")),
+    ("whetstone_node_gpu_temperature_celsius", "Hottest GPU of the node", _gpu_max("temperature_c")),
+    ("whetstone_node_cpu_utilization_ratio", "Node CPU busy ratio between two heartbeats", _field("cpu_percent", 0.01)),
+    ("whetstone_node_agent_rss_bytes", "Resident memory of the trainer agent and its training processes",
+     _field("rss_mb", 2**20)),
+)
+
+
+class NodeTelemetry(Collector):
+    """The hardware figures of each node's last heartbeat, as gauges labelled by node (a handful of
+    nodes: low cardinality). A node silent for `ttl_s` drops out, so a lost node shows no stale values."""
+
+    def __init__(self, ttl_s: float = 300.0, clock: Callable[[], float] = time.monotonic) -> None:
+        self.ttl_s, self.clock = ttl_s, clock
+        self.last: dict[str, tuple[float, str, dict[str, Any]]] = {}  # node -> (seen, gpu_type, heartbeat fields)
+
+    def observe(self, node_id: str, gpu_type: str, figures: dict[str, Any]) -> None:
+        self.last[node_id] = (self.clock(), gpu_type, figures)
+
+    def collect(self) -> Iterator[GaugeMetricFamily]:
+        now = self.clock()
+        for node, (seen, _, _) in list(self.last.items()):
+            if now - seen > self.ttl_s:
+                self.last.pop(node, None)
+        for name, doc, value_of in _NODE_GAUGES:
+            family = GaugeMetricFamily(name, doc, labels=["node", "gpu_type"])
+            for node, (_, gpu_type, figures) in sorted(self.last.items()):
+                value = value_of(figures)
+                if value is not None:
+                    family.add_metric([node, gpu_type], float(value))
+            yield family

@@ -16,7 +16,7 @@ from typing import Any
 
 from whetstone.contracts import (
     CheckpointRef, Event, JobAssignedV1, JobCancelledV1, JobFailedV1, JobPreemptedV1, JobPreemptRequestedV1,
-    JobQueuedV1, NodeFencedV1, Resources, TrainingSpec,
+    JobQueuedV1, ModelMergedV1, NodeFencedV1, Resources, TrainingSpec,
 )
 
 from . import jobs as rules
@@ -192,6 +192,14 @@ class Job:
         self.note(now, message, status=target, **data)
         return True
 
+    def _merge_failed(self, error: str) -> list[Event]:
+        """A merge job the scheduler ends (a timeout, a cancel) answers its merge request too."""
+        merge = self.request.get("merge") if self.method == "merge" else None
+        if not merge:
+            return []
+        return [ModelMergedV1(merge_id=merge["merge_id"], model_id=merge["model_id"], status="failed",
+                              merge_job_id=self.job_id, error=error)]
+
     def _leave_nodes(self) -> None:
         self.node_id, self.gpu_ids, self.placement, self.node_ids = None, [], [], []
 
@@ -212,7 +220,8 @@ class Job:
             return []
         self._leave_nodes()
         self.error = {"code": code, "message": message, "error_class": error_class, "param": param}
-        return [JobFailedV1(job_id=self.job_id, error_class=error_class, code=code, message=message)]
+        return [JobFailedV1(job_id=self.job_id, error_class=error_class, code=code, message=message),
+                *self._merge_failed(f"{code}: {message}")]
 
     def queue(self, now: datetime, spec: TrainingSpec, sort_key: float, runtime_s: float, quota: dict[str, Any],
               position: int, cost: dict[str, Any]) -> list[Event]:
@@ -353,11 +362,16 @@ class Job:
         return True
 
     def training_completed(self, now: datetime, steps: int, tokens: int | None, final: CheckpointRef) -> bool:
-        if not self._move(rules.EVALUATING, now, f"training finished after {steps} steps; evaluating"):
+        """Training jobs go on to evaluation; a merge job (nothing to evaluate) succeeds here."""
+        merge = self.method == "merge"
+        if not self._move(rules.EVALUATING, now, "merged weights stored" if merge
+                          else f"training finished after {steps} steps; evaluating"):
             return False
         self.trained_tokens, self.last_activity_at = tokens, now
         self._leave_nodes()
         self.latest_checkpoint = {**final.model_dump(), "kind": "final"}
+        if merge:
+            self._move(rules.SUCCEEDED, now, "merge job succeeded")
         return True
 
     def training_failed(self, now: datetime, code: str, message: str, error_class: str) -> bool:
@@ -384,7 +398,8 @@ class Job:
         if not self._move(rules.CANCELLED, now, "cancelled by user"):
             return []
         self._leave_nodes()
-        return [JobCancelledV1(job_id=self.job_id, node_id=node) for node in nodes or [None]]
+        return [*(JobCancelledV1(job_id=self.job_id, node_id=node) for node in nodes or [None]),
+                *self._merge_failed("cancelled: the merge job was cancelled")]
 
     def model_registered(self, now: datetime, name: str, model_id: str) -> None:
         if self.fine_tuned_model != name:

@@ -3,7 +3,8 @@ drained, new requests are prefilled and join the running batch (up to `max_batch
 finished row leaves at once. When idle, the first request waits `window_ms` for company. Mixed
 mode batches any adapters together; the baseline mode admits only requests for the running
 batch's adapter (one adapter per forward pass). Adapter loads/unloads run on the same thread
-between steps, so weights never change under a running forward pass."""
+between steps, so weights never change under a running forward pass. What the rows emit during a
+step is handed to the event loop in one call after the step (`post`), not one wake-up per token."""
 
 from __future__ import annotations
 
@@ -29,6 +30,11 @@ class _Op:
 _STOP = object()
 
 
+def _call_all(calls: list[tuple[Callable[..., None], tuple]]) -> None:
+    for fn, args in calls:
+        fn(*args)
+
+
 class Batcher:
     def __init__(self, engine: LoraEngine, *, window_ms: float, max_batch: int, mixed: bool) -> None:
         self.engine, self.window_s, self.max_batch, self.mixed = engine, window_ms / 1000, max_batch, mixed
@@ -38,6 +44,7 @@ class Batcher:
         self.running = RunningBatch(engine)
         self.steps = 0      # forward passes (prefills and decode steps)
         self.step_rows = 0  # rows over all forward passes: step_rows / steps = mean batch rows
+        self._posted: dict[asyncio.AbstractEventLoop, list[tuple[Callable[..., None], tuple]]] = {}
 
     def start(self) -> None:
         if self._thread is None:
@@ -53,6 +60,18 @@ class Batcher:
     def submit(self, row: GenRow) -> None:
         self._queue.put(row)
 
+    def post(self, loop: asyncio.AbstractEventLoop, fn: Callable[..., None], *args: Any) -> None:
+        """From the worker thread (a row's `emit`): call `fn(*args)` on `loop` once this step is over."""
+        self._posted.setdefault(loop, []).append((fn, args))
+
+    def _hand_over(self) -> None:
+        posted, self._posted = self._posted, {}
+        for loop, calls in posted.items():
+            try:
+                loop.call_soon_threadsafe(_call_all, calls)
+            except RuntimeError:  # that event loop is closed: nobody is waiting for these rows
+                pass
+
     async def run_op(self, fn: Callable[[], Any]) -> Any:
         """Run `fn` on the worker thread between decode steps; its result or exception comes back here."""
         loop = asyncio.get_running_loop()
@@ -62,8 +81,15 @@ class Batcher:
 
     # -- worker thread ------------------------------------------------------------
     def _run(self) -> None:
+        try:
+            self._loop()
+        finally:
+            self._hand_over()
+
+    def _loop(self) -> None:
         running = self.running
         while True:
+            self._hand_over()
             if not self._drain(block=not self._pending and not running.rows, timeout=None):
                 running.fail("the server is shutting down")
                 return
@@ -86,6 +112,7 @@ class Batcher:
                 if newcomers:
                     self._count(len(newcomers))
                     running.admit(newcomers, mixed=self.mixed)
+                    self._hand_over()  # first tokens out before the next step
             except Exception as exc:  # noqa: BLE001  a bad request fails its own rows, never the thread
                 for row in newcomers:
                     if row.completion_tokens == 0:

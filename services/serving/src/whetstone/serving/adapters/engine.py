@@ -8,6 +8,7 @@ baseline (`mixed=False`) runs one adapter per pass.
 
 from __future__ import annotations
 
+import os
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -20,7 +21,8 @@ from .multilora import StackedLora, read_lora
 
 @dataclass
 class GenRow:
-    """One sequence to generate; `emit(delta_text, finish_reason)` is called from the worker thread."""
+    """One sequence to generate; `emit(delta_text, finish_reason)` is called from the worker thread.
+    `stream=False` (and no stops): the text is decoded once, at the end, not after every token."""
 
     adapter: str
     prompt_ids: list[int]
@@ -30,6 +32,7 @@ class GenRow:
     top_p: float = 1.0
     stops: list[str] = field(default_factory=list)
     seed: int | None = None
+    stream: bool = True
     arrived: float = field(default_factory=time.monotonic)
     completion_tokens: int = 0
 
@@ -55,6 +58,10 @@ class _RowState:
         if token in self.engine.eos_ids:
             return self.finish(self.text(), "stop")
         self.ids.append(token)
+        if not (row.stream or row.stops):  # nobody reads the text before the end
+            if len(self.ids) >= row.max_tokens:
+                self.finish(self.text(), "length")
+            return
         text = self.text()
         cuts = [i for i in (text.find(s) for s in row.stops) if i >= 0]
         if cuts:
@@ -80,8 +87,11 @@ class LoraEngine:
         import torch
 
         self.torch = torch
-        if threads:
-            torch.set_num_threads(threads)
+        if not threads:  # auto: one core stays with the event loop (HTTP, Kafka) that feeds this thread;
+            # intra-op threads oversubscribing the cores make every small op wait for a descheduled peer
+            threads = max(1, min(torch.get_num_threads(), len(os.sched_getaffinity(0)) - 1))
+        torch.set_num_threads(threads)
+        self.threads = threads
         self.tokenizer = load_tokenizer(base_dir)
         base = load_model(base_dir, dtype="float32")
         base.eval()
@@ -125,6 +135,9 @@ class LoraEngine:
                                                   chat_template=template or self.tokenizer.chat_template)
 
     def encode(self, text: str) -> list[int]:
+        backend = getattr(self.tokenizer, "backend_tokenizer", None)
+        if backend is not None:  # the Rust tokenizer itself: the Python wrapper costs more than the work
+            return backend.encode(text, add_special_tokens=False).ids
         return list(self.tokenizer(text, add_special_tokens=False)["input_ids"])
 
     # -- generation -------------------------------------------------------------

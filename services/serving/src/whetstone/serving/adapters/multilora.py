@@ -64,7 +64,7 @@ def read_lora(directory: Path) -> tuple[dict[str, Any], dict[str, tuple[Any, Any
 
 
 class StackedLora:
-    def __init__(self, model, *, slots: int, max_rank: int) -> None:
+    def __init__(self, model, *, slots: int, max_rank: int, gather_budget: int = 256 << 20) -> None:
         import torch
 
         self.torch, self.max_rank, self.slots = torch, max_rank, slots
@@ -77,6 +77,10 @@ class StackedLora:
         self.row_slots = None  # (batch,) long tensor, set before every forward
         self.row_rank = max_rank  # the largest rank among the batch's slots: padding beyond it is skipped
         self.slot_rank: dict[int, int] = {}
+        self._slots_key: tuple[int, ...] | None = None  # the rows `_gather` was built for
+        self._gather: dict[str, tuple[Any, Any]] = {}
+        self._gather_bytes = 0
+        self.gather_budget = gather_budget
         for name, mod in self.linears.items():
             dtype = mod.weight.dtype
             self.A[name] = torch.zeros((slots + 1, max_rank, mod.in_features), dtype=dtype)
@@ -90,13 +94,25 @@ class StackedLora:
         def add_lora(_module, inputs, output):
             if not self.users[name] or self.row_slots is None:
                 return output
-            x = inputs[0]
-            r = self.row_rank
-            a = self.A[name][:, :r].index_select(0, self.row_slots)      # (batch, r, in)
-            b = self.B[name][:, :, :r].index_select(0, self.row_slots)   # (batch, out, r)
-            return output + torch.bmm(torch.bmm(x, a.transpose(1, 2)), b.transpose(1, 2))
+            a, b = self._gathered(name)
+            return output + torch.bmm(torch.bmm(inputs[0], a), b)
 
         return add_lora
+
+    def _gathered(self, name: str):
+        """This module's (A^T, B^T) for the current rows, (batch, in, r) and (batch, r, out): gathered
+        once per `use()` and reused by the following forward passes (decode steps) while the rows
+        stay the same, within `gather_budget` bytes over all modules (beyond it: every pass)."""
+        got = self._gather.get(name)
+        if got is None:
+            r = self.row_rank
+            got = (self.A[name][:, :r].index_select(0, self.row_slots).transpose(1, 2).contiguous(),
+                   self.B[name][:, :, :r].index_select(0, self.row_slots).transpose(1, 2).contiguous())
+            size = sum(t.numel() * t.element_size() for t in got)
+            if self._gather_bytes + size <= self.gather_budget:
+                self._gather[name] = got
+                self._gather_bytes += size
+        return got
 
     def check(self, config: dict[str, Any], pairs: dict[str, tuple[Any, Any]]) -> None:
         r = int(config.get("r") or 0)
@@ -124,10 +140,15 @@ class StackedLora:
 
     def use(self, slots: list[int]) -> None:
         """Set the rows of the next forward passes (slot 0: the base alone)."""
+        key = tuple(slots)
+        if key == self._slots_key:
+            return  # the same rows as the last pass (a decode step): the gathered weights still hold
+        self._slots_key, self._gather, self._gather_bytes = key, {}, 0
         self.row_slots = self.torch.tensor(slots, dtype=self.torch.long)
         self.row_rank = max([self.slot_rank.get(s, 1) for s in slots] or [1])
 
     def clear(self, slot: int) -> None:
+        self._slots_key, self._gather, self._gather_bytes = None, {}, 0  # a slot's weights change: gather again
         self.slot_rank.pop(slot, None)
         for module in self.slot_modules.pop(slot, []):
             self.A[module][slot].zero_()

@@ -85,7 +85,7 @@ def free_gpu_ids(gpu_count: int, held: Iterable[Iterable[int]], draining: bool) 
 
 PROGRESS_FIELDS = ("step", "total_steps", "epoch", "loss", "grad_norm", "learning_rate", "tokens_per_s",
                    "samples_per_s", "peak_memory_mb", "validation_loss", "tokens_seen", "token_accuracy",
-                   "gpu_utilization")
+                   "gpu_utilization", "step_time_s", "mfu")
 ENVELOPE_FIELDS = ("event", "job_id", "time")
 
 

@@ -98,8 +98,8 @@ class TrainingMonitor:
         self.last_save = time.monotonic()
         self.validation: dict[int, dict[str, float]] = {}  # step -> metrics, reported with its checkpoint
 
-    def train_begin(self, args, state) -> None:
-        self.meter.start(state)
+    def train_begin(self, args, state, model=None) -> None:
+        self.meter.start(state, model)
         self.last_save = time.monotonic()
         for entry in state.log_history:  # a resumed run keeps its running minimum
             if "loss" in entry and entry["loss"] is not None and math.isfinite(entry["loss"]):
@@ -152,8 +152,8 @@ def platform_callback(monitor: TrainingMonitor):
     from transformers import TrainerCallback
 
     class PlatformCallback(TrainerCallback):
-        def on_train_begin(self, args, state, control, **kwargs):
-            monitor.train_begin(args, state)
+        def on_train_begin(self, args, state, control, model=None, **kwargs):
+            monitor.train_begin(args, state, model)
 
         def on_step_end(self, args, state, control, model=None, **kwargs):
             monitor.step_end(state, control, model)

@@ -110,8 +110,9 @@ def remove_partial_artifact(output_dir: Path) -> None:
     shutil.rmtree(output_dir / f"{FINAL_DIR}.partial", ignore_errors=True)
 
 
-def merged_writer(base_model: str, tokenizer) -> Callable[[Path, Path], None]:
-    """merge_and_unload onto a full-precision copy of the base (also for QLoRA adapters)."""
+def merged_writer(base_model: str, tokenizer, device_map: dict[str, str] | None = None) -> Callable[[Path, Path], None]:
+    """merge_and_unload onto a full-precision copy of the base (also for QLoRA adapters); `device_map`:
+    where to load the base (default: CPU memory, beside a trainer that still holds the GPU)."""
 
     def merge(adapter_dir: Path, out: Path) -> None:
         from peft import PeftModel
@@ -120,7 +121,7 @@ def merged_writer(base_model: str, tokenizer) -> Callable[[Path, Path], None]:
 
         from .modeling import compute_dtype
 
-        base = load_model(base_model, dtype=compute_dtype())
+        base = load_model(base_model, dtype=compute_dtype(), **({"device_map": device_map} if device_map else {}))
         merged = PeftModel.from_pretrained(base, str(adapter_dir)).merge_and_unload()
         merged.save_pretrained(str(out))
         tokenizer.save_pretrained(str(out))

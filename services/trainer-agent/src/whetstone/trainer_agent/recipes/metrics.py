@@ -16,6 +16,8 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
+from ..domain.telemetry import mfu
+
 
 LOGGED_EXTRAS = ("mean_token_accuracy", "rewards/accuracies", "rewards/margins", "nll_loss")
 
@@ -26,9 +28,15 @@ class ProgressMeter:
 
     def __init__(self) -> None:
         self._last = (time.perf_counter(), 0, 0)  # time, tokens seen, global step
+        self.params: int | None = None      # the whole model's parameters (frozen base included)
+        self.gpu_type: str | None = None    # the CUDA device's name; None on CPU (no MFU)
 
-    def start(self, state) -> None:
+    def start(self, state, model=None) -> None:
         self._last = (time.perf_counter(), state.num_input_tokens_seen, state.global_step)
+        if model is not None:
+            # ZeRO-3 partitions parameters: their full size is `ds_numel`
+            self.params = sum(getattr(p, "ds_numel", None) or p.numel() for p in model.parameters())
+        self.gpu_type = cuda_device_name()
 
     def measure(self, args, state, logs: Mapping[str, Any]) -> dict[str, Any]:
         now, tokens, step = time.perf_counter(), state.num_input_tokens_seen, state.global_step
@@ -45,6 +53,7 @@ class ProgressMeter:
             "grad_norm": logs.get("grad_norm"),
             "learning_rate": logs.get("learning_rate"),
             "tokens_per_s": round((tokens - last_tokens) / elapsed, 1),
+            "step_time_s": round(elapsed / (step - last_step), 4) if step > last_step else None,
             "samples_per_s": round(samples / elapsed, 2),
             "tokens_seen": tokens,
             "peak_memory_mb": peak_memory_mb(),
@@ -52,6 +61,8 @@ class ProgressMeter:
         for key in LOGGED_EXTRAS:
             if key in logs:
                 progress[key.replace("/", "_")] = logs[key]
+        # tokens seen are summed over the processes: the peak is that of all the job's GPUs
+        progress["mfu"] = mfu(self.params, progress["tokens_per_s"], self.gpu_type, max(args.world_size, 1))
         utilization = gpu_utilization()
         if utilization is not None:
             progress["gpu_utilization"] = utilization
@@ -65,6 +76,17 @@ def peak_memory_mb() -> float:
     if torch.cuda.is_available():
         return round(torch.cuda.max_memory_allocated() / 2**20, 1)
     return round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1)  # KiB on Linux
+
+
+def cuda_device_name() -> str | None:
+    import torch
+
+    if not torch.cuda.is_available():
+        return None
+    try:
+        return torch.cuda.get_device_name()
+    except Exception:  # noqa: BLE001 - a device that cannot be queried has no known peak
+        return None
 
 
 def gpu_utilization() -> float | None:
