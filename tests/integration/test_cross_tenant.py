@@ -45,7 +45,7 @@ from whetstone.contracts import (
     NodeHeartbeatV1,
     job_id_for,
 )
-from whetstone.devstack.testing import outbox, producer_token, send
+from whetstone.devstack.testing import outbox, producer_token, send, until
 from whetstone.gateway.config import GatewaySettings
 from whetstone.gateway.routing import owner_of
 from whetstone.gateway.server import start_gateway
@@ -106,16 +106,6 @@ def is_openai_error(r: httpx.Response) -> bool:
     except ValueError:
         return False
     return isinstance(err, dict) and isinstance(err.get("message"), str) and "type" in err
-
-
-async def until(fetch, done, timeout: float, what: str):
-    deadline = time.monotonic() + timeout
-    while True:
-        value = await fetch()
-        if done(value):
-            return value
-        assert time.monotonic() < deadline, f"timed out waiting for {what}: {value}"
-        await asyncio.sleep(0.5)
 
 
 class Tally:

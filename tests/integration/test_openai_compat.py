@@ -4,13 +4,13 @@ cancel, an idempotent retry, and another tenant's key getting 404 on every objec
 
 import asyncio
 import json
-import time
 from pathlib import Path
 
 import openai
 import pytest
 
 from whetstone.cli.dev import core_service_builders, upstreams_of
+from whetstone.devstack.testing import until
 from whetstone.gateway.config import GatewaySettings
 from whetstone.gateway.server import start_gateway
 
@@ -35,16 +35,6 @@ def dpo_file() -> bytes:
              "preferred_output": [{"role": "assistant", "content": f"Number {i} is doing great work."}],
              "non_preferred_output": [{"role": "assistant", "content": "No."}]} for i in range(24)]
     return b"".join(json.dumps(r).encode() + b"\n" for r in rows)
-
-
-async def until(fetch, done, timeout: float, what: str):
-    deadline = time.monotonic() + timeout
-    while True:
-        value = await fetch()
-        if done(value):
-            return value
-        assert time.monotonic() < deadline, f"timed out waiting for {what}: {value}"
-        await asyncio.sleep(0.5)
 
 
 async def test_official_openai_client_end_to_end(platform, settings):

@@ -42,7 +42,7 @@ async def test_download_verifies_every_file_and_merged_weights_come_from_a_job(p
                         config = json.loads(data)
                         assert config["base_model_name_or_path"] == kit.BASE and config["peft_type"] == "LORA"
             # someone overwrites the adapter in S3: nothing is served
-            rt.store.put_bytes(f"tenants/demo/jobs/ftjob-dl/checkpoints/final/adapter_model.safetensors", b"evil")
+            rt.store.put_bytes("tenants/demo/jobs/ftjob-dl/checkpoints/final/adapter_model.safetensors", b"evil")
             r = await c.get(f"/v1/models/{model}/download", headers=kit.headers("demo"))
             assert r.status_code == 409 and r.json()["error"]["code"] == "artifact_corrupted"
             assert "adapter_model.safetensors" in r.json()["error"]["message"]

@@ -137,6 +137,17 @@ def producer_token(tenant_id: str) -> str:
     return mint_producer_token(tenant_id)
 
 
+async def until(fetch: Callable[[], Awaitable[Any]], done: Callable[[Any], bool], timeout: float, what: str) -> Any:
+    """Fetch every 0.5 s until `done(value)`; the failure message shows the last value fetched."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = await fetch()
+        if done(value):
+            return value
+        assert time.monotonic() < deadline, f"timed out waiting for {what}: {value}"
+        await asyncio.sleep(0.5)
+
+
 async def wait_until(check: Callable[[], Awaitable[Any]], timeout: float = 30.0, what: str = "condition") -> Any:
     deadline = time.monotonic() + timeout
     while True:
