@@ -13,6 +13,7 @@ from pathlib import Path
 
 import asyncpg
 import boto3
+import botocore.exceptions
 import psutil
 import pytest
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
@@ -288,7 +289,16 @@ def test_postgres_and_s3_stop_and_come_back_with_their_data(tmp_path):
             await conn.close()
 
     try:
-        asyncio.run(pg("CREATE TABLE kept AS SELECT 42 AS answer"))
+        # the embedded PostgreSQL runs with synchronous_commit=off (speed): a commit reaches the WAL up
+        # to 200 ms later, so a crash right after it may lose it. What must survive a crash is what was
+        # committed synchronously, as production commits are
+        async def durable_write() -> None:
+            conn = await asyncpg.connect(endpoints.database_url)
+            try:
+                await conn.execute("SET synchronous_commit = on; CREATE TABLE kept AS SELECT 42 AS answer")
+            finally:
+                await conn.close()
+        asyncio.run(durable_write())
         _s3(endpoints).put_object(Bucket="kept-data", Key="k", Body=b"kept")
         stack.stop_component("postgres", kill=True)
         with pytest.raises((OSError, asyncpg.PostgresError)):
@@ -301,7 +311,16 @@ def test_postgres_and_s3_stop_and_come_back_with_their_data(tmp_path):
                          aws_access_key_id="x", aws_secret_access_key="y",
                          config=Config(retries={"max_attempts": 1}, connect_timeout=1)).list_buckets()
         stack.start_component("s3")
-        assert _s3(endpoints).get_object(Bucket="kept-data", Key="k")["Body"].read() == b"kept"
+        # SeaweedFS answers S3 before its volume server has registered again: reads come back within seconds
+        deadline = time.monotonic() + 30
+        while True:
+            try:
+                assert _s3(endpoints).get_object(Bucket="kept-data", Key="k")["Body"].read() == b"kept"
+                break
+            except botocore.exceptions.ClientError:
+                if time.monotonic() > deadline:
+                    raise
+                time.sleep(0.5)
         with pytest.raises(RuntimeError, match="no embedded kafka"):
             EmbeddedStack(tmp_path / "other", log=lambda m: None).stop_component("kafka")
     finally:
