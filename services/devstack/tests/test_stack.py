@@ -131,7 +131,7 @@ def test_stack_serves_kafka_postgres_and_s3_and_stops_its_processes(tmp_path: Pa
 
 def _launch_stack_up(data_dir: Path, env_file: Path, log_file: Path) -> subprocess.Popen[bytes]:
     code = (
-        "import sys; from pathlib import Path; from whetstone.devstack.stack import stack_up_main; "
+        "import sys; from pathlib import Path; from whetstone.devstack.stack_up import stack_up_main; "
         "sys.exit(stack_up_main(Path(sys.argv[1]), [('jobs.requested', 1)], ['artifacts'], Path(sys.argv[2])))"
     )
     with open(log_file, "wb") as log:

@@ -31,7 +31,7 @@ def cmd_stack_up(args: argparse.Namespace) -> int:
     from whetstone.contracts import all_topic_partitions  # noqa: PLC0415
 
     from whetstone.runtime.settings import CommonSettings  # noqa: PLC0415
-    from whetstone.devstack.stack import stack_up_main  # noqa: PLC0415
+    from whetstone.devstack.stack_up import stack_up_main  # noqa: PLC0415
 
     s = CommonSettings()
     data_dir = Path(args.data_dir or s.data_dir)
