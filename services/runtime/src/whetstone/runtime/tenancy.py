@@ -22,6 +22,7 @@ PLATFORM_TENANT = "platform"
 PLATFORM_TOPICS = frozenset({"node.heartbeat", "base_model.updated"})   # only the platform speaks for these
 OWNED = ("job_id", "model_id")   # the aggregates a tenant owns, by the payload field that names them
 
+
 async def check_tenant(conn: asyncpg.Connection, topic: str, env: Envelope, event: Any) -> None:
     """Raise `PoisonMessage(tenant_mismatch)` when `env` speaks for a tenant that does not own what
     `event` is about; otherwise record the owners first seen here."""

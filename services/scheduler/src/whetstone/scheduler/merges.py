@@ -10,7 +10,6 @@ quota, fits nowhere) is answered `model.merged` failed with the reason, without 
 
 from __future__ import annotations
 
-import asyncio
 import hashlib
 import json
 import uuid
@@ -123,7 +122,7 @@ async def create_merge_job(rt: Rt, store: JobStore, env: Envelope, ev: MergeRequ
     if isinstance(tier, rules.Rejection):
         raise MergeRefused(tier.code, tier.message)
     try:
-        model = await asyncio.to_thread(ctx.models.lookup, ev.base_model, rt.settings.model_catalog)
+        model = await ctx.models.resolve(ev.base_model, rt.settings.model_catalog)
     except UnknownModel as exc:
         raise MergeRefused("unknown_base_model", str(exc)) from exc
     if model.model.sha256 != ev.base_model_sha256:
