@@ -15,7 +15,7 @@ from pydantic import BaseModel, Field
 
 from whetstone.contracts import BaseModelUpdatedV1, EvalRequestedV1
 from whetstone.runtime.errors import ApiError
-from whetstone.runtime.identity import Caller, require
+from whetstone.runtime.identity import PLATFORM_TENANT, Caller, require
 from whetstone.runtime.messaging import UnitOfWork
 from whetstone.runtime.service import Runtime
 
@@ -25,7 +25,6 @@ from .context import RegistryContext
 from .domain.drift import reeval_request_id, rollout_check
 
 SHA_RE = re.compile(r"^[0-9a-f]{40}$|^[0-9a-f]{64}$")
-PLATFORM_TENANT = "platform"
 
 
 class NewVersion(BaseModel):

@@ -17,8 +17,8 @@ import asyncpg
 from whetstone.contracts import Envelope
 
 from .delivery import PoisonMessage
+from .identity import PLATFORM_TENANT
 
-PLATFORM_TENANT = "platform"
 PLATFORM_TOPICS = frozenset({"node.heartbeat", "base_model.updated"})   # only the platform speaks for these
 OWNED = ("job_id", "model_id")   # the aggregates a tenant owns, by the payload field that names them
 

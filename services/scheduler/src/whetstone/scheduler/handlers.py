@@ -9,6 +9,7 @@ from whetstone.contracts import (
     JobFailedV1, JobPreemptedV1, JobProgressV1, JobRequestedV1, JobStartedV1, ModelRegisteredV1, NodeHeartbeatV1,
     UsageMeteredV1,
 )
+from whetstone.runtime.identity import PLATFORM_TENANT   # nodes belong to the platform
 from whetstone.runtime.messaging import UnitOfWork
 from whetstone.runtime.s3 import within_tenant
 from whetstone.runtime.service import PoisonMessage, Runtime
@@ -24,7 +25,6 @@ Rt = Runtime[SchedulerContext]
 Lifecycle = JobStartedV1 | JobProgressV1 | CheckpointWrittenV1 | JobPreemptedV1 | JobCompletedV1 | JobFailedV1
 
 
-PLATFORM_TENANT = "platform"   # the tenant of node-level events (heartbeats): nodes belong to the platform
 
 
 def own_job(env: Envelope, job: Job | None, what: str) -> Job | None:
