@@ -165,9 +165,12 @@ async def test_every_dashboard_panel_has_data_from_a_real_workload(settings, whe
     async with httpx.AsyncClient(base_url=prom, timeout=10) as api:
         async def ready():
             try:
-                targets = (await api.get("/api/v1/targets")).json()["data"]["activeTargets"]
+                reply = await api.get("/api/v1/targets")
             except httpx.HTTPError:
                 return False
+            if reply.status_code != 200:  # Prometheus answers 503 "Service Unavailable" until it is ready
+                return False
+            targets = reply.json()["data"]["activeTargets"]
             return len(targets) == len(ports) and all(t["health"] == "up" for t in targets)
         await wait_until(ready, 60, "prometheus scraping every service")
 
