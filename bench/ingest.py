@@ -9,7 +9,7 @@ straightforward baselines measured in the same run.
    reference question inside an otherwise original conversation: under 50% overlap) and
    PII (0.5%); the file is written and read as a stream;
 2. run the whole gate (`DataGate`, exactly what the service and `whet datasets check` run)
-   on the JSONL file with `WHETSTONE_INGEST_WORKERS` processes (default 2), then again with
+   on the JSONL file with `--workers` processes (default: WHETSTONE_INGEST_WORKERS, else 2), then again with
    parallelism off: the train/validation/audit files must be byte-identical and the reports
    equal; end-to-end examples/s, examples per CPU-second (worker processes included) and
    peak RSS (the gate's process and the largest worker) of both;
@@ -314,6 +314,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--quick", action="store_true", help="10,000 examples and smaller baseline samples")
     ap.add_argument("--seed", type=int, default=7)
     ap.add_argument("--keep", help="keep the generated data in this directory")
+    ap.add_argument("--workers", type=int, default=int(os.environ.get("WHETSTONE_INGEST_WORKERS", "2")),
+                    help="processes for the gate's pooled run (default: WHETSTONE_INGEST_WORKERS, else 2: both "
+                         "cores); the serial run beside it is the baseline")
+    ap.add_argument("--expect-sha256", help="the outputs' digest (`outputs_sha256` of an earlier run, e.g. of the "
+                                            "code before a speed-up, same --examples/--seed): asserted equal")
     args = ap.parse_args(argv)
     n = args.examples or (10_000 if args.quick else 100_000)
     work = Path(args.keep) if args.keep else Path(tempfile.mkdtemp(prefix="bench-ingest-"))
@@ -326,7 +331,7 @@ def main(argv: list[str] | None = None) -> int:
     size_mb = data.stat().st_size / 2**20
     print(f"generated {n} examples ({size_mb:.0f} MB) + 10,000 reference items in {gen_s:.1f}s", file=sys.stderr)
 
-    workers = IngestSettings().workers                  # WHETSTONE_INGEST_WORKERS, default 2
+    workers = max(1, args.workers)
     load_before = os.getloadavg()[0]
     result, e2e_s, e2e_cpu_s = run_gate(data, ref, work, "gate", workers)
     rss_pipeline, rss_workers = peak_rss_mb(), children_peak_rss_mb()
@@ -346,6 +351,10 @@ def main(argv: list[str] | None = None) -> int:
     print(f"serial gate: {n / serial_s:.0f} examples/s, {n / serial_cpu_s:.0f} per CPU-second; files identical to "
           f"the {workers}-worker run: {identical}", file=sys.stderr)
     assert identical, "the pooled gate wrote different files than the serial one"
+    outputs_sha256 = hashlib.sha256("|".join(str(file_digest(p)) for p in (
+        result.train_path, result.validation_path, result.audit_path)).encode()).hexdigest()
+    assert not args.expect_sha256 or outputs_sha256 == args.expect_sha256, \
+        f"outputs {outputs_sha256} differ from the expected {args.expect_sha256}"
     assert {k: v for k, v in rs.items() if k != "timings"} == {k: v for k, v in r.items() if k != "timings"}
     # the planted figures
     assert r["accepted"] and scores["exact_dup_recall"] == 1.0, scores
@@ -369,7 +378,7 @@ def main(argv: list[str] | None = None) -> int:
            "input_mb": round(size_mb, 1), "end_to_end_s": round(e2e_s, 2),
            "end_to_end_examples_per_cpu_s": round(n / e2e_cpu_s, 1),
            "serial_examples_per_s": round(n / serial_s, 1), "serial_examples_per_cpu_s": round(n / serial_cpu_s, 1),
-           "serial_files_identical": identical,
+           "serial_files_identical": identical, "outputs_sha256": outputs_sha256,
            "load_average": [round(load_before, 2), round(os.getloadavg()[0], 2)], "gate_timings": r["timings"],
            "accepted": r["accepted"], "rows_kept": r["rows_kept"], "exact_duplicates": r["exact_duplicates"],
            "near_duplicates": r["near_duplicates"], "contaminated": r["contaminated"], "pii_hits": r["pii_hits"],

@@ -33,6 +33,22 @@ def test_ngrams_never_cross_texts_in_a_batch():
     assert batch.hashes[batch.docs == 2].tolist() == alone.tolist()
 
 
+def test_word_hashes_compare_words_on_their_first_24_bytes_in_any_window(monkeypatch):
+    from whetstone.ingest.domain import contamination
+
+    long_a, long_b = "x" * 24 + "tail", "x" * 24 + "other"
+    texts = [f"{long_a} Dog dog. {long_b} x{'y' * 22}z x{'y' * 22}q", "", "dog", "ünï DOG"]
+    whole, docs = NgramHasher().word_hashes(texts)
+    assert docs.tolist() == [0] * 6 + [2, 3, 3]
+    h = whole.tolist()
+    assert h[0] == h[3] and h[1] == h[2] == h[6] == h[8] and h[4] != h[5] and len(set(h)) == 5
+    for window in (8, 30):          # hashed a few bytes at a time (a 28-byte word overruns 8): the same hashes
+        monkeypatch.setattr(contamination, "_WINDOW_BYTES", window)
+        windowed, windowed_docs = NgramHasher().word_hashes(texts)
+        assert windowed.tolist() == h and windowed_docs.tolist() == docs.tolist()
+    assert NgramHasher().word_hashes(["", " .,"])[0].size == 0
+
+
 def test_contamination_fraction_and_threshold():
     index = ReferenceIndex()
     index.add("mmlu", [QUESTION, "another unrelated benchmark item with enough words to form a few thirteen grams ok"])
@@ -90,6 +106,12 @@ def test_password_assignment_is_a_secret():
 ])
 def test_pii_negatives(text):
     assert pii.scan(text) == []
+
+
+@pytest.mark.parametrize("text", ["x AKIA1234", "ghp_abc", "abc xoxb-1", "eyJhbGc", "-----BEGIN RSA", "sk-abc",
+                                  "my AIza", "ASIA", "Is it plain text", "hf-", "gh p_", "AKI A"])
+def test_secret_hint_prefilter_equals_scanning_every_hint(text):
+    assert pii._has_hint(text) == any(h in text for h in pii._SECRET_HINTS)
 
 
 def test_an_iban_failing_mod_97_is_not_an_iban():
