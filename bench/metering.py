@@ -15,9 +15,12 @@ After each replay the per-job invoices (net of corrections) are compared with th
 ground truth. events_per_s is the slowest replay's rate (messages consumed, ledger
 settled, from the moment the service is up). A baseline in the same run: the service
 consuming one message per transaction (no batching) on a smaller sample, and the
-batched service on that same sample. Last line: JSON.
+batched service on that same sample. On a shared machine the rates depend on what else
+runs: each replay also reports the CPU microseconds per message of the service process and
+of its Postgres backends, and the load average around it. Last line: JSON.
 
     .venv/bin/python bench/metering.py [--events N] [--quick]
+    .venv/bin/python bench/metering.py --quick --fresh-only --profile DIR   # cProfile of the service
 """
 
 from __future__ import annotations
@@ -83,6 +86,19 @@ async def produce(bootstrap: str, messages: list[tuple[str, bytes, bytes]]) -> f
     return time.perf_counter() - start
 
 
+METERED_PARTITIONS = [TopicPartition(t, p) for t in METERED_TOPICS for p in range(TOPICS[t].partitions)]
+
+
+async def committed(watcher: AIOKafkaConsumer) -> int:
+    """Messages the service has handled and committed: the sum of its group's offsets (the topics
+    hold only this workload). Asked of the broker, not of the service: its /metrics exposition
+    costs it ~40 ms of CPU per scrape, which polling would take from the run being measured.
+    `watcher` is a consumer of the group that never joins it; one OffsetFetch for all partitions
+    through its coordinator (the admin client's OffsetFetch version is one the dev broker rejects)."""
+    offsets = await watcher._coordinator.fetch_committed_offsets(METERED_PARTITIONS)
+    return sum(max(o.offset, 0) for o in offsets.values())
+
+
 async def rewind(bootstrap: str) -> None:
     """Join the metering group alone, and commit offset 0 on every partition it reads."""
     consumer = AIOKafkaConsumer(*METERED_TOPICS, bootstrap_servers=bootstrap, group_id=GROUP,
@@ -100,8 +116,9 @@ async def rewind(bootstrap: str) -> None:
 class Metering:
     """The real service in its own process, as it runs in production."""
 
-    def __init__(self, endpoints: StackEndpoints, workdir: Path, batch_size: int) -> None:
+    def __init__(self, endpoints: StackEndpoints, workdir: Path, batch_size: int, profile: Path | None = None) -> None:
         self.port = free_port()
+        self.profile = profile  # write the service's cProfile there when it stops
         self.env = {**os.environ, **endpoints.as_env(), "WHETSTONE_DATA_DIR": str(workdir),
                     "WHETSTONE_LOG_LEVEL": "INFO", "WHETSTONE_METERING_HTTP_PORT": str(self.port),
                     "WHETSTONE_METERING_BATCH_SIZE": str(batch_size), "WHETSTONE_METERING_CLOSE_GRACE_S": "2",
@@ -115,8 +132,9 @@ class Metering:
 
     async def start(self) -> None:
         with self.log.open("ab") as log:
-            self.proc = subprocess.Popen([sys.executable, "-m", "whetstone.metering"], env=self.env, stdout=log,
-                                         stderr=subprocess.STDOUT)
+            profiler = ["-m", "cProfile", "-o", str(self.profile)] if self.profile else []
+            self.proc = subprocess.Popen([sys.executable, *profiler, "-m", "whetstone.metering"], env=self.env,
+                                         stdout=log, stderr=subprocess.STDOUT)
         while True:
             if self.proc.poll() is not None:
                 raise RuntimeError(f"metering exited with {self.proc.returncode}; see {self.log}")
@@ -127,15 +145,17 @@ class Metering:
                 pass
             await asyncio.sleep(0.1)
 
-    async def consumed(self) -> int:
-        text = (await self.http.get("/metrics")).text
-        return int(sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
-                       if line.startswith("whetstone_messages_consumed_total{")))
-
     async def gauges(self, *names: str) -> str:
         text = (await self.http.get("/metrics")).text
         return ", ".join(line for line in text.splitlines()
                          if any(line.startswith(f"whetstone_metering_{n} ") for n in names))
+
+    def cpu_s(self) -> float:
+        """CPU seconds the service process used so far (user + system): on a shared machine a
+        figure that does not depend on what else runs."""
+        assert self.proc is not None
+        fields = Path(f"/proc/{self.proc.pid}/stat").read_text().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
     def stop(self) -> None:
         if self.proc is not None and self.proc.poll() is None:
@@ -154,19 +174,41 @@ async def settled(conn: asyncpg.Connection, work: Workload, report: bool = False
     return jobs == len(work.jobs) and waiting == 0 and anomalies == len(work.anomalies)
 
 
+def proc_cpu_s(pid: int) -> float:
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:  # gone
+        return 0.0
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+async def backend_cpu(conn: asyncpg.Connection) -> dict[int, float]:
+    """CPU seconds used so far by each Postgres backend serving the service (the stack is the bench's own)."""
+    pids = await conn.fetch("SELECT pid FROM pg_stat_activity WHERE backend_type = 'client backend'"
+                            " AND pid <> pg_backend_pid()")
+    return {r["pid"]: proc_cpu_s(r["pid"]) for r in pids}
+
+
+def load() -> float:
+    return round(os.getloadavg()[0], 1)
+
+
 async def replay(n: int, endpoints: StackEndpoints, work: Workload, workdir: Path, batch_size: int,
-                 fresh_database: bool) -> dict:
+                 fresh_database: bool, profile: Path | None = None) -> dict:
     conn = await asyncpg.connect(endpoints.database_url)
-    service = Metering(endpoints, workdir, batch_size)
+    service = Metering(endpoints, workdir, batch_size, profile)
+    watcher = AIOKafkaConsumer(bootstrap_servers=endpoints.kafka_bootstrap, group_id=GROUP, enable_auto_commit=False)
+    await watcher.start()
     try:
         if n > 1:
             await rewind(endpoints.kafka_bootstrap)
         if fresh_database:
             await conn.execute("DROP SCHEMA IF EXISTS metering CASCADE")
         await service.start()
-        began = time.perf_counter()
+        began, load_before = time.perf_counter(), load()
+        cpu0, db0 = service.cpu_s(), await backend_cpu(conn)
         await conn.execute("SET search_path TO metering")
-        while await service.consumed() < len(work.messages):
+        while await committed(watcher) < len(work.messages):
             await asyncio.sleep(0.5)
         consumed_s = time.perf_counter() - began
         polls = 0
@@ -177,6 +219,9 @@ async def replay(n: int, endpoints: StackEndpoints, work: Workload, workdir: Pat
                 print("  " + await service.gauges("event_time_seconds", "partitions_behind"), flush=True)
             await asyncio.sleep(0.5)
         settled_s = time.perf_counter() - began
+        cpu_s = service.cpu_s() - cpu0
+        db_cpu_s = sum(t - db0.get(pid, 0.0) for pid, t in (await backend_cpu(conn)).items())
+        load_after = load()
         while await conn.fetchval("SELECT count(*) FROM outbox WHERE sent_at IS NULL"):
             await asyncio.sleep(0.5)
         drained_s = time.perf_counter() - began
@@ -185,6 +230,10 @@ async def replay(n: int, endpoints: StackEndpoints, work: Workload, workdir: Pat
         stats = {"replay": n, "fresh_database": fresh_database, "consumed_s": round(consumed_s, 1),
                  "settled_s": round(settled_s, 1), "outbox_drained_s": round(drained_s, 1),
                  "events_per_s": round(len(work.messages) / settled_s),
+                 # load-independent: CPU microseconds per message, the service's and its Postgres backends'
+                 "service_cpu_us_per_event": round(1e6 * cpu_s / len(work.messages)),
+                 "db_cpu_us_per_event": round(1e6 * db_cpu_s / len(work.messages)),
+                 "load_1m": [load_before, load_after],
                  "ledger_rows": await conn.fetchval("SELECT count(*) FROM ledger"),
                  "corrections": await conn.fetchval("SELECT count(*) FROM ledger WHERE entry = 'reversal'"),
                  "usage_events": await conn.fetchval("SELECT count(*) FROM outbox WHERE topic = 'usage.metered'"),
@@ -193,6 +242,7 @@ async def replay(n: int, endpoints: StackEndpoints, work: Workload, workdir: Pat
     finally:
         service.stop()
         await service.http.aclose()
+        await watcher.stop()
         await conn.close()
 
 
@@ -224,17 +274,26 @@ async def run(args: argparse.Namespace) -> dict:
             seconds = await produce(endpoints.kafka_bootstrap, work.messages)
             print(f"produced them in {seconds:.1f}s ({len(work.messages) / seconds:,.0f}/s)", flush=True)
             results = []
-            for n, fresh in ((1, True), (2, False), (3, True)):
-                r = await replay(n, endpoints, work, Path(tmp), args.batch_size, fresh)
+            for n, fresh in ((1, True), (2, False), (3, True))[:1 if args.fresh_only else 3]:
+                profile = args.profile / f"replay{n}.prof" if args.profile else None
+                r = await replay(n, endpoints, work, Path(tmp), args.batch_size, fresh, profile)
                 print("replay " + json.dumps(r["stats"]), flush=True)
                 results.append(r)
         finally:
             stack.stop()
+    if args.fresh_only:
+        return {"events": len(work.messages), **results[0]["stats"],
+                **({"profile": str(args.profile / "replay1.prof")} if args.profile else {})}
     base = await baseline(args)
     first = results[0]["invoices"]
     return {"events": len(work.messages), "unique_events": work.unique_events, "jobs": len(work.jobs),
             "events_per_s": min(r["stats"]["events_per_s"] for r in results),
             "events_per_s_by_replay": [r["stats"]["events_per_s"] for r in results],
+            # CPU per message of the fresh replays (the worse of 1 and 3): what the figure above costs,
+            # whatever else runs on the machine (load_1m: the 1-minute load average around each replay)
+            "service_cpu_us_per_event": max(results[i]["stats"]["service_cpu_us_per_event"] for i in (0, 2)),
+            "db_cpu_us_per_event": max(results[i]["stats"]["db_cpu_us_per_event"] for i in (0, 2)),
+            "load_1m_by_replay": [r["stats"]["load_1m"] for r in results],
             "invoices_identical_across_replays": all(r["invoices"] == first for r in results),
             "ledger_rows_after_replay_2_equal_replay_1":
                 results[1]["stats"]["ledger_rows"] == results[0]["stats"]["ledger_rows"],
@@ -261,6 +320,8 @@ async def baseline(args: argparse.Namespace) -> dict:
             stack.stop()
     durable = await durable_broker(args, work)
     return {"baseline_sample_events": len(work.messages), "baseline_per_message_events_per_s": one["events_per_s"],
+            "baseline_per_message_service_cpu_us_per_event": one["service_cpu_us_per_event"],
+            "baseline_per_message_load_1m": one["load_1m"],
             "sample_batched_events_per_s": batched["events_per_s"], **durable,
             "durable_broker_cost": round(1 - durable["durable_broker_sample_events_per_s"]
                                          / max(batched["events_per_s"], 1), 3),
@@ -292,7 +353,12 @@ def main() -> None:
     p.add_argument("--quick", action="store_true", help="100,000 events")
     p.add_argument("--batch-size", type=int, default=2000)
     p.add_argument("--seed", type=int, default=7)
+    p.add_argument("--profile", type=Path, help="write the service's cProfile of each replay in this folder")
+    p.add_argument("--fresh-only", action="store_true", help="replay 1 only (fresh database), no baselines:"
+                   " for profiling and A/B runs, not a result")
     args = p.parse_args()
+    if args.profile:
+        args.profile.mkdir(parents=True, exist_ok=True)
     if args.quick:
         args.events = 100_000
     print(json.dumps(asyncio.run(run(args))))
