@@ -158,14 +158,25 @@ async def check_fencing(conn: asyncpg.Connection) -> tuple[int, list[str]]:
     return len(fences), bad
 
 
-def check_dlq(letters: list, poison_keys: set[str]) -> tuple[list[str], dict[str, int]]:
+def paused_claim(letter, paused: dict[str, list[str]]) -> bool:
+    """A heartbeat of the node the driver paused, refused because it still claims (only) the jobs it ran
+    when paused, which the scheduler moved meanwhile: the partition's output, like its stale events."""
+    if letter.source_topic != "node.heartbeat" or "foreign_job_claim" not in letter.error:
+        return False
+    claimed = letter.error.rsplit(":", 1)[-1].replace(",", " ").split()
+    return letter.key in paused and bool(claimed) and set(claimed) <= set(paused[letter.key])
+
+
+def check_dlq(letters: list, poison_keys: set[str], paused: dict[str, list[str]]) -> tuple[list[str], dict[str, int]]:
     """The DLQ holds only what the run injected: the poison records, and the events of attempts the scheduler
     fenced after the node pause or a kill (refused as stale_attempt, with the reason; they are the injected
-    partition's output). Anything else is a violation."""
+    partition's output), and the paused node's heartbeats claiming the jobs moved off it. Anything else is
+    a violation."""
     kinds: dict[str, int] = defaultdict(int)
     bad = []
     for x in letters:
-        kind = "poison" if x.key in poison_keys else "fenced_attempt" if "stale_attempt" in x.error else "other"
+        kind = ("poison" if x.key in poison_keys else "fenced_attempt" if "stale_attempt" in x.error
+                else "paused_node_claim" if paused_claim(x, paused) else "other")
         kinds[kind] += 1
         if kind == "other":
             bad.append(f"{x.dlq_topic}@{x.dlq_offset}: key {x.key!r} is not injected poison ({x.error[:200]})")

@@ -14,6 +14,8 @@ import json
 import math
 import os
 import random
+import re
+import shutil
 import signal
 import time
 from collections import Counter, defaultdict
@@ -45,6 +47,7 @@ KILLS_PER_SERVICE = 5
 NODE_TIMEOUT_S = 20.0
 S3_DOWN_S = 30.0
 REPORT = Path(os.environ.get("WHETSTONE_CHAOS_REPORT", ".whetstone/chaos-report.json"))
+DIAGNOSIS = REPORT.with_name("chaos-diagnosis")  # each violating job's event trail, and the services' logs
 # platform tunables for a run of minutes, all through settings (service defaults untouched)
 TUNABLES = {
     "WHETSTONE_LOG_LEVEL": "WARNING", "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", "OMP_NUM_THREADS": "1",
@@ -87,7 +90,8 @@ class Chaos:
         self.rng = random.Random(SEED)          # the faults
         self.pace = random.Random(SEED + 1)     # the workload's arrivals
         self.stack = EmbeddedStack(tmp / "stack", topics=all_topic_partitions(), buckets=["whetstone"],
-                                   broker_storage="s3", log=lambda m: None)
+                                   broker_storage="s3", durable_postgres=True,
+                                   log=lambda m: None)
         self.faults: Counter[str] = Counter()
         self.pending: list[dict] = []          # faults whose recovery is not yet seen
         self.recovery: dict[str, list[float]] = defaultdict(list)
@@ -96,8 +100,10 @@ class Chaos:
         self.refused: dict[str, str] = {}       # idempotency key -> the API's 4xx (a user error caught early)
         self.crashed: Counter[str] = Counter()  # processes that died without being killed
         self.poison_keys: set[str] = set()
+        self.paused: dict[str, list[str]] = {}  # node -> the jobs it was running when the driver paused it
         self.done = asyncio.Event()
         self.skipped: dict[str, str] = {}
+        self.api_5xx: list[str] = []            # answers of the API that were not a proper 503 (see api_error)
 
     # ---------------------------------------------------------------- setup
     def start(self) -> None:
@@ -136,12 +142,41 @@ class Chaos:
                     self.refused[job.key] = f"{r.status_code} {r.text[:300]}"
                     log(f"{job.key} ({job.kind}) refused: {r.text[:200]}")
                     return
+                self.api_error(f"POST /v1/fine_tuning/jobs ({job.key})", r)
                 log(f"{job.key}: the scheduler answered {r.status_code}, retrying")
             except AssertionError:
                 raise
             except Exception as exc:  # noqa: BLE001  (S3, Kafka or the scheduler is down: a fault; try again)
                 log(f"{job.key}: submit failed ({type(exc).__name__}: {str(exc)[:120]}), retrying")
             await asyncio.sleep(1.0)
+
+    def api_error(self, what: str, r: httpx.Response) -> None:
+        """A 5xx is allowed only as 503 `service_unavailable` in OpenAI's shape with Retry-After (a dependency
+        is down: the client retries); anything else (a bare 500) is recorded as a violation."""
+        if r.status_code < 500:
+            return
+        try:
+            error = r.json()["error"]
+            shaped = set(error) == {"message", "type", "param", "code"}
+        except (ValueError, KeyError, TypeError):
+            error, shaped = {}, False
+        if not (r.status_code == 503 and shaped and error.get("code") == "service_unavailable"
+                and r.headers.get("retry-after", "").isdigit()):
+            self.api_5xx.append(f"{what}: {r.status_code} {r.text[:200]}")
+
+    async def probe_api(self, what: str) -> None:
+        """While a dependency is down the API answers (503 with Retry-After), not a bare 500."""
+        url = f"http://127.0.0.1:{self.procs.port('scheduler')}/v1/fine_tuning/jobs"
+        try:
+            async with httpx.AsyncClient(timeout=15) as c:
+                r = await c.get(url, headers=identity_headers("demo", ("read",), secret=SECRET))
+        except httpx.HTTPError as exc:
+            log(f"API probe during {what}: {type(exc).__name__}")
+            return
+        log(f"API probe during {what}: {r.status_code} retry-after={r.headers.get('retry-after')}")
+        self.api_error(f"GET /v1/fine_tuning/jobs during {what}", r)
+        if what == "postgres_restart" and r.status_code != 503:
+            self.api_5xx.append(f"GET /v1/fine_tuning/jobs during {what}: {r.status_code}, not 503")
 
     async def workload(self, jobs: list[JobPlan]) -> None:
         for i, job in enumerate(jobs):
@@ -169,7 +204,10 @@ class Chaos:
             await asyncio.sleep(S3_DOWN_S)
         else:
             await asyncio.to_thread(self.stack.stop_component, component, kill=component == "kafka")
-            await asyncio.sleep(self.rng.uniform(1.0, 3.0))
+            pause = asyncio.create_task(asyncio.sleep(self.rng.uniform(1.0, 3.0)))
+            if component == "postgres":
+                await self.probe_api("postgres_restart")
+            await pause
         await asyncio.to_thread(self.stack.start_component, component)
         log(f"{component} back after a {'30 s outage' if component == 's3' else 'restart'}")
         self.mark({"kafka": "broker_restart", "postgres": "postgres_restart", "s3": "s3_outage"}[component],
@@ -192,6 +230,7 @@ class Chaos:
         pid = self.procs.procs[f"trainer-agent/{node}"].popen.pid
         since = now()
         signal_tree(pid, signal.SIGSTOP)
+        self.paused[node] = jobs
         self.mark("node_pause", ("scheduler",), since, jobs=jobs)
         await asyncio.sleep(NODE_TIMEOUT_S * 2 + 4)
         signal_tree(pid, signal.SIGCONT)
@@ -286,6 +325,22 @@ class Chaos:
             await conn.close()
 
     # --------------------------------------------------------------- verdict
+    async def diagnose(self, conn: asyncpg.Connection, violations: list[str], jobs: dict[str, dict]) -> None:
+        """Each job a violation names (by key or id): its whole trail, in DIAGNOSIS/<job>.json (the run's
+        temporary directory, with the database, is gone after the test)."""
+        DIAGNOSIS.mkdir(parents=True, exist_ok=True)
+        for old in DIAGNOSIS.glob("*.json"):
+            old.unlink()
+        (DIAGNOSIS / "violations.json").write_text(json.dumps(violations, indent=1))
+        by_key = {j["key"]: job_id for job_id, j in jobs.items()}
+        named = {by_key.get(n, n) for v in violations for n in re.findall(r"chaos-\d+\b|ftjob-[0-9a-f]+", v)}
+        for job_id in sorted(named):
+            try:
+                trail = await job_trail(conn, job_id)
+            except Exception as exc:  # noqa: BLE001  (diagnosis only: never hides the verdict)
+                trail = {"error": repr(exc)}
+            (DIAGNOSIS / f"{job_id}.json").write_text(json.dumps(trail, indent=1, default=str))
+
     async def verdict(self) -> dict:
         conn = await self.db()
         try:
@@ -295,13 +350,19 @@ class Chaos:
             violations += await inv.check_metering(conn, jobs)
             fenced, fencing = await inv.check_fencing(conn)
             violations += fencing
+            await self.diagnose(conn, violations, jobs)
         finally:
             await conn.close()
         letters = []
         for topic in TOPICS.values():
             letters += await read_letters(self.stack.endpoints.kafka_bootstrap, topic.name + DLQ_SUFFIX, 1.5)
-        dlq_bad, dlq_kinds = inv.check_dlq(letters, self.poison_keys)
+        dlq_bad, dlq_kinds = inv.check_dlq(letters, self.poison_keys, self.paused)
         violations += dlq_bad
+        if dlq_bad:
+            (DIAGNOSIS / "dlq.json").write_text(json.dumps(
+                [{"topic": x.dlq_topic, "offset": x.dlq_offset, "key": x.key, "error": x.error} for x in letters],
+                indent=1, default=str))
+        violations += [f"API answered a 5xx other than 503 service_unavailable: {e}" for e in self.api_5xx]
         by_kind: dict[str, Counter] = defaultdict(Counter)
         for j in jobs.values():
             by_kind[self.accepted[j["key"]].kind][j["status"]] += 1
@@ -325,6 +386,25 @@ class Chaos:
             # as Kubernetes would: not an invariant, reported
             "exited_on_their_own": dict(self.crashed),
         }
+
+
+async def job_trail(conn: asyncpg.Connection, job_id: str) -> dict:
+    """What every service recorded about one job: the scheduler's timeline, each service's outbox events and
+    handled inbox rows, the models, the ledger."""
+    trail: dict = {"timeline": [dict(r) for r in await conn.fetch(
+        "SELECT * FROM scheduler.job_events WHERE job_id = $1 ORDER BY id", job_id)]}
+    for schema in SCHEMA.values():
+        rows = await conn.fetch(f"SELECT id, topic, created_at, sent_at, value FROM {schema}.outbox"
+                                " WHERE convert_from(value, 'UTF8') LIKE $1 ORDER BY id", f"%{job_id}%")
+        trail[f"{schema}.outbox"] = [{"id": r["id"], "topic": r["topic"], "at": r["created_at"],
+                                      "sent_at": r["sent_at"], "payload": json.loads(bytes(r["value"])).get("payload")}
+                                     for r in rows]
+        trail[f"{schema}.handled"] = [dict(r) for r in await conn.fetch(
+            f"SELECT topic, event_type, producer, produced_at, started_at, outcome FROM {schema}.handled"
+            " WHERE job_id = $1 ORDER BY started_at", job_id)]
+    trail["models"] = [dict(r) for r in await conn.fetch("SELECT * FROM registry.models WHERE job_id = $1", job_id)]
+    trail["ledger"] = [dict(r) for r in await conn.fetch("SELECT * FROM metering.ledger WHERE job_id = $1", job_id)]
+    return trail
 
 
 def plan_kind(key: str, jobs: list[JobPlan]) -> str:
@@ -352,6 +432,7 @@ async def test_platform_keeps_its_invariants_under_chaos(tmp_path: Path) -> None
         chaos.done.set()
         chaos.pending.clear()
         await asyncio.to_thread(chaos.procs.stop_all)
+        await asyncio.to_thread(shutil.copytree, tmp_path / "logs", DIAGNOSIS / "logs", dirs_exist_ok=True)
         await asyncio.to_thread(chaos.stack.stop)
         if not monitor.done():
             monitor.cancel()

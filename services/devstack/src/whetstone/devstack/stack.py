@@ -108,6 +108,7 @@ class EmbeddedStack:
         buckets: Sequence[str] = (),
         log: Callable[[str], None] = print,
         broker_storage: str = "memory",
+        durable_postgres: bool = False,
     ) -> None:
         """``broker_storage``: "memory" (fast, lost when the broker stops: tests, benchmarks, the
         demo) or "s3" (durable: the broker keeps its log in a bucket of the S3 server, embedded or
@@ -115,6 +116,8 @@ class EmbeddedStack:
         if broker_storage not in BROKER_STORAGES:
             raise ValueError(f"broker_storage must be one of {', '.join(BROKER_STORAGES)}, not {broker_storage!r}")
         self.broker_storage = broker_storage
+        # True: synchronous_commit=on, so a killed PostgreSQL keeps every committed row (the chaos suite)
+        self.durable_postgres = durable_postgres
         self._kafka_port: int | None = None
         self._kafka_env: dict[str, str] = {}
         self.data_dir = Path(data_dir).resolve()
@@ -336,9 +339,10 @@ class EmbeddedStack:
             "-p", str(port),
             "-c", "listen_addresses=127.0.0.1",
             "-c", f"unix_socket_directories={socket_dir}",
-            # A throwaway development database: durability is not worth the time.
+            # A throwaway development database: durability is not worth the time. durable_postgres commits
+            # synchronously, so a killed server (not a crashed OS: fsync stays off) loses no committed row.
             "-c", "fsync=off",
-            "-c", "synchronous_commit=off",
+            "-c", f"synchronous_commit={'on' if self.durable_postgres else 'off'}",
             "-c", "full_page_writes=off",
             # Keep dynamic shared memory inside the data dir rather than /dev/shm.
             "-c", "dynamic_shared_memory_type=mmap",

@@ -3,12 +3,19 @@
 Every service app installs `install_error_handlers`, so a route raises `ApiError(...)` and the
 client (the official `openai` SDK included) gets the shape it parses. Errors that a retry cannot
 fix carry `x-should-retry: false`, which the SDK honours instead of retrying 409s and 5xx.
+An exception caused by an unreachable dependency (PostgreSQL restarting, S3 or the broker down)
+answers 503 `service_unavailable` with `Retry-After`, which the SDK waits and retries; any other
+unhandled exception answers 500 in the same shape, never a bare text 500.
 """
 
 from __future__ import annotations
 
+import logging
 from typing import Any
 
+import asyncpg
+from aiokafka import errors as kafka_errors
+from botocore import exceptions as boto_errors
 from fastapi import FastAPI, HTTPException, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
@@ -44,6 +51,67 @@ def _type_of(status: int) -> str:
             429: "rate_limit_error"}.get(status, "server_error" if status >= 500 else "invalid_request_error")
 
 
+RETRY_AFTER_S = 2  # a PostgreSQL restart or a broker election takes seconds; the SDK waits this long
+_log = logging.getLogger("whetstone.http")
+_PG_DOWN = (asyncpg.PostgresConnectionError, asyncpg.exceptions.OperatorInterventionError,
+            asyncpg.exceptions.TooManyConnectionsError)
+
+
+def _dependency_of(exc: BaseException) -> str | None:
+    if isinstance(exc, _PG_DOWN) or (isinstance(exc, asyncpg.InterfaceError)
+                                     and any(w in str(exc) for w in ("connection", "pool is closing"))):
+        return "database"
+    if isinstance(exc, boto_errors.ConnectionError | boto_errors.HTTPClientError):
+        return "object store"
+    if isinstance(exc, boto_errors.ClientError):
+        status = exc.response.get("ResponseMetadata", {}).get("HTTPStatusCode", 0)
+        code = exc.response.get("Error", {}).get("Code", "")
+        return "object store" if status >= 500 or code in ("SlowDown", "ServiceUnavailable") else None
+    if isinstance(exc, kafka_errors.KafkaConnectionError | kafka_errors.KafkaTimeoutError) or (
+            isinstance(exc, kafka_errors.KafkaError) and exc.retriable):
+        return "broker"
+    if isinstance(exc, OSError):  # a socket error (a missing unix socket too): named after the client that raised it
+        tb, where = exc.__traceback__, "a dependency" if isinstance(exc, ConnectionError | TimeoutError) else None
+        while tb is not None:
+            path = tb.tb_frame.f_code.co_filename
+            where = next((name for lib, name in _CLIENTS if f"/{lib}/" in path), where)
+            tb = tb.tb_next
+        return where
+    return None
+
+
+_CLIENTS = (("asyncpg", "database"), ("botocore", "object store"), ("aiokafka", "broker"))
+
+
+def unavailable_dependency(exc: BaseException) -> str | None:
+    """What unreachable dependency ("database", "object store", "broker", "a dependency") caused `exc`,
+    looking through causes, contexts and exception groups; None for anything else (a bug)."""
+    todo, seen = [exc], set()
+    while todo:
+        e = todo.pop()
+        if e is None or id(e) in seen:
+            continue
+        seen.add(id(e))
+        if (found := _dependency_of(e)) is not None:
+            return found
+        todo += [e.__cause__, e.__context__, *(e.exceptions if isinstance(e, BaseExceptionGroup) else ())]
+    return None
+
+
+def unexpected_error(request: Request, exc: Exception) -> ApiError:
+    """503 with Retry-After when a dependency is unreachable, else a 500; both in OpenAI's shape."""
+    dependency = unavailable_dependency(exc)
+    if dependency is not None:
+        _log.warning("%s %s: %s unreachable (%s: %s): 503", request.method, request.url.path, dependency,
+                     type(exc).__name__, exc)
+        return ApiError(503, f"The service's {dependency} is unreachable right now; retry shortly.",
+                        type="server_error", code="service_unavailable", retry=True,
+                        headers={"Retry-After": str(RETRY_AFTER_S), "x-should-retry": "true"})
+    _log.error("%s %s failed", request.method, request.url.path, exc_info=exc)
+    return ApiError(500, "The server had an error while processing the request.", type="server_error",
+                    code="internal_error")
+
+
 def install_error_handlers(app: FastAPI) -> None:
     @app.exception_handler(ApiError)
     async def _api_error(_: Request, exc: ApiError) -> JSONResponse:
@@ -60,3 +128,12 @@ def install_error_handlers(app: FastAPI) -> None:
         param = ".".join(loc) or None
         message = f"{param}: {first.get('msg', 'invalid value')}" if param else first.get("msg", "invalid request")
         return ApiError(400, message, code="invalid_value", param=param).response()
+
+    async def _unexpected(request: Request, exc: Exception) -> JSONResponse:
+        return unexpected_error(request, exc).response()
+
+    # the dependencies' own exception classes are answered where the route raised them (no traceback
+    # re-raised to the server); anything else reaches the last handler, which answers in the same shape
+    for cls in (OSError, asyncpg.PostgresError, asyncpg.InterfaceError, boto_errors.BotoCoreError,
+                boto_errors.ClientError, kafka_errors.KafkaError, Exception):
+        app.add_exception_handler(cls, _unexpected)

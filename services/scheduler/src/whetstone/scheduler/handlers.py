@@ -105,14 +105,18 @@ async def on_node_heartbeat(rt: Rt, uow: UnitOfWork, env: Envelope, ev: NodeHear
         raise PoisonMessage(f"node.heartbeat of {ev.node_id} names tenant {env.tenant_id!r}; nodes belong to "
                             f"{PLATFORM_TENANT!r}", reason="tenant_mismatch")
     store = JobStore(uow)
-    if foreign := await store.placed_elsewhere(ev.node_id, ev.running_jobs):
+    # one round trip (claims checked, node upserted, queue looked at): heartbeats share the consumer with
+    # every job event, and a slow one delays the lost-node watcher, which waits for them to catch up. The
+    # loop is woken only when this node adds capacity the last cycle did not see (it runs on its own anyway)
+    foreign, wake = await store.heartbeat(NodeFacts(ev.node_id, ev.gpu_type, ev.gpu_count, ev.gpu_memory_gb,
+                                                    ev.spot, ev.interconnect_group, ev.sent_at, ev.address),
+                                          ev.running_jobs, rt.ctx.clock() - rt.ctx.config.node_timeout)
+    if foreign:  # nothing was written: the poison's transaction rolls back anyway
         raise PoisonMessage(f"node.heartbeat of {ev.node_id} claims jobs placed on other nodes: "
                             f"{', '.join(foreign)}", reason="foreign_job_claim")
-    await store.upsert_node(NodeFacts(ev.node_id, ev.gpu_type, ev.gpu_count, ev.gpu_memory_gb, ev.spot,
-                                      ev.interconnect_group, ev.sent_at, ev.address), source="heartbeat")
     figures = ev.model_dump(include={"gpus", "cpu_percent", "rss_mb"})
     uow.after_commit(lambda: rt.ctx.metrics.nodes.observe(ev.node_id, ev.gpu_type, figures))
-    if await store.any_queued():
+    if wake:
         await store.wake_scheduler()
 
 

@@ -133,15 +133,6 @@ class JobStore:
                                      node_id, ACTIVE)
         return [_job(r) for r in rows]
 
-    async def placed_elsewhere(self, node_id: str, job_ids: Sequence[str]) -> list[str]:
-        """Of these jobs, those on a node (active) but placed on nodes other than this one."""
-        if not job_ids:
-            return []
-        rows = await self.conn.fetch("SELECT job_id FROM jobs WHERE job_id = ANY($1::text[])"
-                                     " AND status = ANY($2::text[]) AND NOT ($3 = ANY(node_ids)) ORDER BY job_id",
-                                     list(job_ids), ACTIVE, node_id)
-        return [r["job_id"] for r in rows]
-
     async def waiting_since(self, cutoff: datetime) -> list[tuple[Job, bool]]:
         """Jobs still in validating_files created before the cutoff, and whether their dataset was submitted."""
         rows = await self.conn.fetch(
@@ -168,9 +159,6 @@ class JobStore:
             " coalesce(preempt_requested_at, updated_at)) < $2 FOR UPDATE SKIP LOCKED",
             [*ACTIVE, rules.EVALUATING], cutoff)
         return [_job(r) for r in rows]
-
-    async def any_queued(self) -> bool:
-        return bool(await self.conn.fetchval("SELECT 1 FROM jobs WHERE status = 'queued' LIMIT 1"))
 
     # ---------------------------------------------------------- API reads
 
@@ -245,6 +233,31 @@ class JobStore:
             f" ON CONFLICT (node_id) DO UPDATE SET {common}{extra}",
             node.node_id, node.gpu_type, node.gpu_count, node.gpu_memory_gb, node.spot, node.interconnect_group,
             node.seen_at, node.address, node.schedulable, node.unschedulable_reason, source)
+
+    async def heartbeat(self, node: NodeFacts, claimed: Sequence[str], silent_before: datetime) -> tuple[list[str], bool]:
+        """A node's heartbeat in one round trip: (the claimed jobs placed on other nodes, whether the
+        scheduling loop should wake: a job is queued and the node adds capacity it did not have, being
+        new, back from lost or from silence since `silent_before`, or of another shape). The node is
+        upserted as alive only when it claims no other node's job."""
+        row = await self.conn.fetchrow(
+            "WITH foreign_claims AS (SELECT job_id FROM jobs WHERE job_id = ANY($9::text[])"
+            " AND status = ANY($10::text[]) AND NOT ($1 = ANY(node_ids))),"
+            " before AS (SELECT lost, last_seen, gpu_type, gpu_count FROM nodes WHERE node_id = $1),"
+            " up AS (INSERT INTO nodes (node_id, gpu_type, gpu_count, gpu_memory_gb, spot, interconnect_group,"
+            " last_seen, lost, address, schedulable, unschedulable_reason, source)"
+            " SELECT $1, $2, $3, $4, $5, $6, $7, false, $8, true, NULL, 'heartbeat'"
+            " WHERE NOT EXISTS (SELECT 1 FROM foreign_claims)"
+            " ON CONFLICT (node_id) DO UPDATE SET gpu_type = EXCLUDED.gpu_type, gpu_count = EXCLUDED.gpu_count,"
+            " gpu_memory_gb = EXCLUDED.gpu_memory_gb, spot = EXCLUDED.spot,"
+            " interconnect_group = EXCLUDED.interconnect_group, address = coalesce(EXCLUDED.address, nodes.address),"
+            " last_seen = greatest(nodes.last_seen, EXCLUDED.last_seen), lost = false RETURNING 1)"
+            " SELECT ARRAY(SELECT job_id FROM foreign_claims ORDER BY job_id) AS foreign_jobs,"
+            " NOT EXISTS (SELECT 1 FROM before WHERE NOT lost AND last_seen >= $11 AND gpu_type = $2"
+            " AND gpu_count = $3) AND EXISTS (SELECT 1 FROM jobs WHERE status = 'queued') AS wake,"
+            " (SELECT count(*) FROM up) AS upserted",
+            node.node_id, node.gpu_type, node.gpu_count, node.gpu_memory_gb, node.spot, node.interconnect_group,
+            node.seen_at, node.address, list(claimed), ACTIVE, silent_before)
+        return list(row["foreign_jobs"]), bool(row["wake"])
 
     async def node_deleted(self, node_id: str) -> None:
         await self.conn.execute("UPDATE nodes SET lost = true, schedulable = false, unschedulable_reason = 'deleted'"
