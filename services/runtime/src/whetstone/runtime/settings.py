@@ -47,6 +47,8 @@ class CommonSettings(BaseSettings):
     kafka_sasl_password: str | None = None
     create_topics: bool = Field(default=True, description="create the contract topics at start-up; false where an "
                                 "operator manages them (Strimzi KafkaTopic) and services may not create topics")
+    startup_broker_wait_s: float = Field(default=300.0, description="how long start-up waits, retrying with "
+                                         "backoff, for an unreachable broker before the process exits")
 
     def kafka_client_options(self) -> dict:
         """aiokafka client keyword arguments for the configured security (empty for PLAINTEXT)."""

@@ -6,8 +6,11 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import time
 from collections.abc import Sequence
 from typing import Any
+
+import structlog
 
 from whetstone.contracts import all_topic_partitions
 
@@ -44,7 +47,25 @@ def create_topics(bootstrap: str, topics: Sequence[tuple[str, int]]) -> None:
         pool.submit(asyncio.run, create_topics_async(bootstrap, topics)).result()
 
 async def ensure_topics(settings: CommonSettings) -> None:
-    """Every topic of the contracts' table and its dead-letter topic (unless an operator manages them)."""
+    """Every topic of the contracts' table and its dead-letter topic (unless an operator manages them).
+    A broker that cannot be reached (restarting, not up yet) is waited for with capped backoff, up to
+    `startup_broker_wait_s`, instead of the process exiting at once."""
     if not settings.create_topics:
         return
-    await create_topics_async(settings.kafka_bootstrap, all_topic_partitions(), **settings.kafka_client_options())
+    from aiokafka.errors import KafkaConnectionError, KafkaTimeoutError, NodeNotReadyError
+
+    log = structlog.get_logger("whetstone.runtime.topics")
+    deadline = time.monotonic() + settings.startup_broker_wait_s
+    pause = 0.5
+    while True:
+        try:
+            await create_topics_async(settings.kafka_bootstrap, all_topic_partitions(),
+                                      **settings.kafka_client_options())
+            return
+        except (KafkaConnectionError, KafkaTimeoutError, NodeNotReadyError, OSError) as exc:
+            if time.monotonic() + pause > deadline:
+                raise
+            log.warning("broker unreachable at start-up; retrying", bootstrap=settings.kafka_bootstrap,
+                        error=f"{type(exc).__name__}: {exc}", retry_in_s=pause)
+            await asyncio.sleep(pause)
+            pause = min(pause * 2, 10.0)

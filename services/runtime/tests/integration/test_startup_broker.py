@@ -1,0 +1,59 @@
+"""Start-up waits for a broker that is not reachable yet (restarting, starting in another pod) instead of
+the process exiting at once; after its budget it gives up with the connection error. On the embedded
+broker, reached first through a port that nobody listens on and later through a forwarder to it."""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+import time
+
+import pytest
+from aiokafka.errors import KafkaConnectionError
+from whetstone.runtime.topics import ensure_topics
+
+pytestmark = pytest.mark.integration
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+async def test_start_up_gives_up_only_after_its_wait_budget(settings):
+    dead = settings.model_copy(update={"kafka_bootstrap": f"127.0.0.1:{_free_port()}", "startup_broker_wait_s": 2.0})
+    began = time.monotonic()
+    with pytest.raises(KafkaConnectionError):
+        await ensure_topics(dead)
+    assert time.monotonic() - began >= 1.0  # it retried (0.5 s, 1 s pauses) before giving up
+
+
+async def test_start_up_waits_for_the_broker_to_come_up(settings):
+    host, port = settings.kafka_bootstrap.rsplit(":", 1)
+    late = _free_port()
+
+    async def forward(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        up_reader, up_writer = await asyncio.open_connection(host, int(port))
+
+        async def pipe(src: asyncio.StreamReader, dst: asyncio.StreamWriter) -> None:
+            try:
+                while data := await src.read(65536):
+                    dst.write(data)
+                    await dst.drain()
+            finally:
+                dst.close()
+
+        await asyncio.gather(pipe(reader, up_writer), pipe(up_reader, writer), return_exceptions=True)
+
+    async def broker_comes_up() -> asyncio.Server:
+        await asyncio.sleep(1.5)  # the first attempts find nobody listening
+        return await asyncio.start_server(forward, "127.0.0.1", late)
+
+    waiting = settings.model_copy(update={"kafka_bootstrap": f"127.0.0.1:{late}", "startup_broker_wait_s": 60.0})
+    began = time.monotonic()
+    server_task = asyncio.create_task(broker_comes_up())
+    await asyncio.wait_for(ensure_topics(waiting), timeout=60)
+    assert time.monotonic() - began >= 1.5
+    server = await server_task
+    server.close()
