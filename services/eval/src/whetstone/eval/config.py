@@ -31,3 +31,8 @@ class EvalSettings(ServiceSettings):
     lease_s: float = 60.0
     poll_s: float = 2.0
     max_attempts: int = 3
+    # an attempt that failed because S3 or the database was unreachable is retried after a capped
+    # exponential pause and does not count as a crash, until the outage has lasted transient_budget_s
+    transient_backoff_s: float = 2.0
+    transient_backoff_max_s: float = 60.0
+    transient_budget_s: float = 900.0

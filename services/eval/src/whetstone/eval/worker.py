@@ -19,6 +19,7 @@ from pathlib import Path
 
 from whetstone.contracts import EvalCompletedV1, EvalStageResult
 from whetstone.runtime.checkpoints import CorruptCheckpoint, download_checkpoint
+from whetstone.runtime.errors import unavailable_dependency
 from whetstone.runtime.models import UnknownModel
 from whetstone.runtime.service import Runtime
 
@@ -105,11 +106,34 @@ async def evaluate_claim(rt: Runtime[EvalContext], claim: Claim) -> None:
     except LeaseLost as exc:
         log.warning("eval abandoned: lease lost", error=str(exc))
     except Exception as exc:
+        error = f"{type(exc).__name__}: {exc}"
+        if (dependency := unavailable_dependency(exc)) is not None:
+            # S3 or the database is out: wait and retry (capped backoff) without spending a crash attempt
+            pause = await _retry_later(rt, claim, error)
+            log.warning("eval attempt hit an unreachable dependency; retrying", dependency=dependency, error=error,
+                        retry_in_s=pause)
+            return
         # back to pending: the next claim retries, or (attempts spent) publishes a failed verdict
         log.exception("eval attempt crashed", attempts_left=max(cfg.max_attempts - claim.attempts, 0))
-        await repository.record_failure(rt.pool, claim, f"{type(exc).__name__}: {exc}")
+        await repository.record_failure(rt.pool, claim, error)
     finally:
         heartbeat.cancel()
+
+
+async def _retry_later(rt: Runtime[EvalContext], claim: Claim, error: str) -> float | None:
+    """Record a transient failure; the database may be the dependency that is out, so keep trying to record it
+    (the lease would hand the run to another claim anyway if this never succeeds)."""
+    cfg = rt.ctx.config
+    for pause in (0.5, 1, 2, 4, 8):
+        try:
+            return await repository.record_transient_failure(
+                rt.pool, claim, error, backoff_s=cfg.transient_backoff_s, backoff_max_s=cfg.transient_backoff_max_s,
+                budget_s=cfg.transient_budget_s)
+        except Exception as exc:  # noqa: BLE001
+            if unavailable_dependency(exc) is None:
+                raise
+            await asyncio.sleep(pause)
+    return None
 
 
 def _evaluate(rt: Runtime[EvalContext], claim: Claim, target: Target, last: dict | None, policy: GatePolicy,

@@ -71,4 +71,11 @@ MIGRATIONS = [
     ALTER TABLE eval_runs ADD COLUMN verdict text;      -- set when the answer is published
     ALTER TABLE eval_stage_results RENAME COLUMN job_id TO run_id;
     """,
+    """
+    -- an attempt that failed on an unreachable dependency (S3, Postgres) waits and is retried without
+    -- spending one of its crash attempts, until the dependency has been out for transient_budget_s
+    ALTER TABLE eval_runs ADD COLUMN not_before timestamptz;
+    ALTER TABLE eval_runs ADD COLUMN transient_retries integer NOT NULL DEFAULT 0;
+    ALTER TABLE eval_runs ADD COLUMN transient_since timestamptz;
+    """,
 ]

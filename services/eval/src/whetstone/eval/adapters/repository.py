@@ -61,7 +61,8 @@ async def claim_next(pool: asyncpg.Pool, owner: str, lease_s: float) -> Claim | 
     row = await pool.fetchrow(
         "UPDATE eval_runs SET status = 'running', lease_owner = $1, lease_until = now() + make_interval(secs => $2),"
         " attempts = attempts + 1, updated_at = now()"
-        " WHERE run_id = (SELECT run_id FROM eval_runs WHERE status = 'pending'"
+        " WHERE run_id = (SELECT run_id FROM eval_runs WHERE (status = 'pending'"
+        "                 AND (not_before IS NULL OR not_before <= now()))"
         "                 OR (status = 'running' AND lease_until < now())"
         "                 ORDER BY created_at FOR UPDATE SKIP LOCKED LIMIT 1)"
         " RETURNING run_id, job_id, tenant_id, attempts, request, trace_id", owner, lease_s)
@@ -119,8 +120,29 @@ async def record_stage(pool: asyncpg.Pool, claim: Claim, result: EvalStageResult
 async def record_failure(pool: asyncpg.Pool, claim: Claim, error: str) -> None:
     """A crashed attempt: back to pending. Any worker retries it; once the attempts are spent the next claim
     publishes a failed verdict instead."""
-    await pool.execute("UPDATE eval_runs SET status = 'pending', lease_owner = NULL, last_error = $3, updated_at = now()"
+    await pool.execute("UPDATE eval_runs SET status = 'pending', lease_owner = NULL, last_error = $3,"
+                       " transient_since = NULL, transient_retries = 0, updated_at = now()"
                        " WHERE run_id = $1 AND lease_owner = $2", claim.run_id, claim.owner, error[:2000])
+
+
+async def record_transient_failure(pool: asyncpg.Pool, claim: Claim, error: str, *, backoff_s: float,
+                                   backoff_max_s: float, budget_s: float) -> float | None:
+    """An attempt that failed on an unreachable dependency: back to pending, claimable again only after a
+    capped exponential pause, and the attempt is given back (not a crash) while the outage is younger than
+    `budget_s`; after that it counts like a crash. The pause in seconds, or None once the budget is spent."""
+    row = await pool.fetchrow(
+        "UPDATE eval_runs SET status = 'pending', lease_owner = NULL, last_error = $3, updated_at = now(),"
+        " transient_since = coalesce(transient_since, now()), transient_retries = transient_retries + 1,"
+        " attempts = CASE WHEN now() - coalesce(transient_since, now()) < make_interval(secs => $6)"
+        "                 THEN attempts - 1 ELSE attempts END,"
+        " not_before = now() + make_interval(secs => least($5, $4 * power(2, transient_retries)))"
+        " WHERE run_id = $1 AND lease_owner = $2"
+        " RETURNING least($5, $4 * power(2, transient_retries - 1)) AS pause,"
+        " now() - transient_since < make_interval(secs => $6) AS within",
+        claim.run_id, claim.owner, error[:2000], backoff_s, backoff_max_s, budget_s)
+    if row is None:
+        return None
+    return float(row["pause"]) if row["within"] else None
 
 
 async def finish(conn: asyncpg.Connection, claim: Claim, *, lineage_key: str, verdict: str,
