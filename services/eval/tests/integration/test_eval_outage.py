@@ -7,46 +7,14 @@ from __future__ import annotations
 import asyncio
 
 import pytest
-from whetstone.eval.config import EvalSettings
+from whetstone.devstack.forwarder import Forwarder
 from whetstone.eval.bootstrap import build_service
+from whetstone.eval.config import EvalSettings
 from whetstone.runtime.s3 import ObjectStore
 
 from .test_eval_service import ROWS, _artifacts, _completed, _submit
 
 pytestmark = pytest.mark.integration
-
-
-class Forwarder:
-    """127.0.0.1:<port> -> the real endpoint while up; refused (nobody listening) while down."""
-
-    def __init__(self, target_host: str, target_port: int) -> None:
-        self.target, self.server, self.port = (target_host, target_port), None, 0
-        self.open: set[asyncio.StreamWriter] = set()
-
-    async def up(self) -> None:
-        self.server = await asyncio.start_server(self._serve, "127.0.0.1", self.port)
-        self.port = self.server.sockets[0].getsockname()[1]
-
-    async def down(self) -> None:
-        self.server.close()
-        for w in list(self.open):
-            w.close()
-        await self.server.wait_closed()
-
-    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        up_reader, up_writer = await asyncio.open_connection(*self.target)
-        self.open |= {writer, up_writer}
-
-        async def pipe(src: asyncio.StreamReader, dst: asyncio.StreamWriter) -> None:
-            try:
-                while data := await src.read(65536):
-                    dst.write(data)
-                    await dst.drain()
-            finally:
-                dst.close()
-                self.open.discard(dst)
-
-        await asyncio.gather(pipe(reader, up_writer), pipe(up_reader, writer), return_exceptions=True)
 
 
 async def test_an_s3_outage_is_waited_out_not_counted_as_crashes(platform, settings, tmp_path):

@@ -10,6 +10,7 @@ import time
 
 import pytest
 from aiokafka.errors import KafkaConnectionError
+from whetstone.devstack.forwarder import Forwarder
 from whetstone.runtime.topics import ensure_topics
 
 pytestmark = pytest.mark.integration
@@ -33,27 +34,15 @@ async def test_start_up_waits_for_the_broker_to_come_up(settings):
     host, port = settings.kafka_bootstrap.rsplit(":", 1)
     late = _free_port()
 
-    async def forward(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        up_reader, up_writer = await asyncio.open_connection(host, int(port))
-
-        async def pipe(src: asyncio.StreamReader, dst: asyncio.StreamWriter) -> None:
-            try:
-                while data := await src.read(65536):
-                    dst.write(data)
-                    await dst.drain()
-            finally:
-                dst.close()
-
-        await asyncio.gather(pipe(reader, up_writer), pipe(up_reader, writer), return_exceptions=True)
-
-    async def broker_comes_up() -> asyncio.Server:
+    async def broker_comes_up() -> Forwarder:
         await asyncio.sleep(1.5)  # the first attempts find nobody listening
-        return await asyncio.start_server(forward, "127.0.0.1", late)
+        forwarder = Forwarder(host, int(port), late)
+        await forwarder.up()
+        return forwarder
 
     waiting = settings.model_copy(update={"kafka_bootstrap": f"127.0.0.1:{late}", "startup_broker_wait_s": 60.0})
     began = time.monotonic()
     server_task = asyncio.create_task(broker_comes_up())
     await asyncio.wait_for(ensure_topics(waiting), timeout=60)
     assert time.monotonic() - began >= 1.5
-    server = await server_task
-    server.close()
+    await (await server_task).down()
