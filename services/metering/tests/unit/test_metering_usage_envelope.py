@@ -10,7 +10,7 @@ import pytest
 from whetstone.contracts import Envelope, UsageMeteredV1
 from whetstone.metering.domain.billing import Charge
 from whetstone.metering.domain.ledger import Entry
-from whetstone.metering.handlers import usage_envelope, usage_event
+from whetstone.metering.handlers import usage_envelope, usage_payload
 from whetstone.runtime.messaging import encode, make_envelope
 
 pytestmark = pytest.mark.unit
@@ -32,7 +32,7 @@ ENTRIES = [
 @pytest.mark.parametrize("entry", ENTRIES, ids=lambda e: f"{e.scope}-{e.entry}-{e.revision}")
 def test_usage_envelope_is_what_the_validated_path_writes(entry: Entry) -> None:
     fast = usage_envelope(entry, "metering", "trace-1")
-    slow = make_envelope(usage_event(entry), producer="metering", tenant_id=entry.tenant_id, trace_id="trace-1")
+    slow = make_envelope(UsageMeteredV1(**usage_payload(entry)), producer="metering", tenant_id=entry.tenant_id, trace_id="trace-1")
     a, b = orjson.loads(encode(fast)), orjson.loads(encode(slow))
     for volatile in ("event_id", "occurred_at"):
         assert a.pop(volatile) and b.pop(volatile)

@@ -20,7 +20,7 @@ from whetstone.contracts import (
     UsageMeteredV1, topic_for,
 )
 from whetstone.runtime.batching import Delivery
-from whetstone.runtime.messaging import UnitOfWork, current_envelope, encode
+from whetstone.runtime.messaging import UnitOfWork, encode, envelope_of
 from whetstone.runtime.service import PoisonMessage, Runtime
 
 from .config import MeteringSettings
@@ -201,9 +201,7 @@ async def settle_and_write(rt: Runtime[MeteringContext], uow: UnitOfWork, store:
         total.opened += out.opened
         total.resolved += out.resolved
     dirty_jobs |= {j for j, _ in dirty_segments}
-    parent = current_envelope.get()
-    envelopes = [usage_envelope(e, rt.name, (traces or {}).get(e.job_id) or (parent.trace_id if parent else None))
-                 for e in total.entries]
+    envelopes = [usage_envelope(e, rt.name, (traces or {}).get(e.job_id)) for e in total.entries]
     written = await store.save_jobs(states[j][0] for j in sorted(dirty_jobs))
     await store.save_segments(s for j in sorted(dirty_jobs) for s in states[j][1]
                               if (s.job_id, s.segment_id) in dirty_segments)
@@ -240,17 +238,11 @@ def usage_payload(e: Entry) -> dict:
             "price_version": c.price_version, "cost": float(c.cost), "currency": "USD", "segments": e.segments}
 
 
-def usage_event(e: Entry) -> UsageMeteredV1:
-    return UsageMeteredV1(**usage_payload(e))
-
-
 def usage_envelope(e: Entry, producer: str, trace_id: str | None) -> Envelope:
-    """make_envelope(usage_event(e), ...) without the event model: a settle emits hundreds of these
-    per batch, and building, validating and dumping a UsageMeteredV1 each time was half of their cost.
-    The payload is the service's own typed values; a unit test holds it to the contract."""
-    return Envelope(event_type=UsageMeteredV1.EVENT_TYPE, schema_version=UsageMeteredV1.SCHEMA_VERSION,
-                    producer=producer, tenant_id=e.tenant_id, key=e.job_id, payload=usage_payload(e),
-                    **({"trace_id": trace_id} if trace_id else {}))
+    """make_envelope(UsageMeteredV1(...)) without the event model: a settle emits hundreds of these per
+    batch, and building, validating and dumping a UsageMeteredV1 each time was half of their cost."""
+    return envelope_of(UsageMeteredV1, usage_payload(e), producer=producer, tenant_id=e.tenant_id, key=e.job_id,
+                       trace_id=trace_id)
 
 
 # -- time-based decisions ------------------------------------------------------------------
