@@ -19,7 +19,7 @@ from pathlib import Path
 
 from whetstone.contracts import EvalCompletedV1, EvalStageResult
 from whetstone.runtime.checkpoints import CorruptCheckpoint, download_checkpoint
-from whetstone.runtime.errors import unavailable_dependency
+from whetstone.runtime.delivery import unavailable_dependency
 from whetstone.runtime.models import UnknownModel
 from whetstone.runtime.service import Runtime
 

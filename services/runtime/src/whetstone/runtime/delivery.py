@@ -1,6 +1,7 @@
 """Delivery rules shared by every consumer: what a poison message is, how a dead letter is
 bounded, which failures are a dependency's (retried for minutes) rather than the message's, and
-the retention of the runtime's own tables."""
+the retention of the runtime's own tables. The same classification answers HTTP 503 (errors.py),
+retries eval's claims and waits for the broker at start-up."""
 
 from __future__ import annotations
 
@@ -8,6 +9,10 @@ import asyncio
 import base64
 import hashlib
 from typing import TYPE_CHECKING, Any
+
+import asyncpg
+from aiokafka import errors as kafka_errors
+from botocore import exceptions as boto_errors
 
 from whetstone.contracts import DLQ_MODEL
 
@@ -32,20 +37,55 @@ class PoisonMessage(Exception):
 
 
 def is_transient(exc: BaseException) -> bool:
-    """Failures of a dependency (Postgres, S3, the network, the Hub) rather than of the message."""
-    import asyncpg  # noqa: PLC0415
-    from botocore.exceptions import ConnectionError as BotoConnectionError  # noqa: PLC0415
-    from botocore.exceptions import ConnectTimeoutError, ReadTimeoutError  # noqa: PLC0415
+    """Failures of a dependency (Postgres, S3, the broker, the network) rather than of the message."""
+    return unavailable_dependency(exc) is not None
 
-    transient = (ConnectionError, TimeoutError, asyncpg.exceptions.ConnectionDoesNotExistError,
-                 asyncpg.exceptions.CannotConnectNowError, asyncpg.exceptions.TooManyConnectionsError,
-                 BotoConnectionError, ConnectTimeoutError, ReadTimeoutError)
-    seen: BaseException | None = exc
-    while seen is not None:  # the cause may be wrapped
-        if isinstance(seen, transient):
-            return True
-        seen = seen.__cause__ or seen.__context__
-    return False
+
+# the server is gone, shutting down, starting up or full; not a cancelled query (also in class 57)
+_PG_DOWN = (asyncpg.PostgresConnectionError, asyncpg.exceptions.AdminShutdownError,
+            asyncpg.exceptions.CrashShutdownError, asyncpg.exceptions.CannotConnectNowError,
+            asyncpg.exceptions.TooManyConnectionsError)
+
+
+def _dependency_of(exc: BaseException) -> str | None:
+    if isinstance(exc, _PG_DOWN) or (isinstance(exc, asyncpg.InterfaceError)
+                                     and any(w in str(exc) for w in ("connection", "pool is closing"))):
+        return "database"
+    if isinstance(exc, boto_errors.ConnectionError | boto_errors.HTTPClientError):
+        return "object store"
+    if isinstance(exc, boto_errors.ClientError):
+        status = exc.response.get("ResponseMetadata", {}).get("HTTPStatusCode", 0)
+        code = exc.response.get("Error", {}).get("Code", "")
+        return "object store" if status >= 500 or code in ("SlowDown", "ServiceUnavailable") else None
+    if isinstance(exc, kafka_errors.KafkaConnectionError | kafka_errors.KafkaTimeoutError) or (
+            isinstance(exc, kafka_errors.KafkaError) and exc.retriable):
+        return "broker"
+    if isinstance(exc, OSError):  # a socket error (a missing unix socket too): named after the client that raised it
+        tb, where = exc.__traceback__, "a dependency" if isinstance(exc, ConnectionError | TimeoutError) else None
+        while tb is not None:
+            path = tb.tb_frame.f_code.co_filename
+            where = next((name for lib, name in _CLIENTS if f"/{lib}/" in path), where)
+            tb = tb.tb_next
+        return where
+    return None
+
+
+_CLIENTS = (("asyncpg", "database"), ("botocore", "object store"), ("aiokafka", "broker"))
+
+
+def unavailable_dependency(exc: BaseException) -> str | None:
+    """What unreachable dependency ("database", "object store", "broker", "a dependency") caused `exc`,
+    looking through causes, contexts and exception groups; None for anything else (a bug)."""
+    todo, seen = [exc], set()
+    while todo:
+        e = todo.pop()
+        if e is None or id(e) in seen:
+            continue
+        seen.add(id(e))
+        if (found := _dependency_of(e)) is not None:
+            return found
+        todo += [e.__cause__, e.__context__, *(e.exceptions if isinstance(e, BaseExceptionGroup) else ())]
+    return None
 
 
 def dead_letter(topic: str, partition: int, offset: int, consumer: str, attempts: int, error: str, key: str | None,

@@ -20,6 +20,8 @@ from fastapi import FastAPI, HTTPException, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 
+from .delivery import unavailable_dependency
+
 
 class ApiError(Exception):
     def __init__(self, status: int, message: str, *, type: str = "invalid_request_error", code: str | None = None,
@@ -53,51 +55,6 @@ def _type_of(status: int) -> str:
 
 RETRY_AFTER_S = 2  # a PostgreSQL restart or a broker election takes seconds; the SDK waits this long
 _log = logging.getLogger("whetstone.http")
-_PG_DOWN = (asyncpg.PostgresConnectionError, asyncpg.exceptions.OperatorInterventionError,
-            asyncpg.exceptions.TooManyConnectionsError)
-
-
-def _dependency_of(exc: BaseException) -> str | None:
-    if isinstance(exc, _PG_DOWN) or (isinstance(exc, asyncpg.InterfaceError)
-                                     and any(w in str(exc) for w in ("connection", "pool is closing"))):
-        return "database"
-    if isinstance(exc, boto_errors.ConnectionError | boto_errors.HTTPClientError):
-        return "object store"
-    if isinstance(exc, boto_errors.ClientError):
-        status = exc.response.get("ResponseMetadata", {}).get("HTTPStatusCode", 0)
-        code = exc.response.get("Error", {}).get("Code", "")
-        return "object store" if status >= 500 or code in ("SlowDown", "ServiceUnavailable") else None
-    if isinstance(exc, kafka_errors.KafkaConnectionError | kafka_errors.KafkaTimeoutError) or (
-            isinstance(exc, kafka_errors.KafkaError) and exc.retriable):
-        return "broker"
-    if isinstance(exc, OSError):  # a socket error (a missing unix socket too): named after the client that raised it
-        tb, where = exc.__traceback__, "a dependency" if isinstance(exc, ConnectionError | TimeoutError) else None
-        while tb is not None:
-            path = tb.tb_frame.f_code.co_filename
-            where = next((name for lib, name in _CLIENTS if f"/{lib}/" in path), where)
-            tb = tb.tb_next
-        return where
-    return None
-
-
-_CLIENTS = (("asyncpg", "database"), ("botocore", "object store"), ("aiokafka", "broker"))
-
-
-def unavailable_dependency(exc: BaseException) -> str | None:
-    """What unreachable dependency ("database", "object store", "broker", "a dependency") caused `exc`,
-    looking through causes, contexts and exception groups; None for anything else (a bug)."""
-    todo, seen = [exc], set()
-    while todo:
-        e = todo.pop()
-        if e is None or id(e) in seen:
-            continue
-        seen.add(id(e))
-        if (found := _dependency_of(e)) is not None:
-            return found
-        todo += [e.__cause__, e.__context__, *(e.exceptions if isinstance(e, BaseExceptionGroup) else ())]
-    return None
-
-
 def unexpected_error(request: Request, exc: Exception) -> ApiError:
     """503 with Retry-After when a dependency is unreachable, else a 500; both in OpenAI's shape."""
     dependency = unavailable_dependency(exc)

@@ -14,6 +14,7 @@ import structlog
 
 from whetstone.contracts import all_topic_partitions
 
+from .delivery import unavailable_dependency
 from .settings import CommonSettings
 
 async def create_topics_async(bootstrap: str, topics: Sequence[tuple[str, int]], **client_options: Any) -> None:
@@ -52,8 +53,6 @@ async def ensure_topics(settings: CommonSettings) -> None:
     `startup_broker_wait_s`, instead of the process exiting at once."""
     if not settings.create_topics:
         return
-    from aiokafka.errors import KafkaConnectionError, KafkaTimeoutError, NodeNotReadyError
-
     log = structlog.get_logger("whetstone.runtime.topics")
     deadline = time.monotonic() + settings.startup_broker_wait_s
     pause = 0.5
@@ -62,8 +61,8 @@ async def ensure_topics(settings: CommonSettings) -> None:
             await create_topics_async(settings.kafka_bootstrap, all_topic_partitions(),
                                       **settings.kafka_client_options())
             return
-        except (KafkaConnectionError, KafkaTimeoutError, NodeNotReadyError, OSError) as exc:
-            if time.monotonic() + pause > deadline:
+        except Exception as exc:
+            if unavailable_dependency(exc) is None or time.monotonic() + pause > deadline:
                 raise
             log.warning("broker unreachable at start-up; retrying", bootstrap=settings.kafka_bootstrap,
                         error=f"{type(exc).__name__}: {exc}", retry_in_s=pause)
