@@ -25,8 +25,6 @@ Rt = Runtime[SchedulerContext]
 Lifecycle = JobStartedV1 | JobProgressV1 | CheckpointWrittenV1 | JobPreemptedV1 | JobCompletedV1 | JobFailedV1
 
 
-
-
 def own_job(env: Envelope, job: Job | None, what: str) -> Job | None:
     """A lifecycle event about a job speaks for the job's tenant or is refused (dead letter)."""
     if job is not None and job.tenant_id != env.tenant_id:

@@ -137,7 +137,7 @@ async def apply_node_change(rt: Rt, store: JobStore, kind: str, node: Any) -> No
         await store.node_deleted(node.node_id)
         await preempt_jobs_on_node(rt, store, node.node_id, "spot_loss" if node.spot else "node_lost")
         return
-    await store.upsert_node(NodeFacts(**dataclasses.asdict(node), seen_at=rt.ctx.clock()), source="k8s")
+    await store.upsert_node(NodeFacts(**dataclasses.asdict(node), seen_at=rt.ctx.clock()))
     await store.wake_scheduler()
     if node.unschedulable_reason in ("spot_loss", "drain"):
         what = "spot interruption notice" if node.unschedulable_reason == "spot_loss" else "node drain"

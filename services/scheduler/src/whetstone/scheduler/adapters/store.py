@@ -218,21 +218,18 @@ class JobStore:
 
     # --------------------------------------------------------------- nodes
 
-    async def upsert_node(self, node: NodeFacts, *, source: str) -> None:
-        """One node's facts from a heartbeat (alive now, address kept) or the Kubernetes inventory
-        (schedulability from taints and cordons)."""
-        common = ("gpu_type = EXCLUDED.gpu_type, gpu_count = EXCLUDED.gpu_count,"
-                  " gpu_memory_gb = EXCLUDED.gpu_memory_gb, spot = EXCLUDED.spot,"
-                  " interconnect_group = EXCLUDED.interconnect_group")
-        extra = (", address = coalesce(EXCLUDED.address, nodes.address),"
-                 " last_seen = greatest(nodes.last_seen, EXCLUDED.last_seen), lost = false" if source == "heartbeat"
-                 else ", schedulable = EXCLUDED.schedulable, unschedulable_reason = EXCLUDED.unschedulable_reason")
+    async def upsert_node(self, node: NodeFacts) -> None:
+        """One node's facts from the Kubernetes inventory (schedulability from taints and cordons);
+        heartbeats write theirs in `heartbeat`."""
         await self.conn.execute(
             "INSERT INTO nodes (node_id, gpu_type, gpu_count, gpu_memory_gb, spot, interconnect_group, last_seen, lost,"
-            " address, schedulable, unschedulable_reason, source) VALUES ($1,$2,$3,$4,$5,$6,$7,false,$8,$9,$10,$11)"
-            f" ON CONFLICT (node_id) DO UPDATE SET {common}{extra}",
+            " address, schedulable, unschedulable_reason, source) VALUES ($1,$2,$3,$4,$5,$6,$7,false,$8,$9,$10,'k8s')"
+            " ON CONFLICT (node_id) DO UPDATE SET gpu_type = EXCLUDED.gpu_type, gpu_count = EXCLUDED.gpu_count,"
+            " gpu_memory_gb = EXCLUDED.gpu_memory_gb, spot = EXCLUDED.spot,"
+            " interconnect_group = EXCLUDED.interconnect_group, schedulable = EXCLUDED.schedulable,"
+            " unschedulable_reason = EXCLUDED.unschedulable_reason",
             node.node_id, node.gpu_type, node.gpu_count, node.gpu_memory_gb, node.spot, node.interconnect_group,
-            node.seen_at, node.address, node.schedulable, node.unschedulable_reason, source)
+            node.seen_at, node.address, node.schedulable, node.unschedulable_reason)
 
     async def heartbeat(self, node: NodeFacts, claimed: Sequence[str], silent_before: datetime) -> tuple[list[str], bool]:
         """A node's heartbeat in one round trip: (the claimed jobs placed on other nodes, whether the
@@ -250,11 +247,10 @@ class JobStore:
             " ON CONFLICT (node_id) DO UPDATE SET gpu_type = EXCLUDED.gpu_type, gpu_count = EXCLUDED.gpu_count,"
             " gpu_memory_gb = EXCLUDED.gpu_memory_gb, spot = EXCLUDED.spot,"
             " interconnect_group = EXCLUDED.interconnect_group, address = coalesce(EXCLUDED.address, nodes.address),"
-            " last_seen = greatest(nodes.last_seen, EXCLUDED.last_seen), lost = false RETURNING 1)"
+            " last_seen = greatest(nodes.last_seen, EXCLUDED.last_seen), lost = false)"
             " SELECT ARRAY(SELECT job_id FROM foreign_claims ORDER BY job_id) AS foreign_jobs,"
             " NOT EXISTS (SELECT 1 FROM before WHERE NOT lost AND last_seen >= $11 AND gpu_type = $2"
-            " AND gpu_count = $3) AND EXISTS (SELECT 1 FROM jobs WHERE status = 'queued') AS wake,"
-            " (SELECT count(*) FROM up) AS upserted",
+            " AND gpu_count = $3) AND EXISTS (SELECT 1 FROM jobs WHERE status = 'queued') AS wake",
             node.node_id, node.gpu_type, node.gpu_count, node.gpu_memory_gb, node.spot, node.interconnect_group,
             node.seen_at, node.address, list(claimed), ACTIVE, silent_before)
         return list(row["foreign_jobs"]), bool(row["wake"])
