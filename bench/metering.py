@@ -154,8 +154,7 @@ class Metering:
         """CPU seconds the service process used so far (user + system): on a shared machine a
         figure that does not depend on what else runs."""
         assert self.proc is not None
-        fields = Path(f"/proc/{self.proc.pid}/stat").read_text().rsplit(")", 1)[1].split()
-        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+        return proc_cpu_s(self.proc.pid)
 
     def stop(self) -> None:
         if self.proc is not None and self.proc.poll() is None:

@@ -3,8 +3,8 @@
 Words are maximal runs of lowercase letters, digits and non-ASCII characters
 (punctuation and whitespace separate words), so "The dog." and "the dog" match.
 Each word is hashed once from its first 24 bytes, each 13-gram is a polynomial over 13
-word hashes, then mixed. A reference set is a `HashSet64` of its 13-gram hashes (16 to 32 bytes per 13-gram); a batch of examples
-is looked up in a handful of vectorised probes. An example is contaminated when MORE
+word hashes, then mixed. A reference set is a `HashSet64` of its 13-gram hashes (16 to 32
+bytes per 13-gram); a batch of examples is looked up in a handful of vectorised probes. An example is contaminated when MORE
 than `threshold` (default 0.5) of its 13-grams occur in a reference set.
 """
 
