@@ -358,3 +358,25 @@ async def test_agent_obeys_node_fenced_silently_and_only_for_its_own_attempt(pla
         for topic in ("job.completed", "job.failed", "job.preempted", "checkpoint.written"):
             assert not await events(rt, topic, "job-fenced"), topic
         assert not rt.ctx.node.fenced                           # nothing left behind in memory
+
+
+async def test_a_restarted_supervising_task_leaves_its_own_live_segments_alone(platform, settings, tiny_base):
+    """The supervising task restarts when its database goes away for a moment (chaos: a PostgreSQL
+    restart). Its recovery of a dead agent's runs must not take this agent's own live segment for
+    one: before the fix it killed the training process and the job failed `trainer_crashed`."""
+    from whetstone.trainer_agent.handlers import recover_interrupted
+
+    sha = install_model(settings, tiny_base)
+    async with platform(agent()) as p:
+        rt = p["trainer-agent"]
+        uri = rt.store.put_bytes(TRAIN_KEY, chat_rows(16))
+        segment = await assign(settings, "job-alive", spec(sha, uri, n_epochs=3, batch_size=1,
+                                                           checkpoint_every_steps=1000))
+        await wait_event(rt, "job.progress", "job-alive")
+        pid = rt.ctx.node.segments[segment].proc.pid
+        await recover_interrupted(rt)                        # what a restarted `supervise` runs first
+        assert not await _gone(pid), "the agent killed its own training process"
+        assert await rt.pool.fetchval("SELECT status FROM runs WHERE segment_id = $1", segment) == "running"
+        topic, _ = await terminal(rt, "job-alive")
+        assert topic == "job.completed"
+        assert not await events(rt, "job.preempted", "job-alive")

@@ -29,6 +29,7 @@ class NodeState:
     preempt_reasons: dict[str, str] = field(default_factory=dict)  # job id -> reason of a preempt request
     fenced: dict[str, str] = field(default_factory=dict)           # segment id -> why the scheduler fenced it
     stopping: str | None = None                                    # set by drain: drain | spot_loss
+    recovered: bool = False       # the previous agent's runs were recovered (once per process)
 
     def segments_of(self, job_id: str) -> list[Segment]:
         return [s for s in self.segments.values() if s.job_id == job_id]

@@ -134,8 +134,14 @@ async def heartbeat(rt: AgentRuntime) -> None:
 async def recover_interrupted(rt: AgentRuntime) -> None:
     """Runs left 'running' by an agent that was killed outright (node loss, OOM kill, SIGKILL):
     their launchers died with it (PDEATHSIG; any survivor is killed here by pid), so report them
-    preempted from their last durable checkpoint: the scheduler re-queues them."""
+    preempted from their last durable checkpoint: the scheduler re-queues them.
+
+    Once per process, before any segment starts here: a restart of the supervising task (its
+    database went away for a moment) finds this agent's own live segments 'running', and they
+    are not a dead agent's."""
     ctx = rt.ctx
+    if ctx.node.recovered:
+        return
     async with rt.uow() as uow:
         runs = await ctx.runs.interrupt_running(uow.conn, ctx.config.node_id)
         for run in runs:
@@ -146,6 +152,7 @@ async def recover_interrupted(rt: AgentRuntime) -> None:
                 reason="node_lost", stopped_at=rt.clock(), checkpoint=run.durable_checkpoint),
                 tenant_id=run.tenant_id, trace_id=run.trace_id)
             rt.log.warning("run interrupted by agent restart; reported preempted", job_id=run.job_id)
+    ctx.node.recovered = True
     await asyncio.to_thread(ctx.workspaces.remove, [run.segment_id for run in runs])
 
 
