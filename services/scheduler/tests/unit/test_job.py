@@ -118,6 +118,26 @@ def test_completion_evaluation_and_the_registered_model():
     assert job.fine_tuned_model == "demo-m-ft-1"
 
 
+def test_a_verdict_that_overtakes_the_training_completion_is_applied_when_it_arrives():
+    """eval.completed and job.completed travel on different topics: the verdict may come first
+    (chaos: the scheduler restarted between them). Before, it was dropped and the job sat in
+    `evaluating` until its timeout failed it."""
+    job = running()
+    result = {"verdict": "passed", "reasons": ["ok"], "checkpoint_uri": CK.uri, "stages": []}
+    assert not job.evaluated(T0, "passed", ["ok"], result, [])
+    assert job.status == rules.RUNNING and job.eval["early"]
+    assert job.training_completed(T0, 100, 5000, CK)
+    assert job.public_status == "succeeded" and job.eval == result
+    # a verdict about another checkpoint (an attempt fenced meanwhile) is not this training's
+    job = running()
+    assert not job.evaluated(T0, "passed", ["ok"], {**result, "checkpoint_uri": "s3://ck/other-a1"}, [])
+    assert job.training_completed(T0, 100, 5000, CK)
+    assert job.status == rules.EVALUATING and job.eval is None
+    # a re-evaluation answer never stands in for the job's own gate
+    job = running()
+    assert not job.evaluated(T0, "passed", [], {**result, "request_id": "r1"}, []) and job.eval is None
+
+
 def test_giving_up_a_lost_segment_reports_its_checkpoint_fences_every_node_and_requeues():
     job = running()
     written = T0 + timedelta(seconds=40)

@@ -88,7 +88,7 @@ def job_view(job: Job, queue: Forecast | None = None) -> dict[str, Any]:
 
 
 def eval_view(result: Mapping[str, Any] | None) -> dict[str, Any] | None:
-    if not result:
+    if not result or result.get("early"):   # a verdict waiting for the training's completion
         return None
     return {"verdict": result.get("verdict"), "reasons": result.get("reasons", []),
             "stages": result.get("stages", []), "metrics": result.get("metrics", []),

@@ -372,6 +372,11 @@ class Job:
         self.latest_checkpoint = {**final.model_dump(), "kind": "final"}
         if merge:
             self._move(rules.SUCCEEDED, now, "merge job succeeded")
+        elif self.eval and self.eval.get("early"):
+            early, self.eval = self.eval, None
+            if early.get("checkpoint_uri") == final.uri:   # the verdict is about this very checkpoint
+                result = {k: v for k, v in early.items() if k != "early"}
+                self.evaluated(now, result["verdict"], result.get("reasons", []), result, result.get("stages", []))
         return True
 
     def training_failed(self, now: datetime, code: str, message: str, error_class: str) -> bool:
@@ -384,6 +389,13 @@ class Job:
 
     def evaluated(self, now: datetime, verdict: str, reasons: Sequence[str], result: dict[str, Any],
                   stages: Sequence[Mapping[str, Any]]) -> bool:
+        """The gate's verdict ends the job. It may overtake `job.completed` (another topic, no order
+        between them): while training has not completed it is kept, and applied when it does if it
+        names the same final checkpoint (an attempt fenced meanwhile wrote another)."""
+        if self.status != rules.EVALUATING and not self.terminal and not result.get("request_id"):
+            self.eval = {**result, "early": True}
+            self.note(now, f"evaluation {verdict} arrived before training reported completion; kept until it does")
+            return False
         for s in stages:
             self.note(now, f"eval stage {s['name']}: {s['status']} ({s.get('reason', '')})",
                       level="warning" if s["status"] == "failed" else "info", type="message",
