@@ -27,7 +27,8 @@ def headers(tenant: str = "demo", *scopes: str) -> dict[str, str]:
     return identity_headers(tenant, scopes or ("read", "write"))
 
 
-def upload_artifact(store, tenant: str, job_id: str, extra: dict[str, bytes] | None = None) -> tuple[str, str]:
+def upload_artifact(store, tenant: str, job_id: str, extra: dict[str, bytes] | None = None,
+                    name: str = "final") -> tuple[str, str]:
     """A final checkpoint as the trainer writes it: a safetensors LoRA adapter, PEFT's config
     (with the local training path), tokenizer files with the chat template; manifest last."""
     with tempfile.TemporaryDirectory() as tmp:
@@ -44,7 +45,7 @@ def upload_artifact(store, tenant: str, job_id: str, extra: dict[str, bytes] | N
         for rel, data in (extra or {}).items():
             (d / rel).parent.mkdir(parents=True, exist_ok=True)
             (d / rel).write_bytes(data)
-        up = upload_checkpoint(store, d, f"tenants/{tenant}/jobs/{job_id}/checkpoints/final",
+        up = upload_checkpoint(store, d, f"tenants/{tenant}/jobs/{job_id}/checkpoints/{name}",
                                {"job_id": job_id, "tenant_id": tenant})
     return up.uri, up.manifest_sha256
 

@@ -25,5 +25,6 @@ def build_service(config: EvalSettings | None = None) -> Service[EvalContext]:
     return Service(name="eval", migrations=MIGRATIONS, http_port=config.http_port, context=build_context(config),
                    subscriptions={"job.queued": handlers.on_job_queued,
                                   "checkpoint.written": handlers.on_checkpoint_written,
-                                  "eval.requested": handlers.on_eval_requested},
+                                  "eval.requested": handlers.on_eval_requested,
+                                  "node.fenced": handlers.on_node_fenced},
                    background=[eval_worker] * max(1, config.workers))

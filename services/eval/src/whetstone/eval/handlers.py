@@ -5,9 +5,10 @@ the consumer's partition."""
 
 from __future__ import annotations
 
-from whetstone.contracts import CheckpointWrittenV1, Envelope, EvalRequestedV1, JobQueuedV1
+from whetstone.contracts import CheckpointWrittenV1, Envelope, EvalRequestedV1, JobQueuedV1, NodeFencedV1
+from whetstone.runtime import fencing
 from whetstone.runtime.messaging import UnitOfWork
-from whetstone.runtime.service import Runtime
+from whetstone.runtime.service import PoisonMessage, Runtime
 
 from .adapters import repository
 from .context import EvalContext
@@ -24,11 +25,31 @@ async def on_job_queued(rt: Runtime[EvalContext], uow: UnitOfWork, env: Envelope
 
 async def on_checkpoint_written(rt: Runtime[EvalContext], uow: UnitOfWork, env: Envelope,
                                 ev: CheckpointWrittenV1) -> None:
+    """The final checkpoint of the job's newest attempt is evaluated; a fenced or superseded attempt's
+    is refused (dead-lettered as `stale_attempt`): it never reaches the gate."""
     if ev.kind != "final":
         return
-    await repository.save_final_checkpoint(uow.conn, ev.job_id, env.tenant_id, ev.uri, ev.manifest_sha256,
-                                           env.trace_id)
+    conn = uow.conn
+    fenced = await fencing.fenced_attempt(conn, ev.job_id, env.tenant_id)
+    why = fencing.stale_reason(ev.job_id, ev.attempt, fenced, await repository.final_attempt(conn, ev.job_id))
+    if why:
+        raise PoisonMessage(f"final checkpoint {ev.uri} not evaluated: {why}", reason="stale_attempt")
+    await repository.save_final_checkpoint(conn, ev.job_id, env.tenant_id, ev.uri, ev.manifest_sha256,
+                                           env.trace_id, ev.attempt)
+    if (attempt := fencing.attempt_or_first(ev.attempt)) > 1:
+        await repository.supersede_runs(conn, ev.job_id, env.tenant_id, attempt - 1)
     await _request(rt, uow, ev.job_id)
+
+
+async def on_node_fenced(rt: Runtime[EvalContext], uow: UnitOfWork, env: Envelope, ev: NodeFencedV1) -> None:
+    """The scheduler gave up on an attempt: its final checkpoint (if it came first) is dropped and its
+    run, unless already answered, ends without an answer; the next attempt's checkpoint is evaluated."""
+    fenced = await fencing.record_fence(uow.conn, ev.job_id, env.tenant_id, ev.attempt)
+    dropped = await repository.forget_fenced_checkpoint(uow.conn, ev.job_id, env.tenant_id, fenced)
+    superseded = await repository.supersede_runs(uow.conn, ev.job_id, env.tenant_id, fenced)
+    if dropped or superseded:
+        rt.log.warning("fenced attempt's evaluation dropped", job_id=ev.job_id, attempt=fenced,
+                       checkpoint_dropped=dropped, runs_superseded=superseded)
 
 
 async def _request(rt: Runtime[EvalContext], uow: UnitOfWork, job_id: str) -> None:

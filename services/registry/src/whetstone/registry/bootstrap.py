@@ -38,4 +38,5 @@ def build_service(config: RegistrySettings | None = None) -> Service[RegistryCon
                    subscriptions={"job.queued": handlers.on_job_queued,
                                   "checkpoint.written": handlers.on_checkpoint_written,
                                   "eval.completed": handlers.on_eval_completed,
-                                  "model.merged": handlers.on_model_merged})
+                                  "model.merged": handlers.on_model_merged,
+                                  "node.fenced": handlers.on_node_fenced})

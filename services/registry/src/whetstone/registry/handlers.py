@@ -9,7 +9,9 @@ from typing import Any
 
 from whetstone.contracts import (
     CheckpointWrittenV1, Envelope, EvalCompletedV1, JobQueuedV1, Lineage, Metric, ModelMergedV1, ModelRegisteredV1,
+    NodeFencedV1,
 )
+from whetstone.runtime import fencing
 from whetstone.runtime.messaging import UnitOfWork
 from whetstone.runtime.s3 import parse_uri, tenant_prefix
 from whetstone.runtime.service import PoisonMessage, Runtime
@@ -43,9 +45,15 @@ async def on_job_queued(rt: Runtime[RegistryContext], uow: UnitOfWork, env: Enve
 
 async def on_checkpoint_written(rt: Runtime[RegistryContext], uow: UnitOfWork, env: Envelope,
                                 ev: CheckpointWrittenV1) -> None:
-    """Final checkpoints only: read the manifest (per-file sha256) and the small files lineage needs."""
+    """Final checkpoints only: read the manifest (per-file sha256) and the small files lineage needs.
+    A fenced or superseded attempt's is refused (`stale_attempt`): no model is ever made of it."""
     if ev.kind != "final":
         return
+    store = ModelStore(uow.conn)
+    fenced = await fencing.fenced_attempt(uow.conn, ev.job_id, env.tenant_id)
+    why = fencing.stale_reason(ev.job_id, ev.attempt, fenced, await store.final_attempt(ev.job_id))
+    if why:
+        raise PoisonMessage(f"final checkpoint {ev.uri} not registered: {why}", reason="stale_attempt")
     if not owned_by(ev.uri, env.tenant_id):
         raise PoisonMessage(f"final checkpoint of {ev.job_id} ({ev.uri}) is not under tenant {env.tenant_id}'s prefix")
     artifacts = rt.ctx.artifacts
@@ -64,10 +72,23 @@ async def on_checkpoint_written(rt: Runtime[RegistryContext], uow: UnitOfWork, e
         template = lineage_rules.chat_template_from(small)
     except (ValueError, KeyError, TypeError) as exc:
         raise PoisonMessage(f"final checkpoint of {ev.job_id}: unreadable artifact metadata ({exc})") from exc
-    await ModelStore(uow.conn).record_final_checkpoint(
+    await store.record_final_checkpoint(
         ev.job_id, env.tenant_id, ev.uri, ev.manifest_sha256, ev.step, ev.segment_id, files,
-        lineage_rules.chat_template_sha256(template), adapter_config, environment)
+        lineage_rules.chat_template_sha256(template), adapter_config, environment, ev.attempt)
     await register_if_ready(rt, uow, ev.job_id)
+
+
+async def on_node_fenced(rt: Runtime[RegistryContext], uow: UnitOfWork, env: Envelope, ev: NodeFencedV1) -> None:
+    """The scheduler gave up on an attempt: a final checkpoint of it that came first is dropped, so
+    the verdict about it (whenever it comes) makes no model; the next attempt's will."""
+    store = ModelStore(uow.conn)
+    fenced = await fencing.record_fence(uow.conn, ev.job_id, env.tenant_id, ev.attempt)
+    if await store.forget_fenced_checkpoint(ev.job_id, env.tenant_id, fenced):
+        rt.log.warning("fenced attempt's final checkpoint dropped", job_id=ev.job_id, attempt=fenced)
+    elif (model := await store.get(stages.model_id_for(ev.job_id))) is not None \
+            and (await store.final_attempt(ev.job_id) or 1) <= fenced:
+        rt.log.error("a model was registered from an attempt fenced afterwards; check it", job_id=ev.job_id,
+                     model_id=model.model_id, attempt=fenced)
 
 
 async def on_eval_completed(rt: Runtime[RegistryContext], uow: UnitOfWork, env: Envelope, ev: EvalCompletedV1) -> None:
@@ -128,6 +149,8 @@ async def register_if_ready(rt: Runtime[RegistryContext], uow: UnitOfWork, job_i
     if await store.get(model_id):
         return
     tenant = job["tenant_id"]
+    if (ckpt["attempt"] or 1) <= await fencing.fenced_attempt(uow.conn, job_id, tenant):
+        return   # nothing of a fenced attempt is registered
     if {ckpt["tenant_id"] or tenant, ev["tenant_id"] or tenant} != {tenant} or not owned_by(ckpt["uri"], tenant):
         raise PoisonMessage(f"job {job_id} of tenant {tenant} got a checkpoint from {ckpt['tenant_id']} and an eval"
                             f" from {ev['tenant_id']}: not registered")

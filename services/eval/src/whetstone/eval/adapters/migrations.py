@@ -1,3 +1,5 @@
+from whetstone.runtime.fencing import FENCES_DDL
+
 MIGRATIONS = [
     """
     CREATE TABLE jobs (
@@ -78,4 +80,10 @@ MIGRATIONS = [
     ALTER TABLE eval_runs ADD COLUMN transient_retries integer NOT NULL DEFAULT 0;
     ALTER TABLE eval_runs ADD COLUMN transient_since timestamptz;
     """,
+    """
+    -- issue 20: fencing. The job's newest final checkpoint (and its attempt) is the one evaluated; a
+    -- fenced attempt's is refused; a newer attempt's gets its own run (run_id = job_id for attempt 1,
+    -- job_id~a<N> after); a run whose attempt was fenced meanwhile ends 'superseded', publishing nothing
+    ALTER TABLE final_checkpoints ADD COLUMN attempt int;
+    """ + FENCES_DDL,
 ]

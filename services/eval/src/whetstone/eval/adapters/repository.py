@@ -32,17 +32,52 @@ async def save_job(conn: asyncpg.Connection, job_id: str, tenant_id: str, spec: 
                        " ON CONFLICT DO NOTHING", job_id, tenant_id, spec, tier)
 
 
+def job_run_id(job_id: str, attempt: int | None) -> str:
+    """A job's own evaluation: one run per attempt that wrote a final checkpoint."""
+    return job_id if (attempt or 1) <= 1 else f"{job_id}~a{attempt}"
+
+
+async def final_attempt(conn: asyncpg.Connection, job_id: str) -> int | None:
+    """The attempt of the job's final checkpoint kept here (None: none kept)."""
+    row = await conn.fetchrow("SELECT coalesce(attempt, 1) AS attempt FROM final_checkpoints WHERE job_id = $1", job_id)
+    return row["attempt"] if row else None
+
+
 async def save_final_checkpoint(conn: asyncpg.Connection, job_id: str, tenant_id: str, uri: str,
-                                manifest_sha256: str, trace_id: str) -> None:
+                                manifest_sha256: str, trace_id: str, attempt: int | None) -> None:
+    """The job's final checkpoint; a newer attempt's replaces an older attempt's (never the reverse)."""
     await conn.execute(
-        "INSERT INTO final_checkpoints (job_id, tenant_id, uri, manifest_sha256, trace_id) VALUES ($1,$2,$3,$4,$5)"
-        " ON CONFLICT DO NOTHING", job_id, tenant_id, uri, manifest_sha256, trace_id)
+        "INSERT INTO final_checkpoints (job_id, tenant_id, uri, manifest_sha256, trace_id, attempt)"
+        " VALUES ($1,$2,$3,$4,$5,$6) ON CONFLICT (job_id) DO UPDATE SET tenant_id = EXCLUDED.tenant_id,"
+        " uri = EXCLUDED.uri, manifest_sha256 = EXCLUDED.manifest_sha256, trace_id = EXCLUDED.trace_id,"
+        " attempt = EXCLUDED.attempt"
+        " WHERE coalesce(final_checkpoints.attempt, 1) < coalesce(EXCLUDED.attempt, 1)",
+        job_id, tenant_id, uri, manifest_sha256, trace_id, attempt)
+
+
+async def supersede_runs(conn: asyncpg.Connection, job_id: str, tenant_id: str, up_to_attempt: int) -> int:
+    """The job's own runs of attempts up to this one that have not published: they never will."""
+    runs = [job_run_id(job_id, a) for a in range(1, up_to_attempt + 1)]
+    status = await conn.execute(
+        "UPDATE eval_runs SET status = 'superseded', lease_owner = NULL, lease_until = NULL, updated_at = now()"
+        " WHERE run_id = ANY($1::text[]) AND tenant_id = $2 AND request IS NULL AND status IN ('pending', 'running')",
+        runs, tenant_id)
+    return int(status.split()[-1])
+
+
+async def forget_fenced_checkpoint(conn: asyncpg.Connection, job_id: str, tenant_id: str, fenced: int) -> bool:
+    """A kept final checkpoint of a fenced attempt is not the job's result: drop it."""
+    status = await conn.execute("DELETE FROM final_checkpoints WHERE job_id = $1 AND tenant_id = $2"
+                                " AND coalesce(attempt, 1) <= $3", job_id, tenant_id, fenced)
+    return status.endswith(" 1")
 
 
 async def request_eval_if_ready(conn: asyncpg.Connection, job_id: str) -> bool:
-    """Both the job and its final checkpoint known: add a pending evaluation (once). Cheap."""
+    """Both the job and its final checkpoint known: add a pending evaluation (once per attempt). Cheap."""
     status = await conn.execute(
-        "INSERT INTO eval_runs (run_id, job_id, tenant_id, trace_id) SELECT j.job_id, j.job_id, j.tenant_id, c.trace_id"
+        "INSERT INTO eval_runs (run_id, job_id, tenant_id, trace_id)"
+        " SELECT CASE WHEN coalesce(c.attempt, 1) <= 1 THEN j.job_id ELSE j.job_id || '~a' || c.attempt END,"
+        " j.job_id, j.tenant_id, c.trace_id"
         " FROM jobs j JOIN final_checkpoints c USING (job_id) WHERE j.job_id = $1 ON CONFLICT DO NOTHING", job_id)
     return status.endswith(" 1")
 
@@ -147,11 +182,21 @@ async def record_transient_failure(pool: asyncpg.Pool, claim: Claim, error: str,
 
 async def finish(conn: asyncpg.Connection, claim: Claim, *, lineage_key: str, verdict: str,
                  candidate_loss: float | None, adapter_uri: str, adapter_manifest_sha256: str, event: dict) -> bool:
-    """Inside the final short transaction (with the outbox publish): result row, run done."""
+    """Inside the final short transaction (with the outbox publish): result row, run done. A run whose
+    checkpoint is no longer the job's (its attempt was fenced or superseded meanwhile) ends
+    'superseded' and publishes nothing."""
     await _hold_lease(conn, claim)
+    current = await conn.fetchval("SELECT uri FROM final_checkpoints WHERE job_id = $1 FOR SHARE", claim.job_id)
+    if current != adapter_uri:
+        await conn.execute("UPDATE eval_runs SET status = 'superseded', lease_until = NULL, updated_at = now()"
+                           " WHERE run_id = $1", claim.run_id)
+        return False
     status = await conn.execute(
         "INSERT INTO results (job_id, tenant_id, lineage_key, verdict, candidate_loss, event, adapter_uri,"
-        " adapter_manifest_sha256) VALUES ($1,$2,$3,$4,$5,$6,$7,$8) ON CONFLICT DO NOTHING",
+        " adapter_manifest_sha256) VALUES ($1,$2,$3,$4,$5,$6,$7,$8) ON CONFLICT (job_id) DO UPDATE"
+        " SET verdict = EXCLUDED.verdict, candidate_loss = EXCLUDED.candidate_loss, event = EXCLUDED.event,"
+        " adapter_uri = EXCLUDED.adapter_uri, adapter_manifest_sha256 = EXCLUDED.adapter_manifest_sha256,"
+        " created_at = now() WHERE results.adapter_uri IS DISTINCT FROM EXCLUDED.adapter_uri",   # a newer attempt
         claim.job_id, claim.tenant_id, lineage_key, verdict, candidate_loss, event, adapter_uri,
         adapter_manifest_sha256)
     await _done(conn, claim, verdict)

@@ -1,3 +1,5 @@
+from whetstone.runtime.fencing import FENCES_DDL
+
 MIGRATIONS = [
     """
     CREATE TABLE jobs (
@@ -151,4 +153,17 @@ MIGRATIONS.append(
     ALTER TABLE final_checkpoints ADD COLUMN tenant_id text;
     ALTER TABLE evals ADD COLUMN tenant_id text;
     """
+)
+
+# 4: fencing (issue 20). The final checkpoint kept is the newest attempt's; a fenced attempt's is
+# refused or dropped; a verdict counts only for the very checkpoint it names (one row per checkpoint)
+MIGRATIONS.append(
+    """
+    ALTER TABLE final_checkpoints ADD COLUMN attempt int;
+    ALTER TABLE evals ADD COLUMN checkpoint_uri text;
+    UPDATE evals SET checkpoint_uri = coalesce(event->>'checkpoint_uri', '');
+    ALTER TABLE evals ALTER COLUMN checkpoint_uri SET NOT NULL;
+    ALTER TABLE evals DROP CONSTRAINT evals_pkey;
+    ALTER TABLE evals ADD PRIMARY KEY (job_id, checkpoint_uri);
+    """ + FENCES_DDL
 )

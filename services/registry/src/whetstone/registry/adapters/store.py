@@ -37,22 +37,48 @@ class ModelStore:
 
     async def record_final_checkpoint(self, job_id: str, tenant_id: str, uri: str, manifest_sha256: str, step: int,
                                       segment_id: str, files: dict[str, str], chat_template_sha256: str | None,
-                                      adapter_config: dict | None, environment: dict | None) -> None:
+                                      adapter_config: dict | None, environment: dict | None,
+                                      attempt: int | None) -> None:
+        """The job's final checkpoint; a newer attempt's replaces an older attempt's (never the reverse)."""
         await self.conn.execute(
             "INSERT INTO final_checkpoints (job_id, tenant_id, uri, manifest_sha256, step, segment_id, files,"
-            " chat_template_sha256, adapter_config, environment) VALUES ($1,$2,$3,$4,$5,$6,$7,$8,$9,$10)"
-            " ON CONFLICT DO NOTHING",
+            " chat_template_sha256, adapter_config, environment, attempt) VALUES ($1,$2,$3,$4,$5,$6,$7,$8,$9,$10,$11)"
+            " ON CONFLICT (job_id) DO UPDATE SET tenant_id = EXCLUDED.tenant_id, uri = EXCLUDED.uri,"
+            " manifest_sha256 = EXCLUDED.manifest_sha256, step = EXCLUDED.step, segment_id = EXCLUDED.segment_id,"
+            " files = EXCLUDED.files, chat_template_sha256 = EXCLUDED.chat_template_sha256,"
+            " adapter_config = EXCLUDED.adapter_config, environment = EXCLUDED.environment, attempt = EXCLUDED.attempt"
+            " WHERE coalesce(final_checkpoints.attempt, 1) < coalesce(EXCLUDED.attempt, 1)",
             job_id, tenant_id, uri, manifest_sha256, step, segment_id, files, chat_template_sha256, adapter_config,
-            environment)
+            environment, attempt)
+
+    async def job(self, job_id: str) -> Any:
+        return await self.conn.fetchrow("SELECT * FROM jobs WHERE job_id = $1", job_id)
+
+    async def final_attempt(self, job_id: str) -> int | None:
+        row = await self.conn.fetchrow("SELECT coalesce(attempt, 1) AS attempt FROM final_checkpoints"
+                                       " WHERE job_id = $1", job_id)
+        return row["attempt"] if row else None
+
+    async def forget_fenced_checkpoint(self, job_id: str, tenant_id: str, fenced: int) -> bool:
+        """A kept final checkpoint of a fenced attempt is not the job's result (unless a model was made of it)."""
+        status = await self.conn.execute(
+            "DELETE FROM final_checkpoints c WHERE job_id = $1 AND tenant_id = $2 AND coalesce(attempt, 1) <= $3"
+            " AND NOT EXISTS (SELECT 1 FROM models m WHERE m.job_id = c.job_id)", job_id, tenant_id, fenced)
+        return status.endswith(" 1")
 
     async def record_eval(self, job_id: str, tenant_id: str, verdict: str, event: dict[str, Any]) -> None:
-        await self.conn.execute("INSERT INTO evals (job_id, tenant_id, verdict, event) VALUES ($1,$2,$3,$4)"
-                                " ON CONFLICT DO NOTHING", job_id, tenant_id, verdict, event)
+        await self.conn.execute("INSERT INTO evals (job_id, tenant_id, verdict, event, checkpoint_uri)"
+                                " VALUES ($1,$2,$3,$4,$5) ON CONFLICT DO NOTHING", job_id, tenant_id, verdict, event,
+                                event.get("checkpoint_uri") or "")
 
     async def registration_parts(self, job_id: str) -> tuple[Any, Any, Any]:
-        job = await self.conn.fetchrow("SELECT * FROM jobs WHERE job_id = $1", job_id)
+        """The job, its kept final checkpoint and the verdict about that very checkpoint."""
+        job = await self.job(job_id)
         ckpt = await self.conn.fetchrow("SELECT * FROM final_checkpoints WHERE job_id = $1", job_id)
-        ev = await self.conn.fetchrow("SELECT * FROM evals WHERE job_id = $1", job_id)
+        ev = None
+        if ckpt is not None:
+            ev = await self.conn.fetchrow("SELECT * FROM evals WHERE job_id = $1 AND checkpoint_uri = $2",
+                                          job_id, ckpt["uri"])
         return job, ckpt, ev
 
     async def insert_model(self, model_id: str, job_id: str, tenant_id: str, name: str, artifact_uri: str,
