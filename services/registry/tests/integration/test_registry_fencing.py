@@ -41,6 +41,15 @@ async def _model(rt, job_id: str):
     return await rt.pool.fetchrow("SELECT artifact_uri FROM models WHERE model_id = $1", model_id_for(job_id))
 
 
+async def _attempt_2_makes_the_model(kit, rt, b: str, job_id: str, *, verdict_first: bool) -> CheckpointWrittenV1:
+    fresh, verdict = _events(kit, rt, job_id, 2)
+    for event in ((verdict, fresh) if verdict_first else (fresh, verdict)):
+        await send_event(b, event, TENANT)
+    model = await wait_until(lambda: _model(rt, job_id), 60, f"the model of {job_id}'s attempt 2")
+    assert model["artifact_uri"] == fresh.uri
+    return fresh
+
+
 async def test_no_model_is_made_of_a_fenced_attempts_checkpoint_in_any_order(platform, kit):
     async with platform(build_service) as p:
         rt, b = p["registry"], p.settings.kafka_bootstrap
@@ -55,11 +64,7 @@ async def test_no_model_is_made_of_a_fenced_attempts_checkpoint_in_any_order(pla
             return [e for e in await outbox(rt, "checkpoint.written.dlq") if "stale_attempt" in str(e)]
         await wait_until(refused, 60, "the stale checkpoint dead-lettered")
         assert await _model(rt, "job-f") is None
-        fresh, fresh_verdict = _events(kit, rt, "job-f", 2)
-        await send_event(b, fresh, TENANT)
-        await send_event(b, fresh_verdict, TENANT)
-        model = await wait_until(lambda: _model(rt, "job-f"), 60, "the model of attempt 2")
-        assert model["artifact_uri"] == fresh.uri
+        await _attempt_2_makes_the_model(kit, rt, b, "job-f", verdict_first=False)
 
         # 2. the stale checkpoint first, then the fence, then its verdict: dropped, no model from it
         await _queue(b, kit, "job-g")
@@ -74,11 +79,7 @@ async def test_no_model_is_made_of_a_fenced_attempts_checkpoint_in_any_order(pla
         await wait_until(lambda: rt.pool.fetchval("SELECT 1 FROM evals WHERE job_id = 'job-g'"), 60, "the verdict")
         assert await _model(rt, "job-g") is None
         # 3. the newer attempt's verdict before its checkpoint: the model is made of attempt 2 only
-        fresh, fresh_verdict = _events(kit, rt, "job-g", 2)
-        await send_event(b, fresh_verdict, TENANT)
-        await send_event(b, fresh, TENANT)
-        model = await wait_until(lambda: _model(rt, "job-g"), 60, "the model of attempt 2")
-        assert model["artifact_uri"] == fresh.uri
+        fresh = await _attempt_2_makes_the_model(kit, rt, b, "job-g", verdict_first=True)
         # a redelivered stale checkpoint now is refused too (attempt 2 superseded it)
         await send_event(b, stale, TENANT)
 
