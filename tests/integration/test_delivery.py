@@ -116,7 +116,7 @@ async def test_registry_registers_once_under_triple_delivery(platform, settings,
         await send_event(b, CheckpointWrittenV1(job_id="j1", segment_id="j1-s1", checkpoint_id="c", kind="final",
                                                 step=40, uri=up.uri, manifest_sha256=up.manifest_sha256, files=2,
                                                 size_bytes=10, written_at=NOW), T, times=3)
-        await send_event(b, EvalCompletedV1(job_id="j1", checkpoint_uri="s3://x", verdict="passed", reasons=["ok"],
+        await send_event(b, EvalCompletedV1(job_id="j1", checkpoint_uri=up.uri, verdict="passed", reasons=["ok"],
                                             metrics=[Metric(name="holdout_loss", base=2.0, candidate=1.0)]), T, times=3)
         rt = p["registry"]
         for topic in ("job.queued", "checkpoint.written", "eval.completed"):
