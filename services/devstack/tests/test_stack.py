@@ -325,3 +325,36 @@ def test_postgres_and_s3_stop_and_come_back_with_their_data(tmp_path):
             EmbeddedStack(tmp_path / "other", log=lambda m: None).stop_component("kafka")
     finally:
         stack.stop()
+
+
+def test_a_port_taken_between_choosing_and_binding_starts_again_on_fresh_ports(tmp_path, monkeypatch):
+    """Ports are chosen free and bound later by the servers: another process can take one in between
+    (seen in CI as SeaweedFS's volume server exiting with `bind: address already in use`)."""
+    import socket
+
+    from whetstone.devstack import stack as stack_module
+
+    squatter = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    squatter.bind(("127.0.0.1", 0))
+    squatter.listen()
+    taken = squatter.getsockname()[1]
+    real_free_ports = stack_module._free_ports
+    handed_out: list[list[int]] = []
+
+    def racy_free_ports(count: int) -> list[int]:
+        ports = real_free_ports(count)
+        if count == 8 and not handed_out:  # SeaweedFS's first start: its volume port is already taken
+            ports[2] = taken
+        handed_out.append(ports)
+        return ports
+
+    monkeypatch.setattr(stack_module, "_free_ports", racy_free_ports)
+    messages: list[str] = []
+    try:
+        with EmbeddedStack(tmp_path, log=messages.append) as stack:
+            assert stack.endpoints is not None
+            _s3(stack.endpoints).list_buckets()
+    finally:
+        squatter.close()
+    assert sum(1 for ports in handed_out if len(ports) == 8) == 2
+    assert any("starting again on fresh ports" in m for m in messages)

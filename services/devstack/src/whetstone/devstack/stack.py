@@ -47,6 +47,7 @@ BROKER_BUCKET = "whetstone-broker"  # where a durable embedded broker keeps its 
 # SeaweedFS's filer waits 15 s for its own S3 gateway's metadata stream during a graceful stop
 # and flushes nothing useful meanwhile (every write is already in the files), so it gets less.
 WEED_STOP_TIMEOUT_S = 2.0
+PORT_RACE_ATTEMPTS = 3  # starts tried when a server finds its port taken
 
 # Tansu reads these from the environment; the command line sets what we need, so drop the rest.
 _TANSU_ENV_VARS = (
@@ -154,13 +155,23 @@ class EmbeddedStack:
         with self._lock:
             if self.endpoints is not None:
                 raise RuntimeError("the stack is already started")
-            began = time.monotonic()
-            atexit.register(self.stop)
-            try:
-                endpoints = self._start(began)
-            except BaseException:
-                self._stop_locked()
-                raise
+            for attempt in range(1, PORT_RACE_ATTEMPTS + 1):
+                began = time.monotonic()
+                atexit.register(self.stop)
+                try:
+                    endpoints = self._start(began)
+                    break
+                except StackStartError as exc:
+                    self._stop_locked()
+                    # A port found free can be taken by another process before the server binds it:
+                    # start again on fresh ports rather than fail.
+                    if "address already in use" not in str(exc).lower() or attempt == PORT_RACE_ATTEMPTS:
+                        raise
+                    self._log(f"a port was taken while starting (attempt {attempt}); starting again on fresh ports")
+                    self._kafka_port = None
+                except BaseException:
+                    self._stop_locked()
+                    raise
             self.endpoints = endpoints
             self._log(f"stack ready in {time.monotonic() - began:.1f}s")
             return endpoints
