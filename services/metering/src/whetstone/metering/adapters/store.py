@@ -40,6 +40,14 @@ def to_json(obj: Any) -> str | None:
     return orjson.dumps(obj, default=str).decode()
 
 
+def states_json(states: Sequence[Any]) -> str:
+    """State dataclasses as one JSON array of objects, for jsonb_to_recordset: one orjson call
+    instead of an array parameter per column (each element of which asyncpg checks and encodes
+    one by one). Nested dataclasses come out exactly as `to_json` writes them; the datetimes are
+    ISO 8601 with their offset, which Postgres reads back to the microsecond."""
+    return orjson.dumps(states, default=str).decode()
+
+
 def from_json(cls: type, text: str | None) -> Any:
     if text is None:
         return None
@@ -62,12 +70,6 @@ def _segment(r: asyncpg.Record) -> SegmentState:
     return SegmentState(r["segment_id"], r["job_id"], r["tenant_id"], r["first_seen_at"], from_json(Start, r["start"]),
                         from_json(Stop, r["stop"]), list(r["events"]), from_json(Charge, r["billed"]), r["revision"],
                         from_json(Anomaly, r["anomaly"]))
-
-
-def _ids(event_ids: list[str]) -> str:
-    """Event ids travel joined by commas (an array of arrays cannot be unnested row by row)."""
-    assert not any("," in e for e in event_ids)
-    return ",".join(event_ids)
 
 
 # the jsonb columns as text, decoded by from_json
@@ -116,45 +118,41 @@ class LedgerStore:
         return out
 
     async def save_jobs(self, jobs: Iterable[JobState]) -> dict[str, int]:
-        """Write the jobs back with new versions; returns them."""
+        """Write the jobs back with new versions; returns them. The jobs travel as one JSON document
+        (see `states_json`), their new versions as an array in the same order."""
         jobs = list(jobs)
         versions = {j.job_id: new_version() for j in jobs}
         if not jobs:
             return versions
         await self.conn.execute(
-            "UPDATE jobs AS j SET queued = u.queued::jsonb, terminal = u.terminal::jsonb, terminal_at = u.terminal_at,"
-            " review_decision = u.review_decision, closed_at = u.closed_at, events = string_to_array(u.events, ','),"
-            " version = u.version"
-            " FROM unnest($1::text[], $2::text[], $3::text[], $4::timestamptz[], $5::text[], $6::timestamptz[],"
-            " $7::text[], $8::bigint[]) AS u(job_id, queued, terminal, terminal_at, review_decision, closed_at,"
-            " events, version) WHERE j.job_id = u.job_id",
-            [j.job_id for j in jobs], [to_json(j.queued) for j in jobs], [to_json(j.terminal) for j in jobs],
-            [j.terminal.reported if j.terminal else None for j in jobs], [j.review_decision for j in jobs],
-            [j.closed_at for j in jobs],
-            [_ids(j.events) for j in jobs], [versions[j.job_id] for j in jobs])
+            "UPDATE jobs AS j SET queued = u.queued, terminal = u.terminal,"
+            " terminal_at = coalesce(u.terminal->>'reported_at', u.terminal->>'at')::timestamptz,"
+            " review_decision = u.review_decision, closed_at = u.closed_at, events = u.events, version = v.version"
+            " FROM ROWS FROM (jsonb_to_recordset($1::text::jsonb) AS (job_id text, queued jsonb, terminal jsonb,"
+            " review_decision text, closed_at timestamptz, events text[])) WITH ORDINALITY"
+            " AS u(job_id, queued, terminal, review_decision, closed_at, events, i)"
+            " JOIN unnest($2::bigint[]) WITH ORDINALITY AS v(version, i) USING (i) WHERE j.job_id = u.job_id",
+            states_json(jobs), [versions[j.job_id] for j in jobs])
         return versions
 
     async def save_segments(self, segments: Iterable[SegmentState]) -> None:
+        """Upsert the segments, sent as one JSON document (see `states_json`)."""
         segs = list(segments)
         if not segs:
             return
         await self.conn.execute(
             "INSERT INTO segments AS s (job_id, segment_id, tenant_id, first_seen_at, start, stop, billed, revision,"
             " anomaly, waiting, events, stop_at)"
-            " SELECT job_id, segment_id, tenant_id, first_seen_at, start::jsonb, stop::jsonb, billed::jsonb, revision,"
-            " anomaly::jsonb, waiting, string_to_array(events, ','), stop_at"
-            " FROM unnest($1::text[], $2::text[], $3::text[], $4::timestamptz[],"
-            " $5::text[], $6::text[], $7::text[], $8::int[], $9::text[], $10::bool[], $11::text[],"
-            " $12::timestamptz[]) AS u(job_id, segment_id, tenant_id, first_seen_at, start, stop, billed, revision,"
-            " anomaly, waiting, events, stop_at)"
+            " SELECT job_id, segment_id, tenant_id, first_seen_at, start, stop, billed, revision, anomaly,"
+            " billed IS NULL AND anomaly IS NULL, events,"
+            " coalesce(stop->>'reported_at', stop->>'stopped_at')::timestamptz"
+            " FROM jsonb_to_recordset($1::text::jsonb) AS u(job_id text, segment_id text, tenant_id text,"
+            " first_seen_at timestamptz, start jsonb, stop jsonb, billed jsonb, revision int, anomaly jsonb,"
+            " events text[])"
             " ON CONFLICT (job_id, segment_id) DO UPDATE SET start = EXCLUDED.start, stop = EXCLUDED.stop,"
             " billed = EXCLUDED.billed, revision = EXCLUDED.revision, anomaly = EXCLUDED.anomaly,"
             " waiting = EXCLUDED.waiting, events = EXCLUDED.events, stop_at = EXCLUDED.stop_at",
-            [s.job_id for s in segs], [s.segment_id for s in segs], [s.tenant_id for s in segs],
-            [s.first_seen_at for s in segs], [to_json(s.start) for s in segs], [to_json(s.stop) for s in segs],
-            [to_json(s.billed) for s in segs], [s.revision for s in segs], [to_json(s.anomaly) for s in segs],
-            [not s.settled for s in segs], [_ids(s.events) for s in segs],
-            [s.stop.reported if s.stop else None for s in segs])
+            states_json(segs))
 
     async def jobs_due(self, close_before: datetime, orphan_before: datetime, limit: int = 500) -> list[str]:
         """Jobs whose grace periods ran out (event time): ended but not closed, or holding a stop
