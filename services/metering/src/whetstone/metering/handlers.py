@@ -58,8 +58,8 @@ class Fact:
     terminal: Terminal | None = None
 
 
-def fact_of(env: Envelope, ev: Event, raw: bytes, received_at: datetime) -> Fact:
-    eid = str(env.event_id)
+def fact_of(env: Envelope, ev: Event, raw: bytes, received_at: datetime, event_id: str | None = None) -> Fact:
+    eid = event_id or str(env.event_id)
     emitted = utc(env.occurred_at)
     seg = getattr(ev, "segment_id", None)
     job_id: str = getattr(ev, "job_id")
@@ -137,7 +137,7 @@ async def meter(rt: Runtime[MeteringContext], uow: UnitOfWork, deliveries: list[
     for d in deliveries:
         clock.observe(d.topic, d.partition, utc(d.envelope.occurred_at), wall)
     now = await event_now(rt, wall)
-    facts = [fact_of(d.envelope, d.event, d.raw, wall) for d in deliveries]
+    facts = [fact_of(d.envelope, d.event, d.raw, wall, d.event_id) for d in deliveries]
     traces = {f.job_id: d.envelope.trace_id for f, d in zip(facts, deliveries, strict=True)}
     store = LedgerStore(uow.conn)
     await store.record_events([f.row for f in facts])

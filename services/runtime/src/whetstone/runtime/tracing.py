@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import Sequence
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -46,13 +47,21 @@ class TraceLog:
 
     def record(self, topic: str, envelope: Any, event: Any, started: float, handler_s: float, outcome: str) -> None:
         """One delivery finished. `started` is the wall-clock time (time.time()) the consumer began on it."""
-        job_id = getattr(event, "job_id", None) if event is not None else None
-        self._rows.append((self.consumer, str(envelope.event_id), topic, envelope.event_type, envelope.tenant_id,
-                           envelope.trace_id, str(job_id) if job_id else None, envelope.producer,
-                           envelope.occurred_at, datetime.fromtimestamp(started, UTC), max(handler_s, 0.0), outcome))
-        if len(self._rows) > self.max_buffered:
-            drop = len(self._rows) - self.max_buffered
-            del self._rows[:drop]
+        self.record_many([(topic, envelope, event, str(envelope.event_id))], started, handler_s, outcome)
+
+    def record_many(self, deliveries: Sequence[tuple[str, Any, Any, str]], started: float, handler_s: float,
+                    outcome: str) -> None:
+        """Deliveries (topic, envelope, event, event_id as text) that began and finished together (a batch)."""
+        at, seconds, consumer = datetime.fromtimestamp(started, UTC), max(handler_s, 0.0), self.consumer
+        rows = self._rows
+        for topic, envelope, event, event_id in deliveries:
+            job_id = getattr(event, "job_id", None) if event is not None else None
+            rows.append((consumer, event_id, topic, envelope.event_type, envelope.tenant_id, envelope.trace_id,
+                         str(job_id) if job_id else None, envelope.producer, envelope.occurred_at, at, seconds,
+                         outcome))
+        if len(rows) > self.max_buffered:
+            drop = len(rows) - self.max_buffered
+            del rows[:drop]
             self._dropped.inc(drop)
 
     async def flush(self) -> int:
