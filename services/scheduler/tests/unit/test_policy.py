@@ -146,6 +146,40 @@ def test_premium_preempts_the_victims_that_lose_least_work():
     assert hold.kind == "hold" and hold.start == pytest.approx(NOW + Policy().checkpoint_s)
 
 
+def test_among_equal_victims_premium_preempts_the_one_that_has_been_in_the_system_least():
+    # same GPUs, checkpoint and tier: the one queued 20 h ago (it waited long for these GPUs)
+    # is spared; the one queued 1 h ago is pushed back instead
+    def aged(job_id, queued_ago):
+        r = run(job_id, "n0", 4, ckpt_ago=60, ends_in=10 * H)
+        r.queued_at = NOW - queued_ago
+        return r
+    victims = [aged("queued-20h-ago", 20 * H), aged("queued-1h-ago", H)]
+    snap = Snapshot(NOW, nodes(1, free=0), victims, [q("prem", "premium", gpus=4)])
+    assert [p.job_id for p in cycle(snap).preemptions] == ["queued-1h-ago"]
+    # without the age weight both cost the same and the tie goes the other way
+    flat = cycle(snap, Policy(victim_age_weight=0.0))
+    assert [p.job_id for p in flat.preemptions] == ["queued-20h-ago"]
+
+
+def test_the_second_blocked_gang_is_protected_from_backfill_too():
+    # one group of four nodes: n0, n1 free up in 1 h (gang-a's place), n2, n3 in 2 h with one
+    # GPU spare each (gang-b's place). A 10-hour 1-GPU job fits on n2 or n3 now. With one
+    # reservation (EASY) only gang-a is protected and the small job delays gang-b by 10 h;
+    # with several, gang-b's nodes are reserved too and the small job waits.
+    running = [run("r0", "n0", 8, ends_in=H), run("r1", "n1", 8, ends_in=H),
+               run("r2", "n2", 7, ends_in=2 * H), run("r3", "n3", 7, ends_in=2 * H)]
+    queue = [q("gang-a", gpus=8, nodes=2, waited=300), q("gang-b", gpus=8, nodes=2, waited=200),
+             q("long-small", gpus=1, waited=100, runtime=10 * H)]
+    four = [Node(f"n{i}", "A100", 8, 0 if i < 2 else 1, False, "g0") for i in range(4)]
+    snap = Snapshot(NOW, four, running, queue)
+    protected = cycle(snap)
+    assert {r.job_id: r.start for r in protected.reservations} == {"gang-a": NOW + H, "gang-b": NOW + 2 * H}
+    assert protected.assignments == []
+    easy = cycle(snap, Policy(reservations=1))
+    assert [r.job_id for r in easy.reservations] == ["gang-a"]
+    assert [a.job_id for a in easy.assignments] == ["long-small"]
+
+
 def test_no_preemption_when_the_natural_end_is_within_the_target():
     victims = [run("ending", "n0", 8, ends_in=60.0)]
     result = cycle(full_cluster(victims))

@@ -16,7 +16,8 @@ def test_rows_become_a_snapshot_with_busy_gpus_and_stopping_victims():
     active = [{"job_id": "r", "tier": "free", "placement": [{"node_id": "a", "gpu_ids": [0, 1, 2]}],
                "segment_started_at": NOW - timedelta(hours=1), "est_end_at": NOW + timedelta(hours=1),
                "last_checkpoint_at": None, "progress": {"step": 50, "total_steps": 100},
-               "preempt_requested_at": NOW - timedelta(seconds=30), "priority_preemptions": 0}]
+               "preempt_requested_at": NOW - timedelta(seconds=30), "priority_preemptions": 0,
+               "queued_at": NOW - timedelta(hours=3)}]
     queued = [{"job_id": "q", "tenant_id": "t", "tier": "premium", "queued_at": NOW,
                "resources": {"shapes": [{"gpu_type": "A100", "gpus_per_node": 4, "nodes": 1}]},
                "estimated_runtime_s": 1000.0, "progress": {"step": 25, "total_steps": 100}, "spot_preemptions": 1}]
@@ -25,6 +26,7 @@ def test_rows_become_a_snapshot_with_busy_gpus_and_stopping_victims():
     assert (node.gpu_type, node.free, node.spot) == ("A100", 5, True)
     (run,) = view.snapshot.running
     assert run.progress == 0.5 and run.stopping_at == pytest.approx(NOW.timestamp() + 90)
+    assert run.queued_at == pytest.approx(NOW.timestamp() - 3 * 3600)
     (job,) = view.snapshot.queue
     assert job.est_runtime_s == pytest.approx(750.0) and job.spot_preemptions == 1
     assert pick_gpu_ids("a", 2, view) == [3, 4] and pick_gpu_ids("a", 3, view) == [5, 6, 7]

@@ -62,7 +62,7 @@ def to_view(now: datetime, node_rows: Sequence[Row], active: Sequence[Row], queu
             r["last_checkpoint_at"].timestamp() if r["last_checkpoint_at"] else None,
             progress_fraction(r["progress"]),
             r["preempt_requested_at"].timestamp() + checkpoint_s if r["preempt_requested_at"] else None,
-            r["priority_preemptions"]))
+            r["priority_preemptions"], r["queued_at"].timestamp() if r["queued_at"] else None))
     gpu_count = {r["node_id"]: r["gpu_count"] for r in node_rows}
     nodes = [Node(r["node_id"], canonical_gpu_type(r["gpu_type"]), r["gpu_count"],
                   max(0, r["gpu_count"] - len(busy.get(r["node_id"], ()))), r["spot"], r["interconnect_group"])

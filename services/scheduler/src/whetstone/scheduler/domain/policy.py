@@ -16,10 +16,14 @@ One cycle:
    that does not gets the earliest start the running jobs' estimated ends allow; if that
    start would break its wait target, lower-tier victims are chosen to lose the least
    work (recent checkpoint, little progress since), told to checkpoint and stop, and the
-   job holds their GPUs (a reservation nobody else may delay).
+   job holds their GPUs (a reservation nobody else may delay). Among victims, a job that
+   has been in the system longer (since it was first queued) costs more: pushing back a job
+   that already waited long is what makes a tail worse than FIFO's.
 3. Main pass, in order: gang placement (all GPUs at once; several nodes only inside one
-   interconnect group) with best-fit bin-packing. The first job that does not fit gets
-   the EASY reservation: the earliest time and nodes where it will fit. Later jobs may
+   interconnect group) with best-fit bin-packing. The first ``reservations`` (4) jobs that
+   do not fit each get a reservation: the earliest time and nodes where they will fit (1
+   would be EASY; more protects the gangs behind the head, which otherwise wait for four
+   whole nodes to be free at once while small jobs keep backfilling them). Later jobs may
    jump ahead (backfill) only if they do not delay any reservation: they end before it
    starts by their runtime estimate, or use GPUs the reservation does not need.
 
@@ -74,7 +78,8 @@ class Policy:
     max_priority_preemptions: int = 3    # a job preempted this often for priority is not chosen again
     overrun_s: float = 300.0             # a job past its estimate is assumed to end this much later
     max_urgent: int = 32                 # preempting-tier jobs examined per cycle
-    reservations: int = 1                # blocked jobs that get a reservation (1 = EASY)
+    reservations: int = 4                # blocked jobs that get a reservation (1 = EASY)
+    victim_age_weight: float = 3.0       # victim cost per GPU-second the victim has been in the system
 
     @classmethod
     def fifo(cls) -> Policy:
@@ -110,6 +115,7 @@ class RunningJob:
     progress: float = 0.0                # fraction of the job done
     stopping_at: float | None = None     # preemption requested: its GPUs free about then
     priority_preemptions: int = 0
+    queued_at: float | None = None       # first queued (kept across preemptions)
 
     @property
     def gpus(self) -> int:
@@ -322,10 +328,13 @@ class _Cycle:
 
     def victim_cost(self, r: RunningJob) -> float:
         """GPU-seconds at risk if the emergency checkpoint fails, plus the checkpoint itself;
-        higher tiers cost more; little progress breaks ties (cheap to redo)."""
+        higher tiers cost more; the time the victim has been in the system since it was first
+        queued (it would wait again); little progress breaks ties (cheap to redo)."""
         since = self.now - (r.last_checkpoint_at if r.last_checkpoint_at is not None else r.started_at)
         weight = 3.0 ** max(0, 2 - self.policy.tier(r.tier).rank)    # free 1, standard 3
-        return r.gpus * (max(since, 0.0) + self.policy.checkpoint_s) * weight + r.progress
+        age = self.now - r.queued_at if r.queued_at is not None else 0.0
+        return (r.gpus * ((max(since, 0.0) + self.policy.checkpoint_s) * weight
+                          + self.policy.victim_age_weight * max(age, 0.0)) + r.progress)
 
     def preemptible(self, r: RunningJob, for_tier: TierPolicy) -> bool:
         t = self.policy.tier(r.tier)

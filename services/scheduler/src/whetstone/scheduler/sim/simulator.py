@@ -227,7 +227,7 @@ class Simulator:
             periodic = math.floor((now - j.seg_start) / self.cfg.checkpoint_every_s) * self.cfg.checkpoint_every_s
             running.append(RunningJob(j.job_id, j.tier, j.placement.nodes, j.seg_start, j.seg_start + remaining_est,
                                       j.seg_start + periodic, j.done_s / j.work_s, j.stopping_at,
-                                      j.priority_preemptions))
+                                      j.priority_preemptions, j.submit))
         queue = [QueuedJob(j.job_id, j.tier, j.submit, j.shapes, j.est_s * (1 - j.done_s / j.work_s),
                            j.spot_preemptions, j.tenant_id) for j in self.queue.values()]
         return Snapshot(now, nodes, running, queue)
