@@ -17,6 +17,7 @@ from whetstone.contracts import (
 from whetstone.devstack.testing import consume_all, outbox, send_event, wait_until
 from whetstone.metering.bootstrap import build_service as metering
 from whetstone.runtime.identity import identity_headers as ident
+from whetstone.scheduler.adapters.probes import PROBES
 from whetstone.scheduler.adapters.store import JobStore
 
 from .test_scheduler_service import assigned, get, heartbeat, post, scheduler, validated
@@ -155,6 +156,35 @@ async def test_every_platform_side_state_times_out_into_a_requeue_or_a_named_fai
                                                                           manifest_sha256="4" * 64)), "demo")
         view = await wait_until(lambda: failed(evaluated["id"]), 30, "evaluating timeout")
         assert view["error"]["code"] == "evaluating_timeout" and view["error"]["error_class"] == "platform"
+
+
+async def test_a_jobs_age_in_its_state_counts_from_the_state_change_not_its_last_progress(
+        platform, settings, tiny_model):
+    b = settings.kafka_bootstrap
+    async with platform(scheduler(node_timeout_s=300)) as p, \
+            httpx.AsyncClient(base_url=p.url("scheduler"), timeout=30) as c:
+        rt = p["scheduler"]
+        await heartbeat(settings, "n1")
+        await validated(settings, "demo")
+        await wait_until(lambda: rt.pool.fetchval("SELECT count(*) = 1 FROM datasets"), 30, "dataset")
+        job = (await post(c, "demo", "aging")).json()
+        (seg,) = await assigned(rt, job["id"])
+        await send_event(b, JobStartedV1(job_id=job["id"], node_id="n1", segment_id=seg["segment_id"], attempt=1,
+                                         gpu_type="cpu", gpu_count=1, started_at=datetime.now(UTC)), "demo")
+        row = "SELECT status, state_since, updated_at, progress FROM jobs WHERE job_id = $1"
+
+        async def in_state(status, step=None):
+            r = await rt.pool.fetchrow(row, job["id"])
+            return r if r["status"] == status and r["progress"].get("step") == step else None
+        running = await wait_until(lambda: in_state("running"), 30, "running")
+        await asyncio.sleep(1.5)
+        await send_event(b, JobProgressV1(job_id=job["id"], segment_id=seg["segment_id"], attempt=1, step=3,
+                                          loss=0.5), "demo")
+        later = await wait_until(lambda: in_state("running", 3), 30, "progress recorded")
+        assert later["updated_at"] > running["updated_at"] and later["state_since"] == running["state_since"]
+        (probe,) = [x for x in PROBES if x.metric == "whetstone_job_state_age_seconds"]
+        ages = {state: age for state, age in await rt.pool.fetch(probe.sql)}
+        assert ages["running"] >= 1.5, ages                   # not reset by the progress report
 
 
 def _tiny(settings) -> Path:

@@ -234,3 +234,23 @@ MIGRATIONS.append(
         EXECUTE FUNCTION whetstone_job_webhooks();
     """
 )
+
+# the time a job entered its current state, for whetstone_job_state_age_seconds: updated_at moves with
+# every progress report, so a job training for hours looked minutes old in its state
+MIGRATIONS.append(
+    """
+    ALTER TABLE jobs ADD COLUMN state_since timestamptz;
+    UPDATE jobs SET state_since = updated_at;
+    CREATE FUNCTION whetstone_job_state_since() RETURNS trigger LANGUAGE plpgsql AS $$
+    BEGIN
+        IF TG_OP = 'INSERT' THEN
+            NEW.state_since := NEW.updated_at;
+        ELSIF NEW.status IS DISTINCT FROM OLD.status THEN
+            NEW.state_since := NEW.updated_at;
+        END IF;
+        RETURN NEW;
+    END $$;
+    CREATE TRIGGER jobs_state_since BEFORE INSERT OR UPDATE ON jobs FOR EACH ROW
+        EXECUTE FUNCTION whetstone_job_state_since();
+    """
+)

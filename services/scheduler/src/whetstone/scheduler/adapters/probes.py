@@ -10,7 +10,7 @@ PROBES: tuple[Probe, ...] = (
           f"SELECT status, count(*)::float8 FROM jobs WHERE {_ACTIVE} GROUP BY status"),
     Probe("whetstone_job_state_age_seconds", "Oldest time a job has spent in its current state",
           ("state",),
-          "SELECT status, extract(epoch FROM now() - min(updated_at))::float8 FROM jobs "
+          "SELECT status, extract(epoch FROM now() - min(coalesce(state_since, updated_at)))::float8 FROM jobs "
           f"WHERE {_ACTIVE} GROUP BY status"),
     Probe("whetstone_nodes", "Nodes that sent a heartbeat in the last hour", ("gpu_type", "spot", "lost"),
           "SELECT gpu_type, spot::text, lost::text, count(*)::float8 FROM nodes "
