@@ -7,6 +7,7 @@ from .adapters.migrations import MIGRATIONS
 from .config import IngestSettings
 from .context import IngestContext
 from .gates import toxicity_classifier
+from .worker import validation_worker
 
 
 def build_service(config: IngestSettings | None = None) -> Service[IngestContext]:
@@ -14,4 +15,5 @@ def build_service(config: IngestSettings | None = None) -> Service[IngestContext
     context = IngestContext(config=config, toxicity=toxicity_classifier(config))
     return Service(name="ingest", migrations=MIGRATIONS,
                    subscriptions={"dataset.submitted": handlers.on_dataset_submitted, **file_usage.SUBSCRIPTIONS},
-                   http_port=config.http_port, context=context, routes=api.routes)
+                   http_port=config.http_port, context=context, routes=api.routes,
+                   background=[validation_worker] * config.validation_workers)

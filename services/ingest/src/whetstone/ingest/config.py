@@ -27,6 +27,13 @@ class IngestSettings(ServiceSettings):
     workers: int = Field(default=1, ge=1, description="processes for the gate's pure per-row work (1, the default:"
                          " no pool; measured on 2 cores, the pool cost 20-50 % more CPU per row than it saved);"
                          " results are identical either way")
+    validation_workers: int = Field(default=1, ge=1, description="uploads validated at once by this process")
+    validation_lease_s: float = Field(default=30.0, gt=0, description="a claimed validation whose worker stopped "
+                                      "renewing (renewed every third of this) is taken over after this long")
+    validation_poll_s: float = 2.0
+    validation_backoff_s: float = Field(default=2.0, description="first pause after a failed validation attempt "
+                                        "(doubling, capped at validation_backoff_max_s)")
+    validation_backoff_max_s: float = 60.0
     default_epochs: int = 3
     default_policies: dict[str, Any] = Field(default_factory=dict, description="overrides of the Policies defaults")
     tenant_policies: dict[str, dict[str, Any]] = Field(default_factory=dict, description="tenant -> policy overrides")

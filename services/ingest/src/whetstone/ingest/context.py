@@ -5,6 +5,7 @@ pool, the object store (`rt.store`), the common settings (`rt.settings`) and the
 
 from __future__ import annotations
 
+import asyncio
 from dataclasses import dataclass, field
 
 from .config import IngestSettings
@@ -18,3 +19,4 @@ class IngestContext:
     toxicity: ToxicityClassifier | None                     # None: toxicity screening off
     # the last reference index built (benchmarks + a tenant's own sets), keyed by its files' identity
     reference_cache: dict[tuple, ReferenceIndex] = field(default_factory=dict)
+    wakeup: asyncio.Event = field(default_factory=asyncio.Event)   # a validation was queued

@@ -4,7 +4,8 @@ The upload is streamed once to local scratch (hashed on the way), run through th
 gate (`pipeline.DataGate`, the same one `whet datasets check` runs), and the raw bytes,
 the cleaned train/validation files, the tokenized cache and the report are written under
 `tenants/<tenant>/datasets/<dataset_id>/`. Identical bytes give the same id, and the
-verdict for an id is final: a redelivery or a re-upload re-announces it.
+verdict for an id is final: a redelivery or a re-upload re-announces it. The handler of
+`dataset.submitted` only queues the upload; `worker.py` validates it outside any transaction.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from whetstone.runtime.messaging import UnitOfWork
 from whetstone.runtime.s3 import ObjectStore, parse_uri, tenant_prefix
 from whetstone.runtime.service import Runtime
 
+from .adapters import validations
 from .adapters.archives import SourceError
 from .adapters.formats import HubSource, check_name, hub_id, known_suffix, open_source, suffix_of
 from .adapters.tokenizer import BaseModelTokenizer, TokenizerUnavailable
@@ -238,43 +240,32 @@ def _tenant_references(store: ObjectStore, tenant_id: str, dest: Path) -> list[P
 
 async def on_dataset_submitted(rt: Runtime[IngestContext], uow: UnitOfWork, env: Envelope,
                                ev: DatasetSubmittedV1) -> None:
-    existing = await uow.conn.fetchrow(
-        "SELECT validated, base_model FROM dataset_versions WHERE tenant_id = $1 AND dataset_id = $2",
-        env.tenant_id, ev.dataset_id)
-    if existing and (existing["base_model"] == ev.base_model or not ev.base_model):
-        # immutable: the same content was validated before; announce the same verdict again
-        await uow.publish(DatasetValidatedV1.model_validate(existing["validated"]), tenant_id=env.tenant_id)
-        return
-    event = await _validate(rt, env, ev)
-    if event.version:  # only content-addressed verdicts are remembered
-        await uow.conn.execute(
-            "INSERT INTO dataset_versions (tenant_id, dataset_id, version, name, status, report_uri, validated,"
-            " base_model) VALUES ($1,$2,$3,$4,$5,$6,$7,$8) ON CONFLICT (tenant_id, dataset_id) DO UPDATE SET"
-            " status = EXCLUDED.status, report_uri = EXCLUDED.report_uri, validated = EXCLUDED.validated,"
-            " base_model = EXCLUDED.base_model",
-            env.tenant_id, ev.dataset_id, event.version, ev.name, event.status, event.report_uri,
-            event.model_dump(mode="json"), ev.base_model)
-    rt.log.info("dataset validated", dataset_id=ev.dataset_id, status=event.status, rows=event.rows_kept,
-                errors=event.error_count)
-    await uow.publish(event, tenant_id=env.tenant_id)
+    """Queue the upload's validation (the worker in `worker.py` runs it outside this transaction); a dataset
+    id that already has a verdict gets the same verdict again (its content is immutable)."""
+    known = await validations.known_verdict(uow.conn, env.tenant_id, ev)
+    if known is not None:
+        await uow.publish(known, tenant_id=env.tenant_id)
+    elif await validations.enqueue(uow.conn, str(env.event_id), env.tenant_id, ev, env.trace_id):
+        uow.after_commit(rt.ctx.wakeup.set)   # the worker must see the committed row
 
 
-async def _validate(rt: Runtime[IngestContext], env: Envelope, ev: DatasetSubmittedV1) -> DatasetValidatedV1:
-    if env.tenant_id not in rt.settings.tenants:
-        return reject(ev, "", "unknown_tenant", f"tenant {env.tenant_id!r} is not registered")
+async def validate(rt: Runtime[IngestContext], tenant_id: str, ev: DatasetSubmittedV1) -> DatasetValidatedV1:
+    """The verdict on one upload (the gate runs in a thread); no transaction may be open around it."""
+    if tenant_id not in rt.settings.tenants:
+        return reject(ev, "", "unknown_tenant", f"tenant {tenant_id!r} is not registered")
     bad_name = check_name(ev.name)
     if bad_name:
         return reject(ev, "", bad_name.code, bad_name.message)
     if not ev.source_uri.startswith("hf://"):
         try:
             bucket, key = parse_uri(ev.source_uri)
-            outside = bucket != rt.store.bucket or not key.startswith(tenant_prefix(env.tenant_id)) or ".." in key
+            outside = bucket != rt.store.bucket or not key.startswith(tenant_prefix(tenant_id)) or ".." in key
         except ValueError as exc:
             outside, bad = True, str(exc)
         else:
-            bad = f"source_uri must be under s3://{rt.store.bucket}/{tenant_prefix(env.tenant_id)}"
+            bad = f"source_uri must be under s3://{rt.store.bucket}/{tenant_prefix(tenant_id)}"
         if outside:
             return reject(ev, "", "source_outside_tenant", bad)
         if not await asyncio.to_thread(rt.store.exists, ev.source_uri):
             return reject(ev, "", "source_missing", f"no object at {ev.source_uri}")
-    return await asyncio.to_thread(process_upload, rt, env.tenant_id, ev)
+    return await asyncio.to_thread(process_upload, rt, tenant_id, ev)

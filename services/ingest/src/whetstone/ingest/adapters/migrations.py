@@ -41,4 +41,26 @@ MIGRATIONS = [
     );
     CREATE INDEX file_usage_job ON file_usage (tenant_id, job_id) WHERE ended_at IS NULL;
     """,
+    """
+    -- a dataset.submitted event only queues its validation here; a worker claims it under a lease and runs
+    -- the gate with no transaction open and no partition held (a dead worker's claim is taken over)
+    CREATE TABLE validations (
+        submission_id text PRIMARY KEY,
+        tenant_id     text NOT NULL,
+        dataset_id    text NOT NULL,
+        submitted     jsonb NOT NULL,
+        trace_id      text NOT NULL,
+        status        text NOT NULL DEFAULT 'pending',
+        lease_owner   text,
+        lease_until   timestamptz,
+        attempts      int NOT NULL DEFAULT 0,
+        retries       int NOT NULL DEFAULT 0,
+        not_before    timestamptz,
+        transient_since timestamptz,
+        last_error    text,
+        created_at    timestamptz NOT NULL DEFAULT now(),
+        updated_at    timestamptz NOT NULL DEFAULT now()
+    );
+    CREATE INDEX validations_open ON validations (created_at) WHERE status <> 'done';
+    """,
 ]
