@@ -11,6 +11,7 @@ import pytest
 
 from whetstone.contracts import DatasetValidatedV1
 from whetstone.devstack.testing import outbox, send_event, wait_until
+from whetstone.ingest.adapters import validations
 from whetstone.ingest.bootstrap import build_service
 from whetstone.ingest.config import IngestSettings
 
@@ -83,3 +84,8 @@ async def test_a_dead_workers_claim_is_taken_over_and_an_upload_that_keeps_killi
         assert [(r["status"], r["attempts"]) for r in rows] == [("done", 2), ("done", settings.max_attempts + 1)]
         await asyncio.sleep(1.0)                     # nothing is validated twice
         assert len(await outbox(rt, "dataset.validated")) == 2
+        # retention: finished validations go once the inbox no longer remembers their submissions
+        await rt.pool.execute("UPDATE validations SET updated_at = now() - interval '15 days'"
+                              " WHERE dataset_id = $1", orphan.dataset_id)
+        assert await validations.forget_done(rt.pool, settings.inbox_retention_days) == 1
+        assert await rt.pool.fetchval("SELECT count(*) FROM validations") == 1

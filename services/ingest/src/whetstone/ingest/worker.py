@@ -13,6 +13,7 @@ import asyncio
 import contextlib
 import os
 import socket
+import time
 import uuid
 
 from whetstone.runtime.delivery import unavailable_dependency
@@ -27,9 +28,13 @@ from .handlers import reject, validate
 async def validation_worker(rt: Runtime[IngestContext]) -> None:
     owner = f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
     cfg = rt.ctx.config
+    swept = 0.0
     while True:
         claim = await validations.claim_next(rt.pool, owner, cfg.validation_lease_s)
         if claim is None:
+            if time.monotonic() - swept > rt.settings.retention_interval_s:
+                swept = time.monotonic()
+                await validations.forget_done(rt.pool, rt.settings.inbox_retention_days)
             rt.ctx.wakeup.clear()
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(rt.ctx.wakeup.wait(), timeout=cfg.validation_poll_s)

@@ -78,6 +78,13 @@ async def finish(conn: asyncpg.Connection, v: Validation) -> bool:
     return row is not None
 
 
+async def forget_done(pool: asyncpg.Pool, older_than_days: float) -> int:
+    """Retention: finished validations are kept as long as the inbox remembers their submissions."""
+    status = await pool.execute("DELETE FROM validations WHERE status = 'done'"
+                                " AND updated_at < now() - make_interval(secs => $1)", older_than_days * 86400)
+    return int(status.split()[-1])
+
+
 async def known_verdict(conn: asyncpg.Connection, tenant_id: str, ev: DatasetSubmittedV1) -> DatasetValidatedV1 | None:
     """The verdict already given for this dataset id (its content is immutable), unless it was given for
     another base model than the one asked for now."""
