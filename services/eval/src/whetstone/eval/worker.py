@@ -20,6 +20,7 @@ from pathlib import Path
 from whetstone.contracts import EvalCompletedV1, EvalStageResult
 from whetstone.runtime.checkpoints import CorruptCheckpoint, download_checkpoint
 from whetstone.runtime.delivery import unavailable_dependency
+from whetstone.runtime.leases import wait_for_work
 from whetstone.runtime.models import UnknownModel
 from whetstone.runtime.service import Runtime
 
@@ -40,22 +41,9 @@ async def eval_worker(rt: Runtime[EvalContext]) -> None:
     while True:
         claim = await repository.claim_next(rt.pool, owner, cfg.lease_s)
         if claim is None:
-            rt.ctx.wakeup.clear()
-            try:
-                await asyncio.wait_for(rt.ctx.wakeup.wait(), timeout=cfg.poll_s)
-            except TimeoutError:
-                pass
+            await wait_for_work(rt.ctx.wakeup, cfg.poll_s)
             continue
         await evaluate_claim(rt, claim)
-
-
-async def _heartbeat(rt: Runtime[EvalContext], claim: Claim) -> None:
-    lease = rt.ctx.config.lease_s
-    while True:
-        await asyncio.sleep(lease / 3)
-        if not await repository.renew_lease(rt.pool, claim, lease):
-            rt.log.warning("eval lease lost", run_id=claim.run_id)
-            return
 
 
 def lineage_key(tenant_id: str, spec: dict) -> str:
@@ -66,7 +54,8 @@ def lineage_key(tenant_id: str, spec: dict) -> str:
 async def evaluate_claim(rt: Runtime[EvalContext], claim: Claim) -> None:
     cfg = rt.ctx.config
     log = rt.log.bind(job_id=claim.job_id, run_id=claim.run_id, tenant_id=claim.tenant_id, attempt=claim.attempts)
-    heartbeat = asyncio.create_task(_heartbeat(rt, claim))
+    heartbeat = asyncio.create_task(repository.EVAL_RUNS.keep_renewed(
+        rt.pool, claim.run_id, claim.owner, cfg.lease_s, on_lost=lambda: log.warning("eval lease lost")))
     try:
         inputs = await repository.load_inputs(rt.pool, claim)
         done = inputs["done"]

@@ -17,6 +17,7 @@ import time
 import uuid
 
 from whetstone.runtime.delivery import unavailable_dependency
+from whetstone.runtime.leases import wait_for_work
 from whetstone.runtime.service import Runtime
 
 from .adapters import validations
@@ -35,27 +36,17 @@ async def validation_worker(rt: Runtime[IngestContext]) -> None:
             if time.monotonic() - swept > rt.settings.retention_interval_s:
                 swept = time.monotonic()
                 await validations.forget_done(rt.pool, rt.settings.inbox_retention_days)
-            rt.ctx.wakeup.clear()
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(rt.ctx.wakeup.wait(), timeout=cfg.validation_poll_s)
+            await wait_for_work(rt.ctx.wakeup, cfg.validation_poll_s)
             continue
         await validate_claim(rt, claim)
-
-
-async def _keep_lease(rt: Runtime[IngestContext], v: Validation) -> None:
-    lease = rt.ctx.config.validation_lease_s
-    while True:
-        await asyncio.sleep(lease / 3)
-        with contextlib.suppress(Exception):   # the database away for a moment: the next renewal may work
-            if not await validations.renew(rt.pool, v, lease):
-                rt.log.warning("validation lease lost", dataset_id=v.submitted.dataset_id)
-                return
 
 
 async def validate_claim(rt: Runtime[IngestContext], v: Validation) -> None:
     ev, settings = v.submitted, rt.settings
     log = rt.log.bind(dataset_id=ev.dataset_id, tenant_id=v.tenant_id, attempt=v.attempts)
-    renewing = asyncio.create_task(_keep_lease(rt, v))
+    renewing = asyncio.create_task(validations.VALIDATIONS.keep_renewed(
+        rt.pool, v.submission_id, v.owner, rt.ctx.config.validation_lease_s,
+        on_lost=lambda: log.warning("validation lease lost")))
     try:
         async with rt.pool.acquire() as conn:
             event = known = await validations.known_verdict(conn, v.tenant_id, ev)

@@ -8,6 +8,9 @@ from typing import Any
 
 import asyncpg
 from whetstone.contracts import EvalStageResult
+from whetstone.runtime.leases import LeasedTable
+
+EVAL_RUNS = LeasedTable("eval_runs", "run_id")
 
 
 class LeaseLost(RuntimeError):
@@ -93,25 +96,11 @@ async def add_request(conn: asyncpg.Connection, run_id: str, job_id: str, tenant
 
 async def claim_next(pool: asyncpg.Pool, owner: str, lease_s: float) -> Claim | None:
     """A pending evaluation, or a running one whose lease expired (its worker died)."""
-    row = await pool.fetchrow(
-        "UPDATE eval_runs SET status = 'running', lease_owner = $1, lease_until = now() + make_interval(secs => $2),"
-        " attempts = attempts + 1, updated_at = now()"
-        " WHERE run_id = (SELECT run_id FROM eval_runs WHERE (status = 'pending'"
-        "                 AND (not_before IS NULL OR not_before <= now()))"
-        "                 OR (status = 'running' AND lease_until < now())"
-        "                 ORDER BY created_at FOR UPDATE SKIP LOCKED LIMIT 1)"
-        " RETURNING run_id, job_id, tenant_id, attempts, request, trace_id", owner, lease_s)
+    row = await EVAL_RUNS.claim_next(pool, owner, lease_s, "run_id, job_id, tenant_id, attempts, request, trace_id")
     if row is None:
         return None
     return Claim(row["run_id"], row["tenant_id"], row["attempts"], owner, job_id=row["job_id"],
                  request=row["request"], trace_id=row["trace_id"])
-
-
-async def renew_lease(pool: asyncpg.Pool, claim: Claim, lease_s: float) -> bool:
-    status = await pool.execute(
-        "UPDATE eval_runs SET lease_until = now() + make_interval(secs => $3), updated_at = now()"
-        " WHERE run_id = $1 AND lease_owner = $2 AND status = 'running'", claim.run_id, claim.owner, lease_s)
-    return status.endswith(" 1")
 
 
 async def _hold_lease(conn: asyncpg.Connection, claim: Claim) -> None:

@@ -10,6 +10,9 @@ from dataclasses import dataclass
 import asyncpg
 
 from whetstone.contracts import DatasetSubmittedV1, DatasetValidatedV1
+from whetstone.runtime.leases import LeasedTable
+
+VALIDATIONS = LeasedTable("validations", "submission_id")
 
 
 @dataclass(frozen=True)
@@ -33,26 +36,12 @@ async def enqueue(conn: asyncpg.Connection, submission_id: str, tenant_id: str, 
 
 
 async def claim_next(pool: asyncpg.Pool, owner: str, lease_s: float) -> Validation | None:
-    """The oldest pending validation that is due, or one whose worker's lease ran out."""
-    row = await pool.fetchrow(
-        "UPDATE validations SET status = 'running', lease_owner = $1, attempts = attempts + 1,"
-        " lease_until = now() + make_interval(secs => $2), updated_at = now()"
-        " WHERE submission_id = (SELECT submission_id FROM validations"
-        "   WHERE (status = 'pending' AND (not_before IS NULL OR not_before <= now()))"
-        "      OR (status = 'running' AND lease_until < now())"
-        "   ORDER BY created_at FOR UPDATE SKIP LOCKED LIMIT 1)"
-        " RETURNING submission_id, tenant_id, submitted, trace_id, attempts, last_error", owner, lease_s)
+    row = await VALIDATIONS.claim_next(pool, owner, lease_s,
+                                       "submission_id, tenant_id, submitted, trace_id, attempts, last_error")
     if row is None:
         return None
     return Validation(row["submission_id"], row["tenant_id"], DatasetSubmittedV1.model_validate(row["submitted"]),
                       row["trace_id"], row["attempts"], owner, row["last_error"])
-
-
-async def renew(pool: asyncpg.Pool, v: Validation, lease_s: float) -> bool:
-    status = await pool.execute(
-        "UPDATE validations SET lease_until = now() + make_interval(secs => $3), updated_at = now()"
-        " WHERE submission_id = $1 AND lease_owner = $2 AND status = 'running'", v.submission_id, v.owner, lease_s)
-    return status.endswith(" 1")
 
 
 async def release(pool: asyncpg.Pool, v: Validation, error: str, *, transient: bool, backoff_s: float,
