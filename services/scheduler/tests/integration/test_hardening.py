@@ -20,7 +20,7 @@ from whetstone.runtime.identity import identity_headers as ident
 from whetstone.scheduler.adapters.probes import PROBES
 from whetstone.scheduler.adapters.store import JobStore
 
-from .test_scheduler_service import assigned, get, heartbeat, post, scheduler, validated
+from .test_scheduler_service import assigned, get, heartbeat, node_and_dataset, post, scheduler, validated
 
 pytestmark = pytest.mark.integration
 
@@ -129,9 +129,7 @@ async def test_every_platform_side_state_times_out_into_a_requeue_or_a_named_fai
                                   timeout_check_s=0.2)) as p, \
             httpx.AsyncClient(base_url=p.url("scheduler"), timeout=30) as c:
         rt = p["scheduler"]
-        await heartbeat(settings, "n1")
-        await validated(settings, "demo")
-        await wait_until(lambda: rt.pool.fetchval("SELECT count(*) = 1 FROM datasets"), 30, "dataset")
+        await node_and_dataset(settings, rt)
         stuck = (await post(c, "demo", "never-starts")).json()
 
         async def failed(job_id):
@@ -164,9 +162,7 @@ async def test_a_jobs_age_in_its_state_counts_from_the_state_change_not_its_last
     async with platform(scheduler(node_timeout_s=300)) as p, \
             httpx.AsyncClient(base_url=p.url("scheduler"), timeout=30) as c:
         rt = p["scheduler"]
-        await heartbeat(settings, "n1")
-        await validated(settings, "demo")
-        await wait_until(lambda: rt.pool.fetchval("SELECT count(*) = 1 FROM datasets"), 30, "dataset")
+        await node_and_dataset(settings, rt)
         job = (await post(c, "demo", "aging")).json()
         (seg,) = await assigned(rt, job["id"])
         await send_event(b, JobStartedV1(job_id=job["id"], node_id="n1", segment_id=seg["segment_id"], attempt=1,

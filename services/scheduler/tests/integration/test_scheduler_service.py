@@ -36,6 +36,13 @@ async def validated(settings, tenant, dataset_id="ds-1", tokens=5000):
         tokens_total=tokens, train_uri=f"s3://whetstone/tenants/{tenant}/datasets/{dataset_id}/train.jsonl"), tenant)
 
 
+async def node_and_dataset(settings, rt, node_id="n1", tenant="demo"):
+    """A live CPU node and an accepted dataset the scheduler has recorded: ready to place a job."""
+    await heartbeat(settings, node_id)
+    await validated(settings, tenant)
+    await wait_until(lambda: rt.pool.fetchval("SELECT count(*) = 1 FROM datasets"), 30, "dataset")
+
+
 async def post(c, tenant, key, trace_id=None, **body):
     body = {"model": "tiny-llama", "training_file": "ds-1", **body}
     headers = ident(tenant) | {"Idempotency-Key": key} | ({"X-Trace-Id": trace_id} if trace_id else {})
@@ -293,9 +300,7 @@ async def test_lost_heartbeats_requeue_the_job_from_its_checkpoint(platform, set
     async with platform(scheduler(node_timeout_s=3.0, lost_node_check_s=0.5)) as p, \
             httpx.AsyncClient(base_url=p.url("scheduler"), timeout=30) as c:
         rt = p["scheduler"]
-        await heartbeat(settings, "n1")
-        await validated(settings, "demo")
-        await wait_until(lambda: rt.pool.fetchval("SELECT count(*) = 1 FROM datasets"), 30, "dataset")
+        await node_and_dataset(settings, rt)
         job = (await post(c, "demo", "lost")).json()
         (seg1,) = await assigned(rt, job["id"])
         assert seg1["node_id"] == "n1"
