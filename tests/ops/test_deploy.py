@@ -17,6 +17,8 @@ import pytest
 import yaml
 
 from whetstone.contracts import TOPICS
+from whetstone.eval.adapters.repository import PROBES as EVAL_PROBES
+from whetstone.ingest.adapters.validations import PROBES as VALIDATION_PROBES
 
 pytestmark = pytest.mark.unit
 ROOT = Path(__file__).resolve().parents[2]
@@ -220,10 +222,14 @@ def test_dashboards_are_provisioned_and_autoscaling_follows_lag():
     files = {p.name for p in (ROOT / "deploy" / "grafana").glob("*.json")}
     assert {f for c in dashboards.values() for f in c["data"]} == files
     assert all(c["metadata"]["labels"]["grafana_dashboard"] == "1" for c in dashboards.values())
-    scaled = {s["spec"]["scaleTargetRef"]["name"]: s["spec"]["triggers"][0] for s in of_kind("ScaledObject")}
+    scaled = {s["spec"]["scaleTargetRef"]["name"]: s["spec"]["triggers"] for s in of_kind("ScaledObject")}
     assert set(scaled) == {"whetstone-ingest", "whetstone-eval"}
-    for target, trigger in scaled.items():
-        assert trigger["type"] == "kafka" and trigger["metadata"]["consumerGroup"] == target
+    queues = {"whetstone-ingest": VALIDATION_PROBES, "whetstone-eval": EVAL_PROBES}
+    for target, (lag, queued) in scaled.items():
+        assert lag["type"] == "kafka" and lag["metadata"]["consumerGroup"] == target
+        # and the queue behind the consumer, by a gauge the service really exports
+        (probe,) = queues[target]
+        assert queued["type"] == "prometheus" and f'{probe.metric}{{job="{target}"}}' in queued["metadata"]["query"]
     assert of_kind("ServiceMonitor") and len(of_kind("PrometheusRule")) == 2
 
 

@@ -111,6 +111,8 @@ async def test_a_dead_workers_claim_is_resumed_after_its_lease_never_doubled(pla
         await repository.record_stage(rt.pool, dead, recorded)
         # while the lease is live nobody else can claim it or record for it
         assert await repository.claim_next(rt.pool, "intruder", 30) is None
+        (queued,) = repository.PROBES               # the queue KEDA scales eval on
+        assert dict(await rt.pool.fetch(queued.sql)) == {"running": 1}
         with pytest.raises(LeaseLost):
             await repository.record_stage(rt.pool, Claim("job-3", "acme", 1, "intruder", job_id="job-3"), recorded)
         # the lease runs out (no heartbeat): the live worker claims it and resumes after the recorded stage

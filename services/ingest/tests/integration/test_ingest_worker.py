@@ -47,6 +47,8 @@ async def test_the_gate_runs_with_no_transaction_open_after_the_submission_is_co
         assert await rt.pool.fetchval("SELECT count(*) FROM inbox WHERE message_id = $1", str(env.event_id)) == 1
         assert await rt.pool.fetchval("SELECT status FROM validations WHERE dataset_id = $1",
                                       sub.dataset_id) == "running"
+        (queued,) = validations.PROBES              # the queue KEDA scales ingest on
+        assert dict(await rt.pool.fetch(queued.sql)) == {"running": 1}
         for _ in range(8):
             long_open = await rt.pool.fetch(
                 "SELECT query FROM pg_stat_activity WHERE xact_start < now() - interval '500 milliseconds'"

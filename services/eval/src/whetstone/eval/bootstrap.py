@@ -3,6 +3,7 @@
 from whetstone.runtime.service import Service
 
 from . import handlers
+from .adapters import repository
 from .adapters.judges import EndpointJudge, LocalModelJudge, ModelSafetyClassifier
 from .adapters.migrations import MIGRATIONS
 from .config import EvalSettings
@@ -27,4 +28,4 @@ def build_service(config: EvalSettings | None = None) -> Service[EvalContext]:
                                   "checkpoint.written": handlers.on_checkpoint_written,
                                   "eval.requested": handlers.on_eval_requested,
                                   "node.fenced": handlers.on_node_fenced},
-                   background=[eval_worker] * max(1, config.workers))
+                   background=[eval_worker] * max(1, config.workers), probes=repository.PROBES)

@@ -3,6 +3,7 @@
 from whetstone.runtime.service import Service
 
 from . import api, file_usage, handlers
+from .adapters import validations
 from .adapters.migrations import MIGRATIONS
 from .config import IngestSettings
 from .context import IngestContext
@@ -16,4 +17,4 @@ def build_service(config: IngestSettings | None = None) -> Service[IngestContext
     return Service(name="ingest", migrations=MIGRATIONS,
                    subscriptions={"dataset.submitted": handlers.on_dataset_submitted, **file_usage.SUBSCRIPTIONS},
                    http_port=config.http_port, context=context, routes=api.routes,
-                   background=[validation_worker] * config.validation_workers)
+                   background=[validation_worker] * config.validation_workers, probes=validations.PROBES)

@@ -9,8 +9,13 @@ from typing import Any
 import asyncpg
 from whetstone.contracts import EvalStageResult
 from whetstone.runtime.leases import LeasedTable
+from whetstone.runtime.observability import Probe
 
 EVAL_RUNS = LeasedTable("eval_runs", "run_id")
+# the queue behind the consumers: KEDA scales eval on it
+PROBES = (Probe("whetstone_eval_runs_open", "Evaluations queued or running, by status", ("status",),
+                "SELECT status, count(*)::float8 FROM eval_runs WHERE status IN ('pending', 'running')"
+                " GROUP BY status"),)
 
 
 class LeaseLost(RuntimeError):

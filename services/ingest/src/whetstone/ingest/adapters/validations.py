@@ -11,8 +11,12 @@ import asyncpg
 
 from whetstone.contracts import DatasetSubmittedV1, DatasetValidatedV1
 from whetstone.runtime.leases import LeasedTable
+from whetstone.runtime.observability import Probe
 
 VALIDATIONS = LeasedTable("validations", "submission_id")
+# the queue behind the consumer (its lag is gone as soon as an upload is queued): KEDA scales ingest on it
+PROBES = (Probe("whetstone_validations_open", "Uploads queued or being validated, by status", ("status",),
+                "SELECT status, count(*)::float8 FROM validations WHERE status <> 'done' GROUP BY status"),)
 
 
 @dataclass(frozen=True)
