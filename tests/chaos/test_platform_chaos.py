@@ -375,7 +375,11 @@ class Chaos:
             "jobs": {"total": len(self.plan), "accepted": len(self.accepted), "refused_at_admission": len(self.refused),
                      "by_outcome": dict(Counter(j["status"] for j in jobs.values())),
                      "by_kind": {k: dict(v) for k, v in sorted(by_kind.items())},
-                     "preempted_or_requeued": sum(1 for j in jobs.values() if j["attempt"] > 1)},
+                     "preempted_or_requeued": sum(1 for j in jobs.values() if j["attempt"] > 1),
+                     # a sound job may fail for the platform's reasons (not an invariant): which, and why
+                     "sound_jobs_failed": [{"job_id": job_id, "error_class": j["error_class"], "code": j["code"]}
+                                           for job_id, j in sorted(jobs.items())
+                                           if j["expect"] == "succeeded" and j["status"] == "failed"]},
             "fenced_attempts": fenced,
             "dlq": {"letters": len(letters), "poison_injected": len(self.poison_keys), "by_kind": dlq_kinds},
             "invariants_violated": len(violations),
