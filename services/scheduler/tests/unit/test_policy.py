@@ -2,9 +2,10 @@
 
 import pytest
 
+from whetstone.scheduler.domain.forecast import forecast
 from whetstone.scheduler.domain.placement import Node, Shape
 from whetstone.scheduler.domain.policy import (
-    DEFAULT_TIERS, Policy, QueuedJob, RunningJob, Snapshot, cycle, forecast, order_queue,
+    DEFAULT_TIERS, Policy, QueuedJob, RunningJob, Snapshot, cycle, order_queue,
 )
 
 pytestmark = pytest.mark.unit

@@ -25,7 +25,7 @@ from .adapters.store import JobStore
 from .context import SchedulerContext
 from .domain import jobs as rules
 from .domain.job import Job
-from .domain.policy import Forecast
+from .domain.forecast import Forecast
 from .handlers import cancel_job
 from .loop import run_cycle
 from .requests import CreateJob, to_request

@@ -9,7 +9,8 @@ from datetime import datetime
 from .adapters.catalog import ModelCatalog
 from .adapters.metrics import SchedulerMetrics
 from .config import SchedulerSettings
-from .domain.policy import Forecast, Policy
+from .domain.forecast import Forecast
+from .domain.policy import Policy
 from .loop import SchedulingLoop
 
 Clock = Callable[[], datetime]

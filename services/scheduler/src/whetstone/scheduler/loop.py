@@ -17,7 +17,8 @@ from .adapters.metrics import SchedulerMetrics
 from .adapters.store import JobStore
 from .domain import jobs as rules
 from .domain.cluster import ClusterView, pick_gpu_ids
-from .domain.policy import Assignment, cycle, forecast
+from .domain.forecast import forecast
+from .domain.policy import Assignment, cycle
 
 if TYPE_CHECKING:
     from .context import SchedulerContext

@@ -10,7 +10,7 @@ from typing import Any
 
 from .domain import jobs as rules
 from .domain.job import Job
-from .domain.policy import Forecast
+from .domain.forecast import Forecast
 from .requests import FAMILY
 
 OPENAI_HP = ("n_epochs", "batch_size", "learning_rate_multiplier", "beta")
