@@ -4,8 +4,8 @@ The upload is streamed once to local scratch (hashed on the way), run through th
 gate (`pipeline.DataGate`, the same one `whet datasets check` runs), and the raw bytes,
 the cleaned train/validation files, the tokenized cache and the report are written under
 `tenants/<tenant>/datasets/<dataset_id>/`. Identical bytes give the same id, and the
-verdict for an id is final: a redelivery or a re-upload re-announces it. The handler of
-`dataset.submitted` only queues the upload; `worker.py` validates it outside any transaction.
+verdict for an id is final: a redelivery or a re-upload re-announces it. `handlers.py` only
+queues an upload; `worker.py` runs `validate` on it outside any transaction.
 """
 
 from __future__ import annotations
@@ -19,12 +19,10 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
-from whetstone.contracts import DatasetSubmittedV1, DatasetValidatedV1, Envelope, ValidationIssue, dataset_id_for
-from whetstone.runtime.messaging import UnitOfWork
+from whetstone.contracts import DatasetSubmittedV1, DatasetValidatedV1, ValidationIssue, dataset_id_for
 from whetstone.runtime.s3 import ObjectStore, parse_uri, tenant_prefix
 from whetstone.runtime.service import Runtime
 
-from .adapters import validations
 from .adapters.archives import SourceError
 from .adapters.formats import HubSource, check_name, hub_id, known_suffix, open_source, suffix_of
 from .adapters.tokenizer import BaseModelTokenizer, TokenizerUnavailable
@@ -236,17 +234,6 @@ def _tenant_references(store: ObjectStore, tenant_id: str, dest: Path) -> list[P
         if name and check_name(name) is None:
             paths.append(store.download_file(store.uri(key), dest / name))
     return paths
-
-
-async def on_dataset_submitted(rt: Runtime[IngestContext], uow: UnitOfWork, env: Envelope,
-                               ev: DatasetSubmittedV1) -> None:
-    """Queue the upload's validation (the worker in `worker.py` runs it outside this transaction); a dataset
-    id that already has a verdict gets the same verdict again (its content is immutable)."""
-    known = await validations.known_verdict(uow.conn, env.tenant_id, ev)
-    if known is not None:
-        await uow.publish(known, tenant_id=env.tenant_id)
-    elif await validations.enqueue(uow.conn, str(env.event_id), env.tenant_id, ev, env.trace_id):
-        uow.after_commit(rt.ctx.wakeup.set)   # the worker must see the committed row
 
 
 async def validate(rt: Runtime[IngestContext], tenant_id: str, ev: DatasetSubmittedV1) -> DatasetValidatedV1:

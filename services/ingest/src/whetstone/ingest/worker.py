@@ -23,7 +23,7 @@ from whetstone.runtime.service import Runtime
 from .adapters import validations
 from .adapters.validations import Validation
 from .context import IngestContext
-from .handlers import reject, validate
+from .validation import reject, validate
 
 
 async def validation_worker(rt: Runtime[IngestContext]) -> None:

@@ -1,0 +1,22 @@
+"""Ingest's subscriber: a `dataset.submitted` event is queued for the validation worker (`worker.py`),
+or answered at once with the verdict its immutable content already has."""
+
+from __future__ import annotations
+
+from whetstone.contracts import DatasetSubmittedV1, Envelope
+from whetstone.runtime.messaging import UnitOfWork
+from whetstone.runtime.service import Runtime
+
+from .adapters import validations
+from .context import IngestContext
+
+
+async def on_dataset_submitted(rt: Runtime[IngestContext], uow: UnitOfWork, env: Envelope,
+                               ev: DatasetSubmittedV1) -> None:
+    """Queue the upload's validation (the worker in `worker.py` runs it outside this transaction); a dataset
+    id that already has a verdict gets the same verdict again (its content is immutable)."""
+    known = await validations.known_verdict(uow.conn, env.tenant_id, ev)
+    if known is not None:
+        await uow.publish(known, tenant_id=env.tenant_id)
+    elif await validations.enqueue(uow.conn, str(env.event_id), env.tenant_id, ev, env.trace_id):
+        uow.after_commit(rt.ctx.wakeup.set)   # the worker must see the committed row
