@@ -247,6 +247,11 @@ async def trace_job(job_id: str, *, urls: Mapping[str, str], bootstrap: str, sec
     events = await read_job_events(bootstrap, job_id, since=since, client_options=client_options)
     trace_ids = {r["envelope"].get("trace_id") for r in events}
     deliveries, failed = await fetch_deliveries(urls, job_id, trace_ids, secret)
+    on_topics = {str(r["envelope"]["event_id"]) for r in events}
+    if any(d["event_id"] not in on_topics for d in deliveries):
+        # consumed already, but appended after the topics were read (a job's last events race the trace):
+        # read the topics again, so only events really gone from them lack an offset
+        events = await read_job_events(bootstrap, job_id, since=since, client_options=client_options)
     return build_trace(events, deliveries), failed
 
 
