@@ -7,7 +7,8 @@ import pytest
 
 from whetstone.ingest.domain.hashing import HashSet64, mix64, sorted_unique
 from whetstone.ingest.domain.minhash import (
-    LshParams, MinHasher, candidate_pairs, clusters, exact_jaccard, shingle_hashes, shingle_set, verify_pairs,
+    LshParams, MinHasher, candidate_pairs, clusters, exact_jaccard, shingle_hashes, shingle_set, shingle_sets,
+    verify_pairs,
 )
 from whetstone.ingest.domain.text import digest_key, fingerprint, in_validation_split, normalize_text
 
@@ -85,6 +86,18 @@ def test_exact_jaccard_equals_set_jaccard():
     assert exact_jaccard(shingle_set(a), shingle_set(a)) == 1.0
 
 
+def test_batched_shingle_sets_and_jaccard_match_one_text_at_a_time():
+    texts = [doc(), "ab", "", mutate(doc(), 3), "tiny text", "x"]
+    for got, text in zip(shingle_sets(texts), texts, strict=True):
+        assert got.tolist() == shingle_set(text).tolist()
+    sets = shingle_sets(texts)
+    for a in sets:
+        for b in sets:
+            inter = len(set(a.tolist()) & set(b.tolist()))
+            union = len(set(a.tolist()) | set(b.tolist()))
+            assert exact_jaccard(a, b) == (inter / union if union else 1.0)
+
+
 def test_lsh_params_for_threshold():
     p = LshParams.for_threshold(0.9)
     assert p.bands * p.rows <= 128 and p.candidate_probability(0.9) >= 0.999
@@ -123,7 +136,7 @@ def test_near_duplicates_found_verified_and_clustered():
     bands = hasher.band_hashes(sig)
     pairs = candidate_pairs((bands[:, b] for b in range(bands.shape[1])), counts > 0)
     sets = {i: shingle_set(t) for i, t in enumerate(texts)}
-    edges, scores = verify_pairs(pairs, sets.__getitem__, 0.9)
+    edges, scores = verify_pairs(pairs, lambda rows: [sets[i] for i in rows], 0.9)
     assert {tuple(e) for e in edges.tolist()} >= {(0, 2), (0, 5)}
     assert all(s >= 0.9 for s in scores)
     assert not any(4 in e for e in edges.tolist())  # 40 substitutions: well below 0.9

@@ -93,11 +93,30 @@ def shingle_set(text: str, k: int = SHINGLE) -> np.ndarray:
     return sorted_unique(shingle_hashes([text], k)[0])
 
 
+def shingle_sets(texts: Sequence[str], k: int = SHINGLE) -> list[np.ndarray]:
+    """`shingle_set` of each text, hashed a few texts at a time (arrays stay small)."""
+    out: list[np.ndarray] = []
+    for lo, hi in _chunks(texts, _CHUNK_CHARS):
+        hashes, docs = shingle_hashes(texts[lo:hi], k)
+        if docs.size and (docs[1:] < docs[:-1]).any():     # texts shorter than k come last: put them in place
+            order = np.argsort(docs, kind="stable")
+            hashes, docs = hashes[order], docs[order]
+        bounds = np.searchsorted(docs, np.arange(hi - lo + 1))
+        out += [sorted_unique(hashes[bounds[i]:bounds[i + 1]]) for i in range(hi - lo)]
+    return out
+
+
 def exact_jaccard(a: np.ndarray, b: np.ndarray) -> float:
     """Jaccard of two sorted unique arrays."""
     if a.size == 0 and b.size == 0:
         return 1.0
-    inter = np.intersect1d(a, b, assume_unique=True).size
+    if a.size > b.size:
+        a, b = b, a
+    if a.size == 0:
+        return 0.0
+    at = np.searchsorted(b, a)           # where each of the smaller set's values would be in the larger
+    at[at == b.size] = 0
+    inter = int(np.count_nonzero(b[at] == a))
     return inter / (a.size + b.size - inter)
 
 
@@ -198,25 +217,21 @@ def candidate_pairs(band_columns: Iterable[np.ndarray], eligible: np.ndarray) ->
     return np.unique(pairs, axis=0)
 
 
-def verify_pairs(pairs: np.ndarray, shingles_of: Callable[[int], np.ndarray], threshold: float,
-                 cache_size: int = 4096) -> tuple[np.ndarray, np.ndarray]:
-    """Exact Jaccard of each candidate pair: (pairs with Jaccard >= threshold, their Jaccards)."""
-    cache: dict[int, np.ndarray] = {}
-
-    def get(i: int) -> np.ndarray:
-        s = cache.get(i)
-        if s is None:
-            if len(cache) >= cache_size:
-                cache.pop(next(iter(cache)))
-            s = cache[i] = shingles_of(i)
-        return s
-
+def verify_pairs(pairs: np.ndarray, shingles_of: Callable[[list[int]], list[np.ndarray]], threshold: float,
+                 block: int = 512) -> tuple[np.ndarray, np.ndarray]:
+    """Exact Jaccard of each candidate pair: (pairs with Jaccard >= threshold, their Jaccards).
+    `shingles_of` gives the shingle sets of a list of rows at once; pairs are checked `block` at a
+    time, so memory holds the sets of at most 2 x `block` rows."""
     keep, scores = [], []
-    for a, b in pairs.tolist():
-        j = exact_jaccard(get(a), get(b))
-        if j >= threshold:
-            keep.append((a, b))
-            scores.append(j)
+    for lo in range(0, len(pairs), block):
+        part = pairs[lo:lo + block]
+        ids = np.unique(part).tolist()
+        sets = dict(zip(ids, shingles_of(ids)))
+        for a, b in part.tolist():
+            j = exact_jaccard(sets[a], sets[b])
+            if j >= threshold:
+                keep.append((a, b))
+                scores.append(j)
     return np.array(keep, dtype=np.int64).reshape(-1, 2), np.array(scores, dtype=float)
 
 

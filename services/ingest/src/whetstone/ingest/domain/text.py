@@ -6,9 +6,18 @@ import hashlib
 import unicodedata
 
 
+# the ASCII characters str.split() separates on, each mapped to a space
+_ASCII_SPACES = bytes.maketrans(b"\t\n\x0b\x0c\r\x1c\x1d\x1e\x1f", b" " * 9)
+
+
 def normalize_text(text: str) -> str:
     """NFKC, case-folded, whitespace collapsed: what 'the same text' means for dedup."""
-    if not text.isascii():
+    if text.isascii():
+        # most text has no run of whitespace to collapse: one translation, no split into words
+        flat = text.lower().encode("ascii").translate(_ASCII_SPACES)
+        if b"  " not in flat and not flat.startswith(b" ") and not flat.endswith(b" "):
+            return flat.decode("ascii")
+    else:
         text = unicodedata.normalize("NFKC", text)
     return " ".join(text.lower().split())
 

@@ -38,11 +38,13 @@ class WordlistToxicity:
         self.phrases = (*_PHRASES, *(t for t in extra if " " in t))
         self.terms = (*_TERMS, *(t for t in extra if " " not in t))
         self.term_words = frozenset(t.encode() for t in self.terms)
+        # the terms no other term is part of: one of them is in a text whenever any term is
+        self.needles = tuple(t for t in dict.fromkeys(self.terms) if not any(o != t and o in t for o in self.terms))
 
     def score(self, text: str) -> float:
         lowered = text.lower()
         hits = sum(1 for p in self.phrases if p in lowered)
-        if any(t in lowered for t in self.terms):  # cheap substring test first, whole words only on a hit
+        if any(t in lowered for t in self.needles):  # cheap substring test first, whole words only on a hit
             hits += sum(1 for w in words(lowered) if w in self.term_words)
         return min(1.0, 0.5 * hits)
 

@@ -15,7 +15,7 @@ import numpy as np
 
 from ..domain.actions import REMOVED
 from ..domain.hashing import HashSet64
-from ..domain.minhash import LshParams, candidate_pairs, clusters, shingle_set, verify_pairs
+from ..domain.minhash import LshParams, candidate_pairs, clusters, shingle_sets, verify_pairs
 from ..domain.report import NearDupReport
 from ..domain.schemas import text_messages
 from ..domain.text import digest_key, fingerprint
@@ -86,8 +86,8 @@ class NearDedup:
         self.report.candidate_pairs = int(len(pairs))
         read = store.reader()
         try:
-            def shingles_of(i: int) -> np.ndarray:
-                return shingle_set(fingerprint(text_messages(json.loads(read(i).payload)))[0])
+            def shingles_of(rows: list[int]) -> list[np.ndarray]:
+                return shingle_sets([fingerprint(text_messages(json.loads(read(i).payload)))[0] for i in rows])
 
             edges, scores = verify_pairs(pairs, shingles_of, self.report.threshold)
             origin = store.origin_array()
