@@ -80,15 +80,10 @@ def peak_rss_mb() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
 
-def children_peak_rss_mb() -> float:
-    """The largest worker process's peak RSS (workers are joined when the gate's run ends)."""
-    return resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024
-
-
 def cpu_seconds() -> float:
-    """CPU time of this process and of its finished children (the gate's worker processes)."""
+    """CPU time of this process (the gate's worker processes report theirs in the gate's timings)."""
     t = os.times()
-    return t.user + t.system + t.children_user + t.children_system
+    return t.user + t.system
 
 
 def file_digest(path: Path | None) -> str | None:
@@ -103,7 +98,8 @@ def run_gate(data: Path, ref: Path, work: Path, name: str, workers: int):
     gate = make_gate(settings, GateRequest(purpose="sft"), tokenizer=None, references=references,
                      toxicity=toxicity_classifier(settings))
     result = gate.run(open_source(data, workdir=work / f"{name}-src"), work / name)
-    return result, time.perf_counter() - t, cpu_seconds() - cpu
+    workers_cpu = result.report.timings.get("workers_cpu_s", 0.0)
+    return result, time.perf_counter() - t, cpu_seconds() - cpu + workers_cpu
 
 
 class Words:
@@ -334,8 +330,8 @@ def main(argv: list[str] | None = None) -> int:
     workers = max(1, args.workers)
     load_before = os.getloadavg()[0]
     result, e2e_s, e2e_cpu_s = run_gate(data, ref, work, "gate", workers)
-    rss_pipeline, rss_workers = peak_rss_mb(), children_peak_rss_mb()
     r = result.report.as_dict()
+    rss_pipeline, rss_workers = peak_rss_mb(), r["timings"].get("workers_peak_rss_mb", 0.0)
     print(f"gate ({workers} workers): {r['status']}, {r['rows_kept']}/{r['rows_total']} kept, {r['exact_duplicates']} "
           f"exact, {r['near_duplicates']} near, {r['contaminated']} contaminated, {r['pii_hits']} PII hits in "
           f"{e2e_s:.1f}s ({n / e2e_s:.0f} examples/s, {n / e2e_cpu_s:.0f} per CPU-second; timings {r['timings']}); "

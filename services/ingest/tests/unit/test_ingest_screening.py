@@ -9,6 +9,7 @@ from whetstone.ingest.domain.contamination import NgramHasher, ReferenceIndex, i
 from whetstone.ingest.domain.cost import METHODS_FOR_PURPOSE, estimate_cost
 from whetstone.ingest.domain.policies import Policies, PolicyError
 from whetstone.ingest.domain.stats import DatasetStats, histogram
+from whetstone.ingest.domain.text import normalize_text
 from whetstone.ingest.domain.toxicity import WordlistToxicity
 
 pytestmark = pytest.mark.unit
@@ -144,6 +145,22 @@ def test_builtin_toxicity_and_plugins():
     assert plugged.scores(["shit"]) == [0.5]
     with pytest.raises(ValueError):
         load_toxicity_classifier("no-colon")
+
+
+@pytest.mark.parametrize("extra", [(), ("frobnicate", "f*ck", "scheiße", "x" * 30), ("shit", "dam")])
+def test_toxicity_from_shared_word_hashes_equals_scoring_each_text(extra):
+    """The gate scores the word list from the word hashes contamination computed (ASCII texts); the
+    result must be exactly `scores` for any text: terms inside words, case, punctuation, phrases
+    across whitespace runs, non-ASCII, terms that cannot be words, a term too long for its hash."""
+    clf = WordlistToxicity(extra_terms=list(extra))
+    rng = np.random.default_rng(3)
+    vocab = ["shit", "Shit", "shitty", "bullshit", "BITCH", "fucking", "unfuckable", "kill  yourself",
+             "kill yourself", "frobnicate", "f*ck", "scheiße", "dam", "damn", "x" * 30, "x" * 31, "you", "die",
+             "go die", "hello", "wörld", "1337", "shit.", "(bitch)", "cunt\nwhore", "\t", "retarded"]
+    texts = ["Have a nice day", "", "you BITCH"]
+    texts += [" ".join(rng.choice(vocab, size=rng.integers(1, 12)).tolist()) for _ in range(400)]
+    word_hash, word_doc = NgramHasher().word_hashes([normalize_text(t) for t in texts])
+    assert clf.scores_with_words(texts, word_hash, word_doc) == clf.scores(texts)
 
 
 # -------------------------------------------------------------------------- stats

@@ -182,6 +182,9 @@ class DataGate:
                               tokenized=tok is not None, tool_rows=rows.tool_rows, model_params=self.model_params,
                               extra_warnings=self.extra_warnings)
         timings["total_s"] = time.perf_counter() - started
+        if preparer.usage:             # the worker processes, for capacity planning (and the benchmark)
+            timings["workers_cpu_s"] = sum(u.cpu_s for u in preparer.usage.values())
+            timings["workers_peak_rss_mb"] = max(u.peak_rss_mb for u in preparer.usage.values())
         report.timings = {k: round(v, 3) for k, v in timings.items()}
         report.timings["rows_per_s"] = round(findings.counts.rows_total / max(timings["total_s"], 1e-9), 1)
         return GateResult(report, written.paths.get("train"), written.paths.get("validation"),

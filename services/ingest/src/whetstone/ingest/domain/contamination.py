@@ -119,9 +119,10 @@ class NgramHasher:
         boundary = (ends - starts == 1) & (buf[starts] == 1)   # only the boundary word is the byte 1 alone
         return mix64_inplace(h), boundary
 
-    def batch(self, texts: Sequence[str]) -> NgramBatch:
+    def batch(self, texts: Sequence[str], words: tuple[np.ndarray, np.ndarray] | None = None) -> NgramBatch:
+        """Every n-gram of the texts; `words`: their `word_hashes`, when already computed."""
         n = self.n
-        word_hash, word_doc = self.word_hashes(texts)
+        word_hash, word_doc = words if words is not None else self.word_hashes(texts)
         total = word_hash.size
         m = total - n + 1
         if m <= 0:
@@ -175,9 +176,10 @@ class ReferenceIndex:
     def describe(self) -> dict[str, dict[str, int]]:
         return {s.name: {"items": s.items, "ngrams": len(s.grams)} for s in self.sets.values()}
 
-    def match(self, texts: Sequence[str]) -> tuple[np.ndarray, list[str | None]]:
+    def match(self, texts: Sequence[str], words: tuple[np.ndarray, np.ndarray] | None = None
+              ) -> tuple[np.ndarray, list[str | None]]:
         """Per text: the fraction of its 13-grams found in any set, and the set matching most."""
-        b = self.hasher.batch(texts)
+        b = self.hasher.batch(texts, words)
         hit_any = np.zeros(b.hashes.size, dtype=bool)
         best_hits = np.zeros(len(texts), dtype=np.int64)
         best: list[str | None] = [None] * len(texts)

@@ -13,7 +13,13 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Protocol
 
-from .contamination import words
+import re
+
+import numpy as np
+
+from .contamination import WORD_BYTES, NgramHasher, words
+
+_WORD = re.compile(r"[0-9a-z]+")     # what `words` keeps of an ASCII text
 
 
 class ToxicityClassifier(Protocol):
@@ -40,6 +46,11 @@ class WordlistToxicity:
         self.term_words = frozenset(t.encode() for t in self.terms)
         # the terms no other term is part of: one of them is in a text whenever any term is
         self.needles = tuple(t for t in dict.fromkeys(self.terms) if not any(o != t and o in t for o in self.terms))
+        # the hashes `NgramHasher.word_hashes` gives the terms that can be a whole word of an ASCII text;
+        # None when a term is too long for its hash to tell it from a longer word (compared on 24 bytes)
+        wordlike = [t for t in self.terms if _WORD.fullmatch(t)]
+        self.term_hashes = None if any(len(t) >= WORD_BYTES for t in wordlike) else \
+            NgramHasher().word_hashes(wordlike)[0] if wordlike else np.zeros(0, np.uint64)
 
     def score(self, text: str) -> float:
         lowered = text.lower()
@@ -50,3 +61,21 @@ class WordlistToxicity:
 
     def scores(self, texts: Sequence[str]) -> list[float]:
         return [self.score(t) for t in texts]
+
+    def scores_with_words(self, texts: Sequence[str], word_hash: np.ndarray, word_doc: np.ndarray) -> list[float]:
+        """`scores`, given `NgramHasher.word_hashes` of the texts' normalized forms (as contamination
+        computes them): for an ASCII text those are the words of the lowered text, so its whole-word
+        term hits are counted from the hashes, without a search per term; other texts are scored
+        one by one."""
+        if self.term_hashes is None:
+            return self.scores(texts)
+        hit = np.isin(word_hash, self.term_hashes)
+        term_hits = np.bincount(word_doc[hit], minlength=len(texts)).tolist()
+        out = []
+        for text, n in zip(texts, term_hits):
+            if not text.isascii():
+                out.append(self.score(text))
+                continue
+            lowered = text.lower()
+            out.append(min(1.0, 0.5 * (n + sum(1 for p in self.phrases if p in lowered))))
+        return out

@@ -20,7 +20,9 @@ from __future__ import annotations
 import json
 import logging
 import multiprocessing
+import os
 import pickle
+import resource
 from collections import deque
 from collections.abc import Iterable, Iterator
 from concurrent.futures import Future, ProcessPoolExecutor
@@ -153,12 +155,15 @@ def prepare_chunk(records: Iterable[Record], layouts: LayoutGate, ctx: PrepareCo
             texts.append(screened[1])
     if not rows:
         return out
+    words = None
     if ctx.references is not None:
-        fractions, names = ctx.references.match(norms)
+        words = ctx.references.hasher.word_hashes(norms)      # shared with the toxicity word list
+        fractions, names = ctx.references.match(norms, words)
         for p, fraction, name in zip(rows, fractions.tolist(), names):
             p.contamination = (fraction, name)
     if ctx.toxicity is not None:
-        for p, score in zip(rows, ctx.toxicity.scores(texts)):
+        scores = ctx.toxicity.scores(texts) if words is None else ctx.toxicity.scores_with_words(texts, *words)
+        for p, score in zip(rows, scores):
             p.toxicity = score
     if ctx.hasher is not None:
         sig, shingles = ctx.hasher.signatures(norms)
@@ -182,11 +187,26 @@ def _init_worker(ctx_path: str) -> None:
         _WORKER_CTX = pickle.load(f)   # written by the gate's own process just before
 
 
+@dataclass
+class WorkerUsage:
+    """A worker's own resource use so far (its CPU time and peak RSS), sent back with each chunk: the
+    workers are children of the fork server, so the gate cannot read it as its children's usage."""
+
+    pid: int
+    cpu_s: float
+    peak_rss_mb: float
+
+    @classmethod
+    def now(cls) -> WorkerUsage:
+        ru = resource.getrusage(resource.RUSAGE_SELF)
+        return cls(os.getpid(), ru.ru_utime + ru.ru_stime, ru.ru_maxrss / 1024)
+
+
 def _prepare_in_worker(records: list[tuple], purpose: str | None, schema: str, schema_line: int | None
-                       ) -> tuple[list[Prepared], np.ndarray | None, LayoutDelta]:
+                       ) -> tuple[list[Prepared], np.ndarray | None, LayoutDelta, WorkerUsage]:
     """In a worker: records (as tuples: cheaper to pickle) -> prepared rows (without the payloads that
     are the input lines themselves), their band hashes as ONE array (not one small array per row),
-    and what the chunk taught the LayoutGate."""
+    what the chunk taught the LayoutGate and the worker's resource use."""
     assert _WORKER_CTX is not None
     layouts = LayoutGate(purpose=purpose, schema=schema, schema_line=schema_line, facts=_AllFacts())
     chunk = [Record(*r) for r in records]
@@ -201,7 +221,16 @@ def _prepare_in_worker(records: list[tuple], purpose: str | None, schema: str, s
         for c in rows:
             c.bands = None
     return prepared, bands, LayoutDelta(layouts.layout_counts, layouts.ambiguous, layouts.facts.ignored,
-                                        layouts.facts.role_mapping)
+                                        layouts.facts.role_mapping), WorkerUsage.now()
+
+
+def _worker_context() -> multiprocessing.context.BaseContext:
+    """Workers are forked from a fork server: a fresh process (no thread of the service is copied) that
+    has imported only this module, and that later pools reuse. A pool then starts in milliseconds;
+    with "spawn" every worker imported the service's entry point again (a second or more of CPU)."""
+    ctx = multiprocessing.get_context("forkserver")
+    ctx.set_forkserver_preload([__name__])
+    return ctx
 
 
 def merge_layouts(layouts: LayoutGate, delta: LayoutDelta) -> None:
@@ -230,6 +259,7 @@ class Preparer:
         self.ctx_path = workdir / "prepare-context.pkl"
         self.chunk_rows, self.min_rows = max(1, chunk_rows), min_rows
         self.pool: ProcessPoolExecutor | None = None
+        self.usage: dict[int, WorkerUsage] = {}      # by worker pid: the latest report of each
 
     def run(self, records: Iterable[Record]) -> Iterator[Prepared]:
         pending: deque[tuple[Future, list[Record]]] = deque()
@@ -262,7 +292,7 @@ class Preparer:
         if self.pool is None:
             with open(self.ctx_path, "wb") as f:
                 pickle.dump(self.ctx, f, protocol=pickle.HIGHEST_PROTOCOL)
-            self.pool = ProcessPoolExecutor(self.workers, mp_context=multiprocessing.get_context("spawn"),
+            self.pool = ProcessPoolExecutor(self.workers, mp_context=_worker_context(),
                                             initializer=_init_worker, initargs=(str(self.ctx_path),))
         records = [(r.line, r.origin, r.raw, r.row, r.issue) for r in chunk]
         try:
@@ -278,7 +308,7 @@ class Preparer:
     def _collect(self, item: tuple[Future, list[Record]]) -> list[Prepared]:
         future, chunk = item
         try:
-            prepared, bands, delta = future.result()
+            prepared, bands, delta, usage = future.result()
         except BrokenProcessPool as exc:
             # a worker died (killed, out of memory, a main module that cannot be imported twice):
             # this chunk and the rest are prepared here, in order: the result does not change
@@ -292,6 +322,7 @@ class Preparer:
             for c, row in zip((p.candidate for p in prepared if p.candidate is not None), bands):
                 c.bands = row
         merge_layouts(self.layouts, delta)
+        self.usage[usage.pid] = usage
         return prepared
 
     def close(self) -> None:
