@@ -113,12 +113,12 @@ async def test_a_record_that_keeps_killing_its_consumer_is_dead_lettered_after_n
         await send_event(b, promoted("m0"), T)  # offset 0 of its partition is handled normally
         await wait_until(lambda: rt.pool.fetchval("SELECT count(*) = 1 FROM seen"), 30, "first message")
         partition = await rt.pool.fetchval("SELECT partition FROM deliveries WHERE topic = 'model.promoted'")
-        for _ in range(settings.max_attempts):  # the runs that died while handling offset 1
+        for _ in range(settings.max_crash_deliveries):  # the runs that died while handling offset 1
             await db.count_delivery(rt.pool, rt.consumer, "model.promoted", partition, 1)
         await send_event(b, promoted("m0", "crashes"), T)  # same key: same partition, offset 1
         await send_event(b, promoted("m0-next"), T)
         await wait_until(lambda: rt.pool.fetchval("SELECT count(*) = 2 FROM seen"), 30, "the message after it")
         (letter,) = await letters(b, 1)
         assert "without completing" in letter["payload"]["error"]
-        assert letter["payload"]["attempts"] == settings.max_attempts + 1
+        assert letter["payload"]["attempts"] == settings.max_crash_deliveries + 1
         assert await seen(rt) == ["m0", "m0-next"]

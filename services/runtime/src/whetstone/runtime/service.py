@@ -10,7 +10,9 @@ event_id in the inbox and holds the outbox rows it published; a duplicate is
 skipped. A failing handler is retried `max_attempts` times, then the message is
 dead-lettered (in a transaction that claims the inbox, so a redelivery does not
 dead-letter it twice). The Kafka offset is committed only after all of this
-committed; if even the dead-lettering fails the message is rewound (NACK).
+committed; if even the dead-lettering fails the message is rewound (NACK). A record
+whose earlier deliveries never completed (the process died while handling it) is
+dead-lettered once it has been handed out `max_crash_deliveries` times.
 """
 
 from __future__ import annotations
@@ -354,7 +356,7 @@ class Runtime(Generic[C]):
         if seen:
             self.metrics.consumed(topic=topic, outcome="duplicate").inc()
             return "duplicate"
-        if deliveries > self.settings.max_attempts:  # handed out before, and the process never finished it
+        if deliveries > self.settings.max_crash_deliveries:  # handed out before, and the process never finished it
             await self._dead_letter(topic, f"dlq:{message_id}", partition, offset, key, raw, deliveries,
                                     f"delivered {deliveries} times without completing (the consumer crashed or was"
                                     " killed while handling it)", tenant_id=env.tenant_id, trace_id=env.trace_id)

@@ -28,6 +28,10 @@ class CommonSettings(BaseSettings):
     tenants: dict[str, str] = Field(default_factory=lambda: dict(DEFAULT_TENANTS),
                                     description="tenant id -> tier (free|standard|premium)")
     max_attempts: int = Field(default=3, ge=1, description="handler attempts before a message goes to <topic>.dlq")
+    max_crash_deliveries: int = Field(
+        default=5, ge=1, description="deliveries of a record that never completed (the process died while handling"
+                                     " it) before it goes to <topic>.dlq; more than max_attempts, because a restart"
+                                     " for another reason (a deploy, a drain, a kill) interrupts an innocent record too")
     outbox_retention_hours: float = Field(default=24.0, gt=0, description="sent outbox rows are deleted after this")
     inbox_retention_days: float = Field(default=14.0, gt=0,
                                         description="inbox rows (dedup memory) are deleted after this: keep it"
