@@ -10,10 +10,9 @@ moderation model.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Sequence
 from typing import Protocol
-
-import re
 
 import numpy as np
 
@@ -49,15 +48,19 @@ class WordlistToxicity:
         # the hashes `NgramHasher.word_hashes` gives the terms that can be a whole word of an ASCII text;
         # None when a term is too long for its hash to tell it from a longer word (compared on 24 bytes)
         wordlike = [t for t in self.terms if _WORD.fullmatch(t)]
-        self.term_hashes = None if any(len(t) >= WORD_BYTES for t in wordlike) else \
-            NgramHasher().word_hashes(wordlike)[0] if wordlike else np.zeros(0, np.uint64)
+        too_long = any(len(t) >= WORD_BYTES for t in wordlike)
+        self.term_hashes = None if too_long else NgramHasher().word_hashes(wordlike)[0]
 
     def score(self, text: str) -> float:
         lowered = text.lower()
-        hits = sum(1 for p in self.phrases if p in lowered)
+        terms = 0
         if any(t in lowered for t in self.needles):  # cheap substring test first, whole words only on a hit
-            hits += sum(1 for w in words(lowered) if w in self.term_words)
-        return min(1.0, 0.5 * hits)
+            terms = sum(1 for w in words(lowered) if w in self.term_words)
+        return self._score(lowered, terms)
+
+    def _score(self, lowered: str, term_hits: int) -> float:
+        """Phrases are matched in the lowered text; each hit, phrase or whole-word term, adds 0.5."""
+        return min(1.0, 0.5 * (term_hits + sum(1 for p in self.phrases if p in lowered)))
 
     def scores(self, texts: Sequence[str]) -> list[float]:
         return [self.score(t) for t in texts]
@@ -71,11 +74,5 @@ class WordlistToxicity:
             return self.scores(texts)
         hit = np.isin(word_hash, self.term_hashes)
         term_hits = np.bincount(word_doc[hit], minlength=len(texts)).tolist()
-        out = []
-        for text, n in zip(texts, term_hits):
-            if not text.isascii():
-                out.append(self.score(text))
-                continue
-            lowered = text.lower()
-            out.append(min(1.0, 0.5 * (n + sum(1 for p in self.phrases if p in lowered))))
-        return out
+        return [self._score(text.lower(), n) if text.isascii() else self.score(text)
+                for text, n in zip(texts, term_hits)]
