@@ -111,6 +111,14 @@ def resolve_settings() -> CommonSettings:
     return settings
 
 
+def kafka_broker(settings: CommonSettings, client_id: str) -> KafkaBroker:
+    """The FastStream broker whose consumers a service subscribes with. Metadata is refreshed every
+    `kafka_metadata_max_age_s`: a consumer that joined while the broker could not describe its topics
+    holds no partitions until a refresh shows them and it rejoins."""
+    return KafkaBroker(settings.kafka_bootstrap, client_id=client_id, logger=None, security=broker_security(settings),
+                       metadata_max_age_ms=int(settings.kafka_metadata_max_age_s * 1000))
+
+
 class Runtime(Generic[C]):
     """A running service: its pool, broker, outbox relay, store, metrics and HTTP server."""
 
@@ -153,8 +161,7 @@ class Runtime(Generic[C]):
         s = self.settings
         self.pool = await db.create_pool(s.database_url, self.service.schema)
         applied = await db.migrate(self.pool, self.service.schema, self.service.migrations)
-        self.broker = KafkaBroker(s.kafka_bootstrap, client_id=f"whetstone-{self.name}", logger=None,
-                                  security=broker_security(s))
+        self.broker = kafka_broker(s, f"whetstone-{self.name}")
         if self.service.subscriptions:
             self._subscribe_all()
         await self.broker.start()

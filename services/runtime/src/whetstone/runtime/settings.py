@@ -53,6 +53,11 @@ class CommonSettings(BaseSettings):
                                 "operator manages them (Strimzi KafkaTopic) and services may not create topics")
     startup_broker_wait_s: float = Field(default=300.0, description="how long start-up waits, retrying with "
                                          "backoff, for an unreachable broker before the process exits")
+    kafka_metadata_max_age_s: float = Field(
+        default=15.0, gt=0, description="how often Kafka clients refresh topic metadata. A consumer that joined its "
+                                        "group while the broker could not describe the topics (a broker restarting) "
+                                        "holds no partitions until the next refresh, which notices the topics and "
+                                        "rejoins; Kafka's default of 5 minutes would leave it idle that long")
 
     def kafka_client_options(self) -> dict:
         """aiokafka client keyword arguments for the configured security (empty for PLAINTEXT)."""
