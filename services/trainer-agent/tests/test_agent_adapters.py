@@ -12,12 +12,16 @@ import shutil
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
 import pytest
+from botocore.exceptions import EndpointConnectionError
 
+from whetstone.devstack.stack import EmbeddedStack
 from whetstone.runtime.checkpoints import MANIFEST, CorruptCheckpoint
+from whetstone.runtime.delivery import unavailable_dependency
 from whetstone.runtime.s3 import ObjectStore
 from whetstone.trainer_agent.adapters.checkpoint_store import S3Checkpoints
 from whetstone.trainer_agent.adapters.model_size import param_count
@@ -198,3 +202,44 @@ def test_log_tail(tmp_path):
     log.write_bytes(b"x" * 10_000 + "Traceback: \u00e9chec".encode())
     assert log_tail(log, 100).endswith("Traceback: \u00e9chec") and len(log_tail(log, 100)) <= 100
     assert log_tail(tmp_path / "missing.log") == ""
+
+
+def test_the_final_checkpoint_upload_outlasts_an_s3_restart(tmp_path):
+    """A final checkpoint is not lost to an S3 restart: its upload keeps retrying while S3 is unreachable,
+    for up to `outage_budget_s`, beyond the attempts an ordinary failure gets. A chaos run failed a sound
+    job with `no_final_checkpoint`: SeaweedFS was restarting when its training finished, and the fence
+    check before the upload could not reach S3. The real SeaweedFS, killed and started again."""
+    with EmbeddedStack(tmp_path / "stack", buckets=["whetstone"], log=lambda m: None) as stack:
+        e = stack.endpoints
+        checkpoints = S3Checkpoints(ObjectStore(e.s3_endpoint, e.s3_access_key, e.s3_secret_key, "whetstone"))
+        job = "job-outage"
+        fence = AttemptFence(TENANT, job, 1)
+        checkpoints.claim(fence)
+        local = fake_checkpoint(tmp_path / "run", 8)
+        prefix = checkpoint_prefix(TENANT, job, 8, "final")
+        meta = {"job_id": job, "step": 8, "kind": "final"}
+        retries: list[Exception] = []
+
+        def upload(budget_s: float):
+            return checkpoints.upload_snapshot(local, tmp_path / "staged", prefix, meta, fence=fence, attempts=2,
+                                               outage_budget_s=budget_s,
+                                               on_retry=lambda attempt, exc: retries.append(exc))
+
+        stack.stop_component("s3", kill=True)
+        with pytest.raises(EndpointConnectionError):  # without a budget: two attempts, then the error
+            upload(0.0)
+        assert len(retries) == 1
+
+        restarted = threading.Timer(6.0, stack.start_component, args=("s3",))
+        began = time.monotonic()
+        restarted.start()
+        try:
+            uploaded = upload(120.0)
+        finally:
+            restarted.join()
+        assert time.monotonic() - began >= 6.0
+        assert len(retries) >= 3  # it went on past its 2 attempts while S3 was down
+        # refused connections, then whatever a starting SeaweedFS answers: all of them an outage
+        assert all(unavailable_dependency(exc) == "object store" for exc in retries), retries
+        manifest, digest = checkpoints.fetch_verified(prefix, tmp_path / "back", job_id=job)
+        assert digest == uploaded.manifest_sha256 and manifest["step"] == 8

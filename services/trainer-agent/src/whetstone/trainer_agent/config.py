@@ -32,3 +32,6 @@ class TrainerAgentSettings(ServiceSettings):
     cancel_grace_s: float = Field(default=10.0, gt=0, description="SIGTERM -> SIGKILL for a cancelled job")
     exit_grace_s: float = Field(default=60.0, gt=0, description="wait after a terminal event before SIGKILL")
     upload_attempts: int = Field(default=3, ge=1)
+    final_upload_outage_s: float = Field(default=300.0, ge=0, description="how long the final checkpoint's (and merged "
+                                         "weights') upload keeps retrying while S3 is unreachable, instead of "
+                                         "failing a job whose training finished")

@@ -106,7 +106,8 @@ async def on_merged(rt: AgentRuntime, seg: Segment, msg: dict[str, Any], scratch
 
     def upload() -> tuple[str, str, dict[str, str]]:
         up = ctx.checkpoints.upload_snapshot(Path(msg["path"]), scratch / "uploading" / "merged", prefix, meta,
-                                             fence=run.fence, attempts=ctx.config.upload_attempts)
+                                             fence=run.fence, attempts=ctx.config.upload_attempts,
+                                             outage_budget_s=ctx.config.final_upload_outage_s)
         manifest, _ = read_manifest(ctx.checkpoints.store, up.uri, up.manifest_sha256)
         return up.uri, up.manifest_sha256, {rel: info["sha256"] for rel, info in manifest["files"].items()}
 

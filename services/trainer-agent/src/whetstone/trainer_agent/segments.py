@@ -333,7 +333,8 @@ async def on_checkpoint(rt: AgentRuntime, seg: Segment, msg: dict[str, Any], scr
                        error=f"{type(exc).__name__}: {exc}")
     try:
         up = await asyncio.to_thread(ctx.checkpoints.upload_snapshot, local, staged, prefix, meta,
-                                     fence=seg.run.fence, attempts=ctx.config.upload_attempts, on_retry=on_retry)
+                                     fence=seg.run.fence, attempts=ctx.config.upload_attempts, on_retry=on_retry,
+                                     outage_budget_s=ctx.config.final_upload_outage_s if kind == "final" else 0.0)
     except StaleAttempt as exc:  # this node lost its job (partitioned, declared lost): stop, write nothing
         rt.log.error("a newer attempt of the job took over; stopping this segment", job_id=seg.job_id, error=str(exc))
         seg.fenced = seg.final_error = str(exc)

@@ -6,6 +6,7 @@ never mistaken for a durable one."""
 
 from __future__ import annotations
 
+import itertools
 import json
 import shutil
 import time
@@ -18,6 +19,7 @@ from whetstone.contracts import CheckpointRef
 from whetstone.runtime.checkpoints import (
     MANIFEST, CorruptCheckpoint, UploadedCheckpoint, download_checkpoint, read_manifest, upload_checkpoint,
 )
+from whetstone.runtime.delivery import unavailable_dependency
 from whetstone.runtime.s3 import ObjectStore, parse_uri
 
 from ..domain.checkpoints import (
@@ -81,28 +83,32 @@ class S3Checkpoints:
         return upload_checkpoint(self.store, local, prefix, meta)
 
     def upload_snapshot(self, local: Path, staged: Path, prefix: str, meta: dict[str, Any], *, fence: AttemptFence,
-                        attempts: int, on_retry: Callable[[int, Exception], None] = lambda attempt, exc: None,
+                        attempts: int, outage_budget_s: float = 0.0,
+                        on_retry: Callable[[int, Exception], None] = lambda attempt, exc: None,
                         ) -> UploadedCheckpoint:
         """Upload a hard-linked snapshot of `local` (the trainer may rotate its own checkpoints
         meanwhile), retried with backoff: an S3 hiccup boto3 gave up on, or the directory vanished.
-        A stale attempt is refused before the upload, and its upload is removed again when a newer
-        attempt took over meanwhile (StaleAttempt either way)."""
-        for attempt in range(1, attempts + 1):
-            self.check(fence)
+        `attempts` bounds the tries; while S3 is unreachable (a restart, a network cut) tries go on
+        beyond them for up to `outage_budget_s`. A stale attempt is refused before the upload, and its
+        upload is removed again when a newer attempt took over meanwhile (StaleAttempt either way)."""
+        began = time.monotonic()
+        for attempt in itertools.count(1):
+            uploaded = None
             try:
+                self.check(fence)  # StaleAttempt: nothing written
                 uploaded = self.upload(snapshot(local, staged), prefix, meta)
+                self.check(fence)
+                return uploaded
+            except StaleAttempt:
+                if uploaded is not None:  # a newer attempt took over while this one uploaded
+                    self.delete_prefix(prefix)
+                raise
             except Exception as exc:
-                if attempt == attempts:
+                outage = unavailable_dependency(exc) is not None and time.monotonic() - began < outage_budget_s
+                if attempt >= attempts and not outage:
                     raise
                 on_retry(attempt, exc)
-                time.sleep(0.5 * 2 ** attempt)
-                continue
-            try:
-                self.check(fence)
-            except StaleAttempt:
-                self.delete_prefix(prefix)
-                raise
-            return uploaded
+                time.sleep(min(0.5 * 2 ** attempt, 10.0))
         raise AssertionError("unreachable")
 
     def delete(self, ck: StoredCheckpoint) -> None:
