@@ -38,6 +38,7 @@ from whetstone.contracts import TOPICS, Envelope, Event
 
 from . import db, observability
 from .delivery import MAX_RECORD_BYTES, PoisonMessage, dead_letter, is_transient, prune_forever
+from .assignment import watch_assignment
 from .batching import BatchHandler, consume_batch, undecoded
 from .identity import internal_secret
 from .http import HttpServer, ServiceMetrics, make_app
@@ -177,6 +178,9 @@ class Runtime(Generic[C]):
         self._tasks.append(asyncio.create_task(observability.collector_for(self).run(), name=f"{self.name}-metrics"))
         self._tasks.append(asyncio.create_task(self.relay.run(), name=f"{self.name}-outbox"))
         self._tasks.append(asyncio.create_task(self._guard(prune_forever), name=f"{self.name}-retention"))
+        if self._subscriber is not None:
+            self._tasks.append(asyncio.create_task(watch_assignment(self._subscriber, self.name),
+                                                   name=f"{self.name}-assignment"))
         self.trace.pool = self.pool
         self._tasks.append(asyncio.create_task(self.trace.run(), name=f"{self.name}-trace"))
         if self.service.on_start:
