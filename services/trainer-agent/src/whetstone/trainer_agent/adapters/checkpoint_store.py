@@ -19,7 +19,7 @@ from whetstone.contracts import CheckpointRef
 from whetstone.runtime.checkpoints import (
     MANIFEST, CorruptCheckpoint, UploadedCheckpoint, download_checkpoint, read_manifest, upload_checkpoint,
 )
-from whetstone.runtime.delivery import unavailable_dependency
+from whetstone.runtime.delivery import is_transient
 from whetstone.runtime.s3 import ObjectStore, parse_uri
 
 from ..domain.checkpoints import (
@@ -104,7 +104,7 @@ class S3Checkpoints:
                     self.delete_prefix(prefix)
                 raise
             except Exception as exc:
-                outage = unavailable_dependency(exc) is not None and time.monotonic() - began < outage_budget_s
+                outage = is_transient(exc) and time.monotonic() - began < outage_budget_s
                 if attempt >= attempts and not outage:
                     raise
                 on_retry(attempt, exc)
