@@ -47,6 +47,9 @@ class _Child:
     signal_whole_group: bool = True  # False: send stop_signal to the leader only (postgres)
     stop_timeout_s: float = STOP_TIMEOUT_S
     relaunch: Callable[[], _Child] | None = None  # the same server again (same args, ports and data)
+    # when its data is about to be deleted (a test's stack), it is killed instead of stopped; False for
+    # servers whose kill leaves something behind outside their data (postgres: its SysV segment)
+    kill_when_discarded: bool = True
 
     @property
     def pid(self) -> int:
@@ -118,6 +121,7 @@ def _spawn(
     stop_signal: signal.Signals = signal.SIGTERM,
     signal_whole_group: bool = True,
     stop_timeout_s: float = STOP_TIMEOUT_S,
+    kill_when_discarded: bool = True,
 ) -> _Child:
     """Start `args` in its own session with its output written to `log_file` (fresh per start)."""
     log_file.parent.mkdir(parents=True, exist_ok=True)
@@ -143,7 +147,7 @@ def _spawn(
         again = log_file if ".restarted" in log_file.name else log_file.with_suffix(f".restarted{log_file.suffix}")
         return _spawn(name, args, again, env=env, cwd=cwd,
                       run_as=run_as, stop_signal=stop_signal, signal_whole_group=signal_whole_group,
-                      stop_timeout_s=stop_timeout_s)
+                      stop_timeout_s=stop_timeout_s, kill_when_discarded=kill_when_discarded)
 
     return _Child(
         name=name,
@@ -153,6 +157,7 @@ def _spawn(
         signal_whole_group=signal_whole_group,
         stop_timeout_s=stop_timeout_s,
         relaunch=relaunch,
+        kill_when_discarded=kill_when_discarded,
     )
 
 
@@ -163,13 +168,17 @@ def _signal_group(pgid: int, sig: signal.Signals) -> None:
         pass
 
 
-def _stop_children(children: Sequence[_Child]) -> None:
-    """Ask every child to stop at once, wait for each up to its timeout, then SIGKILL its group."""
+def _stop_children(children: Sequence[_Child], *, discard: bool = False) -> None:
+    """Ask every child to stop at once, wait for each up to its timeout, then SIGKILL its group.
+    With `discard` (their data is deleted next), the children that allow it are killed at once: a
+    graceful stop that saves nothing costs a test seconds (SeaweedFS takes its whole timeout)."""
     started = time.monotonic()
     for child in children:
         if child.popen.poll() is not None:
             continue
-        if child.signal_whole_group:
+        if discard and child.kill_when_discarded:
+            _signal_group(child.pid, signal.SIGKILL)
+        elif child.signal_whole_group:
             _signal_group(child.pid, child.stop_signal)
         else:
             try:

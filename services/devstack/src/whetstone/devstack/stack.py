@@ -32,6 +32,7 @@ from urllib.parse import quote
 
 from whetstone.runtime.topics import create_topics, create_topics_async  # noqa: F401  (re-exported)
 
+from . import pgtemplate
 from .processes import (  # noqa: F401  (re-exported for callers of the stack)
     LOG_TAIL_LINES, STOP_TIMEOUT_S, StackStartError, _Child, _free_ports, _run_coroutine, _RunAs, _signal_group,
     _spawn, _stop_children, _tail, postgres_bin_dir, tansu_binary, weed_binary,
@@ -93,6 +94,7 @@ class _Plan:
     postgres_args: list[str] = field(default_factory=list)
     postgres_run_as: _RunAs | None = None
     postgres_dir: Path | None = None
+    postgres_template: Path | None = None  # where to keep the cluster initdb makes (none kept yet)
 
 
 class EmbeddedStack:
@@ -298,6 +300,7 @@ class EmbeddedStack:
             f"-master.port={master}",
             f"-master.port.grpc={master_grpc}",
             "-master.volumeSizeLimitMB=64",
+            "-master.peers=none",
             f"-volume.port={volume}",
             f"-volume.port.grpc={volume_grpc}",
             "-volume.max=0",
@@ -358,23 +361,16 @@ class EmbeddedStack:
             # Keep dynamic shared memory inside the data dir rather than /dev/shm.
             "-c", "dynamic_shared_memory_type=mmap",
         ]
+        initdb_args = ["--username=postgres", "--auth=trust", "--encoding=UTF8", "--locale=C", "--no-sync",
+                       "--no-instructions"]
+        template = pgtemplate.template_for(bin_dir, initdb_args, run_as.uid if run_as else os.geteuid())
+        if template is not None and template.is_dir():  # initdb's cluster, made once: copied, not made again
+            command, run_initdb_as = pgtemplate.copy_command(template, pgdata), None
+        else:
+            command, run_initdb_as = [str(bin_dir / "initdb"), "-D", str(pgdata), *initdb_args], run_as
+            plan.postgres_template = template
         plan.initdb = self._add_child(
-            _spawn(
-                "initdb",
-                [
-                    str(bin_dir / "initdb"),
-                    "-D", str(pgdata),
-                    "--username=postgres",
-                    "--auth=trust",
-                    "--encoding=UTF8",
-                    "--locale=C",
-                    "--no-sync",
-                    "--no-instructions",
-                ],
-                self.log_dir / "postgres-initdb.log",
-                cwd=pg_dir,
-                run_as=run_as,
-            )
+            _spawn("initdb", command, self.log_dir / "postgres-initdb.log", cwd=pg_dir, run_as=run_initdb_as)
         )
         return f"postgresql://postgres:@/postgres?host={quote(str(socket_dir), safe='/')}&port={port}"
 
@@ -389,6 +385,8 @@ class EmbeddedStack:
                 f"initdb failed with exit code {plan.initdb.popen.returncode}; "
                 f"last lines of {plan.initdb.log_file}:\n{_tail(plan.initdb.log_file)}"
             )
+        if plan.postgres_template is not None:
+            pgtemplate.keep(plan.postgres_dir / "data", plan.postgres_template, self._log)
         postgres = self._add_child(
             _spawn(
                 "postgres",
@@ -400,6 +398,7 @@ class EmbeddedStack:
                 # backends are not signalled directly; the postmaster stops them itself.
                 stop_signal=signal.SIGINT,
                 signal_whole_group=False,
+                kill_when_discarded=False,
             )
         )
         await self._wait_ready(postgres, lambda: _probe_postgres(database_url), began)
@@ -442,15 +441,17 @@ class EmbeddedStack:
 
     # -- stop
 
-    def stop(self) -> None:
+    def stop(self, *, discard: bool = False) -> None:
+        """Stop every server. `discard`: the caller deletes the stack's data next (a test's stack), so
+        the servers that allow it are killed rather than stopped gracefully."""
         with self._lock:
-            self._stop_locked()
+            self._stop_locked(discard)
 
-    def _stop_locked(self) -> None:
+    def _stop_locked(self, discard: bool = False) -> None:
         atexit.unregister(self.stop)
         children, self._children = self._children, []
         if children:
-            _stop_children(children)
+            _stop_children(children, discard=discard)
             self._log("stack stopped")
         for path in self._cleanup_paths:
             if path.is_dir():
