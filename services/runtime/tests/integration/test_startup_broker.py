@@ -15,6 +15,8 @@ from whetstone.runtime.topics import ensure_topics
 
 pytestmark = pytest.mark.integration
 
+JOB = "ftjob-" + "a" * 24
+
 
 def _free_port() -> int:
     with socket.socket() as s:
@@ -46,3 +48,43 @@ async def test_start_up_waits_for_the_broker_to_come_up(settings):
     await asyncio.wait_for(ensure_topics(waiting), timeout=60)
     assert time.monotonic() - began >= 1.5
     await (await server_task).down()
+
+
+async def test_a_service_waits_for_a_broker_lost_after_its_topics_were_made(settings):
+    """The topics exist (an earlier start made them) but the broker is unreachable when the service's
+    consumer and outbox producer connect, as when the durable broker's storage is away: the service
+    waits for it and then consumes, instead of exiting with "Unable to bootstrap"."""
+    from whetstone.contracts import JobProgressV1
+    from whetstone.devstack.testing import send_event
+    from whetstone.runtime.service import Runtime, Service
+
+    seen: list[str] = []
+
+    async def handler(rt, uow, env, ev) -> None:
+        seen.append(ev.job_id)
+
+    host, port = settings.kafka_bootstrap.rsplit(":", 1)
+    late = _free_port()
+    waiting = settings.model_copy(update={"kafka_bootstrap": f"127.0.0.1:{late}", "startup_broker_wait_s": 60.0,
+                                          "create_topics": False})
+    rt = Runtime(Service(name="late-broker", subscriptions={"job.progress": handler}), waiting)
+
+    async def broker_comes_up() -> Forwarder:
+        await asyncio.sleep(2.0)
+        forwarder = Forwarder(host, int(port), late)
+        await forwarder.up()
+        return forwarder
+
+    server_task = asyncio.create_task(broker_comes_up())
+    began = time.monotonic()
+    try:
+        await asyncio.wait_for(rt.start(), timeout=90)
+        assert time.monotonic() - began >= 2.0
+        await send_event(settings.kafka_bootstrap, JobProgressV1(job_id=JOB, segment_id="s1", step=1), "demo")
+        deadline = time.monotonic() + 30
+        while not seen and time.monotonic() < deadline:
+            await asyncio.sleep(0.2)
+        assert seen == [JOB]
+    finally:
+        await rt.stop()
+        await (await server_task).down()

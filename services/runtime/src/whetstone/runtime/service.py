@@ -47,7 +47,7 @@ from .messaging import OutboxRelay, UnitOfWork, current_envelope, decode, parse_
 from .s3 import ObjectStore
 from .settings import CommonSettings
 from .kafka_security import broker_security
-from .topics import ensure_topics
+from .topics import ensure_topics, while_unreachable
 from .tracing import TraceLog, trace_routes
 from .tenancy import check_tenant
 
@@ -162,16 +162,9 @@ class Runtime(Generic[C]):
         s = self.settings
         self.pool = await db.create_pool(s.database_url, self.service.schema)
         applied = await db.migrate(self.pool, self.service.schema, self.service.migrations)
-        self.broker = kafka_broker(s, f"whetstone-{self.name}")
-        if self.service.subscriptions:
-            self._subscribe_all()
-        await self.broker.start()
-        # The relay sends straight through aiokafka: many rows per request, no per-message
-        # middleware. acks=all: a row is marked sent only once the broker has it durably.
-        self.producer = AIOKafkaProducer(bootstrap_servers=s.kafka_bootstrap, client_id=f"whetstone-{self.name}-outbox",
-                                         acks="all", linger_ms=2, max_batch_size=512 * 1024,
-                                         **s.kafka_client_options())
-        await self.producer.start()
+        # the broker may become unreachable after the topics were made (restarting, its storage away)
+        await while_unreachable(s, "consumer", self._start_broker)
+        await while_unreachable(s, "outbox producer", self._start_producer)
         self.relay = OutboxRelay(self.pool, self._send, batch=1000, max_record_bytes=MAX_RECORD_BYTES,
                                  lock_key=db.lock_key(self.service.schema, "outbox-relay"))
         self.relay.on_committed = self.observer.committed
@@ -258,6 +251,32 @@ class Runtime(Generic[C]):
             self.observer.published(topic, time.perf_counter() - sent)
 
         return acknowledged()
+
+    async def _start_broker(self) -> None:
+        """A new FastStream broker and its subscriber each time: a failed start leaves half-made clients."""
+        if self.broker is not None:
+            await self._close_quietly(self.broker)
+        self.broker = kafka_broker(self.settings, f"whetstone-{self.name}")
+        if self.service.subscriptions:
+            self._subscribe_all()
+        await self.broker.start()
+
+    async def _start_producer(self) -> None:
+        # The relay sends straight through aiokafka: many rows per request, no per-message
+        # middleware. acks=all: a row is marked sent only once the broker has it durably.
+        if self.producer is not None:
+            await self._close_quietly(self.producer)
+        self.producer = AIOKafkaProducer(bootstrap_servers=self.settings.kafka_bootstrap, acks="all", linger_ms=2,
+                                         client_id=f"whetstone-{self.name}-outbox", max_batch_size=512 * 1024,
+                                         **self.settings.kafka_client_options())
+        await self.producer.start()
+
+    @staticmethod
+    async def _close_quietly(client: Any) -> None:
+        try:
+            await client.stop()
+        except Exception:  # noqa: BLE001  (a client whose start failed: nothing of it to keep)
+            pass
 
     # -- consumption --------------------------------------------------------
     def _subscribe_all(self) -> None:

@@ -7,8 +7,8 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import time
-from collections.abc import Sequence
-from typing import Any
+from collections.abc import Awaitable, Callable, Sequence
+from typing import Any, TypeVar
 
 import structlog
 
@@ -16,6 +16,8 @@ from whetstone.contracts import all_topic_partitions
 
 from .delivery import unavailable_dependency
 from .settings import CommonSettings
+
+T = TypeVar("T")
 
 async def create_topics_async(bootstrap: str, topics: Sequence[tuple[str, int]], **client_options: Any) -> None:
     """Create `(name, partitions)` topics; a topic that already exists is left as it is."""
@@ -49,22 +51,27 @@ def create_topics(bootstrap: str, topics: Sequence[tuple[str, int]]) -> None:
 
 async def ensure_topics(settings: CommonSettings) -> None:
     """Every topic of the contracts' table and its dead-letter topic (unless an operator manages them).
-    A broker that cannot be reached (restarting, not up yet) is waited for with capped backoff, up to
-    `startup_broker_wait_s`, instead of the process exiting at once."""
+    A broker that cannot be reached (restarting, not up yet) is waited for (`while_unreachable`)."""
     if not settings.create_topics:
         return
+    await while_unreachable(settings, "topics", lambda: create_topics_async(
+        settings.kafka_bootstrap, all_topic_partitions(), **settings.kafka_client_options()))
+
+
+async def while_unreachable(settings: CommonSettings, what: str, attempt: Callable[[], Awaitable[T]]) -> T:
+    """`attempt()` until it succeeds, while the broker cannot be reached at start-up: with capped
+    backoff, up to `startup_broker_wait_s` in all, instead of the process exiting at once. Any other
+    error, or the budget spent, raises. `attempt` must start from scratch each time."""
     log = structlog.get_logger("whetstone.runtime.topics")
     deadline = time.monotonic() + settings.startup_broker_wait_s
     pause = 0.5
     while True:
         try:
-            await create_topics_async(settings.kafka_bootstrap, all_topic_partitions(),
-                                      **settings.kafka_client_options())
-            return
+            return await attempt()
         except Exception as exc:
             if unavailable_dependency(exc) is None or time.monotonic() + pause > deadline:
                 raise
-            log.warning("broker unreachable at start-up; retrying", bootstrap=settings.kafka_bootstrap,
+            log.warning("broker unreachable at start-up; retrying", bootstrap=settings.kafka_bootstrap, step=what,
                         error=f"{type(exc).__name__}: {exc}", retry_in_s=pause)
             await asyncio.sleep(pause)
             pause = min(pause * 2, 10.0)
