@@ -18,6 +18,7 @@ dead-lettered once it has been handed out `max_crash_deliveries` times.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import shlex
 import signal
@@ -255,7 +256,8 @@ class Runtime(Generic[C]):
     async def _start_broker(self) -> None:
         """A new FastStream broker and its subscriber each time: a failed start leaves half-made clients."""
         if self.broker is not None:
-            await self._close_quietly(self.broker)
+            with contextlib.suppress(Exception):  # a broker whose start failed: nothing of it to keep
+                await self.broker.stop()
         self.broker = kafka_broker(self.settings, f"whetstone-{self.name}")
         if self.service.subscriptions:
             self._subscribe_all()
@@ -265,18 +267,12 @@ class Runtime(Generic[C]):
         # The relay sends straight through aiokafka: many rows per request, no per-message
         # middleware. acks=all: a row is marked sent only once the broker has it durably.
         if self.producer is not None:
-            await self._close_quietly(self.producer)
+            with contextlib.suppress(Exception):
+                await self.producer.stop()
         self.producer = AIOKafkaProducer(bootstrap_servers=self.settings.kafka_bootstrap, acks="all", linger_ms=2,
                                          client_id=f"whetstone-{self.name}-outbox", max_batch_size=512 * 1024,
                                          **self.settings.kafka_client_options())
         await self.producer.start()
-
-    @staticmethod
-    async def _close_quietly(client: Any) -> None:
-        try:
-            await client.stop()
-        except Exception:  # noqa: BLE001  (a client whose start failed: nothing of it to keep)
-            pass
 
     # -- consumption --------------------------------------------------------
     def _subscribe_all(self) -> None:

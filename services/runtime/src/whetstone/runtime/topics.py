@@ -14,7 +14,7 @@ import structlog
 
 from whetstone.contracts import all_topic_partitions
 
-from .delivery import unavailable_dependency
+from .delivery import is_transient
 from .settings import CommonSettings
 
 T = TypeVar("T")
@@ -69,7 +69,7 @@ async def while_unreachable(settings: CommonSettings, what: str, attempt: Callab
         try:
             return await attempt()
         except Exception as exc:
-            if unavailable_dependency(exc) is None or time.monotonic() + pause > deadline:
+            if not is_transient(exc) or time.monotonic() + pause > deadline:
                 raise
             log.warning("broker unreachable at start-up; retrying", bootstrap=settings.kafka_bootstrap, step=what,
                         error=f"{type(exc).__name__}: {exc}", retry_in_s=pause)
