@@ -385,8 +385,10 @@ async def forge_events(p, runtimes, settings, ids, model) -> list[tuple[str, str
         await send(boot, TOPICS[topic].name, encode(forged), forged.key)
         sent += [(s, topic, str(forged.event_id)) for s in services]
     # job.requested: A's job by a producer without a valid token for A
+    valid = producer_token(A)
+    tampered = valid[:-1] + ("0" if valid[-1] != "0" else "1")   # one MAC digit changed, never left as it was
     for token in (None, mint_producer_token(A, FORGED_SECRET), ids["revoked_token"], producer_token(B),
-                  producer_token(A)[:-1] + "0", "whp_" + "0" * 16 + f".{A}." + "0" * 32):
+                  tampered, "whp_" + "0" * 16 + f".{A}." + "0" * 32):
         req = JobRequestedV1(job_id=job_id_for(A, f"attack-{uuid.uuid4().hex[:6]}"), idempotency_key="attack",
                              model="tiny-llama", training_file=ids["file_id"])
         env = make_envelope(req, producer="attacker", tenant_id=A).model_copy(update={"producer_token": token})
