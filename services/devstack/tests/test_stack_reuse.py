@@ -41,10 +41,39 @@ async def test_the_second_stack_copies_the_first_ones_initdb_cluster(tmp_path: P
             stack.stop(discard=True)
     kept = [m for m in logs if "kept as a template" in m]
     assert len(kept) == 1, logs                           # made by the first stack only
-    assert [p.name for p in cache.iterdir()] == [Path(kept[0].rsplit(" ", 1)[1]).name]
+    name = Path(kept[0].rsplit(" ", 1)[1]).name
+    assert sorted(p.name for p in cache.iterdir()) == [name, f"{name}.json"]   # the cluster and its file list
     # the second stack's "initdb" was the copy: initdb would have written its banner to the log
     assert "The files belonging to this database system" in (tmp_path / "first/logs/postgres-initdb.log").read_text()
     assert (tmp_path / "second/logs/postgres-initdb.log").read_text() == ""
+
+
+@pytest.mark.parametrize("damage", ["truncated", "deleted", "unlisted"])
+async def test_a_damaged_template_is_made_again_instead_of_breaking_every_stack(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, damage: str) -> None:
+    cache = tmp_path / "templates"
+    monkeypatch.setenv("WHETSTONE_PG_TEMPLATE_DIR", str(cache))
+    first = EmbeddedStack(tmp_path / "first", log=lambda m: None)
+    first.start()
+    first.stop(discard=True)
+    [template] = [p for p in cache.iterdir() if p.is_dir()]
+    if damage == "truncated":      # a cluster that cannot start: its control file cut short
+        (template / "global" / "pg_control").write_bytes(b"")
+    elif damage == "deleted":
+        (template / "PG_VERSION").unlink()
+    else:                          # a template kept without its file list (or the list lost)
+        template.with_name(f"{template.name}.json").unlink()
+    logs: list[str] = []
+    stack = EmbeddedStack(tmp_path / "second", log=logs.append)
+    endpoints = stack.start()
+    try:
+        assert await _roundtrip(endpoints.database_url) == [(1, "one")]
+    finally:
+        stack.stop(discard=True)
+    assert any("is damaged" in m for m in logs), logs
+    # initdb ran again (its banner is in the log) and kept a sound template for the next stack
+    assert "The files belonging to this database system" in (tmp_path / "second/logs/postgres-initdb.log").read_text()
+    assert pgtemplate.usable(template, logs.append)
 
 
 def test_no_template_when_turned_off(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -364,7 +364,7 @@ class EmbeddedStack:
         initdb_args = ["--username=postgres", "--auth=trust", "--encoding=UTF8", "--locale=C", "--no-sync",
                        "--no-instructions"]
         template = pgtemplate.template_for(bin_dir, initdb_args, run_as.uid if run_as else os.geteuid())
-        if template is not None and template.is_dir():  # initdb's cluster, made once: copied, not made again
+        if template is not None and pgtemplate.usable(template, self._log):  # initdb's cluster, made once: copied
             command, run_initdb_as = pgtemplate.copy_command(template, pgdata), None
         else:
             command, run_initdb_as = [str(bin_dir / "initdb"), "-D", str(pgdata), *initdb_args], run_as
