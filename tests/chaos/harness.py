@@ -84,6 +84,12 @@ class Proc:
     def alive(self) -> bool:
         return self.popen is not None and self.popen.poll() is None
 
+    def last_lines(self, n: int = 12) -> list[str]:
+        """The end of this lifetime's log (what it said before it exited)."""
+        text = self.log.read_bytes()[-64 * 1024:].decode("utf-8", errors="replace")
+        lifetime = text.rsplit(f"===== start {self.starts} at", 1)[-1]
+        return [line[:300] for line in lifetime.strip().splitlines()[1:][-n:]]
+
     def kill(self) -> None:
         """SIGKILL, as a crash or the OOM killer would: no drain, no goodbye."""
         self.held_down = True
@@ -134,12 +140,17 @@ class Processes:
         for p in self.procs.values():
             p.start()
 
-    def check_alive(self) -> list[str]:
-        """Names of processes that died on their own (not by the driver): each is restarted, and counted."""
-        dead = [n for n, p in self.procs.items() if not p.alive() and not p.held_down]
-        for n in dead:
-            self.procs[n].start()
-        return dead
+    def check_alive(self) -> list[dict]:
+        """Processes that died on their own (not by the driver): each is restarted; returns, for each,
+        its name, exit code and the last lines it logged (the reason, for the report)."""
+        exits = []
+        for name, p in self.procs.items():
+            if p.alive() or p.held_down:
+                continue
+            exits.append({"name": name, "at": time.strftime("%H:%M:%S"), "code": p.popen.returncode if p.popen else None,
+                          "last_lines": p.last_lines()})
+            p.start()
+        return exits
 
     def stop_all(self) -> None:
         for p in self.procs.values():

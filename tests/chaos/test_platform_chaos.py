@@ -99,6 +99,7 @@ class Chaos:
         self.accepted: dict[str, JobPlan] = {}  # idempotency key -> plan, once the API took it
         self.refused: dict[str, str] = {}       # idempotency key -> the API's 4xx (a user error caught early)
         self.crashed: Counter[str] = Counter()  # processes that died without being killed
+        self.exits: list[dict] = []             # each such death: when, exit code, its last log lines
         self.poison_keys: set[str] = set()
         self.paused: dict[str, list[str]] = {}  # node -> the jobs it was running when the driver paused it
         self.done = asyncio.Event()
@@ -290,8 +291,11 @@ class Chaos:
                         self.pending.remove(f)
             except Exception:  # noqa: BLE001  (PostgreSQL is down, a fault: reconnect and try again)
                 conn = None
-            for name in self.procs.check_alive():
-                self.crashed[name] += 1
+            for exit_ in self.procs.check_alive():
+                self.crashed[exit_["name"]] += 1
+                self.exits.append(exit_)
+                log(f"{exit_['name']} exited on its own (code {exit_['code']}), restarted; its last lines:\n  "
+                    + "\n  ".join(exit_["last_lines"]))
             await asyncio.sleep(0.25)
         if conn:
             await conn.close()
@@ -389,6 +393,7 @@ class Chaos:
             # processes that exited by themselves (e.g. started while the broker was down) and were restarted,
             # as Kubernetes would: not an invariant, reported
             "exited_on_their_own": dict(self.crashed),
+            "exits": self.exits,
         }
 
 
