@@ -10,12 +10,14 @@ import time
 
 import pytest
 from aiokafka.errors import KafkaConnectionError
+from whetstone.contracts import all_topic_partitions
 from whetstone.devstack.forwarder import Forwarder
-from whetstone.runtime.topics import ensure_topics
+from whetstone.runtime.topics import create_topics_async, ensure_topics
 
 pytestmark = pytest.mark.integration
 
 JOB = "ftjob-" + "a" * 24
+JOB_PROGRESS_PARTITIONS = dict(all_topic_partitions())["job.progress"]
 
 
 def _free_port() -> int:
@@ -88,3 +90,38 @@ async def test_a_service_waits_for_a_broker_lost_after_its_topics_were_made(sett
     finally:
         await rt.stop()
         await (await server_task).down()
+
+
+async def test_start_up_waits_while_the_durable_broker_cannot_create_topics(settings, tmp_path):
+    """The durable broker keeps its log in S3; while S3 is away it answers CreateTopics with
+    UNKNOWN_SERVER_ERROR (-1) after about 3 s. A service starting then (a chaos run's scheduler did)
+    waits and creates its topics once S3 is back, instead of exiting with UnknownError."""
+    from whetstone.devstack.stack import EmbeddedStack
+
+    stack = EmbeddedStack(tmp_path / "stack", broker_storage="s3", log=lambda m: None)
+    endpoints = stack.start()
+    try:
+        durable = settings.model_copy(update={"kafka_bootstrap": endpoints.kafka_bootstrap,
+                                              "startup_broker_wait_s": 90.0})
+        await create_topics_async(endpoints.kafka_bootstrap, [("warm", 1)])   # the broker up and answering
+        stack.stop_component("s3")
+        starting = asyncio.create_task(ensure_topics(durable))
+        await asyncio.sleep(8)           # long enough for the broker's first -1 answers
+        assert not starting.done(), starting.exception() if starting.done() else None
+        stack.start_component("s3")
+        await asyncio.wait_for(starting, timeout=90)
+        assert await _partitions(endpoints.kafka_bootstrap, "job.progress") == JOB_PROGRESS_PARTITIONS
+    finally:
+        stack.stop(discard=True)
+
+
+async def _partitions(bootstrap: str, topic: str) -> int:
+    from aiokafka.admin import AIOKafkaAdminClient
+
+    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap)
+    await admin.start()
+    try:
+        (description,) = await admin.describe_topics([topic])
+        return len(description["partitions"])
+    finally:
+        await admin.close()

@@ -11,6 +11,7 @@ from collections.abc import Awaitable, Callable, Sequence
 from typing import Any, TypeVar
 
 import structlog
+from aiokafka.errors import KafkaError
 
 from whetstone.contracts import all_topic_partitions
 
@@ -18,6 +19,16 @@ from .delivery import is_transient
 from .settings import CommonSettings
 
 T = TypeVar("T")
+
+
+class BrokerFailedToCreateTopic(KafkaError):
+    """The broker failed to create a topic on its side (UNKNOWN_SERVER_ERROR, -1), as the durable
+    broker answers while its object store is away: retriable, so start-up waits for it
+    (`while_unreachable`) instead of the service exiting."""
+
+    errno, retriable = -1, True
+    message = "UNKNOWN_SERVER_ERROR"
+
 
 async def create_topics_async(bootstrap: str, topics: Sequence[tuple[str, int]], **client_options: Any) -> None:
     """Create `(name, partitions)` topics; a topic that already exists is left as it is."""
@@ -35,6 +46,8 @@ async def create_topics_async(bootstrap: str, topics: Sequence[tuple[str, int]],
         for name, error_code, message, *_ in response.topic_errors:
             if error_code in (0, TopicAlreadyExistsError.errno):
                 continue
+            if error_code == -1:
+                raise BrokerFailedToCreateTopic(f"creating topic {name!r}: {message}")
             raise for_code(error_code)(f"creating topic {name!r}: {message}")
     finally:
         await admin.close()
@@ -59,9 +72,10 @@ async def ensure_topics(settings: CommonSettings) -> None:
 
 
 async def while_unreachable(settings: CommonSettings, what: str, attempt: Callable[[], Awaitable[T]]) -> T:
-    """`attempt()` until it succeeds, while the broker cannot be reached at start-up: with capped
-    backoff, up to `startup_broker_wait_s` in all, instead of the process exiting at once. Any other
-    error, or the budget spent, raises. `attempt` must start from scratch each time."""
+    """`attempt()` until it succeeds, while the broker cannot be reached (or fails on its side) at
+    start-up: with capped backoff, up to `startup_broker_wait_s` in all, instead of the process
+    exiting at once. Any other error, or the budget spent, raises. `attempt` must start from
+    scratch each time."""
     log = structlog.get_logger("whetstone.runtime.topics")
     deadline = time.monotonic() + settings.startup_broker_wait_s
     pause = 0.5
@@ -71,7 +85,7 @@ async def while_unreachable(settings: CommonSettings, what: str, attempt: Callab
         except Exception as exc:
             if not is_transient(exc) or time.monotonic() + pause > deadline:
                 raise
-            log.warning("broker unreachable at start-up; retrying", bootstrap=settings.kafka_bootstrap, step=what,
+            log.warning("broker unavailable at start-up; retrying", bootstrap=settings.kafka_bootstrap, step=what,
                         error=f"{type(exc).__name__}: {exc}", retry_in_s=pause)
             await asyncio.sleep(pause)
             pause = min(pause * 2, 10.0)
