@@ -17,9 +17,9 @@ import botocore.exceptions
 import psutil
 import pytest
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
-from aiokafka.admin import AIOKafkaAdminClient
 
 from whetstone.devstack.stack import EmbeddedStack, StackEndpoints
+from whetstone.devstack.testing import topic_partitions
 
 pytestmark = pytest.mark.integration
 
@@ -94,16 +94,6 @@ async def _postgres_roundtrip(database_url: str) -> int:
         await connection.close()
 
 
-async def _topic_partitions(bootstrap: str, topic: str) -> int:
-    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap)
-    await admin.start()
-    try:
-        (description,) = await admin.describe_topics([topic])
-        return len(description["partitions"])
-    finally:
-        await admin.close()
-
-
 def test_stack_serves_kafka_postgres_and_s3_and_stops_its_processes(tmp_path: Path) -> None:
     stack = EmbeddedStack(tmp_path / "stack", topics=[("jobs.requested", 3)], buckets=["artifacts"])
     began = time.monotonic()
@@ -115,7 +105,7 @@ def test_stack_serves_kafka_postgres_and_s3_and_stops_its_processes(tmp_path: Pa
         assert {"tansu", "weed", "postgres"} <= names
 
         assert asyncio.run(_kafka_roundtrip(endpoints.kafka_bootstrap, "jobs.requested")) == b"hello whetstone"
-        assert asyncio.run(_topic_partitions(endpoints.kafka_bootstrap, "jobs.requested")) == 3
+        assert asyncio.run(topic_partitions(endpoints.kafka_bootstrap, "jobs.requested")) == 3
         assert asyncio.run(_postgres_roundtrip(endpoints.database_url)) == 1
         s3 = _s3(endpoints)
         s3.put_object(Bucket="artifacts", Key="runs/1/adapter.bin", Body=b"\x00weights")
@@ -212,7 +202,7 @@ def test_external_servers_replace_embedded_ones(tmp_path: Path) -> None:
             assert b.pids == []
             assert {p.pid for p in psutil.Process().children()} == children_before
 
-        assert asyncio.run(_topic_partitions(a.kafka_bootstrap, "tenant.events")) == 2
+        assert asyncio.run(topic_partitions(a.kafka_bootstrap, "tenant.events")) == 2
         _s3(a).head_bucket(Bucket="tenant-data")
         # Creating them again is fine.
         stack_b.start()

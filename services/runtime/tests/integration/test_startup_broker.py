@@ -12,6 +12,7 @@ import pytest
 from aiokafka.errors import KafkaConnectionError
 from whetstone.contracts import all_topic_partitions
 from whetstone.devstack.forwarder import Forwarder
+from whetstone.devstack.testing import topic_partitions
 from whetstone.runtime.topics import create_topics_async, ensure_topics
 
 pytestmark = pytest.mark.integration
@@ -107,21 +108,10 @@ async def test_start_up_waits_while_the_durable_broker_cannot_create_topics(sett
         stack.stop_component("s3")
         starting = asyncio.create_task(ensure_topics(durable))
         await asyncio.sleep(8)           # long enough for the broker's first -1 answers
-        assert not starting.done(), starting.exception() if starting.done() else None
+        assert not starting.done(), starting.exception()   # the message is only built when it is done
         stack.start_component("s3")
         await asyncio.wait_for(starting, timeout=90)
-        assert await _partitions(endpoints.kafka_bootstrap, "job.progress") == JOB_PROGRESS_PARTITIONS
+        assert await topic_partitions(endpoints.kafka_bootstrap, "job.progress") == JOB_PROGRESS_PARTITIONS
     finally:
         stack.stop(discard=True)
 
-
-async def _partitions(bootstrap: str, topic: str) -> int:
-    from aiokafka.admin import AIOKafkaAdminClient
-
-    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap)
-    await admin.start()
-    try:
-        (description,) = await admin.describe_topics([topic])
-        return len(description["partitions"])
-    finally:
-        await admin.close()

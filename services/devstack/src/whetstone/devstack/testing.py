@@ -184,3 +184,16 @@ async def consume_all(bootstrap: str, topic: str, timeout: float = 3.0) -> list[
     finally:
         await consumer.stop()
     return out
+
+
+async def topic_partitions(bootstrap: str, topic: str) -> int:
+    """How many partitions the broker says `topic` has."""
+    from aiokafka.admin import AIOKafkaAdminClient  # noqa: PLC0415
+
+    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap)
+    await admin.start()
+    try:
+        (description,) = await admin.describe_topics([topic])
+        return len(description["partitions"])
+    finally:
+        await admin.close()
