@@ -196,3 +196,17 @@ def test_the_queued_event_carries_the_suffix():
     job.request["suffix"] = "bot"
     (ev,) = job.queue(T0, SPEC, 1.0, 1.0, {}, 1, {})
     assert ev.suffix == "bot"
+
+
+def test_queue_wait_is_counted_over_every_queue_period_not_the_time_between():
+    # 10 min queued, 5 h on a node, preempted, 20 min queued again: 30 min of waiting, although the
+    # job was first queued over 5 h ago (it keeps that queue time for its place in the order)
+    job = queued()
+    job.assign(T0 + timedelta(minutes=10), [{"node_id": "a", "gpu_ids": [0]}], Shape("A100", 1), False, False, 1.0, {})
+    assert job.waited_s == pytest.approx(600.0) and job.queued_since is None
+    back = T0 + timedelta(hours=5, minutes=10)
+    job.preempted(back, "priority", CK, 1)
+    assert job.queued_since == back and job.queued_at == T0
+    job.assign(back + timedelta(minutes=20), [{"node_id": "b", "gpu_ids": [0]}], Shape("A100", 1), False, False,
+               1.0, {})
+    assert job.waited_s == pytest.approx(1800.0)

@@ -260,3 +260,42 @@ def test_cycle_is_pure():
     before = [(n.node_id, n.free) for n in snap.nodes]
     assert placed(cycle(snap)) == placed(cycle(snap))
     assert [(n.node_id, n.free) for n in snap.nodes] == before
+
+
+# --------------------------------------------------------- overdue guard
+
+
+def test_an_overdue_job_is_served_before_the_tier_order():
+    # the free job has waited 4.5 h (past 4 h and 0.3x the 2 h the cluster needs for its work); the
+    # standard job, queued 3 h ago, is ahead of it by its tier's head start. One node: one of them.
+    snap = Snapshot(NOW, nodes(1), [], [q("std", "standard", gpus=8, waited=3 * H),
+                                        q("free-late", "free", gpus=8, waited=4.5 * H)])
+    assert list(placed(cycle(snap))) == ["free-late"]
+    assert list(placed(cycle(snap, Policy(overdue_after_s=None)))) == ["std"]
+
+
+def test_premium_preemption_spares_the_nodes_an_overdue_job_waits_for():
+    # n0 frees in 1 h: the overdue free job's place. Its running job is the cheaper victim (just
+    # checkpointed), so without the guard premium takes n0 and the overdue job waits another 3 h
+    # for n1; with it, premium preempts on n1 and the overdue job keeps its reservation on n0.
+    running = [run("on-n0", "n0", 8, ends_in=H, ckpt_ago=60), run("on-n1", "n1", 8, ends_in=3 * H, ckpt_ago=1800)]
+    queue = [q("prem", "premium", gpus=8), q("late", "free", gpus=8, waited=5 * H)]
+    snap = Snapshot(NOW, nodes(2, free=0), running, queue)
+    guarded = cycle(snap)
+    assert [p.job_id for p in guarded.preemptions] == ["on-n1"]
+    late = next(r for r in guarded.reservations if r.job_id == "late")
+    assert list(late.nodes) == ["n0"] and late.start == pytest.approx(NOW + H)
+    unguarded = cycle(snap, Policy(overdue_after_s=None))
+    assert [p.job_id for p in unguarded.preemptions] == ["on-n0"]
+
+
+def test_the_guard_waits_longer_when_the_whole_cluster_is_backed_up():
+    # 5 h of waiting is not overdue when the queued work alone needs 20 h of the cluster
+    backlog = [q(f"b{i}", "free", gpus=8, runtime=10 * H, waited=60.0 * i) for i in range(16)]
+    snap = Snapshot(NOW, nodes(8, free=0), [run(f"r{i}", f"n{i}", 8, ends_in=10 * H) for i in range(8)],
+                    [*backlog, q("std", "standard", gpus=8, waited=4 * H), q("late", "free", gpus=8, waited=5 * H)])
+    reservations = [r.job_id for r in cycle(snap).reservations]
+    assert reservations[0] != "late"
+    quiet = Snapshot(NOW, snap.nodes, snap.running, [q("std", "standard", gpus=8, waited=4 * H),
+                                                     q("late", "free", gpus=8, waited=5 * H)])
+    assert [r.job_id for r in cycle(quiet).reservations][0] == "late"

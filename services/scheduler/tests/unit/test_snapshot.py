@@ -32,6 +32,16 @@ def test_rows_become_a_snapshot_with_busy_gpus_and_stopping_victims():
     assert pick_gpu_ids("a", 2, view) == [3, 4] and pick_gpu_ids("a", 3, view) == [5, 6, 7]
 
 
+def test_a_queued_job_s_wait_counts_its_earlier_periods_and_the_current_one():
+    base = {"tenant_id": "t", "tier": "free", "resources": {"gpu_type": "A100", "gpus_per_node": 1},
+            "estimated_runtime_s": 60.0, "progress": {}, "spot_preemptions": 0}
+    requeued = {**base, "job_id": "r", "queued_at": NOW - timedelta(hours=9),
+                "queued_since": NOW - timedelta(hours=1), "waited_s": 1800.0}
+    before_migration = {**base, "job_id": "old", "queued_at": NOW - timedelta(hours=2)}   # no such columns yet
+    view = to_view(NOW, [], [], [requeued, before_migration], checkpoint_s=120)
+    assert [j.wait(NOW.timestamp()) for j in view.snapshot.queue] == [pytest.approx(5400.0), pytest.approx(7200.0)]
+
+
 def test_a_gang_meets_at_rank_zero_and_a_single_node_job_needs_no_rendezvous():
     from whetstone.scheduler.domain.placement import rendezvous
 

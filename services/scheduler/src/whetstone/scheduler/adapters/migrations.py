@@ -254,3 +254,12 @@ MIGRATIONS.append(
         EXECUTE FUNCTION whetstone_job_state_since();
     """
 )
+
+# the overdue guard (issue 19) measures a job's queue wait over all its queue periods: the wait of the
+# earlier ones, and when the current one began (a re-queued job keeps its original queued_at)
+MIGRATIONS.append(
+    """
+    ALTER TABLE jobs ADD COLUMN queued_since timestamptz, ADD COLUMN waited_s double precision NOT NULL DEFAULT 0;
+    UPDATE jobs SET queued_since = queued_at WHERE status = 'queued';
+    """
+)

@@ -287,7 +287,8 @@ class JobStore:
             "SELECT job_id, tier, placement, segment_started_at, est_end_at, last_checkpoint_at, progress,"
             " preempt_requested_at, priority_preemptions, queued_at FROM jobs WHERE status = ANY($1::text[])", ACTIVE)
         queued = await self.conn.fetch(
-            "SELECT job_id, tenant_id, tier, queued_at, resources, estimated_runtime_s, progress, spot_preemptions"
+            "SELECT job_id, tenant_id, tier, queued_at, resources, estimated_runtime_s, progress, spot_preemptions,"
+            " queued_since, waited_s"
             " FROM jobs WHERE status = 'queued' ORDER BY sort_key, job_id LIMIT $1", queue_limit)
         return to_view(now, node_rows, active, queued, checkpoint_s)
 

@@ -69,8 +69,14 @@ def to_view(now: datetime, node_rows: Sequence[Row], active: Sequence[Row], queu
              for r in node_rows]
     queue = [QueuedJob(r["job_id"], r["tier"], r["queued_at"].timestamp(), shapes_of(r["resources"]),
                        (r["estimated_runtime_s"] or 3600.0) * (1 - progress_fraction(r["progress"])),
-                       r["spot_preemptions"], r["tenant_id"]) for r in queued]
+                       r["spot_preemptions"], r["tenant_id"], queue_wait_s(now, r)) for r in queued]
     return ClusterView(Snapshot(now.timestamp(), nodes, running, queue), busy, gpu_count)
+
+
+def queue_wait_s(now: datetime, row: Row) -> float:
+    """Queue wait so far over every queue period: the earlier ones, plus the current one."""
+    since = row.get("queued_since") or row["queued_at"]
+    return (row.get("waited_s") or 0.0) + max((now - since).total_seconds(), 0.0)
 
 
 def pick_gpu_ids(node_id: str, count: int, view: ClusterView) -> list[int]:

@@ -94,6 +94,8 @@ class Job:
     eval: dict[str, Any] | None = None
     trained_tokens: int | None = None
     queued_at: datetime | None = None
+    queued_since: datetime | None = None     # start of the current queue period (queued or re-queued)
+    waited_s: float = 0.0                    # queue wait of the earlier periods (the overdue guard's measure)
     started_at: datetime | None = None
     finished_at: datetime | None = None
     sort_key: float | None = None
@@ -229,6 +231,7 @@ class Job:
         if not self._move(rules.QUEUED, now, "job queued"):
             return []
         self.spec, self.queued_at, self.sort_key = spec.model_dump(mode="json"), now, sort_key
+        self.queued_since = now
         self.estimated_runtime_s, self.quota = runtime_s, quota
         return [self.queued_event(position, cost)]
 
@@ -240,6 +243,9 @@ class Job:
             return []
         self.attempt += 1
         self.segment_id = f"{self.job_id}-s{self.attempt}"
+        since = self.queued_since or self.queued_at
+        self.waited_s += max((now - since).total_seconds(), 0.0) if since else 0.0
+        self.queued_since = None
         self.placement = placement
         self.node_ids = [p["node_id"] for p in placement]
         self.node_id, self.gpu_ids = placement[0]["node_id"], placement[0]["gpu_ids"]
@@ -321,7 +327,7 @@ class Job:
         self.priority_preemptions += int(counts_priority)
         self._leave_nodes()
         self.preempt_requested_at = self.preempt_reason = self.preempted_for = None
-        self.last_activity_at = now
+        self.last_activity_at = self.queued_since = now
         self._move(rules.QUEUED, now, "re-queued; resumes from its latest checkpoint" if self.latest_checkpoint
                    else "re-queued; no checkpoint yet, restarts from the beginning")
         return [self.queued_event(position, requeued=True)]

@@ -19,6 +19,11 @@ One cycle:
    job holds their GPUs (a reservation nobody else may delay). Among victims, a job that
    has been in the system longer (since it was first queued) costs more: pushing back a job
    that already waited long is what makes a tail worse than FIFO's.
+   Overdue guard: the job that has waited longest in all (``waited_s``), once past 4 h and 0.3x
+   the time the cluster needs for all its work, is overdue: premium preemption spares the nodes
+   it will start on if other victims will do, and after the urgent pass it is placed or gets
+   the first reservation. (Premium gangs had preempted the jobs on a free gang's next nodes;
+   the victims re-queued ahead of it and its wait grew past FIFO's.)
 3. Main pass, in order: gang placement (all GPUs at once; several nodes only inside one
    interconnect group) with best-fit bin-packing. The first ``reservations`` (4) jobs that
    do not fit each get a reservation: the earliest time and nodes where they will fit (1
@@ -34,7 +39,7 @@ preemptions, or when no spot capacity fits, they may use on-demand if their tier
 from __future__ import annotations
 
 import bisect
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence, Set
 from dataclasses import dataclass, field
 
 from .placement import Allowed, Node, Placement, Pool, PoolKey, Shape, build_pools, could_ever_fit, place
@@ -80,11 +85,14 @@ class Policy:
     max_urgent: int = 32                 # preempting-tier jobs examined per cycle
     reservations: int = 4                # blocked jobs that get a reservation (1 = EASY)
     victim_age_weight: float = 3.0       # victim cost per GPU-second the victim has been in the system
+    overdue_after_s: float | None = 4 * 3600.0   # overdue: waited this long in all (None: no guard) ...
+    overdue_drain_factor: float = 0.3    # ... and this fraction of the time the cluster needs for its work
+    overdue_max: int = 1                 # overdue jobs served first per cycle (the longest waiting)
 
     @classmethod
     def fifo(cls) -> Policy:
         """The baseline: one queue in arrival order, head-of-line blocking, no preemption."""
-        return cls(ordering="fifo", backfill=False, preemption=False, spot_rules=False)
+        return cls(ordering="fifo", backfill=False, preemption=False, spot_rules=False, overdue_after_s=None)
 
     def tier(self, name: str) -> TierPolicy:
         return self.tiers.get(name) or self.tiers["free"]
@@ -102,6 +110,10 @@ class QueuedJob:
     est_runtime_s: float                 # remaining work by its estimate
     spot_preemptions: int = 0
     tenant_id: str = ""
+    waited_s: float | None = None        # queue wait so far, all segments (None: since queued_at)
+
+    def wait(self, now: float) -> float:
+        return self.waited_s if self.waited_s is not None else now - self.queued_at
 
 
 @dataclass(slots=True)
@@ -195,6 +207,7 @@ class _Cycle:
         self._releases: list[tuple[float, str, int]] | None = None
         self._on_node: dict[str, list[RunningJob]] | None = None
         self._spot_fit: dict[Shape, bool] = {}
+        self.protected: set[str] = set()     # nodes an overdue job's reservation holds: no victims there
 
     # -- where a job may run -------------------------------------------------
     def classes(self, job: QueuedJob) -> tuple[bool, ...]:
@@ -342,6 +355,11 @@ class _Cycle:
                 and r.priority_preemptions < self.policy.max_priority_preemptions)
 
     def choose_victims(self, job: QueuedJob) -> tuple[Reservation, list[RunningJob]] | None:
+        """Victims off the nodes an overdue job is waiting for, if any will do; else anywhere."""
+        return (self._choose_victims(job, self.protected) if self.protected else None) \
+            or self._choose_victims(job, frozenset())
+
+    def _choose_victims(self, job: QueuedJob, spare: Set[str]) -> tuple[Reservation, list[RunningJob]] | None:
         tier = self.policy.tier(job.tier)
         stop_by = self.now + self.policy.checkpoint_s
         best: tuple[float, Reservation, list[RunningJob]] | None = None
@@ -349,6 +367,8 @@ class _Cycle:
             g, k = shape.gpus_per_node, shape.nodes
             per_node: dict[str, tuple[float, list[RunningJob]]] = {}
             for n in pool.nodes:
+                if n in spare:
+                    continue
                 avail = pool.free[n] - self.reserved.get(n, 0)
                 avail += sum(gg for r in self.on_node().get(n, ()) if r.job_id in self.stopping
                              and self.stopping[r.job_id] <= stop_by for nn, gg in r.nodes if nn == n)
@@ -414,6 +434,42 @@ class _Cycle:
         self.reserve(res)
         handled.add(job.job_id)
 
+    def drain_s(self) -> float:
+        """How long the cluster needs for all the work it holds (queued and running), by estimates:
+        about the longest FIFO would make the last job in line wait."""
+        gpus = sum(n.gpu_count for n in self.snap.nodes) or 1
+        work = sum(j.est_runtime_s * (j.shapes[0].total if j.shapes else 1) for j in self.snap.queue)
+        work += sum(max(self.end_of(r) - self.now, 0.0) * r.gpus for r in self.running)
+        return work / gpus
+
+    def late_jobs(self, order: list[QueuedJob]) -> list[QueuedJob]:
+        """The jobs that have waited longest in all, once past both thresholds: a fixed one and a
+        fraction of the drain time (a busy cluster makes everyone wait; a quiet one should not)."""
+        limit = max(self.policy.overdue_after_s or 0.0, self.policy.overdue_drain_factor * self.drain_s())
+        late = sorted((j for j in order if j.wait(self.now) >= limit), key=lambda j: -j.wait(self.now))
+        return late[: self.policy.overdue_max]
+
+    def protect(self, late: list[QueuedJob]) -> None:
+        """The nodes an overdue job will start on: preemption for premium looks elsewhere first, so
+        the GPUs it has waited for are not handed to a newcomer (victims re-queue ahead of it)."""
+        for job in late:
+            r = self.earliest_fit(job, "overdue")
+            if r is not None:
+                self.protected.update(r.nodes)
+
+    def overdue(self, late: list[QueuedJob], handled: set[str]) -> None:
+        """Right after the urgent pass, before anyone else: placed now, or the first reservation."""
+        for job in (j for j in late if j.job_id not in handled):
+            self.result.decisions += 1
+            handled.add(job.job_id)
+            p = self.try_place(job)
+            if p is not None:
+                self.commit(job, p, backfilled=False)
+                continue
+            r = self.earliest_fit(job, "overdue")
+            if r is not None:
+                self.reserve(r)
+
     def _wake(self, t: float) -> None:
         if t > self.now and (self.result.wakeup_at is None or t < self.result.wakeup_at):
             self.result.wakeup_at = t
@@ -423,11 +479,15 @@ class _Cycle:
         order = order_queue(self.snap.queue, self.policy)
         self.result.order = [j.job_id for j in order]
         handled: set[str] = set()
+        late = self.late_jobs(order) if self.policy.overdue_after_s is not None else []
+        self.protect(late)
         if self.policy.preemption:
-            urgent = [j for j in order if self.policy.tier(j.tier).can_preempt][: self.policy.max_urgent]
+            urgent = [j for j in order if self.policy.tier(j.tier).can_preempt
+                      and j.job_id not in handled][: self.policy.max_urgent]
             for job in urgent:
                 self.result.decisions += 1
                 self.urgent(job, handled)
+        self.overdue(late, handled)
         reserved = 0
         for job in order:
             if job.job_id in handled:

@@ -229,7 +229,8 @@ class Simulator:
                                       j.seg_start + periodic, j.done_s / j.work_s, j.stopping_at,
                                       j.priority_preemptions, j.submit))
         queue = [QueuedJob(j.job_id, j.tier, j.submit, j.shapes, j.est_s * (1 - j.done_s / j.work_s),
-                           j.spot_preemptions, j.tenant_id) for j in self.queue.values()]
+                           j.spot_preemptions, j.tenant_id, j.waited_s + now - j.queued_since)
+                 for j in self.queue.values()]
         return Snapshot(now, nodes, running, queue)
 
     def schedule(self, now: float) -> None:
