@@ -44,6 +44,12 @@ class SchedulerSettings(ServiceSettings):
     # preemption and spot
     checkpoint_s: float = Field(120.0, description="time a victim gets to checkpoint and stop")
     spot_fallback_after: int = Field(2, description="K: spot preemptions before a job prefers on-demand")
+    overdue_guard: bool = Field(True, description="a job that has waited overdue_after_s in all, and "
+                                "overdue_drain_factor x the cluster's drain time, is served first and the nodes "
+                                "it will start on are spared by preemption when other victims will do")
+    overdue_after_s: float = Field(4 * 3600.0, ge=0, description="the guard's fixed threshold")
+    overdue_drain_factor: float = Field(0.3, ge=0, description="the guard's threshold as a fraction of the time "
+                                        "the cluster needs for all the work it holds")
     # quotas: per tier, then per tenant overrides
     tier_quotas: dict[str, QuotaSettings] = Field(default_factory=lambda: {
         t: QuotaSettings(**vars(q)) for t, q in DEFAULT_QUOTAS.items()})
@@ -78,4 +84,6 @@ class SchedulerSettings(ServiceSettings):
 
     def policy(self) -> Policy:
         return Policy(tiers=dict(DEFAULT_TIERS), checkpoint_s=self.checkpoint_s,
-                      spot_fallback_after=self.spot_fallback_after)
+                      spot_fallback_after=self.spot_fallback_after,
+                      overdue_after_s=self.overdue_after_s if self.overdue_guard else None,
+                      overdue_drain_factor=self.overdue_drain_factor)
