@@ -216,6 +216,9 @@ def check_messages(messages: Any, line: int, path: str = "messages", *, need_ass
         return [Issue("messages_not_list", f"`{path}` must be a non-empty list of messages", line, path)]
     issues: list[Issue] = []
     for i, m in enumerate(messages):
+        if type(m) is dict and len(m) == 2 and m.get("role") in ROLES and type(m.get("content")) is str \
+                and m["content"].strip():
+            continue        # the common message, {"role", "content"} with some text: nothing to report
         issues += _check_message(m, f"{path}[{i}]", line, ignore)
     issues += _check_order(messages, path, line, continuation=continuation)
     if need_assistant:

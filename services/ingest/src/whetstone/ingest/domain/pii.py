@@ -71,7 +71,19 @@ _HINT_GROUPS = _hint_groups(_SECRET_HINTS)
 
 def _has_hint(text: str) -> bool:
     """Whether any of `_SECRET_HINTS` occurs in `text`."""
-    return any(key in text and any(h in text for h in hs) for key, hs in _HINT_GROUPS)
+    for key, hs in _HINT_GROUPS:
+        if key in text:
+            for h in hs:
+                if h in text:
+                    return True
+    return False
+
+
+def _has_digit(text: str) -> bool:
+    for d in _DIGITS:
+        if d in text:
+            return True
+    return False
 
 
 @dataclass(frozen=True)
@@ -149,8 +161,7 @@ def _ipv6_matches(text: str) -> list[PiiMatch]:
 
 def might_contain(text: str) -> bool:
     """False when `text` certainly holds no PII (the prefilters of `scan`, on a whole row at once)."""
-    return ("@" in text or any(d in text for d in _DIGITS) or "::" in text or text.count(":") >= 5
-            or _has_hint(text))
+    return ("@" in text or _has_digit(text) or "::" in text or text.count(":") >= 5 or _has_hint(text))
 
 
 def scan(text: str) -> list[PiiMatch]:
@@ -158,7 +169,7 @@ def scan(text: str) -> list[PiiMatch]:
     found: list[PiiMatch] = []
     if "@" in text:
         found += _email_matches(text)
-    if any(d in text for d in _DIGITS):
+    if _has_digit(text):
         found += _number_matches(text)
         found += [PiiMatch("iban", m.start(), m.end()) for m in _IBAN.finditer(text) if iban_ok(m.group())]
     if "::" in text or text.count(":") >= 5:

@@ -174,7 +174,7 @@ def apply_pii(out: dict, policy: str) -> PiiResult:
     found: dict[str, list[pii.PiiMatch]] = {}
     texts = contents(out)
     joined = "\n".join(texts)
-    if not pii.might_contain(joined) and not ("=" in joined or ":" in joined):
+    if not ("=" in joined or ":" in joined) and not pii.might_contain(joined):
         return PiiResult(out, counts)
     for text in texts:
         matches = pii.scan(text)

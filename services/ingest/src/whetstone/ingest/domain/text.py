@@ -28,7 +28,7 @@ def fingerprint(messages: list[dict]) -> tuple[str, bytes]:
     Equal digests = exact duplicates: the same roles with the same text up to case,
     whitespace and Unicode compatibility forms."""
     norms = [normalize_text(m["content"]) for m in messages]
-    keyed = "\x1e".join(f"{m['role']}\x1f{n}" for m, n in zip(messages, norms))
+    keyed = "\x1e".join([f"{m['role']}\x1f{n}" for m, n in zip(messages, norms)])
     return " ".join(norms), hashlib.sha256(keyed.encode("utf-8", "surrogatepass")).digest()
 
 

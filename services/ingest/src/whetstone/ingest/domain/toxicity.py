@@ -42,6 +42,11 @@ class WordlistToxicity:
         extra = [t.lower() for t in extra_terms]
         self.phrases = (*_PHRASES, *(t for t in extra if " " in t))
         self.terms = (*_TERMS, *(t for t in extra if " " not in t))
+        # phrases grouped by their last word: a text without that word holds none of the group
+        groups: dict[str, list[str]] = {}
+        for p in self.phrases:
+            groups.setdefault(p.split()[-1] if p.strip() else p, []).append(p)
+        self.phrase_groups = tuple((key, tuple(ps)) for key, ps in groups.items())
         self.term_words = frozenset(t.encode() for t in self.terms)
         # the terms no other term is part of: one of them is in a text whenever any term is
         self.needles = tuple(t for t in dict.fromkeys(self.terms) if not any(o != t and o in t for o in self.terms))
@@ -60,7 +65,11 @@ class WordlistToxicity:
 
     def _score(self, lowered: str, term_hits: int) -> float:
         """Phrases are matched in the lowered text; each hit, phrase or whole-word term, adds 0.5."""
-        return min(1.0, 0.5 * (term_hits + sum(1 for p in self.phrases if p in lowered)))
+        phrases = 0
+        for key, ps in self.phrase_groups:
+            if key in lowered:
+                phrases += sum(1 for p in ps if p in lowered)
+        return min(1.0, 0.5 * (term_hits + phrases))
 
     def scores(self, texts: Sequence[str]) -> list[float]:
         return [self.score(t) for t in texts]

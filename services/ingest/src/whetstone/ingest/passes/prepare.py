@@ -123,7 +123,7 @@ def prepare_record(rec: Record, layouts: LayoutGate, ctx: PrepareContext) -> tup
     found = apply_pii(out, ctx.pii_policy)
     redacted = found.row
     messages = text_messages(redacted)
-    text = "\n".join(m["content"] for m in messages)       # canonical_text(redacted)
+    text = "\n".join([m["content"] for m in messages])     # canonical_text(redacted)
     prepared = Prepared(rec.line, pii=found.counts or None)
     if len(text) > ctx.max_line_bytes:
         prepared.too_long = True
@@ -224,12 +224,19 @@ def _prepare_in_worker(records: list[tuple], purpose: str | None, schema: str, s
                                         layouts.facts.role_mapping), WorkerUsage.now()
 
 
+# imported once by the fork server: a worker started from a script (`whet`, the benchmark) imports the
+# script again as `__mp_main__`, and the gate's wiring it imports (settings: pydantic) is then already
+# loaded (it cost each worker about 0.3 s of CPU)
+_PRELOAD = (__name__, f"{__package__.rpartition('.')[0]}.gates")
+
+
 def _worker_context() -> multiprocessing.context.BaseContext:
     """Workers are forked from a fork server: a fresh process (no thread of the service is copied) that
-    has imported only this module, and that later pools reuse. A pool then starts in milliseconds;
-    with "spawn" every worker imported the service's entry point again (a second or more of CPU)."""
+    has imported this module and the gate's wiring, and that later pools reuse. A pool then starts in
+    milliseconds; with "spawn" every worker imported the service's entry point again (a second or
+    more of CPU)."""
     ctx = multiprocessing.get_context("forkserver")
-    ctx.set_forkserver_preload([__name__])
+    ctx.set_forkserver_preload(list(_PRELOAD))
     return ctx
 
 

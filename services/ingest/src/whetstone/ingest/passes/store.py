@@ -37,22 +37,24 @@ class CandidateStore:
         self.count = 0
         self.origins: list[np.ndarray] = []
         self.eligible: list[np.ndarray] = []
-        self._files = [open(p, "wb") for p in (self.path, self.bands_path, self.offsets_path, self.lines_path)]
+        paths = (self.path, self.bands_path, self.offsets_path, self.lines_path)
+        self._files = [open(p, "wb", buffering=1 << 20) for p in paths]     # written a batch at a time
 
     def append(self, rows: list[Candidate], sides: list[int]) -> None:
+        if not rows:
+            return
         cand, bands, offsets_file, lines_file = self._files
         if self.hasher is not None:          # band hashes computed by `prepare`
             bands.write(np.stack([p.bands for p in rows]).tobytes())
             self.eligible.append(np.array([p.shingles > 0 for p in rows], dtype=bool))
-        offsets = np.empty(len(rows), dtype=np.int64)
-        pos = cand.tell()
-        for i, (p, side) in enumerate(zip(rows, sides)):
-            offsets[i] = pos
-            roles = p.roles
-            head = _HEAD % (p.line, p.origin, side, p.estimate, *(roles.get(r, 0) for r in ROLE_FIELDS))
-            record = head + p.payload + b"\n"
-            cand.write(record)
-            pos += len(record)
+        records = [_HEAD % (p.line, p.origin, side, p.estimate, *[p.roles.get(r, 0) for r in ROLE_FIELDS])
+                   + p.payload + b"\n" for p, side in zip(rows, sides)]
+        sizes = np.fromiter(map(len, records), dtype=np.int64, count=len(records))
+        offsets = np.empty(len(rows), dtype=np.int64)      # each record's start: one write for the batch
+        offsets[0] = cand.tell()
+        np.cumsum(sizes[:-1], out=offsets[1:])
+        offsets[1:] += offsets[0]
+        cand.write(b"".join(records))
         offsets_file.write(offsets.tobytes())
         lines_file.write(np.array([p.line for p in rows], dtype=np.int64).tobytes())
         self.origins.append(np.array([p.origin for p in rows], dtype=np.int8))
@@ -79,7 +81,7 @@ class CandidateStore:
             yield np.array(table[:, b])
 
     def __iter__(self) -> Iterator[Stored]:
-        with open(self.path, "rb") as f:
+        with open(self.path, "rb", buffering=1 << 20) as f:
             for record in f:
                 yield _parse(record)
 

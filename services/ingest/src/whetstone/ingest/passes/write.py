@@ -38,7 +38,7 @@ def write_outputs(store: CandidateStore, drop: np.ndarray, workdir: Path, tokeni
     paths = [workdir / f"{side}.jsonl" for side in SIDES]
     tok_paths = [workdir / f"tokenized-{side}.jsonl" for side in SIDES]
     write_tokens = tokenise is not None and tokenise.cached is None
-    files: list[BinaryIO] = [open(p, "wb") for p in paths]
+    files: list[BinaryIO] = [open(p, "wb", buffering=1 << 20) for p in paths]
     tok_files: list[BinaryIO] = [open(p, "wb") for p in tok_paths] if write_tokens else []
     try:
         k = -1
