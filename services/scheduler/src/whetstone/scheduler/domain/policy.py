@@ -207,7 +207,7 @@ class _Cycle:
         self._releases: list[tuple[float, str, int]] | None = None
         self._on_node: dict[str, list[RunningJob]] | None = None
         self._spot_fit: dict[Shape, bool] = {}
-        self.protected: set[str] = set()     # nodes an overdue job's reservation holds: no victims there
+        self.protected: set[str] = set()     # nodes an overdue job will start on: victims elsewhere first
 
     # -- where a job may run -------------------------------------------------
     def classes(self, job: QueuedJob) -> tuple[bool, ...]:
@@ -482,8 +482,7 @@ class _Cycle:
         late = self.late_jobs(order) if self.policy.overdue_after_s is not None else []
         self.protect(late)
         if self.policy.preemption:
-            urgent = [j for j in order if self.policy.tier(j.tier).can_preempt
-                      and j.job_id not in handled][: self.policy.max_urgent]
+            urgent = [j for j in order if self.policy.tier(j.tier).can_preempt][: self.policy.max_urgent]
             for job in urgent:
                 self.result.decisions += 1
                 self.urgent(job, handled)
