@@ -18,7 +18,8 @@ from .adapters.store import JobStore
 from .domain import jobs as rules
 from .domain.cluster import ClusterView, pick_gpu_ids
 from .domain.forecast import forecast
-from .domain.policy import Assignment, cycle
+from .domain.policy import cycle
+from .domain.snapshot import Assignment
 
 if TYPE_CHECKING:
     from .context import SchedulerContext

@@ -11,7 +11,7 @@ from datetime import datetime
 from typing import Any
 
 from .placement import Node, Shape
-from .policy import QueuedJob, RunningJob, Snapshot
+from .snapshot import QueuedJob, RunningJob, Snapshot
 from .resources import canonical_gpu_type
 
 Row = Mapping[str, Any]

@@ -5,7 +5,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from .policy import Policy, Snapshot, _Cycle, order_queue
+from .policy import Policy, _Cycle, order_queue
+from .snapshot import Snapshot
 
 
 @dataclass(frozen=True, slots=True)

@@ -23,7 +23,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from ..domain.placement import Node, Placement, Shape
-from ..domain.policy import CycleResult, Policy, QueuedJob, RunningJob, Snapshot, cycle
+from ..domain.policy import Policy, cycle
+from ..domain.snapshot import CycleResult, QueuedJob, RunningJob, Snapshot
 
 
 @dataclass

@@ -8,7 +8,7 @@ import random
 from collections.abc import Sequence
 
 from ..domain.placement import Node, Shape
-from ..domain.policy import QueuedJob, RunningJob, Snapshot
+from ..domain.snapshot import QueuedJob, RunningJob, Snapshot
 from .simulator import SimJob, SimNode
 
 TIER_MIX = (("free", 0.6), ("standard", 0.3), ("premium", 0.1))
