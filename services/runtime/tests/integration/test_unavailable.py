@@ -19,6 +19,7 @@ from whetstone.devstack.stack import EmbeddedStack
 from whetstone.runtime import db
 from whetstone.runtime.errors import unavailable_dependency
 from whetstone.runtime.http import HttpServer, ServiceMetrics, make_app
+from whetstone.runtime.messaging import unit_of_work
 
 pytestmark = pytest.mark.integration
 
@@ -97,5 +98,38 @@ async def test_postgres_restart_answers_503_with_retry_after_and_the_openai_clie
         assert caught.value.status_code == 503 and caught.value.code == "service_unavailable"
     finally:
         await server.stop()
+        pool.terminate()
+        await asyncio.to_thread(stack.stop)
+
+
+def test_a_connection_left_mid_message_is_the_database_going_away_not_a_bug():
+    # what asyncpg raises when the server's FATAL goodbye reached a pooled connection before its close did
+    broken = asyncpg.exceptions.InternalClientError("cannot switch to state 15; another operation (2) is in progress")
+    assert unavailable_dependency(broken) == "database"
+    assert unavailable_dependency(asyncpg.exceptions.InternalClientError(
+        "PoolConnectionHolder.release() called on a free connection holder")) is None
+
+
+async def test_a_unit_of_work_that_lost_its_database_never_returns_the_connection_to_the_pool(tmp_path):
+    stack = EmbeddedStack(tmp_path / "stack", log=lambda m: None)
+    endpoints = await asyncio.to_thread(stack.start)
+    pool = await db.create_pool(endpoints.database_url, "probe", min_size=1, max_size=1)
+    try:
+        async def backend() -> int:
+            async with unit_of_work(pool, "probe") as uow:
+                return await uow.conn.fetchval("SELECT pg_backend_pid()")
+
+        first = await backend()
+        with pytest.raises(KeyError):            # the caller's own error: the connection is fine, kept
+            async with unit_of_work(pool, "probe") as uow:
+                await uow.conn.execute("SELECT 1")
+                raise KeyError("a bug")
+        assert await backend() == first
+        with pytest.raises(asyncpg.exceptions.InternalClientError):   # a broken connection: replaced
+            async with unit_of_work(pool, "probe") as uow:
+                await uow.conn.execute("SELECT 1")
+                raise asyncpg.exceptions.InternalClientError("cannot switch to state 15; another operation (2) is in progress")
+        assert await backend() != first
+    finally:
         pool.terminate()
         await asyncio.to_thread(stack.stop)

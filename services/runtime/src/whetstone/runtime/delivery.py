@@ -47,9 +47,17 @@ _PG_DOWN = (asyncpg.PostgresConnectionError, asyncpg.exceptions.AdminShutdownErr
             asyncpg.exceptions.TooManyConnectionsError)
 
 
+# asyncpg's protocol left mid-message: the server sent its FATAL goodbye (shutting down) to a pooled
+# connection and the socket's close was not seen yet when the next query started on it
+_PG_PROTOCOL_BROKEN = ("cannot switch to state", "protocol is in an unexpected state",
+                       "unknown error in protocol implementation")
+
+
 def _dependency_of(exc: BaseException) -> str | None:
     if isinstance(exc, _PG_DOWN) or (isinstance(exc, asyncpg.InterfaceError)
-                                     and any(w in str(exc) for w in ("connection", "pool is closing"))):
+                                     and any(w in str(exc) for w in ("connection", "pool is closing"))) or (
+            isinstance(exc, asyncpg.exceptions.InternalClientError)
+            and any(w in str(exc) for w in _PG_PROTOCOL_BROKEN)):
         return "database"
     if isinstance(exc, boto_errors.ConnectionError | boto_errors.HTTPClientError):
         return "object store"

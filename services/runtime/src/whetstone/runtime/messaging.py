@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import contextvars
 from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import asynccontextmanager
@@ -14,6 +15,7 @@ import orjson
 
 from whetstone.contracts import TOLERANT, Envelope, Event, topic_for
 
+from .delivery import unavailable_dependency
 from .logging import get_logger
 
 log = get_logger("whetstone.outbox")
@@ -225,9 +227,17 @@ def _permanent(exc: BaseException) -> bool:
 @asynccontextmanager
 async def unit_of_work(pool: asyncpg.Pool, producer: str, relay: OutboxRelay | None = None) -> AsyncIterator[UnitOfWork]:
     async with pool.acquire() as conn:
-        async with conn.transaction():
-            uow = UnitOfWork(conn, producer)
-            yield uow
+        try:
+            async with conn.transaction():
+                uow = UnitOfWork(conn, producer)
+                yield uow
+        except BaseException as exc:
+            if unavailable_dependency(exc) == "database":
+                # a connection the server dropped (or left mid-message) never goes back to the pool; one
+                # already closed was detached from its proxy, which then refuses every call
+                with contextlib.suppress(asyncpg.InterfaceError):
+                    conn.terminate()
+            raise
     for callback in uow.committed:
         callback()
     if relay is not None and uow.pending:

@@ -38,7 +38,7 @@ from faststream.kafka import KafkaBroker, KafkaMessage
 from whetstone.contracts import TOPICS, Envelope, Event
 
 from . import db, observability
-from .delivery import MAX_RECORD_BYTES, PoisonMessage, dead_letter, is_transient, prune_forever
+from .delivery import MAX_RECORD_BYTES, PoisonMessage, dead_letter, is_transient, prune_forever, unavailable_dependency
 from .assignment import watch_assignment
 from .batching import BatchHandler, consume_batch, undecoded
 from .identity import internal_secret
@@ -227,8 +227,12 @@ class Runtime(Generic[C]):
                 return
             except asyncio.CancelledError:
                 raise
-            except Exception:
-                self.log.exception("background task crashed; restarting", task=bg.__name__)
+            except Exception as exc:
+                if (dependency := unavailable_dependency(exc)) is None:
+                    self.log.exception("background task crashed; restarting", task=bg.__name__)
+                else:  # PostgreSQL restarting, the broker away: expected, retried without a traceback
+                    self.log.warning("background task retrying", task=bg.__name__, unreachable=dependency,
+                                     error=f"{type(exc).__name__}: {exc}"[:300])
                 await asyncio.sleep(1)
 
     async def _check_db(self) -> None:
