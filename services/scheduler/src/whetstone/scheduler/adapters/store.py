@@ -304,7 +304,8 @@ class JobStore:
             try:
                 yield
             finally:
-                await conn.remove_listener(WAKE_CHANNEL, notified)
+                with contextlib.suppress(asyncpg.InterfaceError):   # the connection went with the database
+                    await conn.remove_listener(WAKE_CHANNEL, notified)
 
     async def wake_scheduler(self) -> None:
         """Wake the scheduling loop when this transaction commits (Postgres delivers NOTIFY on commit)."""
