@@ -51,7 +51,8 @@ async def check_jobs(conn: asyncpg.Connection, planned: dict[str, str]) -> tuple
             continue
         error = json.loads(r["error"]) if isinstance(r["error"], str) else (r["error"] or {})
         jobs[r["job_id"]] = {"key": key, "status": r["status"], "error_class": error.get("error_class"),
-                             "code": error.get("code"), "attempt": r["attempt"], "expect": expect}
+                             "code": error.get("code"), "message": (error.get("message") or "")[:300],
+                             "attempt": r["attempt"], "expect": expect}
         if r["status"] not in TERMINAL:
             bad.append(f"job {key} ({r['job_id']}): still {r['status']} after the drain")
         elif expect == "failed" and (r["status"] != "failed" or error.get("error_class") != "user"):

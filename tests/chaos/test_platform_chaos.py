@@ -329,15 +329,16 @@ class Chaos:
             await conn.close()
 
     # --------------------------------------------------------------- verdict
-    async def diagnose(self, conn: asyncpg.Connection, violations: list[str], jobs: dict[str, dict]) -> None:
-        """Each job a violation names (by key or id): its whole trail, in DIAGNOSIS/<job>.json (the run's
-        temporary directory, with the database, is gone after the test)."""
+    async def diagnose(self, conn: asyncpg.Connection, violations: list[str], jobs: dict[str, dict],
+                       also: list[str]) -> None:
+        """Each job a violation names (by key or id), and each in `also` (sound jobs that failed): its whole
+        trail, in DIAGNOSIS/<job>.json (the run's temporary directory, with the database, is gone after the test)."""
         DIAGNOSIS.mkdir(parents=True, exist_ok=True)
         for old in DIAGNOSIS.glob("*.json"):
             old.unlink()
         (DIAGNOSIS / "violations.json").write_text(json.dumps(violations, indent=1))
         by_key = {j["key"]: job_id for job_id, j in jobs.items()}
-        named = {by_key.get(n, n) for v in violations for n in re.findall(r"chaos-\d+\b|ftjob-[0-9a-f]+", v)}
+        named = {by_key.get(n, n) for v in violations for n in re.findall(r"chaos-\d+\b|ftjob-[0-9a-f]+", v)} | set(also)
         for job_id in sorted(named):
             try:
                 trail = await job_trail(conn, job_id)
@@ -354,7 +355,10 @@ class Chaos:
             violations += await inv.check_metering(conn, jobs)
             fenced, fencing = await inv.check_fencing(conn)
             violations += fencing
-            await self.diagnose(conn, violations, jobs)
+            # a sound job may fail for the platform's reasons (not an invariant): which, why, and its trail
+            sound_failed = [{"job_id": job_id, "error_class": j["error_class"], "code": j["code"], "message": j["message"]}
+                            for job_id, j in sorted(jobs.items()) if j["expect"] == "succeeded" and j["status"] == "failed"]
+            await self.diagnose(conn, violations, jobs, [f["job_id"] for f in sound_failed])
         finally:
             await conn.close()
         letters = []
@@ -380,10 +384,7 @@ class Chaos:
                      "by_outcome": dict(Counter(j["status"] for j in jobs.values())),
                      "by_kind": {k: dict(v) for k, v in sorted(by_kind.items())},
                      "preempted_or_requeued": sum(1 for j in jobs.values() if j["attempt"] > 1),
-                     # a sound job may fail for the platform's reasons (not an invariant): which, and why
-                     "sound_jobs_failed": [{"job_id": job_id, "error_class": j["error_class"], "code": j["code"]}
-                                           for job_id, j in sorted(jobs.items())
-                                           if j["expect"] == "succeeded" and j["status"] == "failed"]},
+                     "sound_jobs_failed": sound_failed},
             "fenced_attempts": fenced,
             "dlq": {"letters": len(letters), "poison_injected": len(self.poison_keys), "by_kind": dlq_kinds},
             "invariants_violated": len(violations),
