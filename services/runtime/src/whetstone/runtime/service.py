@@ -141,6 +141,7 @@ class Runtime(Generic[C]):
         self.store = ObjectStore(settings.s3_endpoint, settings.s3_access_key, settings.s3_secret_key,
                                  settings.bucket, settings.s3_region)
         self._tasks: list[asyncio.Task] = []
+        self.stop_overran: list[str] = []   # the stop's steps that were cut short
         # messages left on each assigned (topic, partition), see `measure_lag`
         self.consumer_lag: dict[tuple[str, int], int] | None = None
         self._subscriber: Any = None
@@ -193,32 +194,37 @@ class Runtime(Generic[C]):
                       topics=list(self.service.subscriptions))
 
     async def stop(self) -> None:
+        """Each step is bounded (a broker mid-rebalance, a handler deaf to cancellation), so the whole
+        stop fits the 30 s a pod gets after SIGTERM; a step that overran is logged by name."""
         if self.service.on_stop:
-            try:
-                await self.service.on_stop(self)
-            except Exception:
-                self.log.exception("on_stop failed")
+            await self._step("on_stop", self.service.on_stop(self), 4)
         for t in self._tasks:
             t.cancel()
-        await asyncio.gather(*self._tasks, return_exceptions=True)
+        await self._step("background tasks", asyncio.gather(*self._tasks, return_exceptions=True), 4)
         if self.http:
-            await self.http.stop()
-        if self.broker:
-            await self.broker.stop()  # stops consuming; the handlers' last commits are in the outbox
-        if self.relay and self.pool and self.producer:
-            try:  # last chance to drain what is committed; the rest waits for next start
-                await asyncio.wait_for(self.relay.flush_once(), timeout=2)
-            except Exception:
-                pass
+            await self._step("http server", self.http.stop(), 4)
+        if self.broker:  # stops consuming; the handlers' last commits are in the outbox
+            await self._step("consumer", self.broker.stop(), 8)
+        if self.relay and self.pool and self.producer:  # last chance to drain what is committed; the rest waits
+            await self._step("outbox flush", self.relay.flush_once(), 2, quiet=True)
         if self.producer:
-            await self.producer.stop()
-        try:  # the last deliveries' trace rows
-            await asyncio.wait_for(self.trace.flush(), timeout=2)
-        except Exception:
-            pass
-        if self.pool:
-            await self.pool.close()
+            await self._step("producer", self.producer.stop(), 3)
+        await self._step("trace flush", self.trace.flush(), 2, quiet=True)  # the last deliveries' trace rows
+        if self.pool and not await self._step("database pool", self.pool.close(), 2):
+            self.pool.terminate()
         self.log.info("service stopped")
+
+    async def _step(self, what: str, step: Any, timeout_s: float, quiet: bool = False) -> bool:
+        try:
+            await asyncio.wait_for(step, timeout=timeout_s)
+            return True
+        except TimeoutError:
+            self.stop_overran.append(what)
+            self.log.warning("stopping: step overran; left behind", step=what, timeout_s=timeout_s)
+        except Exception:
+            if not quiet:
+                self.log.exception("stopping: step failed", step=what)
+        return False
 
     async def _guard(self, bg: Background) -> None:
         while True:
