@@ -154,7 +154,9 @@ async def check_trace(job_id: str) -> None:
     assert "trainer-agent" in by_type["job.assigned"] and "scheduler" in by_type["job.completed"]
     hops = [c for e in events for c in e["consumers"]]
     assert all(c["lag_s"] >= 0 and c["handler_s"] >= 0 and c["outcome"] == "handled" for c in hops), hops
-    assert all(e["producer"] and e["offset"] is not None for e in events)
+    unplaced = [{k: e[k] for k in ("event_type", "event_id", "topic", "offset", "producer", "produced_at", "consumers")}
+                for e in events if not (e["producer"] and e["offset"] is not None)]
+    assert not unplaced, unplaced
 
 
 async def test_every_dashboard_panel_has_data_from_a_real_workload(settings, whet_dev, prometheus):

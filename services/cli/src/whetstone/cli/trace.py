@@ -32,6 +32,7 @@ DEFAULT_PORTS = {"scheduler": 8100, "ingest": 8101, "trainer-agent": 8102, "eval
                  "metering": 8105, "serving": 8107}
 SKIPPED_TOPICS = ("node.heartbeat",)  # about nodes, never one job; the busiest topic
 SERVICES_FILE = "services.json"
+REREADS = 4  # reads of the topics after the first while a delivery names an event not seen on them
 
 
 # ------------------------------------------------------------------ where the services are
@@ -247,10 +248,15 @@ async def trace_job(job_id: str, *, urls: Mapping[str, str], bootstrap: str, sec
     events = await read_job_events(bootstrap, job_id, since=since, client_options=client_options)
     trace_ids = {r["envelope"].get("trace_id") for r in events}
     deliveries, failed = await fetch_deliveries(urls, job_id, trace_ids, secret)
-    on_topics = {str(r["envelope"]["event_id"]) for r in events}
-    if any(d["event_id"] not in on_topics for d in deliveries):
-        # consumed already, but appended after the topics were read (a job's last events race the trace):
-        # read the topics again, so only events really gone from them lack an offset
+    for attempt in range(REREADS):
+        on_topics = {str(r["envelope"]["event_id"]) for r in events}
+        if all(d["event_id"] in on_topics for d in deliveries):
+            break
+        # consumed already, but appended after the topics were read (a job's last events race the trace), or
+        # not yet in the broker's answer to "where does each partition end": read the topics again (a few
+        # times, a second apart), so only events really gone from them (retention, --since) lack an offset
+        if attempt:
+            await asyncio.sleep(1.0)
         events = await read_job_events(bootstrap, job_id, since=since, client_options=client_options)
     return build_trace(events, deliveries), failed
 
