@@ -194,10 +194,11 @@ class Runtime(Generic[C]):
                       topics=list(self.service.subscriptions))
 
     async def stop(self) -> None:
-        """Each step is bounded (a broker mid-rebalance, a handler deaf to cancellation), so the whole
-        stop fits the 30 s a pod gets after SIGTERM; a step that overran is logged by name."""
+        """The runtime's own steps are bounded (a broker mid-rebalance, a task deaf to cancellation) and one
+        that overran is logged by name; the service's on_stop (a trainer's drain: emergency checkpoints)
+        bounds itself, within the STOP_TIMEOUT_S that `run_services` gives the whole stop."""
         if self.service.on_stop:
-            await self._step("on_stop", self.service.on_stop(self), 4)
+            await self._step("on_stop", self.service.on_stop(self), None)
         for t in self._tasks:
             t.cancel()
         await self._step("background tasks", asyncio.gather(*self._tasks, return_exceptions=True), 4)
@@ -214,7 +215,7 @@ class Runtime(Generic[C]):
             self.pool.terminate()
         self.log.info("service stopped")
 
-    async def _step(self, what: str, step: Any, timeout_s: float, quiet: bool = False) -> bool:
+    async def _step(self, what: str, step: Any, timeout_s: float | None, quiet: bool = False) -> bool:
         try:
             await asyncio.wait_for(step, timeout=timeout_s)
             return True
