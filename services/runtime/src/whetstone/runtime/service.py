@@ -38,10 +38,11 @@ from faststream.kafka import KafkaBroker, KafkaMessage
 from whetstone.contracts import TOPICS, Envelope, Event
 
 from . import db, observability
-from .delivery import MAX_RECORD_BYTES, PoisonMessage, dead_letter, is_transient, prune_forever, unavailable_dependency
+from .delivery import MAX_RECORD_BYTES, PoisonMessage, dead_letter, is_transient, prune_forever
 from .assignment import watch_assignment
 from .batching import BatchHandler, consume_batch, undecoded
 from .identity import internal_secret
+from .lifecycle import bounded, supervise
 from .http import HttpServer, ServiceMetrics, make_app
 from .logging import bound_contextvars, configure_logging, get_logger
 from .messaging import OutboxRelay, UnitOfWork, current_envelope, decode, parse_payload, unit_of_work
@@ -172,7 +173,7 @@ class Runtime(Generic[C]):
         self.relay.on_committed = self.observer.committed
         self._tasks.append(asyncio.create_task(observability.collector_for(self).run(), name=f"{self.name}-metrics"))
         self._tasks.append(asyncio.create_task(self.relay.run(), name=f"{self.name}-outbox"))
-        self._tasks.append(asyncio.create_task(self._guard(prune_forever), name=f"{self.name}-retention"))
+        self._tasks.append(asyncio.create_task(supervise(self, prune_forever), name=f"{self.name}-retention"))
         if self._subscriber is not None:
             self._tasks.append(asyncio.create_task(watch_assignment(self._subscriber, self.name),
                                                    name=f"{self.name}-assignment"))
@@ -181,7 +182,7 @@ class Runtime(Generic[C]):
         if self.service.on_start:
             await self.service.on_start(self)
         for bg in self.service.background:
-            self._tasks.append(asyncio.create_task(self._guard(bg), name=f"{self.name}-{bg.__name__}"))
+            self._tasks.append(asyncio.create_task(supervise(self, bg), name=f"{self.name}-{bg.__name__}"))
         app = make_app(self.name, self.metrics, {"postgres": self._check_db, "kafka": self._check_kafka})
         app.state.internal_secret = internal_secret(s.data_dir)  # resolved once: identity checks read it per request
         app.include_router(trace_routes(self.name, self.trace))
@@ -194,53 +195,29 @@ class Runtime(Generic[C]):
                       topics=list(self.service.subscriptions))
 
     async def stop(self) -> None:
-        """The runtime's own steps are bounded (a broker mid-rebalance, a task deaf to cancellation) and one
-        that overran is logged by name; the service's on_stop (a trainer's drain: emergency checkpoints)
-        bounds itself, within the STOP_TIMEOUT_S that `run_services` gives the whole stop."""
+        """The runtime's own steps are bounded and one that overran is named (`lifecycle.bounded`); the
+        service's on_stop (a trainer's drain: emergency checkpoints) bounds itself, within the
+        STOP_TIMEOUT_S that `run_services` gives the whole stop."""
+        def step(what: str, aw: Awaitable[Any], timeout_s: float | None, quiet: bool = False) -> Awaitable[bool]:
+            return bounded(self.log, self.stop_overran, what, aw, timeout_s, quiet)
+
         if self.service.on_stop:
-            await self._step("on_stop", self.service.on_stop(self), None)
+            await step("on_stop", self.service.on_stop(self), None)
         for t in self._tasks:
             t.cancel()
-        await self._step("background tasks", asyncio.gather(*self._tasks, return_exceptions=True), 4)
+        await step("background tasks", asyncio.gather(*self._tasks, return_exceptions=True), 4)
         if self.http:
-            await self._step("http server", self.http.stop(), 4)
+            await step("http server", self.http.stop(), 4)
         if self.broker:  # stops consuming; the handlers' last commits are in the outbox
-            await self._step("consumer", self.broker.stop(), 8)
+            await step("consumer", self.broker.stop(), 8)
         if self.relay and self.pool and self.producer:  # last chance to drain what is committed; the rest waits
-            await self._step("outbox flush", self.relay.flush_once(), 2, quiet=True)
+            await step("outbox flush", self.relay.flush_once(), 2, quiet=True)
         if self.producer:
-            await self._step("producer", self.producer.stop(), 3)
-        await self._step("trace flush", self.trace.flush(), 2, quiet=True)  # the last deliveries' trace rows
-        if self.pool and not await self._step("database pool", self.pool.close(), 2):
+            await step("producer", self.producer.stop(), 3)
+        await step("trace flush", self.trace.flush(), 2, quiet=True)  # the last deliveries' trace rows
+        if self.pool and not await step("database pool", self.pool.close(), 2):
             self.pool.terminate()
         self.log.info("service stopped")
-
-    async def _step(self, what: str, step: Any, timeout_s: float | None, quiet: bool = False) -> bool:
-        try:
-            await asyncio.wait_for(step, timeout=timeout_s)
-            return True
-        except TimeoutError:
-            self.stop_overran.append(what)
-            self.log.warning("stopping: step overran; left behind", step=what, timeout_s=timeout_s)
-        except Exception:
-            if not quiet:
-                self.log.exception("stopping: step failed", step=what)
-        return False
-
-    async def _guard(self, bg: Background) -> None:
-        while True:
-            try:
-                await bg(self)
-                return
-            except asyncio.CancelledError:
-                raise
-            except Exception as exc:
-                if (dependency := unavailable_dependency(exc)) is None:
-                    self.log.exception("background task crashed; restarting", task=bg.__name__)
-                else:  # PostgreSQL restarting, the broker away: expected, retried without a traceback
-                    self.log.warning("background task retrying", task=bg.__name__, unreachable=dependency,
-                                     error=f"{type(exc).__name__}: {exc}"[:300])
-                await asyncio.sleep(1)
 
     async def _check_db(self) -> None:
         assert self.pool is not None
