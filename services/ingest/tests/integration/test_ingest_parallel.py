@@ -4,12 +4,14 @@ same cleaned files, same audit trail, same report (errors, warnings, layouts, co
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 import pytest
 from whetstone.ingest.adapters.formats import open_source
 from whetstone.ingest.domain.contamination import ReferenceIndex
 from whetstone.ingest.domain.policies import Policies
+from whetstone.ingest.domain.rows import LayoutGate
 from whetstone.ingest.domain.toxicity import WordlistToxicity
 from whetstone.ingest.passes import prepare
 from whetstone.ingest.pipeline import DataGate, GateConfig
@@ -62,13 +64,16 @@ def rows() -> list[bytes]:
     return out
 
 
-def run(path: Path, work: Path, workers: int, pii: str) -> tuple[dict, dict[str, bytes]]:
+def run(path: Path, work: Path, workers: int, pii: str, timings: dict | None = None,
+        **config: int) -> tuple[dict, dict[str, bytes]]:
     references = ReferenceIndex()
     references.add("bench", [REFERENCE])
-    config = GateConfig(policies=Policies(pii=pii), workers=workers, chunk_rows=7, parallel_min_rows=20)
-    result = DataGate(config, references=references, toxicity=WordlistToxicity()).run(open_source(path, workdir=work / "src"), work / "gate")
+    config = {"chunk_rows": 7, "parallel_min_rows": 20, **config}
+    gate = DataGate(GateConfig(policies=Policies(pii=pii), workers=workers, **config), references=references,
+                    toxicity=WordlistToxicity())
+    result = gate.run(open_source(path, workdir=work / "src"), work / "gate")
     report = result.report.as_dict()
-    report.pop("timings")
+    (timings if timings is not None else {}).update(report.pop("timings"))
     files = {p.name: p.read_bytes() for p in (result.train_path, result.validation_path, result.audit_path) if p}
     return report, files
 
@@ -95,3 +100,43 @@ def test_a_broken_pool_falls_back_to_this_process(tmp_path, monkeypatch, caplog)
     pooled, pooled_files = run(path, tmp_path / "two", 2, "warn")
     assert "pool broken" in caplog.text
     assert pooled == single and pooled_files == single_files
+
+
+def test_a_large_file_has_its_workers_from_the_second_chunk(tmp_path):
+    """A file of at least `parallel_min_bytes` starts its pool while the first chunk (which fixes the
+    schema) is prepared here, and hands the workers every chunk after it, whatever `parallel_min_rows`
+    says; the result is still the single-process one."""
+    path = tmp_path / "d.jsonl"
+    path.write_bytes(b"\n".join(rows()) + b"\n")
+    single, single_files = run(path, tmp_path / "one", 1, "warn")
+    timings: dict = {}
+    pooled, pooled_files = run(path, tmp_path / "two", 2, "warn", timings, parallel_min_rows=10**9,
+                               parallel_min_bytes=path.stat().st_size)
+    assert timings.get("workers_cpu_s") is not None          # the workers prepared chunks
+    assert pooled == single and pooled_files == single_files
+    small: dict = {}
+    run(path, tmp_path / "three", 2, "warn", small, parallel_min_rows=10**9, parallel_min_bytes=path.stat().st_size + 1)
+    assert "workers_cpu_s" not in small                       # smaller than both limits: this process only
+
+
+def test_the_pool_maps_in_its_workers_in_order(tmp_path):
+    """`Preparer.map` (the near-duplicate check's exact Jaccards) runs in the worker processes while the
+    pool is up, results in the order of the items, and in this process without a pool."""
+    path = tmp_path / "d.jsonl"
+    path.write_bytes(b"\n".join(rows()) + b"\n")
+    layouts = LayoutGate()
+    preparer = prepare.Preparer(prepare.PrepareContext("warn", 1 << 20, None, None, None, False), layouts, tmp_path,
+                                workers=2, chunk_rows=7, min_rows=20)
+    try:
+        assert preparer.map(abs, [-1, -2]) == [1, 2] and preparer.pool is None
+        list(preparer.run(open_source(path, workdir=tmp_path / "src").records()))
+        assert preparer.pool is not None
+        assert preparer.map(abs, list(range(-50, 0))) == list(range(50, 0, -1))
+        pids = set(preparer.map(_pid, list(range(8))))
+        assert pids and os.getpid() not in pids
+    finally:
+        preparer.close()
+
+
+def _pid(_: int) -> int:
+    return os.getpid()

@@ -7,8 +7,8 @@ import pytest
 
 from whetstone.ingest.domain.hashing import HashSet64, mix64, sorted_unique
 from whetstone.ingest.domain.minhash import (
-    LshParams, MinHasher, candidate_pairs, clusters, exact_jaccard, shingle_hashes, shingle_set, shingle_sets,
-    verify_pairs,
+    LshParams, MinHasher, block_jaccards, candidate_pairs, clusters, exact_jaccard, shingle_hashes, shingle_set,
+    shingle_sets, verify_pairs,
 )
 from whetstone.ingest.domain.text import digest_key, fingerprint, in_validation_split, normalize_text
 
@@ -136,7 +136,8 @@ def test_near_duplicates_found_verified_and_clustered():
     bands = hasher.band_hashes(sig)
     pairs = candidate_pairs((bands[:, b] for b in range(bands.shape[1])), counts > 0)
     sets = {i: shingle_set(t) for i, t in enumerate(texts)}
-    edges, scores = verify_pairs(pairs, lambda rows: [sets[i] for i in rows], 0.9)
+    edges, scores = verify_pairs(pairs, lambda part: block_jaccards(part, lambda rows: [sets[i] for i in rows]),
+                                 0.9)
     assert {tuple(e) for e in edges.tolist()} >= {(0, 2), (0, 5)}
     assert all(s >= 0.9 for s in scores)
     assert not any(4 in e for e in edges.tolist())  # 40 substitutions: well below 0.9

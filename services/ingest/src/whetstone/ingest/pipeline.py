@@ -78,6 +78,7 @@ class GateConfig:
     workers: int = 1                # processes for the pure per-row work of pass 1 (1: this process only)
     chunk_rows: int = 1024          # records per chunk handed to a worker
     parallel_min_rows: int = 4096   # a pool is started only after this many records (small files stay serial)
+    parallel_min_bytes: int = 1 << 20   # ... or at once for a file this large (or a source of min_rows rows)
 
 
 @dataclass
@@ -142,7 +143,9 @@ class DataGate:
         try:
             # pass 1
             batch: list[Candidate] = []
-            for prepared in preparer.run(source.records()):
+            large = source.total is not None and source.total >= (
+                cfg.parallel_min_rows if source.unit == "rows" else cfg.parallel_min_bytes)
+            for prepared in preparer.run(source.records(), large=large):
                 candidate = rows.take(prepared)
                 if candidate is not None:
                     batch.append(candidate)
@@ -157,7 +160,7 @@ class DataGate:
             t = time.perf_counter()
             if store.hasher is not None and store.count >= 2:
                 self.progress("near-duplicates", 0, None)
-            near = NearDedup(lsh, findings, sections.near_dup, cfg.max_clusters_listed).run(store)
+            near = NearDedup(lsh, findings, sections.near_dup, cfg.max_clusters_listed).run(store, preparer.map)
             timings["near_dup_s"] = time.perf_counter() - t
             # pass 2
             t = time.perf_counter()

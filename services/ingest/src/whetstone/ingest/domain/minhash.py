@@ -217,18 +217,23 @@ def candidate_pairs(band_columns: Iterable[np.ndarray], eligible: np.ndarray) ->
     return np.unique(pairs, axis=0)
 
 
-def verify_pairs(pairs: np.ndarray, shingles_of: Callable[[list[int]], list[np.ndarray]], threshold: float,
-                 block: int = 512) -> tuple[np.ndarray, np.ndarray]:
+def block_jaccards(part: np.ndarray, shingles_of: Callable[[list[int]], list[np.ndarray]]) -> list[float]:
+    """Exact Jaccard of each pair of `part`; `shingles_of` gives the shingle sets of a list of rows at once."""
+    ids = np.unique(part).tolist()
+    sets = dict(zip(ids, shingles_of(ids)))
+    return [exact_jaccard(sets[a], sets[b]) for a, b in part.tolist()]
+
+
+def verify_pairs(pairs: np.ndarray, jaccards_of: Callable[[np.ndarray], list[float]], threshold: float,
+                 block: int = 512, mapper: Callable[..., Iterable[list[float]]] = map) -> tuple[np.ndarray, np.ndarray]:
     """Exact Jaccard of each candidate pair: (pairs with Jaccard >= threshold, their Jaccards).
-    `shingles_of` gives the shingle sets of a list of rows at once; pairs are checked `block` at a
-    time, so memory holds the sets of at most 2 x `block` rows."""
+    Pairs are checked `block` at a time (`jaccards_of`, e.g. `block_jaccards` over the stored rows), so
+    memory holds the sets of at most 2 x `block` rows; `mapper` may spread the blocks over processes
+    (results come back in order)."""
+    parts = [pairs[lo:lo + block] for lo in range(0, len(pairs), block)]
     keep, scores = [], []
-    for lo in range(0, len(pairs), block):
-        part = pairs[lo:lo + block]
-        ids = np.unique(part).tolist()
-        sets = dict(zip(ids, shingles_of(ids)))
-        for a, b in part.tolist():
-            j = exact_jaccard(sets[a], sets[b])
+    for part, found in zip(parts, mapper(jaccards_of, parts)):
+        for (a, b), j in zip(part.tolist(), found):
             if j >= threshold:
                 keep.append((a, b))
                 scores.append(j)

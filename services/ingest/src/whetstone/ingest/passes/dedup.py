@@ -8,20 +8,23 @@ cluster but its earliest is a near-duplicate."""
 
 from __future__ import annotations
 
+import functools
 import json
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
+from pathlib import Path
 
 import numpy as np
 
 from ..domain.actions import REMOVED
 from ..domain.hashing import HashSet64
-from ..domain.minhash import LshParams, candidate_pairs, clusters, shingle_sets, verify_pairs
+from ..domain.minhash import LshParams, block_jaccards, candidate_pairs, clusters, shingle_sets, verify_pairs
 from ..domain.report import NearDupReport
 from ..domain.schemas import text_messages
 from ..domain.text import digest_key, fingerprint
 from .findings import Findings
 from .rows import Candidate
-from .store import CandidateStore, RandomAccess
+from .store import CandidateStore, RandomAccess, Stored
 
 EXACT_LINES_LISTED = 20
 CLUSTER_LINES_LISTED = 10
@@ -77,19 +80,18 @@ class NearDedup:
     def __init__(self, lsh: LshParams, findings: Findings, report: NearDupReport, max_clusters: int) -> None:
         self.lsh, self.findings, self.report, self.max_clusters = lsh, findings, report, max_clusters
 
-    def run(self, store: CandidateStore) -> NearDupResult:
+    def run(self, store: CandidateStore, mapper: Callable[..., Iterable[list[float]]] = map) -> NearDupResult:
+        """`mapper` (e.g. the gate's worker pool) may check the candidate pairs' Jaccards in other processes."""
         n = store.count
         drop = np.zeros(n, dtype=bool)
         if store.hasher is None or n < 2:
             return NearDupResult(drop, 0)
         pairs = candidate_pairs(store.band_columns(self.lsh.bands), store.eligible_array())
         self.report.candidate_pairs = int(len(pairs))
+        jaccards_of = functools.partial(stored_jaccards, str(store.path), str(store.offsets_path))
+        edges, scores = verify_pairs(pairs, jaccards_of, self.report.threshold, mapper=mapper)
         read = store.reader()
         try:
-            def shingles_of(rows: list[int]) -> list[np.ndarray]:
-                return shingle_sets([fingerprint(text_messages(json.loads(read(i).payload)))[0] for i in rows])
-
-            edges, scores = verify_pairs(pairs, shingles_of, self.report.threshold)
             origin = store.origin_array()
             same = origin[edges[:, 0]] == origin[edges[:, 1]]
             for a, b in edges[~same].tolist():
@@ -123,6 +125,19 @@ class NearDedup:
             lines = [read(i).line for i in members[:CLUSTER_LINES_LISTED]]
             self.report.clusters.append({"kept_line": lines[0], "duplicate_lines": lines[1:], "size": len(members),
                                          "max_jaccard": round(best[k], 4)})
+
+
+def stored_jaccards(path: str, offsets_path: str, part: np.ndarray) -> list[float]:
+    """`block_jaccards` of pairs of stored rows, read back from the store's files (in any process)."""
+    read = RandomAccess(Path(path), np.memmap(offsets_path, dtype=np.int64, mode="r"))
+    try:
+        return block_jaccards(part, lambda rows: shingle_sets([_normalized(read(i)) for i in rows]))
+    finally:
+        read.close()
+
+
+def _normalized(row: Stored) -> str:
+    return fingerprint(text_messages(json.loads(row.payload)))[0]
 
 
 def _best_partner(edges: np.ndarray, scores: np.ndarray) -> dict[int, tuple[float, int]]:
