@@ -16,8 +16,10 @@ ground truth. events_per_s is the slowest replay's rate (messages consumed, ledg
 settled, from the moment the service is up). A baseline in the same run: the service
 consuming one message per transaction (no batching) on a smaller sample, and the
 batched service on that same sample. On a shared machine the rates depend on what else
-runs: each replay also reports the CPU microseconds per message of the service process and
-of its Postgres backends, and the load average around it. Last line: JSON.
+runs: each replay also reports the CPU microseconds per message of the service process, of
+its Postgres backends and of the broker, and the load average around it; their sum gives
+`cpu_bound_events_per_s`, the most this machine's cores could settle were they never idle
+(for the batched path, and for the per-message baseline). Last line: JSON.
 
     .venv/bin/python bench/metering.py [--events N] [--quick]
     .venv/bin/python bench/metering.py --quick --fresh-only --profile DIR   # cProfile of the service
@@ -192,8 +194,19 @@ def load() -> float:
     return round(os.getloadavg()[0], 1)
 
 
+def broker_pid(stack: EmbeddedStack) -> int | None:
+    """The embedded broker's process (its CPU per event is part of the platform's cost)."""
+    for pid in stack.pids:
+        try:
+            if Path(f"/proc/{pid}/comm").read_text().strip() == "tansu":
+                return pid
+        except OSError:
+            continue
+    return None
+
+
 async def replay(n: int, endpoints: StackEndpoints, work: Workload, workdir: Path, batch_size: int,
-                 fresh_database: bool, profile: Path | None = None) -> dict:
+                 fresh_database: bool, profile: Path | None = None, broker: int | None = None) -> dict:
     conn = await asyncpg.connect(endpoints.database_url)
     service = Metering(endpoints, workdir, batch_size, profile)
     watcher = AIOKafkaConsumer(bootstrap_servers=endpoints.kafka_bootstrap, group_id=GROUP, enable_auto_commit=False)
@@ -206,6 +219,7 @@ async def replay(n: int, endpoints: StackEndpoints, work: Workload, workdir: Pat
         await service.start()
         began, load_before = time.perf_counter(), load()
         cpu0, db0 = service.cpu_s(), await backend_cpu(conn)
+        broker0 = proc_cpu_s(broker) if broker else 0.0
         await conn.execute("SET search_path TO metering")
         while await committed(watcher) < len(work.messages):
             await asyncio.sleep(0.5)
@@ -220,6 +234,7 @@ async def replay(n: int, endpoints: StackEndpoints, work: Workload, workdir: Pat
         settled_s = time.perf_counter() - began
         cpu_s = service.cpu_s() - cpu0
         db_cpu_s = sum(t - db0.get(pid, 0.0) for pid, t in (await backend_cpu(conn)).items())
+        broker_cpu_s = proc_cpu_s(broker) - broker0 if broker else 0.0
         load_after = load()
         while await conn.fetchval("SELECT count(*) FROM outbox WHERE sent_at IS NULL"):
             await asyncio.sleep(0.5)
@@ -232,6 +247,7 @@ async def replay(n: int, endpoints: StackEndpoints, work: Workload, workdir: Pat
                  # load-independent: CPU microseconds per message, the service's and its Postgres backends'
                  "service_cpu_us_per_event": round(1e6 * cpu_s / len(work.messages)),
                  "db_cpu_us_per_event": round(1e6 * db_cpu_s / len(work.messages)),
+                 "broker_cpu_us_per_event": round(1e6 * broker_cpu_s / len(work.messages)),
                  "load_1m": [load_before, load_after],
                  "ledger_rows": await conn.fetchval("SELECT count(*) FROM ledger"),
                  "corrections": await conn.fetchval("SELECT count(*) FROM ledger WHERE entry = 'reversal'"),
@@ -275,7 +291,7 @@ async def run(args: argparse.Namespace) -> dict:
             results = []
             for n, fresh in ((1, True), (2, False), (3, True))[:1 if args.fresh_only else 3]:
                 profile = args.profile / f"replay{n}.prof" if args.profile else None
-                r = await replay(n, endpoints, work, Path(tmp), args.batch_size, fresh, profile)
+                r = await replay(n, endpoints, work, Path(tmp), args.batch_size, fresh, profile, broker_pid(stack))
                 print("replay " + json.dumps(r["stats"]), flush=True)
                 results.append(r)
         finally:
@@ -285,13 +301,18 @@ async def run(args: argparse.Namespace) -> dict:
                 **({"profile": str(args.profile / "replay1.prof")} if args.profile else {})}
     base = await baseline(args)
     first = results[0]["invoices"]
+    fresh = [results[0]["stats"], results[2]["stats"]]
+    cpu = {k: max(r[k] for r in fresh) for k in ("service_cpu_us_per_event", "db_cpu_us_per_event",
+                                                   "broker_cpu_us_per_event")}
     return {"events": len(work.messages), "unique_events": work.unique_events, "jobs": len(work.jobs),
             "events_per_s": min(r["stats"]["events_per_s"] for r in results),
             "events_per_s_by_replay": [r["stats"]["events_per_s"] for r in results],
             # CPU per message of the fresh replays (the worse of 1 and 3): what the figure above costs,
             # whatever else runs on the machine (load_1m: the 1-minute load average around each replay)
-            "service_cpu_us_per_event": max(results[i]["stats"]["service_cpu_us_per_event"] for i in (0, 2)),
-            "db_cpu_us_per_event": max(results[i]["stats"]["db_cpu_us_per_event"] for i in (0, 2)),
+            **cpu,
+            # the most this machine could settle if nothing else ran and its cores never waited: its cores'
+            # CPU-seconds per second over the CPU microseconds one event costs (service + Postgres + broker)
+            "cpu_bound_events_per_s": round(1e6 * (os.cpu_count() or 1) / max(sum(cpu.values()), 1)),
             "load_1m_by_replay": [r["stats"]["load_1m"] for r in results],
             "invoices_identical_across_replays": all(r["invoices"] == first for r in results),
             "ledger_rows_after_replay_2_equal_replay_1":
@@ -311,7 +332,7 @@ async def baseline(args: argparse.Namespace) -> dict:
         endpoints = stack.start()
         try:
             await produce(endpoints.kafka_bootstrap, work.messages)
-            one = (await replay(1, endpoints, work, Path(tmp), 0, True))["stats"]
+            one = (await replay(1, endpoints, work, Path(tmp), 0, True, broker=broker_pid(stack)))["stats"]
             print("baseline (one message per transaction) " + json.dumps(one), flush=True)
             batched = (await replay(2, endpoints, work, Path(tmp), args.batch_size, True))["stats"]
             print("same sample, batched " + json.dumps(batched), flush=True)
@@ -320,6 +341,10 @@ async def baseline(args: argparse.Namespace) -> dict:
     durable = await durable_broker(args, work)
     return {"baseline_sample_events": len(work.messages), "baseline_per_message_events_per_s": one["events_per_s"],
             "baseline_per_message_service_cpu_us_per_event": one["service_cpu_us_per_event"],
+            "baseline_per_message_db_cpu_us_per_event": one["db_cpu_us_per_event"],
+            "baseline_per_message_broker_cpu_us_per_event": one["broker_cpu_us_per_event"],
+            "baseline_per_message_cpu_bound_events_per_s": round(1e6 * (os.cpu_count() or 1) / max(
+                one["service_cpu_us_per_event"] + one["db_cpu_us_per_event"] + one["broker_cpu_us_per_event"], 1)),
             "baseline_per_message_load_1m": one["load_1m"],
             "sample_batched_events_per_s": batched["events_per_s"], **durable,
             "durable_broker_cost": round(1 - durable["durable_broker_sample_events_per_s"]
