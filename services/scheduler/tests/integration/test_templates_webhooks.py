@@ -4,6 +4,8 @@ HTTP receiver that checks every signature."""
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import json
 import time
 
@@ -134,24 +136,55 @@ async def test_templates_versions_overrides_pins_and_isolation(platform, setting
 
 
 class Receiver:
-    """A webhook receiver: checks each signature, fails the first `failures` calls of each event with a 500."""
+    """A webhook receiver on loopback (the test platform allow-lists 127.0.0.1): checks each
+    signature, fails the first `failures` calls of each event with a 500. `behaviour` "stream"
+    answers 200 and then a body without end; "silent" answers after the sender's deadline."""
 
-    def __init__(self, failures: int = 0, status: int = 200) -> None:
-        self.failures, self.status = failures, status
+    def __init__(self, failures: int = 0, status: int = 200, behaviour: str = "") -> None:
+        self.failures, self.status, self.behaviour = failures, status, behaviour
         self.secret = ""
         self.calls: list[dict] = []
         self.url = ""
 
-    async def handle(self, request: web.Request) -> web.Response:
+    async def handle(self, request: web.Request) -> web.StreamResponse:
         body = await request.read()
         self.calls.append({"body": json.loads(body), "event_id": request.headers.get("Whetstone-Event-Id"),
                            "signed": verify(self.secret, request.headers.get("Whetstone-Signature", ""), body),
-                           "t": int(request.headers.get("Whetstone-Signature", "t=0,").split(",")[0][2:])})
+                           "t": int(request.headers.get("Whetstone-Signature", "t=0,").split(",")[0][2:]),
+                           "host": request.headers.get("Host")})
         if sum(c["event_id"] == self.calls[-1]["event_id"] for c in self.calls) <= self.failures:
-            return web.Response(status=500, text="not yet")
+            return web.Response(status=500, text="not yet: internal detail SECRET-RECEIVER-TEXT")
         if self.status in (301, 302, 307):
-            return web.Response(status=self.status, headers={"Location": "http://127.0.0.1:9/elsewhere"})
+            return web.Response(status=self.status, headers={"Location": "http://127.0.0.1:9/elsewhere"},
+                                text="SECRET-RECEIVER-TEXT")
+        if self.behaviour == "silent":
+            await asyncio.sleep(4)
+        if self.behaviour == "stream":   # a body without end: the sender must not read it
+            resp = web.StreamResponse(status=200)
+            await resp.prepare(request)
+            with contextlib.suppress(ConnectionError, asyncio.CancelledError):
+                for _ in range(200):
+                    await resp.write(b"x" * 65536)
+                    await asyncio.sleep(0.05)
+            return resp
         return web.Response(status=self.status, text="ok")
+
+
+class Resolver:
+    """Stands in for DNS (nothing leaves this machine): names -> loopback answers; `rebind` names
+    answer 127.0.0.1 the first time (registration) and 127.0.0.2 (not allow-listed) afterwards."""
+
+    def __init__(self, names: list[str], rebind: list[str]) -> None:
+        self.names, self.rebind = names, rebind
+        self.asked: list[str] = []
+
+    async def __call__(self, host: str, port: int) -> list[str]:
+        self.asked.append(host)
+        if host in self.rebind:
+            return ["127.0.0.1"] if self.asked.count(host) == 1 else ["127.0.0.2"]
+        if host in self.names:
+            return ["127.0.0.1"]
+        raise OSError(f"{host} unknown to the test resolver")
 
 
 async def serve(*receivers: Receiver) -> web.AppRunner:
@@ -168,18 +201,43 @@ async def serve(*receivers: Receiver) -> web.AppRunner:
     return runner
 
 
+# issue 35: what a tenant once got a 200 for; each must be refused at registration, never stored
+INSIDE = ["http://127.0.0.1:8100/internal/keys/verify", "http://169.254.169.254/latest/meta-data/",
+          "http://[::1]:8000/", "http://0x7f000001:8104/", "http://2130706433:8100/", "http://10.0.0.1/",
+          "http://[::ffff:127.0.0.1]:8100/", "http://localhost:8100/", "http://scheduler:8100/"]
+
+
 async def test_webhooks_signed_retried_logged_and_filtered(platform, settings, tiny_model):
     flaky, quiet, redirect = Receiver(failures=2), Receiver(), Receiver(status=302)
-    runner = await serve(flaky, quiet, redirect)
+    named, rebound, streamer, silent = Receiver(), Receiver(), Receiver(behaviour="stream"), Receiver(behaviour="silent")
+    runner = await serve(flaky, quiet, redirect, named, rebound, streamer, silent)
+    port = int(flaky.url.rsplit(":", 1)[1].split("/")[0])
+    named.url = f"http://hooks.example.test:{port}/hook3"      # a name: resolved, then pinned
+    rebound.url = f"http://rebind.example.test:{port}/hook4"   # a name that resolves elsewhere after registration
+    resolver = Resolver(["hooks.example.test"], ["rebind.example.test"])
+    # only the loopback address and port the receivers listen on is allow-listed (127.0.0.2 is not)
     cfg = SchedulerSettings(node_timeout_s=300, webhook_backoff_s=0.3, webhook_poll_s=0.1, webhook_max_attempts=3,
-                            webhook_timeout_s=2)
+                            webhook_timeout_s=2, webhook_allow_hosts=[f"127.0.0.1:{port}"], webhook_max_per_tenant=7)
+
+    def build():
+        service = build_service(cfg)
+        service.context.resolve_host = resolver
+        return service
+
     try:
-        async with platform(lambda: build_service(cfg)) as p, httpx.AsyncClient(base_url=p.url("scheduler")) as http:
+        async with platform(build) as p, httpx.AsyncClient(base_url=p.url("scheduler")) as http:
             rt, DEMO, ACME = p["scheduler"], tenant("demo"), tenant("acme")
+            for url in INSIDE:   # refused as written: no address is asked about, nothing stored
+                r = await http.post("/v1/webhooks", headers=ACME, json={"url": url})
+                assert r.status_code == 400 and r.json()["error"]["param"] == "url", (url, r.text)
+            assert resolver.asked == [] and await rt.pool.fetchval("SELECT count(*) FROM webhooks") == 0
             hooks = {}
             for name, receiver, events in (("flaky", flaky, ["job.cancelled", "model.registered", "model.promoted"]),
                                            ("quiet", quiet, ["job.succeeded"]),
-                                           ("redirect", redirect, ["job.cancelled"])):
+                                           ("redirect", redirect, ["job.cancelled"]),
+                                           ("named", named, ["job.cancelled"]), ("rebound", rebound, ["job.cancelled"]),
+                                           ("streamer", streamer, ["job.cancelled"]),
+                                           ("silent", silent, ["job.cancelled"])):
                 r = await http.post("/v1/webhooks", headers=DEMO, json={"url": receiver.url, "events": events})
                 assert r.status_code == 200, r.text
                 receiver.secret = r.json()["secret"]
@@ -187,9 +245,14 @@ async def test_webhooks_signed_retried_logged_and_filtered(platform, settings, t
             listed = (await http.get("/v1/webhooks", headers=DEMO)).json()["data"]
             assert {h["id"] for h in listed} == set(hooks.values()) and all("secret" not in h for h in listed)
             for body, param in (({"url": "ftp://example.com/x"}, "url"), ({"url": "file:///etc/passwd"}, "url"),
-                                ({"url": flaky.url, "events": ["job.exploded"]}, "events.0")):
-                r = await http.post("/v1/webhooks", headers=DEMO, json=body)
+                                ({"url": flaky.url, "events": ["job.exploded"]}, "events.0"),
+                                ({"url": f"http://unknown.example.test:{port}/x"}, "url")):
+                r = await http.post("/v1/webhooks", headers=ACME, json=body)
                 assert r.status_code == 400 and r.json()["error"]["param"] == param, r.text
+            capped = await http.post("/v1/webhooks", headers=DEMO, json={"url": quiet.url})   # the eighth
+            assert capped.status_code == 400 and capped.json()["error"]["code"] == "webhook_limit_reached"
+            assert (await http.post("/v1/webhooks", headers=ACME, json={"url": quiet.url, "events": ["job.succeeded"]})
+                    ).status_code == 200                                                    # the cap is per tenant
 
             job = (await http.post("/v1/fine_tuning/jobs", headers=DEMO,
                                    json={"model": tiny_model, "training_file": "file-never"})).json()
@@ -225,12 +288,26 @@ async def test_webhooks_signed_retried_logged_and_filtered(platform, settings, t
             assert red["status"] == "failed" and red["attempts"] == 3 and red["last_status_code"] == 302
             assert "not followed" in red["last_error"] and len(redirect.calls) == 3
             assert quiet.calls == [] and (await log("quiet", 0)) == []   # filtered: only job.succeeded
+            assert not any("SECRET" in (d["last_error"] or "") or "elsewhere" in (d["last_error"] or "")
+                           for d in deliveries.values()) and red["last_error"] == "HTTP 3xx (redirects are not followed)"
+            # a name is resolved once per attempt and the connection goes to that address, the name in Host
+            got = (await wait_until(lambda: log("named", 1), 30, "named log"))[0]
+            assert got["status"] == "succeeded" and named.calls[0]["host"] == f"hooks.example.test:{port}"
+            # resolved to an allowed address at registration, elsewhere at delivery: never connected
+            bad = (await wait_until(lambda: log("rebound", 1), 30, "rebound log"))[0]
+            assert bad["status"] == "failed" and bad["last_status_code"] is None and rebound.calls == []
+            assert bad["last_error"] == "refused: the URL's host is not a public address"
+            # the receiver's body is never read (an endless one costs nothing); one deadline for the whole attempt
+            streamed = (await wait_until(lambda: log("streamer", 1), 30, "streamer log"))[0]
+            assert streamed["status"] == "succeeded" and streamed["attempts"] == 1
+            late = (await wait_until(lambda: log("silent", 1), 40, "silent log"))[0]
+            assert late["status"] == "failed" and late["last_error"] == "no answer within 2 s"
 
             # another tenant sees none of it; a deleted hook gets nothing more
             assert (await http.get(f"/v1/webhooks/{hooks['flaky']}/deliveries", headers=ACME)).status_code == 404
             assert (await http.delete(f"/v1/webhooks/{hooks['flaky']}", headers=ACME)).status_code == 404
             assert (await http.delete(f"/v1/webhooks/{hooks['flaky']}", headers=DEMO)).status_code == 200
             assert (await http.get(f"/v1/webhooks/{hooks['flaky']}", headers=DEMO)).status_code == 404
-            assert await rt.pool.fetchval("SELECT count(*) FROM webhook_deliveries") == 3
+            assert await rt.pool.fetchval("SELECT count(*) FROM webhook_deliveries") == 7
     finally:
         await runner.cleanup()

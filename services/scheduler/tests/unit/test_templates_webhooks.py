@@ -44,7 +44,7 @@ def test_a_template_body_holds_how_to_train_never_what_on():
 
 
 def test_urls_and_event_filters():
-    assert webhooks.check_url("https://example.com/hook") == "https://example.com/hook"
+    assert webhooks.check_url("https://example.com/hook").host == "example.com"
     for bad in ("ftp://example.com", "file:///etc/passwd", "https://user:pw@example.com/", "http:///nohost"):
         with pytest.raises(webhooks.WebhookError):
             webhooks.check_url(bad)
@@ -70,3 +70,78 @@ def test_backoff_grows_and_attempts_run_out():
     assert webhooks.outcome(204, 1, 5) == "succeeded"
     assert webhooks.outcome(500, 4, 5) == "pending" and webhooks.outcome(None, 5, 5) == "failed"
     assert webhooks.outcome(302, 1, 5) == "pending"
+
+
+# ------------------------------------------------------------------ where a webhook may point (issue 35)
+
+INSIDE = ["http://127.0.0.1:8100/internal/keys/verify", "http://169.254.169.254/latest/meta-data/",
+          "http://[::1]:8000/", "http://0x7f000001:8104/", "http://2130706433/", "http://0177.0.0.1/", "http://127.1/",
+          "http://0x7f.1/", "http://10.0.0.1/", "http://172.16.5.4/", "http://192.168.1.1/", "http://100.64.0.1/",
+          "http://0.0.0.0/", "http://0/", "http://224.0.0.1/", "http://240.0.0.1/", "http://255.255.255.255/",
+          "http://[::ffff:127.0.0.1]/", "http://[::ffff:7f00:1]/", "http://[::127.0.0.1]/", "http://[fe80::1]/",
+          "http://[fc00::1]/", "http://[fd12:3456::1]/", "http://[ff02::1]/", "http://[::]/", "http://[64:ff9b::a00:1]/",
+          "http://[2002:a00:1::]/", "http://[fec0::1]/", "http://localhost:8000/", "http://LOCALHOST./",
+          "http://scheduler:8100/", "http://scheduler.whetstone.svc.cluster.local/", "http://metadata.google.internal/",
+          "http://printer.local/", "http://api.localhost/", "http://1.2.3.4.5/", "http://256.0.0.1/", "http://09.0.0.1/",
+          "http://[fe80::1%25eth0]/", "http://%31%32%37.0.0.1/", "http://exa mple.com/", "http://bücher.example/"]
+
+
+@pytest.mark.parametrize("url", INSIDE)
+def test_a_webhook_may_not_point_inside(url):
+    with pytest.raises(webhooks.WebhookError) as exc:
+        webhooks.check_url(url)
+    assert exc.value.param == "url"
+
+
+def test_numeric_hosts_are_read_as_the_c_library_reads_them():
+    from ipaddress import IPv4Address
+
+    from whetstone.scheduler.domain import addresses
+    for host in ("127.0.0.1", "2130706433", "0x7f000001", "0177.0.0.1", "127.1", "0x7f.0.0.1", "127.0.1", "0x7F000001"):
+        assert addresses.inet_aton(host) == IPv4Address("127.0.0.1"), host
+    assert addresses.inet_aton("example.com") is None and addresses.inet_aton("1e100.net") is None
+    assert addresses.kind(addresses.literal("::ffff:10.0.0.1")).startswith("private")
+    assert addresses.kind(addresses.literal("8.8.8.8")) is None
+    assert addresses.kind(addresses.literal("2606:4700::1111")) is None
+
+
+def test_public_hosts_pass_and_the_target_pins_an_address():
+    from ipaddress import ip_address
+
+    target = webhooks.check_url("https://hooks.example.com/in?x=1")
+    assert (target.host, target.port, target.path, target.address) == ("hooks.example.com", 443, "/in?x=1", None)
+    assert target.host_header == "hooks.example.com"
+    assert target.url_to(ip_address("93.184.216.34")) == "https://93.184.216.34:443/in?x=1"
+    v6 = webhooks.check_url("http://[2606:4700::1111]:8080")
+    assert v6.address == ip_address("2606:4700::1111") and v6.host_header == "[2606:4700::1111]:8080"
+    assert v6.url_to(v6.address) == "http://[2606:4700::1111]:8080/"
+    assert webhooks.check_url("http://8.8.8.8/x").address == ip_address("8.8.8.8")
+
+
+def test_resolved_addresses_are_all_judged_and_the_allow_list_is_the_operators():
+    from ipaddress import ip_address
+
+    from whetstone.scheduler.domain import addresses
+    none = addresses.AllowList()
+    assert addresses.pin("hooks.example.com", 443, ["93.184.216.34", "2606:4700::1111"], none) == \
+        ip_address("93.184.216.34")
+    for answer in (["127.0.0.1"], ["93.184.216.34", "10.0.0.7"], ["::ffff:169.254.169.254"], [], ["not-an-ip"]):
+        with pytest.raises(addresses.AddressError) as exc:
+            addresses.pin("hooks.example.com", 443, answer, none)
+        assert "10.0.0.7" not in exc.value.reason     # a resolved internal address is never named back
+    loop = addresses.AllowList.parse(["127.0.0.1:9", "receiver.test", "[::1]:7", "10.9.0.0/16"])
+    assert webhooks.check_url("http://127.0.0.1:9/hook", loop).address == ip_address("127.0.0.1")
+    assert webhooks.check_url("http://[::1]:7/hook", loop).address == ip_address("::1")
+    assert webhooks.check_url("http://10.9.3.4/hook", loop).address == ip_address("10.9.3.4")
+    assert addresses.pin("hooks.example.com", 9, ["127.0.0.1"], loop) == ip_address("127.0.0.1")
+    for url in ("http://127.0.0.2:9/hook", "http://127.0.0.1:8100/hook", "http://0x7f000001:8100/", "http://[::1]:8/"):
+        with pytest.raises(webhooks.WebhookError):
+            webhooks.check_url(url, loop)           # the allow-list names 127.0.0.1:9 and [::1]:7 only
+    assert addresses.pin("receiver.test", 80, ["127.0.0.5"], loop) == ip_address("127.0.0.5")   # an allowed name
+    with pytest.raises(addresses.AddressError):
+        addresses.pin("hooks.example.com", 9, ["127.0.0.2"], loop)
+
+
+def test_only_a_status_class_is_told():
+    assert [webhooks.status_class(c) for c in (200, 302, 404, 503, None)] == \
+        ["HTTP 2xx", "HTTP 3xx", "HTTP 4xx", "HTTP 5xx", "HTTP ?"]

@@ -61,9 +61,15 @@ class SchedulerSettings(ServiceSettings):
     # tenant webhooks: 5 tries over about 3 minutes by default (backoff base, 4x, 16x, 64x)
     webhook_max_attempts: int = Field(5, ge=1, description="tries of one delivery before it is marked failed")
     webhook_backoff_s: float = Field(2.0, gt=0, description="wait after the first failure; x4 after each next")
-    webhook_timeout_s: float = Field(5.0, gt=0, description="a receiver's answer must come within this")
+    webhook_timeout_s: float = Field(5.0, gt=0, description="a delivery's whole deadline: resolving, connecting, "
+                                     "sending and the receiver's status line")
     webhook_poll_s: float = Field(1.0, gt=0, description="how often the sender looks for due deliveries")
     webhook_batch: int = Field(20, ge=1, description="deliveries one sender round claims")
+    webhook_max_per_tenant: int = Field(20, ge=0, description="live webhooks one tenant may have")
+    webhook_allow_hosts: list[str] = Field(default_factory=list, description="host names, addresses or networks "
+                                           "(CIDR), each optionally with :port, a webhook may reach although they "
+                                           "are not public, e.g. a test receiver on loopback: "
+                                           "'[\"127.0.0.1:8123\"]' (JSON list). Empty: public addresses only")
 
     @property
     def node_timeout(self) -> timedelta:

@@ -2,18 +2,20 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from datetime import datetime
 
 from .adapters.catalog import ModelCatalog
 from .adapters.metrics import SchedulerMetrics
+from .adapters.webhooks import system_resolve
 from .config import SchedulerSettings
 from .domain.forecast import Forecast
 from .domain.policy import Policy
 from .loop import SchedulingLoop
 
 Clock = Callable[[], datetime]
+Resolver = Callable[[str, int], Awaitable[list[str]]]   # (host, port) -> addresses
 
 
 @dataclass
@@ -25,3 +27,4 @@ class SchedulerContext:
     loop: SchedulingLoop
     models: ModelCatalog             # resolved base models (weights hashed once per version)
     forecasts: dict[str, Forecast] = field(default_factory=dict)   # queue position and start, from the last cycle
+    resolve_host: Resolver = system_resolve   # webhook hosts; injected in tests (a name -> a loopback receiver)

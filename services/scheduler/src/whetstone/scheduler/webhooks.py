@@ -3,8 +3,15 @@ deliveries for model events, and the background sender.
 
 A delivery row is written in the transaction that makes the change (a job's terminal status, by a
 database trigger whatever path made it; a model event, by its handler): an outbox. The sender
-claims due rows, POSTs them outside any transaction (signed, no redirects followed, a short
-timeout) and records the outcome; a failure is tried again with exponential backoff."""
+claims due rows, POSTs them outside any transaction and records the outcome; a failure is tried
+again with exponential backoff.
+
+A webhook reaches only public addresses (or the operator's allow-list): a URL's host is judged as
+written and, for a name, every address it resolves to, at registration and again at each delivery,
+which connects to the address it judged (Host header and TLS SNI name the host: a name that
+resolves elsewhere a moment later is never asked again). One deadline covers a whole delivery;
+redirects are not followed, the receiver's body is never read, and the tenant sees only the
+status code and its class, never the receiver's or the network's text."""
 
 from __future__ import annotations
 
@@ -26,8 +33,9 @@ from whetstone.runtime.messaging import UnitOfWork
 from whetstone.runtime.service import Handler, Runtime
 
 from .adapters.webhooks import WebhookStore
-from .context import SchedulerContext
+from .context import Resolver, SchedulerContext
 from .domain import webhooks as rules
+from .domain.addresses import Address, AddressError, AllowList, pin
 
 Rt = Runtime[SchedulerContext]
 
@@ -47,14 +55,22 @@ def routes(rt: Rt) -> APIRouter:
 
     @r.post("")
     async def create(body: CreateWebhook, caller: Caller = require("write")) -> dict:
+        cfg = rt.ctx.config
+        allow = AllowList.parse(cfg.webhook_allow_hosts)
         try:
-            url, events = rules.check_url(body.url), rules.check_events(body.events)
+            target, events = rules.check_url(body.url, allow), rules.check_events(body.events)
+            if target.address is None:   # a name: every address it resolves to now must be allowed too
+                await resolve_pinned(rt.ctx.resolve_host, target, allow, cfg.webhook_timeout_s)
         except rules.WebhookError as exc:
             raise ApiError(400, exc.message, code="invalid_value", param=exc.param) from exc
         secret = "whsec_" + secrets.token_urlsafe(32)
         async with rt.uow() as uow:
-            hook = await WebhookStore(uow.conn).add(f"wh_{secrets.token_hex(12)}", caller.tenant_id, url, events,
-                                                    secret, body.description, rt.ctx.clock())
+            store = WebhookStore(uow.conn)
+            if await store.count(caller.tenant_id) >= cfg.webhook_max_per_tenant:
+                raise ApiError(400, f"a tenant may have at most {cfg.webhook_max_per_tenant} webhooks; delete one "
+                               "first", code="webhook_limit_reached", param="url")
+            hook = await store.add(f"wh_{secrets.token_hex(12)}", caller.tenant_id, body.url, events,
+                                   secret, body.description, rt.ctx.clock())
         return {**hook, "secret": secret}   # shown once: only signatures carry it afterwards
 
     @r.get("")
@@ -122,18 +138,46 @@ def body_of(row: Any) -> bytes:
                        "data": payload}, separators=(",", ":"), sort_keys=True).encode()
 
 
-async def deliver(http: httpx.AsyncClient, row: Any) -> tuple[int | None, str | None]:
+async def resolve_pinned(resolve: Resolver, target: rules.Target, allow: AllowList, timeout_s: float) -> Address:
+    """The address to connect to: the literal, or the first of the name's addresses once all are
+    judged allowed. WebhookError (param url) otherwise, naming no address the name resolved to."""
+    if target.address is not None:
+        return target.address
+    try:
+        async with asyncio.timeout(timeout_s):
+            resolved = await resolve(target.host, target.port)
+    except (OSError, TimeoutError) as exc:
+        raise rules.WebhookError("url", f"host {target.host!r} could not be resolved") from exc
+    try:
+        return pin(target.host, target.port, resolved, allow)
+    except AddressError as exc:
+        raise rules.WebhookError("url", exc.reason) from exc
+
+
+async def deliver(http: httpx.AsyncClient, row: Any, allow: AllowList, resolve: Resolver,
+                  deadline_s: float) -> tuple[int | None, str | None]:
+    """(status code, the error the tenant sees: a status class or a fixed phrase, never a receiver's text)."""
     body = body_of(row)
     headers = {"Content-Type": "application/json", "User-Agent": "whetstone-webhooks/1",
                rules.SIGNATURE_HEADER: rules.sign(row["secret"], int(time.time()), body),
                rules.EVENT_ID_HEADER: row["event_id"], rules.EVENT_TYPE_HEADER: row["event_type"]}
     try:
-        resp = await http.post(row["url"], content=body, headers=headers)   # redirects are never followed
-    except httpx.HTTPError as exc:
-        return None, f"{type(exc).__name__}: {exc}"[:500]
-    error = None if resp.is_success else f"HTTP {resp.status_code}" + (
-        f" (redirect to {resp.headers.get('location')!r} not followed)" if resp.is_redirect else "")
-    return resp.status_code, error
+        async with asyncio.timeout(deadline_s):
+            target = rules.check_url(row["url"], allow)          # judged again: the allow-list may have changed
+            address = await resolve_pinned(resolve, target, allow, deadline_s)
+            extensions = {"sni_hostname": target.host} if target.scheme == "https" else {}
+            async with http.stream("POST", target.url_to(address), content=body,   # redirects are never followed
+                                   headers={**headers, "Host": target.host_header}, extensions=extensions) as resp:
+                code = resp.status_code                          # the body is never read
+    except rules.WebhookError:
+        return None, "refused: the URL's host is not a public address"
+    except TimeoutError:
+        return None, f"no answer within {deadline_s:g} s"
+    except httpx.HTTPError:
+        return None, "connection failed"
+    if 200 <= code < 300:
+        return code, None
+    return code, rules.status_class(code) + (" (redirects are not followed)" if 300 <= code < 400 else "")
 
 
 async def send_due(rt: Rt, http: httpx.AsyncClient) -> int:
@@ -144,7 +188,9 @@ async def send_due(rt: Rt, http: httpx.AsyncClient) -> int:
         rows = await WebhookStore(uow.conn).claim(clock(), lease, cfg.webhook_batch)
     if not rows:
         return 0
-    results = await asyncio.gather(*(deliver(http, row) for row in rows))
+    allow = AllowList.parse(cfg.webhook_allow_hosts)
+    results = await asyncio.gather(*(deliver(http, row, allow, rt.ctx.resolve_host, cfg.webhook_timeout_s)
+                                     for row in rows))
     async with rt.uow() as uow:
         store = WebhookStore(uow.conn)
         for row, (code, error) in zip(rows, results, strict=True):
@@ -161,7 +207,9 @@ async def send_webhooks(rt: Rt) -> None:
     """Background: never blocks a consumer; a slow receiver holds only this loop, for the timeout."""
     cfg = rt.ctx.config
     timeout = httpx.Timeout(cfg.webhook_timeout_s, connect=min(cfg.webhook_timeout_s, 3.0))
-    async with httpx.AsyncClient(follow_redirects=False, timeout=timeout, trust_env=False) as http:
+    # no connection is kept: each delivery connects to the address it judged just before
+    limits = httpx.Limits(max_keepalive_connections=0)
+    async with httpx.AsyncClient(follow_redirects=False, timeout=timeout, trust_env=False, limits=limits) as http:
         while True:
             try:
                 sent = await send_due(rt, http)

@@ -1,14 +1,22 @@
 """Postgres side of tenant webhooks: the hooks, the delivery outbox (rows written in the handler's
 transaction), claiming due deliveries (SKIP LOCKED: several scheduler replicas never send one
-twice at once) and recording each attempt."""
+twice at once) and recording each attempt. Also the system resolver the sender pins addresses with."""
 
 from __future__ import annotations
 
+import asyncio
 import json
+import socket
 from datetime import datetime, timedelta
 from typing import Any
 
 import asyncpg
+
+
+async def system_resolve(host: str, port: int) -> list[str]:
+    """Every address the system resolver gives for `host` (a name: literals never come here)."""
+    infos = await asyncio.get_running_loop().getaddrinfo(host, port, type=socket.SOCK_STREAM)
+    return [str(info[4][0]) for info in infos]
 
 
 def hook_view(row: asyncpg.Record) -> dict[str, Any]:
@@ -34,6 +42,13 @@ class WebhookStore:
             "INSERT INTO webhooks (webhook_id, tenant_id, url, events, secret, description, created_at)"
             " VALUES ($1,$2,$3,$4,$5,$6,$7) RETURNING *", webhook_id, tenant_id, url, events, secret, description, now)
         return hook_view(row)
+
+    async def count(self, tenant_id: str) -> int:
+        """The tenant's live webhooks, read under a lock on the tenant's rows (two creates at once
+        cannot both pass the cap)."""
+        await self.conn.execute("SELECT pg_advisory_xact_lock(hashtext('webhooks:' || $1))", tenant_id)
+        return await self.conn.fetchval("SELECT count(*) FROM webhooks WHERE tenant_id = $1 AND deleted_at IS NULL",
+                                        tenant_id)
 
     async def get(self, tenant_id: str, webhook_id: str) -> dict[str, Any] | None:
         row = await self.conn.fetchrow("SELECT * FROM webhooks WHERE webhook_id = $1 AND tenant_id = $2"

@@ -1,11 +1,15 @@
 """Tenant webhooks, pure: which URLs and event types are allowed, the signature a receiver checks,
-and when a failed delivery is tried again."""
+and when a failed delivery is tried again. Where a URL may point is `addresses`' rule."""
 
 from __future__ import annotations
 
 import hashlib
 import hmac
+import ipaddress
+from dataclasses import dataclass
 from urllib.parse import urlsplit
+
+from .addresses import Address, AddressError, AllowList, check_host
 
 EVENT_TYPES = ("job.succeeded", "job.failed", "job.cancelled", "model.registered", "model.promoted")
 SIGNATURE_HEADER = "Whetstone-Signature"
@@ -19,17 +23,58 @@ class WebhookError(ValueError):
         self.param, self.message = param, message
 
 
-def check_url(url: str) -> str:
+@dataclass(frozen=True)
+class Target:
+    """A checked webhook URL. The sender connects to a pinned address (`url_to`) and names the
+    host in the Host header (and TLS SNI) itself, so the name is resolved once per delivery."""
+
+    scheme: str
+    host: str                    # as written, lower case, IPv6 without brackets
+    port: int
+    path: str                    # path and query
+    address: Address | None      # the address a literal host names; None for a name
+
+    @property
+    def host_header(self) -> str:
+        host = f"[{self.host}]" if ":" in self.host else self.host
+        return host if self.port == (443 if self.scheme == "https" else 80) else f"{host}:{self.port}"
+
+    def url_to(self, address: Address) -> str:
+        where = f"[{address}]" if isinstance(address, ipaddress.IPv6Address) else str(address)
+        return f"{self.scheme}://{where}:{self.port}{self.path}"
+
+
+def check_url(url: str, allow: AllowList = AllowList()) -> Target:
+    """The URL's form and its host as written (a literal address is judged here; a name's resolved
+    addresses are judged by `addresses.pin` at registration and again at each delivery)."""
+    if len(url) > 2048:
+        raise WebhookError("url", "longer than 2048 characters")
+    if not url.isascii() or any(c.isspace() or ord(c) < 32 for c in url):
+        raise WebhookError("url", "must be ASCII without spaces or control characters (punycode a name)")
     parts = urlsplit(url)
     if parts.scheme not in ("http", "https"):
         raise WebhookError("url", "must be an http:// or https:// URL")
     if not parts.hostname:
         raise WebhookError("url", "has no host")
-    if parts.username or parts.password:
+    if parts.username or parts.password or "@" in parts.netloc:
         raise WebhookError("url", "must not carry credentials (the signature authenticates the platform)")
-    if len(url) > 2048:
-        raise WebhookError("url", "longer than 2048 characters")
-    return url
+    if "%" in parts.netloc or "\\" in url:
+        raise WebhookError("url", "the host must not be percent-encoded or hold a backslash")
+    try:
+        port = parts.port or (443 if parts.scheme == "https" else 80)
+    except ValueError as exc:
+        raise WebhookError("url", "has an invalid port") from exc
+    try:
+        address = check_host(parts.hostname, port, allow)
+    except AddressError as exc:
+        raise WebhookError("url", exc.reason) from exc
+    path = (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
+    return Target(parts.scheme, parts.hostname.lower(), port, path, address)
+
+
+def status_class(code: int | None) -> str:
+    """All a tenant learns of a receiver's answer besides its code: `HTTP 2xx` .. `HTTP 5xx`."""
+    return f"HTTP {code // 100}xx" if code is not None and 100 <= code < 600 else "HTTP ?"
 
 
 def check_events(events: list[str]) -> list[str]:
