@@ -126,6 +126,12 @@ async def test_templates_versions_overrides_pins_and_isolation(platform, setting
             broken = await http.post("/v1/templates", headers=yaml_headers, content="name: x\nmodel: [unclosed\n")
             assert broken.status_code == 400 and broken.json()["error"]["param"] == "body"
             assert "line" in broken.json()["error"]["message"]
+            # nested aliases (once 22 s of the scheduler and a 500, holding every other request): refused at once
+            levels = ['l0: &l0 ["lol","lol","lol","lol","lol","lol","lol","lol","lol"]'] + [
+                f"l{i}: &l{i} [" + ",".join([f"*l{i - 1}"] * 9) + "]" for i in range(1, 9)]
+            bomb = await http.post("/v1/templates", headers=yaml_headers,
+                                   content=f"name: x\nmodel: {tiny_model}\neval_config:\n  " + "\n  ".join(levels))
+            assert bomb.status_code == 400 and "aliases" in bomb.json()["error"]["message"], bomb.text
             assert (await http.get("/v1/templates/x", headers=DEMO)).status_code == 404
             # a job naming a template still gets the job rules: a bad override is a 400 naming it
             r = await http.post("/v1/fine_tuning/jobs", headers=DEMO, json={

@@ -145,3 +145,38 @@ def test_resolved_addresses_are_all_judged_and_the_allow_list_is_the_operators()
 def test_only_a_status_class_is_told():
     assert [webhooks.status_class(c) for c in (200, 302, 404, 503, None)] == \
         ["HTTP 2xx", "HTTP 3xx", "HTTP 4xx", "HTTP 5xx", "HTTP ?"]
+
+
+# ------------------------------------------------------------------ no parser bombs (issue 35 point 2)
+
+def yaml_bomb(levels: int) -> str:
+    """The billion-laughs shape: each level names the previous one nine times (a few hundred bytes)."""
+    lines = ['l0: &l0 ["lol","lol","lol","lol","lol","lol","lol","lol","lol"]']
+    lines += [f"l{i}: &l{i} [" + ",".join([f"*l{i - 1}"] * 9) + "]" for i in range(1, levels)]
+    return "name: bomb\nmodel: tiny-llama\neval_config:\n" + "\n".join("  " + x for x in lines) + "\n"
+
+
+def test_templates_refuse_aliases_tags_depth_and_size_before_building_anything():
+    import time
+
+    from whetstone.runtime.errors import ApiError
+    from whetstone.scheduler.templates import MAX_BODY, parse_body
+
+    ok = "name: t\nmodel: m\nmethod: {type: supervised, supervised: {hyperparameters: {n_epochs: 2}}}\nsuffix: 'x'\n"
+    assert parse_body(ok.encode(), "application/yaml")["method"]["supervised"]["hyperparameters"] == {"n_epochs": 2}
+    started = time.perf_counter()
+    cases = [(yaml_bomb(9), "aliases"), ("name: t\nmodel: &m x\n", "aliases"),
+             ("name: !!python/object/apply:os.system [ls]\n", "tags"), ("a: !custom 1\n", "tags"),
+             ("a: " + "[" * 30 + "]" * 30 + "\n", "levels"), ("[" * 30000 + "]" * 30000, "levels"),
+             ("\n".join(f"k{i}: [1, 2, 3, 4]" for i in range(1200)), "values")]
+    for text, word in cases:
+        with pytest.raises(ApiError) as exc:
+            parse_body(text.encode(), "application/yaml")
+        assert exc.value.status == 400 and exc.value.param == "body" and word in str(exc.value), (text[:40], exc.value)
+    assert time.perf_counter() - started < 2.0            # refused while reading, before anything is built
+    with pytest.raises(ApiError) as exc:
+        parse_body(b"[" * 30000 + b"]" * 30000, "application/json")
+    assert exc.value.status == 400
+    with pytest.raises(ApiError) as exc:
+        parse_body(b"a: 1\n" * (MAX_BODY // 5 + 1), "application/yaml")
+    assert exc.value.status == 413

@@ -5,6 +5,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 from typing import Any
 
@@ -23,6 +24,9 @@ from .requests import CreateJob, bad, to_request
 
 Rt = Runtime[SchedulerContext]
 MAX_BODY = 64 * 1024
+MAX_DEPTH = 20        # a job's deepest field (method.supervised.hyperparameters.x) is 4 levels down
+MAX_NODES = 5000
+SAFE_LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)   # libyaml where PyYAML was built with it
 YAML_TYPES = ("application/yaml", "application/x-yaml", "text/yaml", "text/x-yaml")
 
 
@@ -35,14 +39,42 @@ def not_found(ref: str) -> ApiError:
     return ApiError(404, f"No job template {ref!r}", code="template_not_found", param="template")
 
 
+def check_yaml_shape(text: str) -> None:
+    """Before anything is built: refuse anchors and aliases (a few hundred bytes of nested aliases
+    expand to gigabytes once the document is used), explicit tags, nesting deeper than MAX_DEPTH
+    and more than MAX_NODES nodes. Reading the events costs time linear in the text: the body cap
+    bounds it."""
+    depth = nodes = 0
+    for event in yaml.parse(text, Loader=SAFE_LOADER):
+        where = f" (line {event.start_mark.line + 1})"
+        if isinstance(event, yaml.AliasEvent) or getattr(event, "anchor", None) is not None:
+            raise bad("body", f"YAML anchors and aliases (&, *) are not accepted in a template{where}")
+        if isinstance(event, yaml.ScalarEvent | yaml.CollectionStartEvent) and event.tag is not None:
+            raise bad("body", f"YAML tags (!...) are not accepted in a template{where}")
+        if isinstance(event, yaml.CollectionStartEvent):
+            depth += 1
+            if depth > MAX_DEPTH:
+                raise bad("body", f"a template nests at most {MAX_DEPTH} levels deep{where}")
+        elif isinstance(event, yaml.CollectionEndEvent):
+            depth -= 1
+        if isinstance(event, yaml.NodeEvent):
+            nodes += 1
+            if nodes > MAX_NODES:
+                raise bad("body", f"a template holds at most {MAX_NODES} values{where}")
+
+
 def parse_body(raw: bytes, content_type: str) -> Any:
+    """Blocking (pure-Python parsing): run it in a thread, never on the event loop."""
     if len(raw) > MAX_BODY:
         raise ApiError(413, f"a template is at most {MAX_BODY} bytes", code="too_large", param="body")
     text = raw.decode("utf-8", errors="strict") if raw else ""
     try:
         if content_type.split(";")[0].strip().lower() in YAML_TYPES:
-            return yaml.safe_load(text)
+            check_yaml_shape(text)
+            return yaml.load(text, Loader=SAFE_LOADER)   # noqa: S506 (a safe loader)
         return json.loads(text)
+    except RecursionError as exc:
+        raise bad("body", f"a template nests at most {MAX_DEPTH} levels deep") from exc
     except (yaml.YAMLError, ValueError) as exc:
         where = getattr(exc, "problem_mark", None)
         line = f" (line {where.line + 1})" if where is not None else \
@@ -86,7 +118,8 @@ def routes(rt: Rt) -> APIRouter:
 
     @r.post("")
     async def create(request: Request, caller: Caller = require("write")) -> dict:
-        parsed = parse_body(await request.body(), request.headers.get("content-type", "application/json"))
+        parsed = await asyncio.to_thread(parse_body, await request.body(),
+                                         request.headers.get("content-type", "application/json"))
         try:
             name, fields = rules.split_body(parsed)
         except rules.TemplateError as exc:
