@@ -4,7 +4,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 PKGS   := -e contracts -e services/runtime -e services/devstack -e services/modelkit -e services/ingest -e services/scheduler \
           -e services/trainer-agent -e services/eval -e services/registry -e services/metering \
-          -e services/cli -e services/gateway -e services/serving
+          -e services/cli -e services/gateway -e services/serving -e services/graders
 
 .PHONY: venv demo test test-unit contracts contracts-check stack dev clean
 
@@ -26,6 +26,7 @@ demo: venv
 
 test: venv
 	sh deploy/tools/ensure-prometheus.sh  # prometheus + promtool for tests/ops (Debian package)
+	sh deploy/tools/ensure-bubblewrap.sh  # bwrap, the sandbox of python graders (Debian package)
 	$(BIN)/python -m pytest
 
 test-unit: venv

@@ -1,0 +1,12 @@
+"""The one error a grader definition can fail with before it runs: which field, and why."""
+
+from __future__ import annotations
+
+
+class GraderInvalid(ValueError):
+    """A grader that cannot be run as given. `param` names the offending field (dotted path under the
+    grader, e.g. `grader.graders.exact.input`), `code` is a stable machine-readable reason."""
+
+    def __init__(self, param: str, message: str, code: str = "invalid_grader") -> None:
+        super().__init__(f"{param}: {message}")
+        self.param, self.message, self.code = param, message, code
