@@ -76,6 +76,12 @@ bench-serving: venv
 bench-eval: venv
 	$(BIN)/python bench/eval.py $(ARGS)
 
+# LoRA / QLoRA / full fine-tuning of a random ~1.1B Llama on the GPU it finds (tiny on CPU); last line JSON.
+# Needs only torch, transformers, peft (+ bitsandbytes for QLoRA): on a GPU machine `python3 bench/gpu.py`.
+.PHONY: bench-gpu
+bench-gpu: venv
+	$(BIN)/python bench/gpu.py $(ARGS)
+
 # the chaos suite (minutes): six services as processes, ≥ 30 jobs, seeded faults; last line JSON
 .PHONY: chaos
 chaos: venv
