@@ -146,6 +146,8 @@ async def multi(grader: MultiGrader, sample: Sample, item: Any, env: GraderEnvir
     for name, outcome in zip(names, outcomes, strict=True):
         if isinstance(outcome, GraderFailed):
             failed = outcome
+        elif isinstance(outcome, MissingField):
+            raise MissingField(f"graders.{name}.{outcome.template}", outcome.path, str(outcome)) from outcome
         elif isinstance(outcome, BaseException):
             raise outcome
         else:

@@ -8,7 +8,7 @@ from datetime import UTC, datetime
 from fastapi import APIRouter
 from whetstone.runtime.service import Runtime, Service
 
-from . import api, handlers, keys_api, merges, templates, watchers, webhooks
+from . import api, graders_api, handlers, keys_api, merges, templates, watchers, webhooks
 from .adapters.catalog import ModelCatalog
 from .adapters.metrics import SchedulerMetrics
 from .adapters.migrations import MIGRATIONS
@@ -24,7 +24,7 @@ def utc_now() -> datetime:
 
 def routes(rt: Runtime[SchedulerContext]) -> APIRouter:
     router = APIRouter()
-    for part in (api.routes, templates.routes, webhooks.routes, keys_api.routes):
+    for part in (api.routes, templates.routes, webhooks.routes, keys_api.routes, graders_api.routes):
         router.include_router(part(rt))
     return router
 
