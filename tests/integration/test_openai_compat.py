@@ -124,6 +124,13 @@ async def run_compat(client: openai.AsyncOpenAI, other: openai.AsyncOpenAI) -> N
     checkpoints = (await client.fine_tuning.jobs.checkpoints.list(sft_job.id)).data
     assert checkpoints and all(c.object == "fine_tuning.job.checkpoint" and c.step_number > 0 for c in checkpoints)
     assert all(c.fine_tuned_model_checkpoint for c in checkpoints)
+    # metrics under OpenAI's names: the step, the training loss and token accuracy at that step, validation
+    # loss and token accuracy (the whole validation split, so also OpenAI's full_valid_*)
+    assert all(c.metrics.step == c.step_number for c in checkpoints)
+    assert any(c.metrics.train_loss is not None for c in checkpoints), checkpoints
+    periodic = [c for c in checkpoints if c.model_extra.get("kind") == "periodic"]
+    assert periodic and all(c.metrics.valid_loss is not None and c.metrics.full_valid_loss == c.metrics.valid_loss
+                            and 0 <= c.metrics.valid_mean_token_accuracy <= 1 for c in periodic), periodic
 
     # -- another tenant's key: 404 on every object, never its data
     calls = [other.files.retrieve(sft.id), other.files.content(sft.id), other.files.delete(sft.id),

@@ -21,7 +21,7 @@ from whetstone.trainer_agent.domain.launch import (
 )
 from whetstone.trainer_agent.domain.runs import Run
 from whetstone.trainer_agent.domain.supervision import (
-    classify_exit, completed_metrics, describe_exit, failure_message, free_gpu_ids, preempt_reason, progress_due,
+    classify_exit, completed_metrics, describe_exit, failure_message, free_gpu_ids, preempt_reason, ProgressCadence,
     progress_fields, reported_advice, stop_reason,
 )
 
@@ -474,12 +474,26 @@ def test_run_from_a_row_and_checkpoint_refs_from_stored_json():
     assert later.durable_checkpoint.step == 20
 
 
+def fields_of_accuracy(msg):
+    return progress_fields(msg)["token_accuracy"]
+
+
 def test_child_events_become_job_events():
     msg = {"event": "progress", "step": 5, "total_steps": 10, "loss": 1.5, "job_id": "j", "time": 1.0, "junk": 1}
     fields = progress_fields(msg)
     assert fields["step"] == 5 and fields["loss"] == 1.5 and fields["grad_norm"] is None and "junk" not in fields
-    assert not progress_due(msg, 0.1, 1.0) and progress_due(msg, 1.0, 1.0)
-    assert progress_due({**msg, "step": 10}, 0.0, 1.0)  # the last step is never throttled
+    assert fields_of_accuracy({**msg, "mean_token_accuracy": 0.5}) == 0.5  # the trainer's own name
+
+
+def test_progress_is_reported_at_a_steady_step_cadence():
+    cadence = ProgressCadence(interval_s=1.0)
+    times = {1: 3.0, 2: 0.25, **{s: 0.25 for s in range(3, 41)}}   # a slow first (warm-up) step, then 4 steps/s
+    due = [s for s in range(1, 41) if cadence.due({"step": s, "total_steps": 40, "step_time_s": times[s]})]
+    assert due == [1, 2, 4, 8, 12, 16, 20, 24, 28, 32, 36, 40]     # first, second, then every 4th and the last
+    fast = ProgressCadence(interval_s=1.0)
+    due = [s for s in range(1, 101) if fast.due({"step": s, "total_steps": 100, "step_time_s": 1.0 if s < 50 else 0.01})]
+    assert due[:4] == [1, 2, 3, 4] and due[-1] == 100
+    assert [s for s in due if 50 <= s < 100] == [64, 96]   # 100 steps/s: the stride doubles to 32, same grid
     done = {"event": "completed", "job_id": "j", "time": 2.0, "step": 10, "train_loss": 0.5, "nested": {"a": 1},
             "non_padding_fraction": None}
     assert completed_metrics(done) == {"step": 10, "train_loss": 0.5}

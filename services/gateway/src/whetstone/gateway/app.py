@@ -34,6 +34,8 @@ HOP_BY_HOP = frozenset({"connection", "keep-alive", "proxy-authenticate", "proxy
 DROP_REQUEST = HOP_BY_HOP | UNTRUSTED_HEADERS | {"authorization", "expect"}
 DROP_RESPONSE = HOP_BY_HOP | {"server", "date"}
 OWN_ROUTES = ("/healthz", "/metrics")
+# refusals the services answer themselves, counted with the edge's own in whetstone_refused_total
+UPSTREAM_REFUSALS = {401: "identity_refused", 403: "forbidden"}
 BUFFER_LIMIT = 1 << 20   # request bodies up to this size (JSON) are read whole; larger ones stream
 
 
@@ -161,6 +163,8 @@ class Gateway:
         try:
             self.metrics.latency.labels(service=service).observe(time.perf_counter() - began)
             self.metrics.requests.labels(service=service, status=str(resp.status)).inc()
+            if resp.status in UPSTREAM_REFUSALS:   # the service refused the verified caller (scope, operator only)
+                self.metrics.refused.labels(service=service, reason=UPSTREAM_REFUSALS[resp.status]).inc()
             await send({"type": "http.response.start", "status": resp.status,
                         "headers": [(k, v) for k, v in resp.raw_headers if k.decode("latin-1").lower()
                                     not in DROP_RESPONSE]})

@@ -36,14 +36,15 @@ def examples_loss(
     batch_size: int = 8,
 ) -> dict[str, float | int]:
     """Token-weighted mean next-token loss over the labelled tokens of pre-tokenized examples
-    (`{"input_ids", "labels"}`, labels -100 where not trained), in right-padded batches."""
+    (`{"input_ids", "labels"}`, labels -100 where not trained), in right-padded batches; `accuracy` is
+    the share of those tokens the model's argmax predicts."""
     import torch
     import torch.nn.functional as F
 
     device = next(model.parameters()).device
     was_training = model.training
     model.eval()
-    total_loss, total_tokens = 0.0, 0
+    total_loss, total_tokens, total_correct = 0.0, 0, 0
     try:
         with torch.no_grad():
             for i in range(0, len(examples), batch_size):
@@ -66,8 +67,11 @@ def examples_loss(
                     ignore_index=IGNORE_INDEX,
                     reduction="sum",
                 ).item()
-                total_tokens += int((shift_labels != IGNORE_INDEX).sum().item())
+                trained = shift_labels != IGNORE_INDEX
+                total_tokens += int(trained.sum().item())
+                total_correct += int(((shift_logits.argmax(-1) == shift_labels) & trained).sum().item())
     finally:
         model.train(was_training)
     loss = total_loss / total_tokens
-    return {"loss": loss, "perplexity": math.exp(min(loss, 700.0)), "tokens": total_tokens}
+    return {"loss": loss, "perplexity": math.exp(min(loss, 700.0)), "tokens": total_tokens,
+            "accuracy": total_correct / total_tokens}

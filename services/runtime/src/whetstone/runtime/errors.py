@@ -16,9 +16,10 @@ from typing import Any
 import asyncpg
 from aiokafka import errors as kafka_errors
 from botocore import exceptions as boto_errors
-from fastapi import FastAPI, HTTPException, Request
+from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
+from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from .delivery import unavailable_dependency
 
@@ -39,11 +40,17 @@ class ApiError(Exception):
         return JSONResponse(self.body(), status_code=self.status, headers=self.headers)
 
 
-def _from_http_exception(exc: HTTPException) -> ApiError:
+def _from_http_exception(exc: StarletteHTTPException) -> ApiError:
     detail = exc.detail
     if isinstance(detail, dict):
         return ApiError(exc.status_code, str(detail.get("message", detail)), code=detail.get("code"),
                         param=detail.get("param"), type=detail.get("type", _type_of(exc.status_code)),
+                        headers=exc.headers)
+    if exc.status_code == 404 and detail == "Not Found":      # the router's own: no route has this path
+        return ApiError(404, "Unknown request URL. Please check the URL and method; the routes are listed in "
+                        "the README's Public API section.", code="unknown_url")
+    if exc.status_code == 405:
+        return ApiError(405, f"This route does not take this method ({detail}).", code="method_not_allowed",
                         headers=exc.headers)
     return ApiError(exc.status_code, str(detail), type=_type_of(exc.status_code), headers=exc.headers)
 
@@ -74,8 +81,10 @@ def install_error_handlers(app: FastAPI) -> None:
     async def _api_error(_: Request, exc: ApiError) -> JSONResponse:
         return exc.response()
 
-    @app.exception_handler(HTTPException)
-    async def _http_error(_: Request, exc: HTTPException) -> JSONResponse:
+    # Starlette's class, not FastAPI's subclass: the router's own 404/405 for an unknown path or method
+    # are Starlette's and would otherwise answer {"detail": "Not Found"}
+    @app.exception_handler(StarletteHTTPException)
+    async def _http_error(_: Request, exc: StarletteHTTPException) -> JSONResponse:
         return _from_http_exception(exc).response()
 
     @app.exception_handler(RequestValidationError)

@@ -141,8 +141,9 @@ async def on_checkpoint_written(rt: Rt, uow: UnitOfWork, env: Envelope, ev: Chec
         return
     job.checkpoint_written(rt.ctx.clock(), ev.segment_id, ev.kind, ev.step, ev.uri, ev.manifest_sha256, ev.written_at)
     await store.save(job)
-    metrics = {**({"train_loss": job.progress["loss"]} if job.progress.get("step") == ev.step
-                  and job.progress.get("loss") is not None else {}), **ev.metrics}
+    at_step = job.progress if job.progress.get("step") == ev.step else {}
+    metrics = {**{name: at_step[key] for key, name in (("loss", "train_loss"), ("token_accuracy", "token_accuracy"))
+                  if at_step.get(key) is not None}, **ev.metrics}
     await store.add_checkpoint(job.job_id, ev.checkpoint_id, ev.step, ev.kind, ev.uri, ev.written_at, metrics)
 
 

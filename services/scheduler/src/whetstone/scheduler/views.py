@@ -100,8 +100,32 @@ def event_view(row: Mapping[str, Any]) -> dict[str, Any]:
             "level": row["level"], "message": row["message"], "type": row["type"], "data": row["data"]}
 
 
+# stored checkpoint metric -> OpenAI's names. The platform validates on the whole validation file at
+# every checkpoint, so its validation figures are both OpenAI's batch (`valid_*`) and full (`full_valid_*`) ones.
+CHECKPOINT_METRIC_NAMES = {
+    "train_loss": ("train_loss",), "token_accuracy": ("train_mean_token_accuracy",),
+    "train_mean_token_accuracy": ("train_mean_token_accuracy",),
+    "validation_loss": ("valid_loss", "full_valid_loss"),
+    "validation_mean_token_accuracy": ("valid_mean_token_accuracy", "full_valid_mean_token_accuracy"),
+}
+
+
+def checkpoint_metrics(step: int, stored: Mapping[str, Any] | None) -> dict[str, Any]:
+    """OpenAI's `fine_tuning.job.checkpoint.metrics`: step, train_loss, train_mean_token_accuracy, valid_loss,
+    valid_mean_token_accuracy, full_valid_loss, full_valid_mean_token_accuracy (None where not measured)."""
+    out: dict[str, Any] = {"step": step, "train_loss": None, "train_mean_token_accuracy": None, "valid_loss": None,
+                           "valid_mean_token_accuracy": None, "full_valid_loss": None,
+                           "full_valid_mean_token_accuracy": None}
+    for key, value in (stored or {}).items():
+        for name in CHECKPOINT_METRIC_NAMES.get(key, (key,)):
+            if out.get(name) is None:
+                out[name] = value
+    return out
+
+
 def checkpoint_view(job: Job, row: Mapping[str, Any]) -> dict[str, Any]:
     return {"id": row["checkpoint_id"], "object": "fine_tuning.job.checkpoint", "created_at": ts(row["created_at"]),
-            "fine_tuning_job_id": job.job_id, "step_number": row["step"], "metrics": row["metrics"],
+            "fine_tuning_job_id": job.job_id, "step_number": row["step"],
+            "metrics": checkpoint_metrics(row["step"], row["metrics"]),
             "fine_tuned_model_checkpoint": f"{job.fine_tuned_model or job.job_id}:ckpt-step-{row['step']}",
             "kind": row["kind"], "uri": row["uri"]}

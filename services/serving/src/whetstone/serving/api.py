@@ -52,6 +52,10 @@ def routes(rt: Runtime[ServingContext]) -> APIRouter:
 
     async def complete(req: openai.ChatCompletionRequest | openai.CompletionRequest, caller: Caller) -> Response:
         chat = isinstance(req, openai.ChatCompletionRequest)
+        refused = openai.unsupported(req)
+        if refused is not None:
+            ctx.metrics.rejected.labels(code=refused.code).inc()
+            raise ApiError(400, refused.message, code=refused.code, param=refused.param)
         with refusals():
             gen = await inference.start(ctx, caller.tenant_id, req)
         cid = f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex[:24]}"

@@ -9,7 +9,6 @@ import json
 import os
 import shutil
 import signal
-import time
 from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
@@ -37,11 +36,12 @@ from .domain.checkpoints import StaleAttempt, checkpoint_prefix
 from .domain.distributed import DistributedConfigError
 from .domain.runs import Run
 from .domain.supervision import (
+    CHECKPOINT_METRICS,
     classify_exit,
     completed_metrics,
     failure_message,
     preempt_reason,
-    progress_due,
+    ProgressCadence,
     progress_fields,
     reported_advice,
 )
@@ -59,7 +59,7 @@ class Segment:
     run: Run
     proc: asyncio.subprocess.Process | None = None
     terminal: bool = False
-    last_progress: float = 0.0
+    cadence: ProgressCadence | None = None       # which progress records are reported (set at the first)
     latest: CheckpointRef | None = None          # newest durable resumable checkpoint
     latest_at: datetime | None = None
     final: CheckpointRef | None = None
@@ -273,10 +273,9 @@ async def on_child_event(rt: AgentRuntime, seg: Segment, msg: dict[str, Any], st
             gpu_type=c.gpu_type, gpu_count=max(1, len(seg.gpu_ids)), spot=c.spot, started_at=started_at,
             total_steps=msg.get("total_steps"), resumed_from_step=msg.get("resumed_from_step")))
     elif kind == "progress":
-        now = time.monotonic()
-        if not progress_due(msg, now - seg.last_progress, c.progress_interval_s):
+        seg.cadence = seg.cadence or ProgressCadence(c.progress_interval_s)
+        if not seg.cadence.due(msg):
             return
-        seg.last_progress = now
         await seg.publish(JobProgressV1(job_id=seg.job_id, segment_id=seg.segment_id, attempt=seg.run.attempt,
                                         **progress_fields(msg)))
     elif kind == "checkpoint":
@@ -360,7 +359,7 @@ async def on_checkpoint(rt: AgentRuntime, seg: Segment, msg: dict[str, Any], scr
         job_id=seg.job_id, segment_id=seg.segment_id, attempt=seg.run.attempt,
         checkpoint_id=f"{seg.job_id}:{step}:{kind}", kind=kind,
         step=step, uri=up.uri, manifest_sha256=up.manifest_sha256, files=up.files, size_bytes=up.size_bytes,
-        written_at=now, metrics={k: float(msg[k]) for k in ("validation_loss",) if isinstance(msg.get(k), (int, float))}),
+        written_at=now, metrics={k: float(msg[k]) for k in CHECKPOINT_METRICS if isinstance(msg.get(k), (int, float))}),
         **columns)
     if kind != "final":
         await prune(rt, seg, prefix, local)

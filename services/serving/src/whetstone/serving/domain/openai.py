@@ -1,8 +1,14 @@
-"""OpenAI-compatible request bodies and response shapes (chat.completion, text_completion). Pure."""
+"""OpenAI-compatible request bodies and response shapes (chat.completion, text_completion). Pure.
+
+Every parameter OpenAI defines is either implemented or refused: `unsupported_parameter` names the
+first request field (or message field) that asks for something this server does not do (logprobs,
+tools, a JSON response format, penalties, ...), with its value left at OpenAI's default being fine;
+a field OpenAI does not define is refused as unknown. Nothing is silently ignored."""
 
 from __future__ import annotations
 
 import time
+from dataclasses import dataclass
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
@@ -11,7 +17,7 @@ ROLES = ("system", "user", "assistant")
 
 
 class _Request(BaseModel):
-    model_config = ConfigDict(extra="ignore")  # unknown OpenAI parameters are accepted and ignored
+    model_config = ConfigDict(extra="allow")  # kept so that `unsupported_parameter` can name them
 
     model: str = Field(min_length=1)
     max_tokens: int | None = Field(default=None, ge=1)
@@ -40,13 +46,13 @@ class _Request(BaseModel):
 
 
 class ContentPart(BaseModel):
-    model_config = ConfigDict(extra="ignore")
+    model_config = ConfigDict(extra="forbid")
     type: Literal["text"]
     text: str
 
 
 class ChatMessage(BaseModel):
-    model_config = ConfigDict(extra="ignore")
+    model_config = ConfigDict(extra="allow")
     role: Literal["system", "developer", "user", "assistant"]
     content: str | list[ContentPart]
 
@@ -79,6 +85,86 @@ class CompletionRequest(_Request):
 
     def token_limit(self) -> int | None:
         return self.max_tokens
+
+
+# -- what is refused ----------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class Unsupported:
+    param: str
+    message: str
+    code: str = "unsupported_parameter"
+
+
+def _default(value: Any, defaults: tuple[Any, ...]) -> bool:
+    return value in defaults or (isinstance(value, (list, dict)) and not value and None in defaults)
+
+
+# OpenAI parameters this server does not implement, with the values that ask for nothing (accepted)
+# and why a value beyond them is refused
+_NOT_IMPLEMENTED: dict[str, tuple[tuple[Any, ...], str]] = {
+    "logprobs": ((None, False), "token log probabilities are not computed"),
+    "top_logprobs": ((None, 0), "token log probabilities are not computed"),
+    "tools": ((None,), "the served models answer with text only, no tool calls"),
+    "tool_choice": ((None, "none"), "the served models answer with text only, no tool calls"),
+    "parallel_tool_calls": ((None,), "the served models answer with text only, no tool calls"),
+    "functions": ((None,), "the served models answer with text only, no function calls"),
+    "function_call": ((None, "none"), "the served models answer with text only, no function calls"),
+    "response_format": ((None,), "answers are plain text; only {\"type\": \"text\"} is accepted"),
+    "frequency_penalty": ((None, 0), "no frequency penalty is applied; only 0 is accepted"),
+    "presence_penalty": ((None, 0), "no presence penalty is applied; only 0 is accepted"),
+    "logit_bias": ((None,), "no logit bias is applied"),
+    "store": ((None, False), "completions are not stored; only false is accepted"),
+    "audio": ((None,), "answers are text only"),
+    "modalities": ((None,), "answers are text only; only [\"text\"] is accepted"),
+    "prediction": ((None,), "predicted outputs are not used"),
+    "web_search_options": ((None,), "there is no web search"),
+    "reasoning_effort": ((None,), "the served models have no reasoning effort setting"),
+    "verbosity": ((None,), "the served models have no verbosity setting"),
+    "service_tier": ((None, "auto", "default"), "there is one service tier (auto)"),
+    "echo": ((None, False), "the prompt is not echoed; only false is accepted"),
+    "best_of": ((None, 1), "use n for several answers"),
+    "suffix": ((None,), "text insertion with a suffix is not done"),
+}
+# accepted without effect on the answer: bookkeeping only, documented as such
+_BOOKKEEPING = frozenset({"metadata", "safety_identifier", "prompt_cache_key"})
+_MESSAGE_NOT_IMPLEMENTED = {
+    "tool_calls": "the served models answer with text only, no tool calls",
+    "function_call": "the served models answer with text only, no function calls",
+    "name": "the models' chat templates do not render participant names",
+    "audio": "messages are text only",
+}
+
+
+def unsupported(req: _Request) -> Unsupported | None:
+    """The first parameter of `req` that this server would otherwise have to ignore, or None."""
+    extra = dict(req.model_extra or {})
+    for name, value in extra.items():
+        if name in _BOOKKEEPING:
+            continue
+        rule = _NOT_IMPLEMENTED.get(name)
+        if rule is None:
+            return Unsupported(name, f"Unrecognized request argument supplied: {name}.", "unknown_parameter")
+        defaults, why = rule
+        if name == "response_format" and isinstance(value, dict) and value.get("type") == "text":
+            continue
+        if name == "modalities" and value == ["text"]:
+            continue
+        if name == "logprobs" and isinstance(req, CompletionRequest) and value is None:
+            continue
+        if not _default(value, defaults):
+            return Unsupported(name, f"`{name}` is not supported by this server: {why}.")
+    if isinstance(req, ChatCompletionRequest):
+        for i, m in enumerate(req.messages):
+            for name, value in (m.model_extra or {}).items():
+                if value is None or (isinstance(value, (list, dict)) and not value):
+                    continue        # what the client echoes back of an earlier answer (refusal: null, ...)
+                why = _MESSAGE_NOT_IMPLEMENTED.get(name)
+                param = f"messages[{i}].{name}"
+                if why is None:
+                    return Unsupported(param, f"Unrecognized message field supplied: {param}.", "unknown_parameter")
+                return Unsupported(param, f"`{param}` is not supported by this server: {why}.")
+    return None
 
 
 def usage(prompt_tokens: int, completion_tokens: int) -> dict[str, int]:

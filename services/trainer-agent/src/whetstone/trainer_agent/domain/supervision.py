@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import signal
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
@@ -89,14 +90,48 @@ PROGRESS_FIELDS = ("step", "total_steps", "epoch", "loss", "grad_norm", "learnin
 ENVELOPE_FIELDS = ("event", "job_id", "time")
 
 
+# a checkpoint's own metrics: validation over the whole validation file at that step
+CHECKPOINT_METRICS = ("validation_loss", "validation_mean_token_accuracy")
+
+
 def progress_fields(msg: Mapping[str, Any]) -> dict[str, Any]:
-    """job.progress fields from a recipe `progress` event (absent ones None)."""
-    return {k: msg.get(k) for k in PROGRESS_FIELDS}
+    """job.progress fields from a recipe `progress` event (absent ones None); the trainer logs its
+    token accuracy as `mean_token_accuracy`."""
+    fields = {k: msg.get(k) for k in PROGRESS_FIELDS}
+    if fields["token_accuracy"] is None:
+        fields["token_accuracy"] = msg.get("mean_token_accuracy")
+    return fields
 
 
-def progress_due(msg: Mapping[str, Any], seconds_since_last: float, interval_s: float) -> bool:
-    """Throttle: at most one job.progress per interval, but always the last step's."""
-    return seconds_since_last >= interval_s or msg.get("step") == msg.get("total_steps")
+@dataclass
+class ProgressCadence:
+    """Which recipe progress records (one per optimizer step) become job.progress: every `stride`-th
+    step, so the loss arrives at a steady cadence in steps and a loss curve has evenly spaced points.
+    The stride is fixed from the second record's measured step time (the first includes warm-up) to
+    about one report per `interval_s`, and only ever doubles (keeping the points on the same grid)
+    when steps get much faster. The first and the last step are always reported."""
+
+    interval_s: float
+    stride: int | None = None
+    reported: int = 0
+
+    def due(self, msg: Mapping[str, Any]) -> bool:
+        step, total = msg.get("step"), msg.get("total_steps")
+        if not isinstance(step, int):
+            return False
+        step_time = msg.get("step_time_s")
+        timed = isinstance(step_time, (int, float)) and step_time > 0
+        if self.reported == 0:
+            due = True
+        elif self.stride is None:
+            self.stride = max(1, math.ceil(self.interval_s / step_time)) if timed else 1
+            due = True
+        else:
+            while timed and step_time * self.stride * 4 < self.interval_s:
+                self.stride *= 2
+            due = step % self.stride == 0 or step == total
+        self.reported += due
+        return due
 
 
 def completed_metrics(msg: Mapping[str, Any]) -> dict[str, Any]:

@@ -1,4 +1,5 @@
-"""Validation components: model -> {"validation_loss", "validation_tokens"?}, run at each
+"""Validation components: model -> {"validation_loss", "validation_tokens"?,
+"validation_mean_token_accuracy"?}, run at each
 checkpoint (by the training monitor) and once at the end."""
 
 from __future__ import annotations
@@ -16,7 +17,8 @@ def examples_validator(examples: list[dict[str, Any]], *, pad_id: int, batch_siz
 
     def validate(model) -> dict[str, Any]:
         metrics = examples_loss(model, examples, pad_id=pad_id, batch_size=batch_size)
-        return {"validation_loss": metrics["loss"], "validation_tokens": metrics["tokens"]}
+        return {"validation_loss": metrics["loss"], "validation_tokens": metrics["tokens"],
+                "validation_mean_token_accuracy": metrics["accuracy"]}
 
     return validate
 
