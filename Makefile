@@ -87,3 +87,8 @@ bench-gpu: venv
 chaos: venv
 	rm -f .whetstone/chaos-report.json; WHETSTONE_CHAOS=1 $(BIN)/python -m pytest tests/chaos -m chaos -q -s; status=$$?; \
 	cat .whetstone/chaos-report.json 2>/dev/null || echo '{"error": "no chaos report"}'; exit $$status
+
+# grader run latency per type (string_check, text_similarity, multi, sandboxed python); last line JSON
+.PHONY: bench-graders
+bench-graders: venv
+	$(BIN)/python bench/graders.py $(ARGS)
