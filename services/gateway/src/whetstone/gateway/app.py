@@ -25,6 +25,7 @@ from whetstone.runtime.identity import UNTRUSTED_HEADERS, identity_headers, inte
 
 from .auth import KeysUnavailable, KeyVerifier, Verdict
 from .config import GatewaySettings
+from .limits import BodyTooLarge, body_limit, counted, declared_too_large
 from .ratelimit import RateLimiter, retry_after_header
 from .routing import bearer, owner_of
 
@@ -130,7 +131,11 @@ class Gateway:
             await send_error(send, admitted)
             return
         service, base, verdict = admitted
-        await self.forward(scope, receive, send, raw, headers, service, base, verdict)
+        limit = body_limit(self.settings, scope["path"])
+        if (refusal := declared_too_large(headers, limit)) is not None:
+            await send_error(send, self.refused(service, "body_too_large", refusal))
+            return
+        await self.forward(scope, counted(receive, limit), send, raw, headers, service, base, verdict)
 
     async def forward(self, scope: dict, receive, send, raw: list, headers: dict[str, str], service: str, base: str,
                       verdict: Verdict) -> None:
@@ -143,18 +148,26 @@ class Gateway:
         url = base + path + (f"?{query}" if query else "")
         length = headers.get("content-length")
         data: Any = None
-        if "transfer-encoding" in headers or (length and length.isdigit() and int(length) > BUFFER_LIMIT):
-            data = request_body(receive)             # streamed, chunk by chunk
-        elif length and length != "0":
+        chunked = "transfer-encoding" in headers
+        if scope["path"] in self.settings.upload_paths and (
+                chunked or (length and length.isdigit() and int(length) > BUFFER_LIMIT)):
+            data = request_body(receive)             # an upload: streamed, chunk by chunk
+        elif chunked or (length and length != "0"):  # at most max_body_bytes (counted): read whole
             try:
                 data = b"".join([chunk async for chunk in request_body(receive)])
             except ClientGone:
                 return                               # the caller left before sending its body: nothing to do
+            except BodyTooLarge as exc:
+                await send_error(send, self.refused(service, "body_too_large", exc.error()))
+                return
         began = time.perf_counter()
         try:
             resp = await self.session().request(scope["method"], url, headers=out, data=data, allow_redirects=False)
         except ClientGone:
             return                                   # the caller left mid-upload: the upstream saw it end early
+        except BodyTooLarge as exc:                  # streamed past the cap: the upstream saw it end early
+            await send_error(send, self.refused(service, "body_too_large", exc.error()))
+            return
         except (aiohttp.ClientError, asyncio.TimeoutError, OSError) as exc:
             await send_error(send, self.refused(service, "upstream_unreachable", ApiError(
                 502, f"The {service} service did not answer ({type(exc).__name__}); retry shortly.",

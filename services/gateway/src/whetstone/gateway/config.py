@@ -27,6 +27,12 @@ class GatewaySettings(BaseSettings):
     rate_limit_burst_s: float = Field(default=2.0, gt=0, description="bucket size, in seconds of the key's rate")
     upstream_timeout_s: float = Field(default=600.0, gt=0, description="read timeout towards a service (SSE included)")
     max_connections: int = 512
+    max_body_bytes: int = Field(default=1 << 20, gt=0, description="largest request body of a route (JSON); "
+                                "larger: 413, before it is read when Content-Length says so")
+    upload_paths: list[str] = Field(default_factory=lambda: ["/v1/files"],
+                                    description="routes that stream a large body (uploads), up to max_upload_bytes")
+    max_upload_bytes: int = Field(default=10 * 1024**3, gt=0, description="largest upload (ingest's own cap is "
+                                  "WHETSTONE_INGEST_MAX_UPLOAD_BYTES)")
     keep_alive_s: int = Field(default=75, description="idle keep-alive towards clients (longer than theirs)")
     upstream_keep_alive_s: float = Field(default=2.0, description="idle keep-alive towards the services: shorter "
                                          "than their servers' 5 s, so a reused connection is never one being closed")

@@ -17,4 +17,5 @@ def build_service(config: IngestSettings | None = None) -> Service[IngestContext
     return Service(name="ingest", migrations=MIGRATIONS,
                    subscriptions={"dataset.submitted": handlers.on_dataset_submitted, **file_usage.SUBSCRIPTIONS},
                    http_port=config.http_port, context=context, routes=api.routes,
-                   background=[validation_worker] * config.validation_workers, probes=validations.PROBES)
+                   background=[validation_worker] * config.validation_workers, probes=validations.PROBES,
+                   upload_paths=("/v1/files",))   # streamed to disk under max_upload_bytes

@@ -15,7 +15,7 @@ from typing import Literal
 from datetime import UTC, datetime
 
 from fastapi import APIRouter, HTTPException, Query
-from pydantic import BaseModel
+from pydantic import BaseModel, Field
 
 from whetstone.runtime.errors import ApiError
 from whetstone.runtime.identity import Caller, require
@@ -67,7 +67,7 @@ def _current_lines(segment_rows: list) -> list:
 
 class ReviewDecision(BaseModel):
     decision: Literal["charge", "refund"]
-    note: str = ""
+    note: str = Field(default="", max_length=2000)
 
 
 def operator_only(caller: Caller) -> None:
@@ -96,7 +96,8 @@ def routes(rt: Runtime) -> APIRouter:
         if job is None:
             raise HTTPException(404, {"code": "no_usage", "message": f"no metered usage for {job_id} yet"})
         segment_rows = [x for x in rows if x["scope"] == "segment"]
-        total_row = next((x for x in rows if x["scope"] == "job"), None)
+        # the job's current total: its last charge (an outcome corrected after close reverses the first)
+        total_row = next((x for x in reversed(rows) if x["scope"] == "job" and x["entry"] == "charge"), None)
         return {"job_id": job_id, "tenant_id": x_tenant_id, "status": "closed" if total_row else "open",
                 "total": _total(total_row, segment_rows) if total_row else None,
                 "lines": [_entry(x) for x in _current_lines(segment_rows)],

@@ -28,7 +28,7 @@ SHA_RE = re.compile(r"^[0-9a-f]{40}$|^[0-9a-f]{64}$")
 
 
 class NewVersion(BaseModel):
-    sha256: str = Field(description="the new pinned revision: a 64-hex sha256 (or a 40-hex git commit)")
+    sha256: str = Field(max_length=64, description="the new pinned revision: a 64-hex sha256 (or a 40-hex git commit)")
     uri: str | None = Field(None, max_length=2000, description="where the new weights are")
     reason: str = Field("new base-model revision", min_length=1, max_length=2000)
 

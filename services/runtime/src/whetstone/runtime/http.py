@@ -1,9 +1,10 @@
-"""Per-service HTTP: /healthz, /metrics, plus the service's own routes."""
+"""Per-service HTTP: /healthz, /metrics, plus the service's own routes, behind a request-body cap."""
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable, Callable
+import json
+from collections.abc import Awaitable, Callable, Collection
 
 import uvicorn
 from fastapi import FastAPI, Response
@@ -40,19 +41,95 @@ class ServiceMetrics:
         self.up.labels(service=service).set(1)
 
 
-def make_app(service: str, metrics: ServiceMetrics, checks: dict[str, HealthCheck]) -> FastAPI:
-    app = FastAPI(title=f"whetstone-{service}")
+DEFAULT_MAX_BODY = 1 << 20
+DRAIN_AFTER_REFUSAL = 1 << 20
+
+
+def too_large_body(limit: int) -> bytes:
+    return json.dumps({"error": {"message": f"The request body is larger than this route accepts ({limit} bytes).",
+                                 "type": "invalid_request_error", "param": None,
+                                 "code": "request_too_large"}}).encode()
+
+
+class BodyLimit:
+    """ASGI: a request whose body is larger than `limit` bytes is answered 413 in OpenAI's shape.
+    A Content-Length over the limit is refused before one byte is read; a body without one
+    (chunked) is counted as it arrives and refused once past the limit (the app then sees the
+    client gone). Paths in `exempt` (uploads that stream to disk under their own limit) pass.
+    The bound keeps one request from holding the event loop parsing megabytes of JSON, and keeps
+    every field a body can carry far below what the bus accepts."""
+
+    def __init__(self, app, limit: int = DEFAULT_MAX_BODY, exempt: Collection[str] = ()) -> None:
+        self.app, self.limit, self.exempt = app, limit, frozenset(exempt)
+
+    async def refuse(self, send, status: int = 413, body: bytes | None = None) -> None:
+        body = body if body is not None else too_large_body(self.limit)
+        await send({"type": "http.response.start", "status": status,
+                    "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode()),
+                                (b"connection", b"close"), (b"x-should-retry", b"false")]})
+        await send({"type": "http.response.body", "body": body, "more_body": False})
+
+    async def __call__(self, scope, receive, send) -> None:
+        if scope["type"] != "http" or scope["path"] in self.exempt:
+            await self.app(scope, receive, send)
+            return
+        length = next((v for k, v in scope["headers"] if k == b"content-length"), None)
+        if length is not None:
+            if not length.isdigit():
+                await self.refuse(send, 400, json.dumps({"error": {
+                    "message": "Content-Length is not a number.", "type": "invalid_request_error", "param": None,
+                    "code": "invalid_request"}}).encode())
+                return
+            if int(length) > self.limit:
+                await self.refuse(send)
+                return
+        state = {"seen": 0, "refused": False, "started": False}
+
+        async def counted() -> dict:
+            message = await receive()
+            if message["type"] == "http.request":
+                state["seen"] += len(message.get("body", b""))
+                if state["seen"] > self.limit:
+                    drained = 0     # read (and drop) a little more first, so a client still sending reads the 413
+                    while message.get("more_body") and drained < DRAIN_AFTER_REFUSAL:
+                        message = await receive()
+                        drained += len(message.get("body", b""))
+                    if not state["started"]:
+                        state["refused"] = True
+                        await self.refuse(send)
+                    return {"type": "http.disconnect"}     # the app stops reading: its own answer is dropped
+            return message
+
+        async def guarded(message: dict) -> None:
+            if state["refused"]:
+                return
+            state["started"] = True
+            await send(message)
+
+        try:
+            await self.app(scope, counted, guarded)
+        except Exception:
+            if not state["refused"]:
+                raise
+
+
+def make_app(service: str, metrics: ServiceMetrics, checks: dict[str, HealthCheck], *, docs: bool = False) -> FastAPI:
+    """`docs`: serve /docs and /openapi.json (development only; the documents stay buildable in
+    process, `app.openapi()`, for tests and tools)."""
+    app = FastAPI(title=f"whetstone-{service}", docs_url="/docs" if docs else None, redoc_url=None,
+                  openapi_url="/openapi.json" if docs else None)
     install_error_handlers(app)  # every error in OpenAI's shape {"error": {message, type, param, code}}
 
     @app.get("/healthz")
     async def healthz(response: Response) -> dict:
+        """Which dependency is down, never why: error texts name hosts, paths and credentials."""
         results = {}
         for name, check in checks.items():
             try:
                 await asyncio.wait_for(check(), timeout=3)
                 results[name] = "ok"
-            except Exception as exc:
-                results[name] = f"error: {exc}"
+            except Exception:
+                results[name] = "unavailable"
         ok = all(v == "ok" for v in results.values())
         response.status_code = 200 if ok else 503
         return {"service": service, "status": "ok" if ok else "degraded", "checks": results}

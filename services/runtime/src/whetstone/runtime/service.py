@@ -43,7 +43,7 @@ from .assignment import watch_assignment
 from .batching import BatchHandler, consume_batch, undecoded
 from .identity import internal_secret
 from .lifecycle import bounded, supervise
-from .http import HttpServer, ServiceMetrics, make_app
+from .http import BodyLimit, HttpServer, ServiceMetrics, make_app
 from .logging import bound_contextvars, configure_logging, get_logger
 from .messaging import OutboxRelay, UnitOfWork, current_envelope, decode, parse_payload, unit_of_work
 from .s3 import ObjectStore
@@ -84,6 +84,9 @@ class Service(Generic[C]):
     probes: Sequence[observability.Probe] = ()
     # Optional: extra options of the Kafka consumer (e.g. session_timeout_ms, group_instance_id).
     consumer_options: dict[str, Any] = field(default_factory=dict)
+    # Paths whose routes stream a large body under their own limit (uploads); every other route
+    # takes at most `max_body_bytes` (runtime/http.py BodyLimit).
+    upload_paths: Sequence[str] = ()
 
     @property
     def schema(self) -> str:
@@ -183,13 +186,15 @@ class Runtime(Generic[C]):
             await self.service.on_start(self)
         for bg in self.service.background:
             self._tasks.append(asyncio.create_task(supervise(self, bg), name=f"{self.name}-{bg.__name__}"))
-        app = make_app(self.name, self.metrics, {"postgres": self._check_db, "kafka": self._check_kafka})
+        app = make_app(self.name, self.metrics, {"postgres": self._check_db, "kafka": self._check_kafka},
+                       docs=s.api_docs)
         app.state.internal_secret = internal_secret(s.data_dir)  # resolved once: identity checks read it per request
         app.include_router(trace_routes(self.name, self.trace))
         if self.service.routes:
             app.include_router(self.service.routes(self))
         self.app: FastAPI = app
-        self.http = HttpServer(app, s.http_host, self.service.http_port)
+        self.http = HttpServer(BodyLimit(app, s.max_body_bytes, self.service.upload_paths), s.http_host,
+                               self.service.http_port)
         await self.http.start()
         self.log.info("service started", migrations_applied=applied, http_port=self.http.port,
                       topics=list(self.service.subscriptions))

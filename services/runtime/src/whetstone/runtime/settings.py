@@ -42,6 +42,10 @@ class CommonSettings(BaseSettings):
     retention_interval_s: float = Field(default=600.0, gt=0, description="how often retention runs")
     http_host: str = Field(default="127.0.0.1", description="bind address of every service's HTTP server; "
                            "0.0.0.0 in a cluster (WHETSTONE_HTTP_HOST)")
+    max_body_bytes: int = Field(default=1 << 20, gt=0, description="largest request body a service route takes "
+                                "(uploads stream under their own limit); larger: 413 before it is read")
+    api_docs: bool = Field(default=False, description="serve /docs and /openapi.json on the service ports "
+                           "(development only: they map every route, internal ones included)")
     log_level: str = "INFO"
     log_json: bool = True
     # Kafka security (production: Strimzi SCRAM-SHA-512 users, deploy/kafka/users.yaml); unset = PLAINTEXT

@@ -9,8 +9,10 @@
 
 from __future__ import annotations
 
+from typing import Annotated
+
 from fastapi import APIRouter
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, StringConstraints
 from whetstone.runtime.errors import ApiError
 from whetstone.runtime.identity import (
     Caller,
@@ -26,15 +28,15 @@ from .context import SchedulerContext
 
 class CreateKey(BaseModel):
     model_config = ConfigDict(extra="forbid")
-    tenant_id: str | None = Field(default=None, description="default: the caller's tenant")
+    tenant_id: str | None = Field(default=None, max_length=64, description="default: the caller's tenant")
     name: str = Field(default="", max_length=200)
-    scopes: list[str] | None = None
+    scopes: list[Annotated[str, StringConstraints(max_length=64)]] | None = Field(default=None, max_length=16)
     rate_limit_per_s: float | None = Field(default=None, gt=0, le=100_000)
 
 
 class CreateProducerToken(BaseModel):
     model_config = ConfigDict(extra="forbid")
-    tenant_id: str | None = Field(default=None, description="default: the caller's tenant")
+    tenant_id: str | None = Field(default=None, max_length=64, description="default: the caller's tenant")
     name: str = Field(default="", max_length=200)
 
 

@@ -11,9 +11,10 @@ scales the method's default learning rate."""
 
 from __future__ import annotations
 
-from typing import Any, Literal
+import json
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, StringConstraints, ValidationError
 
 from whetstone.contracts import Hyperparameters, JobRequestedV1, ResourceRequest
 from whetstone.runtime.errors import ApiError
@@ -26,9 +27,26 @@ FAMILY = {"lora": "supervised", "qlora": "supervised", "full": "supervised", "cp
 DEFAULT_FOR = {"supervised": "lora", "dpo": "dpo"}
 
 
+def json_at_most(limit: int):
+    """A free-form JSON field, at most `limit` bytes once serialised (the event carries it)."""
+    def check(value: Any) -> Any:
+        if value is not None and len(json.dumps(value, separators=(",", ":"))) > limit:
+            raise ValueError(f"at most {limit} bytes of JSON")
+        return value
+    return AfterValidator(check)
+
+
+# OpenAI's own limits where it has them (metadata: 16 pairs, keys 64 characters, values 512)
+MetadataKey = Annotated[str, StringConstraints(min_length=1, max_length=64)]
+MetadataValue = Annotated[str, StringConstraints(max_length=512)]
+FileId = Annotated[str, StringConstraints(min_length=1, max_length=128)]
+Hyperparams = Annotated[dict[Annotated[str, StringConstraints(max_length=64)], Any], Field(max_length=40),
+                        json_at_most(4096)]
+
+
 class MethodConfig(BaseModel):
     model_config = ConfigDict(extra="forbid")
-    hyperparameters: dict[str, Any] = Field(default_factory=dict)
+    hyperparameters: Hyperparams = Field(default_factory=dict)
 
 
 class PlatformMethod(BaseModel):
@@ -46,20 +64,21 @@ class MethodSpec(BaseModel):
 
 class CreateJob(BaseModel):
     model_config = ConfigDict(extra="forbid")
-    model: str | None = Field(default=None, min_length=1)   # required unless a template gives it
+    # every field bounded (issue 35): no body can make an event larger than the bus takes
+    model: str | None = Field(default=None, min_length=1, max_length=256)   # required unless a template gives it
     template: str | None = Field(default=None, min_length=1, max_length=80, description="'name' or 'name@version'")
-    training_file: str = Field(min_length=1)
-    validation_file: str | None = None
+    training_file: FileId
+    validation_file: FileId | None = None
     method: MethodSpec | Literal["lora", "qlora", "full", "cpt", "dpo", "orpo"] | None = None
-    hyperparameters: dict[str, Any] | None = None
+    hyperparameters: Hyperparams | None = None
     suffix: str | None = Field(default=None, max_length=64)
-    seed: int | None = Field(default=None, ge=0)
-    metadata: dict[str, str] | None = Field(default=None, max_length=16)
-    integrations: list[dict[str, Any]] | None = None
-    tier: str | None = None
+    seed: int | None = Field(default=None, ge=0, le=2**31 - 1)
+    metadata: dict[MetadataKey, MetadataValue] | None = Field(default=None, max_length=16)
+    integrations: list[Annotated[dict[str, Any], json_at_most(2048)]] | None = Field(default=None, max_length=8)
+    tier: str | None = Field(default=None, max_length=32)
     idempotency_key: str | None = Field(default=None, min_length=1, max_length=255)
     resources: Literal["auto"] | ResourceRequest = "auto"
-    eval_config: dict[str, Any] | None = None
+    eval_config: Annotated[dict[str, Any], Field(max_length=32), json_at_most(16384)] | None = None
 
 
 def bad(param: str, message: str, code: str = "invalid_value") -> ApiError:
@@ -114,6 +133,8 @@ def hyperparameters(method: str, given: dict[str, Any], param: str) -> Hyperpara
 
 
 def to_request(body: CreateJob, job_id: str, key: str) -> JobRequestedV1:
+    if not 1 <= len(key) <= 255:
+        raise bad("Idempotency-Key", "must be 1 to 255 characters")
     if not body.model:
         raise bad("model", "Field required (or name a template that gives it)", code="missing_required_parameter")
     method, nested = platform_method(body)

@@ -28,13 +28,13 @@ VERSION_HEADER = "x-whetstone-model-version"
 
 class VariantBody(BaseModel):
     model_config = ConfigDict(extra="forbid")
-    model: str = Field(min_length=1, description="a model id (one version)")
-    weight: float = Field(ge=0)
+    model: str = Field(min_length=1, max_length=256, description="a model id (one version)")
+    weight: float = Field(ge=0, le=1e6)
 
 
 class RouteBody(BaseModel):
     model_config = ConfigDict(extra="forbid")
-    variants: list[VariantBody] = Field(min_length=1)
+    variants: list[VariantBody] = Field(min_length=1, max_length=16)
 
 
 def routes(rt: Runtime[ServingContext]) -> APIRouter:

@@ -54,6 +54,8 @@ def split_body(body: Any) -> tuple[str, dict[str, Any]]:
         raise TemplateError("model", "required: the base model")
     if "description" in body and not isinstance(body["description"], str):
         raise TemplateError("description", "must be a string")
+    if len(body.get("description") or "") > 2000:
+        raise TemplateError("description", "at most 2000 characters")
     return name, fields
 
 

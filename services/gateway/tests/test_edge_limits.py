@@ -1,0 +1,78 @@
+"""Bodies and fields are bounded at the edge and at the service (issue 35 point 2), on a real
+embedded stack: a 200 MB declared body is a 413 before it is read (the gateway and the service
+port alike), a streamed one is counted, every field of a job create has a maximum, and the
+service ports serve no API documents and no error text on /healthz."""
+
+import asyncio
+import time
+
+import httpx
+import pytest
+
+from whetstone.gateway.config import GatewaySettings
+from whetstone.gateway.server import start_gateway
+
+pytestmark = pytest.mark.integration
+MB = 1 << 20
+
+
+async def status_line(port: int, head: str) -> tuple[bytes, float]:
+    """Send only the headers (a body that never comes) and read the status line."""
+    started = time.perf_counter()
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    writer.write(head.encode())
+    await writer.drain()
+    line = await asyncio.wait_for(reader.readline(), 10)
+    writer.close()
+    return line, time.perf_counter() - started
+
+
+async def test_bodies_and_fields_are_bounded(platform):
+    from whetstone.cli.keys import create_key
+    from whetstone.scheduler.bootstrap import build_service as scheduler
+
+    async with platform(scheduler) as p:
+        sched = p.url("scheduler")
+        gw = await start_gateway(GatewaySettings(), {"scheduler": sched}, port=0)
+        try:
+            demo = await asyncio.to_thread(create_key, "demo", base_url=sched)
+            auth = {"Authorization": f"Bearer {demo['key']}"}
+            head = (f"POST /v1/fine_tuning/jobs HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {demo['key']}\r\n"
+                    "Content-Type: application/json\r\nContent-Length: 200000000\r\n\r\n")
+            for port in (gw.port, int(sched.rsplit(":", 1)[1])):   # the edge, and the service port behind it
+                line, took = await status_line(port, head)
+                assert line.startswith(b"HTTP/1.1 413") and took < 5, (port, line, took)
+            async with httpx.AsyncClient(base_url=gw.url, timeout=30) as c:
+                # 60 million characters of training_file once made a job: now refused unread
+                big = await c.post("/v1/fine_tuning/jobs", headers=auth,
+                                   json={"model": "tiny-llama", "training_file": "f" * (2 * MB)})
+                assert big.status_code == 413 and big.json()["error"]["code"] == "request_too_large", big.text
+
+                async def chunks():
+                    for _ in range(40):
+                        yield b" " * (64 * 1024)
+
+                streamed = await c.post("/v1/fine_tuning/jobs", headers={**auth, "Content-Type": "application/json"},
+                                        content=chunks())
+                assert streamed.status_code == 413, streamed.text
+                # each field has a maximum (OpenAI's where it has one): a 400 naming it
+                for body, param in (({"training_file": "f" * 129}, "training_file"),
+                                    ({"training_file": "f", "suffix": "s" * 65}, "suffix"),
+                                    ({"training_file": "f", "metadata": {f"k{i}": "v" for i in range(17)}}, "metadata"),
+                                    ({"training_file": "f", "metadata": {"k": "v" * 513}}, "metadata"),
+                                    ({"training_file": "f", "model": "m" * 257}, "model"),
+                                    ({"training_file": "f", "eval_config": {"x": "y" * 20000}}, "eval_config"),
+                                    ({"training_file": "f", "hyperparameters": {f"h{i}": 1 for i in range(41)}},
+                                     "hyperparameters")):
+                    r = await c.post("/v1/fine_tuning/jobs", headers=auth, json={"model": "tiny-llama", **body})
+                    assert r.status_code == 400 and param in (r.json()["error"]["param"] or ""), (param, r.text)
+                r = await c.post("/v1/fine_tuning/jobs", headers={**auth, "Idempotency-Key": "k" * 300},
+                                 json={"model": "tiny-llama", "training_file": "f"})
+                assert r.status_code == 400 and r.json()["error"]["param"] == "Idempotency-Key", r.text
+            async with httpx.AsyncClient(base_url=sched, timeout=30) as direct:
+                for path in ("/docs", "/openapi.json"):
+                    assert (await direct.get(path)).status_code == 404, path
+                health = (await direct.get("/healthz")).json()
+                assert set(health["checks"].values()) <= {"ok", "unavailable"}, health
+        finally:
+            await gw.stop()
