@@ -62,6 +62,18 @@ class DatasetValidatedV1(Event):
     cost_estimate: dict[str, Any] | None = None
 
 
+class FileCreatedV1(Event):
+    """A file the platform made for a tenant (today: a job's results CSV, OpenAI's `result_files`)."""
+
+    EVENT_TYPE = "file.created"
+    file_id: str
+    purpose: Literal["fine-tune-results"] = "fine-tune-results"
+    filename: str
+    size_bytes: int = Field(ge=0)
+    job_id: str | None = Field(default=None, description="the job the file belongs to")
+    uri: str = Field(description="s3:// object holding the content")
+
+
 # --------------------------------------------------------------------- jobs
 
 

@@ -69,6 +69,9 @@ class ModelRegisteredV1(Event):
     model_id: str
     name: str
     stage: Literal["dev", "staging", "production", "archived", "quarantined"]
+    fine_tuned_model: str | None = Field(
+        default=None, description="the version's public id (OpenAI's fine_tuned_model, naming.fine_tuned_model_for);"
+        " absent: an older producer, the model_id is its id")
     artifact_uri: str
     artifact_sha256: str = Field(description="sha256 of the artifact's manifest.json")
     lineage: Lineage
@@ -85,6 +88,7 @@ class ModelPromotedV1(Event):
     to_stage: str
     reason: str
     name: str | None = None
+    fine_tuned_model: str | None = Field(default=None, description="the version's public id (see ModelRegisteredV1)")
     artifact_uri: str | None = None
     artifact_sha256: str | None = Field(default=None, description="sha256 of the artifact's manifest.json")
     files: dict[str, str] = Field(default_factory=dict, description="artifact file (relative path) -> sha256")

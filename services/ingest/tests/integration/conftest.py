@@ -35,7 +35,7 @@ def run_gate(path: Path, tmp: Path, *, settings: IngestSettings | None = None, r
     gate = make_gate(s, request or GateRequest(), tokenizer=tokenizer,
                      references=reference_index(s, list(references)), toxicity=toxicity_classifier(s))
     source = open_source(path, name=name, workdir=tmp / "source", max_line_bytes=s.max_line_bytes,
-                         limits=archive_limits(s))
+                         image_line_bytes=s.max_record_bytes, limits=archive_limits(s))
     return gate.run(source, tmp / "gate")
 
 

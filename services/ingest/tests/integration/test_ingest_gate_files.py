@@ -19,6 +19,7 @@ from whetstone.ingest.adapters.formats import HubSource, check_name
 from whetstone.ingest.cli import check_main
 from whetstone.ingest.config import IngestSettings
 from whetstone.ingest.domain.issues import ERROR_CODES
+from whetstone.ingest.domain.report import IMAGE_ISSUES
 from whetstone.ingest.gates import GateRequest
 
 pytestmark = pytest.mark.integration
@@ -27,6 +28,7 @@ pytestmark = pytest.mark.integration
 SERVICE_CODES = {"file_too_large", "unsafe_name", "dataset_id_mismatch", "unknown_tenant", "source_outside_tenant",
                  "source_missing", "base_model_unavailable", "processing_failed",
                  "tools_unsupported"}  # tested in test_ingest_layouts.py
+SERVICE_CODES |= IMAGE_ISSUES  # tested in test_ingest_images.py (which checks it covers every one)
 SEEN: set[str] = set()
 
 
@@ -184,7 +186,7 @@ def test_hub_ids_without_a_reachable_hub_are_rejected_with_a_reason(monkeypatch)
 def test_row_errors_all_reported_with_line_numbers(tmp_path, kit):
     u = {"role": "user", "content": "q"}
     a = {"role": "assistant", "content": "a"}
-    image = {"role": "assistant", "content": [{"type": "image_url", "image_url": {"url": "https://x/y.png"}}]}
+    audio = {"role": "user", "content": [{"type": "input_audio", "input_audio": {"data": "AAAA", "format": "wav"}}]}
     bad_call = {"role": "assistant", "content": None, "tool_calls": [{"type": "function", "function": {"name": "f"}},
                                                                       {"type": "function", "function": {}}]}
     bad = [
@@ -209,7 +211,7 @@ def test_row_errors_all_reported_with_line_numbers(tmp_path, kit):
         b'{"messages": "' + b"x" * 3000 + b'"}',                                  # 19 line_too_long
         b'{"messages": [{"role": "user", "content": "q"}], "score": NaN}',        # 20 invalid_number
         b'{"messages": "a\x00b"}',                                                # 21 binary_content
-        {"messages": [u, image]},                                                 # 22 content_part_unsupported
+        {"messages": [audio, a]},                                                 # 22 content_part_unsupported
         {"messages": [u, bad_call]},                                              # 23 bad_tool_call
         {"messages": [u, a], "id": 7, "source": "web"},                           # 24 fine: extra keys ignored
     ]

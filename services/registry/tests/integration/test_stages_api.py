@@ -9,9 +9,9 @@ from pathlib import Path
 import asyncpg
 import httpx
 import pytest
-from openai import AsyncOpenAI, NotFoundError
+from openai import AsyncOpenAI, NotFoundError, PermissionDeniedError
 
-from whetstone.contracts import Metric
+from whetstone.contracts import Metric, fine_tuned_model_for
 from whetstone.devstack.testing import outbox
 from whetstone.registry.bootstrap import build_service
 from whetstone.runtime.checkpoints import download_checkpoint
@@ -59,7 +59,7 @@ async def test_lifecycle_promote_replace_rollback_archive(platform, kit):
             assert stages == {v1: "archived", v2: "production"}
             # rollback: v1 back, v2 archived, in one step
             r = await c.post(f"/v1/models/{v2}/rollback", json={"reason": "bad answers"}, headers=promoter)
-            assert r.status_code == 200 and (r.json()["id"], r.json()["stage"]) == (v1, "production")
+            assert r.status_code == 200 and (r.json()["model_id"], r.json()["stage"]) == (v1, "production")
             assert (await c.get(f"/v1/models/{v2}", headers=writer)).json()["stage"] == "archived"
             # bad input
             r = await c.post(f"/v1/models/{v1}/rollback", json={"reason": "x"}, headers=writer)
@@ -127,11 +127,26 @@ async def test_auto_promotion_openai_client_and_a_promotion_race(platform, kit):
 
         client = AsyncOpenAI(base_url=p.url("registry") + "/v1", api_key="unused",
                              default_headers=kit.headers("demo", *PROMOTER), max_retries=0)
+        # OpenAI's ids: a version is listed, retrieved and deleted by its job's `fine_tuned_model`; the
+        # internal id stays a field (and still resolves); the platform's bases follow the tenant's models
         listed = await client.models.list()
-        assert {m.id for m in listed.data} == {auto, first, second}
-        one = await client.models.retrieve(second)
+        public = {m.model_extra["model_id"]: m.id for m in listed.data if m.owned_by == "demo"}
+        assert set(public) == {auto, first, second}
+        assert public[second] == fine_tuned_model_for("tiny-llama", "demo", "support", "ftjob-r2")
+        assert public[auto] == fine_tuned_model_for("tiny-llama", "demo", "auto", "ftjob-auto")
+        assert [(m.id, m.model_extra["model_type"]) for m in listed.data if m.owned_by == "whetstone"] == \
+            [("tiny-llama", "base")]
+        one = await client.models.retrieve(public[second])
         assert one.object == "model" and one.owned_by == "demo" and one.model_extra["lineage"]
-        deleted = await client.models.delete(second)
-        assert deleted.deleted and deleted.id == second
+        assert one.id == public[second] and one.model_extra["model_id"] == second
+        assert (await client.models.retrieve(second)).id == public[second]
+        assert (await client.models.retrieve("tiny-llama")).owned_by == "whetstone"
+        with pytest.raises(PermissionDeniedError):   # the platform's base is not the tenant's to delete
+            await client.models.delete("tiny-llama")
+        deleted = await client.models.delete(public[second])
+        assert deleted.deleted and deleted.id == public[second]
+        assert (await client.models.retrieve(public[second])).model_extra["stage"] == "archived"
         with pytest.raises(NotFoundError):
             await client.models.retrieve("wsm-nope")
+        with pytest.raises(NotFoundError):
+            await client.models.retrieve(fine_tuned_model_for("tiny-llama", "acme", "support", "ftjob-r2"))

@@ -145,10 +145,12 @@ def _run(gate, settings: IngestSettings, path: Path, hub: str | None, args) -> t
         tmpd = Path(tmp)
         try:
             source = HubSource.open(hub) if hub else open_source(
-                path, workdir=tmpd / "source", max_line_bytes=settings.max_line_bytes, limits=archive_limits(settings))
+                path, workdir=tmpd / "source", max_line_bytes=settings.max_line_bytes,
+                image_line_bytes=settings.max_record_bytes, limits=archive_limits(settings))
             if args.validation_file:
                 validation = open_source(Path(args.validation_file), workdir=tmpd / "validation",
-                                         max_line_bytes=settings.max_line_bytes, limits=archive_limits(settings))
+                                         max_line_bytes=settings.max_line_bytes,
+                                         image_line_bytes=settings.max_record_bytes, limits=archive_limits(settings))
                 source = _combined_source(source, validation)
         except SourceError as exc:
             return GateReport.rejected(exc.issue, file=str(hub or path)), {}

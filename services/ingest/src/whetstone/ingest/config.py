@@ -7,6 +7,7 @@ from pydantic_settings import SettingsConfigDict
 from whetstone.runtime.settings import ServiceSettings
 
 from .domain.cost import DEFAULT_PRICES, DEFAULT_THROUGHPUT
+from .domain.images import ImageLimits
 from .domain.policies import Policies
 
 
@@ -24,6 +25,13 @@ class IngestSettings(ServiceSettings):
     max_compression_ratio: float = 200.0
     max_archive_members: int = 10_000
     batch_size: int = 512
+    max_image_bytes: int = Field(default=10 * 1024**2, description="bytes per image (decoded), as OpenAI")
+    max_image_pixels: int = Field(default=36_000_000, description="pixels per image, read from the header before "
+                                  "decoding (decompression bombs)")
+    max_images_per_example: int = Field(default=10, ge=1, description="images per example, as OpenAI")
+    max_image_examples: int = Field(default=50_000, ge=0, description="examples with images per file, as OpenAI")
+    image_fetch: bool = Field(default=False, description="https:// image URLs: not fetched by this version (refused "
+                              "with a clear error either way); embed images as base64 data URLs")
     workers: int = Field(default=1, ge=1, description="processes for the gate's pure per-row work (1, the default:"
                          " no pool; measured on 2 cores, the pool cost 20-50 % more CPU per row than it saved);"
                          " results are identical either way")
@@ -45,6 +53,18 @@ class IngestSettings(ServiceSettings):
     throughput_table: dict[str, dict[str, float]] = Field(default_factory=lambda: DEFAULT_THROUGHPUT)
     gpu_prices: dict[str, dict[str, float]] = Field(default_factory=lambda: DEFAULT_PRICES)
     work_dir: Path | None = Field(default=None, description="scratch space for uploads; default: system temp")
+
+    @property
+    def image_limits(self) -> ImageLimits:
+        return ImageLimits(self.max_image_bytes, self.max_image_pixels, self.max_images_per_example,
+                           self.max_image_examples, self.image_fetch)
+
+    @property
+    def max_record_bytes(self) -> int:
+        """The longest line read: `max_line_bytes` of text plus the images an example may carry as base64
+        (a longer line is refused unread; a row's text is still held to `max_line_bytes`)."""
+        limits = self.image_limits
+        return self.max_line_bytes + limits.max_per_example * limits.max_base64_chars
 
     def policies_for(self, tenant_id: str) -> Policies:
         return Policies().merged(self.default_policies).merged(self.tenant_policies.get(tenant_id))

@@ -62,7 +62,8 @@ def make_gate(s: IngestSettings, req: GateRequest, *, tokenizer: BaseModelTokeni
     config = GateConfig(purpose=req.purpose, policies=policies, min_examples=s.min_examples,
                         max_examples=s.max_examples_for(req.tier), validation_fraction=s.validation_fraction,
                         max_line_bytes=s.max_line_bytes, batch_size=s.batch_size, epochs=req.epochs or s.default_epochs,
-                        throughput=s.throughput_table, prices=s.gpu_prices, workers=s.workers)
+                        throughput=s.throughput_table, prices=s.gpu_prices, workers=s.workers,
+                        images=s.image_limits)
     params = model_params(tokenizer.location) if tokenizer else (None, "default")
     return DataGate(config, tokenizer=tokenizer, references=references, toxicity=toxicity, model_params=params,
                     progress=progress, extra_warnings=warnings, token_counts=token_counts)

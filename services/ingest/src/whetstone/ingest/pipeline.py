@@ -31,12 +31,14 @@ from pathlib import Path
 from .adapters.formats import Source
 from .domain.contamination import ReferenceIndex
 from .domain.cost import DEFAULT_PRICES, DEFAULT_THROUGHPUT
+from .domain.images import ImageLimits
 from .domain.issues import Issue
 from .domain.minhash import LshParams, MinHasher
 from .domain.policies import Policies
 from .domain.report import (
     ContaminationReport,
     GateReport,
+    ImageReport,
     NearDupReport,
     PiiReport,
     TokenizationReport,
@@ -79,6 +81,7 @@ class GateConfig:
     chunk_rows: int = 1024          # records per chunk handed to a worker
     parallel_min_rows: int = 4096   # a pool is started only after this many records (small files stay serial)
     parallel_min_bytes: int = 1 << 20   # ... or at once for a file this large (or a source of min_rows rows)
+    images: ImageLimits = field(default_factory=ImageLimits)
 
 
 @dataclass
@@ -122,10 +125,11 @@ class DataGate:
             toxicity=ToxicityReport(pol.toxicity, getattr(self.toxicity, "name", None)),
             tokenization=TokenizationReport(max_len, pol.over_length, tok.ref if tok else None,
                                             tok.hash if tok else None, token_fingerprint(
-                                                tok.hash, pol.pii, max_len, pol.over_length) if tok else None))
+                                                tok.hash, pol.pii, max_len, pol.over_length) if tok else None),
+            images=ImageReport.for_limits(cfg.images))
         findings = Findings(pol, workdir / "audit.jsonl", cfg.max_listed)
         layouts = LayoutGate(purpose=cfg.purpose)
-        rows = RowPass(layouts, findings, sections.pii, cfg.max_line_bytes, source)
+        rows = RowPass(layouts, findings, sections.pii, cfg.max_line_bytes, source, sections.images)
         exact = ExactDedup(findings)
         screens: list[Contamination | Toxicity] = []
         if self.references:
@@ -136,7 +140,8 @@ class DataGate:
         store = CandidateStore(workdir, hasher)
         builtin = self.toxicity if isinstance(self.toxicity, WordlistToxicity) else None
         preparer = Preparer(PrepareContext(pol.pii, cfg.max_line_bytes, self.references or None, builtin, hasher,
-                                           keep_text=self.toxicity is not None and builtin is None),
+                                           keep_text=self.toxicity is not None and builtin is None,
+                                           images=cfg.images),
                             layouts, workdir, workers=cfg.workers, chunk_rows=cfg.chunk_rows,
                             min_rows=cfg.parallel_min_rows)
         timings: dict[str, float] = {}
@@ -174,6 +179,7 @@ class DataGate:
                     cached = cached if usable else None
                 tokenise = Tokenise(tok, findings, tokenization, cached, workdir / "lengths.tsv")
             written = write_outputs(store, near.drop, workdir, tokenise, max_len, self.progress)
+            _count_images(sections.images, written, tok)
             timings["pass2_s"] = time.perf_counter() - t
         finally:
             preparer.close()
@@ -211,3 +217,14 @@ class DataGate:
         if source.has_validation:      # a validation set was given: no split of the training file
             return p.origin
         return 1 if in_validation_split(p.digest, self.config.validation_fraction) else 0
+
+
+def _count_images(report: ImageReport | None, written, tok: TokenizerPort | None) -> None:
+    """The images of the rows written; with a vision base, its own image token count."""
+    if report is None:
+        return
+    report.images, report.rows_with_images = written.images, written.image_rows
+    per_image = getattr(tok, "image_seq_length", None) if tok is not None else None
+    if per_image:
+        report.image_tokens = written.images * per_image
+        report.image_tokens_source = f"base model processor: {per_image} tokens per image"

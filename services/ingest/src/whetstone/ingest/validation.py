@@ -171,6 +171,7 @@ def process_upload(rt: Runtime[IngestContext], tenant_id: str, ev: DatasetSubmit
 
         try:
             source = open_source(raw_path, name=name, workdir=tmpd / "source", max_line_bytes=cfg.max_line_bytes,
+                                 image_line_bytes=cfg.max_record_bytes,
                                  limits=archive_limits(cfg))
         except SourceError as exc:
             return rejected(exc.issue)

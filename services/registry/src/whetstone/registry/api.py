@@ -12,7 +12,7 @@ from whetstone.runtime.errors import ApiError
 from whetstone.runtime.identity import Caller, require
 from whetstone.runtime.service import Runtime
 
-from . import downloads, promotion
+from . import base_listing, downloads, promotion
 from .downloads import not_found
 from .adapters.store import ModelStore
 from .context import RegistryContext
@@ -39,7 +39,8 @@ def iso(value: Any) -> Any:
 
 async def model_view(store: ModelStore, m: ModelRecord, *, detail: bool = True) -> dict[str, Any]:
     view: dict[str, Any] = {
-        "id": m.model_id, "object": "model", "created": int(m.created_at.timestamp()), "owned_by": m.tenant_id,
+        "id": m.public_id, "object": "model", "created": int(m.created_at.timestamp()), "owned_by": m.tenant_id,
+        "model_id": m.model_id, "fine_tuned_model": m.fine_tuned_model, "model_type": "fine_tuned",
         "name": m.name, "stage": m.stage, "needs_reeval": m.needs_reeval, "job_id": m.job_id,
         "artifact_uri": m.artifact_uri, "artifact_sha256": m.artifact_sha256,
     }
@@ -54,27 +55,43 @@ async def model_view(store: ModelStore, m: ModelRecord, *, detail: bool = True) 
 def routes(rt: Runtime[RegistryContext]) -> APIRouter:
     r = APIRouter(prefix="/v1/models")
     cfg = rt.ctx.config
+    catalog = rt.settings.model_catalog
+
+    async def internal_id(ref: str, tenant_id: str) -> str:
+        """The internal id of the tenant's version named by its public or internal id (else `ref` itself)."""
+        async with rt.uow() as uow:
+            model = await ModelStore(uow.conn).get(ref, tenant_id)
+        return model.model_id if model else ref
 
     @r.get("")
     async def list_models(caller: Caller = require("read"), job_id: str | None = None, name: str | None = None,
                           after: str | None = None, limit: int = Query(100, ge=1, le=1000),
                           lineage: bool | None = None) -> dict:
+        """The tenant's fine-tuned versions, newest first, then the platform's base models (not when
+        filtering by job or name)."""
         lineage = lineage if lineage is not None else job_id is not None  # one job: its model, in full
         async with rt.uow() as uow:
             store = ModelStore(uow.conn)
-            rows = await store.list(caller.tenant_id, job_id=job_id, name=name, after=after, limit=limit + 1)
-            data = [await model_view(store, m, detail=lineage) for m in rows[:limit]]
-        return {"object": "list", "data": data, "has_more": len(rows) > limit,
+            bases = [] if job_id or name else await base_listing.base_models(store, catalog)
+            in_bases = after is not None and any(b["id"] == after for b in bases)
+            rows = [] if in_bases else await store.list(caller.tenant_id, job_id=job_id, name=name, after=after,
+                                                         limit=limit + 1)
+            models = [await model_view(store, m, detail=lineage) for m in rows[:limit]]
+        data, has_more = base_listing.page_with_bases(models, len(rows) > limit, bases, after, limit)
+        return {"object": "list", "data": data, "has_more": has_more,
                 "first_id": data[0]["id"] if data else None, "last_id": data[-1]["id"] if data else None}
 
     @r.get("/{model_id}")
     async def get(model_id: str, caller: Caller = require("read")) -> dict:
         async with rt.uow() as uow:
             store = ModelStore(uow.conn)
-            model = await store.resolve(model_id, caller.tenant_id)  # an id, or a name (`fine_tuned_model`)
-            if model is None:
-                raise not_found(model_id)
-            return await model_view(store, model)
+            model = await store.resolve(model_id, caller.tenant_id)  # a public or internal id, or a name
+            if model is not None:
+                return await model_view(store, model)
+            base = await base_listing.base_model(store, catalog, model_id)
+        if base is None:
+            raise not_found(model_id)
+        return base
 
     async def change(model_id: str, action) -> dict:
         try:
@@ -89,6 +106,7 @@ def routes(rt: Runtime[RegistryContext]) -> APIRouter:
 
     @r.post("/{model_id}/promote")
     async def promote(model_id: str, body: PromoteRequest, caller: Caller = require("write")) -> dict:
+        model_id = await internal_id(model_id, caller.tenant_id)
         return await change(model_id, lambda uow, store: promotion.promote(
             uow, store, model_id, caller.tenant_id, body.stage, body.reason,
             can_approve=caller.allows("models:promote"), actor=caller.key_id, min_margin=cfg.auto_promote_min_margin))
@@ -97,10 +115,12 @@ def routes(rt: Runtime[RegistryContext]) -> APIRouter:
     async def rollback(model_id: str, body: ReasonRequest | None = None,
                        caller: Caller = require("models:promote")) -> dict:
         reason = (body or ReasonRequest()).reason
+        model_id = await internal_id(model_id, caller.tenant_id)
         return await change(model_id, lambda uow, store: promotion.rollback(
             uow, store, model_id, caller.tenant_id, reason, caller.key_id))
 
     async def archive(model_id: str, reason: str, caller: Caller) -> dict:
+        model_id = await internal_id(model_id, caller.tenant_id)
         return await change(model_id, lambda uow, store: promotion.archive(
             uow, store, model_id, caller.tenant_id, reason, caller.key_id, can_approve=caller.allows("models:promote")))
 
@@ -113,7 +133,12 @@ def routes(rt: Runtime[RegistryContext]) -> APIRouter:
         """OpenAI's delete: the version is archived (history and artifact are kept for lineage). A name
         names its current version (production, else the newest staging or dev one)."""
         async with rt.uow() as uow:
-            model = await ModelStore(uow.conn).resolve(model_id, caller.tenant_id)
+            store = ModelStore(uow.conn)
+            model = await store.resolve(model_id, caller.tenant_id)
+            base = None if model else await base_listing.base_model(store, catalog, model_id)
+        if base is not None:
+            raise ApiError(403, f"The model '{model_id}' is a base model of the platform; only fine-tuned models can "
+                           "be deleted.", code="model_not_deletable", param="model", type="permission_error")
         if model is None:
             raise not_found(model_id)
         try:
@@ -126,14 +151,14 @@ def routes(rt: Runtime[RegistryContext]) -> APIRouter:
     @r.get("/{model_id}/content")
     @r.get("/{model_id}/download")
     async def content(model_id: str, caller: Caller = require("read")) -> dict:
-        return await downloads.adapter_download(rt, caller.tenant_id, model_id)
+        return await downloads.adapter_download(rt, caller.tenant_id, await internal_id(model_id, caller.tenant_id))
 
     @r.post("/{model_id}/merged")
     async def request_merge(model_id: str, caller: Caller = require("write")) -> dict:
-        return await downloads.request_merge(rt, caller.tenant_id, model_id)
+        return await downloads.request_merge(rt, caller.tenant_id, await internal_id(model_id, caller.tenant_id))
 
     @r.get("/{model_id}/merged")
     async def merged(model_id: str, caller: Caller = require("read")) -> dict:
-        return await downloads.merged_download(rt, caller.tenant_id, model_id)
+        return await downloads.merged_download(rt, caller.tenant_id, await internal_id(model_id, caller.tenant_id))
 
     return r

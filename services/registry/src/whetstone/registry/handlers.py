@@ -9,8 +9,9 @@ from typing import Any
 
 from whetstone.contracts import (
     CheckpointWrittenV1, Envelope, EvalCompletedV1, JobQueuedV1, Lineage, Metric, ModelMergedV1, ModelRegisteredV1,
-    NodeFencedV1,
+    NodeFencedV1, fine_tuned_model_for,
 )
+from whetstone.contracts import JobCancelledV1
 from whetstone.runtime import fencing
 from whetstone.runtime.messaging import UnitOfWork
 from whetstone.runtime.s3 import parse_uri, tenant_prefix
@@ -160,6 +161,9 @@ async def register_if_ready(rt: Runtime[RegistryContext], uow: UnitOfWork, job_i
     except IncompleteLineage as exc:
         raise PoisonMessage(str(exc)) from exc
     name = stages.model_name(record.base_model, tenant, job_id, job["suffix"])
+    public_id = fine_tuned_model_for(record.base_model, tenant, job["suffix"], job_id)
+    if await store.fine_tuned_model_taken(tenant, public_id, job_id):  # 48 bits of two job ids agreed
+        public_id = fine_tuned_model_for(record.base_model, tenant, job["suffix"], job_id, full_job_id=True)
     card = lineage_rules.model_card(model_id, name, tenant, record)
     artifacts = rt.ctx.artifacts
     # the export prefix sits next to the training artifact, whose files stay as the manifest lists them
@@ -187,11 +191,12 @@ async def register_if_ready(rt: Runtime[RegistryContext], uow: UnitOfWork, job_i
                    chat_template_sha256=record.chat_template_sha256, environment_sha256=record.environment_sha256)
     lineage_json = wire.model_dump(mode="json")
     if not await store.insert_model(model_id, job_id, tenant, name, ckpt["uri"], ckpt["manifest_sha256"], lineage_json,
-                                    record.files):
+                                    record.files, public_id):
         return
     await store.insert_lineage(model_id, record, card_uri)
     await store.apply(tenant, stages.Transition(model_id, "", "dev", "registered"), None)
-    await uow.publish(ModelRegisteredV1(model_id=model_id, name=name, stage="dev", artifact_uri=ckpt["uri"],
+    await uow.publish(ModelRegisteredV1(model_id=model_id, name=name, fine_tuned_model=public_id, stage="dev",
+                                        artifact_uri=ckpt["uri"],
                                         artifact_sha256=ckpt["manifest_sha256"], lineage=wire, files=record.files,
                                         model_card_uri=card_uri), tenant_id=tenant)
     target = stages.stage_after_eval(record.eval_verdict)

@@ -14,6 +14,7 @@ def promoted_event(model: ModelRecord, t: Transition, sequence: int, actor: str 
     lineage = model.lineage
     return ModelPromotedV1(
         model_id=model.model_id, from_stage=t.from_stage, to_stage=t.to_stage, reason=t.reason, name=model.name,
+        fine_tuned_model=model.fine_tuned_model,
         artifact_uri=model.artifact_uri, artifact_sha256=model.artifact_sha256, files=model.files,
         base_model=lineage.get("base_model"), base_model_sha256=lineage.get("base_model_sha256"),
         chat_template_sha256=lineage.get("chat_template_sha256"), approval=t.approval,

@@ -182,11 +182,11 @@ async def on_eval_completed(rt: Rt, uow: UnitOfWork, env: Envelope, ev: EvalComp
 
 
 async def on_model_registered(rt: Rt, uow: UnitOfWork, env: Envelope, ev: ModelRegisteredV1) -> None:
-    """The job's `fine_tuned_model` is the registered model's name."""
+    """The job's `fine_tuned_model` is the registered version's public id (its name from an older registry)."""
     store = JobStore(uow)
     job = own_job(env, await store.get(ev.lineage.job_id, lock=True), "model.registered")
     if job is not None:
-        job.model_registered(rt.ctx.clock(), ev.name, ev.model_id)
+        job.model_registered(rt.ctx.clock(), ev.fine_tuned_model or ev.name, ev.model_id)
         await store.save(job)
 
 

@@ -8,6 +8,8 @@ from collections.abc import Mapping
 from datetime import datetime
 from typing import Any
 
+from whetstone.contracts import checkpoint_model_for, fine_tuned_model_for
+
 from .domain import jobs as rules
 from .domain.job import Job
 from .domain.forecast import Forecast
@@ -123,9 +125,16 @@ def checkpoint_metrics(step: int, stored: Mapping[str, Any] | None) -> dict[str,
     return out
 
 
+def model_name_of(job: Job) -> str:
+    """The job's `fine_tuned_model`: the registry's once it announced it, else the same name computed ahead
+    (naming.fine_tuned_model_for), so checkpoint names are stable from the first checkpoint on."""
+    base = (job.spec or {}).get("base_model") or job.request["model"]
+    return job.fine_tuned_model or fine_tuned_model_for(base, job.tenant_id, job.request.get("suffix"), job.job_id)
+
+
 def checkpoint_view(job: Job, row: Mapping[str, Any]) -> dict[str, Any]:
     return {"id": row["checkpoint_id"], "object": "fine_tuning.job.checkpoint", "created_at": ts(row["created_at"]),
             "fine_tuning_job_id": job.job_id, "step_number": row["step"],
             "metrics": checkpoint_metrics(row["step"], row["metrics"]),
-            "fine_tuned_model_checkpoint": f"{job.fine_tuned_model or job.job_id}:ckpt-step-{row['step']}",
+            "fine_tuned_model_checkpoint": checkpoint_model_for(model_name_of(job), row["step"]),
             "kind": row["kind"], "uri": row["uri"]}

@@ -58,4 +58,5 @@ def build_service(config: ServingSettings | None = None,
                    background=[handlers.follow_projection],
                    consumer_options={"fetch_max_wait_ms": config.fetch_max_wait_ms},
                    subscriptions={"model.registered": handlers.on_model_registered,
-                                  "model.promoted": handlers.on_model_promoted})
+                                  "model.promoted": handlers.on_model_promoted,
+                                  "checkpoint.written": handlers.on_checkpoint_written})

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import asyncio
 
-from whetstone.contracts import Envelope, ModelPromotedV1, ModelRegisteredV1
+from whetstone.contracts import CheckpointWrittenV1, Envelope, ModelPromotedV1, ModelRegisteredV1
 from whetstone.runtime.messaging import UnitOfWork
 from whetstone.runtime.service import PoisonMessage, Runtime
 
@@ -30,7 +30,8 @@ async def on_model_registered(rt: Runtime[ServingContext], uow: UnitOfWork, env:
         model_id=ev.model_id, tenant_id=env.tenant_id, name=ev.name, stage=ev.stage, artifact_uri=ev.artifact_uri,
         artifact_sha256=ev.artifact_sha256, files=dict(ev.files),
         base_model=lineage.base_model, base_model_sha256=lineage.base_model_sha256,
-        chat_template_sha256=lineage.chat_template_sha256))
+        chat_template_sha256=lineage.chat_template_sha256, fine_tuned_model=ev.fine_tuned_model,
+        job_id=lineage.job_id))
     await rt.ctx.repo.notify_changed(uow.conn)
 
 
@@ -40,10 +41,17 @@ async def on_model_promoted(rt: Runtime[ServingContext], uow: UnitOfWork, env: E
         model_id=ev.model_id, tenant_id=env.tenant_id, name=ev.name or "", stage=ev.to_stage,
         artifact_uri=ev.artifact_uri, artifact_sha256=ev.artifact_sha256, files=dict(ev.files or {}),
         base_model=ev.base_model, base_model_sha256=ev.base_model_sha256,
-        chat_template_sha256=ev.chat_template_sha256), ev.sequence)
+        chat_template_sha256=ev.chat_template_sha256, fine_tuned_model=ev.fine_tuned_model), ev.sequence)
     if not applied:
         rt.log.info("stale stage change ignored", model_id=ev.model_id, sequence=ev.sequence, to_stage=ev.to_stage)
     await rt.ctx.repo.notify_changed(uow.conn)
+
+
+async def on_checkpoint_written(rt: Runtime[ServingContext], uow: UnitOfWork, env: Envelope,
+                                ev: CheckpointWrittenV1) -> None:
+    """Every durable checkpoint, so `<fine_tuned_model>:ckpt-step-<N>` can be served (see catalog.checkpoint_version)."""
+    await rt.ctx.repo.record_checkpoint(uow.conn, env.tenant_id, ev.job_id, ev.step, ev.uri, ev.manifest_sha256,
+                                        ev.attempt)
 
 
 async def _same_owner(uow: UnitOfWork, model_id: str, tenant_id: str) -> None:

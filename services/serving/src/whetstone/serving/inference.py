@@ -10,8 +10,11 @@ from dataclasses import dataclass
 from .adapters.engine import GenRow
 from .adapters.pool import Lease
 from .context import ServingContext
+from whetstone.contracts import parse_checkpoint_model
+
 from .domain.catalog import (
-    ModelNotDeployed, ModelVersion, ServingError, check_servable_on, choose_version, completion_budget,
+    ModelNotDeployed, ModelVersion, ServingError, base_version, check_servable_on, checkpoint_version, choose_version,
+    completion_budget,
 )
 from .domain.openai import ChatCompletionRequest, CompletionRequest
 from .domain.routing import Route, pick_variant
@@ -26,7 +29,8 @@ class GenerationFailed(ServingError):
 
 
 async def resolve(ctx: ServingContext, tenant_id: str, requested: str, user: str | None) -> ModelVersion:
-    """The version that answers: an A/B route of that name first, else the name's live version."""
+    """The version that answers: an A/B route of that name first, else the served base model by its name,
+    a checkpoint (`<fine_tuned_model>:ckpt-step-<N>`), or a version by its id or its name's live version."""
     route = ctx.catalog.routes.get((tenant_id, requested))
     if route is not None:
         versions = ctx.catalog.owned(tenant_id, [v.model_id for v in route.variants])
@@ -35,6 +39,12 @@ async def resolve(ctx: ServingContext, tenant_id: str, requested: str, user: str
         if not live:
             raise ModelNotDeployed(f"No version behind the route `{requested}` is deployed.")
         version = versions[pick_variant(Route(route.name, live), user, ctx.random.random()).model_id]
+    elif requested == ctx.base_model:
+        return base_version(tenant_id, requested, ctx.base_sha256)
+    elif (checkpoint := parse_checkpoint_model(requested)) is not None:
+        parent = ctx.catalog.public(tenant_id, checkpoint[0])
+        stored = await ctx.repo.checkpoint(tenant_id, parent.job_id, checkpoint[1]) if parent and parent.job_id else None
+        version = checkpoint_version(parent, requested, checkpoint[1], stored)
     else:
         version = choose_version(requested, ctx.catalog.candidates(tenant_id, requested))
     check_servable_on(version, ctx.base_sha256)

@@ -52,11 +52,13 @@ def store_adapter(store: ObjectStore, local: Path, tenant_id: str, model_id: str
     return StoredAdapter(model_id, name, up.uri, up.manifest_sha256, files, template_sha)
 
 
-def registered(a: StoredAdapter, *, base_model: str, base_sha256: str, stage: str = "dev") -> ModelRegisteredV1:
+def registered(a: StoredAdapter, *, base_model: str, base_sha256: str, stage: str = "dev",
+               fine_tuned_model: str | None = None) -> ModelRegisteredV1:
     lineage = Lineage(job_id=f"job-{a.model_id}", base_model=base_model, base_model_sha256=base_sha256,
                       dataset_id="ds-sample", dataset_version="0" * 64, method="lora", hyperparameters_hash="0" * 64,
                       chat_template_sha256=a.chat_template_sha256)
-    return ModelRegisteredV1(model_id=a.model_id, name=a.name, stage=stage, artifact_uri=a.uri,
+    return ModelRegisteredV1(model_id=a.model_id, name=a.name, stage=stage, fine_tuned_model=fine_tuned_model,
+                             artifact_uri=a.uri,
                              artifact_sha256=a.manifest_sha256, lineage=lineage, files=a.files)
 
 

@@ -119,8 +119,9 @@ def _text_format(head: bytes, suffix: str) -> str:
 
 
 def open_source(path: Path, *, name: str | None = None, workdir: Path, max_line_bytes: int = 8 * 1024**2,
-                limits: ArchiveLimits = ArchiveLimits(), _depth: int = 0) -> Source:
-    """Sniff and open a local file or directory; SourceError carries the rejection."""
+                limits: ArchiveLimits = ArchiveLimits(), _depth: int = 0, image_line_bytes: int | None = None) -> Source:
+    """Sniff and open a local file or directory; SourceError carries the rejection. A JSONL line longer
+    than `max_line_bytes` that holds image parts may be up to `image_line_bytes` long."""
     name = name or path.name
     if path.is_dir():
         return ArrowDirSource.open(path)
@@ -140,7 +141,7 @@ def open_source(path: Path, *, name: str | None = None, workdir: Path, max_line_
             raise SourceError("extension_mismatch", f"{name} is named {suffix} but is a {kind} archive")
         inner = unpack(path, kind, name, workdir / "unpacked", limits)
         return open_source(inner, name=inner.name, workdir=workdir, max_line_bytes=max_line_bytes,
-                           limits=limits, _depth=_depth + 1)
+                           limits=limits, _depth=_depth + 1, image_line_bytes=image_line_bytes)
     if suffix in ARCHIVE_SUFFIXES:
         raise SourceError("extension_mismatch", f"{name} is named {suffix} but is not an archive")
     if kind == "arrow":
@@ -155,7 +156,7 @@ def open_source(path: Path, *, name: str | None = None, workdir: Path, max_line_
         raise SourceError("extension_mismatch", f"{name} is named {suffix} but its content is text, not Parquet")
     fmt = _text_format(head, suffix)
     if fmt == "jsonl":
-        return JsonlSource(path, max_line_bytes)
+        return JsonlSource(path, max_line_bytes, image_line_bytes)
     return CsvSource(path, max_line_bytes, delimiter=sniff_delimiter(path, default="\t" if fmt == "tsv" else ","))
 
 
@@ -163,9 +164,10 @@ def open_source(path: Path, *, name: str | None = None, workdir: Path, max_line_
 
 
 class JsonlSource(Source):
-    def __init__(self, path: Path, max_line_bytes: int) -> None:
+    def __init__(self, path: Path, max_line_bytes: int, image_line_bytes: int | None = None) -> None:
         super().__init__("jsonl", total=path.stat().st_size)
         self.path, self.max_line_bytes = path, max_line_bytes
+        self.image_line_bytes = max(image_line_bytes or 0, max_line_bytes)
 
     def records(self) -> Iterator[Record]:
         limit = self.max_line_bytes
@@ -181,9 +183,16 @@ class JsonlSource(Source):
                     raw = raw[len(BOM):]
                     self.notes.append(Issue("bom_stripped", "the file starts with a UTF-8 byte-order mark (as Windows "
                                             "editors write it); it was stripped", 1))
-                if len(raw) > limit and not raw.endswith(b"\n"):
+                longest = limit
+                if len(raw) > limit and not raw.endswith(b"\n") and self.image_line_bytes > limit \
+                        and b'"image_url"' in raw:       # images as base64: a longer line is allowed
+                    longest = self.image_line_bytes
+                    more = f.readline(longest - len(raw) + 1)
+                    self.done += len(more)
+                    raw += more
+                if len(raw) > longest and not raw.endswith(b"\n"):
                     self.done += _skip_rest_of_line(f)
-                    yield Record(line, issue=Issue("line_too_long", f"line is longer than {limit} bytes", line))
+                    yield Record(line, issue=Issue("line_too_long", f"line is longer than {longest} bytes", line))
                     continue
                 raw = raw.rstrip(b"\r\n")
                 if not raw.strip():

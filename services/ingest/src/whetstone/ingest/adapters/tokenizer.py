@@ -6,7 +6,9 @@ labels are -100 except on the trained tokens (assistant turns by default, per-me
 Rows with tools, tool calls or tool messages are rendered with the template's own tool
 support; a template without it (probed once) refuses them with `ToolsUnsupported`.
 Preference rows are tokenized as prompt+chosen and prompt+rejected; text rows (continued
-pre-training) train on every token.
+pre-training) train on every token. Chat rows with images need a base with an image processor
+(`whetstone.modelkit.vision`): each image counts the tokens its processor inserts (never
+trained); a text-only base refuses them with `ImagesUnsupported`.
 """
 
 from __future__ import annotations
@@ -30,6 +32,10 @@ class TokenizerUnavailable(Exception):
 
 class ToolsUnsupported(ValueError):
     """A row uses tools but the base model's chat template does not render them."""
+
+
+class ImagesUnsupported(ValueError):
+    """A row has images but the base model has no image processor."""
 
 
 _PROBE_TOOL, _PROBE_CALL, _PROBE_RESULT = "whetstone_probe_tool", "whetstone_probe_call", "whetstone_probe_result"
@@ -96,9 +102,19 @@ def model_params(location: str) -> tuple[int | None, str]:
 class BaseModelTokenizer:
     """Tokenization of normalized rows with one base model's tokenizer."""
 
-    def __init__(self, tokenizer, ref: str, location: str) -> None:
+    def __init__(self, tokenizer, ref: str, location: str, processor=None) -> None:
         self.tok, self.ref, self.location = tokenizer, ref, location
+        self.processor = processor
         self.hash = tokenizer_fingerprint(tokenizer)
+        self.image_seq_length: int | None = None      # tokens per image at the processor's size (vision bases)
+        if processor is not None:
+            self.image_token = processor.image_token
+            self.image_token_id = tokenizer.convert_tokens_to_ids(self.image_token)
+            crop = getattr(processor.image_processor, "crop_size", None) or {}
+            size = (crop.get("height", 224), crop.get("width", 224)) if isinstance(crop, dict) else (224, 224)
+            self.image_seq_length = self._image_counts([size])[0]
+            self.hash = hashlib.sha256(f"{self.hash}|{type(processor).__name__}|{self.image_token}|"
+                                       f"{self.image_seq_length}".encode()).hexdigest()
         self._tool_support: bool | None = None
         limit = getattr(tokenizer, "model_max_length", None)
         self.model_max_length = int(limit) if isinstance(limit, int) and 0 < limit <= 1_000_000 else None
@@ -123,7 +139,14 @@ class BaseModelTokenizer:
                                        f"{str(exc)[:200]}") from exc
         if tok.pad_token is None and tok.eos_token is not None:
             tok.pad_token = tok.eos_token
-        return cls(tok, ref, location)
+        from whetstone.modelkit.vision import load_processor  # noqa: PLC0415
+
+        try:
+            processor = load_processor(location)
+        except Exception as exc:
+            raise TokenizerUnavailable(f"the image processor of {ref!r} cannot be loaded: {type(exc).__name__}: "
+                                       f"{str(exc)[:200]}") from exc
+        return cls(tok, ref, location, processor)
 
     @property
     def has_chat_template(self) -> bool:
@@ -153,11 +176,34 @@ class BaseModelTokenizer:
             raise ToolsUnsupported(f"the chat template of {self.ref!r} does not render tools, tool calls or tool "
                                    "messages; use a base model whose template supports tools, or remove tool rows")
 
+    def _image_counts(self, sizes: list[tuple[int, int]]) -> list[int]:
+        from whetstone.modelkit.vision import image_token_counts  # noqa: PLC0415
+
+        return image_token_counts(self.processor, sizes)
+
+    def _vision_messages(self, messages: list[dict]) -> tuple[list[dict], list[int] | None]:
+        """Messages with images as the processor's image token, and each image's token count."""
+        from whetstone.modelkit import vision  # noqa: PLC0415
+
+        if not vision.has_images(messages):
+            return messages, None
+        if self.processor is None:
+            raise ImagesUnsupported(f"the base model {self.ref!r} has no image processor: it cannot be trained on "
+                                    "images; choose a vision-language base (whet models create-tiny --vision)")
+        sizes = [vision.image_size(url) for url in vision.image_urls(messages)]
+        return vision.text_messages(messages, self.image_token), self._image_counts(sizes)
+
     def _chat(self, messages: list[dict], tools: list | None = None) -> dict[str, list[int]]:
         from whetstone.modelkit.chat import tokenize_chat  # noqa: PLC0415
+        from whetstone.modelkit.vision import expand_image_tokens  # noqa: PLC0415
 
+        messages, counts = self._vision_messages(messages)
         self._check_tools(messages, tools)
-        return tokenize_chat(self.tok, messages, **({"tools": tools} if tools else {}))
+        out = tokenize_chat(self.tok, messages, **({"tools": tools} if tools else {}))
+        if counts:
+            out["input_ids"], out["labels"] = expand_image_tokens(out["input_ids"], out["labels"],
+                                                                  self.image_token_id, counts)
+        return out
 
     def _text(self, text: str) -> dict[str, list[int]]:
         ids = list(self.tok(text, add_special_tokens=True)["input_ids"])
@@ -192,7 +238,7 @@ class BaseModelTokenizer:
 
         kwargs = {"tools": out["tools"]} if out.get("tools") else {}
         if "messages" in out:
-            return mask_preview(self.tok, out["messages"], **kwargs)
+            return mask_preview(self.tok, self._vision_messages(out["messages"])[0], **kwargs)
         if "chosen" in out:
             return mask_preview(self.tok, out["prompt"] + out["chosen"], **kwargs)
         return f"[[{out['text']}]]"

@@ -4,7 +4,11 @@ A message is `{"role", "content", "weight"?, "name"?, "tool_calls"?, "tool_call_
 
 - `role`: system (or `developer`, read as system), user, assistant, tool;
 - `content`: a string, or OpenAI's list of content parts; text parts are joined with a
-  newline, any other part (image, audio, file) is refused: the platform trains text models;
+  newline when there is nothing else. Image parts (`{"type": "image_url", "image_url": {"url",
+  "detail"?}}`) are accepted in user messages of the chat layout (`images=True`): such a content
+  stays a list of parts in the normalised row (text parts, then the image parts where they were);
+  their bytes are checked by the gate's image pass (`domain/images.py`). Other parts (audio, file)
+  are refused;
   an assistant turn that carries `tool_calls` may have empty or null content;
 - `tool_calls` (assistant only): `[{"id"?, "type": "function", "function": {"name",
   "arguments"}}]`, arguments a JSON object or a string holding one (normalised to a string,
@@ -22,6 +26,7 @@ import json
 from collections.abc import Callable
 from typing import Any
 
+from .images import DETAILS, IMAGE_ROLE
 from .issues import Issue
 from .suggest import closest
 
@@ -29,6 +34,7 @@ ROLES = ("system", "user", "assistant", "tool")
 ROLE_ALIASES = {"developer": "system"}
 MESSAGE_KEYS = frozenset({"role", "content", "weight", "name", "tool_calls", "tool_call_id"})
 PLAIN_KEYS = frozenset({"role", "content", "weight", "name"})
+IMAGE_MARK = "<image>"
 MEDIA_PARTS = ("image_url", "input_audio", "file", "image", "audio", "input_image", "video")
 
 
@@ -37,24 +43,65 @@ def message_weight(m: dict) -> int:
     return (1 if m.get("role") == "assistant" else 0) if w is None else int(w)
 
 
-def _check_parts(parts: list, where: str, line: int) -> list[Issue]:
+def _check_image_part(part: dict, role: Any, at: str, line: int) -> list[Issue]:
+    """The structure of an image part (its bytes are checked by the gate's image pass)."""
+    if role != IMAGE_ROLE:
+        return [Issue("image_role", f"{at}: images are allowed only in user messages, not in a {role} message",
+                      line, at)]
+    image = part.get("image_url")
+    if not isinstance(image, dict):
+        return [Issue("image_part_invalid", f'{at}.image_url must be an object {{"url": "data:image/...;base64,'
+                      '...", "detail"?}', line, at + ".image_url")]
+    if not isinstance(image.get("url"), str) or not image["url"].strip():
+        return [Issue("image_part_invalid", f"{at}.image_url.url must be a non-empty string", line,
+                      at + ".image_url.url")]
+    if "detail" in image and image["detail"] not in DETAILS:
+        return [Issue("image_detail_invalid", f"{at}.image_url.detail {str(image['detail'])[:20]!r} must be one of "
+                      f"{', '.join(DETAILS)}", line, at + ".image_url.detail")]
+    return []
+
+
+def _check_parts(parts: list, where: str, line: int, role: Any = None, images: bool = False) -> list[Issue]:
     issues: list[Issue] = []
     for j, part in enumerate(parts):
         at = f"{where}.content[{j}]"
         kind = part.get("type") if isinstance(part, dict) else None
         if kind == "text" and isinstance(part.get("text"), str):
             continue
-        if kind in MEDIA_PARTS:
-            issues.append(Issue("content_part_unsupported", f"{at} is an {kind} part; only text parts can be trained "
-                                "on a text model (remove the part or use text)", line, at))
+        if kind == "image_url" and images:
+            issues += _check_image_part(part, role, at, line)
+        elif kind == "image_url":
+            issues.append(Issue("content_part_unsupported", f"{at} is an image_url part; images are accepted only "
+                                "in the OpenAI chat layout ({\"messages\": [...]}) of a supervised dataset",
+                                line, at))
+        elif kind in MEDIA_PARTS:
+            issues.append(Issue("content_part_unsupported", f"{at} is an {kind} part; only text and image_url parts "
+                                "can be trained (remove the part or use text)", line, at))
         else:
             issues.append(Issue("content_not_string", f"{at} must be a text part "
-                                '{"type": "text", "text": "..."}', line, at))
+                                '{"type": "text", "text": "..."} or an image_url part', line, at))
     return issues
 
 
 def part_text(parts: list) -> str:
-    return "\n".join(p["text"] for p in parts)
+    return "\n".join(p["text"] for p in parts if p.get("type") == "text")
+
+
+def has_image(parts: list) -> bool:
+    return any(p.get("type") == "image_url" for p in parts)
+
+
+def content_text(content: str | list) -> str:
+    """A normalised message content's text (image parts left out)."""
+    return content if type(content) is str else part_text(content)
+
+
+def _normal_part(part: dict) -> dict:
+    if part["type"] == "text":
+        return {"type": "text", "text": part["text"]}
+    image = part["image_url"]
+    return {"type": "image_url", "image_url": {"url": image["url"], **(
+        {"detail": image["detail"]} if "detail" in image else {})}}
 
 
 def _check_tool_calls(calls: Any, where: str, line: int) -> list[Issue]:
@@ -119,7 +166,7 @@ def check_tools(tools: Any, line: int, path: str = "tools") -> list[Issue]:
     return issues
 
 
-def _check_content(m: dict, role: Any, where: str, line: int) -> list[Issue]:
+def _check_content(m: dict, role: Any, where: str, line: int, images: bool) -> list[Issue]:
     calls = role == "assistant" and m.get("tool_calls")
     if "content" not in m:
         return [] if calls else [Issue("missing_key", f"{where} has no `content`", line, where + ".content")]
@@ -127,9 +174,11 @@ def _check_content(m: dict, role: Any, where: str, line: int) -> list[Issue]:
     if content is None and calls:
         return []
     if isinstance(content, list):
-        issues = _check_parts(content, where, line)
+        issues = _check_parts(content, where, line, role, images)
         if issues:
             return issues
+        if has_image(content):
+            return []          # an image alone is content enough
         content = part_text(content)
     if not isinstance(content, str):
         return [Issue("content_not_string", f"{where}.content must be a string or a list of text parts, not "
@@ -139,7 +188,8 @@ def _check_content(m: dict, role: Any, where: str, line: int) -> list[Issue]:
     return []
 
 
-def _check_message(m: Any, where: str, line: int, ignore: Callable[[str], None] | None) -> list[Issue]:
+def _check_message(m: Any, where: str, line: int, ignore: Callable[[str], None] | None,
+                   images: bool = False) -> list[Issue]:
     if not isinstance(m, dict):
         return [Issue("message_not_object", f"{where} must be an object", line, where)]
     issues: list[Issue] = []
@@ -159,7 +209,7 @@ def _check_message(m: Any, where: str, line: int, ignore: Callable[[str], None] 
         hint = f"; did you mean {guess!r}?" if guess else ""
         issues.append(Issue("unknown_role", f"{where}.role {str(m['role'])[:40]!r} is not one of "
                             f"system/user/assistant/tool{hint}", line, where + ".role"))
-    issues += _check_content(m, role, where, line)
+    issues += _check_content(m, role, where, line, images)
     if "tool_calls" in m:
         if role != "assistant":
             issues.append(Issue("bad_tool_call", f"{where}: only assistant messages make tool calls", line,
@@ -210,8 +260,10 @@ def _check_order(messages: list[Any], path: str, line: int, *, continuation: boo
 
 
 def check_messages(messages: Any, line: int, path: str = "messages", *, need_assistant: bool = True,
-                   continuation: bool = False, ignore: Callable[[str], None] | None = None) -> list[Issue]:
-    """Every issue of one message list (not just the first). Unknown message keys go to `ignore`."""
+                   continuation: bool = False, ignore: Callable[[str], None] | None = None,
+                   images: bool = False) -> list[Issue]:
+    """Every issue of one message list (not just the first). Unknown message keys go to `ignore`.
+    `images`: image_url parts are accepted in user messages (the chat layout)."""
     if not isinstance(messages, list) or not messages:
         return [Issue("messages_not_list", f"`{path}` must be a non-empty list of messages", line, path)]
     issues: list[Issue] = []
@@ -219,7 +271,7 @@ def check_messages(messages: Any, line: int, path: str = "messages", *, need_ass
         if type(m) is dict and len(m) == 2 and m.get("role") in ROLES and type(m.get("content")) is str \
                 and m["content"].strip():
             continue        # the common message, {"role", "content"} with some text: nothing to report
-        issues += _check_message(m, f"{path}[{i}]", line, ignore)
+        issues += _check_message(m, f"{path}[{i}]", line, ignore, images)
     issues += _check_order(messages, path, line, continuation=continuation)
     if need_assistant:
         assistants = [m for m in messages if isinstance(m, dict) and m.get("role") == "assistant"]
@@ -247,8 +299,9 @@ def normalize_message(m: dict) -> dict:
     """A valid message in the platform's form (only the known keys, content a string)."""
     role = ROLE_ALIASES.get(m["role"], m["role"])
     content = m.get("content")
-    out: dict[str, Any] = {"role": role, "content": part_text(content) if isinstance(content, list)
-                           else (content or "")}
+    if isinstance(content, list):
+        content = [_normal_part(p) for p in content] if has_image(content) else part_text(content)
+    out: dict[str, Any] = {"role": role, "content": content or ""}
     for key in ("weight", "name", "tool_call_id"):
         if key in m:
             out[key] = m[key]
@@ -272,7 +325,19 @@ def uses_tools(messages: list[dict]) -> bool:
 def message_text(m: dict) -> str:
     """What the duplicate/contamination/toxicity checks read of a message: content plus its tool calls."""
     calls = m.get("tool_calls")
+    content = m["content"] if type(m["content"]) is str else image_text(m["content"])
     if not calls:
-        return m["content"]
+        return content
     rendered = " ".join(f"{c['function']['name']}({c['function']['arguments']})" for c in calls)
-    return f"{m['content']}\n{rendered}" if m["content"] else rendered
+    return f"{content}\n{rendered}" if content else rendered
+
+
+def image_text(parts: list) -> str:
+    """A content with images as the text checks read it: text parts, an `<image>` mark per image."""
+    return "\n".join(p["text"] if p["type"] == "text" else IMAGE_MARK for p in parts)
+
+
+def row_images(messages: list[dict]) -> list[tuple[int, int, dict]]:
+    """(message index, part index, image_url object) of every image part of normalised messages."""
+    return [(i, j, p["image_url"]) for i, m in enumerate(messages) if type(m.get("content")) is list
+            for j, p in enumerate(m["content"]) if p["type"] == "image_url"]

@@ -110,7 +110,7 @@ def _with_tools(out: dict, row: dict) -> dict:
 
 
 def _v_chat(row: dict, line: int, facts: RowFacts) -> list[Issue]:
-    return check_messages(row["messages"], line, ignore=facts.ignore) + _check_tools_key(row, line)
+    return check_messages(row["messages"], line, ignore=facts.ignore, images=True) + _check_tools_key(row, line)
 
 
 def _n_chat(row: dict) -> dict:

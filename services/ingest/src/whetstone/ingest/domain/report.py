@@ -8,7 +8,8 @@ fields; `whet datasets check --json` prints `as_dict()`. JSON keys (stable):
     near_duplicates, contaminated, pii_hits, toxic, tokens_total, tokens_estimated,
     error_count, errors[{code, message, line, field}], error_counts, warnings[...], warning_counts,
     policies, exact_duplicate_lines, near_dup{...}, contamination{...}, pii{...}, toxicity{...},
-    tokenization{...}, stats{...}, cost_estimate, notes, timings (+ file when given)
+    tokenization{...}, images{...} (null for a file without images), stats{...}, cost_estimate, notes,
+    timings (+ file when given)
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
+from .images import CONVERTED_MODES, ImageLimits, RowImages, openai_image_tokens
 from .issues import Issue, IssueLog
 from .schemas import OUTPUT_SCHEMA
 
@@ -82,6 +84,59 @@ class TokenizationReport:
     tokenized_cache: str | None = None     # "written" or "hit"
 
 
+IMAGE_ISSUES = frozenset({"image_role", "image_part_invalid", "image_detail_invalid", "image_url_refused",
+                          "image_bad_base64", "image_too_large", "image_format_unsupported",
+                          "image_media_type_mismatch", "image_too_many_pixels", "image_mode_unsupported",
+                          "image_undecodable", "too_many_images", "too_many_image_examples",
+                          "images_unsupported_by_base"})
+NEAR_DUP_IMAGE_BITS = "dHash, 64 bits (Pillow); image rows are near duplicates when their text is and every image " \
+    "pair differs in at most (1 - threshold) x 64 bits"
+
+
+@dataclass
+class ImageReport:
+    """Images of the file: read (rows that passed the row checks), written, refused."""
+
+    max_bytes: int
+    max_pixels: int
+    max_per_example: int
+    max_examples: int
+    images: int = 0                     # images in the rows written (after duplicates were removed)
+    rows_with_images: int = 0           # rows written that hold an image
+    images_read: int = 0                # images of the rows that passed the row checks
+    rows_read: int = 0
+    images_refused: int = 0             # image issues that refused a row
+    by_format: dict[str, int] = field(default_factory=dict)
+    by_mode: dict[str, int] = field(default_factory=dict)
+    by_detail: dict[str, int] = field(default_factory=dict)
+    converted: int = 0                  # grey/palette images converted to RGB(A) at training time
+    bytes_total: int = 0
+    largest_pixels: int = 0
+    image_tokens: int = 0               # in the rows read; with a vision base: in the rows written
+    image_tokens_source: str = "estimate: OpenAI's GPT-4o tile formula (85 + 170 per 512-px tile; low: 85)"
+    near_dup_hash: str = NEAR_DUP_IMAGE_BITS
+
+    @classmethod
+    def for_limits(cls, limits: ImageLimits) -> ImageReport:
+        return cls(limits.max_bytes, limits.max_pixels, limits.max_per_example, limits.max_examples)
+
+    def read(self, row: RowImages) -> None:
+        self.rows_read += 1
+        self.images_read += row.count
+        for f, detail in zip(row.facts, row.details):
+            self.by_format[f.format] = self.by_format.get(f.format, 0) + 1
+            self.by_mode[f.mode] = self.by_mode.get(f.mode, 0) + 1
+            self.by_detail[detail] = self.by_detail.get(detail, 0) + 1
+            self.converted += f.mode in CONVERTED_MODES
+            self.bytes_total += f.nbytes
+            self.largest_pixels = max(self.largest_pixels, f.width * f.height)
+            self.image_tokens += openai_image_tokens(f.width, f.height, detail)
+
+    @property
+    def seen(self) -> bool:
+        return bool(self.images_read or self.images_refused)
+
+
 @dataclass
 class GateReport:
     status: str                                            # accepted | rejected
@@ -106,6 +161,7 @@ class GateReport:
     pii: PiiReport | None = None
     toxicity: ToxicityReport | None = None
     tokenization: TokenizationReport | None = None
+    images: ImageReport | None = None
     stats: dict[str, Any] = field(default_factory=dict)    # DatasetStats.summary()
     cost_estimate: dict[str, Any] | None = None
     notes: list[str] = field(default_factory=list)
@@ -144,7 +200,8 @@ class GateReport:
                 continue
             if f.name in ("errors", "warnings"):
                 value = [i.as_dict() for i in value]
-            elif f.name in ("near_dup", "contamination", "pii", "toxicity", "tokenization") and value is not None:
+            elif f.name in ("near_dup", "contamination", "pii", "toxicity", "tokenization", "images") and \
+                    value is not None:
                 value = asdict(value)
             elif f.name == "file" and value is None:
                 continue

@@ -7,6 +7,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from . import pii
+from .chat import part_text
 from .issues import Issue
 from .layouts import LAYOUTS, Layout, RowFacts, choose, key_issues
 from .schemas import PURPOSE_SCHEMAS, default_purpose
@@ -133,8 +134,14 @@ class LayoutGate:
 # ------------------------------------------------------------------------------- PII
 
 
+def _map_content(content: str | list, fn: Callable[[str], str]) -> str | list:
+    if type(content) is str:
+        return fn(content)
+    return [{**p, "text": fn(p["text"])} if p["type"] == "text" else p for p in content]
+
+
 def _map_message(m: dict, fn: Callable[[str], str]) -> dict:
-    out = {**m, "content": fn(m["content"])}
+    out = {**m, "content": _map_content(m["content"], fn)}
     if m.get("tool_calls"):
         out["tool_calls"] = [{**c, "function": {**c["function"], "arguments": fn(c["function"]["arguments"])}}
                              for c in m["tool_calls"]]
@@ -156,7 +163,7 @@ def contents(out: dict) -> list[str]:
     if "text" in out:
         return [out["text"]]
     messages = out["messages"] if "messages" in out else [m for s in ("prompt", "chosen", "rejected") for m in out[s]]
-    texts = [m["content"] for m in messages]
+    texts = [m["content"] if type(m["content"]) is str else part_text(m["content"]) for m in messages]
     for m in messages:
         texts += [c["function"]["arguments"] for c in m.get("tool_calls") or ()]
     return texts

@@ -65,9 +65,10 @@ def row_messages(out: dict) -> list[dict]:
 
 
 def text_messages(out: dict) -> list[dict]:
-    """`row_messages` with each message's tool calls folded into its content (what dedup reads)."""
+    """`row_messages` with each message's tool calls folded into its content and its images as `<image>`
+    marks (what dedup reads)."""
     messages = row_messages(out)
-    if any("tool_calls" in m for m in messages):
+    if any("tool_calls" in m or type(m["content"]) is list for m in messages):
         return [{"role": m["role"], "content": message_text(m)} for m in messages]
     return messages
 

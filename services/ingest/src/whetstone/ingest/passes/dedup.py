@@ -4,7 +4,12 @@ Exact: the SHA-256 digest of the normalized role-keyed text, kept as a 64-bit ke
 a compact set per origin (training file, given validation set); a validation row whose key is
 in the training set is an overlap warning. Near: LSH band collisions -> candidate pairs ->
 exact Jaccard of char 5-grams (rows read back from the store) -> clusters; every row of a
-cluster but its earliest is a near-duplicate."""
+cluster but its earliest is a near-duplicate.
+
+Rows with images: the exact digest covers the images' bytes (the same text with another image is
+another example), and a candidate pair's score is the lower of its text Jaccard and its image
+similarity (1 - the largest dHash distance of its image pairs / 64; rows with a different number
+of images score 0), so two rows are near-duplicates when their text AND their images are."""
 
 from __future__ import annotations
 
@@ -16,7 +21,10 @@ from pathlib import Path
 
 import numpy as np
 
+from ..adapters.images import image_hash_of_url
 from ..domain.actions import REMOVED
+from ..domain.chat import row_images
+from ..domain.images import image_similarity
 from ..domain.hashing import HashSet64
 from ..domain.minhash import LshParams, block_jaccards, candidate_pairs, clusters, shingle_sets, verify_pairs
 from ..domain.report import NearDupReport
@@ -128,12 +136,31 @@ class NearDedup:
 
 
 def stored_jaccards(path: str, offsets_path: str, part: np.ndarray) -> list[float]:
-    """`block_jaccards` of pairs of stored rows, read back from the store's files (in any process)."""
+    """`block_jaccards` of pairs of stored rows, read back from the store's files (in any process),
+    each capped by the pair's image similarity when a row has images."""
     read = RandomAccess(Path(path), np.memmap(offsets_path, dtype=np.int64, mode="r"))
+    hashes: dict[int, list[int]] = {}
+
+    def shingles_of(rows: list[int]) -> list[np.ndarray]:
+        stored = [read(i) for i in rows]
+        for i, row in zip(rows, stored):
+            if row.images:
+                hashes[i] = _image_hashes(row.payload)
+        return shingle_sets([_normalized(row) for row in stored])
+
     try:
-        return block_jaccards(part, lambda rows: shingle_sets([_normalized(read(i)) for i in rows]))
+        scores = block_jaccards(part, shingles_of)
     finally:
         read.close()
+    if hashes:
+        scores = [min(j, image_similarity(hashes.get(a, []), hashes.get(b, [])))
+                  for (a, b), j in zip(part.tolist(), scores)]
+    return scores
+
+
+def _image_hashes(payload: bytes) -> list[int]:
+    messages = json.loads(payload)["messages"]
+    return [h if (h := image_hash_of_url(image["url"])) is not None else -1 for _, _, image in row_images(messages)]
 
 
 def _normalized(row: Stored) -> str:

@@ -17,6 +17,7 @@ order, so the report is the one a single process writes.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 import multiprocessing
@@ -34,9 +35,11 @@ from typing import TypeVar
 
 import numpy as np
 
+from ..adapters.images import check_images
 from ..adapters.source import Record
 from ..domain.chat import uses_tools
 from ..domain.contamination import ReferenceIndex
+from ..domain.images import ImageLimits, RowImages, openai_image_tokens
 from ..domain.issues import Issue
 from ..domain.layouts import MAX_IGNORED_KEYS, RowFacts
 from ..domain.minhash import MinHasher
@@ -46,6 +49,7 @@ from ..domain.text import fingerprint
 from ..domain.toxicity import WordlistToxicity
 
 T = TypeVar("T")
+CHUNK_BYTES = 16 * 1024 ** 2     # a chunk's input lines stay under about this many bytes
 R = TypeVar("R")
 
 
@@ -64,6 +68,7 @@ class Candidate:
     toxicity: float | None = None
     bands: np.ndarray | None = None                          # MinHash band hashes
     shingles: int = 0
+    images: RowImages | None = None                          # the row's images (None: a text-only row)
 
 
 @dataclass
@@ -88,6 +93,7 @@ class PrepareContext:
     toxicity: WordlistToxicity | None        # only the built-in, pure classifier is run here
     hasher: MinHasher | None
     keep_text: bool                          # a plugged-in classifier scores the text later
+    images: ImageLimits = field(default_factory=ImageLimits)
 
 
 @dataclass
@@ -125,6 +131,11 @@ def prepare_record(rec: Record, layouts: LayoutGate, ctx: PrepareContext) -> tup
     if read.issues:
         return Prepared(rec.line, read.issues), None
     out = read.out
+    images = None
+    if "messages" in out and any(type(m["content"]) is list for m in out["messages"]):
+        issues, images = check_images(out["messages"], rec.line, ctx.images)
+        if issues:
+            return Prepared(rec.line, issues), None
     found = apply_pii(out, ctx.pii_policy)
     redacted = found.row
     messages = text_messages(redacted)
@@ -140,8 +151,12 @@ def prepare_record(rec: Record, layouts: LayoutGate, ctx: PrepareContext) -> tup
     payload = rec.raw if same else json.dumps(redacted, ensure_ascii=False).encode("utf-8", "surrogatepass")
     roles = role_counts(redacted)
     norm, digest = fingerprint(messages)
+    estimate = (len(text) + 3) // 4 + 4 * sum(roles.values())
+    if images is not None:      # the same text with other images is another example
+        digest = hashlib.sha256(digest + "".join(f.sha256 for f in images.facts).encode()).digest()
+        estimate += sum(openai_image_tokens(f.width, f.height, d) for f, d in zip(images.facts, images.details))
     prepared.candidate = Candidate(rec.line, rec.origin, payload, text if ctx.keep_text else None, digest, roles,
-                                   (len(text) + 3) // 4 + 4 * sum(roles.values()))
+                                   estimate, images=images)
     return prepared, (norm, text)
 
 
@@ -234,14 +249,14 @@ def _pack(p: Prepared, raw: bytes | None) -> tuple:
         return p.line, p.issues, p.pii, p.too_long, p.tools, None
     return p.line, p.issues, p.pii, p.too_long, p.tools, (
         c.line, c.origin, b"" if c.payload is raw else c.payload, c.text, c.digest, c.roles, c.estimate,
-        c.contamination, c.toxicity, c.shingles)
+        c.contamination, c.toxicity, c.shingles, c.images)
 
 
 def _unpack(packed: tuple, raw: bytes | None, bands: np.ndarray | None) -> Prepared:
     line, issues, pii, too_long, tools, c = packed
     candidate = None
     if c is not None:
-        candidate = Candidate(c[0], c[1], c[2] or raw or b"", *c[3:9], bands, c[9])
+        candidate = Candidate(c[0], c[1], c[2] or raw or b"", *c[3:9], bands, c[9], c[10])
     return Prepared(line, issues, pii, too_long, tools, candidate)
 
 
@@ -305,12 +320,16 @@ class Preparer:
                                               daemon=True)
             self._starting.start()
         try:
+            size = 0
             for rec in records:
                 chunk.append(rec)
-                if len(chunk) >= self.chunk_rows:
+                if rec.raw is not None:
+                    size += len(rec.raw)
+                # rows with images can be megabytes each: a chunk is also cut at CHUNK_BYTES
+                if len(chunk) >= self.chunk_rows or size >= CHUNK_BYTES:
                     seen += len(chunk)
                     yield from self._chunk(chunk, pending, seen)
-                    chunk = []
+                    chunk, size = [], 0
             if chunk:
                 yield from self._chunk(chunk, pending, seen + len(chunk))
             while pending:

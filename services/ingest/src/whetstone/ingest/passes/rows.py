@@ -2,14 +2,16 @@
 
 The pure work (parse, layout, normalise, PII scan, digests, screens) is done by `prepare`;
 here, in file order, the findings are applied: errors logged, PII counted and acted on
-(warn / redact / block), over-long rows refused."""
+(warn / redact / block), over-long rows refused, images counted (and the per-file cap on
+examples with images applied)."""
 
 from __future__ import annotations
 
 from ..adapters.formats import Source
 from ..domain.actions import keeps_row
 from ..domain.issues import Issue
-from ..domain.report import PiiReport
+from ..domain.images import ImageLimits
+from ..domain.report import IMAGE_ISSUES, ImageReport, PiiReport
 from ..domain.rows import LayoutGate
 from .findings import Findings
 from .prepare import Candidate, Prepared
@@ -19,9 +21,10 @@ __all__ = ["Candidate", "RowPass"]
 
 class RowPass:
     def __init__(self, layouts: LayoutGate, findings: Findings, pii: PiiReport, max_line_bytes: int,
-                 source: Source) -> None:
+                 source: Source, images: ImageReport | None = None) -> None:
         self.layouts, self.findings, self.pii, self.max_line_bytes = layouts, findings, pii, max_line_bytes
         self.source = source
+        self.images = images or ImageReport.for_limits(ImageLimits())
         self.tool_rows = 0
 
     def take(self, prepared: Prepared) -> Candidate | None:
@@ -30,6 +33,7 @@ class RowPass:
         if prepared.issues:
             for issue in prepared.issues:
                 log.add_error(self._with_dialect(issue))
+                self.images.images_refused += issue.code in IMAGE_ISSUES
             return None
         if prepared.pii and not self._pii(prepared.pii, prepared.line):
             return None
@@ -37,7 +41,15 @@ class RowPass:
             log.error("line_too_long", f"row text is longer than {self.max_line_bytes} characters", prepared.line)
             return None
         self.tool_rows += prepared.tools
-        return prepared.candidate
+        candidate = prepared.candidate
+        if candidate is not None and candidate.images is not None:
+            if self.images.rows_read >= self.images.max_examples:
+                log.error("too_many_image_examples", f"more than {self.images.max_examples:,} examples with images "
+                          "in the file (the limit per file)", prepared.line)
+                self.images.images_refused += 1
+                return None
+            self.images.read(candidate.images)
+        return candidate
 
     def _with_dialect(self, issue: Issue) -> Issue:
         """A CSV row that fits no layout may be a wrong delimiter guess: say how the file was read."""

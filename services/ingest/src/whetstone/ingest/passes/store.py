@@ -1,5 +1,5 @@
 """The surviving rows of pass 1, on local disk: one record per row (line, origin, side, length
-estimate, role counts, the output row), MinHash band hashes, byte offsets and line numbers.
+estimate, image count, role counts, the output row), MinHash band hashes, byte offsets and line numbers.
 Only 2 bytes per row (origin, LSH eligibility) stay in memory."""
 
 from __future__ import annotations
@@ -14,8 +14,8 @@ from ..domain.minhash import MinHasher
 from .prepare import Candidate
 
 ROLE_FIELDS = ("system", "user", "assistant", "tool", "text")
-_HEAD = b"\t".join([b"%d"] * (4 + len(ROLE_FIELDS))) + b"\t"
-_FIELDS = 4 + len(ROLE_FIELDS)
+_HEAD = b"\t".join([b"%d"] * (5 + len(ROLE_FIELDS))) + b"\t"
+_FIELDS = 5 + len(ROLE_FIELDS)
 
 
 @dataclass
@@ -27,6 +27,7 @@ class Stored:
     estimate: int              # tokens estimated from characters (no tokenizer)
     roles: dict[str, int]
     payload: bytes             # the output row, JSON
+    images: int = 0
 
 
 class CandidateStore:
@@ -47,7 +48,8 @@ class CandidateStore:
         if self.hasher is not None:          # band hashes computed by `prepare`
             bands.write(np.stack([p.bands for p in rows]).tobytes())
             self.eligible.append(np.array([p.shingles > 0 for p in rows], dtype=bool))
-        records = [_HEAD % (p.line, p.origin, side, p.estimate, *[p.roles.get(r, 0) for r in ROLE_FIELDS])
+        records = [_HEAD % (p.line, p.origin, side, p.estimate, p.images.count if p.images else 0,
+                            *[p.roles.get(r, 0) for r in ROLE_FIELDS])
                    + p.payload + b"\n" for p, side in zip(rows, sides)]
         sizes = np.fromiter(map(len, records), dtype=np.int64, count=len(records))
         offsets = np.empty(len(rows), dtype=np.int64)      # each record's start: one write for the batch
@@ -95,8 +97,8 @@ class CandidateStore:
 
 def _parse(record: bytes) -> Stored:
     parts = record.split(b"\t", _FIELDS)
-    roles = {r: int(parts[4 + j]) for j, r in enumerate(ROLE_FIELDS) if parts[4 + j] != b"0"}
-    return Stored(int(parts[0]), int(parts[2]), int(parts[3]), roles, parts[_FIELDS].rstrip(b"\n"))
+    roles = {r: int(parts[5 + j]) for j, r in enumerate(ROLE_FIELDS) if parts[5 + j] != b"0"}
+    return Stored(int(parts[0]), int(parts[2]), int(parts[3]), roles, parts[_FIELDS].rstrip(b"\n"), int(parts[4]))
 
 
 class RandomAccess:

@@ -10,8 +10,8 @@ from ..domain.actions import action_for
 from ..domain.cost import estimate_cost
 from ..domain.issues import Issue
 from ..domain.policies import Policies
-from ..domain.report import (ContaminationReport, GateReport, NearDupReport, PiiReport, TokenizationReport,
-                             ToxicityReport)
+from ..domain.report import (ContaminationReport, GateReport, ImageReport, NearDupReport, PiiReport,
+                             TokenizationReport, ToxicityReport)
 from ..domain.rows import LayoutGate
 from .dedup import ExactDedup
 from .findings import Findings
@@ -34,6 +34,7 @@ class Sections:
     pii: PiiReport
     toxicity: ToxicityReport
     tokenization: TokenizationReport
+    images: ImageReport | None = None
 
 
 def build_report(source: Source, layouts: LayoutGate, findings: Findings, exact: ExactDedup, near_clusters: int,
@@ -69,6 +70,7 @@ def build_report(source: Source, layouts: LayoutGate, findings: Findings, exact:
         tokens_total=written.stats.tokens_total, tokens_estimated=not tokenized, policies=policies.as_strings(),
         exact_duplicate_lines=exact.lines, near_dup=sections.near_dup, contamination=sections.contamination,
         pii=sections.pii, toxicity=sections.toxicity, tokenization=sections.tokenization,
+        images=sections.images if sections.images is not None and sections.images.seen else None,
         stats=written.stats.summary(), cost_estimate=cost, notes=notes)
 
 
@@ -107,6 +109,11 @@ def _summary_warnings(source: Source, layouts: LayoutGate, findings: Findings, e
         if tool_rows:
             log.warn("tools_unchecked", f"{tool_rows} row(s) use tools or tool calls; pass the base model to check "
                      "that its chat template renders them")
+    images = sections.images
+    if images is not None and images.converted:
+        modes = ", ".join(f"{m} x{n}" for m, n in sorted(images.by_mode.items()) if m not in ("RGB", "RGBA"))
+        log.warn("images_converted", f"{images.converted} image(s) are grey or palette images ({modes}); they are "
+                 "converted to RGB (RGBA when transparent) at training time")
     outliers = written.stats.outliers()
     if outliers:
         log.warn("length_outliers", f"{outliers} row(s) are over 8x the median length")

@@ -11,7 +11,7 @@ from typing import Any, Protocol
 
 import numpy as np
 
-from ..adapters.tokenizer import Tokenized, ToolsUnsupported
+from ..adapters.tokenizer import ImagesUnsupported, Tokenized, ToolsUnsupported
 from ..domain.actions import keeps_row
 from ..domain.report import TokenizationReport
 from .findings import Findings
@@ -101,6 +101,9 @@ class Tokenise:
                     out or json.loads(payload))[:4000]})
         except ToolsUnsupported as exc:
             self.findings.log.error("tools_unsupported", str(exc), line)
+            return None
+        except ImagesUnsupported as exc:
+            self.findings.log.error("images_unsupported_by_base", str(exc), line)
             return None
         except Exception as exc:  # the template's own errors (jinja, ChatFormatError, ...)
             self.findings.log.error("template_error", f"the chat template cannot render this row: "

@@ -24,6 +24,8 @@ class Written:
     tokens: list[int] = field(default_factory=lambda: [0, 0])
     stats: DatasetStats = field(default_factory=DatasetStats)
     estimated_over: int = 0                                        # rows whose estimate exceeds max_seq_len
+    images: int = 0                                                # images in the rows written
+    image_rows: int = 0
     paths: dict[str, Path] = field(default_factory=dict)           # side -> cleaned file (sides with rows)
     tokenized_paths: dict[str, Path] = field(default_factory=dict)
 
@@ -59,6 +61,9 @@ def write_outputs(store: CandidateStore, drop: np.ndarray, workdir: Path, tokeni
                 done.estimated_over += row.estimate > max_len
             done.stats.add(tokens, row.roles, trained)
             done.rows[row.side] += 1
+            if row.images:
+                done.images += row.images
+                done.image_rows += 1
             done.tokens[row.side] += tokens
             files[row.side].write(row.payload + b"\n")
             if done.kept % 4096 == 0:

@@ -167,3 +167,13 @@ MIGRATIONS.append(
     ALTER TABLE evals ADD PRIMARY KEY (job_id, checkpoint_uri);
     """ + FENCES_DDL
 )
+
+# 5: OpenAI's model ids (issue 38): a version's public id is its job's `fine_tuned_model` name
+# (naming.fine_tuned_model_for), unique per tenant; rows registered before keep their model_id as id
+MIGRATIONS.append(
+    """
+    ALTER TABLE models ADD COLUMN fine_tuned_model text;
+    CREATE UNIQUE INDEX models_fine_tuned_model ON models (tenant_id, fine_tuned_model)
+        WHERE fine_tuned_model IS NOT NULL;
+    """
+)

@@ -20,7 +20,7 @@ def _model(row: asyncpg.Record) -> ModelRecord:
     return ModelRecord(model_id=row["model_id"], job_id=row["job_id"], tenant_id=row["tenant_id"], name=row["name"],
                        stage=row["stage"], artifact_uri=row["artifact_uri"], artifact_sha256=row["artifact_sha256"],
                        created_at=row["created_at"], needs_reeval=row["needs_reeval"], lineage=row["lineage"],
-                       files=row["files"])
+                       files=row["files"], fine_tuned_model=row["fine_tuned_model"])
 
 
 class ModelStore:
@@ -82,11 +82,18 @@ class ModelStore:
         return job, ckpt, ev
 
     async def insert_model(self, model_id: str, job_id: str, tenant_id: str, name: str, artifact_uri: str,
-                           artifact_sha256: str, lineage_json: dict[str, Any], files: dict[str, str]) -> bool:
+                           artifact_sha256: str, lineage_json: dict[str, Any], files: dict[str, str],
+                           fine_tuned_model: str) -> bool:
         return bool(await self.conn.fetchval(
-            "INSERT INTO models (model_id, job_id, tenant_id, name, stage, artifact_uri, artifact_sha256, lineage, files)"
-            " VALUES ($1,$2,$3,$4,'dev',$5,$6,$7,$8) ON CONFLICT DO NOTHING RETURNING 1",
-            model_id, job_id, tenant_id, name, artifact_uri, artifact_sha256, lineage_json, files))
+            "INSERT INTO models (model_id, job_id, tenant_id, name, stage, artifact_uri, artifact_sha256, lineage, files,"
+            " fine_tuned_model) VALUES ($1,$2,$3,$4,'dev',$5,$6,$7,$8,$9) ON CONFLICT DO NOTHING RETURNING 1",
+            model_id, job_id, tenant_id, name, artifact_uri, artifact_sha256, lineage_json, files, fine_tuned_model))
+
+    async def fine_tuned_model_taken(self, tenant_id: str, fine_tuned_model: str, job_id: str) -> bool:
+        """Another job of the tenant already registered under this public id."""
+        return bool(await self.conn.fetchval(
+            "SELECT 1 FROM models WHERE tenant_id = $1 AND fine_tuned_model = $2 AND job_id <> $3",
+            tenant_id, fine_tuned_model, job_id))
 
     async def insert_lineage(self, model_id: str, lineage: LineageRecord, model_card_uri: str) -> None:
         values = [getattr(lineage, c) for c in LINEAGE_COLUMNS]
@@ -96,17 +103,20 @@ class ModelStore:
 
     # -- models ------------------------------------------------------------------
     async def get(self, model_id: str, tenant_id: str | None = None, *, for_update: bool = False) -> ModelRecord | None:
+        """One version by its internal id, or (with a tenant) by its public id (`fine_tuned_model`)."""
         row = await self.conn.fetchrow(
-            "SELECT * FROM models WHERE model_id = $1 AND ($2::text IS NULL OR tenant_id = $2)"
+            "SELECT * FROM models WHERE (model_id = $1 OR ($2::text IS NOT NULL AND fine_tuned_model = $1))"
+            " AND ($2::text IS NULL OR tenant_id = $2) ORDER BY model_id = $1 DESC LIMIT 1"
             + (" FOR UPDATE" if for_update else ""), model_id, tenant_id)
         return _model(row) if row else None
 
     async def resolve(self, ref: str, tenant_id: str) -> ModelRecord | None:
-        """A model id, or a model name (what a job's `fine_tuned_model` says): the name's production
-        version, else its newest staging, dev, quarantined, archived version, in that order."""
+        """A version's public id (`fine_tuned_model`) or internal id, else a model name (the versions of a
+        suffix): the name's production version, else its newest staging, dev, quarantined, archived one."""
         row = await self.conn.fetchrow(
-            "SELECT * FROM models WHERE (model_id = $1 OR name = $1) AND tenant_id = $2"
-            " ORDER BY model_id = $1 DESC, CASE stage WHEN 'production' THEN 0 WHEN 'staging' THEN 1 WHEN 'dev' THEN 2"
+            "SELECT * FROM models WHERE (model_id = $1 OR fine_tuned_model = $1 OR name = $1) AND tenant_id = $2"
+            " ORDER BY (model_id = $1 OR fine_tuned_model IS NOT DISTINCT FROM $1) DESC,"
+            " CASE stage WHEN 'production' THEN 0 WHEN 'staging' THEN 1 WHEN 'dev' THEN 2"
             " WHEN 'quarantined' THEN 3 ELSE 4 END, created_at DESC LIMIT 1", ref, tenant_id)
         return _model(row) if row else None
 
@@ -114,9 +124,10 @@ class ModelStore:
                    after: str | None = None, limit: int = 100) -> list[ModelRecord]:
         rows = await self.conn.fetch(
             "SELECT * FROM models WHERE tenant_id = $1 AND ($2::text IS NULL OR job_id = $2)"
-            " AND ($3::text IS NULL OR name = $3)"
+            " AND ($3::text IS NULL OR name = $3 OR name = (SELECT name FROM models WHERE tenant_id = $1"
+            "      AND fine_tuned_model = $3))"
             " AND ($4::text IS NULL OR (created_at, model_id) < (SELECT created_at, model_id FROM models"
-            "      WHERE model_id = $4 AND tenant_id = $1))"
+            "      WHERE (model_id = $4 OR fine_tuned_model = $4) AND tenant_id = $1))"
             " ORDER BY created_at DESC, model_id DESC LIMIT $5", tenant_id, job_id, name, after, limit)
         return [_model(r) for r in rows]
 

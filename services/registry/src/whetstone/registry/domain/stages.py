@@ -47,6 +47,11 @@ class ModelRecord:
     needs_reeval: bool = False
     lineage: dict[str, Any] = field(default_factory=dict)
     files: dict[str, str] = field(default_factory=dict)
+    fine_tuned_model: str | None = None   # the public id (OpenAI's); None for versions registered before it
+
+    @property
+    def public_id(self) -> str:
+        return self.fine_tuned_model or self.model_id
 
 
 @dataclass(frozen=True)

@@ -104,10 +104,10 @@ class Batcher:
             if orphans:  # never served from other weights (the pool pins adapters in use: a safety net)
                 running.fail("the adapter was unloaded while generating", only=orphans)
             newcomers = self._take(room=self.max_batch - len(running.rows))
-            gone = [r for r in newcomers if r.adapter not in self.engine.adapters]
+            gone = [r for r in newcomers if self.engine.slot_of(r.adapter) is None]
             for row in gone:  # never served from other weights: the adapter was unloaded meanwhile
                 row.emit(f"adapter {row.adapter} is no longer loaded", "error")
-            newcomers = [r for r in newcomers if r.adapter in self.engine.adapters]
+            newcomers = [r for r in newcomers if self.engine.slot_of(r.adapter) is not None]
             try:
                 if newcomers:
                     self._count(len(newcomers))

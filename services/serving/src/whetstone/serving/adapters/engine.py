@@ -16,6 +16,7 @@ from pathlib import Path
 
 from whetstone.modelkit.loading import load_model, load_tokenizer
 
+from ..domain.catalog import BASE_ADAPTER
 from .multilora import StackedLora, read_lora
 
 
@@ -102,7 +103,7 @@ class LoraEngine:
         self.pad_id = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else 0
         self.model = base
         self.lora = StackedLora(base, slots=slots, max_rank=max_rank)
-        self.adapters: dict[str, int] = {}  # adapter name -> slot
+        self.adapters: dict[str, int] = {}  # loaded adapter name -> slot
         self._free = list(range(slots, 0, -1))
 
     # -- adapters ---------------------------------------------------------------
@@ -122,6 +123,10 @@ class LoraEngine:
         slot = self._free.pop()
         self.lora.put(slot, config, pairs)
         self.adapters[name] = slot
+
+    def slot_of(self, name: str) -> int | None:
+        """The slot a row of `name` runs in: 0 for the base alone (BASE_ADAPTER), None when not loaded."""
+        return 0 if name == BASE_ADAPTER else self.adapters.get(name)
 
     def unload(self, name: str) -> None:
         slot = self.adapters.pop(name, None)
@@ -193,7 +198,7 @@ class RunningBatch:
         names = {r.adapter for r in rows} | (self.adapters if not mixed else set())
         if not mixed and len(names) > 1:
             raise ValueError("a one-adapter batch got several adapters")
-        slots = [engine.adapters[r.adapter] for r in rows]
+        slots = [engine.slot_of(r.adapter) for r in rows]
         width = max(len(r.prompt_ids) for r in rows)
         ids = torch.full((len(rows), width), engine.pad_id, dtype=torch.long)
         attn = torch.zeros((len(rows), width), dtype=torch.long)
@@ -287,4 +292,4 @@ class RunningBatch:
     def orphans(self) -> set[str]:
         """Adapters of running rows that are no longer in the slot the rows joined with."""
         return {s.row.adapter for s, slot in zip(self.rows, self.slots)
-                if self.engine.adapters.get(s.row.adapter) != slot}
+                if self.engine.slot_of(s.row.adapter) != slot}

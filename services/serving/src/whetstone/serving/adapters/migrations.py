@@ -28,4 +28,19 @@ MIGRATIONS = [
         PRIMARY KEY (tenant_id, name)
     );
     """,
+    """
+    -- OpenAI's model ids (issue 38): a version's public id and job; the checkpoints of every job
+    -- (checkpoint.written), served as `<fine_tuned_model>:ckpt-step-<N>` once the job's model is live
+    ALTER TABLE model_versions ADD COLUMN fine_tuned_model text;
+    ALTER TABLE model_versions ADD COLUMN job_id text;
+    CREATE TABLE checkpoints (
+        tenant_id       text NOT NULL,
+        job_id          text NOT NULL,
+        step            int NOT NULL,
+        uri             text NOT NULL,
+        manifest_sha256 text NOT NULL,
+        attempt         int NOT NULL DEFAULT 1,
+        PRIMARY KEY (tenant_id, job_id, step)
+    );
+    """,
 ]

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from whetstone.runtime.s3 import ObjectStore
-from whetstone.serving.domain.catalog import AdapterUnavailable, ModelVersion, ServingError
+from whetstone.serving.domain.catalog import BASE_ADAPTER, AdapterUnavailable, ModelVersion, ServingError
 from whetstone.serving.domain.residency import LruBudget
 
 from .artifacts import fetch_adapter
@@ -57,6 +57,8 @@ class AdapterPool:
 
     async def acquire(self, version: ModelVersion) -> Lease:
         key = version.model_id
+        if key == BASE_ADAPTER:  # the base alone: always resident, nothing to pin
+            return Lease(self, key, None)
         failure = self._failed.get((key, version.artifact_sha256))
         if failure is not None:
             raise failure

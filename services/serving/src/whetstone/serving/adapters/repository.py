@@ -13,7 +13,7 @@ from whetstone.serving.domain.catalog import ModelVersion
 from whetstone.serving.domain.routing import Route, make_route
 
 _COLUMNS = ("model_id, tenant_id, name, stage, artifact_uri, artifact_sha256, files, base_model, base_model_sha256,"
-            " chat_template_sha256, sequence")
+            " chat_template_sha256, sequence, fine_tuned_model, job_id")
 CHANNEL = "serving_projection"  # NOTIFY on it is delivered to every replica when the transaction commits
 
 
@@ -22,7 +22,7 @@ def _version(row: asyncpg.Record) -> ModelVersion:
                         artifact_uri=row["artifact_uri"], artifact_sha256=row["artifact_sha256"],
                         files=dict(row["files"] or {}), base_model=row["base_model"],
                         base_model_sha256=row["base_model_sha256"], chat_template_sha256=row["chat_template_sha256"],
-                        sequence=row["sequence"])
+                        sequence=row["sequence"], fine_tuned_model=row["fine_tuned_model"], job_id=row["job_id"])
 
 
 class AsyncpgServingRepository:
@@ -70,23 +70,25 @@ class AsyncpgServingRepository:
     async def record_registered(conn: asyncpg.Connection, v: ModelVersion) -> None:
         """Artifact facts always; the stage only while no promotion has been applied yet."""
         await conn.execute(
-            f"INSERT INTO model_versions ({_COLUMNS}) VALUES ($1,$2,$3,$4,$5,$6,$7,$8,$9,$10,0)"
+            f"INSERT INTO model_versions ({_COLUMNS}) VALUES ($1,$2,$3,$4,$5,$6,$7,$8,$9,$10,0,$11,$12)"
             " ON CONFLICT (model_id) DO UPDATE SET name = EXCLUDED.name,"
             " stage = CASE WHEN model_versions.sequence > 0 THEN model_versions.stage ELSE EXCLUDED.stage END,"
             " artifact_uri = EXCLUDED.artifact_uri, artifact_sha256 = EXCLUDED.artifact_sha256,"
             " files = CASE WHEN EXCLUDED.files = '{}'::jsonb THEN model_versions.files ELSE EXCLUDED.files END,"
             " base_model = EXCLUDED.base_model, base_model_sha256 = EXCLUDED.base_model_sha256,"
             " chat_template_sha256 = COALESCE(EXCLUDED.chat_template_sha256, model_versions.chat_template_sha256),"
+            " fine_tuned_model = COALESCE(EXCLUDED.fine_tuned_model, model_versions.fine_tuned_model),"
+            " job_id = COALESCE(EXCLUDED.job_id, model_versions.job_id),"
             " change_seq = nextval('projection_changes'), updated_at = now()",
             v.model_id, v.tenant_id, v.name, v.stage, v.artifact_uri, v.artifact_sha256, v.files, v.base_model,
-            v.base_model_sha256, v.chat_template_sha256)
+            v.base_model_sha256, v.chat_template_sha256, v.fine_tuned_model, v.job_id)
 
     @staticmethod
     async def record_promoted(conn: asyncpg.Connection, v: ModelVersion, sequence: int | None) -> bool:
         """Apply a stage change unless a newer one was applied already; True when applied."""
         applied = await conn.fetchval(
             f"INSERT INTO model_versions ({_COLUMNS})"
-            " VALUES ($1,$2,COALESCE(NULLIF($3,''),$1),$4,$5,$6,$7,$8,$9,$10,$11)"
+            " VALUES ($1,$2,COALESCE(NULLIF($3,''),$1),$4,$5,$6,$7,$8,$9,$10,$11,$13,$14)"
             " ON CONFLICT (model_id) DO UPDATE SET stage = EXCLUDED.stage,"
             " name = CASE WHEN EXCLUDED.name = '' THEN model_versions.name ELSE EXCLUDED.name END,"
             " artifact_uri = COALESCE(EXCLUDED.artifact_uri, model_versions.artifact_uri),"
@@ -96,18 +98,36 @@ class AsyncpgServingRepository:
             " base_model_sha256 = COALESCE(EXCLUDED.base_model_sha256, model_versions.base_model_sha256),"
             " chat_template_sha256 = COALESCE(EXCLUDED.chat_template_sha256, model_versions.chat_template_sha256),"
             " sequence = GREATEST(EXCLUDED.sequence, model_versions.sequence),"
+            " fine_tuned_model = COALESCE(EXCLUDED.fine_tuned_model, model_versions.fine_tuned_model),"
+            " job_id = COALESCE(EXCLUDED.job_id, model_versions.job_id),"
             " change_seq = nextval('projection_changes'), updated_at = now()"
             " WHERE $12::bigint IS NULL OR $12::bigint > model_versions.sequence"
             " RETURNING 1",
             v.model_id, v.tenant_id, v.name, v.stage, v.artifact_uri, v.artifact_sha256, v.files, v.base_model,
-            v.base_model_sha256, v.chat_template_sha256, sequence or 0, sequence)
+            v.base_model_sha256, v.chat_template_sha256, sequence or 0, sequence, v.fine_tuned_model, v.job_id)
         return bool(applied)
+
+    @staticmethod
+    async def record_checkpoint(conn: asyncpg.Connection, tenant_id: str, job_id: str, step: int, uri: str,
+                                manifest_sha256: str, attempt: int | None) -> None:
+        """A durable checkpoint; at one step a later attempt's replaces an earlier attempt's."""
+        await conn.execute(
+            "INSERT INTO checkpoints (tenant_id, job_id, step, uri, manifest_sha256, attempt) VALUES ($1,$2,$3,$4,$5,$6)"
+            " ON CONFLICT (tenant_id, job_id, step) DO UPDATE SET uri = EXCLUDED.uri,"
+            " manifest_sha256 = EXCLUDED.manifest_sha256, attempt = EXCLUDED.attempt"
+            " WHERE checkpoints.attempt <= EXCLUDED.attempt", tenant_id, job_id, step, uri, manifest_sha256, attempt or 1)
 
     # -- reads ---------------------------------------------------------------------
     async def changes_since(self, change_seq: int, limit: int = 500) -> list[tuple[int, ModelVersion]]:
         rows = await self.pool.fetch(f"SELECT change_seq, {_COLUMNS} FROM model_versions WHERE change_seq > $1"
                                      " ORDER BY change_seq LIMIT $2", change_seq, limit)
         return [(r["change_seq"], _version(r)) for r in rows]
+
+    async def checkpoint(self, tenant_id: str, job_id: str, step: int) -> tuple[str, str] | None:
+        """(uri, manifest sha256) of the tenant's job's checkpoint at `step`."""
+        row = await self.pool.fetchrow("SELECT uri, manifest_sha256 FROM checkpoints WHERE tenant_id = $1"
+                                       " AND job_id = $2 AND step = $3", tenant_id, job_id, step)
+        return (row["uri"], row["manifest_sha256"]) if row else None
 
     # -- routes --------------------------------------------------------------------
     async def route_changes_since(self, change_seq: int) -> list[tuple[int, str, str, Route | None]]:

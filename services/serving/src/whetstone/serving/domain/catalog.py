@@ -65,6 +65,8 @@ class ModelVersion:
     base_model_sha256: str | None = None
     chat_template_sha256: str | None = None
     sequence: int = 0
+    fine_tuned_model: str | None = None  # the public id (OpenAI's fine_tuned_model)
+    job_id: str | None = None
 
     @property
     def servable(self) -> bool:
@@ -72,9 +74,9 @@ class ModelVersion:
 
 
 def choose_version(requested: str, candidates: Sequence[ModelVersion]) -> ModelVersion:
-    """`requested` is a model id (exact version) or a model name: production first, else the
-    newest staging version. Candidates are the caller's own versions matching either."""
-    exact = [c for c in candidates if c.model_id == requested]
+    """`requested` is a version's public or internal id (exact version) or a model name: production
+    first, else the newest staging version. Candidates are the caller's own versions matching either."""
+    exact = [c for c in candidates if requested in (c.model_id, c.fine_tuned_model)]
     named = exact or [c for c in candidates if c.name == requested]
     if not named:
         raise ModelNotFound(f"The model `{requested}` does not exist or you do not have access to it.")
@@ -84,6 +86,36 @@ def choose_version(requested: str, candidates: Sequence[ModelVersion]) -> ModelV
         raise ModelNotDeployed(f"The model `{requested}` is {newest.stage}, not deployed: only staging and "
                                "production models are served.")
     return live[0]
+
+
+BASE_ADAPTER = "whetstone:base"  # the engine's adapter slot 0: the base model alone, no adapter
+
+
+def base_version(tenant_id: str, name: str, sha256: str) -> ModelVersion:
+    """The served base model itself, as a version any tenant may call (OpenAI's base models)."""
+    return ModelVersion(model_id=BASE_ADAPTER, tenant_id=tenant_id, name=name, stage="production",
+                        base_model=name, base_model_sha256=sha256)
+
+
+def checkpoint_version(parent: ModelVersion | None, requested: str, step: int,
+                       stored: tuple[str, str] | None) -> ModelVersion:
+    """A checkpoint of a registered model's job (`<fine_tuned_model>:ckpt-step-<N>`, OpenAI's
+    fine_tuned_model_checkpoint), served like a version of its own: only once the job's model passed the
+    eval gate (staging or production), on the same base and chat template. `stored`: (uri, manifest sha256)."""
+    if parent is None:
+        raise ModelNotFound(f"The model `{requested}` does not exist or you do not have access to it: a checkpoint "
+                            "is served once its job's model is registered.")
+    if not parent.servable:
+        raise ModelNotDeployed(f"The checkpoint `{requested}` belongs to `{parent.fine_tuned_model}`, which is "
+                               f"{parent.stage}: checkpoints of a job are served only while its model is staging or "
+                               "production.")
+    if stored is None:
+        raise ModelNotFound(f"The job of `{parent.fine_tuned_model}` wrote no checkpoint at step {step}.")
+    uri, manifest_sha256 = stored
+    return ModelVersion(model_id=requested, tenant_id=parent.tenant_id, name=requested, stage=parent.stage,
+                        artifact_uri=uri, artifact_sha256=manifest_sha256, base_model=parent.base_model,
+                        base_model_sha256=parent.base_model_sha256, chat_template_sha256=parent.chat_template_sha256,
+                        fine_tuned_model=requested, job_id=parent.job_id)
 
 
 def check_servable_on(version: ModelVersion, served_base_sha256: str) -> None:
@@ -124,6 +156,7 @@ class LiveCatalog:
     def __init__(self) -> None:
         self.versions: dict[str, ModelVersion] = {}
         self._by_name: dict[tuple[str, str], set[str]] = {}
+        self._by_public: dict[tuple[str, str], str] = {}   # (tenant, fine_tuned_model) -> model_id
         self.routes: dict[tuple[str, str], object] = {}  # (tenant, name) -> routing.Route
 
     def put(self, version: ModelVersion) -> None:
@@ -132,16 +165,25 @@ class LiveCatalog:
             self._by_name.get((old.tenant_id, old.name), set()).discard(old.model_id)
         self.versions[version.model_id] = version
         self._by_name.setdefault((version.tenant_id, version.name), set()).add(version.model_id)
+        if version.fine_tuned_model:
+            self._by_public[(version.tenant_id, version.fine_tuned_model)] = version.model_id
 
     def candidates(self, tenant_id: str, requested: str) -> list[ModelVersion]:
         ids = set(self._by_name.get((tenant_id, requested), ()))
-        exact = self.versions.get(requested)
+        exact = self.versions.get(self._by_public.get((tenant_id, requested), requested))
         if exact is not None and exact.tenant_id == tenant_id:
-            ids.add(requested)
+            ids.add(exact.model_id)
         return [self.versions[i] for i in ids]
 
+    def public(self, tenant_id: str, fine_tuned_model: str) -> ModelVersion | None:
+        """The tenant's version whose public id is `fine_tuned_model`."""
+        model_id = self._by_public.get((tenant_id, fine_tuned_model))
+        return self.versions.get(model_id) if model_id else None
+
     def owned(self, tenant_id: str, model_ids: Sequence[str]) -> dict[str, ModelVersion]:
-        return {m: v for m in model_ids if (v := self.versions.get(m)) is not None and v.tenant_id == tenant_id}
+        """The tenant's versions named by internal or public id, keyed by the name given."""
+        found = {m: self.versions.get(self._by_public.get((tenant_id, m), m)) for m in model_ids}
+        return {m: v for m, v in found.items() if v is not None and v.tenant_id == tenant_id}
 
     def put_route(self, tenant_id: str, name: str, route: object | None) -> None:
         if route is None:

@@ -1,0 +1,111 @@
+"""Chats with images for a vision-language base: what ingest counts and what training feeds.
+
+A normalised chat row keeps OpenAI's image parts in user contents
+(`{"type": "image_url", "image_url": {"url": "data:image/png;base64,..."}}`). For the
+platform's text rendering and masking (`whetstone.modelkit.chat`), each image becomes the
+processor's image token in the text (`<image>` for LLaVA) and every image token is then
+expanded to the number of tokens the processor inserts for that image (16 for the tiny
+LLaVA); the expanded tokens are never trained (label -100), exactly as the processor lays
+out `input_ids` before the model replaces them with image features.
+
+Grey and palette images (L, LA, P, PA, 1) are converted here, when the image is opened for
+training: to RGBA when they carry transparency, else to RGB (ingest accepted them and said so).
+"""
+
+from __future__ import annotations
+
+import base64
+import io
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+IGNORE_INDEX = -100
+PROCESSOR_FILES = ("processor_config.json", "preprocessor_config.json")
+
+
+def is_vision_model(location: str | Path) -> bool:
+    """A local model directory with an image processor (a Hub VLM's files)."""
+    d = Path(location)
+    return d.is_dir() and any((d / name).is_file() for name in PROCESSOR_FILES)
+
+
+def load_processor(location: str | Path):
+    """The model's processor (AutoProcessor), or None when it has no image processor."""
+    if not is_vision_model(location):
+        return None
+    from transformers import AutoProcessor  # noqa: PLC0415
+
+    processor = AutoProcessor.from_pretrained(str(location))
+    return processor if getattr(processor, "image_processor", None) is not None else None
+
+
+def has_images(messages: Sequence[Mapping[str, Any]]) -> bool:
+    return any(type(m.get("content")) is list for m in messages)
+
+
+def image_urls(messages: Sequence[Mapping[str, Any]]) -> list[str]:
+    return [p["image_url"]["url"] for m in messages if type(m.get("content")) is list
+            for p in m["content"] if p.get("type") == "image_url"]
+
+
+def text_messages(messages: Sequence[Mapping[str, Any]], image_token: str) -> list[dict[str, Any]]:
+    """Messages whose content lists are strings again, each image written as `image_token`."""
+    out = []
+    for m in messages:
+        content = m.get("content")
+        if type(content) is list:
+            text = "".join(image_token if p.get("type") in ("image_url", "image") else p.get("text", "")
+                           for p in content)
+            m = {**m, "content": text}
+        out.append(dict(m))
+    return out
+
+
+def open_image(url: str):
+    """A data URL's image as a PIL image in RGB or RGBA (grey and palette images converted)."""
+    from PIL import Image  # noqa: PLC0415
+
+    _, _, body = url.partition(",")
+    im = Image.open(io.BytesIO(base64.b64decode(body)))
+    im.load()
+    if im.mode in ("RGB", "RGBA"):
+        return im
+    transparent = im.mode in ("LA", "PA") or (im.mode == "P" and "transparency" in im.info)
+    return im.convert("RGBA" if transparent else "RGB")
+
+
+def image_size(url: str) -> tuple[int, int]:
+    """(height, width) of a data URL's image, from its header."""
+    from PIL import Image  # noqa: PLC0415
+
+    _, _, body = url.partition(",")
+    with Image.open(io.BytesIO(base64.b64decode(body))) as im:
+        return im.height, im.width
+
+
+def image_token_counts(processor, sizes: Sequence[tuple[int, int]]) -> list[int]:
+    """Tokens the processor inserts for images of these (height, width) sizes."""
+    if not sizes:
+        return []
+    data = processor._get_num_multimodal_tokens(image_sizes=[list(s) for s in sizes])
+    return list(data["num_image_tokens"])
+
+
+def expand_image_tokens(ids: list[int], labels: list[int], image_token_id: int, counts: Sequence[int]
+                        ) -> tuple[list[int], list[int]]:
+    """Each occurrence of the image token repeated to its image's count (labels -100)."""
+    if image_token_id not in ids:
+        return ids, labels
+    out_ids: list[int] = []
+    out_labels: list[int] = []
+    k = 0
+    for tok, lab in zip(ids, labels):
+        if tok == image_token_id and k < len(counts):
+            out_ids += [tok] * counts[k]
+            out_labels += [IGNORE_INDEX] * counts[k]
+            k += 1
+        else:
+            out_ids.append(tok)
+            out_labels.append(lab)
+    return out_ids, out_labels
