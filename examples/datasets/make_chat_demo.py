@@ -1,8 +1,8 @@
 """Generate `chat_demo.jsonl`: small, synthetic, learnable chat SFT data.
 
-Deterministic for a given seed. Four templated tasks a LoRA on a tiny random model can
+Deterministic for a given seed; every row is distinct. Four templated tasks a LoRA on a tiny random model can
 pick up in about one epoch: capital-city facts, one-digit addition, echoing words back,
-and a fixed greeting reply. Some rows carry a system prompt, some have two turns.
+and a reply to a greeting. Some rows carry a system prompt, some have two turns.
 
     python examples/datasets/make_chat_demo.py                      # writes chat_demo.jsonl (240 rows)
     python examples/datasets/make_chat_demo.py --rows 40 --seed 7 --out /tmp/holdout.jsonl
@@ -24,8 +24,10 @@ CAPITALS = {
 }
 WORDS = ["apple", "banana", "cherry", "river", "mountain", "forest", "cloud", "stone",
          "paper", "garden", "window", "music", "yellow", "purple", "green", "blue"]
-GREETINGS = ["Hello!", "Hi there!", "Good morning!", "Hey!", "Hello, assistant."]
-GREETING_REPLY = "Hello! How can I help you today?"
+# each greeting gets its own reply: rows that differ only in the greeting would be near-duplicates
+GREETINGS = {"Hello!": "Hello! How can I help you today?", "Hi there!": "Hi! What can I do for you?",
+             "Good morning!": "Good morning to you. What do you need?", "Hey!": "Hey, nice to see you.",
+             "Hello, assistant.": "Hello, user. Ask me anything."}
 
 
 def _capital(rng: random.Random) -> tuple[str, str]:
@@ -44,7 +46,8 @@ def _echo(rng: random.Random) -> tuple[str, str]:
 
 
 def _greeting(rng: random.Random) -> tuple[str, str]:
-    return rng.choice(GREETINGS), GREETING_REPLY
+    greeting = rng.choice(sorted(GREETINGS))
+    return greeting, GREETINGS[greeting]
 
 
 TASKS = (_capital, _addition, _echo, _greeting)
@@ -62,8 +65,17 @@ def make_row(rng: random.Random) -> dict:
 
 
 def generate_rows(n: int = 240, seed: int = 0) -> list[dict]:
+    """`n` distinct rows: a row drawn twice is drawn again (the ingest gate would drop the copy)."""
     rng = random.Random(seed)
-    return [make_row(rng) for _ in range(n)]
+    rows: dict[str, dict] = {}
+    for _ in range(n * 100):
+        if len(rows) == n:
+            break
+        row = make_row(rng)
+        rows.setdefault(json.dumps(row, sort_keys=True), row)
+    if len(rows) < n:
+        raise ValueError(f"only {len(rows)} distinct rows could be drawn; ask for fewer")
+    return list(rows.values())
 
 
 def write_jsonl(rows: list[dict], path: Path) -> Path:

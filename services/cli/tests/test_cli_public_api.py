@@ -44,12 +44,12 @@ async def test_cli_over_the_public_api(platform, settings, monkeypatch, capsys):
             code, out = await asyncio.to_thread(run, "keys", "create", "nobody")
             assert code == 1 and "tenant_not_found" in out[-1], out  # unknown tenant: refused, said why
             code, out = await asyncio.to_thread(run, "keys", "list", "--json")
-            assert code == 0 and [k["name"] for k in json.loads("\n".join(out))] == ["cli"]
+            assert code == 0 and [k["name"] for k in json.loads("\n".join(out))["data"]] == ["cli"]
             # a producer token for external job.requested producers: shown once, listed and revoked like a key
             code, out = await asyncio.to_thread(run, "keys", "create-producer", "demo", "--name", "feed")
             assert code == 0 and out[-1].startswith("whp_") and ".demo." in out[-1] and "producer-token" in out[0], out
             code, out = await asyncio.to_thread(run, "keys", "list", "--json")
-            token = next(k for k in json.loads("\n".join(out)) if k["object"] == "producer_token")
+            token = next(k for k in json.loads("\n".join(out))["data"] if k["object"] == "producer_token")
             assert token["name"] == "feed" and token["status"] == "active"
             code, out = await asyncio.to_thread(run, "keys", "revoke", token["id"])
             assert code == 0 and out[-1] == f"revoked {token['id']} (tenant demo)"
@@ -68,7 +68,8 @@ async def test_cli_over_the_public_api(platform, settings, monkeypatch, capsys):
                                                   "lora", "--epochs", "1", "--idempotency-key", "cli-1")
             assert again[-1] == job_id   # an idempotent retry
             code, out = await asyncio.to_thread(run, "jobs", "list", "--json")
-            assert [j["id"] for j in json.loads("\n".join(out))] == [job_id]
+            listed = json.loads("\n".join(out))   # the API's list object
+            assert listed["object"] == "list" and [j["id"] for j in listed["data"]] == [job_id]
             code, out = await asyncio.to_thread(run, "jobs", "cancel", job_id, "--json")
             assert code == 0 and json.loads("\n".join(out))["status"] in ("cancelled", "queued", "running")
             code, out = await asyncio.to_thread(run, "jobs", "events", job_id)
@@ -85,6 +86,18 @@ async def test_cli_over_the_public_api(platform, settings, monkeypatch, capsys):
                             break
             events = [json.loads(x[6:]) for x in lines if x.startswith("data: {")]
             assert events and events[0]["object"] == "fine_tuning.job.event" and lines[-1] == "data: [DONE]"
+            code, out = await asyncio.to_thread(run, "jobs", "checkpoints", job_id, "--json")
+            assert code == 0 and json.loads("\n".join(out))["object"] == "list", out
+            code, out = await asyncio.to_thread(run, "jobs", "list")
+            assert code == 0 and out[0].startswith(job_id) and "None" not in out[0], out
+            code, out = await asyncio.to_thread(run, "files", "list", "--json")
+            assert json.loads("\n".join(out))["object"] == "list"
+            # a file no job trains on can be deleted
+            spare = Path(os.environ["WHETSTONE_DATA_DIR"]) / "spare.jsonl"
+            spare.write_text(DATASET.read_text().splitlines()[0] + "\n")
+            code, out = await asyncio.to_thread(run, "files", "upload", str(spare))
+            code, out = await asyncio.to_thread(run, "files", "delete", out[-1])
+            assert code == 0 and out[-1].startswith("deleted ds-"), out
             code, out = await asyncio.to_thread(run, "jobs", "get", "ftjob-nope")
             assert code == 1 and "404" in out[-1], out
             # a job with an out-of-range hyperparameter: refused, the field named

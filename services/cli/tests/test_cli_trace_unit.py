@@ -41,6 +41,7 @@ def test_events_in_production_order_with_their_consumers_in_consumption_order():
     text = render("ftjob-1", trace, {"serving": "unreachable"})
     assert "job.assigned" in text and "-> trainer-agent" in text and "(no consumer recorded)" in text
     assert "longest hop: registry" in text and "serving did not answer" in text
+    assert "(gone)" not in text and "dataset.validated @?*" in text and "1 event(s) without a place" in text
     assert render("ftjob-1", [], {}) == "no events found for ftjob-1"
 
 

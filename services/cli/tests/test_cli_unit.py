@@ -37,9 +37,116 @@ def test_loss_curve_png(tmp_path):
     assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
-def test_eta_from_the_step_rate():
+def test_eta_from_real_step_times_only():
     rate: dict = {}
-    job = {"progress": {"step": 10, "total_steps": 110}}
+    job = {"status": "running", "progress": {"step": 10, "total_steps": 110}}
     assert eta_text(job, rate, now=100.0) == "-"
     job["progress"]["step"] = 20
-    assert eta_text(job, rate, now=110.0) == "90s"   # 10 steps per 10 s, 90 steps left
+    assert eta_text(job, rate, now=110.0) == "1:30"   # 10 steps per 10 s, 90 steps left
+    # the trainer's measured seconds per step win
+    assert eta_text({"status": "running", "progress": {"step": 20, "total_steps": 110, "step_time_s": 2.0}},
+                    {}, now=0) == "3:00"
+    # none during set-up or in the queue, whatever the platform's own estimate says
+    for job in ({"status": "queued", "estimated_finish": 10**10, "progress": {}},
+                {"status": "running", "state": "provisioning", "progress": {"total_steps": 40}},
+                {"status": "running", "progress": {"step": 0, "total_steps": 40, "step_time_s": 1.0}}):
+        assert eta_text(job, {}, now=0) == "-"
+
+
+def test_progress_lines_never_show_none_and_label_the_eta():
+    from whetstone.cli.follow import progress_text
+    from whetstone.cli.jobs_cli import job_line
+
+    base = {"id": "ftjob-1", "model": "tiny-llama", "training_file": "ds-1", "created_at": 1}
+    setting_up = {**base, "status": "running", "state": "provisioning", "progress": {"total_steps": None}}
+    assert "None" not in progress_text(setting_up, "-", 3) and "step" not in job_line(setting_up)
+    assert "waiting for the first step" in progress_text(setting_up, "-", 3)
+    running = {**base, "status": "running", "progress": {"step": 5, "total_steps": None, "loss": 1.5}}
+    assert "step 5 " in progress_text(running, "-", 3) + " " and "None" not in job_line(running)
+    line = progress_text({**running, "progress": {"step": 5, "total_steps": 40, "loss": 1.5}}, "0:35", 65)
+    assert line.split()[1:] == ["step", "5/40", "loss", "1.5000", "ETA", "0:35", "elapsed", "1:05"]
+
+
+def test_non_terminal_output_prints_one_line_per_update(capsys):
+    import io
+
+    from whetstone.cli.follow import follow
+
+    states = iter([
+        {"id": "j", "status": "queued", "progress": {}},
+        {"id": "j", "status": "queued", "progress": {}},
+        {"id": "j", "status": "running", "state": "provisioning", "progress": {"total_steps": 4}},
+        {"id": "j", "status": "running", "progress": {"step": 2, "total_steps": 4, "loss": 2.0, "step_time_s": 1}},
+        {"id": "j", "status": "running", "progress": {"step": 2, "total_steps": 4, "loss": 2.0, "step_time_s": 1}},
+        {"id": "j", "status": "succeeded", "progress": {"step": 4, "total_steps": 4, "loss": 1.0}},
+    ])
+
+    class FakeApi:
+        def get(self, path):
+            return next(states)
+
+    out = io.StringIO()
+    job = follow(FakeApi(), "j", poll_s=0, stream=out)
+    lines = out.getvalue().splitlines()
+    assert job["status"] == "succeeded" and len(lines) == 4, lines
+    assert "\r" not in out.getvalue() and "\x1b" not in out.getvalue()
+    assert "ETA 0:02" in lines[2] and "step 2/4" in lines[2]
+
+
+def test_every_option_and_command_has_help():
+    from whetstone.cli.main import build_parser
+
+    def walk(parser, path):
+        for action in parser._actions:
+            if isinstance(action, argparse._SubParsersAction):
+                helped = {a.dest for a in action._choices_actions if a.help}
+                for name, sub in action.choices.items():
+                    assert name in helped, f"{path} {name}: no help"
+                    yield from walk(sub, f"{path} {name}")
+            elif action.option_strings and action.dest != "help":
+                yield path, action
+
+    missing = [f"{path} {'/'.join(a.option_strings)}" for path, a in walk(build_parser(), "whet") if not a.help]
+    assert not missing, missing
+
+
+def test_no_traceback_reaches_the_user(monkeypatch, capsys):
+    from whetstone.cli.main import main
+
+    monkeypatch.setenv("WHETSTONE_API_KEY", "wsk-x")
+    monkeypatch.setenv("WHETSTONE_BASE_URL", "http://127.0.0.1:9/v1")   # nothing listens on port 9
+    assert main(["jobs", "list"]) == 3
+    err = capsys.readouterr().err
+    assert "Traceback" not in err and len(err.strip().splitlines()) == 1 and "127.0.0.1:9" in err, err
+
+
+def test_a_broken_pipe_and_ctrl_c_end_in_one_line_and_an_exit_code(capsys, monkeypatch):
+    from whetstone.cli import errors
+
+    monkeypatch.setattr(errors, "_detach_stdout", lambda: None)   # pytest owns stdout here
+
+    def broken(argv):
+        raise BrokenPipeError(32, "Broken pipe")
+
+    def interrupted(argv):
+        raise KeyboardInterrupt
+
+    assert errors.guarded_main(broken, []) == errors.BROKEN_PIPE
+    assert errors.guarded_main(interrupted, []) == errors.INTERRUPTED
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == ["whet: output closed early (broken pipe)", "whet: interrupted"]
+
+
+def test_a_real_broken_pipe_prints_no_traceback(tmp_path):
+    import subprocess
+    import sys
+
+    # `whet datasets check FILE` printing its report into a pipe whose reader has gone
+    rows = tmp_path / "rows.jsonl"
+    rows.write_text("".join('{"messages": [{"role": "user", "content": "q%d"}, {"role": "assistant", "content": '
+                            '"a%d"}]}\n' % (i, i) for i in range(12)))
+    code = ("import os, sys\nr, w = os.pipe()\nos.close(r)\nos.dup2(w, 1)\n"
+            f"from whetstone.cli.main import main\nsys.exit(main(['datasets', 'check', {str(rows)!r}]))\n")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 141 and "Traceback" not in done.stderr, done.stderr
+    assert done.stderr.strip() == "whet: output closed early (broken pipe)"

@@ -53,6 +53,7 @@ def test_valid_line_parses():
     ([U, {"role": "assistant"}], ["missing_key"]),
     ([{"role": "robot", "content": "x"}, U, A], ["unknown_role"]),
     ([{"role": "asistant", "content": "x"}, U, A], ["unknown_role"]),
+    ([U, {"role": "assitant", "content": "x"}], ["unknown_role"]),   # not also "no assistant turn"
     ([{"role": "tool", "content": "x"}, U, A], ["role_order"]),
     ([U, {"role": "assistant", "content": [{"type": "image_url", "image_url": {"url": "x"}}]}],
      ["content_part_unsupported"]),

@@ -54,6 +54,13 @@ def test_assignment_opens_a_segment_for_the_whole_gang_with_a_rendezvous():
     assert job.status == rules.RUNNING and job.public_status == "running"
     assert job.est_end_at == T0 + timedelta(seconds=600.0)
     assert job.resources["assigned"] == {"gpu_type": "A100", "gpus_per_node": 8, "nodes": 2, "spot": False}
+    assert any(n.message.startswith("assigned to a A100 GPUs [0,") for n in job.notes)
+
+
+def test_a_cpu_node_is_named_as_cpu_slots_not_gpus():
+    job = queued()
+    job.assign(T0, [{"node_id": "cpu-node", "gpu_ids": [0]}], Shape("cpu", 1), False, False, 60.0, {})
+    assert any(n.message == "assigned to cpu-node CPU slots [0]" for n in job.notes), [n.message for n in job.notes]
 
 
 def test_refused_transitions_change_nothing_and_publish_nothing():

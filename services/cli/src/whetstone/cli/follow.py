@@ -49,50 +49,96 @@ class LossCurve:
         return path
 
 
+def _clock(seconds: float) -> str:
+    seconds = int(round(seconds))
+    h, rest = divmod(seconds, 3600)
+    return f"{h}:{rest // 60:02d}:{rest % 60:02d}" if h else f"{rest // 60}:{rest % 60:02d}"
+
+
 def eta_text(job: dict, started: dict[str, float], now: float) -> str:
-    """From the platform's estimate when it has one, else from the step rate seen so far."""
-    finish = job.get("estimated_finish")
-    if isinstance(finish, (int, float)) and finish > time.time():
-        return f"{int(finish - time.time())}s"
+    """Time left, from real step times only: the trainer's measured seconds per step when it reports
+    them, else the step rate this follower has seen. Nothing before the first step (set-up, queue)."""
     p = job.get("progress") or {}
-    step, total = p.get("step") or 0, p.get("total_steps")
-    if not total or not step:
+    step, total = p.get("step"), p.get("total_steps")
+    if job.get("status") != "running" or not isinstance(step, int) or step <= 0 or not total:
         return "-"
+    if total <= step:
+        return "0:00"
+    step_time = _number(p.get("step_time_s"))
+    if step_time:
+        return _clock((total - step) * step_time)
     if "t0" not in started:
         started.update(t0=now, s0=step)
         return "-"
     done = step - started["s0"]
     if done <= 0:
         return "-"
-    return f"{int((total - step) * (now - started['t0']) / done)}s"
+    return _clock((total - step) * (now - started["t0"]) / done)
+
+
+def status_text(job: dict) -> str:
+    return job["status"] if job.get("state") in (None, job["status"]) else f"{job['status']}/{job['state']}"
+
+
+def progress_text(job: dict, eta: str, elapsed_s: float) -> str:
+    """One update: status, step, loss, ETA (labelled), elapsed (labelled)."""
+    p = job.get("progress") or {}
+    step, total = p.get("step"), p.get("total_steps")
+    if isinstance(step, int):
+        where = f"step {step}/{total}" if total else f"step {step}"
+    else:
+        where = "waiting for the first step"
+    loss = _number(p.get("loss"))
+    parts = [f"{status_text(job):<22}", where, f"loss {loss:.4f}" if loss is not None else "",
+             f"ETA {eta}" if eta != "-" else "", f"elapsed {_clock(elapsed_s)}"]
+    return "  ".join(x for x in parts if x)
 
 
 def follow(api: Api, job_id: str, *, timeout_s: float = 3600, poll_s: float = 0.5, quiet: bool = False,
-           curve: LossCurve | None = None) -> dict:
-    """Poll the job until it is terminal; a rich progress bar unless `quiet`."""
-    from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn  # noqa: PLC0415
+           curve: LossCurve | None = None, stream=None) -> dict:
+    """Poll the job until it is terminal. On a terminal: a progress bar; otherwise one plain line per
+    update (status, step or loss changed); nothing when `quiet`. Progress goes to stderr."""
+    import sys  # noqa: PLC0415
 
-    deadline = time.monotonic() + timeout_s
+    out = stream or sys.stderr
+    interactive = not quiet and out.isatty()
+    began = time.monotonic()
+    deadline = began + timeout_s
     rate: dict[str, float] = {}
-    columns = (TextColumn("[bold]{task.fields[status]:<18}"), BarColumn(),
-               TextColumn("step {task.completed}/{task.total}"), TextColumn("loss {task.fields[loss]}"),
-               TextColumn("ETA {task.fields[eta]}"), TimeElapsedColumn())
-    with Progress(*columns, disable=quiet, transient=False) as bar:
-        task = bar.add_task("train", total=None, status="submitted", loss="-", eta="-")
+    last_printed: tuple | None = None
+    bar = task = None
+    if interactive:
+        from rich.console import Console  # noqa: PLC0415
+        from rich.progress import BarColumn, Progress, TextColumn  # noqa: PLC0415
+
+        bar = Progress(BarColumn(), TextColumn("{task.fields[line]}"), console=Console(file=out), transient=False)
+        bar.start()
+        task = bar.add_task("train", total=None, line="submitted")
+    try:
         while True:
             job = api.get(f"/fine_tuning/jobs/{job_id}")
             p = job.get("progress") or {}
             loss = _number(p.get("loss"))
             if curve is not None:
                 curve.add(p.get("step"), loss)
-            status = job["status"] if job.get("state") in (None, job["status"]) else f"{job['status']}/{job['state']}"
-            bar.update(task, total=p.get("total_steps"), completed=p.get("step") or 0, status=status,
-                       loss=f"{loss:.4f}" if loss is not None else "-", eta=eta_text(job, rate, time.monotonic()))
+            now = time.monotonic()
+            line = progress_text(job, eta_text(job, rate, now), now - began)
+            if bar is not None:
+                step = p.get("step") if isinstance(p.get("step"), int) else 0
+                bar.update(task, total=p.get("total_steps") or None, completed=step, line=line)
+            elif not quiet:
+                key = (status_text(job), p.get("step"), loss)
+                if key != last_printed:
+                    last_printed = key
+                    print(line, file=out, flush=True)
             if job["status"] in TERMINAL:
                 return job
             if time.monotonic() > deadline:
                 raise TimeoutError(f"job {job_id} still {job['status']} after {timeout_s}s")
             time.sleep(poll_s)
+    finally:
+        if bar is not None:
+            bar.stop()
 
 
 def all_events(api: Api, job_id: str, limit: int = 500) -> list[dict]:

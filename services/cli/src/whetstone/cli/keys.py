@@ -96,7 +96,7 @@ def cmd_keys(args: argparse.Namespace) -> int:
             else:
                 page = operator_call("GET", "/v1/keys", params={"tenant_id": args.tenant} if args.tenant else None)
             if args.json:
-                print(dumps(page["data"]))
+                print(dumps(page))
             for k in [] if args.json else page["data"]:
                 _print_key(k)
         else:
@@ -117,19 +117,19 @@ def add_parser(sub) -> None:
     actions = keys.add_subparsers(dest="action", required=True)
     create = actions.add_parser("create", help="a new key for TENANT, printed on the last line (shown once)")
     create.add_argument("tenant")
-    create.add_argument("--name", default="")
+    create.add_argument("--name", default="", help="a label shown by `whet keys list`")
     create.add_argument("--scope", action="append", choices=["read", "write", "models:promote", "admin"],
                         help="repeatable; default read + write")
     create.add_argument("--rate-limit", type=float, help="requests per second for this key")
     producer = actions.add_parser("create-producer", help="a producer token for TENANT's external job.requested "
                                   "producers, printed on the last line (shown once); revoke it like a key")
     producer.add_argument("tenant")
-    producer.add_argument("--name", default="")
-    lst = actions.add_parser("list")
-    lst.add_argument("--tenant")
-    revoke = actions.add_parser("revoke")
+    producer.add_argument("--name", default="", help="a label shown by `whet keys list`")
+    lst = actions.add_parser("list", help="keys and producer tokens (never their secrets)")
+    lst.add_argument("--tenant", help="only this tenant's (operator)")
+    revoke = actions.add_parser("revoke", help="revoke a key or producer token at once (within 2 s everywhere)")
     revoke.add_argument("key_id")
     for p in (create, producer, lst, revoke):
-        p.add_argument("--json", action="store_true")
+        p.add_argument("--json", action="store_true", help="print the API's JSON object (lists: the list object)")
         p.add_argument("--via-api", action="store_true", help="use WHETSTONE_API_KEY (admin scope) and the public API")
         p.set_defaults(fn=cmd_keys)

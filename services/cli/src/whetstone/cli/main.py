@@ -7,6 +7,7 @@
   whet datasets upload FILE     put a dataset in S3 and publish dataset.submitted
   whet datasets check FILE      validate a dataset offline
   whet files|jobs|models|usage  the public API (WHETSTONE_API_KEY, WHETSTONE_BASE_URL; --json)
+                                failures: one line on stderr and an exit code (errors.py), no traceback
   whet jobs trace JOB           a job's events across topics and services: lag, handler latency (operators)
   whet demo                     everything above, end to end, then shut down
 """
@@ -21,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from . import dlq, keys, public, trace
+from .errors import guarded_main
 from .dev import all_service_builders  # noqa: F401  (re-exported: tests and tools import it here)
 
 
@@ -70,12 +72,15 @@ def cmd_dev(args: argparse.Namespace) -> int:
 
 def cmd_models_create_tiny(args: argparse.Namespace) -> int:
     from whetstone.modelkit.tiny import build_tiny_model  # noqa: PLC0415
+    from whetstone.modelkit.tiny_vision import build_tiny_vision_model  # noqa: PLC0415
 
     from whetstone.runtime.models import resolve_model  # noqa: PLC0415
     from whetstone.runtime.settings import CommonSettings  # noqa: PLC0415
 
     catalog = CommonSettings().model_catalog
-    out = build_tiny_model(catalog / args.name, seed=args.seed)
+    args.name = args.name or ("tiny-llava" if args.vision else "tiny-llama")
+    build = build_tiny_vision_model if args.vision else build_tiny_model
+    out = build(catalog / args.name, seed=args.seed)
     print(f"{args.name}: {out} sha256={resolve_model(args.name, catalog).sha256}")
     return 0
 
@@ -188,17 +193,36 @@ def cmd_demo(args: argparse.Namespace) -> int:
     return run_demo(Path(args.dataset), keep=args.keep)
 
 
-def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="whet", description="Whetstone fine-tuning platform")
-    sub = p.add_subparsers(dest="cmd", required=True)
-    stack = sub.add_parser("stack").add_subparsers(dest="action", required=True)
-    up = stack.add_parser("up", help="start the embedded Kafka + Postgres + S3 until Ctrl-C")
-    up.add_argument("--data-dir")
+EPILOG = """\
+first steps (see the README's "Interactive use"):
+  whet stack up &                      # terminal 1: Kafka + PostgreSQL + S3
+  whet models create-tiny              # the default base model, tiny-llama
+  whet dev &                           # terminal 2: every service + the public API on :8000
+  export WHETSTONE_API_KEY=$(whet keys create demo --scope read --scope write --scope models:promote | tail -1)
+  whet files upload examples/datasets/chat_demo.jsonl --wait
+  whet jobs create --training-file ds-... --follow
+
+exit codes: 0 done, 1 the API refused or the job failed (the reason on stderr), 2 bad arguments or a missing
+file, 3 the API (or a service) could not be reached, 130 interrupted."""
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="whet", description="Whetstone: fine-tune, evaluate and serve LoRA adapters.",
+                                epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = p.add_subparsers(dest="cmd", required=True, metavar="COMMAND")
+    stack = sub.add_parser("stack", help="the embedded Kafka + PostgreSQL + S3 (development)",
+                           description="The embedded servers every service needs, on 127.0.0.1.")
+    stack = stack.add_subparsers(dest="action", required=True, metavar="ACTION")
+    up = stack.add_parser("up", help="start the embedded Kafka + Postgres + S3 until Ctrl-C; writes "
+                                     "<data dir>/stack.env, which every other command reads")
+    up.add_argument("--data-dir", help="where the servers keep their data (default WHETSTONE_DATA_DIR, .whetstone)")
     up.add_argument("--broker-storage", choices=("s3", "memory"), default="s3",
                     help="s3 (default): the broker keeps its log in the embedded S3 and survives a restart;"
                          " memory: faster, everything is lost when the broker stops")
     up.set_defaults(fn=cmd_stack_up)
-    dev = sub.add_parser("dev", help="run all services and the public gateway in one process")
+    dev = sub.add_parser("dev", help="run all services and the public API (gateway) in one process until Ctrl-C",
+                         description="All services and the public gateway in one process, on the stack that "
+                                     "`whet stack up` started.")
     dev.add_argument("--api-port", type=int, help="public port (default WHETSTONE_API_PORT or 8000)")
     dev.set_defaults(fn=cmd_dev)
     keys.add_parser(sub)
@@ -207,30 +231,47 @@ def main(argv: list[str] | None = None) -> int:
     jobs = next(a for a in sub.choices["jobs"]._actions if isinstance(a, argparse._SubParsersAction))
     trace.add_parser(jobs)
     models = next(a for a in sub.choices["models"]._actions if isinstance(a, argparse._SubParsersAction))
-    tiny = models.add_parser("create-tiny", help="a tiny random Llama + tokenizer in the local model catalog")
-    tiny.add_argument("name", nargs="?", default="tiny-llama")
-    tiny.add_argument("--seed", type=int, default=0)
+    tiny = models.add_parser("create-tiny", help="build a tiny random Llama + tokenizer into the local model catalog "
+                                                 "(the default base model, tiny-llama; nothing is downloaded)")
+    tiny.add_argument("name", nargs="?", help="catalog name (default tiny-llama, or tiny-llava with --vision)")
+    tiny.add_argument("--seed", type=int, default=0, help="weights seed (default 0)")
+    tiny.add_argument("--vision", action="store_true", help="a tiny random LLaVA (CLIP vision tower, 32 x 32 "
+                      "images) with its image processor: a base that can be trained on images")
     tiny.set_defaults(fn=cmd_models_create_tiny)
-    ds = sub.add_parser("datasets").add_subparsers(dest="action", required=True)
-    upl = ds.add_parser("upload")
+    ds = sub.add_parser("datasets", help="datasets without the public API: offline check, direct upload (operators)",
+                        description="`check` validates a file offline exactly as ingest would; `upload` puts it in S3 "
+                                    "and publishes dataset.submitted (needs the stack, no API key).")
+    ds = ds.add_subparsers(dest="action", required=True, metavar="ACTION")
+    upl = ds.add_parser("upload", help="stream a dataset to S3 and publish dataset.submitted; prints the dataset id")
     upl.add_argument("file")
-    upl.add_argument("--tenant", default="demo")
-    upl.add_argument("--purpose", default="sft", choices=["sft", "dpo", "cpt", "eval"])
+    upl.add_argument("--tenant", default="demo", help="the tenant that owns it (default demo)")
+    upl.add_argument("--purpose", default="sft", choices=["sft", "dpo", "cpt", "eval"],
+                     help="what the rows are for (default sft)")
     upl.set_defaults(fn=cmd_datasets_upload)
     ds.add_parser("check", help="validate a dataset offline (whet datasets check --help)", add_help=False)
     from whetstone.eval.cli import add_subcommands as add_eval_subcommands  # noqa: PLC0415
 
     add_eval_subcommands(sub.add_parser("eval", help="eval gate tools (import-tasks)")
                          .add_subparsers(dest="action", required=True))
-    demo = sub.add_parser("demo", help="end-to-end demo on the embedded stack")
-    demo.add_argument("--dataset", default="examples/datasets/chat_demo.jsonl")
+    demo = sub.add_parser("demo", help="the whole platform end to end on a fresh embedded stack, then shut down "
+                                       "(make demo)")
+    demo.add_argument("--dataset", default="examples/datasets/chat_demo.jsonl", help="training file (JSONL)")
     demo.add_argument("--keep", action="store_true", help="keep the data directory")
     demo.set_defaults(fn=cmd_demo)
+    return p
+
+
+def _run(argv: list[str] | None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if argv[:2] == ["datasets", "check"]:  # its own parser lives in the ingest service
         return cmd_datasets_check(argv[2:])
-    args = p.parse_args(argv)
+    args = build_parser().parse_args(argv)
     return args.fn(args)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """`whet`: every failure a user can meet ends in one line on stderr and an exit code, never a traceback."""
+    return guarded_main(_run, argv)
 
 
 if __name__ == "__main__":

@@ -220,7 +220,7 @@ def render(job_id: str, trace: list[dict], failed: Mapping[str, str]) -> str:
              f"{'t+':>9}  {'event':<24} {'producer':<14} {'topic/partition@offset':<30} consumers"]
     for e in trace:
         at = _ts(e["produced_at"]) or _ts(e["appended_at"]) or t0
-        where = f"{e['topic']}/{e['partition']}@{e['offset']}" if e["offset"] is not None else f"{e['topic']} (gone)"
+        where = f"{e['topic']}/{e['partition']}@{e['offset']}" if e["offset"] is not None else f"{e['topic']} @?*"
         head = f"{at - t0:>8.3f}s  {e['event_type'] or '?':<24} {e['producer'] or '?':<14} {where:<30}"
         if not e["consumers"]:
             lines.append(head + " (no consumer recorded)")
@@ -234,6 +234,11 @@ def render(job_id: str, trace: list[dict], failed: Mapping[str, str]) -> str:
     if slowest is not None:
         lines.append(f"longest hop: {slowest['service']} (lag {slowest['lag_s']:.3f}s + handler "
                      f"{slowest['handler_s'] * 1000:.1f}ms)")
+    unplaced = sum(e["offset"] is None for e in trace)
+    if unplaced:
+        lines.append(f"* {unplaced} event(s) without a place (@?): a service recorded consuming them, but they were "
+                     "not on their topic when it was read: the broker no longer keeps them (topic retention), they "
+                     "precede --since, or they were appended after the read (run the trace again to see them placed)")
     for name, why in sorted(failed.items()):
         lines.append(f"note: {name} did not answer: {why}")
     return "\n".join(lines)
@@ -291,5 +296,5 @@ def add_parser(jobs_sub: Any) -> None:
     p.add_argument("--service", action="append", default=[], metavar="NAME=URL",
                    help="a service's internal URL (repeatable; default: whet dev's, else WHETSTONE_<SVC>_URL)")
     p.add_argument("--since-hours", type=float, help="read the topics from this long ago (default: from the start)")
-    p.add_argument("--json", action="store_true")
+    p.add_argument("--json", action="store_true", help="print the JSON objects instead of text")
     p.set_defaults(fn=cmd_trace)

@@ -37,7 +37,7 @@ def add_subcommands(sub) -> None:
     """Hook for the `whet` CLI: `whet eval import-tasks DIR [--dest D]`."""
     imp = sub.add_parser("import-tasks", help="validate and stage lm-eval task YAMLs over local data")
     imp.add_argument("source", type=Path)
-    imp.add_argument("--dest", type=Path, default=None)
+    imp.add_argument("--dest", type=Path, default=None, help="task directory to copy into (default: WHETSTONE_EVAL_TASK_DIR)")
     imp.set_defaults(fn=lambda a: cmd_import_tasks(a.source, a.dest))
 
 

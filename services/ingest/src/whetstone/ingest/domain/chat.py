@@ -275,7 +275,7 @@ def check_messages(messages: Any, line: int, path: str = "messages", *, need_ass
     issues += _check_order(messages, path, line, continuation=continuation)
     if need_assistant:
         assistants = [m for m in messages if isinstance(m, dict) and m.get("role") == "assistant"]
-        if not assistants:
+        if not assistants and not any(i.code == "unknown_role" for i in issues):  # a misspelt role said it already
             issues.append(Issue("no_assistant", f"`{path}` has no assistant turn", line, path))
         elif not issues and not any(message_weight(m) for m in messages):
             issues.append(Issue("nothing_to_train", f"`{path}`: every message has weight 0", line, path))

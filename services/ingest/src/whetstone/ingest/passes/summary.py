@@ -103,12 +103,14 @@ def _summary_warnings(source: Source, layouts: LayoutGate, findings: Findings, e
         log.warn("truncated", f"{tok.truncated} row(s) longer than {tok.max_seq_len} tokens will be truncated")
     if not tokenized and written.kept:
         log.warn("tokens_estimated", "no base model given: token counts and cost are estimates "
-                 "(characters / 4); pass the base model for exact counts")
+                 "(characters / 4); a job counts them exactly with its base model (offline: `whet datasets "
+                 "check FILE --base-model NAME`)")
         if written.estimated_over:
             log.warn("may_exceed_context", f"about {written.estimated_over} row(s) may exceed {tok.max_seq_len} tokens")
         if tool_rows:
-            log.warn("tools_unchecked", f"{tool_rows} row(s) use tools or tool calls; pass the base model to check "
-                     "that its chat template renders them")
+            log.warn("tools_unchecked", f"{tool_rows} row(s) use tools or tool calls; whether the base model's chat "
+                     "template renders them is checked when a job uses the file (offline: `whet datasets check FILE "
+                     "--base-model NAME`)")
     images = sections.images
     if images is not None and images.converted:
         modes = ", ".join(f"{m} x{n}" for m, n in sorted(images.by_mode.items()) if m not in ("RGB", "RGBA"))

@@ -238,7 +238,8 @@ class Job:
     def assign(self, now: datetime, placement: list[dict[str, Any]], shape: Shape, spot: bool, backfilled: bool,
                default_runtime_s: float, addresses: Mapping[str, str | None]) -> list[Event]:
         """A new segment on these nodes and GPU ids: every gang member gets its part of it."""
-        where = ", ".join(f"{p['node_id']} GPUs {p['gpu_ids']}" for p in placement)
+        devices = "CPU slots" if shape.gpu_type == "cpu" else f"{shape.gpu_type} GPUs"   # a CPU node is no GPU
+        where = ", ".join(f"{p['node_id']} {devices} {p['gpu_ids']}" for p in placement)
         if not self._move(rules.PROVISIONING, now, f"assigned to {where}" + (" (backfilled)" if backfilled else "")):
             return []
         self.attempt += 1
