@@ -97,7 +97,10 @@ def _event_stats(report: GateReport, size: int, extra: dict[str, Any]) -> dict[s
         "near_dup_clusters": report.near_dup.clusters[:EVENT_LIST_LIMIT],
         "contamination_examples": report.contamination.examples[:EVENT_LIST_LIMIT],
         "references": report.contamination.references, "pii_by_kind": report.pii.by_kind,
-        "tokenization": asdict(report.tokenization), "timings": report.timings, **extra,
+        "tokenization": asdict(report.tokenization), "timings": report.timings,
+        # images of the rows written: the scheduler refuses a job whose base cannot see them
+        "images": report.images.images if report.images else 0,
+        "rows_with_images": report.images.rows_with_images if report.images else 0, **extra,
     }
 
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import uuid
 from datetime import UTC, datetime
+from pathlib import Path
 from typing import Any
 
 from whetstone.contracts import Event, JobRequestedV1, TrainingSpec, job_id_for
@@ -58,6 +59,23 @@ async def pool_offers(ctx: SchedulerContext, store: JobStore) -> tuple[list[reso
     return offers, nodes
 
 
+def sees_images(model: BaseModelFacts) -> bool | None:
+    """Whether the base model takes images (a vision config or an image processor); None when unknown (a Hub id)."""
+    if model.config is None:
+        return None
+    return "vision_config" in model.config or (model.model.local and any(
+        (Path(model.model.location) / name).is_file() for name in ("processor_config.json", "preprocessor_config.json")))
+
+
+def images_refusal(vision: bool | None, image_rows: int, model: str, training_file: str) -> tuple[str, str] | None:
+    """(code, message) when the training file has images and the base model cannot see them."""
+    if not image_rows or vision is not False:
+        return None
+    return ("model_cannot_see_images", f"training file {training_file} has {image_rows} example(s) with images, but "
+            f"base model {model!r} is text-only (no image processor); choose a vision-language base model "
+            "(e.g. `whet models create-tiny --vision`, tiny-llava)")
+
+
 async def plan_resources(ctx: SchedulerContext, store: JobStore, req: JobRequestedV1, model: BaseModelFacts,
                          explicit: dict[str, Any] | None) -> dict[str, Any]:
     """The job's resource request ("auto" or the tenant's), checked against the pool; Rejected if it fits nowhere."""
@@ -97,7 +115,8 @@ async def plan_resources(ctx: SchedulerContext, store: JobStore, req: JobRequest
         shapes = fitting
     return {"request": explicit or "auto", "shapes": [s.as_dict() for s in shapes],
             "memory_gb": plan.memory.as_dict(), "params": arch.params, "params_source": arch.source,
-            "arch": {"hidden_size": arch.hidden_size, "num_layers": arch.num_layers, "vocab_size": arch.vocab_size,
+            "arch": {"vision": sees_images(model), "hidden_size": arch.hidden_size, "num_layers": arch.num_layers,
+                     "vocab_size": arch.vocab_size,
                      "max_positions": arch.max_positions}}
 
 
@@ -148,6 +167,9 @@ async def submit_job(rt: Runtime[SchedulerContext], store: JobStore, tenant_id: 
     if dataset is not None and dataset["status"] == "accepted" and (mismatch := rules.check_method_fits_dataset(
             req.method, dataset["purpose"], dataset["data_schema"], req.training_file)):
         raise Rejected(mismatch.code, mismatch.message, param=mismatch.param)
+    if dataset is not None and dataset["status"] == "accepted" and (blind := images_refusal(
+            planned["arch"].get("vision"), dataset["image_rows"], req.model, req.training_file)):
+        raise Rejected(*blind, param="model")
     if refused := quotas.check_submission(quota, seen):   # at the cap already: no need to wait for the lock
         raise Rejected(refused.code, refused.message, 429)
     await store.lock_tenant(tenant_id)
@@ -189,6 +211,9 @@ async def queue_if_ready(rt: Runtime[SchedulerContext], store: JobStore, job: Jo
         events = job.fail(now, "invalid_training_file", f"dataset {ds['dataset_id']} was rejected: {reasons}")
     elif mismatch := rules.check_method_fits_dataset(job.method, ds["purpose"], ds["data_schema"], ds["dataset_id"]):
         events = job.fail(now, mismatch.code, mismatch.message, param=mismatch.param)
+    elif blind := images_refusal(((job.resources or {}).get("arch") or {}).get("vision"), ds["image_rows"],
+                                 job.spec["base_model"], ds["dataset_id"]):
+        events = job.fail(now, *blind, param="model")
     else:
         max_positions = ((job.resources or {}).get("arch") or {}).get("max_positions")
         hp, hp_hash = rules.resolve_hyperparameters(job.method, req.get("hyperparameters") or {},

@@ -263,3 +263,11 @@ MIGRATIONS.append(
     UPDATE jobs SET queued_since = queued_at WHERE status = 'queued';
     """
 )
+
+# issue 37: how many rows of a dataset hold images (dataset.validated stats.rows_with_images): a job whose
+# base model has no image processor is refused for such a file
+MIGRATIONS.append(
+    """
+    ALTER TABLE datasets ADD COLUMN image_rows integer NOT NULL DEFAULT 0;
+    """
+)

@@ -206,15 +206,16 @@ class JobStore:
     async def dataset_validated(self, tenant_id: str, ev: Any) -> None:
         await self.conn.execute(
             "INSERT INTO datasets (tenant_id, dataset_id, version, status, purpose, train_uri, validation_uri,"
-            " rows_kept, tokens_total, errors, cost_estimate, data_schema)"
-            " VALUES ($1,$2,$3,$4,$5,$6,$7,$8,$9,$10,$11,$12)"
+            " rows_kept, tokens_total, errors, cost_estimate, data_schema, image_rows)"
+            " VALUES ($1,$2,$3,$4,$5,$6,$7,$8,$9,$10,$11,$12,$13)"
             " ON CONFLICT (tenant_id, dataset_id) DO UPDATE SET version = EXCLUDED.version, status = EXCLUDED.status,"
             " purpose = EXCLUDED.purpose, train_uri = EXCLUDED.train_uri, validation_uri = EXCLUDED.validation_uri,"
             " rows_kept = EXCLUDED.rows_kept, tokens_total = EXCLUDED.tokens_total, errors = EXCLUDED.errors,"
-            " cost_estimate = EXCLUDED.cost_estimate, data_schema = EXCLUDED.data_schema",
+            " cost_estimate = EXCLUDED.cost_estimate, data_schema = EXCLUDED.data_schema,"
+            " image_rows = EXCLUDED.image_rows",
             tenant_id, ev.dataset_id, ev.version, ev.status, ev.purpose, ev.train_uri, ev.validation_uri,
             ev.rows_kept, ev.tokens_total, [e.model_dump(mode="json") for e in ev.errors], ev.cost_estimate,
-            ev.data_schema)
+            ev.data_schema, int((ev.stats or {}).get("rows_with_images") or 0))
 
     # --------------------------------------------------------------- nodes
 
