@@ -27,9 +27,18 @@ async def status_line(port: int, head: str) -> tuple[bytes, float]:
     return line, time.perf_counter() - started
 
 
-async def test_bodies_and_fields_are_bounded(platform):
+async def test_bodies_and_fields_are_bounded(platform, settings, monkeypatch):
     from whetstone.cli.keys import create_key
     from whetstone.scheduler.bootstrap import build_service as scheduler
+
+    pinned = "org/pinned-1b@" + "c" * 40      # an allow-listed Hub id the operator pinned: no Hub call
+    monkeypatch.setenv("WHETSTONE_SCHEDULER_HUB_MODELS", f'["{pinned}"]')
+    other = settings.model_catalog.parent / "other-dir"
+    other.mkdir(parents=True, exist_ok=True)
+    # a model directory outside the catalog (another tenant's, say), complete enough to train from
+    (other / "config.json").write_text('{"model_type": "llama", "hidden_size": 64, "num_hidden_layers": 2, '
+                                       '"intermediate_size": 128, "vocab_size": 1536, "num_attention_heads": 4}')
+    (other / "model.safetensors").write_bytes(b"\0" * 4096)
 
     async with platform(scheduler) as p:
         sched = p.url("scheduler")
@@ -69,6 +78,18 @@ async def test_bodies_and_fields_are_bounded(platform):
                 r = await c.post("/v1/fine_tuning/jobs", headers={**auth, "Idempotency-Key": "k" * 300},
                                  json={"model": "tiny-llama", "training_file": "f"})
                 assert r.status_code == 400 and r.json()["error"]["param"] == "Idempotency-Key", r.text
+                # base models are the operator's: catalog names and allow-listed Hub ids, never paths
+                catalog = str(settings.model_catalog)
+                for ref in ("/etc", str(other), "../other-dir", "~root", "someone/unlisted-model"):
+                    started = time.perf_counter()
+                    r = await c.post("/v1/fine_tuning/jobs", headers=auth, json={"model": ref, "training_file": "f"})
+                    err = r.json()["error"]
+                    assert r.status_code == 400 and err["code"] == "unknown_base_model", (ref, r.text)
+                    assert catalog not in err["message"].replace(ref, ""), err   # the catalog's place is not told
+                    assert time.perf_counter() - started < 5                      # no Hub call for an unlisted id
+                ok = await c.post("/v1/fine_tuning/jobs", headers=auth,
+                                  json={"model": "org/pinned-1b", "training_file": "file-none"})
+                assert ok.status_code == 200 and ok.json()["model"] == "org/pinned-1b", ok.text
             async with httpx.AsyncClient(base_url=sched, timeout=30) as direct:
                 for path in ("/docs", "/openapi.json"):
                     assert (await direct.get(path)).status_code == 404, path

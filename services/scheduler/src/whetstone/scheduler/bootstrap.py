@@ -32,7 +32,7 @@ def routes(rt: Runtime[SchedulerContext]) -> APIRouter:
 def build_service(config: SchedulerSettings | None = None, clock: Clock = utc_now) -> Service[SchedulerContext]:
     config = config or SchedulerSettings()
     ctx = SchedulerContext(config=config, policy=config.policy(), clock=clock, metrics=SchedulerMetrics(),
-                           loop=SchedulingLoop(), models=ModelCatalog())
+                           loop=SchedulingLoop(), models=ModelCatalog(hub_models=config.hub_models))
     background = [ctx.loop.run, watchers.watch_lost_nodes, watchers.watch_timeouts, watchers.expire_waiting_jobs,
                   webhooks.send_webhooks]
     if config.k8s_inventory:

@@ -58,6 +58,9 @@ class SchedulerSettings(ServiceSettings):
     k8s_inventory: bool = Field(False, description="build the node inventory from the Kubernetes API")
     k8s_host: str | None = Field(None, description="API server URL; unset = in-cluster config, then kubeconfig")
     k8s_label_selector: str = "nvidia.com/gpu.present=true"
+    # base models a tenant may name besides the catalog's: Hub ids, `org/name` (resolved to a commit
+    # once, then pinned) or `org/name@<40-hex commit>` (pinned here; no Hub call, works offline)
+    hub_models: list[str] = Field(default_factory=list, description="Hub ids tenants may fine-tune (JSON list)")
     # tenant webhooks: 5 tries over about 3 minutes by default (backoff base, 4x, 16x, 64x)
     webhook_max_attempts: int = Field(5, ge=1, description="tries of one delivery before it is marked failed")
     webhook_backoff_s: float = Field(2.0, gt=0, description="wait after the first failure; x4 after each next")

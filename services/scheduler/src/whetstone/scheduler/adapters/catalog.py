@@ -10,7 +10,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from whetstone.runtime.models import WEIGHT_SUFFIXES, ResolvedModel, resolve_model
+from whetstone.runtime.models import (WEIGHT_SUFFIXES, HubEntry, ResolvedModel, UnknownModel, resolve_hub,
+                                     resolve_model, tenant_reference)
+
+HUB_RETRY_S = 60.0   # a Hub id the Hub could not confirm is asked about again after this, not on every create
 
 
 def model_facts(model: ResolvedModel) -> tuple[dict[str, Any] | None, int | None]:
@@ -35,21 +38,45 @@ class BaseModelFacts:
 
 class ModelCatalog:
     """Resolved base models, remembered while their files stay the same (size and mtime of every
-    file): resolving hashes the weights, which a submission must not pay for every time."""
+    file): resolving hashes the weights, which a submission must not pay for every time.
 
-    def __init__(self, recheck_s: float = 2.0) -> None:
+    What a tenant may name: a model of the operator's catalog, or a Hub id on the operator's
+    allow-list (`hub_models`), resolved to a commit once and pinned for the life of the process
+    (an entry `org/name@<commit>` is pinned by the operator, with no Hub call at all). Never a path."""
+
+    def __init__(self, recheck_s: float = 2.0, hub_models: list[str] | tuple[str, ...] = ()) -> None:
         self._known: dict[tuple[str, str], tuple[tuple, BaseModelFacts]] = {}
         self._checked: dict[tuple[str, str], float] = {}   # when the files were last seen unchanged
         self.recheck_s = recheck_s
+        self.hub = {e.repo_id: e for e in map(HubEntry.parse, hub_models)}
+        self._pinned: dict[str, BaseModelFacts] = {}
+        self._hub_failed: dict[str, tuple[float, UnknownModel]] = {}
 
     async def resolve(self, ref: str, catalog: Path) -> BaseModelFacts:
         """`lookup` without a thread while the files were checked within `recheck_s` (a burst of
-        submissions for one base stats its directory once, not once per request)."""
+        submissions for one base stats its directory once, not once per request). UnknownModel
+        for anything a tenant may not name."""
+        if tenant_reference(ref, catalog, self.hub) == "hub":
+            return await self._resolve_hub(ref)
         key = (ref, str(catalog))
         known = self._known.get(key)
         if known is not None and time.monotonic() - self._checked.get(key, float("-inf")) < self.recheck_s:
             return known[1]
         return await asyncio.to_thread(self.lookup, ref, catalog)
+
+    async def _resolve_hub(self, ref: str) -> BaseModelFacts:
+        if (pinned := self._pinned.get(ref)) is not None:
+            return pinned
+        failed = self._hub_failed.get(ref)
+        if failed is not None and time.monotonic() - failed[0] < HUB_RETRY_S:
+            raise failed[1]
+        try:
+            model = await asyncio.to_thread(resolve_hub, self.hub[ref])
+        except UnknownModel as exc:
+            self._hub_failed[ref] = (time.monotonic(), exc)
+            raise
+        self._pinned[ref] = facts = BaseModelFacts(model, None, None)
+        return facts
 
     def lookup(self, ref: str, catalog: Path) -> BaseModelFacts:
         """Blocking (stats, maybe hashing): run it in a thread. UnknownModel when it is nowhere."""
