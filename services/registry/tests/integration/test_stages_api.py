@@ -49,8 +49,14 @@ async def test_lifecycle_promote_replace_rollback_archive(platform, kit):
             # production needs an approval: a writer with thin eval margins is refused
             r = await c.post(f"/v1/models/{v1}/promote", json={"stage": "production", "reason": "go"}, headers=writer)
             assert r.status_code == 403 and r.json()["error"]["code"] == "approval_required"
-            r = await c.post(f"/v1/models/{v1}/promote", json={"stage": "production", "reason": "go"}, headers=promoter)
-            assert r.status_code == 200 and r.json()["stage"] == "production"
+            reader = kit.headers("demo", "read")
+            r = await c.post(f"/v1/models/{v1}/promote", json={"stage": "production", "reason": "go"}, headers=reader)
+            assert r.status_code == 403 and "models:promote" in r.json()["error"]["message"], r.json()
+            # the models:promote scope alone is enough
+            only_promote = kit.headers("demo", "models:promote")
+            r = await c.post(f"/v1/models/{v1}/promote", json={"stage": "production", "reason": "go"},
+                             headers=only_promote)
+            assert r.status_code == 200 and r.json()["stage"] == "production", r.json()
             assert r.json()["stage_history"][-1]["approval"] == "manual"
             # v2 replaces v1 in the same transaction
             r = await c.post(f"/v1/models/{v2}/promote", json={"stage": "production", "reason": "v2"}, headers=promoter)

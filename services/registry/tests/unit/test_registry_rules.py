@@ -23,6 +23,17 @@ def test_auto_promotion_needs_every_margin_above_threshold():
     assert "regressed" in policy.auto_promotion("passed", regressed, [], 0.10).reason
 
 
+
+def test_auto_promotion_never_cites_a_skipped_stage():
+    holdout = {"name": "holdout", "status": "passed", "metrics": [{"name": "holdout_loss", "base": 2.0, "candidate": 1.5}]}
+    benchmarks = {"name": "benchmarks", "status": "skipped",   # at chance: its thin margin must not decide or be named
+                  "metrics": [{"name": "arc_easy", "base": 0.25, "candidate": 0.26, "higher_is_better": True}]}
+    metrics = holdout["metrics"] + benchmarks["metrics"]
+    result = policy.auto_promotion("passed", metrics, [holdout, benchmarks], 0.10)
+    assert result.passed and "holdout_loss" in result.reason and "arc_easy" not in result.reason
+    assert "over the stages that ran (holdout)" in result.reason and "skipped: benchmarks" in result.reason
+
+
 def test_rollout_blocked_until_every_production_adapter_passed_reeval():
     old, new = "a" * 64, "b" * 64
     fleet = [PinnedAdapter("m1", "acme", "n1", "production", old, "passed"),
@@ -68,6 +79,16 @@ def test_served_adapter_config_names_the_served_base():
     cfg = lineage.served_adapter_config({"base_model_name_or_path": "/tmp/x", "peft_type": "LORA", "r": 8}, "tiny")
     assert cfg["base_model_name_or_path"] == "tiny" and cfg["r"] == 8
     assert lineage.served_adapter_config({"base_model_name_or_path": None}, "tiny")["peft_type"] == "LORA"
+
+
+
+def test_a_hub_base_is_written_with_the_commit_it_was_pinned_to():
+    commit, weights = "a" * 40, "b" * 64
+    assert lineage.hub_revision("meta-llama/Llama-3.2-1B", commit) == commit
+    assert lineage.hub_revision("tiny-llama", weights) is None and lineage.hub_revision("org/x", weights) is None
+    cfg = lineage.served_adapter_config({"peft_type": "LORA"}, "meta-llama/Llama-3.2-1B", commit)
+    assert cfg["base_model_name_or_path"] == "meta-llama/Llama-3.2-1B" and cfg["revision"] == commit
+    assert "revision" not in lineage.served_adapter_config({"peft_type": "LORA"}, "tiny-llama")
 
 
 def test_chat_template_identity_and_pickles():

@@ -105,7 +105,10 @@ def routes(rt: Runtime[RegistryContext]) -> APIRouter:
             raise refused(exc) from None
 
     @r.post("/{model_id}/promote")
-    async def promote(model_id: str, body: PromoteRequest, caller: Caller = require("write")) -> dict:
+    async def promote(model_id: str, body: PromoteRequest, caller: Caller = require("read")) -> dict:
+        if not (caller.allows("write") or caller.allows("models:promote")):   # either scope may promote
+            raise ApiError(403, "Promoting a model needs the `models:promote` scope (or `write` for dev and "
+                           "staging); this API key has neither.", code="insufficient_scope", param="scope")
         model_id = await internal_id(model_id, caller.tenant_id)
         return await change(model_id, lambda uow, store: promotion.promote(
             uow, store, model_id, caller.tenant_id, body.stage, body.reason,

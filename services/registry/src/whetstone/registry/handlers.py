@@ -170,7 +170,9 @@ async def register_if_ready(rt: Runtime[RegistryContext], uow: UnitOfWork, job_i
     # (PEFT writes its own README.md there): model card, lockfile, adapter_config for serving
     export = artifacts.store.uri(f"tenants/{tenant}/models/{model_id}")
     card_uri = f"{export}/README.md"
-    served_config = lineage_rules.served_adapter_config(ckpt["adapter_config"], record.base_model) \
+    served_config = lineage_rules.served_adapter_config(
+        ckpt["adapter_config"], record.base_model,
+        lineage_rules.hub_revision(record.base_model, record.base_model_sha256)) \
         if ckpt["adapter_config"] is not None else None
 
     def write_side_files() -> None:  # deterministic content: a retried handler rewrites the same bytes

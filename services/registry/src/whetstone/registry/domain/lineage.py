@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -92,11 +93,21 @@ def chat_template_from(files: dict[str, bytes]) -> str | None:
     return None
 
 
-def served_adapter_config(config: dict[str, Any], served_base: str) -> dict[str, Any]:
-    """adapter_config.json as a server expects it: `base_model_name_or_path` names the served base
-    (PEFT writes the local training path, or null)."""
+def hub_revision(base_model: str, base_model_sha256: str) -> str | None:
+    """The Hub commit a base was pinned to: a Hub base (`org/name`) is pinned by its 40-hex commit,
+    a local catalog base by the sha256 (64 hex) of its weights, which no Hub resolves."""
+    return base_model_sha256 if "/" in base_model and re.fullmatch(r"[0-9a-f]{40}", base_model_sha256 or "") else None
+
+
+def served_adapter_config(config: dict[str, Any], served_base: str, revision: str | None = None) -> dict[str, Any]:
+    """adapter_config.json as a server (and PEFT's AutoPeftModel) expects it: `base_model_name_or_path`
+    names the served base (PEFT writes the local training path, or null) and, for a Hub base, `revision`
+    the commit it was pinned to, which AutoPeftModel passes on when it loads the base. A local catalog
+    base is written as its catalog name: it resolves where a copy of the base sits under that path."""
     out = dict(config)
     out["base_model_name_or_path"] = served_base
+    if revision:
+        out["revision"] = revision
     out.setdefault("peft_type", "LORA")
     return out
 

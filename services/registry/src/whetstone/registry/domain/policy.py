@@ -25,12 +25,16 @@ def margin(metric: dict[str, Any]) -> float | None:
 def auto_promotion(verdict: str | None, metrics: Sequence[dict[str, Any]], stages: Sequence[dict[str, Any]],
                    min_margin: float) -> PolicyResult:
     """Passes only when the gate passed, no stage failed, every metric with a base improved by at
-    least `min_margin` (relative) and none regressed against the last accepted model."""
+    least `min_margin` (relative) and none regressed against the last accepted model. With per-stage
+    results, only the metrics of stages that passed count (a skipped stage is never cited)."""
     if verdict != "passed":
         return PolicyResult(False, f"eval verdict is {verdict or 'missing'}")
     failed = [s["name"] for s in stages if s.get("status") == "failed"]
     if failed:
         return PolicyResult(False, f"eval stage(s) failed: {', '.join(failed)}")
+    if stages:   # only what a stage that ran and passed measured: a skipped stage's figures decide nothing
+        metrics = [m for s in stages if s.get("status") == "passed" for m in s.get("metrics") or []]
+    skipped = sorted(s["name"] for s in stages if s.get("status") == "skipped")
     margins = {m["name"]: margin(m) for m in metrics}
     known = {k: v for k, v in margins.items() if v is not None}
     if not known:
@@ -43,4 +47,7 @@ def auto_promotion(verdict: str | None, metrics: Sequence[dict[str, Any]], stage
         last = m.get("last_accepted")
         if last is not None and (m["candidate"] < last if m.get("higher_is_better") else m["candidate"] > last):
             return PolicyResult(False, f"{m['name']} regressed against the last accepted model")
-    return PolicyResult(True, f"every eval margin >= {min_margin:.1%} (smallest: {worst_name} {worst:+.1%})")
+    ran = ", ".join(s["name"] for s in stages if s.get("status") == "passed")
+    return PolicyResult(True, f"every eval margin >= {min_margin:.1%} (smallest: {worst_name} {worst:+.1%})"
+                              + (f" over the stages that ran ({ran})" if ran else "")
+                              + (f"; not considered, skipped: {', '.join(skipped)}" if skipped else ""))
