@@ -9,11 +9,11 @@ from pydantic import Field, field_validator
 
 from .base import Contract, Event
 
-Purpose = Literal["sft", "dpo", "cpt", "eval"]
-Method = Literal["lora", "qlora", "full", "dpo", "orpo", "cpt"]
+Purpose = Literal["sft", "dpo", "cpt", "eval", "rft"]
+Method = Literal["lora", "qlora", "full", "dpo", "orpo", "cpt", "reinforcement"]
 # a job's resolved method: what a tenant may request, plus the platform's own merge job (an adapter
 # merged into its base on request: POST /v1/models/{id}/merged)
-SpecMethod = Literal["lora", "qlora", "full", "dpo", "orpo", "cpt", "merge"]
+SpecMethod = Literal["lora", "qlora", "full", "dpo", "orpo", "cpt", "reinforcement", "merge"]
 ErrorClass = Literal["user", "platform", "ambiguous"]
 CheckpointKind = Literal["periodic", "emergency", "final"]
 
@@ -116,6 +116,23 @@ class ResourceRequest(Contract):
     nodes: int = Field(1, ge=1, le=64)
 
 
+class ReinforcementSpec(Contract):
+    """A reinforcement fine-tuning job's method, resolved (`whetstone.graders.rft`): the grader as
+    OpenAI's API defines it and every knob as a number."""
+
+    grader: dict[str, Any] = Field(description="the grader object (string_check, text_similarity, python, "
+                                               "score_model or multi), validated")
+    n_epochs: int = Field(ge=1, le=50)
+    batch_size: int = Field(ge=1, le=256, description="prompts per optimiser step")
+    learning_rate: float = Field(gt=0, le=1)
+    generations: int = Field(ge=2, le=64, description="completions sampled per prompt (compute_multiplier)")
+    eval_interval: int = Field(ge=1, description="optimiser steps between evaluations")
+    eval_samples: int = Field(ge=1, le=16, description="completions per validation prompt at an evaluation")
+    reasoning_effort: Literal["default", "low", "medium", "high"] = "default"
+    max_completion_tokens: int = Field(ge=1, le=32768, description="completion budget (reasoning_effort)")
+    response_format: dict[str, Any] | None = Field(default=None, description="json_schema the samples should follow")
+
+
 class JobRequestedV1(Event):
     EVENT_TYPE = "job.requested"
     job_id: str = Field(description="job_id_for(tenant_id, idempotency_key)")
@@ -130,6 +147,7 @@ class JobRequestedV1(Event):
     resources: ResourceRequest | None = Field(default=None, description="absent: auto")
     eval_config: dict[str, Any] | None = Field(
         default=None, description="per-job eval gate settings (stages, thresholds); absent: tenant defaults")
+    reinforcement: ReinforcementSpec | None = Field(default=None, description="method reinforcement: grader, knobs")
 
 
 class MergeSource(Contract):
@@ -156,6 +174,7 @@ class TrainingSpec(Contract):
     hyperparameters_hash: str
     eval_config: dict[str, Any] | None = Field(default=None, description="the job's eval gate settings, as requested")
     merge: MergeSource | None = Field(default=None, description="method merge: the adapter to merge into the base")
+    reinforcement: ReinforcementSpec | None = Field(default=None, description="method reinforcement: grader, knobs")
 
 
 class Resources(Contract):

@@ -41,5 +41,5 @@ def test_bad_method_and_hyperparameters_name_the_field():
                    method={"type": "supervised", "supervised": {"hyperparameters": {"n_epochs": 3}}}).param \
         == "hyperparameters"
     assert refused(integrations=[{"type": "wandb"}]).param == "integrations"
-    with pytest.raises(ValueError):
-        CreateJob(model="m", training_file="f", method={"type": "reinforcement"})
+    # reinforcement needs its object (the whole method is checked in tests/integration/test_rft_jobs.py)
+    assert refused(method={"type": "reinforcement"}).param == "method.reinforcement"

@@ -222,7 +222,7 @@ async def queue_if_ready(rt: Runtime[SchedulerContext], store: JobStore, job: Jo
             base_model=job.spec["base_model"], base_model_sha256=job.spec["base_model_sha256"],
             dataset_id=ds["dataset_id"], dataset_version=ds["version"], train_uri=ds["train_uri"],
             validation_uri=ds["validation_uri"], method=job.method, hyperparameters=hp, hyperparameters_hash=hp_hash,
-            eval_config=req.get("eval_config"))
+            eval_config=req.get("eval_config"), reinforcement=req.get("reinforcement"))
         runtime_s, gpu_hours = estimate_job(ctx, job, ds["tokens_total"], hp)
         quota = ctx.config.quota_for(job.tenant_id, rt.settings.tenants.get(job.tenant_id, job.tier))
         usage = usage or await store.usage(job.tenant_id, month_of(now))

@@ -20,10 +20,11 @@ from whetstone.contracts import Hyperparameters, JobRequestedV1, ResourceRequest
 from whetstone.runtime.errors import ApiError
 
 from .domain import jobs as rules
+from .rft import reinforcement_spec
 
 PLATFORM_METHODS = ("lora", "qlora", "full", "cpt", "dpo", "orpo")
 FAMILY = {"lora": "supervised", "qlora": "supervised", "full": "supervised", "cpt": "supervised",
-          "dpo": "dpo", "orpo": "dpo"}
+          "dpo": "dpo", "orpo": "dpo", "reinforcement": "reinforcement"}
 DEFAULT_FOR = {"supervised": "lora", "dpo": "dpo"}
 
 
@@ -56,9 +57,10 @@ class PlatformMethod(BaseModel):
 
 class MethodSpec(BaseModel):
     model_config = ConfigDict(extra="allow")   # the config object under the platform method's own name
-    type: Literal["supervised", "dpo", "lora", "qlora", "full", "cpt", "orpo"]
+    type: Literal["supervised", "dpo", "reinforcement", "lora", "qlora", "full", "cpt", "orpo"]
     supervised: MethodConfig | None = None
     dpo: MethodConfig | None = None
+    reinforcement: dict[str, Any] | None = None   # checked by rft.reinforcement_spec
     whetstone: PlatformMethod | None = None
 
 
@@ -90,6 +92,11 @@ def platform_method(body: CreateJob) -> tuple[str, dict[str, Any]]:
     m = body.method
     if m is None or isinstance(m, str):
         return m or "lora", {}
+    if m.type == "reinforcement":   # its knobs travel in the reinforcement spec (rft.py), not as hyperparameters
+        stray = sorted(set(m.model_extra or {}) | {f for f in ("supervised", "dpo", "whetstone") if getattr(m, f)})
+        if stray:
+            raise bad(f"method.{stray[0]}", "unknown field for method.type 'reinforcement'")
+        return "reinforcement", {}
     if m.type in ("supervised", "dpo"):
         method = m.whetstone.method if m.whetstone else DEFAULT_FOR[m.type]
         if FAMILY[method] != m.type:
@@ -151,8 +158,15 @@ def to_request(body: CreateJob, job_id: str, key: str) -> JobRequestedV1:
     if body.integrations:
         raise bad("integrations", "no integrations are supported on this platform; send [] or leave it out",
                   code="unsupported_integration")
+    spec = None
+    if method == "reinforcement":
+        if body.hyperparameters:
+            raise bad("hyperparameters", "a reinforcement job takes its hyperparameters under "
+                      "method.reinforcement.hyperparameters")
+        spec = reinforcement_spec(body.method.reinforcement)
+        given.update(n_epochs=spec.n_epochs, learning_rate=spec.learning_rate, batch_size=spec.batch_size)
     return JobRequestedV1(job_id=job_id, idempotency_key=key, model=body.model, training_file=body.training_file,
                           validation_file=body.validation_file, method=method,
                           hyperparameters=hyperparameters(method, given, param), suffix=body.suffix, tier=body.tier,
                           resources=body.resources if isinstance(body.resources, ResourceRequest) else None,
-                          eval_config=body.eval_config)
+                          eval_config=body.eval_config, reinforcement=spec)

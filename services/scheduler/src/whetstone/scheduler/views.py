@@ -14,6 +14,7 @@ from .domain import jobs as rules
 from .domain.job import Job
 from .domain.forecast import Forecast
 from .requests import FAMILY
+from .rft import reinforcement_view
 
 OPENAI_HP = ("n_epochs", "batch_size", "learning_rate_multiplier", "beta")
 
@@ -48,6 +49,8 @@ def job_view(job: Job, queue: Forecast | None = None) -> dict[str, Any]:
     req, spec, res = job.request, job.spec or {}, job.resources or {}
     hp = spec.get("hyperparameters") or req.get("hyperparameters") or {}
     method = method_view(job.method, hp)
+    if job.method == "reinforcement":
+        method["reinforcement"] = reinforcement_view(req)
     estimated_start = None
     if job.status == rules.QUEUED and queue is not None and queue.estimated_start is not None:
         estimated_start = int(queue.estimated_start)

@@ -93,7 +93,8 @@ COMMON_DEFAULTS: dict[str, Any] = {
     "n_epochs": 3, "batch_size": 8, "gradient_accumulation_steps": 1, "max_seq_len": 2048,
     "warmup_ratio": 0.03, "seed": 42, "checkpoint_every_steps": 50,
 }
-METHODS_FOR_PURPOSE = {"sft": {"lora", "qlora", "full"}, "dpo": {"dpo", "orpo"}, "cpt": {"cpt"}, "eval": set()}
+METHODS_FOR_PURPOSE = {"sft": {"lora", "qlora", "full"}, "dpo": {"dpo", "orpo"}, "cpt": {"cpt"}, "eval": set(),
+                       "rft": {"reinforcement"}}
 # the data's schema as ingest detected it (dataset.validated `data_schema`) decides before the declared purpose
 SUPERVISED = frozenset({"lora", "qlora", "full"})
 METHODS_FOR_SCHEMA = {"chat": SUPERVISED, "prompt_completion": SUPERVISED, "instruction": SUPERVISED,
@@ -101,7 +102,8 @@ METHODS_FOR_SCHEMA = {"chat": SUPERVISED, "prompt_completion": SUPERVISED, "inst
 NEEDS = {"dpo": "a preference dataset (chosen/rejected or preferred_output/non_preferred_output pairs)",
          "orpo": "a preference dataset (chosen/rejected or preferred_output/non_preferred_output pairs)",
          "cpt": "plain text rows", "lora": "chat, prompt/completion or instruction rows",
-         "qlora": "chat, prompt/completion or instruction rows", "full": "chat, prompt/completion or instruction rows"}
+         "qlora": "chat, prompt/completion or instruction rows", "full": "chat, prompt/completion or instruction rows",
+         "reinforcement": "an rft dataset (rows whose messages end with a user turn, with the fields the grader reads)"}
 DEFAULT_MAX_SEQ_LEN = 2048
 
 

@@ -56,7 +56,8 @@ PER_GPU_OVERHEAD_GB = 1.5
 DEFAULT_NODE_SIZE = 8
 MAX_NODES_PER_JOB = 16
 
-METHOD_KIND = {"full": "full", "cpt": "full", "lora": "lora", "dpo": "lora", "orpo": "lora", "qlora": "qlora"}
+METHOD_KIND = {"full": "full", "cpt": "full", "lora": "lora", "dpo": "lora", "orpo": "lora", "qlora": "qlora",
+               "reinforcement": "lora"}
 
 
 @lru_cache(maxsize=1024)

@@ -1,0 +1,57 @@
+"""Reinforcement fine-tuning requests: `method = {"type": "reinforcement", "reinforcement": {grader,
+hyperparameters, response_format}}` as OpenAI's client sends it, checked before a job exists.
+
+The method object is parsed and resolved by `whetstone.graders.rft` (unknown fields refused by
+name, every knob "auto" or a number); the grader is validated against this deployment (judge models
+the operator configured, cosine's embeddings endpoint, a working python sandbox, formulas over the
+multi grader's own names). Each refusal is a 400 whose `param` is the field's path under `method`.
+The data gate (last message `user`, every `{{item.x}}` in every row) needs the rows: it runs where
+the rows are read (`check_rows`), and the job needs a training file of purpose `rft`."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from whetstone.contracts import ReinforcementSpec
+from whetstone.graders import GraderEnvironment, GraderInvalid, GraderSettings, validate
+from whetstone.graders.rft import parse_method
+from whetstone.runtime.errors import ApiError
+
+_environment: GraderEnvironment | None = None
+
+
+def environment() -> GraderEnvironment:
+    """The process's grader environment (operator settings, python sandbox, judge HTTP client)."""
+    global _environment
+    if _environment is None:
+        _environment = GraderEnvironment(GraderSettings())
+    return _environment
+
+
+def reinforcement_spec(data: Any, env: GraderEnvironment | None = None) -> ReinforcementSpec:
+    if not isinstance(data, dict):
+        raise ApiError(400, "method.reinforcement: required with method.type 'reinforcement' "
+                            "({\"grader\": {...}, \"hyperparameters\": {...}})", code="missing_required_parameter",
+                       param="method.reinforcement")
+    env = env or environment()
+    try:
+        plan = parse_method(data, "method.reinforcement")
+        validate(plan.grader, env.settings, env.sandbox, "method.reinforcement.grader")
+    except GraderInvalid as exc:
+        raise ApiError(400, exc.message if exc.message.startswith(exc.param) else f"{exc.param}: {exc.message}",
+                       code=exc.code, param=exc.param) from exc
+    return ReinforcementSpec(**plan.record())
+
+
+def reinforcement_view(request: dict[str, Any]) -> dict[str, Any]:
+    """`method.reinforcement` of a job as OpenAI's `fine_tuning.job` shows it."""
+    spec = request.get("reinforcement") or {}
+    shown = {"n_epochs": spec.get("n_epochs"), "batch_size": spec.get("batch_size"),
+             "learning_rate_multiplier": round(spec["learning_rate"] / 1e-5, 6) if spec.get("learning_rate") else None,
+             "compute_multiplier": spec["generations"] / 4 if spec.get("generations") else None,
+             "eval_interval": spec.get("eval_interval"), "eval_samples": spec.get("eval_samples"),
+             "reasoning_effort": spec.get("reasoning_effort")}
+    out: dict[str, Any] = {"grader": spec.get("grader"), "hyperparameters": shown}
+    if spec.get("response_format"):
+        out["response_format"] = spec["response_format"]
+    return out
