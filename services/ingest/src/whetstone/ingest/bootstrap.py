@@ -2,7 +2,7 @@
 
 from whetstone.runtime.service import Service
 
-from . import api, file_usage, handlers
+from . import api, file_usage, handlers, results
 from .adapters import validations
 from .adapters.migrations import MIGRATIONS
 from .config import IngestSettings
@@ -15,7 +15,8 @@ def build_service(config: IngestSettings | None = None) -> Service[IngestContext
     config = config or IngestSettings()
     context = IngestContext(config=config, toxicity=toxicity_classifier(config))
     return Service(name="ingest", migrations=MIGRATIONS,
-                   subscriptions={"dataset.submitted": handlers.on_dataset_submitted, **file_usage.SUBSCRIPTIONS},
+                   subscriptions=results.with_results({"dataset.submitted": handlers.on_dataset_submitted,
+                                                       **file_usage.SUBSCRIPTIONS}),
                    http_port=config.http_port, context=context, routes=api.routes,
                    background=[validation_worker] * config.validation_workers, probes=validations.PROBES,
                    upload_paths=("/v1/files",))   # streamed to disk under max_upload_bytes

@@ -8,7 +8,7 @@ from datetime import UTC, datetime
 from fastapi import APIRouter
 from whetstone.runtime.service import Runtime, Service
 
-from . import api, graders_api, handlers, keys_api, merges, templates, watchers, webhooks
+from . import api, graders_api, handlers, keys_api, merges, result_files, templates, watchers, webhooks
 from .adapters.catalog import ModelCatalog
 from .adapters.metrics import SchedulerMetrics
 from .adapters.migrations import MIGRATIONS
@@ -61,6 +61,7 @@ def build_service(config: SchedulerSettings | None = None, clock: Clock = utc_no
             "model.promoted": webhooks.on_model_event,
             "usage.metered": handlers.on_usage_metered,
             "model.merge_requested": merges.on_merge_requested,
+            "file.created": result_files.on_file_created,
         },
         routes=routes,
         background=background,

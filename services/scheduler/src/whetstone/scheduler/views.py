@@ -69,7 +69,7 @@ def job_view(job: Job, queue: Forecast | None = None) -> dict[str, Any]:
         "id": job.job_id, "object": "fine_tuning.job", "organization_id": job.tenant_id,
         "model": req["model"], "training_file": req["training_file"], "validation_file": req.get("validation_file"),
         "status": job.public_status, "created_at": ts(job.created_at), "finished_at": ts(job.finished_at),
-        "fine_tuned_model": job.fine_tuned_model, "result_files": [], "trained_tokens": job.trained_tokens,
+        "fine_tuned_model": job.fine_tuned_model, "result_files": list(job.result_files), "trained_tokens": job.trained_tokens,
         "hyperparameters": method[method["type"]]["hyperparameters"], "method": method, "seed": hp.get("seed"), "estimated_finish": finish,
         "error": error, "metadata": req.get("metadata"), "integrations": [],
         "user_provided_suffix": req.get("suffix"), "template": req.get("template"),

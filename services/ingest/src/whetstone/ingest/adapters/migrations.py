@@ -63,4 +63,23 @@ MIGRATIONS = [
     );
     CREATE INDEX validations_open ON validations (created_at) WHERE status <> 'done';
     """,
+    """
+    -- results files (issue 38 point 4): each job's step figures from job.progress / checkpoint.written, and
+    -- the one results file made of them when training ends
+    CREATE TABLE job_step_metrics (
+        tenant_id text NOT NULL,
+        job_id    text NOT NULL,
+        step      int NOT NULL,
+        attempt   int NOT NULL,
+        metrics   jsonb NOT NULL,
+        PRIMARY KEY (tenant_id, job_id, step)
+    );
+    CREATE TABLE job_result_files (         -- one row per job: its file, or NULL once the job was cancelled
+        tenant_id  text NOT NULL,
+        job_id     text NOT NULL,
+        file_id    text,
+        created_at timestamptz NOT NULL DEFAULT now(),
+        PRIMARY KEY (tenant_id, job_id)
+    );
+    """,
 ]

@@ -271,3 +271,10 @@ MIGRATIONS.append(
     ALTER TABLE datasets ADD COLUMN image_rows integer NOT NULL DEFAULT 0;
     """
 )
+
+# result_files (issue 38 point 4): the job's results files, as ingest announced them (file.created)
+MIGRATIONS.append(
+    """
+    ALTER TABLE jobs ADD COLUMN result_files jsonb NOT NULL DEFAULT '[]'::jsonb;
+    """
+)

@@ -110,6 +110,7 @@ class Job:
     preempted_for: str | None = None
     quota: dict[str, Any] | None = None
     fine_tuned_model: str | None = None
+    result_files: list[str] = field(default_factory=list)   # OpenAI's result_files: file.created of the job
     fenced_attempt: int = 0                  # attempts up to this one were fenced: their events are refused
     last_activity_at: datetime | None = None  # last sign of life of the state's work (timeouts count from it)
     timeouts: int = 0                        # segments given up on by a timeout
@@ -128,6 +129,14 @@ class Job:
     @property
     def on_node(self) -> bool:
         return self.status in rules.ACTIVE_ON_NODE
+
+    def result_file_made(self, now: datetime, file_id: str) -> bool:
+        """Ingest made the job's results file (a file of the tenant's): listed in `result_files`."""
+        if file_id in self.result_files:
+            return False
+        self.result_files = [*self.result_files, file_id]
+        self.note(now, f"results file ready: {file_id}", file_id=file_id)
+        return True
 
     @property
     def shapes(self) -> tuple[Shape, ...]:

@@ -1,0 +1,87 @@
+"""Results files from the bus (issue 38 point 4): ingest keeps each step's figures from job.progress and
+checkpoint.written, and when training ends the job's CSV becomes a file of the tenant's (purpose
+fine-tune-results), announced on file.created and readable with the official client's files.content."""
+
+from __future__ import annotations
+
+import csv
+import io
+from datetime import UTC, datetime
+
+import openai
+import pytest
+
+from whetstone.contracts import (
+    CheckpointRef, CheckpointWrittenV1, JobCancelledV1, JobCompletedV1, JobFailedV1, JobProgressV1, result_file_id_for,
+)
+from whetstone.devstack.testing import outbox, send_event, wait_until
+from whetstone.ingest.bootstrap import build_service
+from whetstone.runtime.identity import identity_headers
+
+pytestmark = pytest.mark.integration
+
+
+def progress(job: str, step: int, attempt: int = 1, **fields) -> JobProgressV1:
+    return JobProgressV1(job_id=job, segment_id=f"{job}:{attempt}", attempt=attempt, step=step, **fields)
+
+
+async def test_results_file_made_once_from_progress_events(platform, settings):
+    b = settings.kafka_bootstrap
+    job, cancelled = "ftjob-results000000000001", "ftjob-results000000000002"
+    for step in (1, 2, 3):
+        await send_event(b, progress(job, step, loss=3.0 - step / 2, token_accuracy=0.1 * step, learning_rate=1e-3,
+                                     epoch=step / 3), "demo")
+    # step 3 trained again by a second attempt after a preemption: its figures win
+    await send_event(b, progress(job, 3, attempt=2, loss=1.25, token_accuracy=0.5), "demo")
+    await send_event(b, CheckpointWrittenV1(job_id=job, segment_id=f"{job}:2", attempt=2, checkpoint_id="c3",
+                                            kind="final", step=3, uri="s3://whetstone/tenants/demo/x",
+                                            manifest_sha256="0" * 64, files=1, size_bytes=1,
+                                            written_at=datetime.now(UTC), metrics={"validation_loss": 1.5}), "demo")
+    await send_event(b, JobCompletedV1(job_id=job, segment_id=f"{job}:2", attempt=2, node_id="n", steps=3,
+                                       stopped_at=datetime.now(UTC), final_checkpoint=CheckpointRef(
+                                           uri="s3://whetstone/tenants/demo/x", step=3, manifest_sha256="0" * 64)),
+                     "demo")
+    await send_event(b, JobFailedV1(job_id=job, code="eval_failed", message="gate", error_class="user"), "demo")
+    await send_event(b, progress(cancelled, 1, loss=2.0), "demo")
+    await send_event(b, JobCancelledV1(job_id=cancelled), "demo")
+    async with platform(build_service) as p:
+        rt = p["ingest"]
+
+        async def announced():
+            return [e for e in await outbox(rt, "file.created")] or None
+        [env] = await wait_until(announced, 60, "file.created")
+        file_id = result_file_id_for(job)
+        assert env["payload"]["file_id"] == file_id and env["payload"]["job_id"] == job
+        assert env["tenant_id"] == "demo" and env["payload"]["purpose"] == "fine-tune-results"
+
+        client, other = (openai.AsyncOpenAI(base_url=p.url("ingest") + "/v1", api_key="unused", max_retries=0,
+                                            default_headers=identity_headers(t, ("read",))) for t in ("demo", "acme"))
+        f = await client.files.retrieve(file_id)
+        assert (f.purpose, f.status, f.filename) == ("fine-tune-results", "processed", f"{job}-results.csv")
+        # topics are not ordered with each other: a step read after the end of training rewrites the file
+
+        async def complete():
+            text = (await client.files.content(file_id)).text
+            rows = list(csv.DictReader(io.StringIO(text)))
+            return (text, rows) if len(rows) == 3 and rows[2]["valid_loss"] and rows[2]["attempt"] == "2" else None
+        text, rows = await wait_until(complete, 30, "the three steps in the results file")
+        f = await client.files.retrieve(file_id)
+        assert text.startswith("step,train_loss,train_accuracy,valid_loss,valid_mean_token_accuracy,")
+        assert [r["step"] for r in rows] == ["1", "2", "3"] and f.bytes == len(text.encode())
+        assert float(rows[0]["train_loss"]) == 2.5 and float(rows[1]["train_accuracy"]) == 0.2
+        assert (rows[2]["train_loss"], rows[2]["valid_loss"], rows[2]["attempt"]) == ("1.25", "1.5", "2")
+        assert rows[2]["learning_rate"] == ""   # the second attempt's report replaced the first's
+        assert file_id in [x.id for x in (await client.files.list(purpose="fine-tune-results")).data]
+        with pytest.raises(openai.NotFoundError):
+            await other.files.content(file_id)
+        # the cancelled job made none; its figures are gone
+        assert not await rt.pool.fetchval("SELECT count(*) FROM job_step_metrics WHERE job_id = $1", cancelled)
+        # a report read after the file was made: the same file, rewritten
+        await send_event(b, progress(job, 4, attempt=2, loss=1.0), "demo")
+
+        async def four_rows():
+            rows = list(csv.DictReader(io.StringIO((await client.files.content(file_id)).text)))
+            return len(rows) == 4
+        await wait_until(four_rows, 30, "the late step in the results file")
+        assert (await client.files.retrieve(file_id)).bytes > f.bytes
+        assert len(await outbox(rt, "file.created")) == 1
