@@ -47,7 +47,7 @@ from .http import BodyLimit, HttpServer, ServiceMetrics, make_app
 from .logging import bound_contextvars, configure_logging, get_logger
 from .messaging import OutboxRelay, UnitOfWork, current_envelope, decode, parse_payload, unit_of_work
 from .s3 import ObjectStore
-from .settings import CommonSettings
+from .settings import CommonSettings, check_credentials
 from .kafka_security import broker_security
 from .topics import ensure_topics, while_unreachable
 from .tracing import TraceLog, trace_routes
@@ -166,6 +166,7 @@ class Runtime(Generic[C]):
     # -- lifecycle ----------------------------------------------------------
     async def start(self) -> None:
         s = self.settings
+        check_credentials(s)
         self.pool = await db.create_pool(s.database_url, self.service.schema)
         applied = await db.migrate(self.pool, self.service.schema, self.service.migrations)
         # the broker may become unreachable after the topics were made (restarting, its storage away)

@@ -82,6 +82,25 @@ class CommonSettings(BaseSettings):
         return self.models_dir or self.data_dir / "models"
 
 
+DEFAULT_S3_CREDENTIALS = ("whetstone", "whetstone-secret")
+LOOPBACK_HOSTS = ("127.0.0.1", "localhost", "::1", "[::1]")
+
+
+def check_credentials(settings: CommonSettings) -> None:
+    """A service refuses to start with the default S3 credentials anywhere but the dev stack (an
+    embedded SeaweedFS on loopback): SystemExit naming the settings to set."""
+    from urllib.parse import urlsplit  # noqa: PLC0415
+
+    if (settings.s3_access_key, settings.s3_secret_key) != DEFAULT_S3_CREDENTIALS:
+        return
+    host = urlsplit(settings.s3_endpoint or "").hostname or ""
+    if host in LOOPBACK_HOSTS or host.startswith("127."):
+        return
+    raise SystemExit(f"refusing to start: the object store at {settings.s3_endpoint or 'AWS S3'} would be used with "
+                     "the development stack's default credentials; set WHETSTONE_S3_ACCESS_KEY and "
+                     "WHETSTONE_S3_SECRET_KEY")
+
+
 class ServiceSettings(BaseSettings):
     """Per-service knobs; subclasses set env_prefix WHETSTONE_<SVC>_ for their own fields."""
 

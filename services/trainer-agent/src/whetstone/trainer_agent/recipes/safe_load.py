@@ -6,9 +6,11 @@ could wait for the next resume).
   adapter_model.bin): transformers loads them with `torch.load(weights_only=True)`; we check
   the same, with the numpy types its RNG state needs, BEFORE the trainer touches anything.
 - DeepSpeed's states (`global_step*/...`): DeepSpeed loads them with `weights_only=False` and
-  they hold DeepSpeed's own objects (its config, loss scaler). They are first unpickled here with
-  a restricted unpickler that admits tensor rebuilding, torch types and classes of `deepspeed`
-  only - no function of any other module (os.system, builtins.eval, ...) can be reached.
+  they hold DeepSpeed's own objects (its loss scaler, ZeRO stage, fragment addresses). They are
+  first unpickled here with a restricted unpickler that admits an explicit list of globals (tensor
+  rebuilding, torch's storages, dtypes, Size and device, the DeepSpeed classes its ZeRO states
+  hold, numpy arrays) and is asked BEFORE a module is imported: no other class or function
+  (os.system, builtins.eval, a torch module class, ...) can be reached, no other module imported.
 - `training_args.bin` (a pickle of TrainingArguments, never loaded on resume) is removed.
 Anything else is refused: PlatformError `unsafe_checkpoint`, naming the file.
 """
@@ -71,28 +73,44 @@ def _is_zip(path: Path) -> bool:
         return f.read(4) == b"PK\x03\x04"
 
 
-def _admitted(module: str, name: str, obj: Any) -> bool:
-    import torch
+ADMITTED = frozenset({
+    ("collections", "OrderedDict"), ("collections", "Counter"), ("collections", "defaultdict"),
+    ("collections", "deque"),
+    *(("torch._utils", f) for f in ("_rebuild_tensor", "_rebuild_tensor_v2", "_rebuild_tensor_v3", "_rebuild_parameter",
+                                    "_rebuild_parameter_with_state", "_rebuild_device_tensor_from_numpy",
+                                    "_rebuild_meta_tensor_no_storage", "_rebuild_sparse_tensor", "_rebuild_qtensor")),
+    ("torch.serialization", "_get_layout"), ("torch", "Size"), ("torch", "device"), ("torch", "Tensor"),
+    ("torch.nn.parameter", "Parameter"), ("torch", "UntypedStorage"),
+    # what DeepSpeed's ZeRO and bf16 optimizer states pickle besides tensors and plain containers
+    ("deepspeed.runtime.fp16.loss_scaler", "LossScaler"), ("deepspeed.runtime.fp16.loss_scaler", "DynamicLossScaler"),
+    ("deepspeed.runtime.zero.config", "ZeroStageEnum"), ("deepspeed.utils.tensor_fragment", "fragment_address"),
+    # numpy arrays and dtypes (transformers' RNG state)
+    ("numpy.core.multiarray", "_reconstruct"), ("numpy._core.multiarray", "_reconstruct"), ("numpy", "ndarray"),
+    ("numpy", "dtype"), ("numpy.dtypes", "UInt32DType"),
+})
+TORCH_STORAGES = frozenset(f"{kind}Storage" for kind in (
+    "Double", "Float", "Half", "BFloat16", "Long", "Int", "Short", "Char", "Byte", "Bool", "ComplexFloat",
+    "ComplexDouble", "QUInt8", "QInt8", "QInt32", "QUInt4x2", "QUInt2x4"))
 
+
+def _admitted(module: str, name: str) -> bool:
+    """Judged on the names alone, before anything is imported."""
     if module in ("builtins", "__builtin__"):  # protocol 2 names Python 2's module
         return name in BUILTIN_CONTAINERS
-    if module == "collections":
-        return name in ("OrderedDict", "Counter", "defaultdict", "deque")
-    if module in ("torch._utils", "torch.serialization"):
-        return name.startswith("_rebuild_") or name == "_get_layout"
-    if isinstance(obj, torch.dtype):
+    if (module, name) in ADMITTED:
         return True
-    if isinstance(obj, type):
-        return module.split(".", 1)[0] in ("torch", "deepspeed") or obj in _numpy_globals()
-    return obj in _numpy_globals()
+    if module == "torch":
+        import torch
+
+        return name in TORCH_STORAGES or isinstance(getattr(torch, name, None), torch.dtype)   # torch.bfloat16, ...
+    return False
 
 
 class _RestrictedUnpickler(pickle.Unpickler):
     def find_class(self, module: str, name: str) -> Any:
-        obj = super().find_class(module, name)
-        if not _admitted(module, name, obj):
+        if not _admitted(module, name):
             raise pickle.UnpicklingError(f"global {module}.{name} is not admitted in a checkpoint")
-        return obj
+        return super().find_class(module, name)
 
 
 class _RestrictedPickle:
