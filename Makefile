@@ -76,6 +76,10 @@ bench-serving: venv
 bench-eval: venv
 	$(BIN)/python bench/eval.py $(ARGS)
 
+.PHONY: bench-vision
+bench-vision: venv
+	$(BIN)/python bench/vision.py $(ARGS)
+
 # LoRA / QLoRA / full fine-tuning of a random ~1.1B Llama on the GPU it finds (tiny on CPU); last line JSON.
 # Needs only torch, transformers, peft (+ bitsandbytes for QLoRA): on a GPU machine `python3 bench/gpu.py`.
 .PHONY: bench-gpu

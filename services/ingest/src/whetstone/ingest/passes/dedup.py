@@ -21,9 +21,7 @@ from pathlib import Path
 
 import numpy as np
 
-from ..adapters.images import image_hash_of_url
 from ..domain.actions import REMOVED
-from ..domain.chat import row_images
 from ..domain.images import image_similarity
 from ..domain.hashing import HashSet64
 from ..domain.minhash import LshParams, block_jaccards, candidate_pairs, clusters, shingle_sets, verify_pairs
@@ -145,7 +143,7 @@ def stored_jaccards(path: str, offsets_path: str, part: np.ndarray) -> list[floa
         stored = [read(i) for i in rows]
         for i, row in zip(rows, stored):
             if row.images:
-                hashes[i] = _image_hashes(row.payload)
+                hashes[i] = list(row.dhashes)
         return shingle_sets([_normalized(row) for row in stored])
 
     try:
@@ -157,10 +155,6 @@ def stored_jaccards(path: str, offsets_path: str, part: np.ndarray) -> list[floa
                   for (a, b), j in zip(part.tolist(), scores)]
     return scores
 
-
-def _image_hashes(payload: bytes) -> list[int]:
-    messages = json.loads(payload)["messages"]
-    return [h if (h := image_hash_of_url(image["url"])) is not None else -1 for _, _, image in row_images(messages)]
 
 
 def _normalized(row: Stored) -> str:

@@ -1,5 +1,5 @@
 """The surviving rows of pass 1, on local disk: one record per row (line, origin, side, length
-estimate, image count, role counts, the output row), MinHash band hashes, byte offsets and line numbers.
+estimate, image count, the images' dHashes, role counts, the output row), MinHash band hashes, byte offsets and line numbers.
 Only 2 bytes per row (origin, LSH eligibility) stay in memory."""
 
 from __future__ import annotations
@@ -11,11 +11,12 @@ from pathlib import Path
 import numpy as np
 
 from ..domain.minhash import MinHasher
+from ..domain.images import RowImages
 from .prepare import Candidate
 
 ROLE_FIELDS = ("system", "user", "assistant", "tool", "text")
-_HEAD = b"\t".join([b"%d"] * (5 + len(ROLE_FIELDS))) + b"\t"
-_FIELDS = 5 + len(ROLE_FIELDS)
+_HEAD = b"\t".join([b"%d"] * 5 + [b"%s"] + [b"%d"] * len(ROLE_FIELDS)) + b"\t"
+_FIELDS = 6 + len(ROLE_FIELDS)
 
 
 @dataclass
@@ -28,6 +29,7 @@ class Stored:
     roles: dict[str, int]
     payload: bytes             # the output row, JSON
     images: int = 0
+    dhashes: tuple[int, ...] = ()   # the images' 64-bit difference hashes, in order (near duplicates)
 
 
 class CandidateStore:
@@ -49,7 +51,7 @@ class CandidateStore:
             bands.write(np.stack([p.bands for p in rows]).tobytes())
             self.eligible.append(np.array([p.shingles > 0 for p in rows], dtype=bool))
         records = [_HEAD % (p.line, p.origin, side, p.estimate, p.images.count if p.images else 0,
-                            *[p.roles.get(r, 0) for r in ROLE_FIELDS])
+                            _hashes(p.images), *[p.roles.get(r, 0) for r in ROLE_FIELDS])
                    + p.payload + b"\n" for p, side in zip(rows, sides)]
         sizes = np.fromiter(map(len, records), dtype=np.int64, count=len(records))
         offsets = np.empty(len(rows), dtype=np.int64)      # each record's start: one write for the batch
@@ -97,8 +99,14 @@ class CandidateStore:
 
 def _parse(record: bytes) -> Stored:
     parts = record.split(b"\t", _FIELDS)
-    roles = {r: int(parts[5 + j]) for j, r in enumerate(ROLE_FIELDS) if parts[5 + j] != b"0"}
-    return Stored(int(parts[0]), int(parts[2]), int(parts[3]), roles, parts[_FIELDS].rstrip(b"\n"), int(parts[4]))
+    roles = {r: int(parts[6 + j]) for j, r in enumerate(ROLE_FIELDS) if parts[6 + j] != b"0"}
+    images = int(parts[4])
+    dhashes = tuple(int(h, 16) for h in parts[5].split(b",")) if images else ()
+    return Stored(int(parts[0]), int(parts[2]), int(parts[3]), roles, parts[_FIELDS].rstrip(b"\n"), images, dhashes)
+
+
+def _hashes(images: RowImages | None) -> bytes:
+    return b",".join(b"%x" % f.dhash for f in images.facts) if images else b"-"
 
 
 class RandomAccess:
