@@ -109,3 +109,64 @@ def expand_image_tokens(ids: list[int], labels: list[int], image_token_id: int, 
             out_ids.append(tok)
             out_labels.append(lab)
     return out_ids, out_labels
+
+
+# ------------------------------------------------------------------ training building blocks
+
+# LoRA on the language model only: the vision tower and the projector stay frozen (the default a
+# vision recipe uses; `language_lora_targets(all_linear=True)` also takes the MLPs)
+LANGUAGE_ATTENTION = r".*language_model.*\.(q_proj|k_proj|v_proj|o_proj)"
+LANGUAGE_ALL_LINEAR = r".*language_model.*\.(q_proj|k_proj|v_proj|o_proj|gate_proj|up_proj|down_proj)"
+
+
+def language_lora_targets(all_linear: bool = False) -> str:
+    """peft `target_modules` as a regex (peft matches a string against the full module name)."""
+    return LANGUAGE_ALL_LINEAR if all_linear else LANGUAGE_ATTENTION
+
+
+def vision_example(processor, messages: Sequence[Mapping[str, Any]], max_len: int | None = None) -> dict[str, Any]:
+    """One chat with images as the model trains on it: input_ids and labels with the platform's mask
+    (assistant turns; image tokens never trained), each image token expanded as the processor does,
+    and the images' pixel values. Truncation never cuts an image (its tokens must all be there): a
+    row whose images end past `max_len` raises ValueError."""
+    from .chat import tokenize_chat  # noqa: PLC0415
+
+    tok = processor.tokenizer
+    urls = image_urls(messages)
+    images = [open_image(u) for u in urls]
+    counts = image_token_counts(processor, [(im.height, im.width) for im in images])
+    out = tokenize_chat(tok, text_messages(messages, processor.image_token))
+    image_id = tok.convert_tokens_to_ids(processor.image_token)
+    ids, labels = expand_image_tokens(out["input_ids"], out["labels"], image_id, counts)
+    if max_len is not None and len(ids) > max_len:
+        if image_id in ids[max_len:]:
+            raise ValueError(f"the row's images end after max_seq_len {max_len}; raise max_seq_len")
+        ids, labels = ids[:max_len], labels[:max_len]
+    pixels = processor.image_processor(images, return_tensors="pt")["pixel_values"] if images else None
+    return {"input_ids": ids, "labels": labels, "pixel_values": pixels}
+
+
+class VisionCollator:
+    """Right-padded batches of `vision_example`s: input_ids, attention_mask, labels, pixel_values (all the
+    batch's images in order). No packing: examples with images are never packed."""
+
+    def __init__(self, pad_id: int) -> None:
+        self.pad_id = pad_id
+
+    def __call__(self, examples: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
+        import torch  # noqa: PLC0415
+
+        width = max(len(e["input_ids"]) for e in examples)
+        ids = torch.full((len(examples), width), self.pad_id, dtype=torch.long)
+        labels = torch.full((len(examples), width), IGNORE_INDEX, dtype=torch.long)
+        mask = torch.zeros((len(examples), width), dtype=torch.long)
+        for i, e in enumerate(examples):
+            n = len(e["input_ids"])
+            ids[i, :n] = torch.tensor(e["input_ids"])
+            labels[i, :n] = torch.tensor(e["labels"])
+            mask[i, :n] = 1
+        batch = {"input_ids": ids, "attention_mask": mask, "labels": labels}
+        pixels = [e["pixel_values"] for e in examples if e.get("pixel_values") is not None]
+        if pixels:
+            batch["pixel_values"] = torch.cat([torch.as_tensor(p) for p in pixels])
+        return batch
