@@ -46,6 +46,10 @@ def test_eta_from_real_step_times_only():
     # the trainer's measured seconds per step win
     assert eta_text({"status": "running", "progress": {"step": 20, "total_steps": 110, "step_time_s": 2.0}},
                     {}, now=0) == "3:00"
+    smoothed: dict = {}
+    eta_text({"status": "running", "progress": {"step": 20, "total_steps": 110, "step_time_s": 2.0}}, smoothed, 0)
+    assert eta_text({"status": "running", "progress": {"step": 30, "total_steps": 110, "step_time_s": 4.0}},
+                    smoothed, 0) == "3:28"   # 80 steps x (0.3 x 4 + 0.7 x 2 = 2.6) s, not a jump to 5:20
     # none during set-up or in the queue, whatever the platform's own estimate says
     for job in ({"status": "queued", "estimated_finish": 10**10, "progress": {}},
                 {"status": "running", "state": "provisioning", "progress": {"total_steps": 40}},

@@ -57,7 +57,8 @@ def _clock(seconds: float) -> str:
 
 def eta_text(job: dict, started: dict[str, float], now: float) -> str:
     """Time left, from real step times only: the trainer's measured seconds per step when it reports
-    them, else the step rate this follower has seen. Nothing before the first step (set-up, queue)."""
+    them (an exponential average over the updates, kept in `started`), else the step rate this follower
+    has seen. Nothing before the first step (set-up, queue)."""
     p = job.get("progress") or {}
     step, total = p.get("step"), p.get("total_steps")
     if job.get("status") != "running" or not isinstance(step, int) or step <= 0 or not total:
@@ -65,8 +66,12 @@ def eta_text(job: dict, started: dict[str, float], now: float) -> str:
     if total <= step:
         return "0:00"
     step_time = _number(p.get("step_time_s"))
-    if step_time:
-        return _clock((total - step) * step_time)
+    if step_time:   # smoothed over the updates seen (a busy machine's step times jump)
+        if started.get("step") != step:
+            previous = started.get("ema")
+            started["ema"] = step_time if previous is None else 0.3 * step_time + 0.7 * previous
+            started["step"] = step
+        return _clock((total - step) * started["ema"])
     if "t0" not in started:
         started.update(t0=now, s0=step)
         return "-"

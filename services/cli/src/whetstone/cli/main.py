@@ -71,6 +71,9 @@ def cmd_dev(args: argparse.Namespace) -> int:
 
 
 def cmd_models_create_tiny(args: argparse.Namespace) -> int:
+    import os  # noqa: PLC0415
+
+    os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")   # one line of output, not a shard-writing bar
     from whetstone.modelkit.tiny import build_tiny_model  # noqa: PLC0415
     from whetstone.modelkit.tiny_vision import build_tiny_vision_model  # noqa: PLC0415
 
