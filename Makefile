@@ -68,6 +68,11 @@ bench-observability: venv
 bench-api: venv
 	$(BIN)/python bench/api.py $(ARGS)
 
+# issue 35: tenant B abuses every shared edge while tenant A works; last line JSON
+.PHONY: bench-abuse
+bench-abuse: venv
+	$(BIN)/python bench/abuse.py $(ARGS)
+
 .PHONY: bench-serving
 bench-serving: venv
 	$(BIN)/python bench/serving.py $(ARGS)

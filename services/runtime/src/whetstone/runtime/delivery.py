@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import hashlib
+import re
 from typing import TYPE_CHECKING, Any
 
 import asyncpg
@@ -96,11 +97,28 @@ def unavailable_dependency(exc: BaseException) -> str | None:
     return None
 
 
+# credentials a record may carry (a producer token in its envelope, an API key pasted in a field):
+# a dead letter keeps the part that names them and drops the part that proves them
+SECRETS_IN_RECORDS = (
+    (re.compile(rb"(whp_[0-9a-f]{16}\.[A-Za-z0-9_.:-]{1,128}\.)[0-9a-f]{32}"), rb"\1[redacted]"),
+    (re.compile(rb"(wsk-[0-9a-f]{12}-)[0-9a-f]{48}"), rb"\1[redacted]"),
+)
+
+
+def redact(raw: bytes) -> bytes:
+    for pattern, replacement in SECRETS_IN_RECORDS:
+        raw = pattern.sub(replacement, raw)
+    return raw
+
+
 def dead_letter(topic: str, partition: int, offset: int, consumer: str, attempts: int, error: str, key: str | None,
                 raw: bytes) -> Any:
     """A bounded dead letter: at most DLQ_VALUE_LIMIT bytes of the record, as text when it is UTF-8
-    (base64 otherwise), with the whole record's size and sha256, so it always fits the producer."""
-    head = raw[:DLQ_VALUE_LIMIT]
+    (base64 otherwise), with the whole record's size and sha256, so it always fits the producer.
+    Producer tokens and API keys in the record or the error are redacted (size and sha256 are the
+    original record's)."""
+    error = redact(error.encode()).decode()
+    head = redact(raw[:DLQ_VALUE_LIMIT])
     try:
         value, encoding = head.decode("utf-8"), "utf-8"
     except UnicodeDecodeError as exc:
