@@ -9,11 +9,14 @@ COPY constraints.txt ./
 COPY contracts/ contracts/
 COPY services/runtime/ services/runtime/
 COPY services/modelkit/ services/modelkit/
+COPY services/graders/ services/graders/
 COPY services/trainer-agent/ services/trainer-agent/
 RUN grep -v '^torch==' constraints.txt > /tmp/constraints.txt \
- && pip install -c /tmp/constraints.txt ./contracts ./services/runtime ./services/modelkit ./services/trainer-agent
+ && pip install -c /tmp/constraints.txt ./contracts ./services/runtime ./services/modelkit ./services/graders ./services/trainer-agent
 
 FROM python:3.11-slim
+# bubblewrap: the sandbox of python graders (reinforcement fine-tuning's reward)
+RUN apt-get update && apt-get install -y --no-install-recommends bubblewrap && rm -rf /var/lib/apt/lists/*
 RUN useradd --uid 10001 --user-group --create-home --home-dir /home/whetstone --shell /usr/sbin/nologin whetstone \
  && mkdir -p /scratch && chown 10001:10001 /scratch
 COPY --from=build /opt/venv /opt/venv

@@ -13,11 +13,13 @@ RUN grep -v '^torch==' constraints.txt > /tmp/constraints.txt \
 COPY contracts/ contracts/
 COPY services/runtime/ services/runtime/
 COPY services/modelkit/ services/modelkit/
+COPY services/graders/ services/graders/
 COPY services/trainer-agent/ services/trainer-agent/
-RUN pip install -c /tmp/constraints.txt ./contracts ./services/runtime ./services/modelkit ./services/trainer-agent
+RUN pip install -c /tmp/constraints.txt ./contracts ./services/runtime ./services/modelkit ./services/graders ./services/trainer-agent
 
 FROM nvidia/cuda:12.8.1-cudnn-runtime-ubuntu24.04
-RUN apt-get update && apt-get install -y --no-install-recommends python3.12 && rm -rf /var/lib/apt/lists/* \
+# bubblewrap: the sandbox of python graders (reinforcement fine-tuning's reward)
+RUN apt-get update && apt-get install -y --no-install-recommends python3.12 bubblewrap && rm -rf /var/lib/apt/lists/* \
  && useradd --uid 10001 --user-group --create-home --home-dir /home/whetstone --shell /usr/sbin/nologin whetstone \
  && mkdir -p /scratch && chown 10001:10001 /scratch
 COPY --from=build /opt/venv /opt/venv

@@ -136,7 +136,8 @@ def parse_method(data: Any, param: str = "method.reinforcement") -> Reinforcemen
     except ValidationError as exc:
         first = exc.errors()[0]
         field = ".".join([param, *(str(p) for p in first["loc"])])
-        raise GraderInvalid(field, "unknown field" if first["type"] == "extra_forbidden" else first["msg"],
+        message = first["msg"].removeprefix("Value error, ")
+        raise GraderInvalid(field, "unknown field" if first["type"] == "extra_forbidden" else message,
                             code="invalid_value") from exc
     grader = parse_grader(method.grader, f"{param}.grader")
     hp = method.hyperparameters

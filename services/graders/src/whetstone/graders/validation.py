@@ -52,7 +52,7 @@ def parse_grader(data: Any, param: str = "grader") -> AnyGrader:
                                                                 "score_model", "label_model"):
             loc = loc[:2] + loc[3:]
         field = ".".join([param, *loc])
-        message = first["msg"] if first["type"] != "extra_forbidden" else "unknown field"
+        message = first["msg"].removeprefix("Value error, ") if first["type"] != "extra_forbidden" else "unknown field"
         raise GraderInvalid(field, message) from exc
 
 

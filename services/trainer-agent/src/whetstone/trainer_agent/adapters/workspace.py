@@ -78,7 +78,7 @@ class Workspaces:
         config = {
             "job_id": run.job_id, "base_model": model.location, "train_file": str(train),
             "validation_file": str(val) if val else None, "output_dir": str(scratch / "out"),
-            "method": spec["method"], "hyperparameters": hyper,
+            "method": spec["method"], "hyperparameters": hyper, "reinforcement": spec.get("reinforcement"),
             "resume_from": str(resume.path) if resume.path else None,
             "deepspeed": str(ds_path) if ds_config else None, "zero_init": plan.zero_init,
             "distributed": {"world_size": plan.world_size, "zero_stage": plan.zero_stage,

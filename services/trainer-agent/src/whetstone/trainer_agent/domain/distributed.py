@@ -83,6 +83,8 @@ def training_mode(method: str, hyperparameters: Mapping[str, Any]) -> TrainingMo
     for `adapter: "none"` (all weights) or `adapter: "qlora"`."""
     if method in ("lora", "qlora", "full"):
         return method  # type: ignore[return-value]
+    if method == "reinforcement":   # GRPO on a LoRA adapter
+        return "lora"
     if method not in ("dpo", "orpo", "cpt"):
         raise DistributedConfigError(f"unknown training method {method!r}")
     adapter = hyperparameters.get("adapter", "lora")

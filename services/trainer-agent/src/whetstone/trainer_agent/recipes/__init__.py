@@ -6,6 +6,7 @@ Recipes (one per method family, each read top to bottom: setup -> train -> save_
 cleanup; they share components, never a base class):
 - sft.py            SFTRecipe: lora, qlora, full (chat SFT on assistant tokens), cpt (raw text)
 - preference.py     PreferenceRecipe: dpo (stored reference log-probs), orpo
+- grpo.py           GRPORecipe: reinforcement (trl GRPOTrainer + LoRA, the job's grader as reward)
 
 Entry point and protocol:
 - main.py           picks the recipe by method; SIGTERM flag, stdout events, OOM retries, exit status
@@ -24,6 +25,7 @@ Components:
 - callbacks.py      the training monitor: progress events, checkpoint cadence, SIGTERM stop, divergence
 - checkpointing.py  whetstone_state.json, resume geometry, the final artifact (atomic)
 - validation.py     validation loss per data kind
+- rewards.py        the grader as a reward function, the RFT data gate, mean reward on held-out prompts
 - metrics.py        progress meter, peak memory, GPU utilization, loss curve PNG
 - faults.py         test-only fault injection (WHETSTONE_RECIPE_FAULTS)
 - harness.py        run a recipe as the agent does (tests, benchmarks), resume-exactness chains

@@ -111,6 +111,8 @@ def read_text_jsonl(path: Path) -> list[tuple[int, str]]:
 
 
 def read_rows(path: Path, method: str) -> list[tuple[int, Any]]:
+    if method == "reinforcement":   # prompts plus the grader's fields: checked by the RFT data gate (grpo.py)
+        return read_jsonl(path)
     check_format(read_jsonl(path), method, path.name)
     reader = {"chat": read_chat_jsonl, "preference": read_preference_jsonl, "text": read_text_jsonl}
     return reader[FORMAT_FOR_METHOD[method]](path)

@@ -24,10 +24,11 @@ from .errors import UserError
 
 log = logging.getLogger("whetstone.trainer_agent.recipes")
 
-METHODS = ("lora", "qlora", "full", "dpo", "orpo", "cpt")
-ADAPTER_METHODS = frozenset({"lora", "qlora", "dpo", "orpo"})  # train a LoRA adapter on a frozen base
+METHODS = ("lora", "qlora", "full", "dpo", "orpo", "cpt", "reinforcement")
+ADAPTER_METHODS = frozenset({"lora", "qlora", "dpo", "orpo", "reinforcement"})  # train a LoRA adapter on a frozen base
 PREFERENCE_METHODS = frozenset({"dpo", "orpo"})
-LEARNING_RATE_BY_METHOD = {"lora": 2e-4, "qlora": 2e-4, "full": 2e-5, "cpt": 2e-5, "dpo": 5e-6, "orpo": 8e-6}
+LEARNING_RATE_BY_METHOD = {"lora": 2e-4, "qlora": 2e-4, "full": 2e-5, "cpt": 2e-5, "dpo": 5e-6, "orpo": 8e-6,
+                           "reinforcement": 1e-5}
 RANK_BY_SIZE = ((1e9, 8), (10e9, 16), (40e9, 32))  # (params below, rank); larger models: 64
 AUTO = "auto"
 

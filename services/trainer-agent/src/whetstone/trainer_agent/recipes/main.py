@@ -58,6 +58,10 @@ class Recipe(Protocol):
 def recipe_for(cfg: RecipeConfig, events: EventStream, preemption: PreemptionFlag) -> Recipe:
     from .faults import Faults
 
+    if cfg.method == "reinforcement":
+        from .grpo import GRPORecipe
+
+        return GRPORecipe(cfg, events, preemption, Faults.from_env())
     if cfg.method in PREFERENCE_METHODS:
         from .preference import PreferenceRecipe
 

@@ -19,7 +19,9 @@ from typing import Any
 from ..domain.telemetry import mfu
 
 
-LOGGED_EXTRAS = ("mean_token_accuracy", "rewards/accuracies", "rewards/margins", "nll_loss")
+LOGGED_EXTRAS = ("mean_token_accuracy", "rewards/accuracies", "rewards/margins", "nll_loss", "reward", "reward_std",
+                 "grader_errors")
+LOGGED_PREFIXES = ("sub_reward/",)   # reinforcement: a multi grader's sub-rewards by name
 
 
 class ProgressMeter:
@@ -61,6 +63,9 @@ class ProgressMeter:
         for key in LOGGED_EXTRAS:
             if key in logs:
                 progress[key.replace("/", "_")] = logs[key]
+        for key in logs:
+            if key.startswith(LOGGED_PREFIXES):
+                progress[key] = logs[key]
         # tokens seen are summed over the processes: the peak is that of all the job's GPUs
         progress["mfu"] = mfu(self.params, progress["tokens_per_s"], self.gpu_type, max(args.world_size, 1))
         utilization = gpu_utilization()

@@ -31,6 +31,7 @@ class RecipeConfig:
     resume_from: Path | None = None
     deepspeed: dict[str, Any] | None = None
     zero_init: bool = False
+    reinforcement: dict[str, Any] | None = None   # method reinforcement: grader and knobs (ReinforcementSpec)
 
     @classmethod
     def load(cls, path: Path) -> RecipeConfig:
@@ -55,6 +56,7 @@ class RecipeConfig:
             method=method,
             deepspeed=_deepspeed_config(raw.get("deepspeed")),
             zero_init=bool(raw.get("zero_init")),
+            reinforcement=raw.get("reinforcement"),
             **optional,
         )
         cfg.check_distributed()

@@ -1,0 +1,141 @@
+"""Reinforcement fine-tuning recipe, read top to bottom: setup -> train -> save_checkpoint -> cleanup.
+
+    reinforcement   trl GRPOTrainer on a LoRA adapter; the reward is the job's grader
+
+The job's `reinforcement` object (resolved by the scheduler, `whetstone.graders.rft`) gives the
+grader and the knobs: `batch_size` prompts per optimiser step, `generations` completions sampled
+per prompt (one prompt's completions form a micro-batch, so a step accumulates `batch_size`
+micro-batches and trl generates all of a step's completions at once), `max_completion_tokens`,
+`learning_rate`, `n_epochs`, and `eval_samples` completions per validation prompt.
+
+Data: each row is a prompt (`messages` ending with a user turn) and whatever fields the grader reads
+(`{{item.x}}`); the RFT data gate refuses the file before any model is loaded, naming the lines.
+
+Progress events carry trl's `reward` (mean) and `reward_std`, the step's `sub_reward/<name>` of a
+multi grader and `grader_errors`; checkpoints carry `validation_reward` on the validation prompts
+(greedy completions, graded). GRPO's loss is not a quality figure, so the divergence guard only
+stops on a NaN/Inf loss here.
+
+Resume: HF Trainer checkpoints (adapter, optimiser, scheduler, `rng_state.pth`). trl's sampler
+orders prompts from the job's seed and the Trainer skips the batches a resumed epoch already
+consumed, so no prompt is repeated or skipped; the torch/numpy/python RNG states saved with the
+checkpoint are restored, so the completions sampled after a resume are drawn from the same state
+as in an uninterrupted run.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+from whetstone.graders import GraderEnvironment, GraderSettings, parse_grader
+
+from .errors import PlatformError
+from .faults import Faults
+from .hyperparams import Hyperparameters
+from .modeling import lora_config
+from .protocol import EventStream, PreemptionFlag
+from .rewards import GraderReward, check_rft_rows, mean_reward, prompt_rows, sub_rewards_callback
+from .session import TrainingSession
+from .spec import RecipeConfig
+from .trainers import TimedSaveMixin, training_arguments
+
+METHODS = ("reinforcement",)
+
+
+class GRPORecipe:
+    """setup -> train -> save_checkpoint -> cleanup, for reinforcement."""
+
+    def __init__(self, cfg: RecipeConfig, events: EventStream, preemption: PreemptionFlag,
+                 faults: Faults | None = None) -> None:
+        if not cfg.reinforcement:
+            raise PlatformError("method reinforcement needs the job's `reinforcement` object in the recipe config",
+                                code="bad_recipe_config")
+        self.session = TrainingSession(cfg, events, preemption, faults, packing=False)
+        self.plan: dict[str, Any] = dict(cfg.reinforcement)
+        self.grader = parse_grader(self.plan["grader"])
+        self.reward = GraderReward(self.grader, GraderEnvironment(GraderSettings()),
+                                   reward_sign=float(self.plan.get("reward_sign", 1.0)))
+        self.prompts: list[dict[str, Any]] = []
+        self.validation_prompts: list[dict[str, Any]] = []
+
+    # ------------------------------------------------------------------ setup
+
+    def setup(self) -> None:
+        """Cheap checks first (the RFT data gate names the lines), then tokenizer, model, trainer."""
+        session, cfg = self.session, self.session.cfg
+        train_rows, validation_rows = session.read_inputs()
+        check_rft_rows(train_rows, self.grader, cfg.train_file.name)
+        self.prompts = prompt_rows(train_rows)
+        if validation_rows:
+            check_rft_rows(validation_rows, self.grader, cfg.validation_file.name)
+            self.validation_prompts = prompt_rows(validation_rows)
+        model = session.load_model([])
+        session.hp = self.geometry(session.hp)
+        self._build_trainer(model)
+
+    def geometry(self, hp: Hyperparameters) -> Hyperparameters:
+        """A micro-batch is one prompt's completions; a step accumulates `batch_size` prompts."""
+        plan = self.plan
+        changes: dict[str, Any] = {"batch_size": int(plan["generations"]),
+                                   "gradient_accumulation_steps": int(plan["batch_size"]),
+                                   "learning_rate": float(plan["learning_rate"]), "n_epochs": int(plan["n_epochs"]),
+                                   "packing": False, "divergence_factor": 0.0}
+        return replace(hp, **changes)
+
+    def rebuild(self, hp: Hyperparameters) -> None:
+        """After an out-of-memory error: a fresh model and trainer. The geometry stays (one prompt's
+        completions per micro-batch is the smallest GRPO can group)."""
+        self._build_trainer(self.session.reload_model(self.geometry(hp)))
+
+    def _build_trainer(self, model) -> None:
+        from datasets import Dataset
+        from transformers import set_seed
+        from trl import GRPOConfig, GRPOTrainer
+
+        session, cfg, hp = self.session, self.session.cfg, self.session.hp
+        set_seed(hp.seed)  # LoRA init
+        model.config.use_cache = True   # generation needs the KV cache; nothing is packed here
+        args = training_arguments(hp, output_dir=cfg.output_dir, deepspeed=cfg.deepspeed)
+        args["include_num_input_tokens_seen"] = "no"   # GRPO's inputs have no input_ids for the Trainer to count
+        config = GRPOConfig(
+            **args, num_generations=int(self.plan["generations"]),
+            max_completion_length=int(self.plan["max_completion_tokens"]),
+            # pinned: trl's GRPO defaults move between versions
+            beta=0.0, loss_type="dapo", scale_rewards="group", num_iterations=1, epsilon=0.2, temperature=1.0,
+            top_p=1.0, top_k=0, shuffle_dataset=True, remove_unused_columns=False, log_completions=False,
+            mask_truncated_completions=False)
+        trainer_class = type("PlatformGRPOTrainer", (TimedSaveMixin, GRPOTrainer), {})
+        callbacks = [sub_rewards_callback(self.reward),
+                     *session.callbacks(self._validate if self.validation_prompts else None,
+                                        # trl repeats each prompt once per completion
+                                        examples_per_epoch=len(self.prompts) * int(self.plan["generations"]))]
+        trainer = trainer_class(model=model, reward_funcs=[self.reward], args=config,
+                                train_dataset=Dataset.from_list(self.prompts), processing_class=session.tokenizer,
+                                peft_config=lora_config(model, hp), callbacks=callbacks)
+        session.install(trainer)
+
+    def _validate(self, model) -> dict[str, float]:
+        return mean_reward(model, self.session.tokenizer, self.validation_prompts, self.reward,
+                           max_new_tokens=int(self.plan["max_completion_tokens"]),
+                           samples=int(self.plan.get("eval_samples", 1)), seed=self.session.hp.seed)
+
+    # ------------------------------------------------------------------ train (session.train)
+
+    def validation_metrics(self) -> dict[str, Any]:
+        return self._validate(self.session.trainer.model) if self.validation_prompts else {}
+
+    def outcome_metrics(self) -> dict[str, Any]:
+        """What this method adds to the `completed` event: the rewards of the run's logged steps."""
+        rewards = [e["reward"] for e in self.session.run.progress if e.get("reward") is not None]
+        return {"reward_first": rewards[0] if rewards else None, "reward_last": rewards[-1] if rewards else None,
+                "generations": int(self.plan["generations"])}
+
+    # ------------------------------------------------------------------ save_checkpoint
+
+    def save_checkpoint(self) -> Path:
+        """output_dir/final: the adapter, tokenizer, summary, reward/loss curve."""
+        return self.session.save_final(merge=self.session.hp.merge_adapter, non_padding_fraction=None)
+
+    # ------------------------------------------------------------------ cleanup (session.cleanup)

@@ -1,0 +1,68 @@
+"""Reinforcement fine-tuning on the tiny Llama (trl GRPOTrainer + LoRA, in process, CPU): the grader
+is the reward, progress events carry reward mean/std and the multi grader's sub-rewards,
+checkpoints carry the validation reward, and RFT data the grader cannot read is refused before
+any model is loaded, naming the lines."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from whetstone.graders.rft import parse_method
+from whetstone.trainer_agent.recipes.harness import run_in_process, write_jsonl
+
+pytestmark = pytest.mark.integration
+
+# fuzzy_match against a fixed string: a continuous score, so sampled completions of even a random
+# model differ in reward from the first step (a binary reward would often give a group zero variance)
+GRADER = {"type": "multi", "name": "reward", "calculate_output": "0.5 * close + 0.5 * short", "graders": {
+    "close": {"type": "text_similarity", "name": "close", "input": "{{sample.output_text}}",
+              "reference": "{{item.target}}", "evaluation_metric": "fuzzy_match"},
+    "short": {"type": "text_similarity", "name": "short", "input": "{{sample.output_text}}",
+              "reference": "{{item.target}}", "evaluation_metric": "rouge_1"}}}
+
+
+def rows(n: int, **extra) -> list[dict]:
+    return [{"messages": [{"role": "user", "content": f"Tell me about the number {i}."}], "target": "yes yes yes",
+             **extra} for i in range(n)]
+
+
+def config(base: Path, root: Path, train: list[dict], validation: list[dict] | None = None) -> dict:
+    plan = parse_method({"grader": GRADER, "hyperparameters": {"batch_size": 1, "n_epochs": 1,
+                                                               "compute_multiplier": 0.5}}).record()
+    plan.update(max_completion_tokens=8, learning_rate=5e-3)
+    return {"job_id": "job-rft", "base_model": str(base), "train_file": str(write_jsonl(train, root / "train.jsonl")),
+            "validation_file": str(write_jsonl(validation, root / "val.jsonl")) if validation else None,
+            "output_dir": str(root / "out"), "method": "reinforcement",
+            "hyperparameters": {"seed": 0, "checkpoint_every_steps": 2, "max_seq_len": 128}, "reinforcement": plan}
+
+
+def test_grpo_trains_with_the_grader_as_reward(tiny_base, tmp_path):
+    run = run_in_process(config(tiny_base, tmp_path, rows(4), rows(2)), tmp_path)
+    assert run.returncode == 0, run.last
+    progress = run.of("progress")
+    assert [p["step"] for p in progress] == [1, 2, 3, 4]
+    for p in progress:
+        assert 0.0 <= p["reward"] <= 1.0 and p["reward_std"] >= 0.0 and p["grader_errors"] == 0
+        assert p["reward"] == pytest.approx(0.5 * p["sub_reward/close"] + 0.5 * p["sub_reward/short"], abs=1e-6)
+    assert any(p["reward_std"] > 0 for p in progress)   # the reward varies: GRPO has an advantage to follow
+    periodic = [c for c in run.of("checkpoint") if c["kind"] == "periodic"]
+    assert periodic and all(0.0 <= c["validation_reward"] <= 1.0 for c in periodic)
+    final = Path(run.of("checkpoint")[-1]["path"])
+    assert (final / "adapter_config.json").is_file() and (final / "adapter_model.safetensors").is_file()
+    done = run.of("completed")[0]
+    assert done["generations"] == 2 and 0.0 <= done["validation_reward"] <= 1.0
+
+
+def test_rft_data_the_grader_cannot_read_is_refused_naming_lines(tiny_base, tmp_path):
+    train = rows(3)
+    train[1] = {"messages": [{"role": "user", "content": "q"}, {"role": "assistant", "content": "a"}],
+                "target": "yes"}
+    del train[2]["target"]
+    run = run_in_process(config(tiny_base, tmp_path, train), tmp_path)
+    failed = run.of("failed")[0]
+    assert run.returncode == 1 and failed["code"] == "invalid_rft_data" and failed["error_class"] == "user"
+    assert "line 2: the last message is 'assistant'" in failed["message"]
+    assert "line 3: {{item.target}} is read by the grader" in failed["message"]
+    assert not run.of("started")
