@@ -62,3 +62,12 @@ def test_the_data_gate_names_lines():
                                                     (4, "not_an_object"), (5, "missing_messages")]
     assert "{{item.answer.value}}" in str(problems[1]) and str(problems[1]).startswith("line 3:")
     assert check_rows(rows[:1], plan.grader) == ([], 0)
+
+
+def test_reward_gate_needs_a_margin_over_the_base():
+    from whetstone.graders.rft import reward_gate
+
+    assert reward_gate(0.30, 0.60).verdict == "passed"
+    failed = reward_gate(0.30, 0.32, margin=0.05)
+    assert failed.verdict == "failed" and "quarantined" in failed.reason
+    assert reward_gate(0.30, 0.10).verdict == "failed"

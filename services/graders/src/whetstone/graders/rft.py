@@ -203,3 +203,21 @@ def generation_tokens(prompt_tokens: int, rows: int, plan: ReinforcementPlan) ->
     """Tokens a run processes at most: every prompt, each epoch, with `generations` samples of up
     to the completion budget (the sampled tokens are also scored by the policy: counted once)."""
     return plan.n_epochs * (prompt_tokens * plan.generations + rows * plan.generations * plan.max_completion_tokens)
+
+
+# -- the gate ----------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class RewardVerdict:
+    verdict: Literal["passed", "failed"]
+    reason: str
+
+
+def reward_gate(base_reward: float, candidate_reward: float, margin: float = 0.05) -> RewardVerdict:
+    """A reinforcement candidate passes when its mean reward on held-out prompts, under the job's own
+    grader, beats the base model's by at least `margin`."""
+    gain = candidate_reward - base_reward
+    if gain >= margin:
+        return RewardVerdict("passed", f"mean reward {candidate_reward:.4f} vs base {base_reward:.4f} "
+                                       f"(+{gain:.4f} >= margin {margin:g})")
+    return RewardVerdict("failed", f"mean reward {candidate_reward:.4f} does not beat the base's {base_reward:.4f} "
+                                   f"by the margin {margin:g} (gain {gain:+.4f}): quarantined")
