@@ -221,10 +221,16 @@ class JobAssignedV1(Event):
 
 
 class JobCancelledV1(Event):
+    """The scheduler accepted a cancel: the job's outcome is `cancelled`, whatever its nodes, eval or
+    registry report afterwards. Every consumer voids the job (no step, checkpoint, verdict or model of
+    it counts from now on); `attempt` says how many segments the job was ever assigned."""
+
     EVENT_TYPE = "job.cancelled"
     job_id: str
     node_id: str | None = None
     reason: str = "cancelled by user"
+    attempt: int | None = Field(default=None, ge=0, description="the job's attempts assigned when it was cancelled"
+                                " (0: never placed on a node); absent: older producer")
 
 
 class NodeFencedV1(Event):

@@ -40,7 +40,7 @@ def _short(sha: Any) -> str:
 def describe_model(m: dict) -> str:
     """A model in a few readable lines: what it is, where it came from, how it got its stage."""
     lines = [model_line(m)]
-    if m.get("fine_tuned_model"):
+    if m.get("fine_tuned_model") and m.get("stage") in ("staging", "production"):   # only those are served
         lines.append(f"  chat with      model={m['fine_tuned_model']}")
     lin = m.get("lineage") or {}
     if lin:
@@ -86,6 +86,19 @@ def download(api: Api, model_id: str, out: Path) -> tuple[dict, list[Path]]:
     return content, written
 
 
+def load_hint(base: str, out: Path) -> str:
+    """How to load the adapter: a Hub base resolves from adapter_config.json (id + pinned revision); a
+    local catalog base is named by its catalog name, so the base is loaded from the user's copy."""
+    if "/" in base:
+        return (f"base model {base} (Hub; adapter_config.json pins its revision); load with:\n"
+                f"  from peft import AutoPeftModelForCausalLM\n"
+                f"  model = AutoPeftModelForCausalLM.from_pretrained({str(out)!r})")
+    return (f"base model {base} (the platform's local catalog: on its machine <data dir>/models/{base}); load with:\n"
+            f"  from peft import PeftModel; from transformers import AutoModelForCausalLM\n"
+            f"  model = PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained('<your copy of {base}>'), "
+            f"{str(out)!r})")
+
+
 def cmd_models(args: argparse.Namespace) -> int:
     with Api() as api:
         if args.action == "list":
@@ -104,9 +117,7 @@ def cmd_models(args: argparse.Namespace) -> int:
             out = Path(args.out or args.model_id.replace(":", "_"))
             content, files = download(api, args.model_id, out)
             _out(args, content, "\n".join(f"{p}  {p.stat().st_size} bytes  sha256 ok" for p in files)
-                 + f"\nbase model {content.get('base_model')}; load with:\n"
-                 f"  from peft import AutoPeftModelForCausalLM\n"
-                 f"  model = AutoPeftModelForCausalLM.from_pretrained({str(out)!r})")
+                 + "\n" + load_hint(content.get("base_model") or "", out))
             if not args.json:
                 print(out)
         else:

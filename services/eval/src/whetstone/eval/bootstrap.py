@@ -27,5 +27,6 @@ def build_service(config: EvalSettings | None = None) -> Service[EvalContext]:
                    subscriptions={"job.queued": handlers.on_job_queued,
                                   "checkpoint.written": handlers.on_checkpoint_written,
                                   "eval.requested": handlers.on_eval_requested,
-                                  "node.fenced": handlers.on_node_fenced},
+                                  "node.fenced": handlers.on_node_fenced,
+                                  "job.cancelled": handlers.on_job_cancelled},
                    background=[eval_worker] * max(1, config.workers), probes=repository.PROBES)

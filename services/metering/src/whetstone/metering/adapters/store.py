@@ -194,7 +194,7 @@ class LedgerStore:
             c = e.charge
             if e.scope == "job":
                 k = (e.tenant_id, c.period, e.outcome or "unknown")
-                jobs[k] = jobs.get(k, 0) + 1
+                jobs[k] = jobs.get(k, 0) + (1 if e.entry == "charge" else -1)   # an outcome correction moves it
                 continue
             acc = usage.setdefault((e.tenant_id, c.period, e.gpu_type or "unknown", c.charge_class),
                                    [0, Decimal(0), Decimal(0), Decimal(0), Decimal(0)])
