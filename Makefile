@@ -91,6 +91,11 @@ bench-vision: venv
 bench-gpu: venv
 	$(BIN)/python bench/gpu.py $(ARGS)
 
+# service CPU per message: the per-message exactly-once path, the batched path, a bare decoding consumer
+.PHONY: bench-bus
+bench-bus: venv
+	$(BIN)/python bench/bus.py $(ARGS)
+
 # the chaos suite (minutes): six services as processes, ≥ 30 jobs, seeded faults; last line JSON
 .PHONY: chaos
 chaos: venv

@@ -201,6 +201,24 @@ async def count_deliveries(pool_or_conn: Any, consumer: str, records: Sequence[t
         " SELECT coalesce(max(count), 0) FROM counted", consumer, topics, partitions, offsets))
 
 
+async def count_fetch(pool_or_conn: Any, consumer: str, counter: str, firsts: Sequence[tuple[str, int, int]],
+                      message_ids: Sequence[str]) -> tuple[int, set[str]]:
+    """One round trip per fetch: count this delivery of the fetch under `counter`, by the first
+    (topic, partition, offset) of each partition in it (committed at once, outside any handler
+    transaction, so a crash cannot roll it back); returns the highest count and which of
+    `message_ids` this consumer has handled already (its inbox)."""
+    topics, partitions, offsets = (list(col) for col in zip(*firsts, strict=True)) if firsts else ([], [], [])
+    row = await pool_or_conn.fetchrow(
+        'WITH counted AS (INSERT INTO deliveries (consumer, topic, partition, "offset")'
+        " SELECT $1, t, p, o FROM unnest($2::text[], $3::int[], $4::bigint[]) AS r(t, p, o)"
+        ' ON CONFLICT (consumer, topic, partition, "offset")'
+        " DO UPDATE SET count = deliveries.count + 1, last_at = now() RETURNING count)"
+        " SELECT (SELECT coalesce(max(count), 0) FROM counted) AS deliveries,"
+        " ARRAY(SELECT message_id FROM inbox WHERE consumer = $5 AND message_id = ANY($6::text[])) AS seen",
+        counter, topics, partitions, offsets, consumer, list(message_ids))
+    return int(row["deliveries"]), set(row["seen"])
+
+
 async def prune(pool_or_conn: Any, *, outbox_sent_hours: float, inbox_days: float, deliveries_hours: float) -> dict:
     """Retention: rows that can no longer matter. Inbox rows must outlive the longest possible
     redelivery (the topics' retention), or a very late duplicate would be handled again."""

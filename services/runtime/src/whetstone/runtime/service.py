@@ -9,10 +9,11 @@ at once. The handler runs inside a Postgres transaction that also claims the
 event_id in the inbox and holds the outbox rows it published; a duplicate is
 skipped. A failing handler is retried `max_attempts` times, then the message is
 dead-lettered (in a transaction that claims the inbox, so a redelivery does not
-dead-letter it twice). The Kafka offset is committed only after all of this
-committed; if even the dead-lettering fails the message is rewound (NACK). A record
-whose earlier deliveries never completed (the process died while handling it) is
-dead-lettered once it has been handed out `max_crash_deliveries` times.
+dead-letter it twice). The Kafka offsets are committed once per fetch, only after
+every message of it committed (consuming.py); if even the dead-lettering fails the
+fetch is rewound (NACK). A record whose earlier deliveries never completed (the
+process died while handling it) is dead-lettered once it has been handed out
+`max_crash_deliveries` times.
 """
 
 from __future__ import annotations
@@ -41,6 +42,7 @@ from . import db, observability
 from .delivery import MAX_RECORD_BYTES, PoisonMessage, dead_letter, is_transient, prune_forever
 from .assignment import watch_assignment
 from .batching import BatchHandler, consume_batch, undecoded
+from .consuming import FetchLag, consume_fetch
 from .identity import internal_secret
 from .lifecycle import bounded, supervise
 from .http import BodyLimit, HttpServer, ServiceMetrics, make_app
@@ -80,6 +82,10 @@ class Service(Generic[C]):
     batch_handler: BatchHandler | None = None
     batch_size: int = 500
     batch_concurrency: int = 1  # transactions a batch is split into, by record key, run concurrently
+    # The per-message path (no batch_handler) fetches up to `fetch_records` records at a time and commits
+    # their offsets once; what is not handled within `fetch_budget_s` goes back for the next fetch.
+    fetch_records: int = 100
+    fetch_budget_s: float = 5.0
     # Optional: gauges read from the service's own schema by the runtime's metrics collector.
     probes: Sequence[observability.Probe] = ()
     # Optional: extra options of the Kafka consumer (e.g. session_timeout_ms, group_instance_id).
@@ -149,7 +155,8 @@ class Runtime(Generic[C]):
         # messages left on each assigned (topic, partition), see `measure_lag`
         self.consumer_lag: dict[tuple[str, int], int] | None = None
         self._subscriber: Any = None
-        self._in_flight: dict[tuple[str, int], int] = {}  # records fetched, not yet handled
+        self.fetch_lag = FetchLag()
+        self.in_flight = self.fetch_lag.in_flight  # records fetched, not yet handled, per (topic, partition)
 
     @property
     def ctx(self) -> C:
@@ -270,41 +277,21 @@ class Runtime(Generic[C]):
 
     # -- consumption --------------------------------------------------------
     def _subscribe_all(self) -> None:
-        """One consumer (one group member) for all of the service's topics: no rebalance storms."""
+        """One consumer (one group member) for all of the service's topics: no rebalance storms. It
+        fetches many records at a time: handled in one transaction per batch with a batch handler
+        (batching.py), else one transaction per message (consuming.py); offsets committed per fetch."""
         assert self.broker is not None
         routes = {t: (TOPICS[t].model, h) for t, h in self.service.subscriptions.items()}
-        if self.service.batch_handler is not None:
-            self._subscribe_batches(routes)
-            return
-
+        batched = self.service.batch_handler is not None
+        options = dict(self.service.consumer_options)
+        if batched:
+            options["max_records"] = self.service.batch_size
+        else:  # an idle consumer waits at most this long between polls (FastStream's empty-batch pause)
+            options["max_records"] = self.service.fetch_records
+            options["batch_timeout_ms"] = min(options.get("fetch_max_wait_ms", 50), 50)
         subscriber = self.broker.subscriber(*routes, group_id=self.consumer, auto_offset_reset="earliest",
-                                            ack_policy=AckPolicy.NACK_ON_ERROR, **self.service.consumer_options)
-        self._subscriber = subscriber
-
-        @subscriber
-        async def consume(msg: KafkaMessage) -> None:
-            rec = msg.raw_message
-            model, handler = routes[rec.topic]
-            tp = (rec.topic, rec.partition)
-            self._in_flight[tp] = self._in_flight.get(tp, 0) + 1
-            try:
-                await self.handle_message(rec.topic, model, handler, rec.value, rec.partition, rec.offset,
-                                          rec.key.decode(errors="replace") if rec.key else None)
-            except Exception:
-                # even dead-lettering failed (database down?): rewind and retry after a pause
-                self.log.exception("message could not be handled nor dead-lettered; will be redelivered",
-                                   topic=rec.topic, partition=rec.partition, offset=rec.offset)
-                await asyncio.sleep(1.0)
-                raise
-            finally:
-                self._in_flight[tp] -= 1
-
-    def _subscribe_batches(self, routes: dict[str, tuple[type[Event], Handler]]) -> None:
-        assert self.broker is not None
-        subscriber = self.broker.subscriber(*routes, group_id=self.consumer, auto_offset_reset="earliest",
-                                            ack_policy=AckPolicy.NACK_ON_ERROR, batch=True,
-                                            max_records=self.service.batch_size, decoder=undecoded,
-                                            **self.service.consumer_options)
+                                            ack_policy=AckPolicy.NACK_ON_ERROR, batch=True, decoder=undecoded,
+                                            **options)
         self._subscriber = subscriber
 
         @subscriber
@@ -314,37 +301,37 @@ class Runtime(Generic[C]):
             for rec in records:
                 taken[(rec.topic, rec.partition)] = taken.get((rec.topic, rec.partition), 0) + 1
             for tp, n in taken.items():
-                self._in_flight[tp] = self._in_flight.get(tp, 0) + n
+                self.in_flight[tp] = self.in_flight.get(tp, 0) + n
             try:
                 await self.measure_lag()
-                await consume_batch(self, routes, records)
+                self.fetch_lag.handling = True
+                if batched:
+                    await consume_batch(self, routes, records)
+                else:
+                    await consume_fetch(self, routes, records, msg.consumer, taken)
             except Exception:
-                self.log.exception("batch could not be handled nor dead-lettered; will be redelivered",
+                self.log.exception("fetch could not be handled nor dead-lettered; will be redelivered",
                                    size=len(records))
                 await asyncio.sleep(1.0)
                 raise
             finally:
+                self.fetch_lag.handling = False
                 for tp, n in taken.items():
-                    self._in_flight[tp] -= n
+                    self.in_flight[tp] -= n
 
     async def measure_lag(self) -> dict[tuple[str, int], int] | None:
         """Messages not handled yet per assigned partition of the service's consumer: not fetched
         (high watermark of the last fetch minus position) plus fetched but still in a handler.
         -1 for a partition not fetched since it was assigned; None when nothing is assigned
-        (not started, or between a rebalance's revoke and assign). Bookkeeping: never raises."""
-        consumer = getattr(self._subscriber, "consumer", None)
-        lag: dict[tuple[str, int], int] | None = None
+        (not started, or between a rebalance's revoke and assign). Asked of the consumer once per
+        fetch: while a fetch is handled, that measurement less what was handled since.
+        Bookkeeping: never raises."""
+        lag: dict[tuple[str, int], int] | None
         try:
-            assigned = consumer.assignment() if consumer is not None else set()
-            if assigned:
-                lag = {}
-                for tp in assigned:
-                    key = (tp.topic, tp.partition)
-                    highwater = consumer.highwater(tp)
-                    if highwater is None:
-                        lag[key] = -1
-                    else:
-                        lag[key] = max(highwater - await consumer.position(tp), 0) + self._in_flight.get(key, 0)
+            if self.fetch_lag.handling:
+                lag = self.fetch_lag.current()
+            else:
+                lag = await self.fetch_lag.measure(getattr(self._subscriber, "consumer", None))
         except Exception as exc:
             self.log.debug("consumer lag unavailable", error=str(exc))
             lag = None
@@ -352,27 +339,39 @@ class Runtime(Generic[C]):
         return lag
 
     async def handle_message(self, topic: str, model: type[Event], handler: Handler, raw: bytes,
-                             partition: int, offset: int, key: str | None) -> str:
-        """Returns the outcome: handled | duplicate | dead_lettered."""
+                             partition: int, offset: int, key: str | None, *,
+                             decoded: tuple[Envelope, Event] | None = None, seen: bool | None = None,
+                             uncounted: int = 0) -> str:
+        """Returns the outcome: handled | duplicate | dead_lettered. By default the record's delivery
+        is counted (and the inbox asked) on its own first, `uncounted` earlier deliveries added; with
+        `seen` given, its fetch was counted and the inbox asked for the whole fetch (consuming.py)
+        and this is the fetch's first delivery. `decoded`: the envelope and event already parsed."""
         start, began = time.perf_counter(), time.time()
         where = f"{topic}/{partition}/{offset}"
-        if raw is None:  # a tombstone: no envelope, no event; nothing to do but say so
+        if decoded is not None:
+            env, event = decoded
+        elif raw is None:  # a tombstone: no envelope, no event; nothing to do but say so
             await self._dead_letter(topic, where, partition, offset, key, b"", 1,
                                     "tombstone: a record with a null value carries no event", tenant_id="unknown",
                                     trace_id=None)
             self.metrics.refused(reason="tombstone").inc()
             return "dead_lettered"
-        try:
-            env = decode(raw)
-            event = parse_payload(env, model)
-        except Exception as exc:
-            await self._dead_letter(topic, where, partition, offset, key, raw, 1,
-                                    f"malformed message: {exc}", tenant_id="unknown", trace_id=None)
-            self.metrics.refused(reason="malformed").inc()
-            return "dead_lettered"
+        else:
+            try:
+                env = decode(raw)
+                event = parse_payload(env, model)
+            except Exception as exc:
+                await self._dead_letter(topic, where, partition, offset, key, raw, 1,
+                                        f"malformed message: {exc}", tenant_id="unknown", trace_id=None)
+                self.metrics.refused(reason="malformed").inc()
+                return "dead_lettered"
         message_id = str(env.event_id)
         assert self.pool is not None
-        seen, deliveries = await db.check_delivery(self.pool, self.consumer, message_id, topic, partition, offset)
+        if seen is None:
+            seen, deliveries = await db.check_delivery(self.pool, self.consumer, message_id, topic, partition, offset)
+            deliveries += uncounted if not seen else 0
+        else:
+            deliveries = 1
         if seen:
             self.metrics.consumed(topic=topic, outcome="duplicate").inc()
             return "duplicate"
