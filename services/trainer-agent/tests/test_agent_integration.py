@@ -224,7 +224,7 @@ async def test_agent_reports_cancel_crash_recipe_failure_and_rejected_plans(plat
         assert (topic, crash["error_class"], crash["code"]) == ("job.failed", "platform", "trainer_crashed")
         assert "killed by SIGKILL" in crash["message"] and "log tail" in crash["message"]
 
-        # cancel: SIGTERM to the group, reported as the user's failure (metering closes the segment)
+        # cancel: the group killed at once, reported as the user's failure (metering closes the segment)
         await send_event(settings.kafka_bootstrap, JobCancelledV1(job_id="job-cancel", node_id=NODE), TENANT)
         topic, cancelled = await terminal(rt, "job-cancel")
         assert (topic, cancelled["error_class"], cancelled["code"]) == ("job.failed", "user", "cancelled")

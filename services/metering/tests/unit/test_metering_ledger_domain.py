@@ -192,3 +192,60 @@ def test_any_delivery_order_gives_the_ground_truth(seed):
         invoices = pure_replay(messages)
         wrong = {j: (invoices.get(j), truth) for j, truth in work.invoices.items() if invoices.get(j) != truth}
         assert not wrong, list(wrong.items())[:3]
+
+
+def test_a_cancel_wins_over_a_racing_completion_and_closes_once_its_attempts_are_accounted():
+    """Issue 33: a completion the node sent before it heard the cancel does not book the job as a
+    success; the total waits only for the attempts the scheduler assigned, not for the grace."""
+    job, (s1,) = job_and("s1")
+    s1.see_start(start("s1", 1, 0))
+    s1.see_stop(stop("s1", "completed", 1))
+    job.see_terminal(Terminal("cancel", "cancelled", at(0, 50), attempts=1))
+    job.see_terminal(Terminal("done", "completed", at(1), "s1"))
+    out = settle(job, [s1], at(1, 0.1), POLICY)
+    (total,) = [e for e in out.entries if e.scope == "job"]
+    assert total.outcome == "cancelled" and total.charge.gpu_seconds == Decimal(3600)
+
+
+def test_a_job_cancelled_before_it_was_placed_closes_at_once_with_nothing_billed():
+    job, _ = job_and()
+    job.see_terminal(Terminal("cancel", "cancelled", at(0), attempts=0))
+    (total,) = settle(job, [], at(0, 0.01), POLICY).entries
+    assert total.outcome == "cancelled" and total.charge.gpu_seconds == 0 and job.closed_at is not None
+
+
+def test_a_cancelled_attempt_that_never_started_is_accounted_by_the_nodes_report():
+    job, (s1,) = job_and("s1")
+    s1.see_start(start("s1", 1, 0))
+    s1.see_stop(stop("s1", "preempted", 1, checkpointed_at=T0 + timedelta(hours=1)))
+    job.see_terminal(Terminal("cancel", "cancelled", at(2), attempts=2))
+    assert not [e for e in settle(job, [s1], at(2, 0.1), POLICY).entries if e.scope == "job"]   # attempt 2?
+    job.see_terminal(Terminal("node", "failed", at(2), None, "user", "cancelled", unstarted_attempt=2))
+    (total,) = [e for e in settle(job, [s1], at(2, 0.2), POLICY).entries if e.scope == "job"]
+    assert total.outcome == "cancelled" and total.charge.gpu_seconds == Decimal(3600)
+
+
+def test_a_nodes_cancel_report_without_a_segment_names_the_attempt_that_never_started():
+    from whetstone.contracts import Envelope, JobFailedV1
+    ev = JobFailedV1(job_id="j", error_class="user", code="cancelled", message="x", node_id="n1", attempt=3)
+    env = Envelope(event_type=ev.EVENT_TYPE, producer="trainer-agent", tenant_id="demo", key="j",
+                   payload=ev.model_dump(mode="json"))
+    fact = fact_of(env, ev, b"{}", T0)
+    assert fact.stop is None and fact.terminal.unstarted_attempt == 3 and fact.terminal.outcome == "cancelled"
+
+
+def test_a_cancel_in_evaluating_corrects_the_total_closed_at_the_completion():
+    """Training completed (the total closed as succeeded), then the cancel was accepted while the gate
+    ran: the total is reversed and written again as cancelled, with the same GPU-seconds."""
+    job, (s1,) = job_and("s1")
+    s1.see_start(start("s1", 1, 0))
+    s1.see_stop(stop("s1", "completed", 1))
+    job.see_terminal(Terminal("done", "completed", at(1), "s1"))
+    (seg, total) = settle(job, [s1], at(1, 0.1), POLICY).entries
+    assert total.outcome == "succeeded" and job.terminal.closed_as == "succeeded"
+    job.see_terminal(Terminal("cancel", "cancelled", at(1, 1), attempts=1))
+    reversal, again = settle(job, [s1], at(1, 1.1), POLICY).entries
+    assert (reversal.entry, reversal.outcome, reversal.charge.gpu_seconds) == ("reversal", "succeeded", -Decimal(3600))
+    assert (again.entry, again.revision, again.outcome, again.charge.gpu_seconds) == ("charge", 1, "cancelled",
+                                                                                     Decimal(3600))
+    assert settle(job, [s1], at(1, 2), POLICY).entries == []   # once

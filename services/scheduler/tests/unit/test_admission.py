@@ -69,8 +69,9 @@ def test_state_machine():
     for terminal in J.TERMINAL:
         assert not any(J.can_transition(terminal, t) for t in J.TRANSITIONS)
     assert not J.can_transition(J.FAILED, J.QUEUED)                      # failed is never re-queued
+    assert J.transition(J.EVALUATING, J.CANCELLED) == J.CANCELLED       # cancel wins before succeeded (issue 33)
     with pytest.raises(J.InvalidTransition):
-        J.transition(J.EVALUATING, J.CANCELLED)
+        J.transition(J.SUCCEEDED, J.CANCELLED)
 
 
 def test_method_must_fit_dataset_purpose():

@@ -104,7 +104,7 @@ def test_progress_only_moves_forward_and_checkpoints_keep_the_latest():
 def test_failure_is_terminal_and_cancellation_tells_every_node():
     job = running()
     events = job.cancel(T0)
-    assert [(type(e), e.node_id) for e in events] == [(JobCancelledV1, "a"), (JobCancelledV1, "b")]
+    assert [(type(e), e.node_id, e.attempt) for e in events] == [(JobCancelledV1, "a", 1), (JobCancelledV1, "b", 1)]
     assert job.terminal and job.finished_at == T0 and job.public_status == "cancelled"
     job = queued()
     (failed,) = job.fail(T0, "larger_than_pool", "too big")
@@ -119,10 +119,28 @@ def test_completion_evaluation_and_the_registered_model():
     stages = [{"name": "holdout", "status": "passed", "reason": "ok"}, {"name": "safety", "status": "failed",
                                                                          "reason": "refusals"}]
     assert job.evaluated(T0, "failed", ["safety"], {"verdict": "failed", "stages": stages}, stages)
-    assert job.public_status == "succeeded" and job.eval["verdict"] == "failed"
+    # issue 33: `succeeded` only once the model is registered, so a poller never reads fine_tuned_model=None
+    assert job.status == rules.EVALUATING and job.public_status == "running" and job.eval["verdict"] == "failed"
     assert [n.level for n in job.notes if "eval stage" in n.message] == ["info", "warning"]
     job.model_registered(T0, "demo-m-ft-1", "mdl-1")
-    assert job.fine_tuned_model == "demo-m-ft-1"
+    assert job.fine_tuned_model == "demo-m-ft-1" and job.public_status == "succeeded"
+    # the model may reach the scheduler before the verdict (two topics): the verdict then ends the job
+    job = running()
+    job.model_registered(T0, "demo-m-ft-2", "mdl-2")
+    assert job.training_completed(T0, 100, 5000, CK) and job.status == rules.EVALUATING
+    assert job.evaluated(T0, "passed", ["ok"], {"verdict": "passed"}, []) and job.public_status == "succeeded"
+
+
+def test_cancel_wins_in_evaluating_and_the_job_takes_no_verdict_or_model_after_it():
+    job = running()
+    assert job.training_completed(T0, 100, 5000, CK)
+    (cancelled,) = job.cancel(T0)
+    assert isinstance(cancelled, JobCancelledV1) and cancelled.attempt == 1 and cancelled.node_id is None
+    assert not job.evaluated(T0, "passed", ["ok"], {"verdict": "passed"}, [])
+    job.model_registered(T0, "demo-m-ft-3", "mdl-3")
+    assert job.public_status == "cancelled" and job.fine_tuned_model is None and job.eval is None
+    # never placed on a node: the cancel says so (attempt 0), so metering can close the job at once
+    assert [e.attempt for e in queued().cancel(T0)] == [0]
 
 
 def test_a_verdict_that_overtakes_the_training_completion_is_applied_when_it_arrives():
@@ -134,7 +152,9 @@ def test_a_verdict_that_overtakes_the_training_completion_is_applied_when_it_arr
     assert not job.evaluated(T0, "passed", ["ok"], result, [])
     assert job.status == rules.RUNNING and job.eval["early"]
     assert job.training_completed(T0, 100, 5000, CK)
-    assert job.public_status == "succeeded" and job.eval == result
+    assert job.status == rules.EVALUATING and job.eval == result
+    job.model_registered(T0, "demo-m-ft-1", "mdl-1")
+    assert job.public_status == "succeeded"
     # a verdict about another checkpoint (an attempt fenced meanwhile) is not this training's
     job = running()
     assert not job.evaluated(T0, "passed", ["ok"], {**result, "checkpoint_uri": "s3://ck/other-a1"}, [])

@@ -80,9 +80,12 @@ def fact_of(env: Envelope, ev: Event, raw: bytes, received_at: datetime, event_i
     if isinstance(ev, JobFailedV1):
         at = utc(ev.stopped_at) if ev.stopped_at else emitted
         stop = Stop(eid, "failed", at, error_class=ev.error_class, code=ev.code, reported_at=emitted) if seg else None
-        return Fact(**base, stop=stop, terminal=Terminal(eid, "failed", at, seg, ev.error_class, ev.code, emitted))
+        # a node's cancel report naming its attempt but no segment: that attempt never started (nothing to bill)
+        unstarted = ev.attempt if ev.code == "cancelled" and seg is None and ev.node_id else None
+        return Fact(**base, stop=stop, terminal=Terminal(eid, "failed", at, seg, ev.error_class, ev.code, emitted,
+                                                         unstarted_attempt=unstarted))
     if isinstance(ev, JobCancelledV1):
-        return Fact(**base, terminal=Terminal(eid, "cancelled", emitted, reported_at=emitted))
+        return Fact(**base, terminal=Terminal(eid, "cancelled", emitted, reported_at=emitted, attempts=ev.attempt))
     if isinstance(ev, JobQueuedV1):
         pinned = (ev.cost_estimate or {}).get("price_version")
         return Fact(**base, queued=Queued(eid, emitted, ev.tier, str(pinned) if pinned else None))

@@ -39,4 +39,5 @@ def build_service(config: RegistrySettings | None = None) -> Service[RegistryCon
                                   "checkpoint.written": handlers.on_checkpoint_written,
                                   "eval.completed": handlers.on_eval_completed,
                                   "model.merged": handlers.on_model_merged,
-                                  "node.fenced": handlers.on_node_fenced})
+                                  "node.fenced": handlers.on_node_fenced,
+                                  "job.cancelled": handlers.on_job_cancelled})

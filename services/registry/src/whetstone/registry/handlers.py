@@ -12,6 +12,7 @@ from whetstone.contracts import (
     NodeFencedV1, fine_tuned_model_for,
 )
 from whetstone.contracts import JobCancelledV1
+from whetstone.contracts import JobCancelledV1
 from whetstone.runtime import fencing
 from whetstone.runtime.messaging import UnitOfWork
 from whetstone.runtime.s3 import parse_uri, tenant_prefix
@@ -52,6 +53,9 @@ async def on_checkpoint_written(rt: Runtime[RegistryContext], uow: UnitOfWork, e
         return
     store = ModelStore(uow.conn)
     fenced = await fencing.fenced_attempt(uow.conn, ev.job_id, env.tenant_id)
+    if fencing.cancelled(fenced):   # the node wrote it before it heard the cancel: no model is made of it
+        rt.log.info("final checkpoint of a cancelled job not registered", job_id=ev.job_id, uri=ev.uri)
+        return
     why = fencing.stale_reason(ev.job_id, ev.attempt, fenced, await store.final_attempt(ev.job_id))
     if why:
         raise PoisonMessage(f"final checkpoint {ev.uri} not registered: {why}", reason="stale_attempt")
@@ -90,6 +94,30 @@ async def on_node_fenced(rt: Runtime[RegistryContext], uow: UnitOfWork, env: Env
             and (await store.final_attempt(ev.job_id) or 1) <= fenced:
         rt.log.error("a model was registered from an attempt fenced afterwards; check it", job_id=ev.job_id,
                      model_id=model.model_id, attempt=fenced)
+
+
+async def on_job_cancelled(rt: Runtime[RegistryContext], uow: UnitOfWork, env: Envelope, ev: JobCancelledV1) -> None:
+    """Cancel wins: the job is fenced whole (no checkpoint or verdict of it makes a model from now on)
+    and its kept final checkpoint dropped. A model registered before the cancel got here (the cancel
+    crossed the registration in flight) is withdrawn: a production version is rolled back to the
+    previous one of its name (archived when there is none), any other stage archived, so serving
+    unloads it. A gang's cancel names each node: the first one does it, the others find it done."""
+    store = ModelStore(uow.conn)
+    fenced = await fencing.record_fence(uow.conn, ev.job_id, env.tenant_id, fencing.CANCELLED)
+    if await store.forget_fenced_checkpoint(ev.job_id, env.tenant_id, fenced):
+        rt.log.info("cancelled job's final checkpoint dropped", job_id=ev.job_id)
+    model = await store.get(stages.model_id_for(ev.job_id), env.tenant_id)
+    if model is None or model.stage == "archived":
+        return
+    reason = f"job {ev.job_id} was cancelled: its model is withdrawn"
+    rt.log.warning("model of a cancelled job withdrawn", job_id=ev.job_id, model_id=model.model_id, stage=model.stage)
+    if model.stage == "production":
+        try:
+            await promotion.rollback(uow, store, model.model_id, env.tenant_id, reason, None)
+            return
+        except stages.TransitionRefused:
+            pass
+    await promotion.archive(uow, store, model.model_id, env.tenant_id, reason, None, can_approve=True)
 
 
 async def on_eval_completed(rt: Runtime[RegistryContext], uow: UnitOfWork, env: Envelope, ev: EvalCompletedV1) -> None:

@@ -5,6 +5,9 @@ inside) and re-assigns the job as the next attempt. Whatever the fenced attempt 
 final checkpoint, a completion) must have no effect anywhere: a consumer records the highest
 fenced attempt per job and refuses the stale attempt's events (`stale_attempt`).
 
+A cancelled job is fenced whole (`CANCELLED`, above every attempt): `job.cancelled` voids every
+attempt, earlier or later, so nothing of a cancelled job is evaluated or registered.
+
 Events from producers older than attempts carry none: they count as attempt 1. The runtime has
 already refused a fence naming another tenant than the job's owner (`tenancy.check_tenant`); the
 fence is kept per tenant all the same, so it only ever counts for that tenant's events.
@@ -24,6 +27,13 @@ FENCES_DDL = """
         PRIMARY KEY (job_id, tenant_id)
     );
 """
+
+
+CANCELLED = 2**31 - 1   # the fence a cancel records: every attempt of the job (int4's largest value)
+
+
+def cancelled(fenced: int) -> bool:
+    return fenced >= CANCELLED
 
 
 def attempt_or_first(attempt: int | None) -> int:
@@ -47,6 +57,8 @@ async def fenced_attempt(conn: asyncpg.Connection, job_id: str, tenant_id: str) 
 def stale_reason(job_id: str, attempt: int | None, fenced: int, newest_known: int | None = None) -> str | None:
     """Why an event of this attempt must have no effect, or None."""
     seen = attempt_or_first(attempt)
+    if cancelled(fenced):
+        return f"job {job_id} was cancelled"
     if seen <= fenced:
         return f"attempt {seen} of job {job_id} was fenced by the scheduler (its node was given up on)"
     if newest_known is not None and seen < newest_known:

@@ -110,7 +110,7 @@ def routes(rt: Runtime[SchedulerContext]) -> APIRouter:
         async with rt.uow() as uow:
             store = JobStore(uow)
             job = await owned(store, job_id, caller, lock=True)
-            if job.terminal or job.status == rules.EVALUATING:
+            if job.terminal:   # cancel wins in every state before succeeded, evaluating included
                 raise ApiError(409, f"job {job_id} is {job.status} and can no longer be cancelled",
                                code="not_cancellable", param="fine_tuning_job_id")
             await cancel_job(rt, store, job)

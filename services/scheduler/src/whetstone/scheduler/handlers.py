@@ -18,6 +18,7 @@ from .admission import IdempotencyConflict, Rejected, month_of, submit_job, try_
 from .adapters.store import JobStore, NodeFacts
 from .context import SchedulerContext
 from .domain import admission as quotas
+from .domain import jobs as rules
 from .domain.job import Job
 from .producer_tokens import check_producer_token
 
@@ -50,6 +51,9 @@ async def lifecycle_job(rt: Rt, store: JobStore, env: Envelope, ev: Lifecycle, *
     job = own_job(env, await store.get(job_id, lock=True), env.event_type)
     if job is None:
         rt.log.warning("event for unknown job", job_id=job_id)
+        return None
+    if job.status == rules.CANCELLED:   # cancel won: what its nodes still report changes nothing
+        rt.log.info("event of a cancelled job ignored", job_id=job_id, event=env.event_type, segment_id=segment)
         return None
     if why := job.stale(segment, ev.attempt, stop_report=stop_report):
         raise PoisonMessage(f"{env.event_type}: {why}", reason="stale_attempt")
@@ -175,7 +179,8 @@ async def on_job_failed(rt: Rt, uow: UnitOfWork, env: Envelope, ev: JobFailedV1)
 
 async def on_eval_completed(rt: Rt, uow: UnitOfWork, env: Envelope, ev: EvalCompletedV1) -> None:
     store = JobStore(uow)
-    if job := own_job(env, await store.get(ev.job_id, lock=True), "eval.completed"):
+    job = own_job(env, await store.get(ev.job_id, lock=True), "eval.completed")
+    if job is not None and job.status != rules.CANCELLED:
         job.evaluated(rt.ctx.clock(), ev.verdict, ev.reasons, ev.model_dump(mode="json"),
                       [s.model_dump(mode="json") for s in ev.stages])
         await store.save(job)

@@ -29,7 +29,6 @@ class TrainerAgentSettings(ServiceSettings):
     recipe_module: str = "whetstone.trainer_agent.recipes.main"
     drain_timeout_s: float = Field(default=100.0, gt=0, description="SIGTERM -> emergency checkpoint uploaded; "
                                    "spot nodes get about 120 s of notice")
-    cancel_grace_s: float = Field(default=10.0, gt=0, description="SIGTERM -> SIGKILL for a cancelled job")
     exit_grace_s: float = Field(default=60.0, gt=0, description="wait after a terminal event before SIGKILL")
     upload_attempts: int = Field(default=3, ge=1)
     final_upload_outage_s: float = Field(default=300.0, ge=0, description="how long the final checkpoint's (and merged "

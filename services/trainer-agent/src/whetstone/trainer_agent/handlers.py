@@ -44,7 +44,9 @@ async def on_job_assigned(rt: AgentRuntime, uow: UnitOfWork, env: Envelope, ev: 
         if uri and uri.startswith("s3://") and not within_tenant(uri, env.tenant_id):   # never another tenant's data
             raise PoisonMessage(f"job.assigned {ev.job_id}: {field} {uri} is not under tenant {env.tenant_id!r}'s prefix",
                                 reason="tenant_mismatch")
-    await ctx.runs.add_assignment(uow.conn, env, ev)
+    if not await ctx.runs.add_assignment(uow.conn, env, ev):
+        rt.log.info("assignment of a job cancelled here: not run", job_id=ev.job_id, segment_id=ev.segment_id)
+        return
     if ctx.node.stopping:  # arrived while draining: hand it straight back to the scheduler
         if await ctx.runs.hand_back(uow.conn, ev.segment_id):
             await uow.publish(JobPreemptedV1(job_id=ev.job_id, segment_id=ev.segment_id, node_id=ev.node_id,
@@ -56,21 +58,28 @@ async def on_job_assigned(rt: AgentRuntime, uow: UnitOfWork, env: Envelope, ev: 
 
 
 async def on_job_cancelled(rt: AgentRuntime, uow: UnitOfWork, env: Envelope, ev: JobCancelledV1) -> None:
-    """Not started yet: drop the assignment. Running: SIGTERM its process group now, SIGKILL after
-    `cancel_grace_s`; the segment then reports job.failed (user, cancelled) so metering closes it."""
+    """Cancel wins whatever the order the node hears things in:
+    - the cancel is remembered first, so an assignment of the job arriving after it (another topic)
+      is recorded as cancelled and never claimed;
+    - an assignment not started yet is dropped;
+    - a segment already claimed is marked cancelled: before its process starts it ends without
+      launching; a running process group is killed at once (SIGKILL: a cancelled job's work is worth
+      nothing, so no step, emergency checkpoint or upload is spent on it). The segment reports
+      job.failed (user, cancelled); nothing it wrote after the cancel is published."""
     ctx = rt.ctx
     node = ctx.config.node_id
     if ev.node_id not in (None, node):
         return
+    await ctx.runs.remember_cancel(uow.conn, ev.job_id, env.tenant_id, ev.attempt)
     if await ctx.runs.cancel_assigned(uow.conn, ev.job_id, node):
         rt.log.info("assignment cancelled before start", job_id=ev.job_id)
-    if not await ctx.runs.running_count(uow.conn, ev.job_id, node):
+    if not await ctx.runs.running_count(uow.conn, ev.job_id, node) and not ctx.node.segments_of(ev.job_id):
         return
     ctx.node.cancelled.add(ev.job_id)
     for seg in ctx.node.segments_of(ev.job_id):
-        if seg.signal(signal.SIGTERM):
-            asyncio.get_running_loop().call_later(ctx.config.cancel_grace_s, seg.signal, signal.SIGKILL)
-            rt.log.info("cancelling running segment", job_id=ev.job_id, segment_id=seg.segment_id)
+        seg.signal(signal.SIGKILL)
+        rt.log.info("cancelling segment", job_id=ev.job_id, segment_id=seg.segment_id,
+                    process_started=seg.proc is not None)
 
 
 async def on_job_preempt_requested(rt: AgentRuntime, uow: UnitOfWork, env: Envelope,

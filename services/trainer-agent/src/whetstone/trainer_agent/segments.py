@@ -47,6 +47,7 @@ from .domain.supervision import (
 )
 
 ERROR_CLASSES = ("user", "platform", "ambiguous")
+CANCEL_VOIDS = (JobProgressV1, CheckpointWrittenV1, JobCompletedV1)   # never published for a cancelled job
 
 AgentRuntime = Runtime[TrainerAgentContext]
 
@@ -65,6 +66,7 @@ class Segment:
     final: CheckpointRef | None = None
     final_error: str | None = None
     fenced: str | None = None                    # why a newer attempt of the job took over
+    started: bool = False                        # its job.started was published (metering bills from it)
     resumed_prefix: str | None = None            # never pruned while this segment runs
     uploaded_local: list[Path] = field(default_factory=list)
     outcome: list = field(default_factory=list)  # published with job.completed (a merge job's model.merged)
@@ -94,9 +96,13 @@ class Segment:
         return signal_group(self.proc.pid, sig)
 
     async def publish(self, event, *also, **columns: Any) -> None:
-        """The event (and `also`) and the run's new state, in one transaction (nothing once the segment is fenced)."""
+        """The event (and `also`) and the run's new state, in one transaction (nothing once the segment
+        is fenced; no progress, checkpoint or completion once its job is cancelled)."""
         if self.fenced_by_scheduler:
             self.rt.log.info("segment fenced: event not published", job_id=self.job_id, event=event.EVENT_TYPE)
+            return
+        if self.cancelled and isinstance(event, CANCEL_VOIDS):
+            self.rt.log.info("job cancelled: event not published", job_id=self.job_id, event=event.EVENT_TYPE)
             return
         async with self.rt.uow() as uow:
             for ev in (event, *also):
@@ -114,6 +120,17 @@ class Segment:
             stopped_at=self.rt.clock(), error_class=error_class if error_class in ERROR_CLASSES else "platform",
             code=code, message=message, advice=advice or []), *merges.failed(self.run, code, message),
             status="finished", outcome="failed", finished_at=self.rt.clock())
+
+    async def end_cancelled(self) -> None:
+        """The job was cancelled: job.failed (user, cancelled). A segment whose job.started was never
+        published names its attempt but no segment: it ran nothing billable, and metering must not
+        wait for a start that never comes."""
+        self.terminal = True
+        await self.publish(JobFailedV1(
+            job_id=self.job_id, segment_id=self.segment_id if self.started else None, node_id=self.run.node_id,
+            attempt=self.run.attempt, stopped_at=self.rt.clock(), error_class="user", code="cancelled",
+            message="cancelled by user"), *merges.failed(self.run, "cancelled", "cancelled by user"),
+            status="finished", outcome="cancelled", finished_at=self.rt.clock())
 
     async def preempted(self, reason: str) -> None:
         self.terminal = True
@@ -142,6 +159,9 @@ async def run_segment(rt: AgentRuntime, run: Run) -> None:
     try:
         if seg.fenced_by_scheduler:  # fenced between its claim and now
             return
+        if seg.cancelled:            # cancelled between its claim and now: nothing is prepared or launched
+            await seg.end_cancelled()
+            return
         try:
             if merges.is_merge(run):
                 prepared = await asyncio.to_thread(merges.prepare_merge, ctx.workspaces, run)
@@ -167,7 +187,7 @@ async def run_segment(rt: AgentRuntime, run: Run) -> None:
         if seg.fenced_by_scheduler:
             rt.log.info("segment fenced before its process started", job_id=seg.job_id)
         elif seg.cancelled:
-            await seg.fail("user", "cancelled", "cancelled by user")
+            await seg.end_cancelled()
         elif ctx.node.stopping:
             await seg.preempted(ctx.node.stopping)
         else:
@@ -197,8 +217,7 @@ async def watch(rt: AgentRuntime, seg: Segment, prepared: Prepared, scratch: Pat
     if seg.fenced_by_scheduler:  # the fence arrived while the process was being started
         seg.signal(signal.SIGKILL)
     elif seg.cancelled:  # the cancel arrived while the process was being started
-        seg.signal(signal.SIGTERM)
-        asyncio.get_running_loop().call_later(c.cancel_grace_s, seg.signal, signal.SIGKILL)
+        seg.signal(signal.SIGKILL)
     rt.log.info("training process started", job_id=seg.job_id, segment_id=seg.segment_id, pid=proc.pid,
                 launcher=prepared.launch.launcher, zero_stage=prepared.plan.zero_stage)
     events: asyncio.Queue[dict[str, Any] | None] = asyncio.Queue()
@@ -247,6 +266,9 @@ async def report_exit(rt: AgentRuntime, seg: Segment, code: int, prepared: Prepa
         rt.log.warning("fenced segment stopped; nothing reported", job_id=seg.job_id, segment_id=seg.segment_id,
                        code=code)
         return
+    if seg.cancelled:
+        await seg.end_cancelled()
+        return
     report = classify_exit(code, cancelled=seg.cancelled, stopping=rt.ctx.node.stopping,
                            worker_node=prepared.node_rank > 0, log_tail=log_tail(log_path))
     if seg.fenced:
@@ -267,7 +289,11 @@ async def on_child_event(rt: AgentRuntime, seg: Segment, msg: dict[str, Any], st
     kind = msg.get("event")
     if seg.fenced_by_scheduler:  # what the killed process had already written: not ours to report
         return
-    if kind == "started":
+    if seg.cancelled and not seg.terminal and kind in ("completed", "preempted", "failed"):
+        await seg.end_cancelled()   # whatever the process says last, the job's outcome is the cancel
+        return
+    if kind == "started":           # published even when cancelled meanwhile: the time it ran is billed
+        seg.started = True
         await seg.publish(JobStartedV1(
             job_id=seg.job_id, node_id=c.node_id, segment_id=seg.segment_id, attempt=seg.run.attempt,
             gpu_type=c.gpu_type, gpu_count=max(1, len(seg.gpu_ids)), spot=c.spot, started_at=started_at,
@@ -294,9 +320,6 @@ async def on_child_event(rt: AgentRuntime, seg: Segment, msg: dict[str, Any], st
     elif kind == "merged":
         await merges.on_merged(rt, seg, msg, scratch)
     elif kind == "preempted":
-        if seg.cancelled:
-            await seg.fail("user", "cancelled", "cancelled by user")
-            return
         rt.log.info("training process stopped for preemption", job_id=seg.job_id, step=msg.get("step"),
                     sigterm_to_checkpoint_s=msg.get("sigterm_to_checkpoint_s"))
         requested = node.preempt_reasons.pop(seg.job_id, None)

@@ -52,6 +52,9 @@ class Terminal:
     error_class: str | None = None
     code: str | None = None
     reported_at: datetime | None = None  # when the event was emitted (grace periods count from it)
+    attempts: int | None = None          # a cancel: the attempts the job was ever assigned (0: never placed)
+    unstarted_attempt: int | None = None  # a node's cancel report of an attempt that never started
+    closed_as: str | None = None          # the outcome the job's total was written with (None: not yet)
 
     @property
     def reported(self) -> datetime:
@@ -67,16 +70,27 @@ class Terminal:
 _TERMINAL_ORDER = {"completed": 0, "failed": 1, "cancelled": 2}
 
 
+def _larger(a: int | None, b: int | None) -> int | None:
+    return b if a is None else a if b is None else max(a, b)
+
+
 def pick_queued(current: Queued | None, new: Queued) -> Queued:
     """The first admission counts (a requeue after preemption keeps the quote)."""
     return new if current is None else min(current, new, key=lambda q: (q.queued_at, q.event_id))
 
 
 def pick_terminal(current: Terminal | None, new: Terminal) -> Terminal:
-    """A terminal that names its segment beats one that does not (the agent knows what ran)."""
+    """A cancel beats every other outcome: the scheduler accepts one only before the job succeeded, and
+    whatever its nodes report afterwards (a completion racing the cancel) does not change the outcome.
+    Otherwise a terminal that names its segment beats one that does not (the agent knows what ran).
+    What the two say about attempts is kept whichever wins (the same result in any order)."""
     if current is None:
         return new
-    return min(current, new, key=lambda t: (t.segment_id is None, _TERMINAL_ORDER.get(t.kind, 9), t.at, t.event_id))
+    won = min(current, new, key=lambda t: (t.outcome != "cancelled", t.segment_id is None,
+                                           _TERMINAL_ORDER.get(t.kind, 9), t.at, t.event_id))
+    return replace(won, attempts=_larger(current.attempts, new.attempts),
+                   unstarted_attempt=_larger(current.unstarted_attempt, new.unstarted_attempt),
+                   closed_as=current.closed_as or new.closed_as)
 
 
 def job_class(terminal: Terminal | None) -> str | None:
@@ -220,6 +234,15 @@ def settle(job: JobState, segments: list[SegmentState], now: datetime, policy: P
     if closable(job, segments, now, policy):
         out.entries.append(job_total(job, segments, policy))
         job.closed_at = now
+        assert job.terminal is not None
+        job.terminal = replace(job.terminal, closed_as=job.terminal.outcome)
+    elif (t := job.terminal) is not None and job.closed_at is not None and t.closed_as and t.outcome != t.closed_as:
+        # a cancel accepted after training completed (in evaluating): the total written with the
+        # completion is reversed and written again as cancelled (same amounts, the true outcome)
+        old = job_total(replace(job, terminal=replace(t, kind="completed", code=None)), segments, policy)
+        out.entries.append(replace(old, entry="reversal", charge=_negate(old.charge), outcome=t.closed_as))
+        out.entries.append(replace(job_total(job, segments, policy), revision=1))
+        job.terminal = replace(t, closed_as=t.outcome)
     return out
 
 
@@ -268,7 +291,20 @@ def closable(job: JobState, segments: list[SegmentState], now: datetime, policy:
         attempts = sorted(s.start.attempt for s in segments if s.start)
         if last and attempts == list(range(1, len(attempts) + 1)) and last.start.attempt == attempts[-1]:
             return True
+    if t.outcome == "cancelled" and t.attempts is not None and cancel_accounted(t, segments):
+        return True
     return now - t.reported >= policy.close_grace
+
+
+def cancel_accounted(t: Terminal, segments: list[SegmentState]) -> bool:
+    """A cancelled job's total need not wait for the grace once every attempt the scheduler assigned
+    (`attempts`, from job.cancelled) is accounted for: a segment that started (and, as closable
+    requires, is settled) or the node's report that the attempt never started. A job cancelled
+    before it was ever placed (0 attempts) closes at once."""
+    seen = {s.start.attempt for s in segments if s.start}
+    if t.unstarted_attempt is not None:
+        seen.add(t.unstarted_attempt)
+    return seen >= set(range(1, (t.attempts or 0) + 1))
 
 
 def job_total(job: JobState, segments: list[SegmentState], policy: Policy) -> Entry:

@@ -405,9 +405,13 @@ class Job:
 
     def evaluated(self, now: datetime, verdict: str, reasons: Sequence[str], result: dict[str, Any],
                   stages: Sequence[Mapping[str, Any]]) -> bool:
-        """The gate's verdict ends the job. It may overtake `job.completed` (another topic, no order
-        between them): while training has not completed it is kept, and applied when it does if it
-        names the same final checkpoint (an attempt fenced meanwhile wrote another)."""
+        """The gate's verdict. It may overtake `job.completed` (another topic, no order between them):
+        while training has not completed it is kept, and applied when it does if it names the same
+        final checkpoint (an attempt fenced meanwhile wrote another). The job succeeds once the verdict
+        and its registered model (`fine_tuned_model`) are both known, in either order: a client that
+        polls until `succeeded` always reads the model's name. A cancelled job takes no verdict."""
+        if self.status == rules.CANCELLED:
+            return False
         if self.status != rules.EVALUATING and not self.terminal and not result.get("request_id"):
             self.eval = {**result, "early": True}
             self.note(now, f"evaluation {verdict} arrived before training reported completion; kept until it does")
@@ -416,23 +420,42 @@ class Job:
             self.note(now, f"eval stage {s['name']}: {s['status']} ({s.get('reason', '')})",
                       level="warning" if s["status"] == "failed" else "info", type="message",
                       stage=s["name"], stage_status=s["status"])
-        if not self._move(rules.SUCCEEDED, now, f"evaluation {verdict}: {'; '.join(reasons)}"):
+        if self.status != rules.EVALUATING:
             return False
-        self.eval = result
+        self.eval, self.last_activity_at = result, now
+        self.note(now, f"evaluation {verdict}: {'; '.join(reasons)}", verdict=verdict)
+        self._succeed_when_registered(now)
         return True
 
+    def _succeed_when_registered(self, now: datetime) -> None:
+        """Evaluating -> succeeded once both the verdict and the registered model are in."""
+        if self.status == rules.EVALUATING and self.eval and not self.eval.get("early") and self.fine_tuned_model:
+            self._move(rules.SUCCEEDED, now, f"job succeeded: model {self.fine_tuned_model}")
+
     def cancel(self, now: datetime) -> list[Event]:
+        """Cancel wins from any state before succeeded. The job.cancelled events name the attempts the
+        job was ever given (`attempt`): every node, eval and the registry void the job on them (a node
+        drops or kills its segment, nothing of it is registered), and metering closes the job as
+        cancelled once the segments of those attempts are accounted for."""
         nodes = self.nodes_held()
         if not self._move(rules.CANCELLED, now, "cancelled by user"):
             return []
         self._leave_nodes()
-        return [*(JobCancelledV1(job_id=self.job_id, node_id=node) for node in nodes or [None]),
+        self.preempt_requested_at = self.preempt_reason = self.preempted_for = None
+        return [*(JobCancelledV1(job_id=self.job_id, node_id=node, attempt=self.attempt) for node in nodes or [None]),
                 *self._merge_failed("cancelled: the merge job was cancelled")]
 
     def model_registered(self, now: datetime, name: str, model_id: str) -> None:
+        """The registry made a model of the job. A cancelled job keeps no model (the registry withdraws
+        one registered before the cancel reached it); otherwise the job succeeds if its verdict is in."""
+        if self.status == rules.CANCELLED:
+            self.note(now, f"model {name} was registered after the job was cancelled: not the job's result; "
+                      "the registry withdraws it", level="warning", model_id=model_id)
+            return
         if self.fine_tuned_model != name:
             self.fine_tuned_model = name
             self.note(now, f"model registered: {name}", model_id=model_id)
+        self._succeed_when_registered(now)
 
 
 def new_job(job_id: str, tenant_id: str, idempotency_key: str, fingerprint: str, request: dict[str, Any], tier: str,

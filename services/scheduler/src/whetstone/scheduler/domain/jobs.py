@@ -29,7 +29,7 @@ TRANSITIONS: dict[str, frozenset[str]] = {
     RUNNING: frozenset({CHECKPOINTING, EVALUATING, PREEMPTED, FAILED, CANCELLED}),
     CHECKPOINTING: frozenset({RUNNING, EVALUATING, PREEMPTED, FAILED, CANCELLED}),
     PREEMPTED: frozenset({QUEUED, FAILED, CANCELLED}),
-    EVALUATING: frozenset({SUCCEEDED, FAILED}),
+    EVALUATING: frozenset({SUCCEEDED, FAILED, CANCELLED}),
     SUCCEEDED: frozenset(),
     FAILED: frozenset(),
     CANCELLED: frozenset(),

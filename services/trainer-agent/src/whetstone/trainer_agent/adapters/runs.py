@@ -5,6 +5,9 @@ connection (inside its unit of work), so a state change and the events it publis
        |                   `--agent restart--> interrupted
        `--cancel--> cancelled, or --hand back (agent stopping)--> finished (preempted)
     assigned | running --node.fenced--> finished (fenced): final, nothing the segment does later changes it
+
+A job cancelled here is remembered (`cancelled_jobs`): an assignment of it recorded afterwards is
+cancelled on arrival and never claimed.
 """
 
 from __future__ import annotations
@@ -22,14 +25,27 @@ UPDATABLE = frozenset({"status", "outcome", "finished_at", "latest_checkpoint", 
 
 
 class RunStore:
-    async def add_assignment(self, conn: asyncpg.Connection, env: Envelope, ev: JobAssignedV1) -> None:
-        """Record an assignment (a redelivered one changes nothing)."""
-        await conn.execute(
+    async def add_assignment(self, conn: asyncpg.Connection, env: Envelope, ev: JobAssignedV1) -> bool:
+        """Record an assignment (a redelivered one changes nothing). False when the job's cancel came
+        first: the run is recorded as cancelled, never to be claimed."""
+        status = await conn.fetchval(
             "INSERT INTO runs (segment_id, job_id, node_id, tenant_id, trace_id, attempt, gpu_ids, spec, resume_from,"
-            " rendezvous, status) VALUES ($1,$2,$3,$4,$5,$6,$7,$8,$9,$10,'assigned') ON CONFLICT DO NOTHING",
+            " rendezvous, status, finished_at) SELECT $1,$2,$3,$4,$5,$6,$7,$8,$9,$10,"
+            " CASE WHEN c.job_id IS NULL THEN 'assigned' ELSE 'cancelled' END,"
+            " CASE WHEN c.job_id IS NULL THEN NULL ELSE now() END"
+            " FROM (SELECT 1) one LEFT JOIN cancelled_jobs c ON c.job_id = $2 AND c.tenant_id = $4"
+            " ON CONFLICT DO NOTHING RETURNING status",
             ev.segment_id, ev.job_id, ev.node_id, env.tenant_id, env.trace_id, ev.attempt, ev.gpu_ids,
             ev.spec.model_dump(mode="json"), ev.resume_from.model_dump(mode="json") if ev.resume_from else None,
             ev.rendezvous)
+        return status != "cancelled"
+
+    async def remember_cancel(self, conn: asyncpg.Connection, job_id: str, tenant_id: str,
+                              attempt: int | None) -> None:
+        """The job was cancelled: no assignment of it runs here from now on (the record outlives the
+        job's runs: an assignment may arrive long after its cancel)."""
+        await conn.execute("INSERT INTO cancelled_jobs (job_id, tenant_id, attempt) VALUES ($1, $2, $3)"
+                           " ON CONFLICT (job_id) DO NOTHING", job_id, tenant_id, attempt)
 
     async def hand_back(self, conn: asyncpg.Connection, segment_id: str) -> bool:
         """An assignment not started yet ends as preempted; False when it had started (or ended)."""
@@ -65,8 +81,10 @@ class RunStore:
             "SELECT count(*) FROM runs WHERE job_id = $1 AND node_id = $2 AND status = 'running'", job_id, node_id))
 
     async def claim_assigned(self, conn: asyncpg.Connection, node_id: str) -> list[Run]:
-        rows = await conn.fetch("UPDATE runs SET status = 'running', started_at = now()"
-                                " WHERE node_id = $1 AND status = 'assigned' RETURNING *", node_id)
+        """Assignments to start now (never one of a job cancelled here)."""
+        rows = await conn.fetch("UPDATE runs r SET status = 'running', started_at = now()"
+                                " WHERE node_id = $1 AND status = 'assigned' AND NOT EXISTS"
+                                " (SELECT 1 FROM cancelled_jobs c WHERE c.job_id = r.job_id) RETURNING *", node_id)
         return [Run.from_row(r) for r in rows]
 
     async def interrupt_running(self, conn: asyncpg.Connection, node_id: str) -> list[Run]:
