@@ -3,11 +3,15 @@ platform-signed producer token for the envelope's tenant (issue 20, point 4).
 
 The token travels in the envelope (`producer_token`, a plain JSON field any Kafka producer can set).
 Refusals are dead letters with one of the reasons below, counted in `whetstone_refused_total{reason}`.
+
+A job id is `job_id_for(tenant, idempotency_key)`: a `job.requested` whose job id is not the one its
+own tenant and key give is refused (`tenant_mismatch`), so no producer, even with a valid token of
+its own, can claim a job id another tenant has used or will use (a pre-claim).
 """
 
 from __future__ import annotations
 
-from whetstone.contracts import Envelope
+from whetstone.contracts import Envelope, job_id_for
 from whetstone.runtime.identity import (
     PRODUCER_TOKEN_PREFIX,
     internal_secret,
@@ -21,7 +25,8 @@ from .adapters.keys import producer_token_revoked
 
 async def check_producer_token(rt: Runtime, uow: UnitOfWork, env: Envelope) -> str:
     """The token's id when `env` carries a valid, unrevoked token for its own tenant; raises
-    `PoisonMessage` (producer_token_missing|forged|revoked|tenant_mismatch) otherwise."""
+    `PoisonMessage` (producer_token_missing|forged|revoked|tenant_mismatch, or tenant_mismatch for a
+    job id that is not the tenant's) otherwise."""
     token = env.producer_token
     if not token:
         raise PoisonMessage(f"{env.event_type} without a producer token (envelope field `producer_token`; "
@@ -37,4 +42,8 @@ async def check_producer_token(rt: Runtime, uow: UnitOfWork, env: Envelope) -> s
     if tenant != env.tenant_id:
         raise PoisonMessage(f"{env.event_type}: producer token {token_id} is tenant {tenant!r}'s, the envelope names "
                             f"{env.tenant_id!r}", reason="producer_token_tenant_mismatch")
+    job_id, key = env.payload.get("job_id"), env.payload.get("idempotency_key")
+    if env.event_type == "job.requested" and (not isinstance(key, str) or job_id != job_id_for(tenant, key)):
+        raise PoisonMessage(f"job.requested: job id {str(job_id)[:64]!r} is not tenant {tenant!r}'s for the idempotency "
+                            "key given (job ids are job_id_for(tenant, idempotency_key))", reason="tenant_mismatch")
     return token_id
