@@ -106,3 +106,8 @@ chaos: venv
 .PHONY: bench-graders
 bench-graders: venv
 	$(BIN)/python bench/graders.py $(ARGS)
+
+# reinforcement fine-tuning on this CPU: base vs GRPO candidate vs inverted-reward candidate under the grader; last line JSON
+.PHONY: bench-rft
+bench-rft: venv
+	$(BIN)/python bench/rft.py $(ARGS)
