@@ -17,6 +17,7 @@ from .adapters.catalog import BaseModelFacts
 from .adapters.store import JobStore
 from .context import SchedulerContext
 from .domain import admission as quotas
+from .domain import auto
 from .domain import jobs as rules
 from .domain import resources
 from .domain.cluster import describe_pool, describe_shapes
@@ -167,6 +168,9 @@ async def submit_job(rt: Runtime[SchedulerContext], store: JobStore, tenant_id: 
     if dataset is not None and dataset["status"] == "accepted" and (mismatch := rules.check_method_fits_dataset(
             req.method, dataset["purpose"], dataset["data_schema"], req.training_file)):
         raise Rejected(mismatch.code, mismatch.message, param=mismatch.param)
+    if dataset is not None and dataset["status"] == "accepted" and req.method in auto.METHODS and (
+            few := auto.too_few_examples(req.hyperparameters.model_dump(exclude_none=True), dataset["rows_kept"] or 0)):
+        raise Rejected(few.code, few.message, param=few.param)
     if dataset is not None and dataset["status"] == "accepted" and (blind := images_refusal(
             planned["arch"].get("vision"), dataset["image_rows"], req.model, req.training_file)):
         raise Rejected(*blind, param="model")
@@ -214,10 +218,10 @@ async def queue_if_ready(rt: Runtime[SchedulerContext], store: JobStore, job: Jo
     elif blind := images_refusal(((job.resources or {}).get("arch") or {}).get("vision"), ds["image_rows"],
                                  job.spec["base_model"], ds["dataset_id"]):
         events = job.fail(now, *blind, param="model")
+    elif isinstance(tuned := auto_hyperparameters(ctx, job, ds), rules.Rejection):
+        events = job.fail(now, tuned.code, tuned.message, param=tuned.param)
     else:
-        max_positions = ((job.resources or {}).get("arch") or {}).get("max_positions")
-        hp, hp_hash = rules.resolve_hyperparameters(job.method, req.get("hyperparameters") or {},
-                                                    rules.model_defaults(max_positions))
+        hp, hp_hash = tuned
         spec = TrainingSpec(
             base_model=job.spec["base_model"], base_model_sha256=job.spec["base_model_sha256"],
             dataset_id=ds["dataset_id"], dataset_version=ds["version"], train_uri=ds["train_uri"],
@@ -241,6 +245,21 @@ async def queue_if_ready(rt: Runtime[SchedulerContext], store: JobStore, job: Jo
                                await store.queue_position(sort_key, job.job_id), cost)
             await store.wake_scheduler()
     return events
+
+
+def auto_hyperparameters(ctx: SchedulerContext, job: Job, ds: Any) -> tuple[dict[str, Any], str] | rules.Rejection:
+    """The job's hyperparameters: the user's values, "auto" ones chosen from the data and the model
+    (domain/auto.py) for the platform's training methods, the method's defaults for the rest; and their hash."""
+    given = job.request.get("hyperparameters") or {}
+    max_positions = ((job.resources or {}).get("arch") or {}).get("max_positions")
+    hp, digest = rules.resolve_hyperparameters(job.method, given, rules.model_defaults(max_positions))
+    if job.method not in auto.METHODS:
+        return hp, digest
+    tuned = auto.resolve_for_job(job.method, given, hp, job.resources or {}, job.shapes, ctx.config.cpu_memory_gb,
+                                 auto.DataFacts(int(ds["rows_kept"] or 0), ds["tokens_total"]))
+    if isinstance(tuned, rules.Rejection):
+        return tuned
+    return rules.resolve_hyperparameters(job.method, tuned[0])   # every knob given: the same dict, hashed
 
 
 def estimate_job(ctx: SchedulerContext, job: Job, tokens: int | None, hp: dict[str, Any]) -> tuple[float, float]:

@@ -34,12 +34,25 @@ def parse_event_id(value: str | None) -> int | None:
     return int(digits) if digits.isdigit() else -1
 
 
-def method_view(method: str, hp: Mapping[str, Any]) -> dict[str, Any]:
+# resolved knobs echoed beside OpenAI's three (the client keeps them as extra fields)
+ECHOED = ("learning_rate", "lora_r", "lora_alpha", "gradient_accumulation_steps", "gradient_checkpointing",
+          "max_seq_len")
+
+
+def method_view(method: str, hp: Mapping[str, Any], given: Mapping[str, Any] | None = None) -> dict[str, Any]:
+    """OpenAI's method object. `batch_size` is OpenAI's: examples per optimizer step (micro-batch x gradient
+    accumulation); `micro_batch_size` the platform's split of it; `auto` the knobs admission chose."""
     family = FAMILY.get(method, "supervised")
     default_lr = rules.resolve_hyperparameters(method, {})[0].get("learning_rate")   # none for a merge job
-    shown = {"n_epochs": hp.get("n_epochs"), "batch_size": hp.get("batch_size"),
+    micro, accumulation = hp.get("batch_size"), hp.get("gradient_accumulation_steps") or 1
+    shown = {"n_epochs": hp.get("n_epochs"),
+             "batch_size": micro * accumulation if isinstance(micro, int) else micro,
              "learning_rate_multiplier": round(hp["learning_rate"] / default_lr, 6)
-             if hp.get("learning_rate") and default_lr else None}
+             if hp.get("learning_rate") and default_lr else None,
+             "micro_batch_size": micro, **{k: hp[k] for k in ECHOED if k in hp}}
+    if given is not None and hp:
+        shown["auto"] = [k for k in ("n_epochs", "batch_size", "learning_rate", "lora_r", "lora_alpha")
+                         if k in hp and given.get(k) in (None, "auto")]
     if family == "dpo":
         shown["beta"] = hp.get("beta")
     return {"type": family, family: {"hyperparameters": shown}, "whetstone": {"method": method}}
@@ -48,7 +61,7 @@ def method_view(method: str, hp: Mapping[str, Any]) -> dict[str, Any]:
 def job_view(job: Job, queue: Forecast | None = None) -> dict[str, Any]:
     req, spec, res = job.request, job.spec or {}, job.resources or {}
     hp = spec.get("hyperparameters") or req.get("hyperparameters") or {}
-    method = method_view(job.method, hp)
+    method = method_view(job.method, hp, req.get("hyperparameters") or {})
     if job.method == "reinforcement":
         method["reinforcement"] = reinforcement_view(req)
     estimated_start = None
