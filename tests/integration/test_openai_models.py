@@ -1,0 +1,150 @@
+"""OpenAI's model ids, results files and "auto" hyperparameters through the real platform, with the official
+`openai` client on the gateway (issue 38 points 2, 3, 4; issue 33 point 3's base models):
+
+- `/v1/models` lists the platform's base and, once trained, the job's model under the job's
+  `fine_tuned_model`; `models.retrieve(job.fine_tuned_model)` and `models.delete(...)` (archive) work;
+- the base answers chat completions; the fine-tuned model and its checkpoints
+  (`fine_tuned_model_checkpoint`) do once the model is live;
+- `"auto"` epochs, batch size, learning rate and LoRA rank are resolved from the data and the base and
+  echoed in `method.supervised.hyperparameters`; `"auto"` epochs on 5 examples is refused naming the field;
+- the job's `result_files` holds a CSV in OpenAI's columns, read with `files.content`."""
+
+import asyncio
+import csv
+import io
+import json
+import re
+from pathlib import Path
+
+import openai
+import pytest
+
+from whetstone.cli.dev import all_service_builders, upstreams_of
+from whetstone.devstack.testing import until
+from whetstone.gateway.config import GatewaySettings
+from whetstone.gateway.server import start_gateway
+
+pytestmark = pytest.mark.integration
+TERMINAL = ("succeeded", "failed", "cancelled")
+HELLO = [{"role": "user", "content": "What is 2 + 3?"}]
+
+
+def sft_rows(n: int) -> bytes:
+    rows = [{"messages": [{"role": "user", "content": f"What is {i} + {i + 2}?"},
+                          {"role": "assistant", "content": f"{i} + {i + 2} = {2 * i + 2}."}]} for i in range(n)]
+    return b"".join(json.dumps(r).encode() + b"\n" for r in rows)
+
+
+async def test_model_ids_auto_hyperparameters_and_result_files(platform, settings, monkeypatch):
+    from whetstone.cli.keys import create_key
+    from whetstone.modelkit.tiny import build_tiny_model
+
+    monkeypatch.setenv("WHETSTONE_INGEST_MIN_EXAMPLES", "3")   # ingest's own floor (10, OpenAI's) let through
+
+    await asyncio.to_thread(build_tiny_model, Path(settings.model_catalog) / "tiny-llama")
+    async with platform(*all_service_builders()) as p:
+        upstreams = upstreams_of(p.runtimes.values())
+        gw = await start_gateway(GatewaySettings(), upstreams, port=0)
+        try:
+            keys = {t: (await asyncio.to_thread(create_key, t, base_url=upstreams["scheduler"]))["key"]
+                    for t in ("demo", "acme")}
+            client = openai.AsyncOpenAI(base_url=f"{gw.url}/v1", api_key=keys["demo"], max_retries=2)
+            other = openai.AsyncOpenAI(base_url=f"{gw.url}/v1", api_key=keys["acme"], max_retries=0)
+            await run(client, other)
+        finally:
+            await gw.stop()
+
+
+async def processed(client: openai.AsyncOpenAI, data: bytes, name: str):
+    f = await client.files.create(file=(name, data), purpose="fine-tune")
+    f = await until(lambda: client.files.retrieve(f.id), lambda x: x.status != "uploaded", 120, f"validation of {name}")
+    assert f.status == "processed", f
+    return f
+
+
+async def run(client: openai.AsyncOpenAI, other: openai.AsyncOpenAI) -> None:
+    # the platform's base, listed for every tenant and answering chat completions
+    listed = await client.models.list()
+    assert [(m.id, m.owned_by) for m in listed.data] == [("tiny-llama", "whetstone")]
+    base = await client.chat.completions.create(model="tiny-llama", messages=HELLO, max_tokens=4, temperature=0)
+    assert base.model == "tiny-llama" and base.choices[0].finish_reason in ("stop", "length")
+
+    train, few = await asyncio.gather(processed(client, sft_rows(40), "train.jsonl"),
+                                      processed(client, sft_rows(5), "few.jsonl"))
+    auto = {"n_epochs": "auto", "batch_size": "auto", "learning_rate_multiplier": "auto"}
+    # "auto" epochs cannot be chosen for 5 examples: refused at once, naming the field
+    with pytest.raises(openai.BadRequestError) as refused:
+        await client.fine_tuning.jobs.create(model="tiny-llama", training_file=few.id,
+                                             method={"type": "supervised", "supervised": {"hyperparameters": auto}})
+    assert refused.value.body["param"] == "hyperparameters.n_epochs" and "at least 10" in refused.value.body["message"]
+
+    # epochs, batch size and LoRA rank "auto"; the learning rate the user's (a tiny random base learns
+    # this data in the gate's eyes only at the demo's rate); the gate's holdout stage only, to keep it short
+    job = await client.fine_tuning.jobs.create(
+        model="tiny-llama", training_file=train.id, suffix="models",
+        method={"type": "supervised", "supervised": {"hyperparameters": {
+            "n_epochs": "auto", "batch_size": "auto", "learning_rate_multiplier": 50, "checkpoint_every_steps": 5,
+            "max_seq_len": 128}}}, extra_body={"eval_config": {"stages": ["holdout"]}})
+    job = await until(lambda: client.fine_tuning.jobs.retrieve(job.id), lambda j: j.status in TERMINAL, 900,
+                      f"job {job.id}")
+    assert job.status == "succeeded", job
+    # "auto", resolved at admission and echoed: 40 examples -> 3 epochs (40 x 3 >= 100), 8 per step,
+    # rank 8 for a base under 1B parameters; the user's learning rate kept
+    hp = job.method.supervised.hyperparameters
+    assert (hp.n_epochs, hp.batch_size, hp.learning_rate_multiplier) == (3, 8, 50)
+    extra = hp.model_extra
+    assert (extra["lora_r"], extra["lora_alpha"], extra["learning_rate"]) == (8, 16, 1e-2)
+    assert {"n_epochs", "batch_size", "lora_r", "lora_alpha"} <= set(extra["auto"])
+    assert "learning_rate" not in extra["auto"]
+    assert extra["micro_batch_size"] * extra["gradient_accumulation_steps"] == 8
+
+    # OpenAI's id: the job's fine_tuned_model is the model's id everywhere
+    job = await until(lambda: client.fine_tuning.jobs.retrieve(job.id), lambda j: j.fine_tuned_model, 60,
+                      "fine_tuned_model")
+    ftm = job.fine_tuned_model
+    assert re.fullmatch(r"ft:tiny-llama:demo:models:[0-9a-f]{12}", ftm), ftm
+    model = await client.models.retrieve(ftm)
+    assert model.id == ftm and model.owned_by == "demo" and model.model_extra["model_id"].startswith("wsm-")
+    ids = [m.id for m in (await client.models.list()).data]
+    assert ids == [ftm, "tiny-llama"]
+    with pytest.raises(openai.NotFoundError):
+        await other.models.retrieve(ftm)
+
+    # the model and its checkpoints answer once live (the gate passed: staging)
+    assert model.model_extra["stage"] in ("staging", "production"), model.model_extra
+    checkpoints = (await client.fine_tuning.jobs.checkpoints.list(job.id)).data
+    names = {c.fine_tuned_model_checkpoint for c in checkpoints}
+    assert names and all(n.startswith(ftm + ":ckpt-step-") for n in names), names
+    periodic = sorted((c for c in checkpoints if c.model_extra.get("kind") == "periodic"), key=lambda c: c.step_number)
+    assert periodic, checkpoints
+    for name in (ftm, periodic[-1].fine_tuned_model_checkpoint):
+        answer = await until(lambda name=name: answered(client, name), lambda a: a is not None, 60, f"{name} served")
+        assert answer.model == name
+    with pytest.raises(openai.NotFoundError):
+        await other.chat.completions.create(model=ftm, messages=HELLO, max_tokens=2)
+
+    # the results file: OpenAI's columns, one row per reported step, a file of the tenant's
+    job = await until(lambda: client.fine_tuning.jobs.retrieve(job.id), lambda j: j.result_files, 60, "result_files")
+    [result_id] = job.result_files
+    result = await client.files.retrieve(result_id)
+    assert (result.purpose, result.status) == ("fine-tune-results", "processed")
+    rows = list(csv.DictReader(io.StringIO((await client.files.content(result_id)).text)))
+    assert list(rows[0])[:5] == ["step", "train_loss", "train_accuracy", "valid_loss", "valid_mean_token_accuracy"]
+    steps = [int(r["step"]) for r in rows]
+    final = max(c.step_number for c in checkpoints)
+    assert len(steps) >= 2 and steps == sorted(set(steps)) and steps[-1] <= final, (steps, final)
+    assert all(float(r["train_loss"]) > 0 for r in rows if r["train_loss"])
+    with pytest.raises(openai.NotFoundError):
+        await other.files.content(result_id)
+
+    # delete = archive: the id stays, out of serving
+    deleted = await client.models.delete(ftm)
+    assert deleted.deleted and deleted.id == ftm
+    assert (await client.models.retrieve(ftm)).model_extra["stage"] == "archived"
+
+
+async def answered(client: openai.AsyncOpenAI, model: str):
+    try:
+        return await client.chat.completions.create(model=model, messages=HELLO, max_tokens=4, temperature=0)
+    except openai.NotFoundError:   # the serving projection follows the registry's events
+        return None
