@@ -10,6 +10,7 @@ naming the field. What the grader does when it runs (raises, loops, the judge re
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any
 
 from fastapi import APIRouter
@@ -17,7 +18,6 @@ from pydantic import BaseModel, ConfigDict, Field
 from whetstone.graders import (
     GraderEnvironment,
     GraderInvalid,
-    GraderSettings,
     MissingField,
     parse_grader,
     run_grader,
@@ -26,6 +26,8 @@ from whetstone.graders import (
 from whetstone.runtime.errors import ApiError
 from whetstone.runtime.identity import Caller, require
 from whetstone.runtime.service import Runtime
+
+from .rft import environment
 
 MAX_SAMPLE_CHARS = 1 << 20
 
@@ -58,16 +60,16 @@ def checked(env: GraderEnvironment, data: dict[str, Any]):
 
 def routes(rt: Runtime[Any], env: GraderEnvironment | None = None) -> APIRouter:
     r = APIRouter(prefix="/v1/fine_tuning/alpha/graders")
-    graders = env or GraderEnvironment(GraderSettings())
+    graders = env or environment()   # shared with reinforcement jobs' validation
 
     @r.post("/validate")
     async def validate_grader(body: ValidateGrader, _: Caller = require("read")) -> dict:
-        grader = checked(graders, body.grader)
+        grader = await asyncio.to_thread(checked, graders, body.grader)   # the first python grader probes bwrap
         return {"grader": grader.model_dump(exclude_none=True)}
 
     @r.post("/run")
     async def run(body: RunGrader, _: Caller = require("write")) -> dict:
-        grader = checked(graders, body.grader)
+        grader = await asyncio.to_thread(checked, graders, body.grader)
         try:
             result = await run_grader(grader, body.model_sample, body.item, graders, strict_item=True)
         except MissingField as exc:
