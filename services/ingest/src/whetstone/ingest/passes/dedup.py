@@ -24,7 +24,8 @@ import numpy as np
 from ..domain.actions import REMOVED
 from ..domain.images import image_similarity
 from ..domain.hashing import HashSet64
-from ..domain.minhash import LshParams, block_jaccards, candidate_pairs, clusters, shingle_sets, verify_pairs
+from ..domain.minhash import (LshParams, block_jaccards, candidate_pairs, clusters, exact_jaccard, shingle_sets,
+                              verify_pairs)
 from ..domain.report import NearDupReport
 from ..domain.schemas import text_messages
 from ..domain.text import digest_key, fingerprint
@@ -94,7 +95,8 @@ class NearDedup:
             return NearDupResult(drop, 0)
         pairs = candidate_pairs(store.band_columns(self.lsh.bands), store.eligible_array())
         self.report.candidate_pairs = int(len(pairs))
-        jaccards_of = functools.partial(stored_jaccards, str(store.path), str(store.offsets_path))
+        jaccards_of = functools.partial(stored_jaccards, str(store.path), str(store.offsets_path),
+                                        threshold=self.report.threshold)
         edges, scores = verify_pairs(pairs, jaccards_of, self.report.threshold, mapper=mapper)
         read = store.reader()
         try:
@@ -133,28 +135,23 @@ class NearDedup:
                                          "max_jaccard": round(best[k], 4)})
 
 
-def stored_jaccards(path: str, offsets_path: str, part: np.ndarray) -> list[float]:
+def stored_jaccards(path: str, offsets_path: str, part: np.ndarray, threshold: float = 0.0) -> list[float]:
     """`block_jaccards` of pairs of stored rows, read back from the store's files (in any process),
-    each capped by the pair's image similarity when a row has images."""
+    each capped by the pair's image similarity when a row has images. A pair whose images are
+    already below `threshold` is not read as text (its score is the image similarity)."""
     read = RandomAccess(Path(path), np.memmap(offsets_path, dtype=np.int64, mode="r"))
-    hashes: dict[int, list[int]] = {}
-
-    def shingles_of(rows: list[int]) -> list[np.ndarray]:
-        stored = [read(i) for i in rows]
-        for i, row in zip(rows, stored):
-            if row.images:
-                hashes[i] = list(row.dhashes)
-        return shingle_sets([_normalized(row) for row in stored])
-
     try:
-        scores = block_jaccards(part, shingles_of)
+        rows = {i: read(i) for i in np.unique(part).tolist()}
     finally:
         read.close()
-    if hashes:
-        scores = [min(j, image_similarity(hashes.get(a, []), hashes.get(b, [])))
-                  for (a, b), j in zip(part.tolist(), scores)]
-    return scores
-
+    pairs = part.tolist()
+    if not any(row.images for row in rows.values()):
+        return block_jaccards(part, lambda ids: shingle_sets([_normalized(rows[i]) for i in ids]))
+    sims = [image_similarity(list(rows[a].dhashes), list(rows[b].dhashes)) for a, b in pairs]
+    texts = sorted({i for (a, b), sim in zip(pairs, sims) if sim >= threshold for i in (a, b)})
+    sets = dict(zip(texts, shingle_sets([_normalized(rows[i]) for i in texts])))
+    return [min(exact_jaccard(sets[a], sets[b]), sim) if sim >= threshold else sim
+            for (a, b), sim in zip(pairs, sims)]
 
 
 def _normalized(row: Stored) -> str:
