@@ -51,6 +51,14 @@ async def test_bodies_and_fields_are_bounded(platform, settings, monkeypatch):
             for port in (gw.port, int(sched.rsplit(":", 1)[1])):   # the edge, and the service port behind it
                 line, took = await status_line(port, head)
                 assert line.startswith(b"HTTP/1.1 413") and took < 5, (port, line, took)
+            # a chunked body past the cap whose sender then stalls: answered within seconds, nothing held
+            reader, writer = await asyncio.open_connection("127.0.0.1", gw.port)
+            writer.write((head.split("Content-Length")[0] + "Transfer-Encoding: chunked\r\n\r\n").encode()
+                         + (b"10000\r\n" + b" " * 65536 + b"\r\n") * 24)
+            started = time.perf_counter()
+            line = await asyncio.wait_for(reader.readline(), 10)
+            writer.close()
+            assert line.startswith(b"HTTP/1.1 413") and time.perf_counter() - started < 5, line
             async with httpx.AsyncClient(base_url=gw.url, timeout=30) as c:
                 # 60 million characters of training_file once made a job: now refused unread
                 big = await c.post("/v1/fine_tuning/jobs", headers=auth,
@@ -88,7 +96,7 @@ async def test_bodies_and_fields_are_bounded(platform, settings, monkeypatch):
                     assert catalog not in err["message"].replace(ref, ""), err   # the catalog's place is not told
                     assert time.perf_counter() - started < 5                      # no Hub call for an unlisted id
                 ok = await c.post("/v1/fine_tuning/jobs", headers=auth,
-                                  json={"model": "org/pinned-1b", "training_file": "file-none"})
+                                  json={"model": "org/pinned-1b", "training_file": "ds-none"})
                 assert ok.status_code == 200 and ok.json()["model"] == "org/pinned-1b", ok.text
             async with httpx.AsyncClient(base_url=sched, timeout=30) as direct:
                 for path in ("/docs", "/openapi.json"):

@@ -69,6 +69,11 @@ async def test_bodies_over_the_cap_are_refused_uploads_pass_docs_off_health_quie
 
             streamed = await c.post("/v1/echo", content=chunks(), headers={"Content-Type": "application/json"})
             assert streamed.status_code == 413 and streamed.json()["error"]["type"] == "invalid_request_error"
+            # a chunked body past the cap whose sender then stalls: answered anyway, within seconds
+            chunk = b"10000\r\n" + b" " * 65536 + b"\r\n"
+            line, took = await raw_post(server.port, b"POST /v1/echo HTTP/1.1\r\nHost: x\r\nContent-Type: "
+                                        b"application/json\r\nTransfer-Encoding: chunked\r\n\r\n", chunk * 2)
+            assert line.startswith(b"HTTP/1.1 413") and took < 4, (line, took)
             bad = await raw_post(server.port, b"POST /v1/echo HTTP/1.1\r\nHost: x\r\nContent-Length: -1\r\n\r\n")
             assert not bad[0].startswith(b"HTTP/1.1 2")
             # an upload route streams past the cap under its own limit

@@ -5,11 +5,14 @@ past the cap, whether it is buffered here or streamed on to the service."""
 
 from __future__ import annotations
 
+import asyncio
+
 from whetstone.runtime.errors import ApiError
 
 from .config import GatewaySettings
 
 DRAIN_AFTER_REFUSAL = 1 << 20   # read (and drop) this much more, so a client still sending reads the 413
+DRAIN_SECONDS = 1.0
 
 
 class BodyTooLarge(Exception):
@@ -39,6 +42,20 @@ def declared_too_large(headers: dict[str, str], limit: int) -> ApiError | None:
     return too_large(limit) if int(length) > limit else None
 
 
+async def drain(receive, message: dict) -> None:
+    """Read (and drop) up to DRAIN_AFTER_REFUSAL more bytes of a refused body, for at most
+    DRAIN_SECONDS: a client still sending then reads the 413 instead of a reset, and one that
+    stops sending holds nothing."""
+    drained = 0
+    try:
+        async with asyncio.timeout(DRAIN_SECONDS):
+            while message.get("more_body") and drained < DRAIN_AFTER_REFUSAL:
+                message = await receive()
+                drained += len(message.get("body", b""))
+    except TimeoutError:
+        pass
+
+
 def counted(receive, limit: int):
     """`receive`, raising BodyTooLarge once the body read so far is over `limit`."""
     seen = 0
@@ -49,10 +66,7 @@ def counted(receive, limit: int):
         if message["type"] == "http.request":
             seen += len(message.get("body", b""))
             if seen > limit:
-                drained = 0
-                while message.get("more_body") and drained < DRAIN_AFTER_REFUSAL:
-                    message = await receive()
-                    drained += len(message.get("body", b""))
+                await drain(receive, message)
                 raise BodyTooLarge(limit)
         return message
 

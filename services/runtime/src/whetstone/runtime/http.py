@@ -43,12 +43,27 @@ class ServiceMetrics:
 
 DEFAULT_MAX_BODY = 1 << 20
 DRAIN_AFTER_REFUSAL = 1 << 20
+DRAIN_SECONDS = 1.0
 
 
 def too_large_body(limit: int) -> bytes:
     return json.dumps({"error": {"message": f"The request body is larger than this route accepts ({limit} bytes).",
                                  "type": "invalid_request_error", "param": None,
                                  "code": "request_too_large"}}).encode()
+
+
+async def drain(receive, message: dict) -> None:
+    """Read (and drop) up to DRAIN_AFTER_REFUSAL more bytes of a refused body, for at most
+    DRAIN_SECONDS: a client still sending then reads the 413 instead of a reset, and one that
+    stops sending holds nothing."""
+    drained = 0
+    try:
+        async with asyncio.timeout(DRAIN_SECONDS):
+            while message.get("more_body") and drained < DRAIN_AFTER_REFUSAL:
+                message = await receive()
+                drained += len(message.get("body", b""))
+    except TimeoutError:
+        pass
 
 
 class BodyLimit:
@@ -90,10 +105,7 @@ class BodyLimit:
             if message["type"] == "http.request":
                 state["seen"] += len(message.get("body", b""))
                 if state["seen"] > self.limit:
-                    drained = 0     # read (and drop) a little more first, so a client still sending reads the 413
-                    while message.get("more_body") and drained < DRAIN_AFTER_REFUSAL:
-                        message = await receive()
-                        drained += len(message.get("body", b""))
+                    await drain(receive, message)   # a little more first, so a client still sending reads the 413
                     if not state["started"]:
                         state["refused"] = True
                         await self.refuse(send)
