@@ -87,6 +87,8 @@ async def tenant_a(s: aiohttp.ClientSession, key: str, seconds: float, body: dic
         t0 = time.perf_counter()
         r = await call(s, "POST", "/v1/fine_tuning/jobs", json=body, headers=headers)
         out.append((time.perf_counter() - t0) * 1000)
+        if r.status != 200 and len(out) == 1:
+            print(f"tenant A's create answered {r.status} {json.dumps(r.body)[:300]}", file=sys.stderr, flush=True)
         if r.status == 200:
             t0 = time.perf_counter()
             await call(s, "GET", f"/v1/fine_tuning/jobs/{r.body['id']}", headers=headers)
@@ -107,6 +109,9 @@ async def tenant_b(s: aiohttp.ClientSession, key: str, api_port: int, listen_por
     # one job of B's own to stream events of
     own = await call(s, "POST", "/v1/fine_tuning/jobs", headers=headers,
                      json={"model": "tiny-llama", "training_file": "file-b"})
+    if own.status != 200:
+        print(f"tenant B's own job was refused ({own.status} {json.dumps(own.body)[:300]}): streams will 404",
+              file=sys.stderr, flush=True)
     held: list[aiohttp.ClientResponse] = []
 
     async def open_streams() -> None:
@@ -198,7 +203,22 @@ async def run(args: argparse.Namespace) -> dict:
         from whetstone.cli.keys import create_key
         sched = f"http://127.0.0.1:{sched_port}"
         keys = {t: (await asyncio.to_thread(create_key, t, base_url=sched))["key"] for t in tenants}
+        # each tenant's training file, as ingest announces an upload (the scheduler admits jobs only on
+        # files of the tenant's own; the bench runs no ingest)
+        from whetstone.contracts import DatasetSubmittedV1
+        from whetstone.devstack.testing import send_event
+        for t, file_id in ((A, "file-a"), (B, "file-b")):
+            await send_event(endpoints.kafka_bootstrap, DatasetSubmittedV1(
+                dataset_id=file_id, name=f"{file_id}.jsonl", source_uri=f"s3://whetstone/tenants/{t}/uploads/x.jsonl"),
+                t)
         body = {"model": "tiny-llama", "training_file": "file-a"}
+        async with aiohttp.ClientSession(base_url=f"http://127.0.0.1:{api_port}") as probe:
+            deadline = time.monotonic() + 30
+            while (await call(probe, "POST", "/v1/fine_tuning/jobs", json=body,
+                              headers={"Authorization": f"Bearer {keys[A]}"})).status != 200:
+                if time.monotonic() > deadline:
+                    raise SystemExit("the scheduler never learnt tenant A's training file")
+                await asyncio.sleep(0.3)
         listener, marker, answers = Listener(), tmp / "pwned", []
         listen_port = await listener.start()
         connector = aiohttp.TCPConnector(limit=0)
