@@ -1,10 +1,12 @@
 """Reinforcement fine-tuning on this CPU (issue 36's bench-rft), with the recipe the trainer agent runs.
 
-Task: answer any prompt with the text of the row's `target` field ("yes yes yes"). Grader:
-`text_similarity` / `fuzzy_match` between `{{sample.output_text}}` and `{{item.target}}`. Why it
-works from the first step: fuzzy_match is a continuous character-level score, so the completions a
-random tiny model samples for one prompt already differ in reward (a binary check would give most
-groups zero variance, hence zero advantage and no gradient).
+Task: answer any prompt with the row's `target` ("the the the the the the the the"). Grader: a
+multi grader, 0.5 x `fuzzy_match` + 0.5 x `rouge_1` between `{{sample.output_text}}` and
+`{{item.target}}`. Why it has reward variance from the first step: fuzzy_match is a continuous
+character-level score, so the completions a random tiny model samples for one prompt already differ
+in reward (a binary check would give most groups zero variance, hence zero advantage and no
+gradient); rouge_1 pays for the word itself once the model starts producing it. "the" is one token
+of the tiny model's tokenizer, so the policy has one direction to learn.
 
 Steps: a tiny random Llama (cached on disk) -> base reward on held-out prompts (greedy completions,
 graded) -> GRPO + LoRA with the grader as reward (`recipes/grpo.py` in a child process, as the agent
@@ -33,9 +35,12 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
 os.environ.setdefault("TQDM_DISABLE", "1")
 
-GRADER = {"type": "text_similarity", "name": "close", "input": "{{sample.output_text}}",
-          "reference": "{{item.target}}", "evaluation_metric": "fuzzy_match"}
-TARGET = "yes yes yes"
+GRADER = {"type": "multi", "name": "reward", "calculate_output": "0.5 * close + 0.5 * words", "graders": {
+    "close": {"type": "text_similarity", "name": "close", "input": "{{sample.output_text}}",
+              "reference": "{{item.target}}", "evaluation_metric": "fuzzy_match"},
+    "words": {"type": "text_similarity", "name": "words", "input": "{{sample.output_text}}",
+              "reference": "{{item.target}}", "evaluation_metric": "rouge_1"}}}
+TARGET = " ".join(["the"] * 8)
 
 
 def rows(numbers: range) -> list[dict]:
@@ -102,13 +107,13 @@ def main(argv: list[str] | None = None) -> int:
     from whetstone.modelkit.tiny import build_tiny_model
 
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--prompts", type=int, default=48)
+    p.add_argument("--prompts", type=int, default=40)
     p.add_argument("--held-out", type=int, default=16)
-    p.add_argument("--epochs", type=int, default=2)
-    p.add_argument("--batch-size", type=int, default=4, help="prompts per optimiser step")
-    p.add_argument("--generations", type=int, default=4, help="completions per prompt")
+    p.add_argument("--epochs", type=int, default=1)
+    p.add_argument("--batch-size", type=int, default=2, help="prompts per optimiser step")
+    p.add_argument("--generations", type=int, default=8, help="completions per prompt")
     p.add_argument("--max-new-tokens", type=int, default=8)
-    p.add_argument("--learning-rate", type=float, default=2e-2)
+    p.add_argument("--learning-rate", type=float, default=5e-2)
     p.add_argument("--margin", type=float, default=0.05)
     p.add_argument("--cache", type=Path, default=Path(".whetstone/bench-rft"))
     args = p.parse_args(argv)
@@ -141,7 +146,7 @@ def main(argv: list[str] | None = None) -> int:
         "reward_base": round(reward_base, 4), "reward_candidate": round(reward_candidate, 4),
         "reward_inverted_candidate": round(reward_inverted, 4), "steps": steps, "train_s": round(train_s, 1),
         "wall_s": round(time.perf_counter() - began, 1), "gate_verdict": gate.verdict,
-        "inverted_gate_verdict": inverted.verdict, "grader": "text_similarity/fuzzy_match vs item.target",
+        "inverted_gate_verdict": inverted.verdict, "grader": "multi: 0.5 fuzzy_match + 0.5 rouge_1 vs item.target",
         "train_reward_first_last": [round(curve[0], 4), round(curve[-1], 4)], "grader_run_ms_p99": latency,
         "targets_met": {"gain_0.25": reward_candidate >= reward_base + 0.25, "gate": gate.verdict == "passed",
                         "inverted": inverted.verdict == "failed"}}))

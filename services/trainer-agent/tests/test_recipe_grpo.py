@@ -1,7 +1,7 @@
 """Reinforcement fine-tuning on the tiny Llama (trl GRPOTrainer + LoRA, in process, CPU): the grader
 is the reward, progress events carry reward mean/std and the multi grader's sub-rewards,
-checkpoints carry the validation reward, and RFT data the grader cannot read is refused before
-any model is loaded, naming the lines."""
+checkpoints carry the validation reward, a resumed run continues with the same prompts and samples,
+and RFT data the grader cannot read is refused before any model is loaded, naming the lines."""
 
 from __future__ import annotations
 
@@ -38,7 +38,7 @@ def config(base: Path, root: Path, train: list[dict], validation: list[dict] | N
             "hyperparameters": {"seed": 0, "checkpoint_every_steps": 2, "max_seq_len": 128}, "reinforcement": plan}
 
 
-def test_grpo_trains_with_the_grader_as_reward(tiny_base, tmp_path):
+def test_grpo_trains_with_the_grader_as_reward_and_resumes_exactly(tiny_base, tmp_path):
     run = run_in_process(config(tiny_base, tmp_path, rows(4), rows(2)), tmp_path)
     assert run.returncode == 0, run.last
     progress = run.of("progress")
@@ -54,6 +54,17 @@ def test_grpo_trains_with_the_grader_as_reward(tiny_base, tmp_path):
     done = run.of("completed")[0]
     assert done["generations"] == 2 and 0.0 <= done["validation_reward"] <= 1.0
 
+    # stopped after step 2 and resumed from that checkpoint, steps 3-4 draw the same prompts and the
+    # same completions as the uninterrupted run (trl's seeded sampler, the batches a resumed epoch
+    # skips, the RNG states kept in the checkpoint), so their rewards are equal
+    checkpoint = next(c["path"] for c in periodic if c["step"] == 2)
+    resumed = run_in_process({**config(tiny_base, tmp_path / "resumed", rows(4), rows(2)), "resume_from": checkpoint},
+                             tmp_path / "resumed")
+    assert resumed.returncode == 0, resumed.last
+    after = {p["step"]: p["reward"] for p in resumed.of("progress")}
+    assert sorted(after) == [3, 4]
+    assert after == pytest.approx({p["step"]: p["reward"] for p in progress if p["step"] > 2}, abs=1e-6)
+
 
 def test_rft_data_the_grader_cannot_read_is_refused_naming_lines(tiny_base, tmp_path):
     train = rows(3)
@@ -66,3 +77,4 @@ def test_rft_data_the_grader_cannot_read_is_refused_naming_lines(tiny_base, tmp_
     assert "line 2: the last message is 'assistant'" in failed["message"]
     assert "line 3: {{item.target}} is read by the grader" in failed["message"]
     assert not run.of("started")
+
