@@ -14,6 +14,7 @@ from whetstone.runtime.models import UnknownModel
 from whetstone.runtime.service import Runtime
 
 from .adapters.catalog import BaseModelFacts
+from . import rft
 from .adapters.store import JobStore
 from .context import SchedulerContext
 from .domain import admission as quotas
@@ -227,7 +228,7 @@ async def queue_if_ready(rt: Runtime[SchedulerContext], store: JobStore, job: Jo
             dataset_id=ds["dataset_id"], dataset_version=ds["version"], train_uri=ds["train_uri"],
             validation_uri=ds["validation_uri"], method=job.method, hyperparameters=hp, hyperparameters_hash=hp_hash,
             eval_config=req.get("eval_config"), reinforcement=req.get("reinforcement"))
-        runtime_s, gpu_hours = estimate_job(ctx, job, ds["tokens_total"], hp)
+        runtime_s, gpu_hours = estimate_job(ctx, job, ds["tokens_total"], hp, ds["rows_kept"])
         quota = ctx.config.quota_for(job.tenant_id, rt.settings.tenants.get(job.tenant_id, job.tier))
         usage = usage or await store.usage(job.tenant_id, month_of(now))
         verdict = quotas.check_estimate(quota, usage, gpu_hours)
@@ -262,8 +263,12 @@ def auto_hyperparameters(ctx: SchedulerContext, job: Job, ds: Any) -> tuple[dict
     return rules.resolve_hyperparameters(job.method, tuned[0])   # every knob given: the same dict, hashed
 
 
-def estimate_job(ctx: SchedulerContext, job: Job, tokens: int | None, hp: dict[str, Any]) -> tuple[float, float]:
-    """(runtime seconds, GPU-hours) on the job's preferred shape."""
+def estimate_job(ctx: SchedulerContext, job: Job, tokens: int | None, hp: dict[str, Any],
+                 rows: int | None = None) -> tuple[float, float]:
+    """(runtime seconds, GPU-hours) on the job's preferred shape; a reinforcement job's tokens count
+    its generations (rft.epoch_tokens)."""
+    if job.method == "reinforcement":
+        tokens = rft.epoch_tokens(tokens, rows, job.request)
     res = job.resources or {}
     first = job.shapes[0]
     a = res.get("arch") or {}

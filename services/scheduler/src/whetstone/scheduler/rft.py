@@ -55,3 +55,13 @@ def reinforcement_view(request: dict[str, Any]) -> dict[str, Any]:
     if spec.get("response_format"):
         out["response_format"] = spec["response_format"]
     return out
+
+
+def epoch_tokens(tokens: int | None, rows: int | None, request: dict[str, Any]) -> int | None:
+    """What one epoch of a reinforcement job processes at most, for its runtime and cost estimate:
+    every prompt is sampled `generations` times (compute_multiplier) and each completion may use the
+    whole budget (reasoning_effort); the sampled tokens are also scored by the policy (counted once)."""
+    spec = request.get("reinforcement") or {}
+    if tokens is None or not spec:
+        return tokens
+    return int(spec["generations"]) * (tokens + int(rows or 0) * int(spec["max_completion_tokens"]))
