@@ -27,6 +27,7 @@ demo: venv
 test: venv
 	sh deploy/tools/ensure-prometheus.sh  # prometheus + promtool for tests/ops (Debian package)
 	sh deploy/tools/ensure-bubblewrap.sh  # bwrap, the sandbox of python graders (Debian package)
+	sh deploy/tools/ensure-chromium.sh    # headless chromium for tests/console (Debian package)
 	$(BIN)/python -m pytest
 
 test-unit: venv

@@ -58,6 +58,7 @@ def cmd_dev(args: argparse.Namespace) -> int:
         written.append(trace.write_services_file(data_dir, upstreams))  # for `whet jobs trace`
         print("services: " + "  ".join(f"{k}={v}" for k, v in upstreams.items()), flush=True)
         print(f"public API: {gateway.url}/v1  (create a key: whet keys create demo)", flush=True)
+        print(f"console: {gateway.url}/  (sign in with an API key)", flush=True)
 
     try:
         asyncio.run(run_platform(api_port=args.api_port, ready=ready))

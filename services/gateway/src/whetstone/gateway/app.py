@@ -25,6 +25,10 @@ from whetstone.runtime.identity import UNTRUSTED_HEADERS, identity_headers, inte
 
 from .auth import KeysUnavailable, KeyVerifier, Verdict
 from .config import GatewaySettings
+from .console.gate import cookie_session
+from .console.routes import ConsoleSettings, is_console_path
+from .console.routes import routes as console_routes
+from .console.sessions import SessionStore
 from .limits import BodyTooLarge, body_limit, counted, declared_too_large
 from .ratelimit import RateLimiter, retry_after_header
 from .routing import bearer, owner_of
@@ -32,7 +36,8 @@ from .routing import bearer, owner_of
 # Hop-by-hop headers (RFC 9110 §7.6.1) belong to one connection, never forwarded.
 HOP_BY_HOP = frozenset({"connection", "keep-alive", "proxy-authenticate", "proxy-authorization", "te", "trailer",
                         "transfer-encoding", "upgrade", "host"})
-DROP_REQUEST = HOP_BY_HOP | UNTRUSTED_HEADERS | {"authorization", "expect"}
+# the console's session cookie and CSRF token stop at the edge, as a bearer key does
+DROP_REQUEST = HOP_BY_HOP | UNTRUSTED_HEADERS | {"authorization", "expect", "cookie", "x-csrf-token"}
 DROP_RESPONSE = HOP_BY_HOP | {"server", "date"}
 OWN_ROUTES = ("/healthz", "/metrics")
 # refusals the services answer themselves, counted with the edge's own in whetstone_refused_total
@@ -64,6 +69,8 @@ class Gateway:
         self.keys = KeyVerifier(self.session, verify_url, ttl_s=settings.key_cache_ttl_s, secret=self.secret)
         self.limiter = RateLimiter(burst_s=settings.rate_limit_burst_s)
         self.metrics = GatewayMetrics()
+        self.console = ConsoleSettings()
+        self.sessions = SessionStore(idle_s=self.console.session_idle_s, max_age_s=self.console.session_max_age_s)
         self.own_app = make_own_app(self)   # /healthz and /metrics
 
     def session(self) -> aiohttp.ClientSession:
@@ -87,6 +94,11 @@ class Gateway:
             return self.refused("none", "unknown_route", ApiError(
                 404, f"Unknown request URL: {method} {path}.", code="unknown_url"))
         key = bearer(headers.get("authorization"))
+        session, csrf_refusal = cookie_session(self.sessions, method, headers)   # the console, signed in
+        if csrf_refusal is not None:
+            return self.refused(service, "csrf", csrf_refusal)
+        if session is not None:
+            key = session.key
         if key is None:
             return self.refused(service, "missing_key", ApiError(
                 401, "You didn't provide an API key. Send `Authorization: Bearer <key>` (create one with "
@@ -98,6 +110,8 @@ class Gateway:
                 503, f"API keys cannot be verified right now ({exc}); retry shortly.", type="server_error",
                 code="service_unavailable", retry=True))
         if verdict is None:
+            if session is not None:   # its key was revoked: so is every session of that key
+                self.sessions.revoke_key(session.key_id)
             return self.refused(service, "invalid_key", ApiError(
                 401, "Incorrect API key provided (unknown, malformed or revoked).", code="invalid_api_key"))
         rate = verdict.rate_limit_per_s or self.settings.rate_limit_per_s
@@ -121,7 +135,8 @@ class Gateway:
 
     # -- ASGI ----------------------------------------------------------------------------------
     async def __call__(self, scope: dict, receive, send) -> None:
-        if scope["type"] != "http" or scope["path"] in OWN_ROUTES:
+        if scope["type"] != "http" or scope["path"] in OWN_ROUTES or (
+                self.console.enabled and is_console_path(scope["path"])):
             await self.own_app(scope, receive, send)
             return
         raw = scope["headers"]
@@ -228,6 +243,8 @@ async def send_error(send, exc: ApiError) -> None:
 def make_own_app(gateway: Gateway) -> FastAPI:
     app = FastAPI(title="whetstone", docs_url=None, redoc_url=None, openapi_url=None)
     install_error_handlers(app)
+    if gateway.console.enabled:
+        app.include_router(console_routes(gateway, gateway.console))
 
     @app.get("/healthz")
     async def healthz() -> JSONResponse:

@@ -167,6 +167,12 @@ def status_of(row: asyncpg.Record) -> str:
     return {"accepted": "processed", "rejected": "error"}.get(row["validation_status"] or "", "uploaded")
 
 
+# the report's findings shown with a file (duplicates, PII, splits, counts per code); the whole report: report_uri
+REPORT_STATS = frozenset({"train_rows", "validation_rows", "exact_duplicates", "near_duplicates", "contaminated",
+                          "pii_hits", "pii_by_kind", "toxic", "near_dup_clusters", "error_counts", "warning_counts",
+                          "tokens_estimated", "trained_tokens"})
+
+
 def file_view(row: asyncpg.Record) -> dict[str, Any]:
     validated = row["validated"]   # jsonb, decoded by the runtime's pool codec
     status = status_of(row)
@@ -181,7 +187,9 @@ def file_view(row: asyncpg.Record) -> dict[str, Any]:
             "schema": validated.get("data_schema"), "rows_total": validated.get("rows_total"),
             "rows_kept": validated.get("rows_kept"), "tokens_total": validated.get("tokens_total"),
             "error_count": validated.get("error_count"), "errors": errors,
-            "warnings": validated.get("warnings") or [], "report_uri": validated.get("report_uri")}
+            "warnings": validated.get("warnings") or [], "report_uri": validated.get("report_uri"),
+            "stats": {k: v for k, v in (validated.get("stats") or {}).items() if k in REPORT_STATS},
+            "cost_estimate": validated.get("cost_estimate")}
         if status == "error":
             lines = [(f"line {e['line']}: " if e.get("line") else "") + e.get("message", e.get("code", ""))
                      for e in errors[:20]]
