@@ -31,10 +31,14 @@ def is_vision_model(location: str | Path) -> bool:
 
 
 def load_processor(location: str | Path):
-    """The model's processor (AutoProcessor), or None when it has no image processor."""
-    if not is_vision_model(location):
-        return None
+    """The model's processor (AutoProcessor) of a local directory or a Hub id, or None when it has no
+    image processor."""
     from transformers import AutoProcessor  # noqa: PLC0415
+
+    from .loading import is_local_ref  # noqa: PLC0415
+
+    if is_local_ref(location) and not is_vision_model(location):
+        return None
 
     processor = AutoProcessor.from_pretrained(str(location))
     return processor if getattr(processor, "image_processor", None) is not None else None
@@ -124,17 +128,14 @@ def language_lora_targets(all_linear: bool = False) -> str:
     return LANGUAGE_ALL_LINEAR if all_linear else LANGUAGE_ATTENTION
 
 
-def vision_example(processor, messages: Sequence[Mapping[str, Any]], max_len: int | None = None) -> dict[str, Any]:
-    """One chat with images as the model trains on it: input_ids and labels with the platform's mask
-    (assistant turns; image tokens never trained), each image token expanded as the processor does,
-    and the images' pixel values. Truncation never cuts an image (its tokens must all be there): a
-    row whose images end past `max_len` raises ValueError."""
+def vision_tokens(processor, messages: Sequence[Mapping[str, Any]], max_len: int | None = None) -> dict[str, Any]:
+    """`vision_example` without decoding the images (their sizes come from the headers): input_ids,
+    labels and the images' data URLs (`images`), for a collator that decodes them per batch."""
     from .chat import tokenize_chat  # noqa: PLC0415
 
     tok = processor.tokenizer
     urls = image_urls(messages)
-    images = [open_image(u) for u in urls]
-    counts = image_token_counts(processor, [(im.height, im.width) for im in images])
+    counts = image_token_counts(processor, [image_size(u) for u in urls])
     out = tokenize_chat(tok, text_messages(messages, processor.image_token))
     image_id = tok.convert_tokens_to_ids(processor.image_token)
     ids, labels = expand_image_tokens(out["input_ids"], out["labels"], image_id, counts)
@@ -142,8 +143,42 @@ def vision_example(processor, messages: Sequence[Mapping[str, Any]], max_len: in
         if image_id in ids[max_len:]:
             raise ValueError(f"the row's images end after max_seq_len {max_len}; raise max_seq_len")
         ids, labels = ids[:max_len], labels[:max_len]
-    pixels = processor.image_processor(images, return_tensors="pt")["pixel_values"] if images else None
-    return {"input_ids": ids, "labels": labels, "pixel_values": pixels}
+    return {"input_ids": ids, "labels": labels, "images": urls}
+
+
+def pixel_values(processor, urls: Sequence[str]):
+    """The processor's pixel values of these data-URL images (None for none)."""
+    if not urls:
+        return None
+    return processor.image_processor([open_image(u) for u in urls], return_tensors="pt")["pixel_values"]
+
+
+def vision_example(processor, messages: Sequence[Mapping[str, Any]], max_len: int | None = None) -> dict[str, Any]:
+    """One chat with images as the model trains on it: input_ids and labels with the platform's mask
+    (assistant turns; image tokens never trained), each image token expanded as the processor does,
+    and the images' pixel values. Truncation never cuts an image (its tokens must all be there): a
+    row whose images end past `max_len` raises ValueError."""
+    tokens = vision_tokens(processor, messages, max_len)
+    return {"input_ids": tokens["input_ids"], "labels": tokens["labels"],
+            "pixel_values": pixel_values(processor, tokens["images"])}
+
+
+def load_vision_model(ref: str | Path, *, dtype: Any = "auto", **kwargs: Any):
+    """AutoModelForImageTextToText for a local directory (checked like `loading.load_model`) or a Hub id."""
+    import torch  # noqa: PLC0415
+    from transformers import AutoModelForImageTextToText  # noqa: PLC0415
+
+    from .loading import check_local_model_dir, is_local_ref  # noqa: PLC0415
+
+    if isinstance(dtype, str) and dtype != "auto":
+        dtype = getattr(torch, dtype)
+    source = str(check_local_model_dir(ref)) if is_local_ref(ref) else str(ref)
+    return AutoModelForImageTextToText.from_pretrained(source, dtype=dtype, **kwargs)
+
+
+def is_vision_config(config) -> bool:
+    """A transformers config of a vision-language model (it has a vision tower)."""
+    return getattr(config, "vision_config", None) is not None
 
 
 class VisionCollator:

@@ -7,6 +7,7 @@ cleanup; they share components, never a base class):
 - sft.py            SFTRecipe: lora, qlora, full (chat SFT on assistant tokens), cpt (raw text)
 - preference.py     PreferenceRecipe: dpo (stored reference log-probs), orpo
 - grpo.py           GRPORecipe: reinforcement (trl GRPOTrainer + LoRA, the job's grader as reward)
+- vision.py         VisionSFTRecipe: lora, qlora on image+text chats (vision-language base, vision tower frozen)
 
 Entry point and protocol:
 - main.py           picks the recipe by method; SIGTERM flag, stdout events, OOM retries, exit status

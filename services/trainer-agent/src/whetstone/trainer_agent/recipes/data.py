@@ -2,6 +2,7 @@
 
 Formats (JSON lines):
 - chat SFT (lora, qlora, full): {"messages": [{"role", "content", "weight"?, "name"?}, ...], "tools"?: [...]}
+  (`content` a string or, for images, a list of OpenAI content parts: trained by vision.py's recipe)
   in OpenAI's tool-calling shape too (as ingest normalises it): `tool` role messages
   (`tool_call_id`?), assistant turns with `tool_calls` (content null or empty, `arguments` a
   JSON string or object) and a row-level `tools` list handed to the chat template
@@ -147,8 +148,10 @@ def _validate_messages(messages: list, where: str) -> None:
         if calls is not None:
             _validate_tool_calls(calls, message["role"], f"{where}: message {i}")
         content = message.get("content")
-        if not isinstance(content, str) and not (content is None and calls):
-            raise UserError(f"{where}: message {i} has no string 'content'", code="bad_example")
+        parts = isinstance(content, list) and content and all(isinstance(p, dict) for p in content)
+        if not isinstance(content, str) and not (content is None and calls) and not parts:
+            raise UserError(f"{where}: message {i} has no string 'content' (nor a list of content parts)",
+                            code="bad_example")
         for key in ("name", "tool_call_id"):
             if message.get(key) is not None and not isinstance(message[key], str):
                 raise UserError(f"{where}: message {i} has a non-string {key!r}", code="bad_example")

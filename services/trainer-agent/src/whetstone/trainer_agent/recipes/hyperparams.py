@@ -70,6 +70,7 @@ class Hyperparameters:
     weight_decay: float = 0.0
     max_grad_norm: float = 1.0
     gradient_checkpointing: bool = False
+    train_vision_tower: bool = False  # vision bases: LoRA also on the vision tower and projector (default frozen)
     explicit: frozenset[str] = field(default=frozenset(), compare=False, repr=False)
 
     @property
@@ -115,7 +116,7 @@ _INT = {"n_epochs", "gradient_accumulation_steps", "lora_r", "lora_alpha", "max_
         "divergence_patience"}
 _FLOAT = {"learning_rate", "lora_dropout", "warmup_ratio", "checkpoint_every_minutes", "beta",
           "divergence_factor", "weight_decay", "max_grad_norm"}
-_BOOL = {"packing", "merge_adapter", "precompute_ref_log_probs", "gradient_checkpointing"}
+_BOOL = {"packing", "merge_adapter", "precompute_ref_log_probs", "gradient_checkpointing", "train_vision_tower"}
 
 _RULES: dict[str, tuple[str, Callable[[Any], bool]]] = {  # name -> (what it must be, check)
     "n_epochs": ("1..100", lambda v: 1 <= v <= 100),

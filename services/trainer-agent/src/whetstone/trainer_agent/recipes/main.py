@@ -3,7 +3,9 @@
     python -m whetstone.trainer_agent.recipes.main --config CONFIG.json
 
 `method` in CONFIG picks the recipe (setup -> train -> save_checkpoint -> cleanup):
-`sft.SFTRecipe` for lora, qlora, full and cpt; `preference.PreferenceRecipe` for dpo and orpo.
+`sft.SFTRecipe` for lora, qlora, full and cpt; `preference.PreferenceRecipe` for dpo and orpo;
+`grpo.GRPORecipe` for reinforcement; `vision.VisionSFTRecipe` when the base model sees images or
+the training file holds images (lora and qlora; other methods refused there).
 
 Protocol with the parent (the trainer agent):
 - stdout carries ONLY events, one JSON object per line: `started`, `progress`,
@@ -62,6 +64,10 @@ def recipe_for(cfg: RecipeConfig, events: EventStream, preemption: PreemptionFla
         from .grpo import GRPORecipe
 
         return GRPORecipe(cfg, events, preemption, Faults.from_env())
+    from .vision import VisionSFTRecipe, is_vision_job
+
+    if is_vision_job(cfg):  # a base that sees images, or images in the data: lora/qlora only (others refused)
+        return VisionSFTRecipe(cfg, events, preemption, Faults.from_env())
     if cfg.method in PREFERENCE_METHODS:
         from .preference import PreferenceRecipe
 

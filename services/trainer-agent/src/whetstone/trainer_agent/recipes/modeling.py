@@ -69,12 +69,18 @@ def torch_float32():
     return torch.float32
 
 
-def quantization_config():
-    """QLoRA: 4-bit NF4 weights, double quantization of the block scales, compute in bf16/fp32."""
+# a vision-language base keeps these in the compute dtype under QLoRA (and its output head, as bitsandbytes does)
+VISION_UNQUANTIZED = ("vision_tower", "multi_modal_projector", "lm_head")
+
+
+def quantization_config(skip_modules: tuple[str, ...] | None = None):
+    """QLoRA: 4-bit NF4 weights, double quantization of the block scales, compute in bf16/fp32;
+    `skip_modules`: module names left unquantized."""
     from transformers import BitsAndBytesConfig
 
     return BitsAndBytesConfig(load_in_4bit=True, bnb_4bit_quant_type="nf4", bnb_4bit_use_double_quant=True,
-                              bnb_4bit_compute_dtype=compute_dtype())
+                              bnb_4bit_compute_dtype=compute_dtype(),
+                              **({"llm_int8_skip_modules": list(skip_modules)} if skip_modules else {}))
 
 
 def deepspeed_zero_init(deepspeed: dict[str, Any] | None, zero_init: bool):
@@ -88,29 +94,32 @@ def deepspeed_zero_init(deepspeed: dict[str, Any] | None, zero_init: bool):
     return HfDeepSpeedConfig(deepspeed)
 
 
-def load_base_model(ref: str, method: str, *, packing: bool):
-    """The base model for `method`; packed batches need the per-example attention kernel."""
+def load_base_model(ref: str, method: str, *, packing: bool, vision: bool = False):
+    """The base model for `method`; packed batches need the per-example attention kernel. `vision`:
+    a vision-language model (AutoModelForImageTextToText: vision tower, projector, language model)."""
     from . import attention
 
     impl = attention.register() if packing else "sdpa"
     with _base_model_errors():
-        return _load_base_model(ref, method, impl)
+        return _load_base_model(ref, method, impl, vision)
 
 
-def _load_base_model(ref: str, method: str, attn_implementation: str):
+def _load_base_model(ref: str, method: str, attn_implementation: str, vision: bool = False):
     from whetstone.modelkit.loading import load_model
+    from whetstone.modelkit.vision import load_vision_model
 
+    load = load_vision_model if vision else load_model  # same keywords
     kwargs: dict[str, Any] = {"attn_implementation": attn_implementation}
     if method == "qlora":
         try:
             import bitsandbytes  # noqa: F401
         except ImportError as exc:
             raise PlatformError("method qlora needs bitsandbytes on this node", code="missing_dependency") from exc
-        kwargs["quantization_config"] = quantization_config()
+        kwargs["quantization_config"] = quantization_config(VISION_UNQUANTIZED if vision else None)
         kwargs["device_map"] = {"": _device()}
     # full-parameter training keeps fp32 master weights (bf16 autocast on GPU); a frozen LoRA base can be bf16
     dtype = torch_float32() if method in FULL_PARAMETER_METHODS else compute_dtype()
-    model = load_model(ref, dtype=dtype, **kwargs)
+    model = load(ref, dtype=dtype, **kwargs)
     # no KV cache while training: it wastes memory, and with one stock sdpa ignores packed position_ids
     model.config.use_cache = False
     if method == "qlora":

@@ -45,13 +45,14 @@ class TrainingSession:
     the current trainer, and what outlives a trainer (`run`: an OOM retry builds a new one)."""
 
     def __init__(self, cfg: RecipeConfig, events: EventStream, preemption: PreemptionFlag,
-                 faults: Faults | None = None, *, packing: bool) -> None:
+                 faults: Faults | None = None, *, packing: bool, vision: bool = False) -> None:
         self.cfg = cfg
         self.hp: Hyperparameters = cfg.hyperparameters
         self.events = events
         self.preemption = preemption
         self.faults = faults or Faults()
         self.packing = packing
+        self.vision = vision  # a vision-language base (vision.py's recipe)
         self.run = RunState()
         self.tokenizer = None
         self.trainer = None
@@ -76,7 +77,7 @@ class TrainingSession:
         """The base model; then the hyperparameters resolved for its size and the batch planned."""
         cfg = self.cfg
         self._zero_init = deepspeed_zero_init(cfg.deepspeed, cfg.zero_init)  # alive while models load
-        model = load_base_model(cfg.base_model, cfg.method, packing=self.packing)
+        model = load_base_model(cfg.base_model, cfg.method, packing=self.packing, vision=self.vision)
         self.base = describe_base(model)
         self.hp = plan_batch(self.hp.resolved(cfg.method, self.base.parameters), example_lengths,
                              micro_batch_token_budget(self.hp), checkpoint_geometry(cfg.resume_from))
@@ -88,7 +89,7 @@ class TrainingSession:
         self.trainer = None
         free_memory()
         self.hp = hp
-        return load_base_model(self.cfg.base_model, self.cfg.method, packing=self.packing)
+        return load_base_model(self.cfg.base_model, self.cfg.method, packing=self.packing, vision=self.vision)
 
     def callbacks(self, validate: Validator | None, examples_per_epoch: int) -> list:
         """The platform's monitor (progress, cadence, SIGTERM, divergence) as trainer callbacks."""
@@ -115,13 +116,15 @@ class TrainingSession:
 
     # ------------------------------------------------------------------ save_checkpoint
 
-    def save_final(self, *, merge: bool, non_padding_fraction: float | None) -> Path:
-        """output_dir/final: adapter (or weights), tokenizer, optionally merged, summary, loss curve."""
+    def save_final(self, *, merge: bool, non_padding_fraction: float | None,
+                   extra_summary: dict[str, Any] | None = None) -> Path:
+        """output_dir/final: adapter (or weights), tokenizer (or processor), optionally merged, summary
+        (`extra_summary` added to it), loss curve."""
         cfg = self.cfg
         summary = training_summary(
             job_id=cfg.job_id, base_model=cfg.base_model, method=cfg.method, hp=self.hp,
             base_parameters=self.base.parameters, quantization=self.base.quantization, trainer=self.trainer,
-            train_loss=self.train_loss(), non_padding_fraction=non_padding_fraction)
+            train_loss=self.train_loss(), non_padding_fraction=non_padding_fraction) | (extra_summary or {})
         final = write_final_artifact(self.trainer, self.tokenizer, cfg.output_dir, summary=summary,
                                      progress=self.run.progress, title=f"{cfg.job_id} ({cfg.method})",
                                      merge=merged_writer(cfg.base_model, self.tokenizer) if merge else None)
