@@ -266,3 +266,19 @@ async def test_report_with_100k_warnings_stays_usable(page, console):
     assert elapsed_ms < 1000, elapsed_ms
     assert await page.locator("b").count() == 0     # the messages' markup stayed text
 
+
+async def test_usage_and_admin_pages(page, console):
+    """Usage: the month's invoice and the trained job's metered line; keys and webhooks only for admin keys."""
+    await sign_in(page, key_for(console, "demo"))
+    assert await page.locator("#nav a[href='#/keys']").is_hidden()
+    await visit(page, "#/usage")
+    text = await page.locator("main").inner_text()
+    assert "GPU hours" in text and await page.locator("#usage-chart").count() == 1
+    if "job_id" in console.state:
+        assert console.state["job_id"] in text, text
+    await page.get_by_role("button", name="Sign out").click()
+    await sign_in(page, key_for(console, "demo-admin"))
+    await visit(page, "#/keys")
+    text = await page.locator("main").inner_text()
+    assert console.keys["demo-read"]["id"] in text and console.keys["acme"]["id"] not in text
+    assert page.errors == []
