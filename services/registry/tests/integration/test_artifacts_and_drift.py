@@ -22,7 +22,9 @@ PROMOTER = ("read", "write", "models:promote")
 async def test_download_verifies_every_file_and_merged_weights_come_from_a_job(platform, kit):
     async with platform(build_service) as p:
         rt = p["registry"]
-        model = await kit.register(p, "ftjob-dl", extra={"training_args.bin": b"pickle!"})
+        processor = json.dumps({"processor_class": "LlavaProcessor", "image_token": "<image>"}).encode()
+        model = await kit.register(p, "ftjob-dl", extra={"training_args.bin": b"pickle!",
+                                                         "processor_config.json": processor})
         async with httpx.AsyncClient(base_url=p.url("registry")) as c:
             r = await c.get(f"/v1/models/{model}/content", headers=kit.headers("demo"))
             assert r.status_code == 200, r.text
@@ -31,6 +33,7 @@ async def test_download_verifies_every_file_and_merged_weights_come_from_a_job(p
             assert names[:2] == ["adapter_model.safetensors", "adapter_config.json"]
             assert not any(n.endswith(".bin") for n in names)
             assert "README.md" in names and body["manifest"]["README.md"]
+            assert "processor_config.json" in names   # a vision adapter's processor comes with it
             async with httpx.AsyncClient() as anon:  # presigned: no identity needed
                 for f in body["files"]:
                     data = (await anon.get(f["url"])).content

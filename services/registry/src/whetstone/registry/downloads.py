@@ -18,7 +18,10 @@ from .context import RegistryContext
 from .domain import lineage as lineage_rules
 from .domain.stages import ModelRecord
 
-ADAPTER_EXTRAS = ("chat_template.jinja", "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json")
+# with the adapter when the artifact has them: the tokenizer and chat template, and for a vision-language
+# base the processor (image processor settings, image token) the adapter was trained with
+ADAPTER_EXTRAS = ("chat_template.jinja", "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json",
+                  "processor_config.json", "preprocessor_config.json")
 
 
 def not_found(model_id: str) -> ApiError:
