@@ -30,6 +30,7 @@ from whetstone.cli.keys import create_key, create_producer_token, operator_call
 from whetstone.contracts import (
     TOPICS,
     BaseModelUpdatedV1,
+    DatasetDeletedV1,
     DatasetSubmittedV1,
     Envelope,
     EvalRequestedV1,
@@ -370,6 +371,7 @@ async def forge_events(p, runtimes, settings, ids, model) -> list[tuple[str, str
             artifact_uri=model.get("artifact_uri") or f"s3://whetstone/tenants/{A}/x", manifest_sha256="ab" * 32,
             base_model="tiny-llama", base_model_sha256="ab" * 32),
         "model.merged": ModelMergedV1(merge_id=uuid.uuid4().hex, model_id=ids["model_id"], status="succeeded"),
+        "dataset.deleted": DatasetDeletedV1(dataset_id=ids["file_id"]),
         "dataset.submitted": DatasetSubmittedV1(dataset_id=ids["file_id"], name="a.jsonl",
                                                 source_uri=f"s3://whetstone/tenants/{A}/datasets/{ids['file_id']}"),
         "node.heartbeat": NodeHeartbeatV1(node_id=node or "cpu-0", gpu_type="cpu", gpu_count=1, sent_at=now,

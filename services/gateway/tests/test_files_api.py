@@ -67,7 +67,7 @@ async def test_files_upload_validate_list_download_delete(platform, monkeypatch)
                 assert r.status_code == 200, r.text
                 f = r.json()
                 assert f["object"] == "file" and f["bytes"] == len(sft) and f["filename"] == "train.jsonl"
-                assert f["purpose"] == "fine-tune" and f["status"] == "uploaded" and f["id"].startswith("ds-")
+                assert f["purpose"] == "fine-tune" and f["status"] == "uploaded" and f["id"].startswith("file-")
                 done = await wait_status(c, f["id"], auth)
                 assert done["status"] == "processed", done
                 assert done["validation"]["rows_kept"] == 14

@@ -62,6 +62,15 @@ class DatasetValidatedV1(Event):
     cost_estimate: dict[str, Any] | None = None
 
 
+class DatasetDeletedV1(Event):
+    """A file deleted through the Files API (DELETE /v1/files/{id}): no job may train on it any more.
+    Ingest refuses the delete (409 file_in_use) while it knows of a job queued on the file; a job whose
+    admission crossed the delete fails with `training_file_deleted` unless it is already on a node."""
+
+    EVENT_TYPE = "dataset.deleted"
+    dataset_id: str = Field(description="the deleted file's id (its dataset id)")
+
+
 class FileCreatedV1(Event):
     """A file the platform made for a tenant (today: a job's results CSV, OpenAI's `result_files`)."""
 

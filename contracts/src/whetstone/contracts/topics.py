@@ -31,6 +31,7 @@ TOPICS: dict[str, Topic] = {
     for t in [
         Topic("dataset.submitted", e.DatasetSubmittedV1, "dataset_id"),
         Topic("dataset.validated", e.DatasetValidatedV1, "dataset_id"),
+        Topic("dataset.deleted", e.DatasetDeletedV1, "dataset_id"),
         Topic("file.created", e.FileCreatedV1, "file_id"),
         Topic("job.requested", e.JobRequestedV1, "job_id"),
         Topic("job.queued", e.JobQueuedV1, "job_id"),

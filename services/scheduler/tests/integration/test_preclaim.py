@@ -17,11 +17,11 @@ async def test_a_valid_token_cannot_pre_claim_another_tenants_job_id(platform, s
         rt = p["scheduler"]
         theirs = job_id_for("demo", "next-key")                 # what demo's next request with that key will be
         await send_event(settings.kafka_bootstrap, JobRequestedV1(
-            job_id=theirs, idempotency_key="next-key", model=tiny_model, training_file="file-x"),
+            job_id=theirs, idempotency_key="next-key", model=tiny_model, training_file="ds-x"),
             "acme", producer_token=producer_token("acme"))
         mine = job_id_for("acme", "own-key")
         await send_event(settings.kafka_bootstrap, JobRequestedV1(
-            job_id=mine, idempotency_key="own-key", model=tiny_model, training_file="file-x"),
+            job_id=mine, idempotency_key="own-key", model=tiny_model, training_file="ds-x"),
             "acme", producer_token=producer_token("acme"))
 
         def refused() -> float:

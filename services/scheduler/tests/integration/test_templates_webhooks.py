@@ -261,7 +261,7 @@ async def test_webhooks_signed_retried_logged_and_filtered(platform, settings, t
                     ).status_code == 200                                                    # the cap is per tenant
 
             job = (await http.post("/v1/fine_tuning/jobs", headers=DEMO,
-                                   json={"model": tiny_model, "training_file": "file-never"})).json()
+                                   json={"model": tiny_model, "training_file": "ds-never"})).json()
             cancelled = await http.post(f"/v1/fine_tuning/jobs/{job['id']}/cancel", headers=DEMO)
             assert cancelled.status_code == 200, cancelled.text
             await send_event(settings.kafka_bootstrap, ModelRegisteredV1(

@@ -68,9 +68,9 @@ async def test_images_need_a_base_that_sees(platform, settings, tiny_model):
         await wait_until(both_queued, 30, "both jobs queued")
 
         # the verdict arrives after the job: the job fails with the same reason
-        waiting = await api.fine_tuning.jobs.create(model=tiny_model, training_file="file-later")
+        waiting = await api.fine_tuning.jobs.create(model=tiny_model, training_file="ds-later")
         assert waiting.status == "validating_files"
-        await dataset(settings, "file-later", 3)
+        await dataset(settings, "ds-later", 3)
 
         async def failed():
             job = await api.fine_tuning.jobs.retrieve(waiting.id)

@@ -12,9 +12,10 @@ from fastapi import APIRouter, Query, Request
 from fastapi.responses import StreamingResponse
 from starlette.concurrency import iterate_in_threadpool
 
-from whetstone.contracts import DatasetSubmittedV1, dataset_id_for
+from whetstone.contracts import DatasetDeletedV1, DatasetSubmittedV1
 from whetstone.runtime.errors import ApiError
-from whetstone.runtime.identity import Caller, require
+from whetstone.runtime.file_ids import mint_file_id
+from whetstone.runtime.identity import Caller, internal_secret, require
 from whetstone.runtime.s3 import tenant_prefix
 from whetstone.runtime.service import Runtime
 
@@ -69,8 +70,10 @@ def routes(rt: Runtime[IngestContext]) -> APIRouter:
                 raise UploadRefused(400, "empty_file", "the file is empty", "file")
             filename = safe_filename(got.filename)
             dataset_purpose = purpose if purpose != OPENAI_PURPOSE else sniff_purpose(got.path)
-            file_id = dataset_id_for(got.sha256)
-            key = f"{tenant_prefix(caller.tenant_id)}uploads/{got.sha256}{known_suffix(filename)}"
+            # every upload its own id and object (deleting one never touches another's); identical content
+            # is validated once: a later upload of the same bytes gets the verdict already given (handlers.py)
+            file_id = mint_file_id(caller.tenant_id, internal_secret(rt.settings.data_dir))
+            key = f"{tenant_prefix(caller.tenant_id)}uploads/{file_id}{known_suffix(filename)}"
             source_uri = await asyncio.to_thread(rt.store.put_file, key, got.path)
         async with rt.uow() as uow:
             files = FileStore(uow.conn)
@@ -128,6 +131,8 @@ def routes(rt: Runtime[IngestContext]) -> APIRouter:
                 raise ApiError(409, f"File {file_id} is used by job(s) {', '.join(using[:5])}; delete it once they "
                                "finish.", code="file_in_use", param="file_id")
             await files.delete(caller.tenant_id, file_id, rt.clock())
+            # the scheduler refuses new jobs on it and fails one whose admission crossed this delete
+            await uow.publish(DatasetDeletedV1(dataset_id=file_id), tenant_id=caller.tenant_id)
         try:
             await asyncio.to_thread(rt.store.delete, row["source_uri"])
         except Exception as exc:  # the row is gone; a leftover upload object is only storage

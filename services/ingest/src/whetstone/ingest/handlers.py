@@ -14,9 +14,13 @@ from .context import IngestContext
 async def on_dataset_submitted(rt: Runtime[IngestContext], uow: UnitOfWork, env: Envelope,
                                ev: DatasetSubmittedV1) -> None:
     """Queue the upload's validation (the worker in `worker.py` runs it outside this transaction); a dataset
-    id that already has a verdict gets the same verdict again (its content is immutable)."""
+    id that already has a verdict gets the same verdict again (its content is immutable), and so does a
+    new upload of bytes already accepted."""
     known = await validations.known_verdict(uow.conn, env.tenant_id, ev)
     if known is not None:
-        await uow.publish(known, tenant_id=env.tenant_id)
+        verdict, recorded = known
+        if not recorded:   # another upload's verdict: this id has it from now on
+            await validations.remember_verdict(uow.conn, env.tenant_id, ev, verdict)
+        await uow.publish(verdict, tenant_id=env.tenant_id)
     elif await validations.enqueue(uow.conn, str(env.event_id), env.tenant_id, ev, env.trace_id):
         uow.after_commit(rt.ctx.wakeup.set)   # the worker must see the committed row

@@ -20,6 +20,8 @@ from pathlib import Path
 from typing import Any
 
 from whetstone.contracts import DatasetSubmittedV1, DatasetValidatedV1, ValidationIssue, dataset_id_for
+from whetstone.runtime.file_ids import FILE_ID_PREFIX, minted_for
+from whetstone.runtime.identity import internal_secret
 from whetstone.runtime.s3 import ObjectStore, parse_uri, tenant_prefix
 from whetstone.runtime.service import Runtime
 
@@ -138,6 +140,13 @@ def _store_tokenized(store: ObjectStore, base: str, version: str, result: GateRe
     tok.tokenized_cache = "written"
 
 
+def id_names_upload(rt: Runtime[IngestContext], tenant_id: str, dataset_id: str, sha256: str) -> bool:
+    """A dataset id is the content's address (`ds-`), or a file id the Files API minted for this tenant."""
+    if dataset_id.startswith(FILE_ID_PREFIX):
+        return minted_for(dataset_id, tenant_id, internal_secret(rt.settings.data_dir))
+    return dataset_id_for(sha256) == dataset_id
+
+
 def process_upload(rt: Runtime[IngestContext], tenant_id: str, ev: DatasetSubmittedV1) -> DatasetValidatedV1:
     """Blocking: download, gate, store. Runs in a worker thread."""
     store, ctx, cfg = rt.store, rt.ctx, rt.ctx.config
@@ -158,9 +167,10 @@ def process_upload(rt: Runtime[IngestContext], tenant_id: str, ev: DatasetSubmit
             if got is None:
                 return reject(ev, "", "file_too_large", f"upload exceeds {cfg.max_upload_bytes} bytes")
             version, size = got
-            if dataset_id_for(version) != ev.dataset_id:
+            if not id_names_upload(rt, tenant_id, ev.dataset_id, version):
                 return reject(ev, version, "dataset_id_mismatch",
-                              f"dataset_id {ev.dataset_id} does not match the content ({dataset_id_for(version)})")
+                              f"dataset_id {ev.dataset_id} is neither the content's address "
+                              f"({dataset_id_for(version)}) nor a file id of this tenant")
         if size == 0:
             return reject(ev, version, "empty_file", "the uploaded file is empty")
         raw_uri = store.put_file(f"{prefix}/raw{known_suffix(name)}", raw_path)

@@ -49,7 +49,8 @@ async def validate_claim(rt: Runtime[IngestContext], v: Validation) -> None:
         on_lost=lambda: log.warning("validation lease lost")))
     try:
         async with rt.pool.acquire() as conn:
-            event = known = await validations.known_verdict(conn, v.tenant_id, ev)
+            known = await validations.known_verdict(conn, v.tenant_id, ev)
+        event, recorded = known if known is not None else (None, False)
         if event is None and v.attempts > settings.max_attempts:
             cause = v.last_error or "the ingest process died"
             event = reject(ev, "", "validation_crashed", f"validating this upload failed {v.attempts - 1} times "
@@ -60,7 +61,7 @@ async def validate_claim(rt: Runtime[IngestContext], v: Validation) -> None:
             if not await validations.finish(uow.conn, v):
                 log.warning("validation abandoned: another worker holds it now")
                 return
-            if known is None:
+            if not recorded:
                 await validations.remember_verdict(uow.conn, v.tenant_id, ev, event)
             await uow.publish(event, tenant_id=v.tenant_id, trace_id=v.trace_id)
         log.info("dataset validated", status=event.status, rows=event.rows_kept, errors=event.error_count)

@@ -13,6 +13,7 @@ from whetstone.contracts import Event, JobRequestedV1, TrainingSpec, job_id_for
 from whetstone.runtime.models import UnknownModel
 from whetstone.runtime.service import Runtime
 
+from . import training_files
 from .adapters.catalog import BaseModelFacts
 from . import rft
 from .adapters.store import JobStore
@@ -185,6 +186,8 @@ async def submit_job(rt: Runtime[SchedulerContext], store: JobStore, tenant_id: 
         return replay(existing)
     if refused := quotas.check_submission(quota, usage):
         raise Rejected(refused.code, refused.message, 429)
+    if unusable := await training_files.refusal(rt, store, tenant_id, req.training_file, dataset):
+        raise Rejected(unusable.code, unusable.message, param=unusable.param)
     job = new_job(req.job_id, tenant_id, req.idempotency_key, fingerprint, request, tier, model.model.ref, model.model.sha256,
                   planned, ctx.clock(), trace_id or str(uuid.uuid4()))
     events = await queue_if_ready(rt, store, job, usage, dataset)

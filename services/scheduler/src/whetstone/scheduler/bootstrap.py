@@ -8,7 +8,7 @@ from datetime import UTC, datetime
 from fastapi import APIRouter
 from whetstone.runtime.service import Runtime, Service
 
-from . import api, graders_api, handlers, keys_api, merges, result_files, templates, watchers, webhooks
+from . import api, graders_api, handlers, keys_api, merges, result_files, templates, training_files, watchers, webhooks
 from .adapters.catalog import ModelCatalog
 from .adapters.metrics import SchedulerMetrics
 from .adapters.migrations import MIGRATIONS
@@ -49,6 +49,7 @@ def build_service(config: SchedulerSettings | None = None, clock: Clock = utc_no
             "job.requested": handlers.on_job_requested,
             "dataset.submitted": handlers.on_dataset_submitted,
             "dataset.validated": handlers.on_dataset_validated,
+            "dataset.deleted": training_files.on_dataset_deleted,
             "node.heartbeat": handlers.on_node_heartbeat,
             "job.started": handlers.on_job_started,
             "job.progress": handlers.on_job_progress,

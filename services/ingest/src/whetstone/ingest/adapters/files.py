@@ -1,5 +1,6 @@
 """The Files API's storage: file rows (ingest's schema), the streamed multipart receiver, and which
-jobs use a file. A file's id is the dataset id (content address), which `training_file` takes."""
+jobs use a file. A file's id (one per upload, `file-…`, runtime/file_ids.py; `ds-<sha256 prefix>` for
+files uploaded before) is its dataset id, which `training_file` takes."""
 
 from __future__ import annotations
 
@@ -204,12 +205,10 @@ class FileStore:
 
     async def add(self, tenant_id: str, file_id: str, *, filename: str, purpose: str, dataset_purpose: str,
                   size: int, sha256: str, source_uri: str, now: datetime) -> None:
-        """Identical bytes are the same file: a re-upload (even after a delete) brings it back."""
+        """One upload, under its own new id (identical bytes uploaded twice are two files)."""
         await self.conn.execute(
             "INSERT INTO files (tenant_id, file_id, filename, purpose, dataset_purpose, bytes, sha256, source_uri,"
-            " created_at) VALUES ($1,$2,$3,$4,$5,$6,$7,$8,$9) ON CONFLICT (tenant_id, file_id) DO UPDATE SET"
-            " deleted_at = NULL, filename = EXCLUDED.filename, purpose = EXCLUDED.purpose,"
-            " created_at = CASE WHEN files.deleted_at IS NULL THEN files.created_at ELSE EXCLUDED.created_at END",
+            " created_at) VALUES ($1,$2,$3,$4,$5,$6,$7,$8,$9)",
             tenant_id, file_id, filename, purpose, dataset_purpose, size, sha256, source_uri, now)
 
     async def get(self, tenant_id: str, file_id: str) -> asyncpg.Record | None:

@@ -82,4 +82,8 @@ MIGRATIONS = [
         PRIMARY KEY (tenant_id, job_id)
     );
     """,
+    """
+    -- issue 33: every upload its own file id; an upload of bytes already accepted takes that verdict
+    CREATE INDEX dataset_versions_content ON dataset_versions (tenant_id, version);
+    """,
 ]

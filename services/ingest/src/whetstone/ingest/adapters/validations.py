@@ -78,15 +78,28 @@ async def forget_done(pool: asyncpg.Pool, older_than_days: float) -> int:
     return int(status.split()[-1])
 
 
-async def known_verdict(conn: asyncpg.Connection, tenant_id: str, ev: DatasetSubmittedV1) -> DatasetValidatedV1 | None:
+async def known_verdict(conn: asyncpg.Connection, tenant_id: str,
+                        ev: DatasetSubmittedV1) -> tuple[DatasetValidatedV1, bool] | None:
     """The verdict already given for this dataset id (its content is immutable), unless it was given for
-    another base model than the one asked for now."""
+    another base model than the one asked for now. An upload of the Files API without one takes the
+    acceptance of an earlier upload of the same bytes for the same purpose and base model (the same
+    content is validated and stored once), answered under its own id and name. With the verdict: whether
+    it is recorded under this id already."""
     row = await conn.fetchrow(
         "SELECT validated, base_model FROM dataset_versions WHERE tenant_id = $1 AND dataset_id = $2",
         tenant_id, ev.dataset_id)
     if row and (row["base_model"] == ev.base_model or not ev.base_model):
-        return DatasetValidatedV1.model_validate(row["validated"])
-    return None
+        return DatasetValidatedV1.model_validate(row["validated"]), True
+    same = await conn.fetchrow(
+        "SELECT dv.validated FROM files f JOIN dataset_versions dv ON dv.tenant_id = f.tenant_id"
+        " AND dv.version = f.sha256 AND dv.dataset_id <> f.file_id"
+        " WHERE f.tenant_id = $1 AND f.file_id = $2 AND dv.status = 'accepted'"
+        " AND dv.validated->>'purpose' = $3 AND dv.base_model IS NOT DISTINCT FROM $4"
+        " ORDER BY dv.created_at LIMIT 1", tenant_id, ev.dataset_id, ev.purpose, ev.base_model)
+    if same is None:
+        return None
+    return DatasetValidatedV1.model_validate(same["validated"]).model_copy(
+        update={"dataset_id": ev.dataset_id, "name": ev.name}), False
 
 
 async def remember_verdict(conn: asyncpg.Connection, tenant_id: str, ev: DatasetSubmittedV1,

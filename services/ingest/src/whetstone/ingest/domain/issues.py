@@ -27,7 +27,7 @@ ERROR_CODES: dict[str, str] = {
     "hub_unreachable": "the dataset is a Hub id but the Hugging Face Hub cannot be reached",
     "hub_error": "the Hub dataset could not be loaded",
     "base_model_unavailable": "the base model's tokenizer or chat template cannot be loaded",
-    "dataset_id_mismatch": "the submitted dataset_id is not the content address of the bytes",
+    "dataset_id_mismatch": "the submitted dataset_id is neither the content address of the bytes nor a file id of the tenant",
     "unknown_tenant": "the tenant is not registered",
     "source_outside_tenant": "the source object is not under the tenant's prefix",
     "source_missing": "the source object does not exist",

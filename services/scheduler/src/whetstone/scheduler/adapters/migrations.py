@@ -278,3 +278,15 @@ MIGRATIONS.append(
     ALTER TABLE jobs ADD COLUMN result_files jsonb NOT NULL DEFAULT '[]'::jsonb;
     """
 )
+
+# issue 33: files deleted through the Files API (dataset.deleted): no job is created or queued on them
+MIGRATIONS.append(
+    """
+    CREATE TABLE dataset_deletions (
+        tenant_id  text NOT NULL,
+        dataset_id text NOT NULL,
+        deleted_at timestamptz NOT NULL,
+        PRIMARY KEY (tenant_id, dataset_id)
+    );
+    """
+)

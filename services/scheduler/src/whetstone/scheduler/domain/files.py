@@ -1,0 +1,47 @@
+"""Which training files a job may name (issue 33): pure rules over what the scheduler knows of a file
+(projected from dataset.submitted / dataset.validated / dataset.deleted)."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from .jobs import Rejection
+
+FILE_PARAM = "training_file"
+
+
+@dataclass(frozen=True)
+class FileFacts:
+    """What the scheduler knows of a `training_file` for the tenant creating the job."""
+
+    file_id: str
+    status: str | None      # the validation verdict (accepted | rejected), None while unknown
+    errors: Sequence[Mapping[str, Any]]
+    submitted: bool         # dataset.submitted seen: the verdict will come
+    deleted: bool           # dataset.deleted seen
+    minted: bool            # a file id the Files API minted for this tenant (runtime/file_ids.py)
+
+
+def rejected_reasons(errors: Sequence[Mapping[str, Any]]) -> str:
+    return "; ".join(f"line {e.get('line')}: {e['message']}" if e.get("line") else e["message"] for e in errors[:5])
+
+
+def refusal(f: FileFacts) -> Rejection | None:
+    """Why a job cannot be created on this file, or None (trainable, or its verdict is still to come).
+
+    A content-addressed `ds-` id that nobody submitted yet may be on its way (an external producer
+    publishes dataset.submitted itself): its job waits, and fails after a grace if it never comes."""
+    name = f.file_id
+    if f.deleted:
+        return Rejection("training_file_deleted", f"training_file {name!r} was deleted: upload the data again "
+                         "(POST /v1/files) and use the new file id", FILE_PARAM)
+    if f.status is not None and f.status != "accepted":
+        return Rejection("invalid_training_file", f"training_file {name!r} was rejected by validation: "
+                         f"{rejected_reasons(f.errors)}", FILE_PARAM)
+    if f.status is None and not f.submitted and not f.minted and not name.startswith("ds-"):
+        return Rejection("training_file_not_found", f"training_file {name!r} is not a file of this organization: "
+                         "upload it first (POST /v1/files or whet files upload) and use the id it returns",
+                         FILE_PARAM)
+    return None
