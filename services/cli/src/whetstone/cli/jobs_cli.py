@@ -184,7 +184,7 @@ def add_parser(sub, cmd) -> Any:
                           description="Fine-tuning jobs over the public API (WHETSTONE_BASE_URL, WHETSTONE_API_KEY).")
     acts = jobs.add_subparsers(dest="action", required=True, metavar="ACTION")
     cj = cmd(acts, "create", cmd_jobs, "create a fine-tuning job; its id on the last line")
-    cj.add_argument("--training-file", required=True, help="a file id from `whet files upload` (ds-…)")
+    cj.add_argument("--training-file", required=True, help="a file id from `whet files upload` (file-…)")
     cj.add_argument("--validation-file", help="a file id held out for validation and the eval gate's holdout "
                                               "(default: a split of the training file)")
     cj.add_argument("--model", default=DEFAULT_MODEL, help=f"base model: a catalog name, a local directory or a "
