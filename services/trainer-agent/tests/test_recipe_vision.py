@@ -137,3 +137,14 @@ def test_vision_out_of_memory_halves_the_micro_batch(tiny_llava, image_files, tm
     retry = run.of("oom_retry")[0]
     assert (retry["micro_batch_size"], retry["gradient_accumulation_steps"]) == (2, 2)
     assert (run.last["micro_batch_size"], run.last["oom_retries"], run.last["step"]) == (2, 1, 4)
+
+
+def test_qlora_quantizes_the_language_model_only(tiny_llava):
+    import bitsandbytes as bnb
+
+    from whetstone.trainer_agent.recipes.modeling import load_base_model, quantization_summary
+
+    model = load_base_model(str(tiny_llava), "qlora", packing=False, vision=True)
+    quantized = [name for name, module in model.named_modules() if isinstance(module, bnb.nn.Linear4bit)]
+    assert len(quantized) == 14 and all(".language_model." in name for name in quantized)   # 2 layers x 7
+    assert quantization_summary(model)["quant_type"] == ["nf4"]

@@ -69,8 +69,10 @@ def torch_float32():
     return torch.float32
 
 
-# a vision-language base keeps these in the compute dtype under QLoRA (and its output head, as bitsandbytes does)
-VISION_UNQUANTIZED = ("vision_tower", "multi_modal_projector", "lm_head")
+# a vision-language base keeps these in the compute dtype under QLoRA (and its output head, as bitsandbytes does);
+# transformers matches each pattern from the start of a module's full name
+VISION_UNQUANTIZED = (r".*\.(vision_tower|vision_model|visual|multi_modal_projector|mm_projector|connector)",
+                      "lm_head")
 
 
 def quantization_config(skip_modules: tuple[str, ...] | None = None):
