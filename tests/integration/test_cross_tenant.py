@@ -251,7 +251,7 @@ async def attack(c: httpx.AsyncClient, p, upstreams: dict[str, str], runtimes, s
     assert route.status_code == 200, route.text
     usage = await until(lambda: c.get(f"/v1/usage/jobs/{job['id']}", headers=ha),
                         lambda r: r.status_code == 200 and r.json()["status"] == "closed", 60, "A's usage")
-    ids = {"file_id": f["id"], "job_id": job["id"], "fine_tuning_job_id": job["id"], "model_id": model["id"],
+    ids = {"file_id": f["id"], "job_id": job["id"], "fine_tuning_job_id": job["id"], "model_id": model["model_id"],
            "model_name": done.json()["fine_tuned_model"], "webhook_id": hook["id"], "key_id": a_key["id"], "a_key": a_key["key"],
            "tenant_id": A, "version": "1", "line_id": str(usage.json()["entries"][0]["id"]),
            "/v1/templates:name": "a-tmpl", "/v1/serving:name": "a-route", "/v1/base_models:name": "tiny-llama"}
