@@ -25,11 +25,12 @@ from whetstone.runtime.identity import UNTRUSTED_HEADERS, identity_headers, inte
 
 from .auth import KeysUnavailable, KeyVerifier, Verdict
 from .config import GatewaySettings
+from .fairness import Fairness, until_gone, wants_stream
+from .limits import BodyTooLarge, body_limit, counted, declared_too_large
 from .console.gate import cookie_session
 from .console.routes import ConsoleSettings, is_console_path
 from .console.routes import routes as console_routes
 from .console.sessions import SessionStore
-from .limits import BodyTooLarge, body_limit, counted, declared_too_large
 from .ratelimit import RateLimiter, retry_after_header
 from .routing import bearer, owner_of
 
@@ -68,6 +69,8 @@ class Gateway:
         verify_url = f"{self.upstreams['scheduler']}/internal/keys/verify" if "scheduler" in self.upstreams else None
         self.keys = KeyVerifier(self.session, verify_url, ttl_s=settings.key_cache_ttl_s, secret=self.secret)
         self.limiter = RateLimiter(burst_s=settings.rate_limit_burst_s)
+        self.fair = Fairness(settings)   # in-flight, stream and tenant-rate budgets (issue 35)
+        self._streams: aiohttp.ClientSession | None = None
         self.metrics = GatewayMetrics()
         self.console = ConsoleSettings()
         self.sessions = SessionStore(idle_s=self.console.session_idle_s, max_age_s=self.console.session_max_age_s)
@@ -82,9 +85,21 @@ class Gateway:
                                                   skip_auto_headers=("User-Agent",))
         return self._session
 
+    def stream_session(self) -> aiohttp.ClientSession:
+        """Long streams (SSE) ride a pool of their own: however many are open, ordinary requests
+        keep all of `max_connections`."""
+        if self._streams is None or self._streams.closed:
+            connector = aiohttp.TCPConnector(limit=self.settings.max_stream_connections, ttl_dns_cache=300,
+                                             keepalive_timeout=self.settings.upstream_keep_alive_s)
+            timeout = aiohttp.ClientTimeout(total=None, connect=5.0, sock_read=self.settings.upstream_timeout_s)
+            self._streams = aiohttp.ClientSession(connector=connector, timeout=timeout, auto_decompress=False,
+                                                  skip_auto_headers=("User-Agent",))
+        return self._streams
+
     async def close(self) -> None:
-        if self._session is not None:
-            await self._session.close()
+        for client in (self._session, self._streams):
+            if client is not None:
+                await client.close()
 
     # -- the decision: who may go where -------------------------------------------------------
     async def admit(self, method: str, path: str, headers: dict[str, str]) -> tuple[str, str, Verdict] | ApiError:
@@ -121,6 +136,8 @@ class Gateway:
                 429, f"Rate limit reached for this API key ({rate:g} requests/s); retry after {wait:.2f}s.",
                 type="rate_limit_error", code="rate_limit_exceeded", retry=True,
                 headers={"Retry-After": retry_after_header(wait), "x-ratelimit-limit-requests": f"{rate:g}/s"}))
+        if (tenant_refusal := self.fair.rate_refusal(verdict.tenant_id, time.monotonic())) is not None:
+            return self.refused(service, "tenant_rate_limited", tenant_refusal)
         base = self.upstreams.get(service)
         if base is None:
             return self.refused(service, "no_upstream", ApiError(
@@ -175,9 +192,24 @@ class Gateway:
             except BodyTooLarge as exc:
                 await send_error(send, self.refused(service, "body_too_large", exc.error()))
                 return
+        stream = wants_stream(scope["path"], scope.get("query_string", b""), headers,
+                              data if isinstance(data, bytes) else None)
+        ticket = await self.fair.enter(verdict.key_id, verdict.tenant_id, stream)   # before any upstream work
+        if isinstance(ticket, ApiError):
+            await send_error(send, self.refused(service, "stream_limit" if stream else "concurrency_limit", ticket))
+            return
+        try:
+            relay = self.relay(scope["method"], url, out, data, send, service, stream)
+            await (until_gone(relay, receive) if stream and not isinstance(data, AsyncIterator) else relay)
+        finally:
+            ticket.release()
+
+    async def relay(self, method: str, url: str, out: list, data: Any, send, service: str, stream: bool) -> None:
+        """The request to the service, and its answer back as it arrives."""
+        client = self.stream_session() if stream else self.session()
         began = time.perf_counter()
         try:
-            resp = await self.session().request(scope["method"], url, headers=out, data=data, allow_redirects=False)
+            resp = await client.request(method, url, headers=out, data=data, allow_redirects=False)
         except ClientGone:
             return                                   # the caller left mid-upload: the upstream saw it end early
         except BodyTooLarge as exc:                  # streamed past the cap: the upstream saw it end early

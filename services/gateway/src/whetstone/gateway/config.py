@@ -33,6 +33,24 @@ class GatewaySettings(BaseSettings):
                                     description="routes that stream a large body (uploads), up to max_upload_bytes")
     max_upload_bytes: int = Field(default=10 * 1024**3, gt=0, description="largest upload (ingest's own cap is "
                                   "WHETSTONE_INGEST_MAX_UPLOAD_BYTES)")
+    # fair sharing (fairness.py): budgets per API key and per tenant, refused with a 429 before any upstream work
+    max_in_flight_per_key: int = Field(default=4, ge=1, description="requests of one key inside the services "
+                                       "at once; more wait their turn (max_queued_per_tenant, queue_wait_s)")
+    max_in_flight_per_tenant: int = Field(default=8, ge=1, description="requests of all a tenant's keys inside "
+                                          "the services at once")
+    max_queued_per_tenant: int = Field(default=64, ge=0, description="requests waiting for a slot; past it: 429")
+    queue_wait_s: float = Field(default=10.0, ge=0, description="longest wait for a slot before a 429")
+    max_streams_per_key: int = Field(default=8, ge=1, description="server-sent-event streams open per key")
+    max_streams_per_tenant: int = Field(default=8, ge=1, description="server-sent-event streams open per tenant")
+    stream_retry_after_s: float = Field(default=5.0, gt=0, description="Retry-After of a refused stream")
+    tenant_rate_limit_per_s: float = Field(default=50.0, gt=0, description="request rate of all a tenant's keys "
+                                           "together (each key also has its own, rate_limit_per_s)")
+    tenant_rate_limits: dict[str, float] = Field(default_factory=dict, description="operator overrides of "
+                                                 "tenant_rate_limit_per_s, by tenant id")
+    replicas: int = Field(default=1, ge=1, description="gateway replicas behind the load balancer: each holds "
+                          "1/replicas of every tenant budget")
+    max_stream_connections: int = Field(default=1024, ge=1, description="connections of the separate pool "
+                                        "that carries long streams (ordinary requests have max_connections)")
     keep_alive_s: int = Field(default=75, description="idle keep-alive towards clients (longer than theirs)")
     upstream_keep_alive_s: float = Field(default=2.0, description="idle keep-alive towards the services: shorter "
                                          "than their servers' 5 s, so a reused connection is never one being closed")

@@ -1,0 +1,238 @@
+"""Fair sharing of the edge (issue 35 point 3): one tenant's load must not raise another's latency.
+
+Three budgets, each per API key and per tenant (all keys of a tenant together), decided in memory
+before any upstream work, so a refusal costs microseconds:
+
+- requests in flight towards the services: over the cap a request waits its turn in a short queue
+  of its own tenant's (so a burst is smoothed, not failed), and is refused (429, `Retry-After`) only
+  when that queue is full too or its turn does not come within `queue_wait_s`. A tenant thus keeps
+  at most `max_in_flight_per_tenant` requests inside the services at any moment, whatever it sends;
+- server-sent-event streams held open: counted apart from requests (a stream lasts minutes), never
+  queued: the stream past the cap is a 429 at once, while another tenant's stream still opens;
+- a request rate per tenant (`TenantRates`), beside the per-key rate of `ratelimit.py`.
+
+The counts live in this process: with N gateway replicas behind a load balancer each replica
+holds 1/N of every tenant budget (`replicas`). Exact shared budgets would move the token buckets
+to Redis (an INCR with expiry per tenant and second) or Postgres; the in-flight caps stay per replica
+by nature (they protect this replica's connections)."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import math
+from collections import deque
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from urllib.parse import parse_qs
+
+from whetstone.runtime.errors import ApiError
+
+from .config import GatewaySettings
+from .ratelimit import RateLimiter, retry_after_header
+
+STREAM_PATHS = ("/v1/chat/completions", "/v1/completions")   # `"stream": true` in the body asks for SSE
+TRUE = frozenset({"1", "on", "t", "true", "y", "yes"})         # what the services' query parsing reads as true
+
+
+def wants_stream(path: str, query: bytes, headers: dict[str, str], body: bytes | None) -> bool:
+    """Will the answer be a server-sent-event stream? Decided from the request alone: `?stream=true`
+    (the jobs' event stream), `Accept: text/event-stream`, or `"stream": true` in a completion body."""
+    if "text/event-stream" in headers.get("accept", ""):
+        return True
+    if query and any(v.strip().lower() in TRUE for v in parse_qs(query.decode("latin-1")).get("stream", [])):
+        return True
+    if body and path in STREAM_PATHS and b'"stream"' in body:
+        try:   # only completion bodies that name the field are parsed
+            parsed = json.loads(body)
+        except ValueError:
+            return False
+        return isinstance(parsed, dict) and parsed.get("stream") is True
+    return False
+
+
+@dataclass
+class Slots:
+    """A counted budget with a bounded FIFO of waiters."""
+
+    limit: int
+    active: int = 0
+    waiters: deque[asyncio.Future] = field(default_factory=deque)
+
+    def try_take(self) -> bool:
+        if self.active < self.limit and not self.waiters:
+            self.active += 1
+            return True
+        return False
+
+    async def take(self, max_waiting: int, wait_s: float) -> bool:
+        """A slot, waiting at most `wait_s` behind at most `max_waiting` others; False: refused."""
+        if self.try_take():
+            return True
+        if len(self.waiters) >= max_waiting or wait_s <= 0:
+            return False
+        fut: asyncio.Future = asyncio.get_running_loop().create_future()
+        self.waiters.append(fut)
+        handed = False
+        try:
+            async with asyncio.timeout(wait_s):
+                await fut
+            handed = True
+            return True
+        except TimeoutError:
+            return False
+        finally:
+            if not handed:
+                if fut.done() and not fut.cancelled():
+                    self.give()          # handed over just as we gave up: pass it on
+                else:
+                    fut.cancel()
+                    with contextlib.suppress(ValueError):
+                        self.waiters.remove(fut)
+
+    def give(self) -> None:
+        while self.waiters:
+            fut = self.waiters.popleft()
+            if not fut.done():
+                fut.set_result(None)   # the slot passes straight to the next waiter: active unchanged
+                return
+        self.active -= 1
+
+    @property
+    def idle(self) -> bool:
+        return self.active == 0 and not self.waiters
+
+
+class Budgets:
+    """Slots by name (a key id or a tenant id), created on first use, dropped when idle."""
+
+    def __init__(self, limit: Callable[[], int]) -> None:
+        self.limit = limit
+        self.slots: dict[str, Slots] = {}
+
+    def get(self, name: str) -> Slots:
+        s = self.slots.get(name)
+        if s is None:
+            s = self.slots[name] = Slots(self.limit())
+        return s
+
+    def release(self, name: str) -> None:
+        s = self.slots[name]
+        s.give()
+        if s.idle:
+            del self.slots[name]
+
+
+@dataclass
+class Ticket:
+    """What an admitted request holds until its answer is sent; `release()` exactly once."""
+
+    done: Callable[[], None]
+    stream: bool
+    released: bool = False
+
+    def release(self) -> None:
+        if not self.released:
+            self.released = True
+            self.done()
+
+
+class Fairness:
+    def __init__(self, settings: GatewaySettings) -> None:
+        self.s = settings
+        share = max(1, settings.replicas)
+        self.key_requests = Budgets(lambda: max(1, settings.max_in_flight_per_key // share))
+        self.tenant_requests = Budgets(lambda: max(1, settings.max_in_flight_per_tenant // share))
+        self.key_streams = Budgets(lambda: max(1, settings.max_streams_per_key // share))
+        self.tenant_streams = Budgets(lambda: max(1, settings.max_streams_per_tenant // share))
+        self.tenant_rates = RateLimiter(burst_s=settings.rate_limit_burst_s)
+
+    def tenant_rate(self, tenant_id: str) -> float:
+        rate = self.s.tenant_rate_limits.get(tenant_id, self.s.tenant_rate_limit_per_s)
+        return rate / max(1, self.s.replicas)
+
+    def rate_refusal(self, tenant_id: str, now: float) -> ApiError | None:
+        """The tenant's own budget, shared by all its keys: None when the request may pass."""
+        rate = self.tenant_rate(tenant_id)
+        wait = self.tenant_rates.take(tenant_id, rate, now)
+        if wait <= 0:
+            return None
+        return ApiError(429, f"Rate limit reached for this organization ({rate:g} requests/s over all its keys); "
+                             f"retry after {wait:.2f}s.", type="rate_limit_error", code="rate_limit_exceeded",
+                        retry=True, headers={"Retry-After": retry_after_header(wait),
+                                             "x-ratelimit-limit-requests": f"{rate:g}/s"})
+
+    async def enter(self, key_id: str, tenant_id: str, stream: bool) -> Ticket | ApiError:
+        """A ticket for one request (or stream), or the 429 that refuses it."""
+        if stream:
+            return self._enter_stream(key_id, tenant_id)
+        waiting, wait_s = self.s.max_queued_per_tenant, self.s.queue_wait_s
+        key_slots = self.key_requests.get(key_id)
+        if not await key_slots.take(waiting, wait_s):
+            self._drop_if_idle(self.key_requests, key_id)
+            return self._busy("this API key", key_slots.limit)
+        tenant_slots = self.tenant_requests.get(tenant_id)   # looked up after the wait: idle ones are dropped
+        if not await tenant_slots.take(waiting, wait_s):
+            self.key_requests.release(key_id)
+            self._drop_if_idle(self.tenant_requests, tenant_id)
+            return self._busy("this organization", tenant_slots.limit)
+
+        def done() -> None:
+            self.tenant_requests.release(tenant_id)
+            self.key_requests.release(key_id)
+        return Ticket(done, stream=False)
+
+    def _enter_stream(self, key_id: str, tenant_id: str) -> Ticket | ApiError:
+        key_slots, tenant_slots = self.key_streams.get(key_id), self.tenant_streams.get(tenant_id)
+        if not key_slots.try_take():
+            self._drop_if_idle(self.key_streams, key_id)
+            return self._too_many_streams("this API key", key_slots.limit)
+        if not tenant_slots.try_take():
+            self.key_streams.release(key_id)
+            self._drop_if_idle(self.tenant_streams, tenant_id)
+            return self._too_many_streams("this organization", tenant_slots.limit)
+
+        def done() -> None:
+            self.tenant_streams.release(tenant_id)
+            self.key_streams.release(key_id)
+        return Ticket(done, stream=True)
+
+    @staticmethod
+    def _drop_if_idle(budgets: Budgets, name: str) -> None:
+        s = budgets.slots.get(name)
+        if s is not None and s.idle:
+            del budgets.slots[name]
+
+    def _busy(self, whose: str, limit: int) -> ApiError:
+        return ApiError(429, f"Too many concurrent requests for {whose} ({limit} in flight and "
+                             f"{self.s.max_queued_per_tenant} waiting at most); retry shortly.",
+                        type="rate_limit_error", code="concurrency_limit_exceeded", retry=True,
+                        headers={"Retry-After": retry_after_header(max(1.0, self.s.queue_wait_s))})
+
+    def _too_many_streams(self, whose: str, limit: int) -> ApiError:
+        return ApiError(429, f"Too many open event streams for {whose} ({limit} at most); close one or read "
+                             "the events with `GET ...` pages instead.", type="rate_limit_error",
+                        code="stream_limit_exceeded", retry=True,
+                        headers={"Retry-After": retry_after_header(math.ceil(self.s.stream_retry_after_s))})
+
+
+async def until_gone(work: Awaitable[None], receive) -> None:
+    """Run `work` (relaying a stream) until it ends or the caller disconnects, whichever is first: a
+    stream whose reader left gives back its place (and its upstream connection) at once, not when
+    the service next writes."""
+    relay = asyncio.ensure_future(work)
+
+    async def gone() -> None:
+        while (await receive())["type"] != "http.disconnect":
+            pass
+
+    watcher = asyncio.ensure_future(gone())
+    try:
+        await asyncio.wait({relay, watcher}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        for task in (relay, watcher):
+            task.cancel()
+        await asyncio.gather(relay, watcher, return_exceptions=True)
+    if not relay.cancelled() and relay.exception() is not None:
+        raise relay.exception()

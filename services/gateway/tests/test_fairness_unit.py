@@ -1,0 +1,81 @@
+"""The edge's budgets in memory (fairness.py): a burst waits its turn and everyone is served, a
+full queue is refused at once, a waiter that waited too long is refused and leaves nothing
+behind, and what counts as a stream matches what the services stream."""
+
+import asyncio
+import time
+
+import pytest
+
+from whetstone.gateway.config import GatewaySettings
+from whetstone.gateway.fairness import Fairness, Ticket, wants_stream
+
+pytestmark = pytest.mark.unit
+
+
+async def test_a_burst_waits_its_turn_and_every_slot_comes_back():
+    fair = Fairness(GatewaySettings(max_in_flight_per_key=2, max_in_flight_per_tenant=3, max_queued_per_tenant=64))
+    inside, most = 0, 0
+
+    async def one(key: str) -> int:
+        nonlocal inside, most
+        ticket = await fair.enter(key, "b", stream=False)
+        if not isinstance(ticket, Ticket):
+            return ticket.status
+        inside += 1
+        most = max(most, inside)
+        await asyncio.sleep(0.005)
+        inside -= 1
+        ticket.release()
+        return 200
+
+    codes = await asyncio.gather(*(one(f"k{i % 2}") for i in range(50)))
+    assert codes == [200] * 50 and most == 3     # never more than the tenant's 3 inside, all served
+    assert fair.key_requests.slots == {} and fair.tenant_requests.slots == {}
+
+
+async def test_a_full_queue_or_a_long_wait_is_a_429_and_leaves_nothing():
+    fair = Fairness(GatewaySettings(max_in_flight_per_key=1, max_in_flight_per_tenant=1, max_queued_per_tenant=1,
+                                    queue_wait_s=0.2))
+    held = await fair.enter("k", "b", stream=False)
+    assert isinstance(held, Ticket)
+    waiter = asyncio.create_task(fair.enter("k", "b", stream=False))
+    await asyncio.sleep(0.01)
+    started = time.perf_counter()
+    full = await fair.enter("k", "b", stream=False)          # one waits already: refused at once
+    assert full.status == 429 and full.code == "concurrency_limit_exceeded" and time.perf_counter() - started < 0.05
+    timed_out = await waiter
+    assert timed_out.status == 429 and "Retry-After" in timed_out.headers
+    assert isinstance(await fair.enter("a", "other", stream=False), Ticket)   # another tenant: its own budget
+    held.release()
+    held.release()                                           # twice is once
+    assert "b" not in fair.tenant_requests.slots and "k" not in fair.key_requests.slots
+
+
+async def test_streams_have_their_own_cap_per_key_and_tenant():
+    fair = Fairness(GatewaySettings(max_streams_per_key=1, max_streams_per_tenant=2, max_in_flight_per_tenant=1))
+    first = await fair.enter("k1", "b", stream=True)
+    assert (await fair.enter("k1", "b", stream=True)).code == "stream_limit_exceeded"     # the key's one
+    assert isinstance(await fair.enter("k2", "b", stream=True), Ticket)
+    assert (await fair.enter("k3", "b", stream=True)).code == "stream_limit_exceeded"     # the tenant's two
+    assert isinstance(await fair.enter("k3", "b", stream=False), Ticket)   # requests are counted apart
+    first.release()
+    assert isinstance(await fair.enter("k3", "b", stream=True), Ticket)
+
+
+def test_what_is_a_stream():
+    assert wants_stream("/v1/fine_tuning/jobs/x/events", b"stream=true", {}, None)
+    assert wants_stream("/v1/fine_tuning/jobs/x/events", b"after=3&stream=Yes", {}, None)
+    assert not wants_stream("/v1/fine_tuning/jobs/x/events", b"stream=false", {}, None)
+    assert wants_stream("/v1/models", b"", {"accept": "text/event-stream"}, None)
+    assert wants_stream("/v1/chat/completions", b"", {}, b'{"model": "m", "stream": true}')
+    assert not wants_stream("/v1/chat/completions", b"", {}, b'{"model": "m", "stream": false}')
+    assert not wants_stream("/v1/fine_tuning/jobs", b"", {}, b'{"suffix": "\\"stream\\""}')
+
+
+def test_the_tenant_rate_is_shared_by_its_keys_and_split_over_replicas():
+    fair = Fairness(GatewaySettings(tenant_rate_limit_per_s=4, rate_limit_burst_s=1, replicas=2,
+                                    tenant_rate_limits={"big": 100}))
+    assert fair.tenant_rate("b") == 2 and fair.tenant_rate("big") == 50
+    answers = [fair.rate_refusal("b", 10.0) for _ in range(3)]
+    assert answers[:2] == [None, None] and answers[2].status == 429 and answers[2].code == "rate_limit_exceeded"
