@@ -5,7 +5,6 @@ scheduling loop: no scheduling cycle runs inside the request."""
 
 from __future__ import annotations
 
-import asyncio
 import json
 import re
 import uuid
@@ -21,6 +20,7 @@ from whetstone.runtime.service import Runtime
 
 from . import templates
 from .admission import IdempotencyConflict, Rejected, submit_job
+from .adapters.event_wakes import EventWakes
 from .adapters.store import JobStore
 from .context import SchedulerContext
 from .domain import jobs as rules
@@ -33,7 +33,7 @@ from .views import checkpoint_view, event_view, job_view, parse_event_id
 
 # The caller's trace id (X-Trace-Id) follows the job through every event; a fresh one otherwise.
 TRACE_ID = re.compile(r"[A-Za-z0-9._:-]{1,128}")
-STREAM_POLL_S = 0.5
+STREAM_FALLBACK_S = 5.0   # a stream is woken by NOTIFY (EventWakes); it looks on its own this often
 
 
 def rejected(exc: Rejected) -> ApiError:
@@ -44,6 +44,7 @@ def rejected(exc: Rejected) -> ApiError:
 
 def routes(rt: Runtime[SchedulerContext]) -> APIRouter:
     r = APIRouter(prefix="/v1/fine_tuning")
+    wakes = EventWakes(rt.settings.database_url, STREAM_FALLBACK_S)   # one LISTEN connection per process
 
     async def owned(store: JobStore, job_id: str, caller: Caller, lock: bool = False) -> Job:
         job = await store.get(job_id, lock=lock)
@@ -132,20 +133,23 @@ def routes(rt: Runtime[SchedulerContext]) -> APIRouter:
         return {"object": "list", "data": data, "has_more": len(rows) > limit}
 
     async def live_events(job_id: str, last: int) -> AsyncIterator[str]:
-        """Server-sent events, oldest first, until the job is over and everything was sent."""
-        while True:
-            async with rt.uow() as uow:
-                store = JobStore(uow)
-                rows = await store.events(job_id, last, 200, newest_first=False)
-                job = await store.get(job_id)
-            for row in rows:
-                last = row["id"]
-                yield f"data: {json.dumps(event_view(row), default=str)}\n\n"
-            if job is None or (job.terminal and not rows):
-                yield "data: [DONE]\n\n"
-                return
-            if not rows:
-                await asyncio.sleep(STREAM_POLL_S)
+        """Server-sent events, oldest first, until the job is over and everything was sent. Between
+        looks it sleeps until a transaction that changed the job's events commits (NOTIFY)."""
+        async with wakes.watch(job_id) as changed:
+            while True:
+                changed.clear()   # before the look: a change committed during it wakes the next one
+                async with rt.uow() as uow:
+                    store = JobStore(uow)
+                    rows = await store.events(job_id, last, 200, newest_first=False)
+                    job = await store.get(job_id)
+                for row in rows:
+                    last = row["id"]
+                    yield f"data: {json.dumps(event_view(row), default=str)}\n\n"
+                if job is None or (job.terminal and not rows):
+                    yield "data: [DONE]\n\n"
+                    return
+                if not rows:
+                    await wakes.wait(changed)
 
     @r.get("/jobs/{job_id}/checkpoints")
     async def checkpoints(job_id: str, caller: Caller = require("read"), after: str | None = None,

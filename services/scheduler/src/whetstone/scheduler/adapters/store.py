@@ -19,6 +19,7 @@ from ..domain import jobs as rules
 from ..domain.admission import JobUsage, Usage
 from ..domain.cluster import ClusterView, to_view
 from ..domain.job import Job, Note
+from .event_wakes import EVENTS_CHANNEL
 
 WAKE_CHANNEL = "whetstone_scheduler_wake"
 ACTIVE = sorted(rules.ACTIVE_ON_NODE)
@@ -91,11 +92,19 @@ class JobStore:
                 "INSERT INTO job_events (job_id, created_at, level, message, data, type) VALUES ($1,$2,$3,$4,$5,$6)",
                 [(job.job_id, n.created_at, n.level, n.message, n.data, n.type) for n in job.notes])
             job.notes.clear()
+            await self.events_changed(job.job_id)
+        elif job.terminal:
+            await self.events_changed(job.job_id)   # its streams end: wake them to say [DONE]
 
     async def note(self, job_id: str, note: Note) -> None:
         await self.conn.execute(
             "INSERT INTO job_events (job_id, created_at, level, message, data, type) VALUES ($1,$2,$3,$4,$5,$6)",
             job_id, note.created_at, note.level, note.message, note.data, note.type)
+        await self.events_changed(job_id)
+
+    async def events_changed(self, job_id: str) -> None:
+        """Wake the job's event streams (`EventWakes`) when this transaction commits."""
+        await self.conn.execute("SELECT pg_notify($1, $2)", EVENTS_CHANNEL, job_id)
 
     async def owner_of(self, job_id: str) -> str | None:
         return await self.conn.fetchval("SELECT tenant_id FROM jobs WHERE job_id = $1", job_id)
