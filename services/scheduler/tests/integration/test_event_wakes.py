@@ -28,19 +28,19 @@ async def test_a_cancel_wakes_the_open_stream_at_once(platform, settings, tiny_m
         api = openai.AsyncOpenAI(base_url=p.url("scheduler") + "/v1", api_key="unused", max_retries=0,
                                  default_headers=identity_headers("demo", ("read", "write")))
         job = await api.fine_tuning.jobs.create(model=tiny_model, training_file="file-sft")
-        async with httpx.AsyncClient(base_url=p.url("scheduler"), timeout=30) as c:
-            async with c.stream("GET", f"/v1/fine_tuning/jobs/{job.id}/events", params={"stream": "true"},
-                                headers=identity_headers("demo")) as r:
-                lines = r.aiter_lines()
-                while not (await anext(lines)).startswith("data: "):   # the stream's first look is done
-                    pass
-                await asyncio.sleep(0.3)
-                cancelled_at = time.perf_counter()
-                await api.fine_tuning.jobs.cancel(job.id)
-                rest = []
-                async for line in lines:
-                    if line.startswith("data: "):
-                        rest.append(line)
-                took = time.perf_counter() - cancelled_at
+        async with httpx.AsyncClient(base_url=p.url("scheduler"), timeout=30) as c, c.stream(
+                "GET", f"/v1/fine_tuning/jobs/{job.id}/events", params={"stream": "true"},
+                headers=identity_headers("demo")) as r:
+            lines = r.aiter_lines()
+            while not (await anext(lines)).startswith("data: "):   # the stream's first look is done
+                pass
+            await asyncio.sleep(0.3)
+            cancelled_at = time.perf_counter()
+            await api.fine_tuning.jobs.cancel(job.id)
+            rest = []
+            async for line in lines:
+                if line.startswith("data: "):
+                    rest.append(line)
+            took = time.perf_counter() - cancelled_at
         assert rest[-1] == "data: [DONE]" and any("cancel" in x for x in rest), rest
         assert took < STREAM_FALLBACK_S / 2, took
