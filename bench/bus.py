@@ -148,7 +148,7 @@ def serve(mode: str, mark_path: Path, profile: Path | None) -> None:
         return
     import cProfile
 
-    with cProfile.Profile() as prof:
+    with cProfile.Profile(time.process_time) as prof:  # CPU time: on a shared machine, wall time is noise
         asyncio.run(main)
     prof.dump_stats(profile / f"{mode}.prof")
 

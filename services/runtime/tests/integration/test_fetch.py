@@ -113,3 +113,25 @@ async def test_a_fetch_that_comes_again_is_counted_record_by_record(platform, se
                                          rt.consumer)
         assert [(r["offset"], r["count"]) for r in per_record] == [(3, 1), (4, 1)]
         assert [m for m, _ in await handled(rt)] == [f"m{i}" for i in range(5)]
+
+
+async def test_the_inbox_claim_and_the_owner_check_share_one_statement(platform, settings):
+    """The first tenant to name a model owns it; another tenant's event about it is refused (and not
+    claimed: the rollback takes the claim with it), a copy of a handled event is a duplicate."""
+    b = settings.kafka_bootstrap
+    async with platform(probe()) as p:
+        rt = p["probe"]
+        first = await send_event(b, promoted("m1"), T, times=2)  # handled once, then a duplicate
+        forged = await send_event(b, promoted("m1"), "acme")
+        own = await send_event(b, promoted("m2"), "acme")  # acme's own model: fine
+        await wait_until(lambda: rt.pool.fetchval("SELECT count(*) = 2 FROM seen"), 30, "two handled")
+        await wait_until(lambda: rt.pool.fetchval("SELECT count(*) = 1 FROM inbox WHERE message_id LIKE 'dlq:%'"),
+                         30, "the forged event dead-lettered")
+        assert sorted(m for m, _ in await handled(rt)) == ["m1", "m2"]
+        owners = {r["id"]: r["tenant_id"] for r in await rt.pool.fetch("SELECT id, tenant_id FROM owners")}
+        assert owners == {"m1": T, "m2": "acme"}
+        inbox = {r["message_id"] for r in await rt.pool.fetch("SELECT message_id FROM inbox")}
+        assert inbox == {str(first.event_id), str(own.event_id), f"dlq:{forged.event_id}"}
+        refused = rt.metrics.registry.get_sample_value("whetstone_refused_total",
+                                                       {"service": "probe", "reason": "tenant_mismatch"})
+        assert refused == 1

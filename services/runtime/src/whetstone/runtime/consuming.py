@@ -9,8 +9,9 @@ For each fetch:
 - ONE round trip counts this delivery of the fetch, by the first offset of each partition in it
   (committed at once, outside any handler transaction: a crash cannot roll it back), and asks the
   inbox which of its events this consumer has handled already;
-- the messages are handled in order, each in its own unit of work (inbox claim, tenant check,
-  handler, outbox), exactly as before; a duplicate skips its transaction;
+- the messages are handled in order, each in its own unit of work (inbox claim and tenant check in
+  one statement, handler, outbox), exactly as before, on one connection the fetch holds (a handler's
+  own `rt.uow()` still takes another from the pool); a duplicate skips its transaction;
 - the caller commits the offsets once, after the whole fetch; messages not reached within
   `Service.fetch_budget_s` are handed back (their partitions rewound to them) and come in the
   next fetch, so a slow handler never holds the consumer from polling for long.
@@ -27,6 +28,7 @@ Lag is measured once per fetch (`FetchLag`); within a fetch it is that figure le
 
 from __future__ import annotations
 
+import contextvars
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -44,6 +46,8 @@ if TYPE_CHECKING:
 
 # the deliveries counter of fetches, beside the per-record one (the consumer's name) and batches' (#batch)
 FETCH_COUNTER = "#fetch"
+# the connection a fetch holds while its messages are handled (in the consuming task's context only)
+held_connection: contextvars.ContextVar[Any] = contextvars.ContextVar("held_connection", default=None)
 
 
 @dataclass
@@ -85,12 +89,23 @@ async def consume_fetch(rt: Runtime, routes: dict[str, tuple[type[Event], Handle
     started = time.monotonic()
     fetched = decode_fetch(routes, records)
     assert rt.pool is not None
-    deliveries, seen = await db.count_fetch(rt.pool, rt.consumer, rt.consumer + FETCH_COUNTER, first_offsets(records),
+    async with rt.pool.acquire() as conn:  # the fetch's messages' transactions run on it, one after another
+        token = held_connection.set(conn)
+        try:
+            await _consume(rt, routes, fetched, consumer, taken, conn, started)
+        finally:
+            held_connection.reset(token)
+
+
+async def _consume(rt: Runtime, routes: dict[str, tuple[type[Event], Handler]], fetched: list[Fetched], consumer: Any,
+                   taken: dict[tuple[str, int], int], conn: Any, started: float) -> None:
+    deliveries, seen = await db.count_fetch(conn, rt.consumer, rt.consumer + FETCH_COUNTER,
+                                            first_offsets([f.record for f in fetched]),
                                             [f.event_id for f in fetched if f.event_id is not None])
     careful = deliveries > 1
     if careful:
         rt.log.warning("fetch was delivered before and never finished; counting its records one by one",
-                       size=len(records), deliveries=deliveries)
+                       size=len(fetched), deliveries=deliveries)
     for i, f in enumerate(fetched):
         if i and time.monotonic() - started > rt.service.fetch_budget_s:
             hand_back(consumer, [g.record for g in fetched[i:]])

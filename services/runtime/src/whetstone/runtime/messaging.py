@@ -225,19 +225,30 @@ def _permanent(exc: BaseException) -> bool:
 
 
 @asynccontextmanager
-async def unit_of_work(pool: asyncpg.Pool, producer: str, relay: OutboxRelay | None = None) -> AsyncIterator[UnitOfWork]:
-    async with pool.acquire() as conn:
-        try:
-            async with conn.transaction():
-                uow = UnitOfWork(conn, producer)
-                yield uow
-        except BaseException as exc:
-            if unavailable_dependency(exc) == "database":
-                # a connection the server dropped (or left mid-message) never goes back to the pool; one
-                # already closed was detached from its proxy, which then refuses every call
-                with contextlib.suppress(asyncpg.InterfaceError):
-                    conn.terminate()
-            raise
+async def _transaction(conn: Any, producer: str) -> AsyncIterator[UnitOfWork]:
+    try:
+        async with conn.transaction():
+            yield UnitOfWork(conn, producer)
+    except BaseException as exc:
+        if unavailable_dependency(exc) == "database":
+            # a connection the server dropped (or left mid-message) never goes back to the pool; one
+            # already closed was detached from its proxy, which then refuses every call
+            with contextlib.suppress(asyncpg.InterfaceError):
+                conn.terminate()
+        raise
+
+
+@asynccontextmanager
+async def unit_of_work(pool: asyncpg.Pool, producer: str, relay: OutboxRelay | None = None, *,
+                       conn: Any = None) -> AsyncIterator[UnitOfWork]:
+    """One transaction on a connection of `pool`, or on `conn` when the caller holds one (the
+    per-message path holds one for a whole fetch)."""
+    if conn is not None:
+        async with _transaction(conn, producer) as uow:
+            yield uow
+    else:
+        async with pool.acquire() as conn, _transaction(conn, producer) as uow:
+            yield uow
     for callback in uow.committed:
         callback()
     if relay is not None and uow.pending:

@@ -42,7 +42,7 @@ from . import db, observability
 from .delivery import MAX_RECORD_BYTES, PoisonMessage, dead_letter, is_transient, prune_forever
 from .assignment import watch_assignment
 from .batching import BatchHandler, consume_batch, undecoded
-from .consuming import FetchLag, consume_fetch
+from .consuming import FetchLag, consume_fetch, held_connection
 from .identity import internal_secret
 from .lifecycle import bounded, supervise
 from .http import BodyLimit, HttpServer, ServiceMetrics, make_app
@@ -53,7 +53,7 @@ from .settings import CommonSettings, check_credentials
 from .kafka_security import broker_security
 from .topics import ensure_topics, while_unreachable
 from .tracing import TraceLog, trace_routes
-from .tenancy import check_tenant
+from .tenancy import claim_and_check
 
 
 Handler = Callable[["Runtime", UnitOfWork, Envelope, Any], Awaitable[None]]
@@ -169,6 +169,12 @@ class Runtime(Generic[C]):
     def uow(self):
         assert self.pool is not None
         return unit_of_work(self.pool, self.name, self.relay)
+
+    def _message_uow(self):
+        """A message's unit of work: on the connection its fetch holds (consuming.py) while it is open."""
+        assert self.pool is not None
+        conn = held_connection.get()
+        return unit_of_work(self.pool, self.name, self.relay, conn=None if conn is None or conn.is_closed() else conn)
 
     # -- lifecycle ----------------------------------------------------------
     async def start(self) -> None:
@@ -394,11 +400,10 @@ class Runtime(Generic[C]):
                 while attempt < attempts:
                     attempt += 1
                     try:
-                        async with self.uow() as uow:
-                            if not await db.claim_inbox(uow.conn, self.consumer, message_id, topic):
+                        async with self._message_uow() as uow:
+                            if not await claim_and_check(uow.conn, self.consumer, message_id, topic, env, event):
                                 self.metrics.consumed(topic=topic, outcome="duplicate").inc()
                                 return "duplicate"
-                            await check_tenant(uow.conn, topic, env, event)
                             await handler(self, uow, env, event)
                         elapsed = time.perf_counter() - start
                         self.metrics.consumed(topic=topic, outcome="handled").inc()
