@@ -580,6 +580,56 @@ def test_progress_is_reported_while_streaming(tmp_path, kit):
     assert any(p == "write" for p, _, _ in seen)
 
 
+def rft_row(i: int, **extra) -> dict:
+    return {"messages": [{"role": "developer", "content": "Answer with a number."},
+                         {"role": "user", "content": f"What is {i} + {i}?"}],
+            "answer": str(2 * i), "meta": {"source": "gen", "n": i}, **extra}
+
+
+def test_rft_rows_are_accepted_with_their_item_and_broken_ones_name_the_line(tmp_path, kit, ingest_tiny_model):
+    """OpenAI's reinforcement fine-tuning rows: messages ending with a user turn, the other keys the item."""
+    from whetstone.ingest.adapters.files import sniff_purpose
+    from whetstone.ingest.adapters.tokenizer import BaseModelTokenizer
+
+    tok = BaseModelTokenizer.load(str(ingest_tiny_model))
+    path = kit.write_jsonl(tmp_path / "rft.jsonl", [rft_row(i) for i in range(20)])
+    assert sniff_purpose(path) == "rft"       # what an upload with OpenAI's purpose "fine-tune" becomes
+    for purpose in (None, "rft"):
+        result = kit.run_gate(path, tmp_path / str(purpose), tokenizer=tok, request=GateRequest(purpose=purpose))
+        r = result.report.as_dict()
+        assert r["accepted"], r["errors"]
+        assert r["schema"] == "rft" and r["purpose"] == "rft" and r["layout"] == "openai_rft", r
+        assert r["rows_kept"] == 20 and r["ignored_keys"] == {} and r["tokens_total"] > 0
+        out = [o for p in (result.train_path, result.validation_path) if p for o in kit.read_jsonl(p)]
+        assert len(out) == 20 and all(o["messages"][-1]["role"] == "user" for o in out)
+        by_answer = {o["answer"]: o for o in out}
+        assert by_answer["14"]["meta"] == {"source": "gen", "n": 7}           # the item kept as written
+        assert by_answer["14"]["messages"][0]["role"] == "system"             # developer read as system
+
+    a = {"role": "assistant", "content": "4"}
+    bad = [rft_row(i) for i in range(12)] + [
+        {**rft_row(100), "messages": [*rft_row(100)["messages"], a]},     # 13 last_message_not_user
+        {**rft_row(101), "messages": []},                                  # 14 messages_not_list
+        {**rft_row(102), "messages": [{"role": "user", "content": ""}]},   # 15 empty_content
+        {"answer": "5"},                                                   # 16 unknown_schema
+    ]
+    r = kit.run_gate(kit.write_jsonl(tmp_path / "bad.jsonl", bad), tmp_path / "bad").report.as_dict()
+    got = errors(r)
+    assert not r["accepted"] and r["schema"] == "rft"
+    assert got[13] == ["last_message_not_user"] and "messages[2].role is 'assistant'" in next(
+        e["message"] for e in r["errors"] if e["line"] == 13)
+    assert got[14] == ["messages_not_list"] and got[15] == ["empty_content"] and got[16] == ["unknown_schema"]
+    assert set(got) == {13, 14, 15, 16}
+
+    # a supervised file still needs its assistant turns: purpose sft reads the same rows as chat
+    sft = kit.run_gate(path, tmp_path / "sft", request=GateRequest(purpose="sft")).report.as_dict()
+    assert not sft["accepted"] and sft["schema"] == "chat" and sft["error_counts"]["no_assistant"] == 20
+    # and a chat file (first row with an answer) reports a row without one as no_assistant, not as rft
+    mixed = kit.good_rows(12) + [{"messages": [{"role": "user", "content": "q"}], "answer": "x"}]
+    m = kit.run_gate(kit.write_jsonl(tmp_path / "m.jsonl", mixed), tmp_path / "m").report.as_dict()
+    assert m["schema"] == "chat" and errors(m)[13] == ["no_assistant"]
+
+
 def test_every_error_code_is_exercised():
     """Runs last in this module: the tests above (and the service tests for SERVICE_CODES) cover the catalogue."""
     missing = set(ERROR_CODES) - SEEN - SERVICE_CODES

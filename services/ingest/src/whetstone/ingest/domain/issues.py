@@ -70,6 +70,7 @@ ERROR_CODES: dict[str, str] = {
     "tools_unsupported": "the row uses tools but the base model's chat template cannot render them",
     "empty_content": "a message's content is empty",
     "no_assistant": "a conversation without an assistant turn",
+    "last_message_not_user": "a reinforcement fine-tuning row whose last message is not a user turn",
     "role_order": "system after the first turn, assistant before any user, or two assistants in a row",
     "bad_weight": "a per-message weight other than 0 or 1",
     "nothing_to_train": "every assistant turn has weight 0: no token would be trained",

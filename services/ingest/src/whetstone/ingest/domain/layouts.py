@@ -4,6 +4,7 @@
 |-------------------|---------------------------------------------------------------|-------------------|
 | openai_dpo        | input {messages, tools?}, preferred_output, non_preferred_output | preference     |
 | openai_chat       | messages (tools, parallel_tool_calls)                          | chat              |
+| openai_rft        | messages ending with a user turn; every other key is the item  | rft               |
 | sharegpt          | conversations [{from, value} or {role, content}] (system, tools) | chat            |
 | trl_preference    | chosen, rejected (prompt): strings or message lists            | preference        |
 | alpaca            | instruction, output (input, system, history)                   | instruction       |
@@ -14,6 +15,11 @@ A row fits a layout when it has all of the layout's required keys. When it fits 
 (UltraFeedback rows carry `messages` beside `prompt`/`chosen`/`rejected`), the purpose
 decides, then the schema the file already has, then the order above. A row that fits
 none but has one of a layout's keys is read as that layout (its missing keys are errors).
+An OpenAI reinforcement fine-tuning row (`{"messages": [..., user], "answer": ...}`) is read as
+openai_rft when the purpose is rft, or when no purpose was given and the file's first row ends
+with a user turn; with purpose sft (or once a file is chat) a row without an assistant turn stays
+a chat error (`no_assistant`). Its other top-level keys are the grader's `{{item.x}}`: kept as
+written, never ignored or read as typos.
 Keys no layout reads are ignored and counted; a key within an edit or two of a key the
 layout expects (`mesages`, `complection`) is an error with the suggestion.
 """
@@ -64,6 +70,7 @@ class Layout:
     validate: Validator
     normalize: Normaliser
     roles: tuple[tuple[str, str], ...] = ()     # fixed field -> role mapping, reported
+    item_keys: bool = False                     # keys beyond `keys` are the row's item (kept, not reported)
 
     @property
     def keys(self) -> frozenset[str]:
@@ -115,6 +122,31 @@ def _v_chat(row: dict, line: int, facts: RowFacts) -> list[Issue]:
 
 def _n_chat(row: dict) -> dict:
     return _with_tools({"messages": normalize_messages(row["messages"])}, row)
+
+
+# ------------------------------------------------------------------- openai rft
+
+
+def _v_rft(row: dict, line: int, facts: RowFacts) -> list[Issue]:
+    messages = row["messages"]
+    issues = check_messages(messages, line, need_assistant=False, ignore=facts.ignore)
+    if isinstance(messages, list) and messages and isinstance(messages[-1], dict):
+        role = messages[-1].get("role")
+        if role != "user":
+            at = f"messages[{len(messages) - 1}].role"
+            issues.append(Issue("last_message_not_user", f"{at} is {str(role)[:40]!r}; in reinforcement fine-tuning "
+                                "the last message must be 'user' (the model writes the next turn)", line, at))
+    return issues
+
+
+def _n_rft(row: dict) -> dict:
+    return {**row, "messages": normalize_messages(row["messages"])}
+
+
+def ends_with_user(row: dict) -> bool:
+    messages = row.get("messages")
+    return isinstance(messages, list) and bool(messages) and isinstance(messages[-1], dict) \
+        and messages[-1].get("role") == "user"
 
 
 # --------------------------------------------------------------------------- sharegpt
@@ -301,6 +333,7 @@ LAYOUTS: dict[str, Layout] = {lay.name: lay for lay in (
            ("preferred_output", "non_preferred_output"), _v_openai_dpo, _n_openai_dpo,
            (("input.messages", "prompt"), ("preferred_output", "chosen"), ("non_preferred_output", "rejected"))),
     Layout("openai_chat", "chat", _f("messages"), _f("tools", "parallel_tool_calls"), ("messages",), _v_chat, _n_chat),
+    Layout("openai_rft", "rft", _f("messages"), _f(), (), _v_rft, _n_rft, item_keys=True),
     Layout("sharegpt", "chat", _f("conversations"), _f("system", "tools"), ("conversations",), _v_sharegpt,
            _n_sharegpt),
     Layout("trl_preference", "preference", _f("chosen", "rejected"), _f("prompt"), ("chosen", "rejected"), _v_trl,
@@ -314,6 +347,7 @@ LAYOUTS: dict[str, Layout] = {lay.name: lay for lay in (
 )}
 SIGN_KEYS = frozenset(k for lay in LAYOUTS.values() for k in lay.signs)
 CHAT = LAYOUTS["openai_chat"]
+RFT = LAYOUTS["openai_rft"]
 
 
 @dataclass(frozen=True)
@@ -324,9 +358,12 @@ class Choice:
 
 def choose(row: dict, purpose: str | None, schema: str | None) -> Choice:
     """The layout a row is read as (see the module docstring)."""
+    if "messages" in row and (purpose == "rft" or (purpose is None and (
+            schema == "rft" or (schema is None and ends_with_user(row))))):
+        return Choice(RFT)
     if len(row) == 1 and "messages" in row:
         return Choice(CHAT)
-    fits = [lay for lay in LAYOUTS.values() if lay.required <= row.keys()]
+    fits = [lay for lay in LAYOUTS.values() if lay.required <= row.keys() and not lay.item_keys]
     candidates = fits or [lay for lay in LAYOUTS.values() if any(k in row for k in lay.signs)]
     if len(candidates) <= 1:
         return Choice(candidates[0] if candidates else None)
@@ -348,6 +385,9 @@ def key_issues(row: dict, layout: Layout | None, line: int, facts: RowFacts) -> 
         typos = [(k, closest(k, SIGN_KEYS)) for k in map(str, row)]
         return [Issue("unknown_key", f"unknown key `{k[:40]}`; did you mean `{g}`?", line, k) for k, g in typos if g]
     issues: list[Issue] = []
+    if layout.item_keys:
+        return [Issue("missing_key", f"missing `{key}` ({layout.name} layout)", line, key)
+                for key in sorted(layout.required - row.keys())]
     absent = layout.keys - row.keys()
     meant: set[str] = set()
     for key in row.keys() - layout.keys:

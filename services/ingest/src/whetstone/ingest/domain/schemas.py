@@ -7,6 +7,7 @@
 | instruction       | {"messages"} (system? history? user -> assistant)       | sft, eval  |
 | preference        | {"prompt", "chosen", "rejected", "tools"?} message lists | dpo        |
 | text              | {"text"}                                                | cpt, eval  |
+| rft               | {"messages" (ending with user), the item's keys}        | rft        |
 
 Which input layouts (OpenAI chat, ShareGPT, Alpaca, TRL preference, OpenAI DPO, ...) map
 to which schema is in `layouts.py`.
@@ -16,20 +17,21 @@ from __future__ import annotations
 
 from .chat import message_text
 
-SCHEMAS = ("chat", "prompt_completion", "instruction", "preference", "text")
-PURPOSES = ("sft", "dpo", "cpt", "eval")
+SCHEMAS = ("chat", "prompt_completion", "instruction", "preference", "text", "rft")
+PURPOSES = ("sft", "dpo", "cpt", "eval", "rft")
 PURPOSE_SCHEMAS: dict[str, tuple[str, ...]] = {
     "sft": ("chat", "prompt_completion", "instruction"),
     "dpo": ("preference",),
     "cpt": ("text",),
     "eval": ("chat", "prompt_completion", "instruction", "text"),
+    "rft": ("rft",),
 }
 OUTPUT_SCHEMA = {"chat": "chat", "prompt_completion": "chat", "instruction": "chat",
-                 "preference": "preference", "text": "text"}
+                 "preference": "preference", "text": "text", "rft": "rft"}
 
 
 def default_purpose(schema: str) -> str:
-    return {"preference": "dpo", "text": "cpt"}.get(schema, "sft")
+    return {"preference": "dpo", "text": "cpt", "rft": "rft"}.get(schema, "sft")
 
 
 def _as_messages(value: str | list, role: str) -> list[dict]:
