@@ -16,9 +16,16 @@ checkpoint, resume exactness - on the tiny CPU Llama, all measured in this run.
 4. resume exactness: the job interrupted by SIGTERM at random training forward passes
    (incl. between gradient-accumulation micro-steps and at an epoch boundary), resumed from
    each emergency checkpoint, vs uninterrupted: per-step losses and final adapter equal
-   bit for bit.
+   bit for bit;
+5. "auto" against today's fixed defaults (issue 38): for the demo data (240 rows of
+   examples/datasets/make_chat_demo.py) and a file 10x larger, the hyperparameters admission
+   resolves (scheduler domain/auto.py, on a CPU shape) and today's defaults (n_epochs 3, batch 8,
+   LoRA rank 16, lr 2e-4) each train the same LoRA; holdout loss on 60 unseen rows (and the
+   untrained base's, to show how much training moved it). "Worse" has to beat run-to-run noise:
+   the defaults also train with a second seed, and auto counts as worse when its loss exceeds the
+   defaults' by more than twice that seed spread.
 
-    .venv/bin/python bench/training.py [--quick] [--rows N] [--seed S] [--keep DIR]
+    .venv/bin/python bench/training.py [--quick] [--rows N] [--seed S] [--keep DIR] [--only-auto]
 
 Last line: JSON.
 """
@@ -198,12 +205,80 @@ def resume_exactness(base: Path, data: Path, work: Path, points: int, seed: int)
     }
 
 
+# ------------------------------------------------------------------ 5. "auto" vs today's defaults
+
+
+def auto_vs_default(base: Path, work: Path, seed: int, sizes: tuple[int, ...] = (240, 2400)) -> dict:
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "examples" / "datasets"))
+    from make_chat_demo import generate_rows
+
+    from whetstone.modelkit.holdout import holdout_loss
+    from whetstone.modelkit.loading import load_model, load_tokenizer
+    from whetstone.scheduler.domain import auto, jobs as rules, resources
+    from whetstone.trainer_agent.recipes.data import read_chat_jsonl, tokenize_chat_rows
+
+    config = json.loads((base / "config.json").read_text())
+    arch = resources.model_arch("tiny-llama", config, sum(p.stat().st_size for p in base.glob("*.safetensors")))
+    rows = generate_rows(60 + sum(sizes), seed)
+    holdout = [r["messages"] for r in rows[:60]]
+    tokenizer = load_tokenizer(base)
+    defaults, _ = rules.resolve_hyperparameters("lora", {}, rules.model_defaults(arch.max_positions))
+    keep = ("n_epochs", "learning_rate", "batch_size", "gradient_accumulation_steps", "lora_r", "lora_alpha",
+            "lora_dropout", "max_seq_len", "warmup_ratio", "gradient_checkpointing")
+
+    def loss_of(name: str, data: Path, hp: dict, run_seed: int) -> tuple[float, int]:
+        cfg = training_config(name, base, data, work / name, **{k: hp[k] for k in keep if k in hp}, seed=run_seed,
+                              checkpoint_every_steps=0, checkpoint_every_minutes=0)
+        run = run_in_process(cfg, work)
+        if run.returncode != 0:
+            raise SystemExit(f"{name} failed: {run.last}")
+        from peft import PeftModel
+
+        model = PeftModel.from_pretrained(load_model(base, dtype="float32"), run.of("checkpoint")[-1]["path"]).eval()
+        loss = holdout_loss(model, tokenizer, holdout, max_len=int(hp["max_seq_len"]))["loss"]
+        shutil.rmtree(work / name, ignore_errors=True)
+        return loss, run.last["step"]
+
+    base_loss = holdout_loss(load_model(base, dtype="float32").eval(), tokenizer, holdout,
+                             max_len=int(defaults["max_seq_len"]))["loss"]
+    log(f"  untrained base: holdout loss {base_loss:.4f}")
+    out: dict = {"auto_runs": 0, "auto_worse_than_default": 0, "base_holdout_loss": round(base_loss, 5),
+                 "auto_vs_default": {}}
+    start = 60
+    for size in sizes:
+        data = write_jsonl(rows[start:start + size], work / f"auto-{size}.jsonl")
+        start += size
+        tokens = sum(len(e.input_ids) for e in tokenize_chat_rows(tokenizer, read_chat_jsonl(data), 2048, data.name))
+        resolved = auto.resolve_auto("lora", {}, defaults, arch, auto.DataFacts(size, tokens), 16.0, 1)
+        assert not isinstance(resolved, rules.Rejection), resolved
+        auto_hp, chosen = resolved
+        log(f"  {size} rows: auto " + ", ".join(f"{k}={auto_hp[k]}" for k in chosen) +
+            f"; defaults n_epochs={defaults['n_epochs']}, batch_size={defaults['batch_size']}, "
+            f"lora_r={defaults['lora_r']}, learning_rate={defaults['learning_rate']}")
+        default_loss, default_steps = loss_of(f"default-{size}", data, defaults, 42)
+        noise_loss, _ = loss_of(f"default-seed2-{size}", data, defaults, 43)
+        auto_loss, auto_steps = loss_of(f"auto-{size}", data, auto_hp, 42)
+        margin = 2 * abs(noise_loss - default_loss)
+        worse = auto_loss > default_loss + margin
+        log(f"  {size} rows: holdout loss auto {auto_loss:.4f} ({auto_steps} steps) vs defaults {default_loss:.4f} "
+            f"({default_steps} steps; seed spread {abs(noise_loss - default_loss):.4f}) -> "
+            f"{'WORSE' if worse else 'not worse'}")
+        out["auto_runs"] += 1
+        out["auto_worse_than_default"] += int(worse)
+        out["auto_vs_default"][str(size)] = {
+            "auto": {k: auto_hp[k] for k in chosen}, "auto_holdout_loss": round(auto_loss, 5),
+            "default_holdout_loss": round(default_loss, 5), "default_seed_spread": round(abs(noise_loss - default_loss), 5),
+            "auto_steps": auto_steps, "default_steps": default_steps}
+    return out
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="smaller data, one run per mode, 2 interruptions")
     parser.add_argument("--rows", type=int, default=None, help="training rows (default 400, quick 160)")
     parser.add_argument("--seed", type=int, default=7)
     parser.add_argument("--keep", type=Path, default=None, help="keep the work directory here")
+    parser.add_argument("--only-auto", action="store_true", help="only part 5: 'auto' against today's defaults")
     args = parser.parse_args(argv)
     rows = args.rows or (160 if args.quick else 400)
     work = args.keep or Path(tempfile.mkdtemp(prefix="whetstone-bench-training-"))
@@ -213,6 +288,12 @@ def main(argv: list[str] | None = None) -> int:
         from whetstone.modelkit.tiny import build_tiny_model
 
         base = build_tiny_model(work / "tiny-llama", seed=0)
+        if args.only_auto:
+            figures = auto_vs_default(base, work, args.seed)
+            figures["bench_wall_s"] = round(time.perf_counter() - started, 1)
+            log(f"target auto_worse_than_default == 0: {'met' if figures['auto_worse_than_default'] == 0 else 'MISSED'}")
+            print(json.dumps(figures))
+            return 0
         data = write_jsonl(long_tailed_rows(rows, args.seed), work / "train.jsonl")
         lengths = length_stats(base, data, 1024)
         log(f"data: {rows} chat rows, tokens per example {lengths}")
@@ -226,6 +307,8 @@ def main(argv: list[str] | None = None) -> int:
         log("resume exactness")
         chain_data = write_jsonl(long_tailed_rows(40, args.seed + 1), work / "chain.jsonl")
         figures.update(resume_exactness(base, chain_data, work, points=2 if args.quick else 5, seed=args.seed))
+        log("'auto' against today's defaults")
+        figures.update(auto_vs_default(base, work, args.seed))
         figures.update(rows=rows, example_tokens=lengths, quick=args.quick,
                        bench_wall_s=round(time.perf_counter() - started, 1))
         for key, value in figures.items():
@@ -237,6 +320,7 @@ def main(argv: list[str] | None = None) -> int:
                                                      and figures["checkpoints_at_default_cadence"] >= 1),
             "sigterm_to_durable_checkpoint_s <= 25": figures["sigterm_to_durable_checkpoint_s"] <= 25,
             "resume_exact": figures["resume_exact"],
+            "auto_worse_than_default == 0": figures["auto_worse_than_default"] == 0,
         }
         for name, ok in targets.items():
             log(f"target {name}: {'met' if ok else 'MISSED'}")

@@ -89,11 +89,11 @@ async def run(client: openai.AsyncOpenAI, other: openai.AsyncOpenAI) -> None:
                       f"job {job.id}")
     assert job.status == "succeeded", job
     # "auto", resolved at admission and echoed: 40 examples -> 3 epochs (40 x 3 >= 100), 8 per step,
-    # rank 8 for a base under 1B parameters; the user's learning rate kept
+    # rank 16 for a base under 10B parameters; the user's learning rate kept
     hp = job.method.supervised.hyperparameters
     assert (hp.n_epochs, hp.batch_size, hp.learning_rate_multiplier) == (3, 8, 50)
     extra = hp.model_extra
-    assert (extra["lora_r"], extra["lora_alpha"], extra["learning_rate"]) == (8, 16, 1e-2)
+    assert (extra["lora_r"], extra["lora_alpha"], extra["learning_rate"]) == (16, 32, 1e-2)
     assert {"n_epochs", "batch_size", "lora_r", "lora_alpha"} <= set(extra["auto"])
     assert "learning_rate" not in extra["auto"]
     assert extra["micro_batch_size"] * extra["gradient_accumulation_steps"] == 8

@@ -32,9 +32,10 @@ def test_batch_grows_with_the_data_within_8_and_256():
 
 def test_rank_and_alpha_follow_the_base_size_and_learning_rate_the_method():
     hp, chosen = resolve()
-    assert (hp["lora_r"], hp["lora_alpha"], hp["learning_rate"]) == (8, 16, 2e-4)
+    assert (hp["lora_r"], hp["lora_alpha"], hp["learning_rate"]) == (16, 32, 2e-4)
     hp7, _ = resolve(res=SEVEN_B, shapes=(Shape("A100", 1),))
     assert (hp7["lora_r"], hp7["lora_alpha"]) == (16, 32)
+    assert [auto.rank_for_size(p) for p in (5e8, 13e9, 70e9)] == [16, 32, 64]
     full, chosen_full = resolve("full")
     assert "lora_r" not in full and full["learning_rate"] == 2e-5 and "lora_r" not in chosen_full
     dpo, _ = resolve("dpo")
