@@ -34,9 +34,6 @@ async def on_checkpoint_written(rt: Runtime[EvalContext], uow: UnitOfWork, env: 
     if fencing.cancelled(fenced):   # the node wrote it before it heard the cancel: never evaluated
         rt.log.info("final checkpoint of a cancelled job not evaluated", job_id=ev.job_id, uri=ev.uri)
         return
-    if fencing.cancelled(fenced):   # the node wrote it before it heard the cancel: never evaluated
-        rt.log.info("final checkpoint of a cancelled job not evaluated", job_id=ev.job_id, uri=ev.uri)
-        return
     why = fencing.stale_reason(ev.job_id, ev.attempt, fenced, await repository.final_attempt(conn, ev.job_id))
     if why:
         raise PoisonMessage(f"final checkpoint {ev.uri} not evaluated: {why}", reason="stale_attempt")
@@ -56,18 +53,6 @@ async def on_node_fenced(rt: Runtime[EvalContext], uow: UnitOfWork, env: Envelop
     if dropped or superseded:
         rt.log.warning("fenced attempt's evaluation dropped", job_id=ev.job_id, attempt=fenced,
                        checkpoint_dropped=dropped, runs_superseded=superseded)
-
-
-async def on_job_cancelled(rt: Runtime[EvalContext], uow: UnitOfWork, env: Envelope, ev: JobCancelledV1) -> None:
-    """Cancel wins: the job is fenced whole, its final checkpoint (if it came first) dropped and its
-    evaluation, unless already answered, ends without an answer (the worker publishes nothing for a
-    checkpoint that is no longer the job's). A gang's cancel names each node: the first one does it."""
-    await fencing.record_fence(uow.conn, ev.job_id, env.tenant_id, fencing.CANCELLED)
-    dropped = await repository.forget_fenced_checkpoint(uow.conn, ev.job_id, env.tenant_id, fencing.CANCELLED)
-    superseded = await repository.supersede_job_runs(uow.conn, ev.job_id, env.tenant_id)
-    if dropped or superseded:
-        rt.log.warning("cancelled job's evaluation dropped", job_id=ev.job_id, checkpoint_dropped=dropped,
-                       runs_superseded=superseded)
 
 
 async def on_job_cancelled(rt: Runtime[EvalContext], uow: UnitOfWork, env: Envelope, ev: JobCancelledV1) -> None:

@@ -12,7 +12,6 @@ from whetstone.contracts import (
     NodeFencedV1, fine_tuned_model_for,
 )
 from whetstone.contracts import JobCancelledV1
-from whetstone.contracts import JobCancelledV1
 from whetstone.runtime import fencing
 from whetstone.runtime.messaging import UnitOfWork
 from whetstone.runtime.s3 import parse_uri, tenant_prefix

@@ -82,15 +82,6 @@ async def supersede_job_runs(conn: asyncpg.Connection, job_id: str, tenant_id: s
     return int(status.split()[-1])
 
 
-async def supersede_job_runs(conn: asyncpg.Connection, job_id: str, tenant_id: str) -> int:
-    """The job was cancelled: every own run of it that has not published never will (any attempt)."""
-    status = await conn.execute(
-        "UPDATE eval_runs SET status = 'superseded', lease_owner = NULL, lease_until = NULL, updated_at = now()"
-        " WHERE job_id = $1 AND tenant_id = $2 AND request IS NULL AND status IN ('pending', 'running')",
-        job_id, tenant_id)
-    return int(status.split()[-1])
-
-
 async def forget_fenced_checkpoint(conn: asyncpg.Connection, job_id: str, tenant_id: str, fenced: int) -> bool:
     """A kept final checkpoint of a fenced attempt is not the job's result: drop it."""
     status = await conn.execute("DELETE FROM final_checkpoints WHERE job_id = $1 AND tenant_id = $2"
