@@ -1,18 +1,15 @@
 """Request-body caps at the edge (issue 35): a route takes at most `max_body_bytes`, an upload route
 (`upload_paths`) at most `max_upload_bytes`. A declared Content-Length over the cap is refused
 before one byte is read; a body without one (chunked) is counted as it is read and refused once
-past the cap, whether it is buffered here or streamed on to the service."""
+past the cap, whether it is buffered here or streamed on to the service. A refused body is
+drained as the services drain theirs (runtime.http.drain)."""
 
 from __future__ import annotations
 
-import asyncio
-
 from whetstone.runtime.errors import ApiError
+from whetstone.runtime.http import drain
 
 from .config import GatewaySettings
-
-DRAIN_AFTER_REFUSAL = 1 << 20   # read (and drop) this much more, so a client still sending reads the 413
-DRAIN_SECONDS = 1.0
 
 
 class BodyTooLarge(Exception):
@@ -40,20 +37,6 @@ def declared_too_large(headers: dict[str, str], limit: int) -> ApiError | None:
     if not length.strip().isdigit():
         return ApiError(400, "Content-Length is not a number.", code="invalid_request")
     return too_large(limit) if int(length) > limit else None
-
-
-async def drain(receive, message: dict) -> None:
-    """Read (and drop) up to DRAIN_AFTER_REFUSAL more bytes of a refused body, for at most
-    DRAIN_SECONDS: a client still sending then reads the 413 instead of a reset, and one that
-    stops sending holds nothing."""
-    drained = 0
-    try:
-        async with asyncio.timeout(DRAIN_SECONDS):
-            while message.get("more_body") and drained < DRAIN_AFTER_REFUSAL:
-                message = await receive()
-                drained += len(message.get("body", b""))
-    except TimeoutError:
-        pass
 
 
 def counted(receive, limit: int):
