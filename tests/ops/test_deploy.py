@@ -233,8 +233,9 @@ def test_dashboards_are_provisioned_and_autoscaling_follows_lag():
     assert of_kind("ServiceMonitor") and len(of_kind("PrometheusRule")) == 2
 
 
-# the services that run tenants' graders: the scheduler (graders/run, validation) and the trainer (rewards)
-GRADER_USERS = {"scheduler", "trainer-agent"}
+# the services that run tenants' graders: the scheduler (graders/run, validation), the trainer (rewards)
+# and eval (a reinforcement job's held-out reward)
+GRADER_USERS = {"scheduler", "trainer-agent", "eval"}
 
 
 def test_one_non_root_dockerfile_per_service_with_only_its_dependencies():

@@ -66,6 +66,7 @@ class Candidate:
     holdout_missing_reason: str = "the job has no validation file and ingest produced no held-out split"
     last_adapter_dir: str | None = None
     chat: bool = True
+    reinforcement: dict | None = None       # a reinforcement job's method (grader, knobs): its holdout is graded
 
 
 @dataclass
@@ -78,6 +79,7 @@ class GateTools:
     max_len: int = 512
     lm_eval_batch_size: int = 32
     safety_max_new_tokens: int = 24
+    grader_settings: Any = None             # whetstone.graders.GraderSettings (None: from WHETSTONE_GRADERS_*)
 
 
 def _sha_file(path: Path) -> str:
@@ -129,6 +131,11 @@ class _Run:
     # ----------------------------------------------------------- stage 2
     def holdout_stage(self) -> EvalStageResult:
         p = self.policy.holdout
+        if self.c.reinforcement is not None:
+            from .rft import reward_stage
+
+            return reward_stage(self.c.reinforcement, self.c.holdout_path, self.c.holdout_missing_reason,
+                                self.c.base_sha, p, self.tools.cache, self.models, self.tools.grader_settings)
         if self.c.holdout_path is None:
             reason = self.c.holdout_missing_reason + " (never scored on training data)"
             return failed_stage("holdout", reason) if p.require_holdout else skipped_stage("holdout", reason)
@@ -210,6 +217,9 @@ class _Run:
         p = self.policy.judge
         if not self.c.chat:
             return skipped_stage("judge", "not a chat job: no pairwise judging")
+        if self.c.reinforcement is not None:
+            return skipped_stage("judge", "a reinforcement job: its held-out answers are scored by the job's own "
+                                          "grader (holdout stage), not by a pairwise judge")
         if self.tools.judge is None:
             reason = "no judge configured (WHETSTONE_EVAL_JUDGE_URL + _JUDGE_MODEL, or _JUDGE_LOCAL_MODEL)"
             return failed_stage("judge", reason) if p.required else skipped_stage("judge", reason)

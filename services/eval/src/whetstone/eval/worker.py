@@ -155,7 +155,8 @@ def _evaluate(rt: Runtime[EvalContext], claim: Claim, target: Target, last: dict
                 log.warning("last accepted adapter unusable; comparing with base only", error=str(exc))
         candidate = Candidate(job_id=target.job_id, base_dir=base.location, base_sha=base.sha256,
                               adapter_dir=str(work / "adapter"), holdout_path=holdout, last_adapter_dir=last_dir,
-                              chat=spec.get("method") not in NON_CHAT_METHODS)
+                              chat=spec.get("method") not in NON_CHAT_METHODS,
+                              reinforcement=spec.get("reinforcement") if spec.get("method") == "reinforcement" else None)
         if not spec:
             candidate.holdout_missing_reason = f"job {target.job_id} is unknown to the eval service: no validation file"
         return run_gate(candidate, policy, tools, done=done, on_stage=on_stage,

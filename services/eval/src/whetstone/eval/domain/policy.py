@@ -34,6 +34,8 @@ class HoldoutPolicy:
     require_holdout: bool = False            # no validation data: fail (True) or skip (False)
     max_rows: int = 64
     max_new_tokens: int = 24
+    min_reward_gain: float = 0.05            # reinforcement jobs: mean reward over the base's, under the job's grader
+    reward_max_new_tokens: int = 256         # ... and their completion budget (capped by the job's own)
 
 
 @dataclass(frozen=True)

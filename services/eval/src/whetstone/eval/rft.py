@@ -1,0 +1,138 @@
+"""The held-out stage of a reinforcement fine-tuning job (method `reinforcement`): the job's own
+grader (`whetstone.graders`) scores one greedy completion per held-out prompt from the candidate
+adapter and from the base, and `domain.reward.decide_reward` gates on the mean rewards
+(`reward_gate`: the candidate must beat the base by `holdout.min_reward_gain`). It takes the
+place of the reference-answer holdout stage; benchmarks and safety run as for every method, and the
+pairwise judge is skipped (the rows carry no reference answer: the grader is the judge).
+
+The held-out rows are ingest's rft rows (the job's validation file or its split): `messages`
+ending with a user turn, every other key the grader's `{{item.x}}`. The base side (completions and
+rewards) is cached per base SHA, held-out file, grader and budget, as the other stages' are."""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import json
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from whetstone.contracts import EvalStageResult
+from whetstone.graders import AnyGrader, GraderEnvironment, GraderInvalid, GraderSettings, parse_grader, run_grader
+
+from .adapters.holdout import HoldoutError
+from .domain.policy import HoldoutPolicy
+from .domain.reward import STAGE, RewardScores, decide_reward
+from .domain.stages import failed, skipped
+
+
+@dataclass(frozen=True)
+class RftRow:
+    prompt: list[dict]          # the conversation the model answers (ends with the user's turn)
+    item: dict                  # the whole row, as the grader's `item` sees it
+
+
+def _text(content: Any) -> str | None:
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list) and all(isinstance(p, dict) for p in content):
+        return "\n".join(p["text"] for p in content if p.get("type") == "text" and isinstance(p.get("text"), str))
+    return None
+
+
+def _row(obj: Any, line_no: int) -> RftRow:
+    where = f"validation file line {line_no}"
+    if not isinstance(obj, dict) or not isinstance(obj.get("messages"), list) or not obj["messages"]:
+        raise HoldoutError(f"{where}: expected an object with a non-empty 'messages' list (an rft row)")
+    prompt = []
+    for i, m in enumerate(obj["messages"]):
+        text = _text(m.get("content")) if isinstance(m, dict) else None
+        if text is None or not isinstance(m.get("role"), str):
+            raise HoldoutError(f"{where}: messages[{i}] needs a string 'role' and text 'content'")
+        prompt.append({"role": m["role"], "content": text})
+    if prompt[-1]["role"] != "user":
+        raise HoldoutError(f"{where}: the last message is {prompt[-1]['role']!r}; a reinforcement job's held-out "
+                           "prompts end with the user's turn")
+    return RftRow(prompt, obj)
+
+
+def read_rft_holdout(path: Path, limit: int) -> list[RftRow]:
+    rows: list[RftRow] = []
+    with open(path, encoding="utf-8", errors="strict") as f:
+        for line_no, line in enumerate(f, start=1):
+            if not line.strip():
+                continue
+            try:
+                obj = json.loads(line)
+            except json.JSONDecodeError as exc:
+                raise HoldoutError(f"validation file line {line_no}: not JSON ({exc.msg})") from exc
+            rows.append(_row(obj, line_no))
+            if len(rows) >= limit:
+                break
+    return rows
+
+
+def grade(grader: AnyGrader, texts: list[str], items: list[dict], settings: GraderSettings | None = None
+          ) -> tuple[list[float], int]:
+    """Each completion's reward (a grading error scores 0.0, as in OpenAI's API) and how many erred.
+    Runs its own event loop: called from the gate's worker thread."""
+    async def all_of() -> list:
+        env = GraderEnvironment(settings)
+        try:
+            return list(await asyncio.gather(*(run_grader(grader, t, i, env) for t, i in zip(texts, items))))
+        finally:
+            await env.close()
+
+    results = asyncio.run(all_of())
+    return [r.reward for r in results], sum(1 for r in results if r.metadata.errors.any())
+
+
+def _digest(value: Any) -> str:
+    return hashlib.sha256(json.dumps(value, sort_keys=True, default=str).encode()).hexdigest()[:32]
+
+
+def reward_stage(reinforcement: dict, holdout_path: Path | None, missing_reason: str, base_sha: str,
+                 policy: HoldoutPolicy, cache: Any, models: Callable[[], Any],
+                 grader_settings: GraderSettings | None = None) -> EvalStageResult:
+    """The stage's result; the models are loaded only when there is something to grade."""
+    if holdout_path is None:
+        reason = missing_reason + ": no held-out prompts to grade (never scored on training data)"
+        return failed(STAGE, reason) if policy.require_holdout else skipped(STAGE, reason)
+    try:
+        grader = parse_grader(reinforcement.get("grader"), "reinforcement.grader")
+    except GraderInvalid as exc:
+        return failed(STAGE, f"the job's grader cannot be used: {exc.param}: {exc.message}")
+    try:
+        rows = read_rft_holdout(holdout_path, policy.max_rows)
+    except (HoldoutError, UnicodeDecodeError) as exc:
+        return failed(STAGE, f"validation file unusable: {exc}")
+    if not rows:
+        reason = "validation file is empty: no held-out prompts to grade"
+        return failed(STAGE, reason) if policy.require_holdout else skipped(STAGE, reason)
+    budget = min(policy.reward_max_new_tokens, int(reinforcement.get("max_completion_tokens")
+                                                   or policy.reward_max_new_tokens))
+    prompts, items = [r.prompt for r in rows], [r.item for r in rows]
+    m = models()
+    key = (f"reward:{base_sha}:{hashlib.sha256(Path(holdout_path).read_bytes()).hexdigest()}:"
+           f"{_digest(reinforcement.get('grader'))}:{policy.max_rows}:{budget}")
+    cached = cache.get(key)
+    hit = cached is not None
+    if cached is None:
+        answers = m.generate("base", prompts, budget)
+        rewards, errors = grade(grader, answers, items, grader_settings)
+        cached = {"answers": answers, "rewards": rewards, "errors": errors}
+        cache.put(key, cached)
+    answers = m.generate("candidate", prompts, budget)
+    rewards, errors = grade(grader, answers, items, grader_settings)
+    result = decide_reward(RewardScores(grader=f"{grader.name} ({grader.type})", base=cached["rewards"],
+                                        candidate=rewards, base_errors=cached["errors"], candidate_errors=errors),
+                           policy)
+    result.details["base_cached"] = hit
+    result.details["completion_budget"] = budget
+    result.details["examples"] = [{"prompt": r.prompt[-1]["content"][:200], "base": b[:200], "candidate": c[:200],
+                                   "base_reward": br, "candidate_reward": cr}
+                                  for r, b, c, br, cr in list(zip(rows, cached["answers"], answers,
+                                                                  cached["rewards"], rewards))[:3]]
+    return result
