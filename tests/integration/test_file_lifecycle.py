@@ -6,7 +6,6 @@ a deleted, unknown, another tenant's or rejected file answers 400 at once, namin
 while a job is queued on the file answers 409 `file_in_use`; a delete that crosses a job still
 validating its file wins, and that job fails with `training_file_deleted`."""
 
-import asyncio
 import json
 import time
 
@@ -14,8 +13,6 @@ import openai
 import pytest
 
 from whetstone.devstack.testing import until, wait_until
-from whetstone.gateway.config import GatewaySettings
-from whetstone.gateway.server import start_gateway
 
 pytestmark = pytest.mark.integration
 
@@ -43,22 +40,14 @@ async def refused(client: openai.AsyncOpenAI, model: str, training_file: str, co
     return body
 
 
-async def test_a_files_life_is_honest(platform, fake_model):
-    from whetstone.cli.keys import create_key
+async def test_a_files_life_is_honest(platform, fake_model, openai_clients):
     from whetstone.ingest.bootstrap import build_service as ingest
     from whetstone.scheduler.bootstrap import build_service as scheduler
 
     async with platform(scheduler, ingest) as p:
-        gw = await start_gateway(GatewaySettings(), {"scheduler": p.url("scheduler"), "ingest": p.url("ingest")},
-                                 port=0)
-        try:
-            keys = {t: (await asyncio.to_thread(create_key, t, base_url=p.url("scheduler")))["key"]
-                    for t in ("demo", "acme")}
-            client = openai.AsyncOpenAI(base_url=f"{gw.url}/v1", api_key=keys["demo"], max_retries=0)
-            other = openai.AsyncOpenAI(base_url=f"{gw.url}/v1", api_key=keys["acme"], max_retries=0)
+        upstreams = {"scheduler": p.url("scheduler"), "ingest": p.url("ingest")}
+        async with openai_clients(upstreams, retries=(0, 0)) as (client, other):
             await files_and_jobs(p, client, other, fake_model)
-        finally:
-            await gw.stop()
 
 
 async def files_and_jobs(p, client: openai.AsyncOpenAI, other: openai.AsyncOpenAI, model: str) -> None:

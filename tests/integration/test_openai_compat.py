@@ -11,8 +11,6 @@ import pytest
 
 from whetstone.cli.dev import core_service_builders, upstreams_of
 from whetstone.devstack.testing import until
-from whetstone.gateway.config import GatewaySettings
-from whetstone.gateway.server import start_gateway
 
 pytestmark = pytest.mark.integration
 TERMINAL = ("succeeded", "failed", "cancelled")
@@ -37,22 +35,13 @@ def dpo_file() -> bytes:
     return b"".join(json.dumps(r).encode() + b"\n" for r in rows)
 
 
-async def test_official_openai_client_end_to_end(platform, settings):
-    from whetstone.cli.keys import create_key
+async def test_official_openai_client_end_to_end(platform, settings, openai_clients):
     from whetstone.modelkit.tiny import build_tiny_model
 
     await asyncio.to_thread(build_tiny_model, Path(settings.model_catalog) / "tiny-llama")
     async with platform(*core_service_builders()) as p:
-        upstreams = upstreams_of(p.runtimes.values())
-        gw = await start_gateway(GatewaySettings(), upstreams, port=0)
-        try:
-            keys = {t: (await asyncio.to_thread(create_key, t, base_url=upstreams["scheduler"]))["key"]
-                    for t in ("demo", "acme")}
-            client = openai.AsyncOpenAI(base_url=f"{gw.url}/v1", api_key=keys["demo"], max_retries=2)
-            other = openai.AsyncOpenAI(base_url=f"{gw.url}/v1", api_key=keys["acme"], max_retries=0)
+        async with openai_clients(upstreams_of(p.runtimes.values())) as (client, other):
             await run_compat(client, other)
-        finally:
-            await gw.stop()
 
 
 async def run_compat(client: openai.AsyncOpenAI, other: openai.AsyncOpenAI) -> None:

@@ -21,8 +21,6 @@ import pytest
 
 from whetstone.cli.dev import all_service_builders, upstreams_of
 from whetstone.devstack.testing import until
-from whetstone.gateway.config import GatewaySettings
-from whetstone.gateway.server import start_gateway
 
 pytestmark = pytest.mark.integration
 TERMINAL = ("succeeded", "failed", "cancelled")
@@ -35,24 +33,15 @@ def sft_rows(n: int) -> bytes:
     return b"".join(json.dumps(r).encode() + b"\n" for r in rows)
 
 
-async def test_model_ids_auto_hyperparameters_and_result_files(platform, settings, monkeypatch):
-    from whetstone.cli.keys import create_key
+async def test_model_ids_auto_hyperparameters_and_result_files(platform, settings, monkeypatch, openai_clients):
     from whetstone.modelkit.tiny import build_tiny_model
 
     monkeypatch.setenv("WHETSTONE_INGEST_MIN_EXAMPLES", "3")   # ingest's own floor (10, OpenAI's) let through
 
     await asyncio.to_thread(build_tiny_model, Path(settings.model_catalog) / "tiny-llama")
     async with platform(*all_service_builders()) as p:
-        upstreams = upstreams_of(p.runtimes.values())
-        gw = await start_gateway(GatewaySettings(), upstreams, port=0)
-        try:
-            keys = {t: (await asyncio.to_thread(create_key, t, base_url=upstreams["scheduler"]))["key"]
-                    for t in ("demo", "acme")}
-            client = openai.AsyncOpenAI(base_url=f"{gw.url}/v1", api_key=keys["demo"], max_retries=2)
-            other = openai.AsyncOpenAI(base_url=f"{gw.url}/v1", api_key=keys["acme"], max_retries=0)
+        async with openai_clients(upstreams_of(p.runtimes.values())) as (client, other):
             await run(client, other)
-        finally:
-            await gw.stop()
 
 
 async def processed(client: openai.AsyncOpenAI, data: bytes, name: str):
