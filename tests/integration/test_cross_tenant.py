@@ -301,8 +301,8 @@ async def attack(c: httpx.AsyncClient, p, upstreams: dict[str, str], runtimes, s
             leaked = [i for i in a_ids if i in r.text]
             tally.check(not leaked and r.status_code < 500, f"(a) {method} {url} leaked {leaked}: {r.status_code}")
             exempt.append((method, path, "(a) " + OWN_TENANT_ONLY[(method, path)]))
-        else:
-            tally.check(400 <= r.status_code < 500 and r.status_code != 422 and is_openai_error(r),
+        else:   # only a refusal counts: a 400 is a probe the route could not even read, not a refusal
+            tally.check(r.status_code in (403, 404) and is_openai_error(r),
                         f"(a) B's key {method} {url}: {r.status_code} {r.text[:200]}")
     http_tried, http_refused = tally.tried, tally.refused
     print(f"\nHTTP: routes={len(routes)} tried={http_tried} refused={http_refused}")
@@ -311,10 +311,10 @@ async def attack(c: httpx.AsyncClient, p, upstreams: dict[str, str], runtimes, s
 
     # -- Kafka: every consumed topic, an event naming B about A's objects
     sent = await forge_events(p, runtimes, settings, ids, model)
-    dlq = await dead_letters(settings.kafka_bootstrap, {t for _, t, _ in sent},
-                             {(e, s) for s, t, e in sent if (s, t) not in REFUSED_BY_ANSWER})
+    dlq = await dead_letters(settings.kafka_bootstrap, {t for _, t, _, _ in sent},
+                             {(e, s) for s, t, e, _ in sent if (s, t) not in REFUSED_BY_ANSWER})
     reasons: dict[str, int] = {}
-    for service, topic, event_id in sent:
+    for service, topic, event_id, expected in sent:
         if (service, topic) in REFUSED_BY_ANSWER:
             answers = [e for e in await outbox(p[service], "dataset.validated") if e["tenant_id"] == B
                        and e["payload"]["dataset_id"] == ids["file_id"] and e["payload"]["status"] == "rejected"
@@ -324,9 +324,18 @@ async def attack(c: httpx.AsyncClient, p, upstreams: dict[str, str], runtimes, s
             continue
         letter = dlq.get((event_id, service))
         reason = re.match(r"rejected \(([\w-]+)\)", letter["error"]) if letter else None
-        tally.check(reason is not None, f"{topic} -> {service}: {'no dead letter' if not letter else letter['error'][:200]}")
+        # the refusal must be for the reason the attack deserves (tenant_mismatch for another tenant's
+        # object), not any dead letter (a parse error would dead-letter too, refusing nothing)
+        tally.check(reason is not None and reason.group(1) == expected,
+                    f"{topic} -> {service}: expected {expected}, got "
+                    f"{'no dead letter' if not letter else letter['error'][:200]}")
         if reason:
             reasons[reason.group(1)] = reasons.get(reason.group(1), 0) + 1
+    preclaimed = [e for s, t, e, x in sent if t == "job.requested" and x == "tenant_mismatch"]
+    assert preclaimed, "the pre-claim case was not sent"
+    claimed = await p["scheduler"].pool.fetchval(
+        "SELECT count(*) FROM jobs WHERE job_id = $1", job_id_for(A, "a-next"))
+    tally.check(claimed == 0, f"B pre-claimed A's next job id {job_id_for(A, 'a-next')}")
     print(f"Kafka: deliveries={len(sent)} tried={tally.tried - http_tried} refused={tally.refused - http_refused}")
     print(f"  refusals by reason: {dict(sorted(reasons.items()))}")
     for topic, why in TOPIC_EXEMPT.items():
@@ -341,9 +350,9 @@ async def attack(c: httpx.AsyncClient, p, upstreams: dict[str, str], runtimes, s
     assert not changed, {k: (before[k], after[k]) for k in changed}
 
 
-async def forge_events(p, runtimes, settings, ids, model) -> list[tuple[str, str, str]]:
+async def forge_events(p, runtimes, settings, ids, model) -> list[tuple[str, str, str, str]]:
     """Send, for each (service, topic) a service consumes, one event naming tenant B about A's
-    objects; returns (service, topic, event_id) of each delivery expected to be dead-lettered."""
+    objects; returns (service, topic, event_id, the dead letter's reason expected) of each delivery."""
     boot = settings.kafka_bootstrap
     consumers: dict[str, list[str]] = {}
     for rt in runtimes:
@@ -388,17 +397,25 @@ async def forge_events(p, runtimes, settings, ids, model) -> list[tuple[str, str
         assert env is not None, f"consumed topic {topic}: no event of A's to replay and none built: add one"
         forged = env.model_copy(update={"event_id": uuid.uuid4(), "tenant_id": B, "occurred_at": now})
         await send(boot, TOPICS[topic].name, encode(forged), forged.key)
-        sent += [(s, topic, str(forged.event_id)) for s in services]
+        sent += [(s, topic, str(forged.event_id), "tenant_mismatch") for s in services]
     # job.requested: A's job by a producer without a valid token for A
     valid = producer_token(A)
     tampered = valid[:-1] + ("0" if valid[-1] != "0" else "1")   # one MAC digit changed, never left as it was
-    for token in (None, mint_producer_token(A, FORGED_SECRET), ids["revoked_token"], producer_token(B),
-                  tampered, "whp_" + "0" * 16 + f".{A}." + "0" * 32):
+    for token, reason in ((None, "producer_token_missing"), (mint_producer_token(A, FORGED_SECRET), "producer_token_forged"),
+                          (ids["revoked_token"], "producer_token_revoked"),
+                          (producer_token(B), "producer_token_tenant_mismatch"), (tampered, "producer_token_forged"),
+                          ("whp_" + "0" * 16 + f".{A}." + "0" * 32, "producer_token_forged")):
         req = JobRequestedV1(job_id=job_id_for(A, f"attack-{uuid.uuid4().hex[:6]}"), idempotency_key="attack",
                              model="tiny-llama", training_file=ids["file_id"])
         env = make_envelope(req, producer="attacker", tenant_id=A).model_copy(update={"producer_token": token})
         await send(boot, "job.requested", encode(env), env.key)
-        sent += [(s, "job.requested", str(env.event_id)) for s in consumers["job.requested"]]
+        sent += [(s, "job.requested", str(env.event_id), reason) for s in consumers["job.requested"]]
+    # the pre-claim: B's own valid token, B's envelope, the job id A's next request with key "a-next" will have
+    req = JobRequestedV1(job_id=job_id_for(A, "a-next"), idempotency_key="a-next", model="tiny-llama",
+                         training_file=ids["file_id"])
+    env = make_envelope(req, producer="attacker", tenant_id=B).model_copy(update={"producer_token": producer_token(B)})
+    await send(boot, "job.requested", encode(env), env.key)
+    sent += [(s, "job.requested", str(env.event_id), "tenant_mismatch") for s in consumers["job.requested"]]
     return sent
 
 
