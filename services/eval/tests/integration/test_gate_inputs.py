@@ -142,3 +142,32 @@ def test_local_model_judge_and_model_safety_classifier_are_parsed_strictly(tiny)
     classifier = ModelSafetyClassifier(tiny["base"])
     s = _gate(tiny, ["safety"], {"safety_classifier": classifier})["safety"]
     assert s.details["classifier"] == f"model:{tiny['base']}" and classifier.unparsable > 0
+
+
+def test_a_reinforcement_job_is_gated_by_its_own_grader_on_real_completions(tiny, tmp_path):
+    """The job's grader on greedy completions of the real base and adapter: the reference answers are
+    planted as one side's own answers, so the side the grader favours is known."""
+    from whetstone.eval.adapters.generation import Models
+    from whetstone.eval.domain.stages import verdict
+
+    prompts = [[{"role": "system", "content": "Answer briefly."}, {"role": "user", "content": f"What is {a} + 1?"}]
+               for a in range(6)]
+    models = Models(tiny["base"], tiny["adapter"])
+    answers = {side: models.generate(side, prompts, 8) for side in ("base", "candidate")}
+    assert answers["base"] != answers["candidate"]
+    grader = {"type": "string_check", "name": "same", "input": "{{sample.output_text}}",
+              "reference": "{{item.expected.text}}", "operation": "eq"}
+    spec = {"grader": grader, "max_completion_tokens": 8}
+    for favoured, status in (("candidate", "passed"), ("base", "failed")):
+        holdout = tmp_path / f"{favoured}.jsonl"
+        holdout.write_text("".join(json.dumps({"messages": p, "expected": {"text": t}}) + "\n"
+                                   for p, t in zip(prompts, answers[favoured])))
+        stages = _gate(tiny, {"holdout": True, "judge": True}, holdout=holdout, reinforcement=spec)
+        r = stages["holdout"]
+        assert r.status == status, r.reason
+        assert r.details["metric"] == "reward" and r.details["grader"] == "same (string_check)"
+        reward = {m.name: m for m in r.metrics}["holdout_reward"]
+        assert (reward.candidate if favoured == "candidate" else reward.base) == 1.0
+        assert stages["judge"].status == "skipped"
+        assert verdict(list(stages.values()))[0] == status
+    assert "does not beat the base's 1.0000" in r.reason and "quarantined" in r.reason
