@@ -135,7 +135,9 @@ def _v_rft(row: dict, line: int, facts: RowFacts) -> list[Issue]:
         if role != "user":
             at = f"messages[{len(messages) - 1}].role"
             issues.append(Issue("last_message_not_user", f"{at} is {str(role)[:40]!r}; in reinforcement fine-tuning "
-                                "the last message must be 'user' (the model writes the next turn)", line, at))
+                                "the last message must be 'user' (the model writes the next turn; a file is read as "
+                                "reinforcement data when its first row ends with a user turn or its purpose is rft)",
+                                line, at))
     return issues
 
 
