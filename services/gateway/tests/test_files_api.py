@@ -89,6 +89,13 @@ async def test_files_upload_validate_list_download_delete(platform, monkeypatch)
                 assert page["has_more"] is True and len(page["data"]) == 2
                 rest = (await c.get("/v1/files", headers=auth, params={"limit": 2, "after": page["last_id"]})).json()
                 assert rest["has_more"] is False and [x["id"] for x in rest["data"]] == [f["id"]]
+                # the platform's own purpose for reinforcement data is taken as sent
+                rft = b"".join(json.dumps({"messages": [{"role": "user", "content": f"Say {i}."}], "answer": str(i)}
+                                          ).encode() + b"\n" for i in range(12))
+                r = await c.post("/v1/files", headers=auth, data={"purpose": "rft"},
+                                 files={"file": ("rft.jsonl", rft, "application/jsonl")})
+                assert r.status_code == 200 and r.json()["dataset_purpose"] == "rft", r.text
+                assert (await c.delete(f"/v1/files/{r.json()['id']}", headers=auth)).status_code == 200
                 # download streams the exact bytes back
                 r = await c.get(f"/v1/files/{f['id']}/content", headers=auth)
                 assert r.status_code == 200 and r.content == sft

@@ -18,10 +18,10 @@ from python_multipart.multipart import parse_options_header
 from whetstone.runtime.errors import ApiError
 
 from ..domain.layouts import choose
-from ..domain.schemas import default_purpose
+from ..domain.schemas import PURPOSES, default_purpose
 
 OPENAI_PURPOSE = "fine-tune"
-PLATFORM_PURPOSES = ("sft", "dpo", "cpt", "eval")
+PLATFORM_PURPOSES = PURPOSES   # the platform's own purposes, sent instead of OpenAI's "fine-tune"
 MAX_FIELD_BYTES = 4096
 SNIFF_BYTES = 1 << 20
 
