@@ -15,8 +15,8 @@ a planted candidate trained against the inverted reward (-grader) is judged by t
 the real grader, as a job whose reward was wrong would be. Last line JSON: reward_base,
 reward_candidate, steps, wall_s, gate_verdict, inverted_gate_verdict, grader_run_ms_p99.
 
-Not the whole platform: the job is run by the recipe harness (no upload, scheduler or agent),
-because the platform's ingest has no `rft` purpose yet.
+Not the whole platform: the job is run by the recipe harness (no upload, scheduler or agent);
+tests/integration/test_rft_end_to_end.py is the path through the services.
 
     python bench/rft.py [--prompts 48] [--epochs 2] [--cache DIR]
 """
