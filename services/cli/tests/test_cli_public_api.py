@@ -55,7 +55,7 @@ async def test_cli_over_the_public_api(platform, settings, monkeypatch, capsys):
             assert code == 0 and out[-1] == f"revoked {token['id']} (tenant demo)"
 
             code, out = await asyncio.to_thread(run, "files", "upload", str(DATASET), "--wait")
-            assert code == 0 and out[-1].startswith("ds-") and "processed" in out[0]
+            assert code == 0 and out[-1].startswith("file-") and "processed" in out[0]
             file_id = out[-1]
             code, out = await asyncio.to_thread(run, "files", "get", file_id, "--json")
             assert json.loads("\n".join(out))["status"] == "processed"
@@ -97,7 +97,7 @@ async def test_cli_over_the_public_api(platform, settings, monkeypatch, capsys):
             spare.write_text(DATASET.read_text().splitlines()[0] + "\n")
             code, out = await asyncio.to_thread(run, "files", "upload", str(spare))
             code, out = await asyncio.to_thread(run, "files", "delete", out[-1])
-            assert code == 0 and out[-1].startswith("deleted ds-"), out
+            assert code == 0 and out[-1].startswith("deleted file-"), out
             code, out = await asyncio.to_thread(run, "jobs", "get", "ftjob-nope")
             assert code == 1 and "404" in out[-1], out
             # a job with an out-of-range hyperparameter: refused, the field named
