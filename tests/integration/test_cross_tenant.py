@@ -85,6 +85,8 @@ OWN_TENANT_ONLY = {
     ("GET", "/v1/usage"): "the caller's own month",
     ("GET", "/v1/base_models"): "the platform's base-model catalog: shared by design, no tenant object",
     ("GET", "/v1/base_models/{name}"): "one shared base model's versions: no tenant object",
+    ("POST", "/v1/fine_tuning/alpha/graders/validate"): "a grader is the request itself: it names no stored object",
+    ("POST", "/v1/fine_tuning/alpha/graders/run"): "grades the sample and item sent: no stored object",
 }
 # Topics with no tenant-scoped object to name (none today).
 TOPIC_EXEMPT: dict[str, str] = {}
@@ -153,6 +155,10 @@ def fill(path: str, ids: dict[str, str]) -> str:
     return PARAM.sub(value, path)
 
 
+GRADER = {"type": "string_check", "name": "same", "input": "{{sample.output_text}}", "reference": "x",
+          "operation": "eq"}
+
+
 def attack_bodies(ids: dict[str, str]) -> dict[tuple[str, str], Any]:
     """What B sends, naming A's objects, to the routes that take a body."""
     return {
@@ -172,6 +178,8 @@ def attack_bodies(ids: dict[str, str]) -> dict[tuple[str, str], Any]:
         ("POST", "/v1/webhooks"): {"url": "http://127.0.0.1:9/b"},
         ("POST", "/v1/files"): None,
         ("POST", "/internal/keys/verify"): {"key": ids["a_key"]},
+        ("POST", "/v1/fine_tuning/alpha/graders/validate"): {"grader": GRADER},
+        ("POST", "/v1/fine_tuning/alpha/graders/run"): {"grader": GRADER, "model_sample": "x", "item": {}},
     }
 
 

@@ -125,11 +125,12 @@ def routes(rt: Runtime) -> APIRouter:
 
     @r.get("/tenants/{tenant_id}")
     async def tenant_usage(tenant_id: str, caller: Caller = require("read"),
-                           month: str = Query(..., pattern=r"^\d{4}-\d{2}$")) -> dict:
+                           month: str | None = Query(None, pattern=r"^\d{4}-\d{2}$")) -> dict:
+        """One tenant's month (default: the current one); a tenant's own admin key, or an operator."""
         if tenant_id != caller.tenant_id and not caller.operator:   # a tenant's admin key sees its own tenant
             raise HTTPException(404, {"code": "unknown_tenant", "message": f"no usage for tenant {tenant_id}",
                                       "param": "tenant_id"})
-        return await month_of(tenant_id, month)
+        return await month_of(tenant_id, month or datetime.now(UTC).strftime("%Y-%m"))
 
     async def month_of(tenant_id: str, month: str) -> dict:
         async with rt.uow() as uow:
