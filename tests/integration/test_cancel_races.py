@@ -182,5 +182,8 @@ async def test_an_assignment_arriving_after_its_cancel_never_runs(platform, sett
         assert await wait_until(recorded, 30, "the assignment recorded") == "cancelled"
         await asyncio.sleep(2.5)   # two supervisor rounds: it is never claimed
         assert await recorded() == "cancelled" and not agent.ctx.node.segments
-        for topic in ("job.started", "job.failed", "job.completed"):
+        for topic in ("job.started", "job.completed"):
             assert not [e for e in await outbox(agent, topic) if e["payload"]["job_id"] == "ftjob-late"], topic
+        # one report that the attempt never started (no segment), so metering closes the usage at once
+        [failed] = [e["payload"] for e in await outbox(agent, "job.failed") if e["payload"]["job_id"] == "ftjob-late"]
+        assert failed["code"] == "cancelled" and failed["segment_id"] is None and failed["attempt"] == 1, failed

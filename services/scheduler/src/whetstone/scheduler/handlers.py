@@ -53,7 +53,7 @@ async def lifecycle_job(rt: Rt, store: JobStore, env: Envelope, ev: Lifecycle, *
         rt.log.warning("event for unknown job", job_id=job_id)
         return None
     if job.status == rules.CANCELLED:   # cancel won: what its nodes still report changes nothing
-        rt.log.info("event of a cancelled job ignored", job_id=job_id, event=env.event_type, segment_id=segment)
+        rt.log.info("event of a cancelled job ignored", job_id=job_id, event_type=env.event_type, segment_id=segment)
         return None
     if why := job.stale(segment, ev.attempt, stop_report=stop_report):
         raise PoisonMessage(f"{env.event_type}: {why}", reason="stale_attempt")

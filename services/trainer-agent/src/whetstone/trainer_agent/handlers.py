@@ -18,6 +18,7 @@ from whetstone.contracts import (
     Envelope,
     JobAssignedV1,
     JobCancelledV1,
+    JobFailedV1,
     JobPreemptedV1,
     JobPreemptRequestedV1,
     NodeFencedV1,
@@ -46,6 +47,7 @@ async def on_job_assigned(rt: AgentRuntime, uow: UnitOfWork, env: Envelope, ev: 
                                 reason="tenant_mismatch")
     if not await ctx.runs.add_assignment(uow.conn, env, ev):
         rt.log.info("assignment of a job cancelled here: not run", job_id=ev.job_id, segment_id=ev.segment_id)
+        await report_unstarted_cancel(rt, uow, env, ev.job_id, ev.attempt)
         return
     if ctx.node.stopping:  # arrived while draining: hand it straight back to the scheduler
         if await ctx.runs.hand_back(uow.conn, ev.segment_id):
@@ -57,11 +59,21 @@ async def on_job_assigned(rt: AgentRuntime, uow: UnitOfWork, env: Envelope, ev: 
     ctx.node.wakeup.set()
 
 
+async def report_unstarted_cancel(rt: AgentRuntime, uow: UnitOfWork, env: Envelope, job_id: str,
+                                  attempt: int) -> None:
+    """An attempt this node was given but never started ends with job.failed (user, cancelled) and no
+    segment: metering then knows the attempt used nothing and closes the job's usage without waiting."""
+    await uow.publish(JobFailedV1(job_id=job_id, segment_id=None, node_id=rt.ctx.config.node_id, attempt=attempt,
+                                  stopped_at=rt.clock(), error_class="user", code="cancelled",
+                                  message="cancelled by user before the attempt started"),
+                      tenant_id=env.tenant_id, trace_id=env.trace_id)
+
+
 async def on_job_cancelled(rt: AgentRuntime, uow: UnitOfWork, env: Envelope, ev: JobCancelledV1) -> None:
     """Cancel wins whatever the order the node hears things in:
     - the cancel is remembered first, so an assignment of the job arriving after it (another topic)
       is recorded as cancelled and never claimed;
-    - an assignment not started yet is dropped;
+    - an assignment not started yet is dropped, and reported as job.failed (cancelled) with no segment;
     - a segment already claimed is marked cancelled: before its process starts it ends without
       launching; a running process group is killed at once (SIGKILL: a cancelled job's work is worth
       nothing, so no step, emergency checkpoint or upload is spent on it). The segment reports
@@ -71,8 +83,9 @@ async def on_job_cancelled(rt: AgentRuntime, uow: UnitOfWork, env: Envelope, ev:
     if ev.node_id not in (None, node):
         return
     await ctx.runs.remember_cancel(uow.conn, ev.job_id, env.tenant_id, ev.attempt)
-    if await ctx.runs.cancel_assigned(uow.conn, ev.job_id, node):
-        rt.log.info("assignment cancelled before start", job_id=ev.job_id)
+    for attempt in await ctx.runs.cancel_assigned(uow.conn, ev.job_id, node):
+        rt.log.info("assignment cancelled before start", job_id=ev.job_id, attempt=attempt)
+        await report_unstarted_cancel(rt, uow, env, ev.job_id, attempt)
     if not await ctx.runs.running_count(uow.conn, ev.job_id, node) and not ctx.node.segments_of(ev.job_id):
         return
     ctx.node.cancelled.add(ev.job_id)

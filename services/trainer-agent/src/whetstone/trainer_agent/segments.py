@@ -99,10 +99,10 @@ class Segment:
         """The event (and `also`) and the run's new state, in one transaction (nothing once the segment
         is fenced; no progress, checkpoint or completion once its job is cancelled)."""
         if self.fenced_by_scheduler:
-            self.rt.log.info("segment fenced: event not published", job_id=self.job_id, event=event.EVENT_TYPE)
+            self.rt.log.info("segment fenced: event not published", job_id=self.job_id, event_type=event.EVENT_TYPE)
             return
         if self.cancelled and isinstance(event, CANCEL_VOIDS):
-            self.rt.log.info("job cancelled: event not published", job_id=self.job_id, event=event.EVENT_TYPE)
+            self.rt.log.info("job cancelled: event not published", job_id=self.job_id, event_type=event.EVENT_TYPE)
             return
         async with self.rt.uow() as uow:
             for ev in (event, *also):

@@ -59,12 +59,12 @@ class RunStore:
             " WHERE node_id = $1 AND status = 'assigned' RETURNING *", node_id)
         return [Run.from_row(r) for r in rows]
 
-    async def cancel_assigned(self, conn: asyncpg.Connection, job_id: str, node_id: str) -> list[str]:
-        """Assignments of the job not started yet are dropped; returns their segment ids."""
+    async def cancel_assigned(self, conn: asyncpg.Connection, job_id: str, node_id: str) -> list[int]:
+        """Assignments of the job not started yet are dropped; returns their attempts."""
         rows = await conn.fetch(
             "UPDATE runs SET status = 'cancelled', finished_at = now() WHERE job_id = $1 AND node_id = $2"
-            " AND status = 'assigned' RETURNING segment_id", job_id, node_id)
-        return [r["segment_id"] for r in rows]
+            " AND status = 'assigned' RETURNING attempt", job_id, node_id)
+        return [r["attempt"] for r in rows]
 
     async def fence(self, conn: asyncpg.Connection, node_id: str, job_id: str, attempt: int,
                     segment_id: str | None) -> list[Run]:
