@@ -5,12 +5,13 @@ import pytest
 
 from whetstone.runtime.errors import ApiError
 from whetstone.scheduler.requests import CreateJob, to_request
+from whetstone.scheduler.rft import environment
 
 pytestmark = pytest.mark.unit
 
 
 def req(**body):
-    return to_request(CreateJob(model="m", training_file="file-1", **body), "ftjob-x", "k")
+    return to_request(CreateJob(model="m", training_file="file-1", **body), "ftjob-x", "k", environment())
 
 
 def refused(**body) -> ApiError:

@@ -8,7 +8,7 @@ from datetime import UTC, datetime
 from fastapi import APIRouter
 from whetstone.runtime.service import Runtime, Service
 
-from . import api, graders_api, handlers, keys_api, merges, result_files, templates, training_files, watchers, webhooks
+from . import api, graders_api, handlers, keys_api, merges, result_files, rft, templates, training_files, watchers, webhooks
 from .adapters.catalog import ModelCatalog
 from .adapters.metrics import SchedulerMetrics
 from .adapters.migrations import MIGRATIONS
@@ -32,7 +32,8 @@ def routes(rt: Runtime[SchedulerContext]) -> APIRouter:
 def build_service(config: SchedulerSettings | None = None, clock: Clock = utc_now) -> Service[SchedulerContext]:
     config = config or SchedulerSettings()
     ctx = SchedulerContext(config=config, policy=config.policy(), clock=clock, metrics=SchedulerMetrics(),
-                           loop=SchedulingLoop(), models=ModelCatalog(hub_models=config.hub_models))
+                           loop=SchedulingLoop(), models=ModelCatalog(hub_models=config.hub_models),
+                           graders=rft.environment())
     background = [ctx.loop.run, watchers.watch_lost_nodes, watchers.watch_timeouts, watchers.expire_waiting_jobs,
                   webhooks.send_webhooks]
     if config.k8s_inventory:

@@ -6,6 +6,8 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from datetime import datetime
 
+from whetstone.graders import GraderEnvironment
+
 from .adapters.catalog import ModelCatalog
 from .adapters.metrics import SchedulerMetrics
 from .adapters.webhooks import system_resolve
@@ -26,5 +28,6 @@ class SchedulerContext:
     metrics: SchedulerMetrics
     loop: SchedulingLoop
     models: ModelCatalog             # resolved base models (weights hashed once per version)
+    graders: GraderEnvironment       # the operator's grader settings, sandbox and judges (RFT, graders API)
     forecasts: dict[str, Forecast] = field(default_factory=dict)   # queue position and start, from the last cycle
     resolve_host: Resolver = system_resolve   # webhook hosts; injected in tests (a name -> a loopback receiver)

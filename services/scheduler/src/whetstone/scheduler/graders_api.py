@@ -27,7 +27,6 @@ from whetstone.runtime.errors import ApiError
 from whetstone.runtime.identity import Caller, require
 from whetstone.runtime.service import Runtime
 
-from .rft import environment
 
 MAX_SAMPLE_CHARS = 1 << 20
 
@@ -58,9 +57,9 @@ def checked(env: GraderEnvironment, data: dict[str, Any]):
     return grader
 
 
-def routes(rt: Runtime[Any], env: GraderEnvironment | None = None) -> APIRouter:
+def routes(rt: Runtime[Any]) -> APIRouter:
     r = APIRouter(prefix="/v1/fine_tuning/alpha/graders")
-    graders = env or environment()   # shared with reinforcement jobs' validation
+    graders: GraderEnvironment = rt.ctx.graders   # shared with reinforcement jobs' validation
 
     @r.post("/validate")
     async def validate_grader(body: ValidateGrader, _: Caller = require("read")) -> dict:

@@ -17,6 +17,7 @@ from typing import Annotated, Any, Literal
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, StringConstraints, ValidationError
 
 from whetstone.contracts import Hyperparameters, JobRequestedV1, ResourceRequest
+from whetstone.graders import GraderEnvironment
 from whetstone.runtime.errors import ApiError
 
 from .domain import jobs as rules
@@ -139,7 +140,7 @@ def hyperparameters(method: str, given: dict[str, Any], param: str) -> Hyperpara
         raise bad(param, str(exc)) from exc
 
 
-def to_request(body: CreateJob, job_id: str, key: str) -> JobRequestedV1:
+def to_request(body: CreateJob, job_id: str, key: str, graders: GraderEnvironment) -> JobRequestedV1:
     if not 1 <= len(key) <= 255:
         raise bad("Idempotency-Key", "must be 1 to 255 characters")
     if not body.model:
@@ -163,7 +164,7 @@ def to_request(body: CreateJob, job_id: str, key: str) -> JobRequestedV1:
         if body.hyperparameters:
             raise bad("hyperparameters", "a reinforcement job takes its hyperparameters under "
                       "method.reinforcement.hyperparameters")
-        spec = reinforcement_spec(body.method.reinforcement)
+        spec = reinforcement_spec(body.method.reinforcement, graders)
         given.update(n_epochs=spec.n_epochs, learning_rate=spec.learning_rate, batch_size=spec.batch_size)
     return JobRequestedV1(job_id=job_id, idempotency_key=key, model=body.model, training_file=body.training_file,
                           validation_file=body.validation_file, method=method,

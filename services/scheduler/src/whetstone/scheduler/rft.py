@@ -17,23 +17,17 @@ from whetstone.graders import GraderEnvironment, GraderInvalid, GraderSettings, 
 from whetstone.graders.rft import parse_method
 from whetstone.runtime.errors import ApiError
 
-_environment: GraderEnvironment | None = None
-
-
 def environment() -> GraderEnvironment:
-    """The process's grader environment (operator settings, python sandbox, judge HTTP client)."""
-    global _environment
-    if _environment is None:
-        _environment = GraderEnvironment(GraderSettings())
-    return _environment
+    """A grader environment from the operator's settings (python sandbox, judge HTTP client); the
+    scheduler builds one at start-up (SchedulerContext.graders)."""
+    return GraderEnvironment(GraderSettings())
 
 
-def reinforcement_spec(data: Any, env: GraderEnvironment | None = None) -> ReinforcementSpec:
+def reinforcement_spec(data: Any, env: GraderEnvironment) -> ReinforcementSpec:
     if not isinstance(data, dict):
         raise ApiError(400, "method.reinforcement: required with method.type 'reinforcement' "
                             "({\"grader\": {...}, \"hyperparameters\": {...}})", code="missing_required_parameter",
                        param="method.reinforcement")
-    env = env or environment()
     try:
         plan = parse_method(data, "method.reinforcement")
         validate(plan.grader, env.settings, env.sandbox, "method.reinforcement.grader")

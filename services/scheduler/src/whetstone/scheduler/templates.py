@@ -12,6 +12,7 @@ from typing import Any
 import yaml
 from fastapi import APIRouter, Request
 from pydantic import ValidationError
+from whetstone.graders import GraderEnvironment
 from whetstone.runtime.errors import ApiError
 from whetstone.runtime.identity import Caller, require
 from whetstone.runtime.models import UnknownModel
@@ -82,13 +83,13 @@ def parse_body(raw: bytes, content_type: str) -> Any:
         raise bad("body", f"not valid {'YAML' if 'yaml' in content_type else 'JSON'}{line}: {exc}") from exc
 
 
-def validate(fields: dict[str, Any]) -> None:
+def validate(fields: dict[str, Any], graders: GraderEnvironment) -> None:
     """The rules of a job create, on the template's fields (a placeholder stands in for the file)."""
     try:
         body = CreateJob.model_validate({**fields, "training_file": "file-template-check"})
     except ValidationError as exc:
         raise invalid(exc) from exc
-    to_request(body, "job-template-check", "template-check")
+    to_request(body, "job-template-check", "template-check", graders)
 
 
 async def resolve(rt: Rt, tenant_id: str, body: CreateJob) -> tuple[CreateJob, dict[str, Any] | None]:
@@ -124,7 +125,7 @@ def routes(rt: Rt) -> APIRouter:
             name, fields = rules.split_body(parsed)
         except rules.TemplateError as exc:
             raise bad(exc.param, exc.message) from exc
-        validate(fields)
+        validate(fields, rt.ctx.graders)
         try:   # the base model must exist, as for a job create (sizes are checked when a job names it)
             await rt.ctx.models.resolve(fields["model"], rt.settings.model_catalog)
         except UnknownModel as exc:
