@@ -69,7 +69,7 @@ bench-observability: venv
 bench-api: venv
 	$(BIN)/python bench/api.py $(ARGS)
 
-# issue 35: tenant B abuses every shared edge while tenant A works; last line JSON
+# tenant B abuses every shared edge while tenant A works; last line JSON
 .PHONY: bench-abuse
 bench-abuse: venv
 	$(BIN)/python bench/abuse.py $(ARGS)

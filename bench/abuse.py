@@ -1,4 +1,4 @@
-"""Abuse benchmark (issue 35): two tenants on the embedded stack, the scheduler and the gateway in
+"""Abuse benchmark: two tenants on the embedded stack, the scheduler and the gateway in
 processes of their own (as bench/api.py). Tenant A submits jobs and reads them, first alone
 (quiet), then while tenant B runs every abuse (abused): event streams held open, 50 requests/s,
 a 200 MB JSON body, a chunked body without end, a YAML alias bomb, webhooks for loopback / private /

@@ -1,4 +1,4 @@
-"""Grader run latency per grader type (issue 36's targets: p99 <= 50 ms for string_check and
+"""Grader run latency per grader type (targets: p99 <= 50 ms for string_check and
 text_similarity, <= 500 ms for a sandboxed python grader).
 
 Two measurements per type, one request at a time: `engine` calls `run_grader` in this process;

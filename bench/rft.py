@@ -1,4 +1,4 @@
-"""Reinforcement fine-tuning on this CPU (issue 36's bench-rft), with the recipe the trainer agent runs.
+"""Reinforcement fine-tuning on this CPU, with the recipe the trainer agent runs.
 
 Task: answer any prompt with the row's `target` ("the the the the the the the the"). Grader: a
 multi grader, 0.5 x `fuzzy_match` + 0.5 x `rouge_1` between `{{sample.output_text}}` and

@@ -17,7 +17,7 @@ checkpoint, resume exactness - on the tiny CPU Llama, all measured in this run.
    (incl. between gradient-accumulation micro-steps and at an epoch boundary), resumed from
    each emergency checkpoint, vs uninterrupted: per-step losses and final adapter equal
    bit for bit;
-5. "auto" against today's fixed defaults (issue 38): for the demo data (240 rows of
+5. "auto" against today's fixed defaults: for the demo data (240 rows of
    examples/datasets/make_chat_demo.py) and a file 10x larger, the hyperparameters admission
    resolves (scheduler domain/auto.py, on a CPU shape) and today's defaults (n_epochs 3, batch 8,
    LoRA rank 16, lr 2e-4) each train the same LoRA; holdout loss on 60 unseen rows (and the

@@ -1,4 +1,4 @@
-"""Vision benchmark, ingest half (issue 37): the full data gate on 10,000 generated images with a
+"""Vision benchmark, ingest half: the full data gate on 10,000 generated images with a
 share of planted bad ones.
 
 1. generate N image examples (default 10,000) of a visual task a tiny VLM can learn and text alone
@@ -16,7 +16,7 @@ share of planted bad ones.
 
     .venv/bin/python bench/vision.py [--examples N] [--bad-share 0.03] [--seed S] [--keep DIR]
 
-Targets (issue 37): ingest_images_per_s >= 500, bad_images_refused == bad_images_planted,
+Targets: ingest_images_per_s >= 500, bad_images_refused == bad_images_planted,
 good_images_refused == 0, peak_rss_mb <= 1024 (the gate's process and its largest worker).
 3. the training half (bench/vision_train.py, skipped with --no-train): the tiny LLaVA is trained on
    generated pictures of the same task through the trainer agent's vision recipe (LoRA on the language

@@ -1,4 +1,4 @@
-"""Vision benchmark, training half (issue 37): the tiny LLaVA learns "what colour is the shape?" on this CPU.
+"""Vision benchmark, training half: the tiny LLaVA learns "what colour is the shape?" on this CPU.
 
 The examples are bench/vision.py's generated pictures (a circle, square or triangle in one of 6 colours on a
 noisy background), good ones only. The job runs through the trainer agent's vision recipe as the agent runs
@@ -9,7 +9,7 @@ question is the same sentence, so a blind model is at chance (1/6) at best.
 
     .venv/bin/python bench/vision_train.py [--train 600] [--heldout 120] [--epochs 3] [--seed S]
 
-Target (issue 37): accuracy_candidate >= 0.9 with the base near chance. Last line: JSON.
+Target: accuracy_candidate >= 0.9 with the base near chance. Last line: JSON.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""The web console in headless Chromium against the real platform (issue 39): sign in with a key,
+"""The web console in headless Chromium against the real platform: sign in with a key,
 upload files and read a refusal by its line number, start a job and watch its loss chart gain points
 live, read the eval verdict, promote the model, sign out; another tenant sees none of it; CSRF,
 read-only keys, revoked keys and hostile names."""

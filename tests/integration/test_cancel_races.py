@@ -1,4 +1,4 @@
-"""Issue 33, point 1: cancel wins every race. A cancel accepted in any state before `succeeded`
+"""Cancel wins every race. A cancel accepted in any state before `succeeded`
 (validating_files, queued, provisioning, running, evaluating) leaves the job cancelled, registers
 and serves no model of it, and usage closes it as cancelled with exactly the GPU-seconds its
 segments ran. The six real services on the embedded stack, a tiny model that really trains.
@@ -117,7 +117,7 @@ async def test_cancel_wins_in_every_state_before_succeeded(platform, settings, t
         await cancel(s, prov["id"])
         await closed_usage(m, prov["id"])
 
-        # evaluating: training finished, the gate is running; before, this answered 409 not_cancellable
+        # evaluating: training finished, the gate is running; the cancel is still accepted
         ev = await create(s, quick, "cancel-e")
         await reach(s, ev["id"], ("evaluating",), 240)
         await cancel(s, ev["id"])
@@ -155,8 +155,8 @@ async def _progressed(s: httpx.AsyncClient, job_id: str) -> bool | None:
 
 async def test_an_assignment_arriving_after_its_cancel_never_runs(platform, settings):
     """job.cancelled and job.assigned travel on different topics: a node may hear the cancel first.
-    Before, it forgot the cancel (nothing of the job ran here yet) and trained the assignment when it
-    came. Now the cancel is remembered and the assignment recorded as cancelled, never claimed."""
+    The cancel is remembered (nothing of the job ran here yet), so the assignment arriving after it is
+    recorded as cancelled and never claimed."""
     from whetstone.trainer_agent.bootstrap import build_service as trainer_svc
 
     async with platform(trainer_svc) as p:

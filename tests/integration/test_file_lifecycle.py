@@ -1,4 +1,4 @@
-"""Issue 33, point 2: a file's life is honest. The official `openai` client against the gateway, with
+"""A file's life is honest. The official `openai` client against the gateway, with
 ingest and the scheduler on the embedded stack (no trainer: a queued job stays queued).
 
 Each upload is its own file (identical bytes too); deleting one leaves the other whole. A create naming

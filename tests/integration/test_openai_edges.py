@@ -1,4 +1,4 @@
-"""What an OpenAI client sees at the edges of the API (issue 33, point 3), through the gateway with the
+"""What an OpenAI client sees at the edges of the API, through the gateway with the
 official `openai` client: chat parameters the server does not implement are refused with a 400 naming
 the parameter (never silently ignored), unknown routes answer in OpenAI's error shape, and every
 refusal, the services' own 403s included, is counted in `whetstone_refused_total`."""

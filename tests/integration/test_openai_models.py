@@ -1,5 +1,5 @@
 """OpenAI's model ids, results files and "auto" hyperparameters through the real platform, with the official
-`openai` client on the gateway (issue 38 points 2, 3, 4; issue 33 point 3's base models):
+`openai` client on the gateway:
 
 - `/v1/models` lists the platform's base and, once trained, the job's model under the job's
   `fine_tuned_model`; `models.retrieve(job.fine_tuned_model)` and `models.delete(...)` (archive) work;

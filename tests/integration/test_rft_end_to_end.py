@@ -1,5 +1,5 @@
 """A reinforcement fine-tuning job end to end through the real platform with the official `openai`
-client (issue 36): RFT files uploaded with OpenAI's purpose "fine-tune" (messages ending with a user
+client: RFT files uploaded with OpenAI's purpose "fine-tune" (messages ending with a user
 turn, the item's fields beside them) are validated as rft data; the job (`method.type ==
 "reinforcement"`, a text_similarity grader) trains with GRPO on the trainer agent; the eval gate
 grades the held-out prompts (ingest's split of the training file: the scheduler does not pass a job's

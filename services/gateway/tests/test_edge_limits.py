@@ -1,4 +1,4 @@
-"""Bodies and fields are bounded at the edge and at the service (issue 35 point 2), on a real
+"""Bodies and fields are bounded at the edge and at the service, on a real
 embedded stack: a 200 MB declared body is a 413 before it is read (the gateway and the service
 port alike), a streamed one is counted, every field of a job create has a maximum, and the
 service ports serve no API documents and no error text on /healthz."""

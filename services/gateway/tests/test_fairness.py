@@ -1,4 +1,4 @@
-"""Fair sharing of the edge (issue 35 point 3), on the real embedded stack behind a real gateway:
+"""Fair sharing of the edge, on the real embedded stack behind a real gateway:
 a tenant's stream past its cap is a 429 while another tenant's stream still opens (and its own
 ordinary requests still pass); a tenant's requests past its in-flight cap are refused while
 another tenant's pass; a tenant's rate is its own, whatever its number of keys."""

@@ -1,4 +1,4 @@
-"""The restricted unpickler of DeepSpeed states (issue 35 point 8) admits an explicit list of
+"""The restricted unpickler of DeepSpeed states admits an explicit list of
 globals, judged by name before any module is imported: a torch module class or an unknown module
 is refused, and the unknown module is never imported."""
 

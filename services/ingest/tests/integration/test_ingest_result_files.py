@@ -1,4 +1,4 @@
-"""Results files from the bus (issue 38 point 4): ingest keeps each step's figures from job.progress and
+"""Results files from the bus: ingest keeps each step's figures from job.progress and
 checkpoint.written, and when training ends the job's CSV becomes a file of the tenant's (purpose
 fine-tune-results), announced on file.created and readable with the official client's files.content."""
 

@@ -1,4 +1,4 @@
-"""The results CSV (issue 38 point 4): OpenAI's columns first, the platform's after, one row per step."""
+"""The results CSV: OpenAI's columns first, the platform's after, one row per step."""
 
 import csv
 import io

@@ -195,7 +195,7 @@ def test_any_delivery_order_gives_the_ground_truth(seed):
 
 
 def test_a_cancel_wins_over_a_racing_completion_and_closes_once_its_attempts_are_accounted():
-    """Issue 33: a completion the node sent before it heard the cancel does not book the job as a
+    """A completion the node sent before it heard the cancel does not book the job as a
     success; the total waits only for the attempts the scheduler assigned, not for the grace."""
     job, (s1,) = job_and("s1")
     s1.see_start(start("s1", 1, 0))

@@ -1,4 +1,4 @@
-"""A service's HTTP edge (issue 35): a body over the cap is a 413 in OpenAI's shape, before it is
+"""A service's HTTP edge: a body over the cap is a 413 in OpenAI's shape, before it is
 read when Content-Length says so, once past the cap when it streams; uploads pass under their own
 limit; /docs and /openapi.json are off unless asked for; /healthz names no error text. On a real
 uvicorn server on loopback."""

@@ -1,4 +1,4 @@
-"""Dead letters keep no credential (issue 35 point 6): a producer token's MAC and an API key's
+"""Dead letters keep no credential: a producer token's MAC and an API key's
 secret are redacted; the token id and key id stay, so an operator can still tell which it was."""
 
 import hashlib

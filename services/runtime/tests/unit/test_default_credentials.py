@@ -1,5 +1,5 @@
 """Services refuse to start with the dev stack's default S3 credentials anywhere but on the dev
-stack's loopback object store (issue 35 point 8)."""
+stack's loopback object store."""
 
 import pytest
 from whetstone.runtime.settings import CommonSettings, check_credentials

@@ -1,4 +1,4 @@
-"""What a tenant may name as a base model (issue 35 point 4): a catalog name or an allow-listed Hub
+"""What a tenant may name as a base model: a catalog name or an allow-listed Hub
 id, never a path; a refusal never shows where the catalog lives."""
 
 import pytest

@@ -1,4 +1,4 @@
-"""No producer can claim another tenant's job id (issue 35 points 6 and 9): a `job.requested` with a
+"""No producer can claim another tenant's job id: a `job.requested` with a
 valid producer token of its own tenant, naming the job id another tenant's idempotency key gives
 (a pre-claim), is dead-lettered as tenant_mismatch and creates no job; the same producer's own job
 (its job id derived from its own tenant and key) is admitted. Real embedded stack."""

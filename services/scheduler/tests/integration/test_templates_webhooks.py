@@ -207,7 +207,7 @@ async def serve(*receivers: Receiver) -> web.AppRunner:
     return runner
 
 
-# issue 35: what a tenant once got a 200 for; each must be refused at registration, never stored
+# addresses inside the platform or the network: each must be refused at registration, never stored
 INSIDE = ["http://127.0.0.1:8100/internal/keys/verify", "http://169.254.169.254/latest/meta-data/",
           "http://[::1]:8000/", "http://0x7f000001:8104/", "http://2130706433:8100/", "http://10.0.0.1/",
           "http://[::ffff:127.0.0.1]:8100/", "http://localhost:8100/", "http://scheduler:8100/"]

@@ -1,4 +1,4 @@
-"""A training file with images needs a base model that sees (issue 37): a text-only base is refused at
+"""A training file with images needs a base model that sees: a text-only base is refused at
 admission with the reason (at once when the file's verdict is known, or when it arrives), a
 vision-language base (a config with `vision_config` and an image processor) is admitted."""
 

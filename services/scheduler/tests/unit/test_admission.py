@@ -69,7 +69,7 @@ def test_state_machine():
     for terminal in J.TERMINAL:
         assert not any(J.can_transition(terminal, t) for t in J.TRANSITIONS)
     assert not J.can_transition(J.FAILED, J.QUEUED)                      # failed is never re-queued
-    assert J.transition(J.EVALUATING, J.CANCELLED) == J.CANCELLED       # cancel wins before succeeded (issue 33)
+    assert J.transition(J.EVALUATING, J.CANCELLED) == J.CANCELLED       # cancel wins before succeeded
     with pytest.raises(J.InvalidTransition):
         J.transition(J.SUCCEEDED, J.CANCELLED)
 

@@ -1,4 +1,4 @@
-"""'auto' hyperparameters from the data and the model (issue 38 point 3): pure rules."""
+"""'auto' hyperparameters from the data and the model: pure rules."""
 
 import pytest
 

@@ -119,7 +119,7 @@ def test_completion_evaluation_and_the_registered_model():
     stages = [{"name": "holdout", "status": "passed", "reason": "ok"}, {"name": "safety", "status": "failed",
                                                                          "reason": "refusals"}]
     assert job.evaluated(T0, "failed", ["safety"], {"verdict": "failed", "stages": stages}, stages)
-    # issue 33: `succeeded` only once the model is registered, so a poller never reads fine_tuned_model=None
+    # `succeeded` only once the model is registered, so a poller never reads fine_tuned_model=None
     assert job.status == rules.EVALUATING and job.public_status == "running" and job.eval["verdict"] == "failed"
     assert [n.level for n in job.notes if "eval stage" in n.message] == ["info", "warning"]
     job.model_registered(T0, "demo-m-ft-1", "mdl-1")

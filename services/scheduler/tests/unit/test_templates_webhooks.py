@@ -72,7 +72,7 @@ def test_backoff_grows_and_attempts_run_out():
     assert webhooks.outcome(302, 1, 5) == "pending"
 
 
-# ------------------------------------------------------------------ where a webhook may point (issue 35)
+# ------------------------------------------------------------------ where a webhook may point
 
 INSIDE = ["http://127.0.0.1:8100/internal/keys/verify", "http://169.254.169.254/latest/meta-data/",
           "http://[::1]:8000/", "http://0x7f000001:8104/", "http://2130706433/", "http://0177.0.0.1/", "http://127.1/",
@@ -147,7 +147,7 @@ def test_only_a_status_class_is_told():
         ["HTTP 2xx", "HTTP 3xx", "HTTP 4xx", "HTTP 5xx", "HTTP ?"]
 
 
-# ------------------------------------------------------------------ no parser bombs (issue 35 point 2)
+# ------------------------------------------------------------------ no parser bombs
 
 def yaml_bomb(levels: int) -> str:
     """The billion-laughs shape: each level names the previous one nine times (a few hundred bytes)."""

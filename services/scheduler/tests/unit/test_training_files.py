@@ -1,4 +1,4 @@
-"""Which training files a job may name (issue 33 point 2): the pure rule and the file ids it trusts."""
+"""Which training files a job may name: the pure rule and the file ids it trusts."""
 
 import pytest
 

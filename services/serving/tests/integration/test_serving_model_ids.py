@@ -1,4 +1,4 @@
-"""OpenAI's model ids in serving (issue 38 point 2, issue 33 point 3), on the real embedded stack with the
+"""OpenAI's model ids in serving, on the real embedded stack with the
 official `openai` client: a version answers to its public id (`fine_tuned_model`), a checkpoint of its
 job to `<fine_tuned_model>:ckpt-step-<N>` (its own weights, once the job's model is live), and the served
 base model to its catalog name (the base alone, no adapter)."""

@@ -69,7 +69,7 @@ class Gateway:
         verify_url = f"{self.upstreams['scheduler']}/internal/keys/verify" if "scheduler" in self.upstreams else None
         self.keys = KeyVerifier(self.session, verify_url, ttl_s=settings.key_cache_ttl_s, secret=self.secret)
         self.limiter = RateLimiter(burst_s=settings.rate_limit_burst_s)
-        self.fair = Fairness(settings)   # in-flight, stream and tenant-rate budgets (issue 35)
+        self.fair = Fairness(settings)   # in-flight, stream and tenant-rate budgets
         self._streams: aiohttp.ClientSession | None = None
         self.metrics = GatewayMetrics()
         self.console = ConsoleSettings()

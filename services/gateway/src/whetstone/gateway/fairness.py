@@ -1,4 +1,4 @@
-"""Fair sharing of the edge (issue 35 point 3): one tenant's load must not raise another's latency.
+"""Fair sharing of the edge: one tenant's load must not raise another's latency.
 
 Three budgets, each per API key and per tenant (all keys of a tenant together), decided in memory
 before any upstream work, so a refusal costs microseconds:

@@ -1,4 +1,4 @@
-"""Request-body caps at the edge (issue 35): a route takes at most `max_body_bytes`, an upload route
+"""Request-body caps at the edge: a route takes at most `max_body_bytes`, an upload route
 (`upload_paths`) at most `max_upload_bytes`. A declared Content-Length over the cap is refused
 before one byte is read; a body without one (chunked) is counted as it is read and refused once
 past the cap, whether it is buffered here or streamed on to the service. A refused body is

@@ -10,7 +10,7 @@ For each fetch:
   (committed at once, outside any handler transaction: a crash cannot roll it back), and asks the
   inbox which of its events this consumer has handled already;
 - the messages are handled in order, each in its own unit of work (inbox claim and tenant check in
-  one statement, handler, outbox), exactly as before, on one connection the fetch holds (a handler's
+  one statement, handler, outbox), on one connection the fetch holds (a handler's
   own `rt.uow()` still takes another from the pool); a duplicate skips its transaction;
 - the caller commits the offsets once, after the whole fetch; messages not reached within
   `Service.fetch_budget_s` are handed back (their partitions rewound to them) and come in the

@@ -1,4 +1,4 @@
-"""File ids (issue 33): each upload to the Files API gets its own id, like OpenAI's, `file-<random><mac>`
+"""File ids: each upload to the Files API gets its own id, like OpenAI's, `file-<random><mac>`
 where the mac is HMAC-SHA256(internal secret, "file-id:v1:<tenant>:<random>") cut to 24 hex digits. Only
 the platform can mint one, and an id minted for one tenant does not verify for another: the scheduler
 tells an upload whose `dataset.submitted` it has not heard of yet (it waits) from an id that no upload of

@@ -67,7 +67,7 @@ class MethodSpec(BaseModel):
 
 class CreateJob(BaseModel):
     model_config = ConfigDict(extra="forbid")
-    # every field bounded (issue 35): no body can make an event larger than the bus takes
+    # every field bounded: no body can make an event larger than the bus takes
     model: str | None = Field(default=None, min_length=1, max_length=256)   # required unless a template gives it
     template: str | None = Field(default=None, min_length=1, max_length=80, description="'name' or 'name@version'")
     training_file: FileId

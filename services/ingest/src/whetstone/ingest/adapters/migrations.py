@@ -64,7 +64,7 @@ MIGRATIONS = [
     CREATE INDEX validations_open ON validations (created_at) WHERE status <> 'done';
     """,
     """
-    -- results files (issue 38 point 4): each job's step figures from job.progress / checkpoint.written, and
+    -- results files: each job's step figures from job.progress / checkpoint.written, and
     -- the one results file made of them when training ends
     CREATE TABLE job_step_metrics (
         tenant_id text NOT NULL,
@@ -83,7 +83,7 @@ MIGRATIONS = [
     );
     """,
     """
-    -- issue 33: every upload its own file id; an upload of bytes already accepted takes that verdict
+    -- every upload its own file id; an upload of bytes already accepted takes that verdict
     CREATE INDEX dataset_versions_content ON dataset_versions (tenant_id, version);
     """,
 ]

@@ -168,7 +168,7 @@ MIGRATIONS.append(
     """ + FENCES_DDL
 )
 
-# 5: OpenAI's model ids (issue 38): a version's public id is its job's `fine_tuned_model` name
+# 5: OpenAI's model ids: a version's public id is its job's `fine_tuned_model` name
 # (naming.fine_tuned_model_for), unique per tenant; rows registered before keep their model_id as id
 MIGRATIONS.append(
     """

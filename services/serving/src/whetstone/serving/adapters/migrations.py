@@ -29,7 +29,7 @@ MIGRATIONS = [
     );
     """,
     """
-    -- OpenAI's model ids (issue 38): a version's public id and job; the checkpoints of every job
+    -- OpenAI's model ids: a version's public id and job; the checkpoints of every job
     -- (checkpoint.written), served as `<fine_tuned_model>:ckpt-step-<N>` once the job's model is live
     ALTER TABLE model_versions ADD COLUMN fine_tuned_model text;
     ALTER TABLE model_versions ADD COLUMN job_id text;

@@ -25,7 +25,7 @@ MIGRATIONS = [
     ALTER TABLE runs ADD COLUMN pid_start bigint;         -- /proc start ticks: a recycled pid is not ours
     """,
     """
-    -- issue 33: a cancel seen here is remembered, so an assignment of the job that arrives after it
+    -- a cancel seen here is remembered, so an assignment of the job that arrives after it
     -- (job.assigned and job.cancelled are different topics: no order between them) never runs
     CREATE TABLE cancelled_jobs (
         job_id       text PRIMARY KEY,
