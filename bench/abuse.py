@@ -29,7 +29,7 @@ from pathlib import Path
 import aiohttp
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from api import SERVE_SCHEDULER, call, free_port, pct, wait_healthy  # noqa: E402
+from api import SERVE_SCHEDULER, call, free_port, pct, stop_processes, wait_healthy  # noqa: E402
 
 A, B = "ta", "tb"
 PYTHONISH = "__import__('os').system('touch {marker}') or {{{{7*7}}}} !!python/object/apply:os.system"
@@ -251,12 +251,7 @@ async def run(args: argparse.Namespace) -> dict:
                             "private_addresses_reached==0": listener.connections + stored_private == 0,
                             "service_restarts==0": restarts == 0}}
     finally:
-        for proc in (edge, server):
-            proc.terminate()
-            try:
-                proc.wait(30)
-            except subprocess.TimeoutExpired:
-                proc.kill()
+        stop_processes(edge, server)
         stack.stop()
 
 

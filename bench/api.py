@@ -45,6 +45,16 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+def stop_processes(*procs: subprocess.Popen) -> None:
+    """Terminate each process, killing the ones still up 30 s later."""
+    for proc in procs:
+        proc.terminate()
+        try:
+            proc.wait(30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+
+
 def pct(values: list[float], q: float) -> float:
     if not values:
         return 0.0
@@ -255,12 +265,7 @@ async def run(args: argparse.Namespace) -> dict:
                              "create_p99_ms<=250": result["create_p99_ms"] <= 250}
         return result
     finally:
-        for proc in (edge, server):
-            proc.terminate()
-            try:
-                proc.wait(30)
-            except subprocess.TimeoutExpired:
-                proc.kill()
+        stop_processes(edge, server)
         stack.stop()
 
 
