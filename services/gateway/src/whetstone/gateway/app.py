@@ -76,24 +76,23 @@ class Gateway:
         self.sessions = SessionStore(idle_s=self.console.session_idle_s, max_age_s=self.console.session_max_age_s)
         self.own_app = make_own_app(self)   # /healthz and /metrics
 
+    def upstream_client(self, connections: int) -> aiohttp.ClientSession:
+        connector = aiohttp.TCPConnector(limit=connections, ttl_dns_cache=300,
+                                         keepalive_timeout=self.settings.upstream_keep_alive_s)
+        timeout = aiohttp.ClientTimeout(total=None, connect=5.0, sock_read=self.settings.upstream_timeout_s)
+        return aiohttp.ClientSession(connector=connector, timeout=timeout, auto_decompress=False,
+                                     skip_auto_headers=("User-Agent",))
+
     def session(self) -> aiohttp.ClientSession:
         if self._session is None or self._session.closed:
-            connector = aiohttp.TCPConnector(limit=self.settings.max_connections, ttl_dns_cache=300,
-                                             keepalive_timeout=self.settings.upstream_keep_alive_s)
-            timeout = aiohttp.ClientTimeout(total=None, connect=5.0, sock_read=self.settings.upstream_timeout_s)
-            self._session = aiohttp.ClientSession(connector=connector, timeout=timeout, auto_decompress=False,
-                                                  skip_auto_headers=("User-Agent",))
+            self._session = self.upstream_client(self.settings.max_connections)
         return self._session
 
     def stream_session(self) -> aiohttp.ClientSession:
         """Long streams (SSE) ride a pool of their own: however many are open, ordinary requests
         keep all of `max_connections`."""
         if self._streams is None or self._streams.closed:
-            connector = aiohttp.TCPConnector(limit=self.settings.max_stream_connections, ttl_dns_cache=300,
-                                             keepalive_timeout=self.settings.upstream_keep_alive_s)
-            timeout = aiohttp.ClientTimeout(total=None, connect=5.0, sock_read=self.settings.upstream_timeout_s)
-            self._streams = aiohttp.ClientSession(connector=connector, timeout=timeout, auto_decompress=False,
-                                                  skip_auto_headers=("User-Agent",))
+            self._streams = self.upstream_client(self.settings.max_stream_connections)
         return self._streams
 
     async def close(self) -> None:
