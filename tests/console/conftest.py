@@ -16,7 +16,7 @@ import pytest
 import pytest_asyncio
 
 from whetstone.contracts import all_topic_partitions
-from whetstone.devstack.testing import SERVICE_ENV
+from whetstone.devstack.testing import use_stack
 
 CHROMIUM = Path(os.environ.get("WHETSTONE_CHROMIUM", "/usr/bin/chromium"))
 CHROMIUM_ARGS = ["--no-sandbox", "--headless=new", "--disable-gpu", "--disable-background-networking",
@@ -52,20 +52,13 @@ async def console(tmp_path_factory, chromium_path):
     from whetstone.gateway.server import start_gateway
     from whetstone.modelkit.tiny import build_tiny_model
     from whetstone.runtime.service import run_services
-    from whetstone.runtime.settings import CommonSettings
 
     root = tmp_path_factory.mktemp("console")
     stack = EmbeddedStack(root / "stack", topics=all_topic_partitions(), buckets=["whetstone"], log=lambda m: None)
     endpoints = await asyncio.to_thread(stack.start)
     env = pytest.MonkeyPatch()
     try:
-        for k, v in endpoints.as_env().items():
-            env.setenv(k, v)
-        env.setenv("WHETSTONE_DATA_DIR", str(root))
-        for svc in SERVICE_ENV:
-            env.setenv(f"WHETSTONE_{svc}_HTTP_PORT", "0")
-        env.setenv("HF_HUB_OFFLINE", "1")
-        settings = CommonSettings(log_json=True)
+        settings = use_stack(env, endpoints.as_env(), root)
         await asyncio.to_thread(build_tiny_model, Path(settings.model_catalog) / "tiny-llama")
         stop = asyncio.Event()
         started: asyncio.Future = asyncio.get_running_loop().create_future()

@@ -55,17 +55,23 @@ def stack(tmp_path: Path):
         s.stop(discard=True)  # tmp_path's stack: nothing in it outlives the test
 
 
-@pytest.fixture
-def settings(stack, tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+def use_stack(env: pytest.MonkeyPatch, endpoints: dict[str, str], data_dir: Path):
+    """Point every service at the embedded stack's endpoints and `data_dir`, on free HTTP ports,
+    offline; the common settings that follow."""
     from whetstone.runtime.settings import CommonSettings  # noqa: PLC0415
 
-    for k, v in stack.as_env().items():
-        monkeypatch.setenv(k, v)
-    monkeypatch.setenv("WHETSTONE_DATA_DIR", str(tmp_path))
+    for k, v in endpoints.items():
+        env.setenv(k, v)
+    env.setenv("WHETSTONE_DATA_DIR", str(data_dir))
     for svc in SERVICE_ENV:
-        monkeypatch.setenv(f"WHETSTONE_{svc}_HTTP_PORT", "0")
-    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+        env.setenv(f"WHETSTONE_{svc}_HTTP_PORT", "0")
+    env.setenv("HF_HUB_OFFLINE", "1")
     return CommonSettings(log_json=True)
+
+
+@pytest.fixture
+def settings(stack, tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+    return use_stack(monkeypatch, stack.as_env(), tmp_path)
 
 
 @dataclass
