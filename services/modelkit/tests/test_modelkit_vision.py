@@ -36,10 +36,10 @@ def test_tiny_vlm_trains_lora_on_image_chats(tmp_path):
     examples = [vision.vision_example(processor, _chat(c)) for c in ("red", "blue", "red", "blue")]
     image_id = processor.tokenizer.convert_tokens_to_ids(processor.image_token)
     first = examples[0]
-    assert first["input_ids"].count(image_id) == IMAGE_SEQ_LENGTH == 16
-    trained = [t for t, lab in zip(first["input_ids"], first["labels"]) if lab != -100]
+    assert first.input_ids.count(image_id) == IMAGE_SEQ_LENGTH == 16
+    trained = [t for t, lab in zip(first.input_ids, first.labels) if lab != -100]
     assert image_id not in trained and processor.tokenizer.decode(trained).startswith("red")
-    assert tuple(first["pixel_values"].shape) == (1, 3, 32, 32)
+    assert tuple(first.pixel_values.shape) == (1, 3, 32, 32)
 
     torch.manual_seed(0)
     model = AutoModelForImageTextToText.from_pretrained(path)

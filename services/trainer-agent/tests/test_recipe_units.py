@@ -186,8 +186,8 @@ def test_faults_are_inert_unless_switched_on(monkeypatch):
     monkeypatch.setenv("WHETSTONE_RECIPE_FAULTS", json.dumps({"oom_forwards": 2, "poison_line": 4}))
     faults = Faults.from_env()
     assert faults.active and faults.oom_forwards == 2
-    assert faults.poison(100)({"input_ids": [1, 2], "line": 4}) == [107, 2]
-    assert faults.poison(100)({"input_ids": [1, 2], "line": 5}) == [1, 2]
+    assert faults.poison(100)([1, 2], 4) == [107, 2]
+    assert faults.poison(100)([1, 2], 5) == [1, 2]
 
 
 def test_loss_points_keep_the_last_value_per_step():

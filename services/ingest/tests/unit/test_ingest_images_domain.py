@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 
 from whetstone.ingest.domain.chat import check_messages, normalize_messages, row_images
-from whetstone.ingest.domain.images import (ImageFacts, ImageLimits, image_similarity, judge, openai_image_tokens,
-                                            parse_data_url, sniff_format)
+from whetstone.ingest.domain.images import (ImageFacts, ImageLimits, ImagePart, image_similarity, judge,
+                                            openai_image_tokens, parse_data_url, sniff_format)
 from whetstone.ingest.domain.rows import apply_pii
 from whetstone.ingest.domain.schemas import canonical_text
 
@@ -77,7 +77,7 @@ def test_normalised_image_rows_keep_their_parts_and_text_checks_see_marks():
     messages = normalize_messages([_image(detail="high", extra=1), {"role": "assistant", "content": "ok"}])
     assert messages[0]["content"] == [{"type": "text", "text": "look"},
                                       {"type": "image_url", "image_url": {"url": URL, "detail": "high"}}]
-    assert row_images(messages) == [(0, 1, {"url": URL, "detail": "high"})]
+    assert row_images(messages) == [ImagePart(message=0, part=1, url=URL, detail="high")]
     assert canonical_text({"messages": messages}) == "look\n<image>\nok"
     # PII is scanned and redacted in text parts only, never in the image data
     messages[0]["content"][0]["text"] = "mail me at jane.doe@example.com"

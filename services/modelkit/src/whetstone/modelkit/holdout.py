@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from whetstone.modelkit.chat import IGNORE_INDEX, tokenize_chat
@@ -29,15 +30,20 @@ def holdout_loss(
     return examples_loss(model, examples, pad_id=pad_id, batch_size=batch_size)
 
 
-def examples_loss(
-    model,
-    examples: Sequence[Mapping[str, Sequence[int]]],
-    pad_id: int = 0,
-    batch_size: int = 8,
-) -> dict[str, float | int]:
-    """Token-weighted mean next-token loss over the labelled tokens of pre-tokenized examples
-    (`{"input_ids", "labels"}`, labels -100 where not trained), in right-padded batches; `accuracy` is
-    the share of those tokens the model's argmax predicts."""
+@dataclass(frozen=True)
+class LossSums:
+    """Summed next-token loss over the labelled tokens, how many there were, and how many the model's
+    argmax predicted."""
+
+    loss: float
+    tokens: int
+    correct: int
+
+
+def labelled_loss_sums(model, batches: Iterable[dict[str, Any]]) -> LossSums:
+    """`LossSums` over batches of model inputs with `labels` (-100 where not trained): eval mode, no
+    grad, the model's training mode restored after. Each batch's other tensors are the model's keyword
+    arguments."""
     import torch
     import torch.nn.functional as F
 
@@ -47,18 +53,9 @@ def examples_loss(
     total_loss, total_tokens, total_correct = 0.0, 0, 0
     try:
         with torch.no_grad():
-            for i in range(0, len(examples), batch_size):
-                batch = examples[i : i + batch_size]
-                width = max(len(ex["input_ids"]) for ex in batch)
-                input_ids = torch.full((len(batch), width), pad_id, dtype=torch.long)
-                attention = torch.zeros((len(batch), width), dtype=torch.long)
-                labels = torch.full((len(batch), width), IGNORE_INDEX, dtype=torch.long)
-                for row, ex in enumerate(batch):
-                    n = len(ex["input_ids"])
-                    input_ids[row, :n] = torch.tensor(ex["input_ids"])
-                    attention[row, :n] = 1
-                    labels[row, :n] = torch.tensor(ex["labels"])
-                logits = model(input_ids=input_ids.to(device), attention_mask=attention.to(device)).logits
+            for batch in batches:
+                labels = batch.pop("labels")
+                logits = model(**{k: v.to(device) for k, v in batch.items()}).logits
                 shift_logits = logits[:, :-1, :].float()
                 shift_labels = labels[:, 1:].to(device)
                 total_loss += F.cross_entropy(
@@ -72,6 +69,37 @@ def examples_loss(
                 total_correct += int(((shift_logits.argmax(-1) == shift_labels) & trained).sum().item())
     finally:
         model.train(was_training)
-    loss = total_loss / total_tokens
-    return {"loss": loss, "perplexity": math.exp(min(loss, 700.0)), "tokens": total_tokens,
-            "accuracy": total_correct / total_tokens}
+    return LossSums(loss=total_loss, tokens=total_tokens, correct=total_correct)
+
+
+def _padded_batches(examples: Sequence[Mapping[str, Sequence[int]]], pad_id: int, batch_size: int
+                    ) -> Iterator[dict[str, Any]]:
+    import torch
+
+    for i in range(0, len(examples), batch_size):
+        batch = examples[i : i + batch_size]
+        width = max(len(ex["input_ids"]) for ex in batch)
+        input_ids = torch.full((len(batch), width), pad_id, dtype=torch.long)
+        attention = torch.zeros((len(batch), width), dtype=torch.long)
+        labels = torch.full((len(batch), width), IGNORE_INDEX, dtype=torch.long)
+        for row, ex in enumerate(batch):
+            n = len(ex["input_ids"])
+            input_ids[row, :n] = torch.tensor(ex["input_ids"])
+            attention[row, :n] = 1
+            labels[row, :n] = torch.tensor(ex["labels"])
+        yield {"input_ids": input_ids, "attention_mask": attention, "labels": labels}
+
+
+def examples_loss(
+    model,
+    examples: Sequence[Mapping[str, Sequence[int]]],
+    pad_id: int = 0,
+    batch_size: int = 8,
+) -> dict[str, float | int]:
+    """Token-weighted mean next-token loss over the labelled tokens of pre-tokenized examples
+    (`{"input_ids", "labels"}`, labels -100 where not trained), in right-padded batches; `accuracy` is
+    the share of those tokens the model's argmax predicts."""
+    sums = labelled_loss_sums(model, _padded_batches(examples, pad_id, batch_size))
+    loss = sums.loss / sums.tokens
+    return {"loss": loss, "perplexity": math.exp(min(loss, 700.0)), "tokens": sums.tokens,
+            "accuracy": sums.correct / sums.tokens}

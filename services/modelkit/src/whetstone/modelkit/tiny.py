@@ -17,6 +17,7 @@ import argparse
 import itertools
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 BOS, EOS, PAD = "<|bos|>", "<|eos|>", "<|pad|>"
@@ -128,17 +129,12 @@ def build_tokenizer():
     )
 
 
-def build_tiny_model(out_dir: Path, *, seed: int = 0) -> Path:
-    """Write a tiny random Llama + tokenizer to `out_dir`; same seed -> same bytes."""
-    import torch
-    from transformers import GenerationConfig, LlamaConfig, LlamaForCausalLM
+def tiny_llama_config(*, vocab_size: int, bos_id: int, eos_id: int, pad_id: int):
+    """The tiny Llama's config: 2 layers, hidden 64, 4 heads, 1024 positions."""
+    from transformers import LlamaConfig
 
-    out_dir = Path(out_dir)
-    out_dir.mkdir(parents=True, exist_ok=True)
-    tokenizer = build_tokenizer()
-    bos_id, eos_id, pad_id, end_id = tokenizer.convert_tokens_to_ids([BOS, EOS, PAD, END_OF_TURN])
-    config = LlamaConfig(
-        vocab_size=len(tokenizer),
+    return LlamaConfig(
+        vocab_size=vocab_size,
         hidden_size=64,
         intermediate_size=128,
         num_hidden_layers=2,
@@ -155,27 +151,56 @@ def build_tiny_model(out_dir: Path, *, seed: int = 0) -> Path:
         eos_token_id=eos_id,
         pad_token_id=pad_id,
     )
+
+
+def write_tiny_model(model_class, config, processing, out_dir: Path, *, seed: int, bos_id: int, eos_id: int,
+                     end_id: int, pad_id: int) -> Path:
+    """`model_class(config)` initialised from `seed` (the global RNG left as it was), generating until EOS
+    or the end of a turn, saved with its tokenizer or processor (`processing`) to `out_dir`."""
+    import torch
+    from transformers import GenerationConfig
+
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
-        model = LlamaForCausalLM(config)
+        model = model_class(config)
     model.generation_config = GenerationConfig(
         bos_token_id=bos_id, eos_token_id=[eos_id, end_id], pad_token_id=pad_id
     )
     model.save_pretrained(out_dir)  # safetensors
-    tokenizer.save_pretrained(out_dir)
+    processing.save_pretrained(out_dir)
     return out_dir
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m whetstone.modelkit.tiny", description=__doc__.splitlines()[0])
+def build_tiny_model(out_dir: Path, *, seed: int = 0) -> Path:
+    """Write a tiny random Llama + tokenizer to `out_dir`; same seed -> same bytes."""
+    from transformers import LlamaForCausalLM
+
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    tokenizer = build_tokenizer()
+    bos_id, eos_id, pad_id, end_id = tokenizer.convert_tokens_to_ids([BOS, EOS, PAD, END_OF_TURN])
+    config = tiny_llama_config(vocab_size=len(tokenizer), bos_id=bos_id, eos_id=eos_id, pad_id=pad_id)
+    return write_tiny_model(LlamaForCausalLM, config, tokenizer, out_dir, seed=seed, bos_id=bos_id,
+                            eos_id=eos_id, end_id=end_id, pad_id=pad_id)
+
+
+def build_cli(argv: list[str] | None, *, prog: str, doc: str, what: str,
+              build: Callable[..., Path]) -> int:
+    """`python -m <prog> OUT_DIR [--seed N]`: build into OUT_DIR, print its path (timing on stderr)."""
+    parser = argparse.ArgumentParser(prog=prog, description=doc.splitlines()[0])
     parser.add_argument("out_dir", type=Path)
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args(argv)
     started = time.perf_counter()
-    path = build_tiny_model(args.out_dir, seed=args.seed)
-    print(f"tiny model written to {path.resolve()} in {time.perf_counter() - started:.1f}s", file=sys.stderr)
+    path = build(args.out_dir, seed=args.seed)
+    print(f"{what} written to {path.resolve()} in {time.perf_counter() - started:.1f}s", file=sys.stderr)
     print(path.resolve())
     return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    return build_cli(argv, prog="python -m whetstone.modelkit.tiny", doc=__doc__, what="tiny model",
+                     build=build_tiny_model)
 
 
 if __name__ == "__main__":

@@ -23,12 +23,9 @@ directory with a processor loads through the same code.
 
 from __future__ import annotations
 
-import argparse
-import sys
-import time
 from pathlib import Path
 
-from .tiny import END_OF_TURN, build_tokenizer
+from .tiny import END_OF_TURN, build_cli, build_tokenizer, tiny_llama_config, write_tiny_model
 
 IMAGE_TOKEN = "<image>"
 IMAGE_SIZE, PATCH_SIZE = 32, 8
@@ -68,9 +65,7 @@ def build_vision_processor():
 
 def build_tiny_vision_model(out_dir: Path, *, seed: int = 0) -> Path:
     """Write a tiny random LLaVA + processor to `out_dir`; same seed -> same bytes."""
-    import torch
-    from transformers import (CLIPVisionConfig, GenerationConfig, LlamaConfig, LlavaConfig,
-                              LlavaForConditionalGeneration)
+    from transformers import CLIPVisionConfig, LlavaConfig, LlavaForConditionalGeneration
 
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -78,37 +73,20 @@ def build_tiny_vision_model(out_dir: Path, *, seed: int = 0) -> Path:
     tok = processor.tokenizer
     bos_id, eos_id, pad_id, end_id, image_id = tok.convert_tokens_to_ids(
         [tok.bos_token, tok.eos_token, tok.pad_token, END_OF_TURN, IMAGE_TOKEN])
-    text = LlamaConfig(vocab_size=len(tok), hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-                       num_attention_heads=4, num_key_value_heads=4, max_position_embeddings=1024, rms_norm_eps=1e-5,
-                       initializer_range=0.2, tie_word_embeddings=False, bos_token_id=bos_id, eos_token_id=eos_id,
-                       pad_token_id=pad_id)
+    text = tiny_llama_config(vocab_size=len(tok), bos_id=bos_id, eos_id=eos_id, pad_id=pad_id)
     vision = CLIPVisionConfig(image_size=IMAGE_SIZE, patch_size=PATCH_SIZE, hidden_size=32, intermediate_size=64,
                               num_hidden_layers=2, num_attention_heads=2, projection_dim=32)
     config = LlavaConfig(text_config=text, vision_config=vision, image_token_index=image_id,
                          vision_feature_select_strategy="default", vision_feature_layer=-1,
                          image_seq_length=IMAGE_SEQ_LENGTH, tie_word_embeddings=False,
                          bos_token_id=bos_id, eos_token_id=eos_id, pad_token_id=pad_id)
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(seed)
-        model = LlavaForConditionalGeneration(config)
-    model.generation_config = GenerationConfig(bos_token_id=bos_id, eos_token_id=[eos_id, end_id],
-                                               pad_token_id=pad_id)
-    model.save_pretrained(out_dir)
-    processor.save_pretrained(out_dir)
-    return out_dir
+    return write_tiny_model(LlavaForConditionalGeneration, config, processor, out_dir, seed=seed, bos_id=bos_id,
+                            eos_id=eos_id, end_id=end_id, pad_id=pad_id)
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m whetstone.modelkit.tiny_vision",
-                                     description=__doc__.splitlines()[0])
-    parser.add_argument("out_dir", type=Path)
-    parser.add_argument("--seed", type=int, default=0)
-    args = parser.parse_args(argv)
-    started = time.perf_counter()
-    path = build_tiny_vision_model(args.out_dir, seed=args.seed)
-    print(f"tiny vision model written to {path.resolve()} in {time.perf_counter() - started:.1f}s", file=sys.stderr)
-    print(path.resolve())
-    return 0
+    return build_cli(argv, prog="python -m whetstone.modelkit.tiny_vision", doc=__doc__, what="tiny vision model",
+                     build=build_tiny_vision_model)
 
 
 if __name__ == "__main__":

@@ -17,6 +17,7 @@ from __future__ import annotations
 import base64
 import io
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -44,13 +45,52 @@ def load_processor(location: str | Path):
     return processor if getattr(processor, "image_processor", None) is not None else None
 
 
+@dataclass(frozen=True)
+class ImagePart:
+    """One image of a chat: OpenAI's content part `{"type": "image_url", "image_url": {"url", "detail"?}}`,
+    read once from the message list (that list stays in OpenAI's shape: it is what chat templates render)."""
+
+    url: str
+    detail: str = "auto"
+
+    @classmethod
+    def from_part(cls, part: Mapping[str, Any]) -> ImagePart:
+        image = part["image_url"]
+        return cls(url=image["url"], detail=image.get("detail", "auto"))
+
+
+@dataclass(frozen=True)
+class VisionTokens:
+    """A chat with images tokenized for training, images not decoded: input_ids and labels (image tokens
+    expanded, labels -100 on them) and the chat's images in order."""
+
+    input_ids: list[int]
+    labels: list[int]
+    images: tuple[ImagePart, ...]
+
+
+@dataclass(frozen=True)
+class VisionExample:
+    """A chat with images as the model trains on it: `VisionTokens` with the images' pixel values
+    (a tensor, or None for a chat without images)."""
+
+    input_ids: list[int]
+    labels: list[int]
+    pixel_values: Any
+
+
 def has_images(messages: Sequence[Mapping[str, Any]]) -> bool:
     return any(type(m.get("content")) is list for m in messages)
 
 
-def image_urls(messages: Sequence[Mapping[str, Any]]) -> list[str]:
-    return [p["image_url"]["url"] for m in messages if type(m.get("content")) is list
+def image_parts(messages: Sequence[Mapping[str, Any]]) -> list[ImagePart]:
+    """The image parts of OpenAI-shaped messages, in order."""
+    return [ImagePart.from_part(p) for m in messages if type(m.get("content")) is list
             for p in m["content"] if p.get("type") == "image_url"]
+
+
+def image_urls(messages: Sequence[Mapping[str, Any]]) -> list[str]:
+    return [image.url for image in image_parts(messages)]
 
 
 def text_messages(messages: Sequence[Mapping[str, Any]], image_token: str) -> list[dict[str, Any]]:
@@ -128,14 +168,14 @@ def language_lora_targets(all_linear: bool = False) -> str:
     return LANGUAGE_ALL_LINEAR if all_linear else LANGUAGE_ATTENTION
 
 
-def vision_tokens(processor, messages: Sequence[Mapping[str, Any]], max_len: int | None = None) -> dict[str, Any]:
-    """`vision_example` without decoding the images (their sizes come from the headers): input_ids,
-    labels and the images' data URLs (`images`), for a collator that decodes them per batch."""
+def vision_tokens(processor, messages: Sequence[Mapping[str, Any]], max_len: int | None = None) -> VisionTokens:
+    """`vision_example` without decoding the images (their sizes come from the headers), for a
+    collator that decodes them per batch."""
     from .chat import tokenize_chat  # noqa: PLC0415
 
     tok = processor.tokenizer
-    urls = image_urls(messages)
-    counts = image_token_counts(processor, [image_size(u) for u in urls])
+    images = tuple(image_parts(messages))
+    counts = image_token_counts(processor, [image_size(image.url) for image in images])
     out = tokenize_chat(tok, text_messages(messages, processor.image_token))
     image_id = tok.convert_tokens_to_ids(processor.image_token)
     ids, labels = expand_image_tokens(out["input_ids"], out["labels"], image_id, counts)
@@ -143,24 +183,25 @@ def vision_tokens(processor, messages: Sequence[Mapping[str, Any]], max_len: int
         if image_id in ids[max_len:]:
             raise ValueError(f"the row's images end after max_seq_len {max_len}; raise max_seq_len")
         ids, labels = ids[:max_len], labels[:max_len]
-    return {"input_ids": ids, "labels": labels, "images": urls}
+    return VisionTokens(input_ids=ids, labels=labels, images=images)
 
 
-def pixel_values(processor, urls: Sequence[str]):
+def pixel_values(processor, images: Sequence[ImagePart]):
     """The processor's pixel values of these data-URL images (None for none)."""
-    if not urls:
+    if not images:
         return None
-    return processor.image_processor([open_image(u) for u in urls], return_tensors="pt")["pixel_values"]
+    return processor.image_processor([open_image(image.url) for image in images],
+                                     return_tensors="pt")["pixel_values"]
 
 
-def vision_example(processor, messages: Sequence[Mapping[str, Any]], max_len: int | None = None) -> dict[str, Any]:
+def vision_example(processor, messages: Sequence[Mapping[str, Any]], max_len: int | None = None) -> VisionExample:
     """One chat with images as the model trains on it: input_ids and labels with the platform's mask
     (assistant turns; image tokens never trained), each image token expanded as the processor does,
     and the images' pixel values. Truncation never cuts an image (its tokens must all be there): a
     row whose images end past `max_len` raises ValueError."""
     tokens = vision_tokens(processor, messages, max_len)
-    return {"input_ids": tokens["input_ids"], "labels": tokens["labels"],
-            "pixel_values": pixel_values(processor, tokens["images"])}
+    return VisionExample(input_ids=tokens.input_ids, labels=tokens.labels,
+                         pixel_values=pixel_values(processor, tokens.images))
 
 
 def load_vision_model(ref: str | Path, *, dtype: Any = "auto", **kwargs: Any):
@@ -188,20 +229,20 @@ class VisionCollator:
     def __init__(self, pad_id: int) -> None:
         self.pad_id = pad_id
 
-    def __call__(self, examples: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
+    def __call__(self, examples: Sequence[VisionExample]) -> dict[str, Any]:
         import torch  # noqa: PLC0415
 
-        width = max(len(e["input_ids"]) for e in examples)
+        width = max(len(e.input_ids) for e in examples)
         ids = torch.full((len(examples), width), self.pad_id, dtype=torch.long)
         labels = torch.full((len(examples), width), IGNORE_INDEX, dtype=torch.long)
         mask = torch.zeros((len(examples), width), dtype=torch.long)
         for i, e in enumerate(examples):
-            n = len(e["input_ids"])
-            ids[i, :n] = torch.tensor(e["input_ids"])
-            labels[i, :n] = torch.tensor(e["labels"])
+            n = len(e.input_ids)
+            ids[i, :n] = torch.tensor(e.input_ids)
+            labels[i, :n] = torch.tensor(e.labels)
             mask[i, :n] = 1
         batch = {"input_ids": ids, "attention_mask": mask, "labels": labels}
-        pixels = [e["pixel_values"] for e in examples if e.get("pixel_values") is not None]
+        pixels = [e.pixel_values for e in examples if e.pixel_values is not None]
         if pixels:
             batch["pixel_values"] = torch.cat([torch.as_tensor(p) for p in pixels])
         return batch

@@ -108,9 +108,9 @@ def check_images(messages: list[dict], line: int, limits: ImageLimits) -> tuple[
                       "per example", line, "messages")], RowImages()
     issues: list[Issue] = []
     row = RowImages()
-    for i, j, image in found:
-        at = f"messages[{i}].content[{j}]"
-        url = image["url"]
+    for image in found:
+        at = image.at
+        url = image.url
         issue = url_issue(url, limits, at, line)
         parsed = parse_data_url(url) if issue is None else ""
         if isinstance(parsed, str):
@@ -122,5 +122,5 @@ def check_images(messages: list[dict], line: int, limits: ImageLimits) -> tuple[
             issues.append(facts)
             continue
         row.facts.append(facts)
-        row.details.append(image.get("detail", "auto"))
+        row.details.append(image.detail)
     return issues, row

@@ -26,7 +26,7 @@ import json
 from collections.abc import Callable
 from typing import Any
 
-from .images import DETAILS, IMAGE_ROLE
+from .images import DETAILS, IMAGE_ROLE, ImagePart
 from .issues import Issue
 from .suggest import closest
 
@@ -337,7 +337,11 @@ def image_text(parts: list) -> str:
     return "\n".join(p["text"] if p["type"] == "text" else IMAGE_MARK for p in parts)
 
 
-def row_images(messages: list[dict]) -> list[tuple[int, int, dict]]:
-    """(message index, part index, image_url object) of every image part of normalised messages."""
-    return [(i, j, p["image_url"]) for i, m in enumerate(messages) if type(m.get("content")) is list
+def _image_part(i: int, j: int, image: dict) -> ImagePart:
+    return ImagePart(i, j, image["url"], image.get("detail", "auto"))
+
+
+def row_images(messages: list[dict]) -> list[ImagePart]:
+    """Every image part of normalised messages, in order."""
+    return [_image_part(i, j, p["image_url"]) for i, m in enumerate(messages) if type(m.get("content")) is list
             for j, p in enumerate(m["content"]) if p["type"] == "image_url"]

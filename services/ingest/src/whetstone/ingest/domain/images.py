@@ -60,6 +60,21 @@ class ImageLimits:
 
 
 @dataclass(frozen=True)
+class ImagePart:
+    """One image part of a normalised chat row (`messages[message].content[part]`): its URL and detail."""
+
+    message: int
+    part: int
+    url: str
+    detail: str = "auto"
+
+    @property
+    def at(self) -> str:
+        """Where the part is, as issues name it."""
+        return f"messages[{self.message}].content[{self.part}]"
+
+
+@dataclass(frozen=True)
 class ImageFacts:
     """What the image adapter read of one image."""
 

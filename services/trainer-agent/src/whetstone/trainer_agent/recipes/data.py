@@ -305,7 +305,7 @@ class PaddingFreeCollator:
 
         input_ids, labels, positions, lines = [], [], [], []
         for f in features:
-            ids = self.poison(f) if self.poison else f["input_ids"]
+            ids = self.poison(f["input_ids"], f["line"]) if self.poison else f["input_ids"]
             input_ids += ids
             labels += [IGNORE_INDEX, *f["labels"][1:]]  # no target across the boundary
             positions += range(len(ids))
@@ -331,7 +331,7 @@ class PaddedCollator:
     def __call__(self, features: list[dict[str, Any]]) -> dict[str, Any]:
         import torch
 
-        rows = [self.poison(f) if self.poison else f["input_ids"] for f in features]
+        rows = [self.poison(f["input_ids"], f["line"]) if self.poison else f["input_ids"] for f in features]
         width = max(len(r) for r in rows)
         input_ids = torch.full((len(rows), width), self.pad_id, dtype=torch.long)
         attention = torch.zeros((len(rows), width), dtype=torch.long)

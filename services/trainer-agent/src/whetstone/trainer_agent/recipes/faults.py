@@ -72,9 +72,9 @@ class Faults:
             return None
         line = self.poison_line
 
-        def apply(feature: dict[str, Any]) -> list[int]:
-            ids = list(feature["input_ids"])
-            if feature["line"] == line:
+        def apply(input_ids: list[int], example_line: int) -> list[int]:
+            ids = list(input_ids)
+            if example_line == line:
                 ids[0] = vocab_size + 7
             return ids
 

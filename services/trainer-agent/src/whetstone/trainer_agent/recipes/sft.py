@@ -32,7 +32,7 @@ from .modeling import lora_config
 from .protocol import EventStream, PreemptionFlag
 from .session import TrainingSession
 from .spec import RecipeConfig
-from .trainers import sft_trainer_class, training_arguments
+from .trainers import install_sft_trainer
 from .validation import Validator, examples_validator
 
 METHODS = ("lora", "qlora", "full", "cpt")
@@ -72,7 +72,7 @@ class SFTRecipe:
     def _build_trainer(self, model) -> None:
         from datasets import Dataset
         from peft import get_peft_model
-        from transformers import TrainingArguments, set_seed
+        from transformers import set_seed
 
         session, cfg, hp = self.session, self.session.cfg, self.session.hp
         set_seed(hp.seed)  # LoRA init
@@ -81,18 +81,9 @@ class SFTRecipe:
         poison = session.faults.poison(model.get_input_embeddings().num_embeddings)
         collator = (PaddingFreeCollator(self.counter, poison) if hp.packing
                     else PaddedCollator(session.tokenizer.pad_token_id, self.counter, poison))
-        trainer = sft_trainer_class()(
-            model=model,
-            args=TrainingArguments(**training_arguments(hp, output_dir=cfg.output_dir, deepspeed=cfg.deepspeed),
-                                   remove_unused_columns=False),
-            train_dataset=Dataset.from_list(self.examples),
-            data_collator=collator,
-            processing_class=session.tokenizer,
-            callbacks=session.callbacks(self._validator(), examples_per_epoch=len(self.examples)),
-        )
-        trainer.examples_by_line = examples_by_line(self.examples)
-        trainer.data_name = cfg.train_file.name
-        session.install(trainer)
+        install_sft_trainer(session, model, train_dataset=Dataset.from_list(self.examples), collator=collator,
+                            processing_class=session.tokenizer, validator=self._validator(),
+                            examples_by_line=examples_by_line(self.examples))
 
     def _validator(self) -> Validator | None:
         if self.validation_examples is None:

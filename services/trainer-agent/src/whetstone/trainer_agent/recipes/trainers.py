@@ -15,10 +15,15 @@ import json
 import logging
 import time
 from collections.abc import Callable
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from .errors import PlatformError, UserError, is_out_of_memory
+
+if TYPE_CHECKING:
+    from .session import TrainingSession
+    from .validation import Validator
 
 log = logging.getLogger("whetstone.trainer_agent.recipes")
 
@@ -133,6 +138,27 @@ def sft_trainer_class():
     from transformers import Trainer
 
     return type("PlatformSFTTrainer", (TimedSaveMixin, BadExampleMixin, Trainer), {})
+
+
+def install_sft_trainer(session: TrainingSession, model, *, train_dataset: Sequence, collator, processing_class,
+                        validator: Validator | None, examples_by_line: dict[int, list]) -> None:
+    """The platform's SFT trainer (`sft_trainer_class`) on `train_dataset` with the session's arguments and
+    callbacks, installed in the session; `examples_by_line` lets it name the source line of a failing example."""
+    from transformers import TrainingArguments
+
+    cfg, hp = session.cfg, session.hp
+    trainer = sft_trainer_class()(
+        model=model,
+        args=TrainingArguments(**training_arguments(hp, output_dir=cfg.output_dir, deepspeed=cfg.deepspeed),
+                               remove_unused_columns=False),
+        train_dataset=train_dataset,
+        data_collator=collator,
+        processing_class=processing_class,
+        callbacks=session.callbacks(validator, examples_per_epoch=len(train_dataset)),
+    )
+    trainer.examples_by_line = examples_by_line
+    trainer.data_name = cfg.train_file.name
+    session.install(trainer)
 
 
 def dpo_trainer_class():

@@ -31,11 +31,11 @@ from __future__ import annotations
 import binascii
 import logging
 import re
-from dataclasses import replace
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from .data import IGNORE_INDEX, Chat, TokenCounter, examples_by_line
+from .data import IGNORE_INDEX, Chat, TokenCounter
 from .errors import UserError
 from .faults import Faults
 from .hyperparams import Hyperparameters
@@ -43,8 +43,11 @@ from .modeling import _base_model_errors
 from .protocol import EventStream, PreemptionFlag
 from .session import TrainingSession
 from .spec import RecipeConfig
-from .trainers import sft_trainer_class, training_arguments
+from .trainers import install_sft_trainer
 from .validation import Validator
+
+if TYPE_CHECKING:
+    from whetstone.modelkit.vision import ImagePart
 
 log = logging.getLogger("whetstone.trainer_agent.recipes")
 
@@ -81,6 +84,17 @@ def is_vision_job(cfg: RecipeConfig) -> bool:
 # ------------------------------------------------------------------ the recipe
 
 
+@dataclass(frozen=True)
+class ImageChatExample:
+    """One tokenized image chat (`whetstone.modelkit.vision.VisionTokens`) and its source line: what the
+    trainer's dataset holds; the collator decodes the images per micro-batch."""
+
+    input_ids: list[int]
+    labels: list[int]
+    images: tuple[ImagePart, ...]
+    line: int
+
+
 class VisionSFTRecipe:
     """setup -> train -> save_checkpoint -> cleanup, for lora / qlora on a vision-language base."""
 
@@ -89,8 +103,8 @@ class VisionSFTRecipe:
         self.session = TrainingSession(cfg, events, preemption, faults, packing=False, vision=True)
         self.processor = None
         self.counter = TokenCounter()
-        self.examples: list[dict[str, Any]] = []
-        self.validation_examples: list[dict[str, Any]] | None = None
+        self.examples: list[ImageChatExample] = []
+        self.validation_examples: list[ImageChatExample] | None = None
 
     # ------------------------------------------------------------------ setup
 
@@ -106,7 +120,7 @@ class VisionSFTRecipe:
         self.examples = self._tokenize(train_rows, cfg.train_file.name)
         if validation_rows is not None:
             self.validation_examples = self._tokenize(validation_rows, cfg.validation_file.name)
-        model = session.load_model([len(e["input_ids"]) for e in self.examples])
+        model = session.load_model([len(e.input_ids) for e in self.examples])
         session.hp = _without_packing(session.hp)
         self._build_trainer(model)
 
@@ -114,7 +128,7 @@ class VisionSFTRecipe:
         """A fresh model and trainer with other batch geometry (after an out-of-memory error)."""
         self._build_trainer(self.session.reload_model(hp))
 
-    def _tokenize(self, rows, name: str) -> list[dict[str, Any]]:
+    def _tokenize(self, rows, name: str) -> list[ImageChatExample]:
         from whetstone.modelkit.chat import ChatFormatError
         from whetstone.modelkit.vision import vision_tokens
 
@@ -131,8 +145,9 @@ class VisionSFTRecipe:
                 raise UserError(f"{where}: {exc}", code="bad_example") from exc
             except (OSError, binascii.Error, ValueError) as exc:  # undecodable image, images past max_seq_len
                 raise UserError(f"{where}: {exc}", code="bad_example") from exc
-            if any(label != IGNORE_INDEX for label in tokens["labels"][1:]):
-                examples.append({**tokens, "line": line_no})
+            if any(label != IGNORE_INDEX for label in tokens.labels[1:]):
+                examples.append(ImageChatExample(input_ids=tokens.input_ids, labels=tokens.labels,
+                                                 images=tokens.images, line=line_no))
             else:
                 dropped.append(line_no)
         if dropped:
@@ -145,25 +160,16 @@ class VisionSFTRecipe:
 
     def _build_trainer(self, model) -> None:
         from peft import get_peft_model
-        from transformers import TrainingArguments, set_seed
+        from transformers import set_seed
 
         session, cfg, hp = self.session, self.session.cfg, self.session.hp
         set_seed(hp.seed)  # LoRA init
         model = get_peft_model(model, vision_lora_config(model, hp))
         poison = session.faults.poison(model.get_input_embeddings().num_embeddings)
         collator = ImageChatCollator(self.processor, cfg.train_file.name, self.counter, poison)
-        trainer = sft_trainer_class()(
-            model=model,
-            args=TrainingArguments(**training_arguments(hp, output_dir=cfg.output_dir, deepspeed=cfg.deepspeed),
-                                   remove_unused_columns=False),
-            train_dataset=self.examples,
-            data_collator=collator,
-            processing_class=self.processor,
-            callbacks=session.callbacks(self._validator(), examples_per_epoch=len(self.examples)),
-        )
-        trainer.examples_by_line = examples_by_line(self.examples)
-        trainer.data_name = cfg.train_file.name
-        session.install(trainer)
+        install_sft_trainer(session, model, train_dataset=self.examples, collator=collator,
+                            processing_class=self.processor, validator=self._validator(),
+                            examples_by_line={e.line: [e] for e in self.examples})  # one example per line
 
     def _validator(self) -> Validator | None:
         if self.validation_examples is None:
@@ -180,19 +186,19 @@ class VisionSFTRecipe:
     def outcome_metrics(self) -> dict[str, Any]:
         """What this method adds to the `completed` event."""
         return {"non_padding_fraction": round(self.counter.non_padding_fraction, 6) if self.counter.computed else None,
-                "images": sum(len(e["images"]) for e in self.examples)}
+                "images": sum(len(e.images) for e in self.examples)}
 
     # ------------------------------------------------------------------ save_checkpoint
 
     def save_checkpoint(self) -> Path:
         """output_dir/final: adapter, processor, summary (with the image settings), loss curve."""
         return self.session.save_final(merge=False, non_padding_fraction=self.counter.non_padding_fraction,
-                                       extra_summary={"vision": self.image_settings()})
+                                       extra_summary={"vision": asdict(self.image_settings())})
 
-    def image_settings(self) -> dict[str, Any]:
+    def image_settings(self) -> ImageSettings:
         """What a server needs to feed images as in training: the processor and its image settings."""
         return image_settings(self.processor, train_vision_tower=self.session.hp.train_vision_tower,
-                              images=sum(len(e["images"]) for e in self.examples))
+                              images=sum(len(e.images) for e in self.examples))
 
     # ------------------------------------------------------------------ cleanup (session.cleanup)
 
@@ -300,84 +306,93 @@ class ImageChatCollator:
         self.poison = poison  # test-only fault hook (faults.py)
         self.pad = VisionCollator(processor.tokenizer.pad_token_id or 0)
 
-    def __call__(self, features: list[dict[str, Any]]) -> dict[str, Any]:
+    def __call__(self, features: list[ImageChatExample]) -> dict[str, Any]:
         import torch
 
-        from whetstone.modelkit.vision import pixel_values
+        from whetstone.modelkit.vision import VisionExample, pixel_values
 
         rows = []
         for f in features:
             try:
-                pixels = pixel_values(self.processor, f["images"])
+                pixels = pixel_values(self.processor, f.images)
             except (OSError, binascii.Error, ValueError) as exc:
-                raise UserError(f"{self.data_name} line {f['line']}: an image could not be decoded ({exc})",
+                raise UserError(f"{self.data_name} line {f.line}: an image could not be decoded ({exc})",
                                 code="bad_example") from exc
-            rows.append({"input_ids": self.poison(f) if self.poison else f["input_ids"], "labels": f["labels"],
-                         "pixel_values": pixels})
+            rows.append(VisionExample(input_ids=self.poison(f.input_ids, f.line) if self.poison else f.input_ids,
+                                      labels=f.labels, pixel_values=pixels))
         batch = self.pad(rows)
         self.counter.real += int(batch["attention_mask"].sum())
         self.counter.computed += batch["input_ids"].numel()
-        batch["example_lines"] = torch.tensor([f["line"] for f in features], dtype=torch.long)
+        batch["example_lines"] = torch.tensor([f.line for f in features], dtype=torch.long)
         return batch
 
 
-def vision_validator(examples: list[dict[str, Any]], collator: ImageChatCollator, *, batch_size: int) -> Validator:
+def vision_validator(examples: list[ImageChatExample], collator: ImageChatCollator, *, batch_size: int
+                     ) -> Validator:
     """Loss and token accuracy on the trained tokens of held-out image chats (masked as for training)."""
 
-    def validate(model) -> dict[str, Any]:
-        import torch
-        import torch.nn.functional as F
+    def batches():
+        for i in range(0, len(examples), batch_size):
+            batch = collator(examples[i:i + batch_size])
+            batch.pop("example_lines")
+            yield batch
 
-        device = next(model.parameters()).device
-        was_training = model.training
-        model.eval()
-        loss_sum, tokens, correct = 0.0, 0, 0
-        try:
-            with torch.no_grad():
-                for i in range(0, len(examples), batch_size):
-                    batch = collator(examples[i:i + batch_size])
-                    batch.pop("example_lines")
-                    labels = batch.pop("labels")[:, 1:].to(device)
-                    logits = model(**{k: v.to(device) for k, v in batch.items()}).logits[:, :-1, :].float()
-                    loss_sum += F.cross_entropy(logits.reshape(-1, logits.size(-1)), labels.reshape(-1),
-                                                ignore_index=IGNORE_INDEX, reduction="sum").item()
-                    trained = labels != IGNORE_INDEX
-                    tokens += int(trained.sum())
-                    correct += int(((logits.argmax(-1) == labels) & trained).sum())
-        finally:
-            model.train(was_training)
-        return {"validation_loss": loss_sum / max(tokens, 1), "validation_tokens": tokens,
-                "validation_mean_token_accuracy": correct / max(tokens, 1)}
+    def validate(model) -> dict[str, Any]:
+        from whetstone.modelkit.holdout import labelled_loss_sums
+
+        sums = labelled_loss_sums(model, batches())
+        return {"validation_loss": sums.loss / max(sums.tokens, 1), "validation_tokens": sums.tokens,
+                "validation_mean_token_accuracy": sums.correct / max(sums.tokens, 1)}
 
     return validate
 
 
-def image_settings(processor, *, train_vision_tower: bool, images: int) -> dict[str, Any]:
-    """The processor and image settings of a vision adapter (lineage, serving): classes, image size,
-    image token and tokens per image, normalisation, and what was trained."""
+@dataclass(frozen=True)
+class ImageSettings:
+    """The processor and image settings of a vision adapter (lineage, serving), as `whetstone_training.json`
+    records them under "vision"."""
+
+    processor_class: str
+    image_processor_class: str
+    image_token: str | None
+    patch_size: int | None
+    vision_feature_select_strategy: str | None
+    size: Any                       # the image processor's settings as plain JSON values
+    crop_size: Any
+    image_mean: Any
+    image_std: Any
+    vision_tower: str               # "lora" or "frozen"
+    packing: bool
+    images_trained: int
+    tokens_per_image: int | None    # None when the processor cannot say
+
+
+def image_settings(processor, *, train_vision_tower: bool, images: int) -> ImageSettings:
+    """The processor and image settings of a vision adapter: classes, image size, image token and tokens
+    per image, normalisation, and what was trained."""
     image_processor = processor.image_processor
-    settings: dict[str, Any] = {
-        "processor_class": type(processor).__name__,
-        "image_processor_class": type(image_processor).__name__,
-        "image_token": getattr(processor, "image_token", None),
-        "patch_size": getattr(processor, "patch_size", None),
-        "vision_feature_select_strategy": getattr(processor, "vision_feature_select_strategy", None),
-        "size": _plain(getattr(image_processor, "size", None)),
-        "crop_size": _plain(getattr(image_processor, "crop_size", None)),
-        "image_mean": _plain(getattr(image_processor, "image_mean", None)),
-        "image_std": _plain(getattr(image_processor, "image_std", None)),
-        "vision_tower": "lora" if train_vision_tower else "frozen",
-        "packing": False,
-        "images_trained": images,
-    }
+    crop_size = _plain(getattr(image_processor, "crop_size", None))
     try:
-        crop = settings["crop_size"] or {}
+        crop = crop_size or {}
         size = (int(crop["height"]), int(crop["width"]))
-        settings["tokens_per_image"] = int(processor._get_num_multimodal_tokens(image_sizes=[list(size)])
-                                           ["num_image_tokens"][0])
+        tokens_per_image = int(processor._get_num_multimodal_tokens(image_sizes=[list(size)])["num_image_tokens"][0])
     except (KeyError, TypeError, ValueError, AttributeError, NotImplementedError):
-        settings["tokens_per_image"] = None
-    return settings
+        tokens_per_image = None
+    return ImageSettings(
+        processor_class=type(processor).__name__,
+        image_processor_class=type(image_processor).__name__,
+        image_token=getattr(processor, "image_token", None),
+        patch_size=getattr(processor, "patch_size", None),
+        vision_feature_select_strategy=getattr(processor, "vision_feature_select_strategy", None),
+        size=_plain(getattr(image_processor, "size", None)),
+        crop_size=crop_size,
+        image_mean=_plain(getattr(image_processor, "image_mean", None)),
+        image_std=_plain(getattr(image_processor, "image_std", None)),
+        vision_tower="lora" if train_vision_tower else "frozen",
+        packing=False,
+        images_trained=images,
+        tokens_per_image=tokens_per_image,
+    )
 
 
 def _plain(value: Any) -> Any:
