@@ -2,7 +2,8 @@ import argparse
 
 import pytest
 
-from whetstone.cli.follow import LossCurve, eta_text
+from whetstone.cli.api_objects import Job, JobEvent
+from whetstone.cli.follow import LossCurve, StepRate, eta_text
 from whetstone.cli.public import job_body
 
 pytestmark = pytest.mark.unit
@@ -31,30 +32,33 @@ def test_loss_curve_png(tmp_path):
     curve = LossCurve()
     for step, loss in enumerate([2.0, 1.5, 1.2, 1.1], start=1):
         curve.add(step, loss)
-    curve.add_events([{"data": {"step": 5, "train_loss": 1.0}}, {"data": {"step": "x", "loss": 3}}, {"data": None}])
+    curve.add_events([JobEvent.from_api(e) for e in
+                      ({"data": {"step": 5, "train_loss": 1.0}}, {"data": {"step": "x", "loss": 3}}, {"data": None})])
     assert sorted(curve.points) == [1, 2, 3, 4, 5]
     out = curve.save_png(tmp_path / "loss.png", "job")
     assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
 def test_eta_from_real_step_times_only():
-    rate: dict = {}
-    job = {"status": "running", "progress": {"step": 10, "total_steps": 110}}
+    rate = StepRate()
+    job = Job.from_api({"status": "running", "progress": {"step": 10, "total_steps": 110}})
     assert eta_text(job, rate, now=100.0) == "-"
-    job["progress"]["step"] = 20
+    job = Job.from_api({"status": "running", "progress": {"step": 20, "total_steps": 110}})
     assert eta_text(job, rate, now=110.0) == "1:30"   # 10 steps per 10 s, 90 steps left
     # the trainer's measured seconds per step win
-    assert eta_text({"status": "running", "progress": {"step": 20, "total_steps": 110, "step_time_s": 2.0}},
-                    {}, now=0) == "3:00"
-    smoothed: dict = {}
-    eta_text({"status": "running", "progress": {"step": 20, "total_steps": 110, "step_time_s": 2.0}}, smoothed, 0)
-    assert eta_text({"status": "running", "progress": {"step": 30, "total_steps": 110, "step_time_s": 4.0}},
+    assert eta_text(Job.from_api({"status": "running", "progress": {"step": 20, "total_steps": 110,
+                                                                    "step_time_s": 2.0}}), StepRate(), now=0) == "3:00"
+    smoothed = StepRate()
+    eta_text(Job.from_api({"status": "running", "progress": {"step": 20, "total_steps": 110, "step_time_s": 2.0}}),
+             smoothed, 0)
+    assert eta_text(Job.from_api({"status": "running", "progress": {"step": 30, "total_steps": 110,
+                                                                    "step_time_s": 4.0}}),
                     smoothed, 0) == "3:28"   # 80 steps x (0.3 x 4 + 0.7 x 2 = 2.6) s, not a jump to 5:20
     # none during set-up or in the queue, whatever the platform's own estimate says
     for job in ({"status": "queued", "estimated_finish": 10**10, "progress": {}},
                 {"status": "running", "state": "provisioning", "progress": {"total_steps": 40}},
                 {"status": "running", "progress": {"step": 0, "total_steps": 40, "step_time_s": 1.0}}):
-        assert eta_text(job, {}, now=0) == "-"
+        assert eta_text(Job.from_api(job), StepRate(), now=0) == "-"
 
 
 def test_progress_lines_never_show_none_and_label_the_eta():
@@ -63,11 +67,14 @@ def test_progress_lines_never_show_none_and_label_the_eta():
 
     base = {"id": "ftjob-1", "model": "tiny-llama", "training_file": "ds-1", "created_at": 1}
     setting_up = {**base, "status": "running", "state": "provisioning", "progress": {"total_steps": None}}
-    assert "None" not in progress_text(setting_up, "-", 3) and "step" not in job_line(setting_up)
-    assert "waiting for the first step" in progress_text(setting_up, "-", 3)
+    assert "None" not in progress_text(Job.from_api(setting_up), "-", 3)
+    assert "step" not in job_line(Job.from_api(setting_up))
+    assert "waiting for the first step" in progress_text(Job.from_api(setting_up), "-", 3)
     running = {**base, "status": "running", "progress": {"step": 5, "total_steps": None, "loss": 1.5}}
-    assert "step 5 " in progress_text(running, "-", 3) + " " and "None" not in job_line(running)
-    line = progress_text({**running, "progress": {"step": 5, "total_steps": 40, "loss": 1.5}}, "0:35", 65)
+    assert "step 5 " in progress_text(Job.from_api(running), "-", 3) + " "
+    assert "None" not in job_line(Job.from_api(running))
+    line = progress_text(Job.from_api({**running, "progress": {"step": 5, "total_steps": 40, "loss": 1.5}}),
+                         "0:35", 65)
     assert line.split()[1:] == ["step", "5/40", "loss", "1.5000", "ETA", "0:35", "elapsed", "1:05"]
 
 
@@ -90,9 +97,10 @@ def test_non_terminal_output_prints_one_line_per_update(capsys):
             return next(states)
 
     out = io.StringIO()
-    job = follow(FakeApi(), "j", poll_s=0, stream=out)
+    job, raw = follow(FakeApi(), "j", poll_s=0, stream=out)
     lines = out.getvalue().splitlines()
-    assert job["status"] == "succeeded" and len(lines) == 4, lines
+    assert job.status == "succeeded" and len(lines) == 4, lines
+    assert raw == {"id": "j", "status": "succeeded", "progress": {"step": 4, "total_steps": 4, "loss": 1.0}}
     assert "\r" not in out.getvalue() and "\x1b" not in out.getvalue()
     assert "ETA 0:02" in lines[2] and "step 2/4" in lines[2]
 

@@ -77,6 +77,7 @@ async def _demo(dataset: Path, tenant: str) -> int:
 
 
 def user_session(api_url: str, scheduler_url: str, dataset: Path, tenant: str) -> int:
+    from .api_objects import JobUsage  # noqa: PLC0415
     from .client import Api, poll_until  # noqa: PLC0415
     from .keys import create_key  # noqa: PLC0415
     from .public import describe_file, describe_job, follow_job, usage_text, wait_for_file  # noqa: PLC0415
@@ -87,8 +88,8 @@ def user_session(api_url: str, scheduler_url: str, dataset: Path, tenant: str) -
     with Api(f"{api_url}/v1", key["key"]) as api:
         f = api.upload(dataset)
         print(f"[file] POST /v1/files {dataset} -> {f['id']} ({f['bytes']} bytes, status {f['status']})")
-        f = wait_for_file(api, f["id"])
-        print("[file] " + describe_file(f).replace("\n", "\n       "))
+        checked, f = wait_for_file(api, f["id"])
+        print("[file] " + describe_file(checked).replace("\n", "\n       "))
         if f["status"] != "processed":
             return 1
         body = {"model": "tiny-llama", "training_file": f["id"], "suffix": "demo",
@@ -96,8 +97,8 @@ def user_session(api_url: str, scheduler_url: str, dataset: Path, tenant: str) -
                            "supervised": {"hyperparameters": DEMO_HYPERPARAMETERS}}}
         job = api.post("/fine_tuning/jobs", body, headers={"Idempotency-Key": f"demo-{f['id']}"})
         print(f"[job] POST /v1/fine_tuning/jobs -> {job['id']} ({job['status']})")
-        job = follow_job(api, job["id"])
-        print("\n[job] " + describe_job(job).replace("\n", "\n      "))
+        followed, job = follow_job(api, job["id"])
+        print("\n[job] " + describe_job(followed).replace("\n", "\n      "))
         events = api.events(job["id"], limit=5)["data"]
         print("[events] newest: " + " | ".join(e["message"] for e in events))
         checkpoints = api.get(f"/fine_tuning/jobs/{job['id']}/checkpoints")["data"]
@@ -118,7 +119,7 @@ def user_session(api_url: str, scheduler_url: str, dataset: Path, tenant: str) -
                       f"dataset={lin.get('dataset_id')}@{str(lin.get('dataset_version'))[:16]}…  "
                       f"method={lin.get('method')}")
         usage = poll_until(lambda: _usage(api, job["id"]), "usage")
-        print(f"[usage] {usage_text(usage)}")
+        print(f"[usage] {usage_text(JobUsage.from_api(usage))}")
     return 0 if job["status"] == "succeeded" else 1
 
 

@@ -5,24 +5,25 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from .client import Api, ApiFailure, dumps
+from .api_objects import (
+    Checkpoint,
+    Job,
+    JobEvent,
+    Page,
+    PlatformMethod,
+    Progress,
+    RegistryModel,
+)
+from .client import Api, ApiFailure
 from .follow import LossCurve, all_events, follow
+from .output import add_list_options, list_object, print_result, when
 
 PLATFORM_METHODS = {"lora": "supervised", "qlora": "supervised", "full": "supervised", "cpt": "supervised",
                     "dpo": "dpo", "orpo": "dpo"}
 DEFAULT_MODEL = "tiny-llama"
-
-
-def _when(ts: Any) -> str:
-    return datetime.fromtimestamp(ts, UTC).strftime("%Y-%m-%d %H:%M:%S") if isinstance(ts, (int, float)) else "-"
-
-
-def _out(args: argparse.Namespace, obj: Any, text: str) -> None:
-    print(dumps(obj) if args.json else text)
 
 
 def job_body(args: argparse.Namespace) -> dict[str, Any]:
@@ -54,21 +55,21 @@ def job_body(args: argparse.Namespace) -> dict[str, Any]:
     return body
 
 
-def step_text(progress: dict | None) -> str:
+def step_text(progress: Progress | None) -> str:
     """`step 12/40`, `step 12` while the total is unknown, '' before the first step."""
-    p = progress or {}
-    if not isinstance(p.get("step"), int):
+    p = progress or Progress()
+    if not isinstance(p.step, int):
         return ""
-    return f"step {p['step']}/{p['total_steps']}" if p.get("total_steps") else f"step {p['step']}"
+    return f"step {p.step}/{p.total_steps}" if p.total_steps else f"step {p.step}"
 
 
-def job_line(j: dict, stage: str | None = None) -> str:
+def job_line(j: Job, stage: str | None = None) -> str:
     """One job: status (and finer state), model, file, step, eval verdict, the model made and its stage."""
-    state = f"/{j['state']}" if j.get("state") and j.get("state") != j["status"] else ""
-    verdict = (j.get("eval") or {}).get("verdict")
-    made = j.get("fine_tuned_model") or ""
-    parts = [j["id"], f"{j['status']}{state:<14}", str(j.get("model")), f"file={j.get('training_file')}",
-             step_text(j.get("progress")), f"eval={verdict}" if verdict else "", _when(j.get("created_at")),
+    state = f"/{j.state}" if j.state and j.state != j.status else ""
+    verdict = j.eval.verdict if j.eval is not None else None
+    made = j.fine_tuned_model or ""
+    parts = [j.id, f"{j.status}{state:<14}", str(j.model), f"file={j.training_file}",
+             step_text(j.progress), f"eval={verdict}" if verdict else "", when(j.created_at),
              made + (f" ({stage})" if made and stage else "")]
     return "  ".join(p for p in parts if p)
 
@@ -80,102 +81,113 @@ QUARANTINE_ADVICE = (
     "(`eval_config` in the job's API body, see services/eval/README.md)")
 
 
-def describe_job(j: dict, stage: str | None = None) -> str:
+def describe_job(j: Job, stage: str | None = None) -> str:
     lines = [job_line(j, stage)]
-    method = j.get("method")
-    if isinstance(method, dict):
-        lines.append(f"  method {method.get('type')} ({(method.get('whetstone') or {}).get('method', '-')})  "
-                     f"hyperparameters {json.dumps(j.get('hyperparameters'))}")
-    if j.get("error") and any((j.get("error") or {}).values()):
-        lines.append(f"  error  {j['error'].get('code')}: {j['error'].get('message')}")
-    ev = j.get("eval")
-    if ev:
-        lines.append(f"  eval   verdict={ev.get('verdict')}  " + "; ".join(ev.get("reasons") or []))
-        for m in ev.get("metrics") or []:
-            base = f"{m['base']:.4f}" if isinstance(m.get("base"), (int, float)) else "-"
-            cand = f"{m['candidate']:.4f}" if isinstance(m.get("candidate"), (int, float)) else "-"
-            lines.append(f"         {m.get('name', '?'):<20} base={base:<10} candidate={cand}")
-        if ev.get("verdict") == "failed":
-            failed = [s for s in ev.get("stages") or [] if s.get("status") == "failed"]
+    if j.method is not None:
+        platform = j.method.whetstone or PlatformMethod()
+        lines.append(f"  method {j.method.type} ({platform.method})  "
+                     f"hyperparameters {json.dumps(j.hyperparameters.to_dict() if j.hyperparameters else None)}")
+    if j.error is not None and any(j.error.to_dict().values()):
+        lines.append(f"  error  {j.error.code}: {j.error.message}")
+    ev = j.eval
+    if ev is not None:
+        lines.append(f"  eval   verdict={ev.verdict}  " + "; ".join(ev.reasons or []))
+        for m in ev.metrics or []:
+            base = f"{m.base:.4f}" if isinstance(m.base, (int, float)) else "-"
+            cand = f"{m.candidate:.4f}" if isinstance(m.candidate, (int, float)) else "-"
+            lines.append(f"         {m.name:<20} base={base:<10} candidate={cand}")
+        if ev.verdict == "failed":
+            failed = [s for s in ev.stages or [] if s.status == "failed"]
             lines.append("  the model did not pass the eval gate and is quarantined (never served or promoted)"
-                         + (": " + "; ".join(f"{s.get('name')}: {s.get('reason')}" for s in failed) if failed else ""))
+                         + (": " + "; ".join(f"{s.name}: {s.reason}" for s in failed) if failed else ""))
             lines.append(f"  {QUARANTINE_ADVICE}")
-    if j.get("trained_tokens") is not None:
-        lines.append(f"  trained_tokens {j['trained_tokens']}")
+    if j.trained_tokens is not None:
+        lines.append(f"  trained_tokens {j.trained_tokens}")
     return "\n".join(lines)
 
 
-def checkpoint_line(c: dict) -> str:
-    m = {k: v for k, v in (c.get("metrics") or {}).items() if v is not None and k != "step"}
-    shown = "  ".join(f"{k}={v:.4f}" if isinstance(v, float) else f"{k}={v}" for k, v in m.items())
-    return (f"{c['id']}  step {c.get('step_number'):<6} {c.get('kind', ''):<10} {_when(c.get('created_at'))}  "
-            f"{shown}  {c.get('fine_tuned_model_checkpoint') or ''}").rstrip()
+def checkpoint_line(c: Checkpoint) -> str:
+    """One checkpoint: id, step, kind, time, its measured metrics (OpenAI's names) and its model name."""
+    m = c.metrics
+    named = [("train_loss", m.train_loss), ("train_mean_token_accuracy", m.train_mean_token_accuracy),
+             ("valid_loss", m.valid_loss), ("valid_mean_token_accuracy", m.valid_mean_token_accuracy),
+             ("full_valid_loss", m.full_valid_loss),
+             ("full_valid_mean_token_accuracy", m.full_valid_mean_token_accuracy)] if m is not None else []
+    measured = [(k, v) for k, v in [*named, *((m.model_extra or {}).items() if m is not None else ())]
+                if v is not None]
+    shown = "  ".join(f"{k}={v:.4f}" if isinstance(v, float) else f"{k}={v}" for k, v in measured)
+    return (f"{c.id}  step {c.step_number:<6} {c.kind or '':<10} {when(c.created_at)}  "
+            f"{shown}  {c.fine_tuned_model_checkpoint or ''}").rstrip()
 
 
-def follow_job(api: Api, job_id: str, *, loss_png: str | None = None, quiet: bool = False) -> dict:
+def follow_job(api: Api, job_id: str, *, loss_png: str | None = None, quiet: bool = False) -> tuple[Job, dict]:
+    """`follow`, then the loss curve to `loss_png`: the terminal job and the API's JSON of it."""
     curve = LossCurve()
-    job = follow(api, job_id, quiet=quiet, curve=curve)
+    job, raw = follow(api, job_id, quiet=quiet, curve=curve)
     if loss_png:
-        curve.add_events(all_events(api, job_id))
+        curve.add_events([event for event, _ in all_events(api, job_id)])
         if len(curve.points) >= 2:
-            title = f"{job_id} ({job['status']})"
+            title = f"{job_id} ({job.status})"
             print(f"loss curve: {curve.save_png(Path(loss_png), title)} ({len(curve.points)} points)", file=sys.stderr)
         else:
             print(f"loss curve: not written, {len(curve.points)} loss point(s) reported", file=sys.stderr)
-    return job
+    return job, raw
 
 
-def model_stages(api: Api) -> dict[str, str]:
+def model_stages(api: Api) -> dict[str, str | None]:
     """job id -> the stage of the model it made (best effort: an unreachable registry shows none)."""
     try:
-        return {m["job_id"]: m.get("stage") for m in api.get("/models", limit=1000).get("data") or []
-                if m.get("job_id")}
+        models = Page[RegistryModel].from_api(api.get("/models", limit=1000)).data or []
     except ApiFailure:
         return {}
+    return {m.job_id: m.stage for m in models if m.job_id}
 
 
 def cmd_jobs(args: argparse.Namespace) -> int:
     with Api() as api:
         if args.action == "create":
             headers = {"Idempotency-Key": args.idempotency_key} if args.idempotency_key else None
-            job = api.post("/fine_tuning/jobs", job_body(args), headers=headers)
+            raw = api.post("/fine_tuning/jobs", job_body(args), headers=headers)
+            job = Job.from_api(raw)
             if args.follow:
-                job = follow_job(api, job["id"], loss_png=args.loss_png, quiet=args.json)
-            _out(args, job, describe_job(job, model_stages(api).get(job["id"]) if args.follow else None))
+                job, raw = follow_job(api, job.id, loss_png=args.loss_png, quiet=args.json)
+            print_result(args, raw, describe_job(job, model_stages(api).get(job.id) if args.follow else None))
             if not args.json:
-                print(job["id"])
-            return 0 if job["status"] != "failed" else 1
+                print(job.id)
+            return 0 if job.status != "failed" else 1
         if args.action == "list":
-            from .public import list_object  # noqa: PLC0415
-
-            page = list_object(api, "/fine_tuning/jobs", args.limit, args.all)
+            raw = list_object(api, "/fine_tuning/jobs", args.limit, args.all)
             stages = {} if args.json else model_stages(api)
-            _out(args, page, "\n".join(job_line(j, stages.get(j["id"])) for j in page["data"]) or "no jobs")
+            jobs = Page[Job].from_api(raw).data or []
+            print_result(args, raw, "\n".join(job_line(j, stages.get(j.id)) for j in jobs) or "no jobs")
             return 0
         if args.action == "get":
-            job = api.get(f"/fine_tuning/jobs/{args.job_id}")
-            _out(args, job, describe_job(job, None if args.json else model_stages(api).get(job["id"])))
+            raw = api.get(f"/fine_tuning/jobs/{args.job_id}")
+            job = Job.from_api(raw)
+            print_result(args, raw, describe_job(job, None if args.json else model_stages(api).get(job.id)))
             return 0
         if args.action == "cancel":
-            job = api.post(f"/fine_tuning/jobs/{args.job_id}/cancel")
-            _out(args, job, describe_job(job))
+            raw = api.post(f"/fine_tuning/jobs/{args.job_id}/cancel")
+            print_result(args, raw, describe_job(Job.from_api(raw)))
             return 0
         if args.action == "follow":
-            job = follow_job(api, args.job_id, loss_png=args.loss_png, quiet=args.json)
-            _out(args, job, describe_job(job, None if args.json else model_stages(api).get(job["id"])))
-            return 0 if job["status"] == "succeeded" else 1
+            job, raw = follow_job(api, args.job_id, loss_png=args.loss_png, quiet=args.json)
+            print_result(args, raw, describe_job(job, None if args.json else model_stages(api).get(job.id)))
+            return 0 if job.status == "succeeded" else 1
         if args.action == "checkpoints":
-            page = api.get(f"/fine_tuning/jobs/{args.job_id}/checkpoints", limit=args.limit)
-            _out(args, page, "\n".join(checkpoint_line(c) for c in page.get("data") or []) or "no checkpoints")
+            raw = api.get(f"/fine_tuning/jobs/{args.job_id}/checkpoints", limit=args.limit)
+            checkpoints = Page[Checkpoint].from_api(raw).data or []
+            print_result(args, raw, "\n".join(checkpoint_line(c) for c in checkpoints) or "no checkpoints")
             return 0
         if args.all:
-            events = all_events(api, args.job_id)
-            page = {"object": "list", "data": events, "has_more": False}
+            gathered = all_events(api, args.job_id)
+            events = [event for event, _ in gathered]
+            raw = {"object": "list", "data": [event_json for _, event_json in gathered], "has_more": False}
         else:
-            page = api.events(args.job_id, limit=args.limit)
-            events = list(reversed(page["data"]))
-        _out(args, page, "\n".join(f"{_when(e.get('created_at'))}  {e.get('level', ''):<7} {e.get('message')}"
-                                   for e in events) or "no events")
+            raw = api.events(args.job_id, limit=args.limit)
+            events = list(reversed(Page[JobEvent].from_api(raw).data or []))
+        print_result(args, raw, "\n".join(f"{when(e.created_at)}  {e.level or '':<7} {e.message}"
+                                           for e in events) or "no events")
         return 0
 
 
@@ -205,9 +217,8 @@ def add_parser(sub, cmd) -> Any:
     cj.add_argument("--idempotency-key", help="retries with the same key and body return the same job")
     cj.add_argument("--follow", action="store_true", help="show progress until the job ends")
     cj.add_argument("--loss-png", metavar="FILE", help="with --follow: write the training loss curve to this PNG")
-    jl = cmd(acts, "list", cmd_jobs, "the key's tenant's jobs, newest first: status, step, eval verdict, model stage")
-    jl.add_argument("--limit", type=int, default=20, help="jobs per page (default 20)")
-    jl.add_argument("--all", action="store_true", help="every page")
+    add_list_options(cmd(acts, "list", cmd_jobs, "the key's tenant's jobs, newest first: status, step, eval verdict, "
+                                                 "model stage"), "jobs")
     cmd(acts, "get", cmd_jobs, "one job, with its eval verdict and why").add_argument("job_id")
     cmd(acts, "cancel", cmd_jobs, "cancel a job that has not finished").add_argument("job_id")
     jf = cmd(acts, "follow", cmd_jobs, "progress (step, loss, ETA) until the job ends")

@@ -8,82 +8,90 @@ import hashlib
 import json
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
 
 import httpx
 
-from .client import Api, ApiFailure, dumps
+from .api_objects import (
+    JobUsage,
+    Lineage,
+    ModelContent,
+    MonthUsage,
+    Page,
+    RegistryModel,
+    UsageTotal,
+)
+from .client import Api, ApiFailure
+from .output import print_result, when
 
 STAGES = ("dev", "staging", "production", "archived")
 
 
-def _when(ts: Any) -> str:
+def _when(ts: float | str | None) -> str:
+    """A Unix timestamp or an ISO time as `YYYY-mm-dd HH:MM:SS`; `-` when there is none."""
     if isinstance(ts, (int, float)):
-        return datetime.fromtimestamp(ts, UTC).strftime("%Y-%m-%d %H:%M:%S")
+        return when(ts)
     return str(ts)[:19].replace("T", " ") if ts else "-"
 
 
-def _out(args: argparse.Namespace, obj: Any, text: str) -> None:
-    print(dumps(obj) if args.json else text)
+def model_line(m: RegistryModel) -> str:
+    kind = m.model_type or ("base" if not m.job_id else "fine_tuned")
+    job = f"  job={m.job_id}" if m.job_id else ""
+    return f"{m.id}  {kind:<10} stage={m.stage or '-':<11} {m.name or ''}{job}".rstrip()
 
 
-def model_line(m: dict) -> str:
-    kind = m.get("model_type") or ("base" if not m.get("job_id") else "fine_tuned")
-    job = f"  job={m['job_id']}" if m.get("job_id") else ""
-    return f"{m['id']}  {kind:<10} stage={m.get('stage') or '-':<11} {m.get('name') or ''}{job}".rstrip()
-
-
-def _short(sha: Any) -> str:
+def _short(sha: str | None) -> str:
     return f"{str(sha)[:12]}…" if sha else "-"
 
 
-def describe_model(m: dict) -> str:
+def describe_model(m: RegistryModel) -> str:
     """A model in a few readable lines: what it is, where it came from, how it got its stage."""
     lines = [model_line(m)]
-    if m.get("fine_tuned_model") and m.get("stage") in ("staging", "production"):   # only those are served
-        lines.append(f"  chat with      model={m['fine_tuned_model']}")
-    lin = m.get("lineage") or {}
-    if lin:
-        lines.append(f"  base           {lin.get('base_model')} (sha256 {_short(lin.get('base_model_sha256'))})")
-        lines.append(f"  dataset        {lin.get('dataset_id')} (version {_short(lin.get('dataset_version'))})")
-        lines.append(f"  method         {lin.get('method')}  hyperparameters {_short(lin.get('hyperparameters_hash'))}")
-        if lin.get("eval_verdict") or lin.get("eval"):
-            lines.append(f"  eval           {lin.get('eval_verdict') or json.dumps(lin.get('eval'))[:100]}")
-    if m.get("needs_reeval"):
+    if m.fine_tuned_model and m.stage in ("staging", "production"):   # only those are served
+        lines.append(f"  chat with      model={m.fine_tuned_model}")
+    lin = m.lineage or Lineage()
+    if lin.to_dict():
+        lines.append(f"  base           {lin.base_model} (sha256 {_short(lin.base_model_sha256)})")
+        lines.append(f"  dataset        {lin.dataset_id} (version {_short(lin.dataset_version)})")
+        lines.append(f"  method         {lin.method}  hyperparameters {_short(lin.hyperparameters_hash)}")
+        if lin.eval_verdict or lin.eval:
+            lines.append(f"  eval           {lin.eval_verdict or json.dumps(lin.eval)[:100]}")
+    if m.needs_reeval:
         lines.append("  needs re-evaluation: its base model has a new version")
-    for h in m.get("stage_history") or []:
-        change = f"{h.get('from_stage') or '-'} -> {h.get('to_stage') or h.get('stage')}"
-        by = h.get("actor") or h.get("approved_by") or ""
-        lines.append(f"  {_when(h.get('at') or h.get('created_at')):<19}  {change:<24} {h.get('reason') or ''}"
+    for h in m.stage_history or []:
+        change = f"{h.from_stage or '-'} -> {h.to_stage or h.stage}"
+        by = h.actor or h.approved_by or ""
+        lines.append(f"  {_when(h.at or h.created_at):<19}  {change:<24} {h.reason or ''}"
                      + (f"  ({by})" if by else ""))
     lines.append("  (lineage, files and eval in full: --json)")
     return "\n".join(lines)
 
 
-def download(api: Api, model_id: str, out: Path) -> tuple[dict, list[Path]]:
-    """Every file of the model's content listing into `out`, each checked against its sha256."""
-    content = api.get(f"/models/{model_id}/content")
+def download(api: Api, model_id: str, out: Path) -> tuple[ModelContent, dict, list[Path]]:
+    """Every file of the model's content listing into `out`, each checked against its sha256: the
+    listing, the API's JSON of it and the files written."""
+    raw = api.get(f"/models/{model_id}/content")
+    content = ModelContent.from_api(raw)
     out.mkdir(parents=True, exist_ok=True)
     written = []
     with httpx.Client(timeout=300, follow_redirects=True) as http:
-        for f in content.get("files") or []:
-            target = out / Path(f["name"]).name
+        for f in content.files or []:
+            target = out / Path(f.name).name
             digest = hashlib.sha256()
-            with http.stream("GET", f["url"]) as r:
+            with http.stream("GET", f.url) as r:
                 if r.status_code != 200:
                     raise ApiFailure(r.status_code, {"code": "download_failed",
-                                                     "message": f"{f['name']}: the object store answered "
-                                                                f"{r.status_code} at {f['url'].split('?')[0]}"})
+                                                     "message": f"{f.name}: the object store answered "
+                                                                f"{r.status_code} at {f.url.split('?')[0]}"})
                 with open(target, "wb") as fh:
                     for chunk in r.iter_bytes():
                         digest.update(chunk)
                         fh.write(chunk)
-            if f.get("sha256") and digest.hexdigest() != f["sha256"]:
+            if f.sha256 and digest.hexdigest() != f.sha256:
                 target.unlink(missing_ok=True)
                 raise ApiFailure(422, {"code": "checksum_mismatch",
-                                       "message": f"{f['name']} does not match its sha256; nothing kept"})
+                                       "message": f"{f.name} does not match its sha256; nothing kept"})
             written.append(target)
-    return content, written
+    return content, raw, written
 
 
 def load_hint(base: str, out: Path) -> str:
@@ -102,62 +110,63 @@ def load_hint(base: str, out: Path) -> str:
 def cmd_models(args: argparse.Namespace) -> int:
     with Api() as api:
         if args.action == "list":
-            page = api.get("/models", job_id=args.job)
-            _out(args, page, "\n".join(model_line(m) for m in page.get("data") or []) or "no models")
+            raw = api.get("/models", job_id=args.job)
+            models = Page[RegistryModel].from_api(raw).data or []
+            print_result(args, raw, "\n".join(model_line(m) for m in models) or "no models")
         elif args.action == "get":
-            m = api.get(f"/models/{args.model_id}")
-            _out(args, m, describe_model(m))
+            raw = api.get(f"/models/{args.model_id}")
+            print_result(args, raw, describe_model(RegistryModel.from_api(raw)))
         elif args.action == "promote":
-            m = api.post(f"/models/{args.model_id}/promote", {"stage": args.stage, "reason": args.reason})
-            _out(args, m, model_line(m))
+            raw = api.post(f"/models/{args.model_id}/promote", {"stage": args.stage, "reason": args.reason})
+            print_result(args, raw, model_line(RegistryModel.from_api(raw)))
         elif args.action == "archive":
-            m = api.post(f"/models/{args.model_id}/archive", {"reason": args.reason})
-            _out(args, m, model_line(m))
+            raw = api.post(f"/models/{args.model_id}/archive", {"reason": args.reason})
+            print_result(args, raw, model_line(RegistryModel.from_api(raw)))
         elif args.action == "download":
             out = Path(args.out or args.model_id.replace(":", "_"))
-            content, files = download(api, args.model_id, out)
-            _out(args, content, "\n".join(f"{p}  {p.stat().st_size} bytes  sha256 ok" for p in files)
-                 + "\n" + load_hint(content.get("base_model") or "", out))
+            content, raw, files = download(api, args.model_id, out)
+            print_result(args, raw, "\n".join(f"{p}  {p.stat().st_size} bytes  sha256 ok" for p in files)
+                         + "\n" + load_hint(content.base_model or "", out))
             if not args.json:
                 print(out)
         else:
-            m = api.post(f"/models/{args.model_id}/rollback", {"reason": args.reason})
-            _out(args, m, model_line(m))
+            raw = api.post(f"/models/{args.model_id}/rollback", {"reason": args.reason})
+            print_result(args, raw, model_line(RegistryModel.from_api(raw)))
     return 0
 
 
 # ----------------------------------------------------------------- usage
 
 
-def usage_text(u: dict) -> str:
-    total = u.get("total") or {}
-    return (f"{u.get('job_id')}  status={u.get('status')}  gpu_seconds={total.get('gpu_seconds', 0):.1f}  "
-            f"billable={total.get('billable_gpu_seconds', 0):.1f}  cost=${total.get('cost', 0):.6f}  "
-            f"class={total.get('charge_class')}  segments={len(u.get('lines') or [])}")
+def usage_text(u: JobUsage) -> str:
+    total = u.total or UsageTotal()
+    return (f"{u.job_id}  status={u.status}  gpu_seconds={total.gpu_seconds:.1f}  "
+            f"billable={total.billable_gpu_seconds:.1f}  cost=${total.cost:.6f}  "
+            f"class={total.charge_class}  segments={len(u.lines or [])}")
 
 
-def month_text(u: dict) -> str:
-    rate = u.get("success_rate")
-    lines = [f"{u.get('tenant_id')}  {u.get('month')}",
-             f"  jobs       {u.get('jobs', 0)}  (succeeded {u.get('succeeded', 0)}, failed {u.get('failed', 0)}, "
-             f"cancelled {u.get('cancelled', 0)}" + (f"; {rate:.0%} succeeded)" if rate is not None else ")"),
-             f"  GPU hours  {u.get('gpu_hours', 0):.4f}  (billable {u.get('billable_gpu_hours', 0):.4f})",
-             f"  spend      {u.get('spend', 0):.6f} {u.get('currency', 'USD')}  (refunded {u.get('refunded', 0):.6f}, "
-             f"under review {u.get('under_review', 0):.6f})"]
-    for g in u.get("by_gpu_type") or []:
-        lines.append(f"  {g['gpu_type']:<12} {g['gpu_hours']:.4f} h  {g['spend']:.6f} {u.get('currency', 'USD')}")
+def month_text(u: MonthUsage) -> str:
+    rate = u.success_rate
+    lines = [f"{u.tenant_id}  {u.month}",
+             f"  jobs       {u.jobs}  (succeeded {u.succeeded}, failed {u.failed}, "
+             f"cancelled {u.cancelled}" + (f"; {rate:.0%} succeeded)" if rate is not None else ")"),
+             f"  GPU hours  {u.gpu_hours:.4f}  (billable {u.billable_gpu_hours:.4f})",
+             f"  spend      {u.spend:.6f} {u.currency}  (refunded {u.refunded:.6f}, "
+             f"under review {u.under_review:.6f})"]
+    for g in u.by_gpu_type or []:
+        lines.append(f"  {g.gpu_type:<12} {g.gpu_hours:.4f} h  {g.spend:.6f} {u.currency}")
     return "\n".join(lines)
 
 
 def cmd_usage(args: argparse.Namespace) -> int:
     with Api() as api:
         if args.job:
-            u = api.get(f"/usage/jobs/{args.job}")
-            _out(args, u, usage_text(u))
+            raw = api.get(f"/usage/jobs/{args.job}")
+            print_result(args, raw, usage_text(JobUsage.from_api(raw)))
         else:
             month = args.month or datetime.now(UTC).strftime("%Y-%m")
-            u = api.get("/usage", month=month)   # the key's own tenant
-            _out(args, u, month_text(u))
+            raw = api.get("/usage", month=month)   # the key's own tenant
+            print_result(args, raw, month_text(MonthUsage.from_api(raw)))
     return 0
 
 

@@ -6,61 +6,44 @@ from __future__ import annotations
 
 import argparse
 import sys
-from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
 
 from . import jobs_cli, models_cli
-from .client import Api, ApiFailure, dumps, poll_until
+from .api_objects import ApiFile, FileDeleted, Page
+from .client import Api, ApiFailure, poll_until
 from .follow import TERMINAL
-
-
-def _when(ts: Any) -> str:
-    return datetime.fromtimestamp(ts, UTC).strftime("%Y-%m-%d %H:%M:%S") if isinstance(ts, (int, float)) else "-"
-
-
-def _out(args: argparse.Namespace, obj: Any, text: str) -> None:
-    print(dumps(obj) if args.json else text)
-
+from .output import add_list_options, list_object, print_result, when
 
 # ------------------------------------------------------------------ files
 
 
-def file_line(f: dict) -> str:
-    return (f"{f['id']}  {f['status']:<9} {f.get('bytes', 0):>10}B  {f.get('purpose')}/{f.get('dataset_purpose', '-')}"
-            f"  {f.get('filename')}  {_when(f.get('created_at'))}")
+def file_line(f: ApiFile) -> str:
+    return (f"{f.id}  {f.status:<9} {f.bytes or 0:>10}B  {f.purpose}/{f.dataset_purpose}"
+            f"  {f.filename}  {when(f.created_at)}")
 
 
-def wait_for_file(api: Api, file_id: str, timeout_s: float = 600) -> dict:
-    """The file once validated (status no longer `uploaded`)."""
-    def validated() -> dict | None:
-        f = api.get(f"/files/{file_id}")
-        return f if f["status"] != "uploaded" else None
+def wait_for_file(api: Api, file_id: str, timeout_s: float = 600) -> tuple[ApiFile, dict]:
+    """The file once validated (status no longer `uploaded`), and the API's JSON of it."""
+    def validated() -> tuple[ApiFile, dict] | None:
+        raw = api.get(f"/files/{file_id}")
+        f = ApiFile.from_api(raw)
+        return (f, raw) if f.status != "uploaded" else None
 
     return poll_until(validated, f"validation of file {file_id}", timeout_s=timeout_s)
 
 
-def describe_file(f: dict) -> str:
+def describe_file(f: ApiFile) -> str:
     lines = [file_line(f)]
-    v = f.get("validation")
-    if v:
-        lines.append(f"  validation: {v['status']}  rows {v.get('rows_kept')}/{v.get('rows_total')}  "
-                     f"format={v.get('format')} schema={v.get('schema')} tokens={v.get('tokens_total')}")
-        for e in (v.get("errors") or [])[:20]:
-            where = f"line {e['line']}: " if e.get("line") else ""
-            lines.append(f"  error   {where}{e.get('message')} [{e.get('code')}]")
-        for w in (v.get("warnings") or [])[:5]:
-            lines.append(f"  warning {w.get('message')} [{w.get('code')}]")
+    v = f.validation
+    if v is not None:
+        lines.append(f"  validation: {v.status}  rows {v.rows_kept}/{v.rows_total}  "
+                     f"format={v.format} schema={v.schema_} tokens={v.tokens_total}")
+        for e in (v.errors or [])[:20]:
+            where = f"line {e.line}: " if e.line else ""
+            lines.append(f"  error   {where}{e.message} [{e.code}]")
+        for w in (v.warnings or [])[:5]:
+            lines.append(f"  warning {w.message} [{w.code}]")
     return "\n".join(lines)
-
-
-def _list_object(api: Api, path: str, limit: int, everything: bool, **params: Any) -> dict:
-    """The API's list object; with `everything`, every page gathered into one (`has_more` false)."""
-    if not everything:
-        return api.get(path, limit=limit, **params)
-    data = list(api.pages(path, limit=min(limit, 100), **params))
-    return {"object": "list", "data": data, "has_more": False,
-            "first_id": data[0]["id"] if data else None, "last_id": data[-1]["id"] if data else None}
 
 
 def cmd_files(args: argparse.Namespace) -> int:
@@ -70,23 +53,25 @@ def cmd_files(args: argparse.Namespace) -> int:
             if not path.is_file():
                 print(f"error: no such file: {path}", file=sys.stderr)
                 return 2
-            f = api.upload(path, args.purpose)
+            raw = api.upload(path, args.purpose)
+            f = ApiFile.from_api(raw)
             if args.wait:
-                f = wait_for_file(api, f["id"])
-            _out(args, f, describe_file(f))
+                f, raw = wait_for_file(api, f.id)
+            print_result(args, raw, describe_file(f))
             if not args.json:
-                print(f["id"])
-            return 1 if f["status"] == "error" else 0
+                print(f.id)
+            return 1 if f.status == "error" else 0
         if args.action == "list":
-            page = _list_object(api, "/files", args.limit, args.all)
-            _out(args, page, "\n".join(file_line(f) for f in page["data"]) or "no files")
+            raw = list_object(api, "/files", args.limit, args.all)
+            files = Page[ApiFile].from_api(raw).data or []
+            print_result(args, raw, "\n".join(file_line(f) for f in files) or "no files")
             return 0
         if args.action == "delete":
-            gone = api.call("DELETE", f"/files/{args.file_id}")
-            _out(args, gone, f"deleted {gone.get('id', args.file_id)}")
+            raw = api.call("DELETE", f"/files/{args.file_id}")
+            print_result(args, raw, f"deleted {FileDeleted.construct(**raw).id or args.file_id}")
             return 0
-        f = api.get(f"/files/{args.file_id}")
-        _out(args, f, describe_file(f))
+        raw = api.get(f"/files/{args.file_id}")
+        print_result(args, raw, describe_file(ApiFile.from_api(raw)))
         return 0
 
 
@@ -117,9 +102,7 @@ def add_parsers(sub) -> None:
     up.add_argument("file", help="chat (`messages`), preference (`input`/`preferred_output`/...) or text rows")
     up.add_argument("--purpose", default="fine-tune", help="OpenAI's purpose (default fine-tune)")
     up.add_argument("--wait", action="store_true", help="wait for the validation report (exit 1 if rejected)")
-    lst = cmd(acts, "list", cmd_files, "the key's tenant's files, newest first")
-    lst.add_argument("--limit", type=int, default=20, help="files per page (default 20)")
-    lst.add_argument("--all", action="store_true", help="every page")
+    add_list_options(cmd(acts, "list", cmd_files, "the key's tenant's files, newest first"), "files")
     cmd(acts, "get", cmd_files, "one file with its validation report").add_argument("file_id")
     cmd(acts, "delete", cmd_files, "delete a file (refused while a job that trains on it runs)").add_argument(
         "file_id")
@@ -129,7 +112,6 @@ def add_parsers(sub) -> None:
 
 
 # what the demo and the tests use from here
-list_object = _list_object
 job_body, describe_job, follow_job, job_line = jobs_cli.job_body, jobs_cli.describe_job, jobs_cli.follow_job, \
     jobs_cli.job_line
 usage_text = models_cli.usage_text
