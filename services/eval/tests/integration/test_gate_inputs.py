@@ -157,7 +157,9 @@ def test_a_reinforcement_job_is_gated_by_its_own_grader_on_real_completions(tiny
     assert answers["base"] != answers["candidate"]
     grader = {"type": "string_check", "name": "same", "input": "{{sample.output_text}}",
               "reference": "{{item.expected.text}}", "operation": "eq"}
-    spec = {"grader": grader, "max_completion_tokens": 8}
+    from whetstone.graders.rft import parse_method
+
+    spec = {**parse_method({"grader": grader}).record(), "max_completion_tokens": 8}
     for favoured, status in (("candidate", "passed"), ("base", "failed")):
         holdout = tmp_path / f"{favoured}.jsonl"
         holdout.write_text("".join(json.dumps({"messages": p, "expected": {"text": t}}) + "\n"

@@ -10,12 +10,13 @@ from whetstone.eval.domain.reward import RewardScores, decide_reward
 from whetstone.eval.domain.stages import verdict
 from whetstone.eval.pipeline import Candidate, DirCache, GateTools, run_gate
 from whetstone.eval.rft import reward_stage
+from whetstone.graders.rft import parse_method
 
 pytestmark = pytest.mark.unit
 P = HoldoutPolicy()
 GRADER = {"type": "string_check", "name": "exact", "input": "{{sample.output_text}}",
           "reference": "{{item.answer}}", "operation": "eq"}
-SPEC = {"grader": GRADER, "max_completion_tokens": 64}
+SPEC = {**parse_method({"grader": GRADER}).record(), "max_completion_tokens": 64}
 
 
 def test_reward_decision_needs_the_margin_over_the_base():
@@ -81,7 +82,7 @@ def test_the_stage_refuses_unusable_inputs_naming_the_line(tmp_path):
     broken[1]["messages"].append({"role": "assistant", "content": "2"})
     r = reward_stage(SPEC, write(tmp_path / "v.jsonl", broken), "", "sha", P, DirCache(tmp_path), lambda: models)
     assert r.status == "failed" and "line 2" in r.reason and "'assistant'" in r.reason
-    r = reward_stage({"grader": {"type": "string_check"}}, write(tmp_path / "w.jsonl", rows(2)), "", "sha", P,
+    r = reward_stage({**SPEC, "grader": {"type": "string_check"}}, write(tmp_path / "w.jsonl", rows(2)), "", "sha", P,
                      DirCache(tmp_path), lambda: models)
     assert r.status == "failed" and "grader cannot be used" in r.reason
     r = reward_stage(SPEC, None, "the job has no validation file", "sha", P, DirCache(tmp_path), lambda: models)

@@ -15,14 +15,16 @@ import asyncio
 import hashlib
 import json
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from whetstone.contracts import EvalStageResult
+from pydantic import ValidationError
+from whetstone.contracts import TOLERANT, EvalStageResult, ReinforcementSpec
 from whetstone.graders import AnyGrader, GraderEnvironment, GraderInvalid, GraderSettings, parse_grader, run_grader
+from whetstone.graders.rft import RftRecord, RowMessage
 
-from .adapters.holdout import HoldoutError
+from .adapters.holdout import HoldoutError, read_rows
 from .domain.policy import HoldoutPolicy
 from .domain.reward import STAGE, RewardScores, decide_reward
 from .domain.stages import failed, skipped
@@ -30,48 +32,47 @@ from .domain.stages import failed, skipped
 
 @dataclass(frozen=True)
 class RftRow:
-    prompt: list[dict]          # the conversation the model answers (ends with the user's turn)
-    item: dict                  # the whole row, as the grader's `item` sees it
+    prompt: list[dict[str, str]]  # the conversation the model answers, as chat-template turns (ends with the user's)
+    item: dict[str, Any]          # the whole row, as the grader's `item` sees it
 
 
-def _text(content: Any) -> str | None:
-    if isinstance(content, str):
-        return content
-    if isinstance(content, list) and all(isinstance(p, dict) for p in content):
-        return "\n".join(p["text"] for p in content if p.get("type") == "text" and isinstance(p.get("text"), str))
-    return None
+@dataclass(frozen=True)
+class BaseSide:
+    """The base model's graded completions, as the stage caches them per base SHA."""
+    answers: list[str]
+    rewards: list[float]
+    errors: int
+
+
+def _text(message: RowMessage) -> str | None:
+    if isinstance(message.content, list):
+        return "\n".join(p.text for p in message.content if p.type == "text" and p.text is not None)
+    return message.content
 
 
 def _row(obj: Any, line_no: int) -> RftRow:
     where = f"validation file line {line_no}"
-    if not isinstance(obj, dict) or not isinstance(obj.get("messages"), list) or not obj["messages"]:
-        raise HoldoutError(f"{where}: expected an object with a non-empty 'messages' list (an rft row)")
+    try:
+        record = RftRecord.parse(obj)
+    except ValidationError as exc:
+        loc = exc.errors()[0]["loc"]
+        if len(loc) >= 2 and isinstance(loc[1], int):
+            raise HoldoutError(f"{where}: messages[{loc[1]}] needs a string 'role' and text 'content'") from exc
+        raise HoldoutError(f"{where}: expected an object with a non-empty 'messages' list (an rft row)") from exc
     prompt = []
-    for i, m in enumerate(obj["messages"]):
-        text = _text(m.get("content")) if isinstance(m, dict) else None
-        if text is None or not isinstance(m.get("role"), str):
+    for i, m in enumerate(record.messages):
+        text = _text(m)
+        if text is None:
             raise HoldoutError(f"{where}: messages[{i}] needs a string 'role' and text 'content'")
-        prompt.append({"role": m["role"], "content": text})
-    if prompt[-1]["role"] != "user":
-        raise HoldoutError(f"{where}: the last message is {prompt[-1]['role']!r}; a reinforcement job's held-out "
-                           "prompts end with the user's turn")
-    return RftRow(prompt, obj)
+        prompt.append({"role": m.role, "content": text})
+    if record.messages[-1].role != "user":
+        raise HoldoutError(f"{where}: the last message is {record.messages[-1].role!r}; a reinforcement job's "
+                           "held-out prompts end with the user's turn")
+    return RftRow(prompt, record.item)
 
 
 def read_rft_holdout(path: Path, limit: int) -> list[RftRow]:
-    rows: list[RftRow] = []
-    with open(path, encoding="utf-8", errors="strict") as f:
-        for line_no, line in enumerate(f, start=1):
-            if not line.strip():
-                continue
-            try:
-                obj = json.loads(line)
-            except json.JSONDecodeError as exc:
-                raise HoldoutError(f"validation file line {line_no}: not JSON ({exc.msg})") from exc
-            rows.append(_row(obj, line_no))
-            if len(rows) >= limit:
-                break
-    return rows
+    return read_rows(path, limit, _row)
 
 
 def grade(grader: AnyGrader, texts: list[str], items: list[dict], settings: GraderSettings | None = None
@@ -93,15 +94,20 @@ def _digest(value: Any) -> str:
     return hashlib.sha256(json.dumps(value, sort_keys=True, default=str).encode()).hexdigest()[:32]
 
 
-def reward_stage(reinforcement: dict, holdout_path: Path | None, missing_reason: str, base_sha: str,
+def reward_stage(reinforcement: dict[str, Any], holdout_path: Path | None, missing_reason: str, base_sha: str,
                  policy: HoldoutPolicy, cache: Any, models: Callable[[], Any],
                  grader_settings: GraderSettings | None = None) -> EvalStageResult:
-    """The stage's result; the models are loaded only when there is something to grade."""
+    """The stage's result for the job's recorded reinforcement object (read here as the contract's
+    ReinforcementSpec); the models are loaded only when there is something to grade."""
     if holdout_path is None:
         reason = missing_reason + ": no held-out prompts to grade (never scored on training data)"
         return failed(STAGE, reason) if policy.require_holdout else skipped(STAGE, reason)
     try:
-        grader = parse_grader(reinforcement.get("grader"), "reinforcement.grader")
+        spec = ReinforcementSpec.model_validate(reinforcement, context=TOLERANT)
+    except ValidationError as exc:
+        return failed(STAGE, f"the job's reinforcement object cannot be used: {exc.errors()[0]['msg']}")
+    try:
+        grader = parse_grader(spec.grader, "reinforcement.grader")
     except GraderInvalid as exc:
         return failed(STAGE, f"the job's grader cannot be used: {exc.param}: {exc.message}")
     try:
@@ -111,28 +117,28 @@ def reward_stage(reinforcement: dict, holdout_path: Path | None, missing_reason:
     if not rows:
         reason = "validation file is empty: no held-out prompts to grade"
         return failed(STAGE, reason) if policy.require_holdout else skipped(STAGE, reason)
-    budget = min(policy.reward_max_new_tokens, int(reinforcement.get("max_completion_tokens")
-                                                   or policy.reward_max_new_tokens))
+    budget = min(policy.reward_max_new_tokens, spec.max_completion_tokens)
     prompts, items = [r.prompt for r in rows], [r.item for r in rows]
     m = models()
     key = (f"reward:{base_sha}:{hashlib.sha256(Path(holdout_path).read_bytes()).hexdigest()}:"
-           f"{_digest(reinforcement.get('grader'))}:{policy.max_rows}:{budget}")
+           f"{_digest(spec.grader)}:{policy.max_rows}:{budget}")
     cached = cache.get(key)
     hit = cached is not None
     if cached is None:
         answers = m.generate("base", prompts, budget)
-        rewards, errors = grade(grader, answers, items, grader_settings)
-        cached = {"answers": answers, "rewards": rewards, "errors": errors}
-        cache.put(key, cached)
+        base = BaseSide(answers, *grade(grader, answers, items, grader_settings))
+        cache.put(key, asdict(base))
+    else:
+        base = BaseSide(**cached)
     answers = m.generate("candidate", prompts, budget)
     rewards, errors = grade(grader, answers, items, grader_settings)
-    result = decide_reward(RewardScores(grader=f"{grader.name} ({grader.type})", base=cached["rewards"],
-                                        candidate=rewards, base_errors=cached["errors"], candidate_errors=errors),
+    result = decide_reward(RewardScores(grader=f"{grader.name} ({grader.type})", base=base.rewards,
+                                        candidate=rewards, base_errors=base.errors, candidate_errors=errors),
                            policy)
     result.details["base_cached"] = hit
     result.details["completion_budget"] = budget
     result.details["examples"] = [{"prompt": r.prompt[-1]["content"][:200], "base": b[:200], "candidate": c[:200],
                                    "base_reward": br, "candidate_reward": cr}
-                                  for r, b, c, br, cr in list(zip(rows, cached["answers"], answers,
-                                                                  cached["rewards"], rewards))[:3]]
+                                  for r, b, c, br, cr in list(zip(rows, base.answers, answers,
+                                                                  base.rewards, rewards))[:3]]
     return result

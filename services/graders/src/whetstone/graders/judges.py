@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import httpx
+from pydantic import BaseModel, ConfigDict, TypeAdapter
 
 from .settings import Endpoint
 
@@ -104,15 +105,28 @@ def label_format(labels: list[str]) -> dict[str, Any]:
         "properties": {"result": {"type": "string", "enum": labels}}}}}
 
 
+class ScoreVerdict(BaseModel):
+    """The judge's answer in `score_format`."""
+    model_config = ConfigDict(strict=True)
+    result: float
+
+
+class LabelVerdict(BaseModel):
+    """The judge's answer in `label_format`."""
+    model_config = ConfigDict(strict=True)
+    result: str
+
+
+SCORE = TypeAdapter(ScoreVerdict | float, config=ConfigDict(strict=True))
+LABEL = TypeAdapter(LabelVerdict | str, config=ConfigDict(strict=True))
+
+
 def parse_score(content: str) -> float | None:
     """`{"result": x}` as asked; a bare number or the first number in the text from a judge that
     ignores response_format."""
     try:
-        value = json.loads(content)
-        if isinstance(value, dict):
-            value = value.get("result")
-        if isinstance(value, int | float) and not isinstance(value, bool):
-            return float(value)
+        value = SCORE.validate_python(json.loads(content))
+        return value.result if isinstance(value, ScoreVerdict) else value
     except ValueError:
         pass
     match = NUMBER.search(content)
@@ -121,11 +135,10 @@ def parse_score(content: str) -> float | None:
 
 def parse_label(content: str, labels: list[str]) -> str | None:
     try:
-        value = json.loads(content)
-        if isinstance(value, dict):
-            value = value.get("result")
-        if isinstance(value, str) and value in labels:
-            return value
+        value = LABEL.validate_python(json.loads(content))
+        label = value.result if isinstance(value, LabelVerdict) else value
+        if label in labels:
+            return label
     except ValueError:
         pass
     text = content.strip().strip('"').strip()

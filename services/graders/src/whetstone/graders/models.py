@@ -123,6 +123,8 @@ class LabelModelGrader(Strict):
         return self
 
 
+TextGrader = StringCheckGrader | TextSimilarityGrader   # compares its input template with its reference template
+JudgeGrader = ScoreModelGrader | LabelModelGrader       # asks a judge model, over templated messages
 SubGrader = Annotated[StringCheckGrader | TextSimilarityGrader | PythonGrader | ScoreModelGrader | LabelModelGrader,
                       Field(discriminator="type")]
 

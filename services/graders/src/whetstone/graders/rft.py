@@ -27,7 +27,14 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    ValidationInfo,
+    field_validator,
+)
 
 from .errors import GraderInvalid
 from .models import AnyGrader
@@ -38,6 +45,7 @@ Auto = Literal["auto"]
 COMPLETION_BUDGET = {"low": 128, "default": 256, "medium": 256, "high": 512}
 BASE_GENERATIONS = 4
 DEFAULT_LEARNING_RATE = 1e-5
+WHOLE_BOUNDS = {"n_epochs": (1, 50), "batch_size": (1, 256), "eval_interval": (1, 100_000), "eval_samples": (1, 16)}
 
 
 class ReinforcementHyperparameters(BaseModel):
@@ -50,32 +58,20 @@ class ReinforcementHyperparameters(BaseModel):
     eval_samples: Auto | int | None = None
     reasoning_effort: Literal["default", "low", "medium", "high"] | None = None
 
-    @field_validator("n_epochs", "batch_size", "eval_interval", "eval_samples", mode="before")
+    @field_validator(*WHOLE_BOUNDS, mode="before")
     @classmethod
     def whole(cls, value: Any) -> Any:
         if isinstance(value, bool) or (isinstance(value, float) and not value.is_integer()):
             raise ValueError("must be 'auto' or a whole number")
         return int(value) if isinstance(value, float) else value
 
-    @field_validator("n_epochs")
+    @field_validator(*WHOLE_BOUNDS)
     @classmethod
-    def epochs(cls, value: Any) -> Any:
-        return bounded(value, 1, 50)
-
-    @field_validator("batch_size")
-    @classmethod
-    def batch(cls, value: Any) -> Any:
-        return bounded(value, 1, 256)
-
-    @field_validator("eval_interval")
-    @classmethod
-    def interval(cls, value: Any) -> Any:
-        return bounded(value, 1, 100_000)
-
-    @field_validator("eval_samples")
-    @classmethod
-    def samples(cls, value: Any) -> Any:
-        return bounded(value, 1, 16)
+    def within(cls, value: Any, info: ValidationInfo) -> Any:
+        low, high = WHOLE_BOUNDS[info.field_name]
+        if isinstance(value, int) and not low <= value <= high:
+            raise ValueError(f"must be 'auto' or a whole number from {low} to {high}")
+        return value
 
     @field_validator("learning_rate_multiplier", "compute_multiplier")
     @classmethod
@@ -83,12 +79,6 @@ class ReinforcementHyperparameters(BaseModel):
         if isinstance(value, int | float) and not 0 < value <= 10:
             raise ValueError("must be 'auto' or a number > 0 and <= 10")
         return value
-
-
-def bounded(value: Any, low: int, high: int) -> Any:
-    if isinstance(value, int) and not low <= value <= high:
-        raise ValueError(f"must be 'auto' or a whole number from {low} to {high}")
-    return value
 
 
 class ResponseFormat(BaseModel):
@@ -197,6 +187,34 @@ def check_rows(rows: Iterable[tuple[int, Any]], grader: AnyGrader, limit: int = 
         total += len(problems)
         shown.extend(problems[: max(0, limit - len(shown))])
     return shown, total
+
+
+class RowPart(BaseModel):
+    """A content part of a row's message (OpenAI's chat shape); text parts carry the prompt's text."""
+    type: str | None = None
+    text: str | None = None
+
+
+class RowMessage(BaseModel):
+    """A message of an RFT row: its role and its content (a string or content parts)."""
+    role: str
+    content: str | list[RowPart] | None = None
+
+
+class RowMessages(BaseModel):
+    messages: list[RowMessage] = Field(min_length=1)
+
+
+@dataclass(frozen=True)
+class RftRecord:
+    """One RFT row, read once: its conversation typed, and the whole row as the grader's `item`."""
+    messages: list[RowMessage]
+    item: dict[str, Any]
+
+    @classmethod
+    def parse(cls, row: Any) -> RftRecord:
+        """Raises pydantic's ValidationError (its first error's `loc` names the message)."""
+        return cls(RowMessages.model_validate(row).messages, row)
 
 
 def generation_tokens(prompt_tokens: int, rows: int, plan: ReinforcementPlan) -> int:

@@ -28,6 +28,8 @@ import sys
 import time
 from dataclasses import dataclass
 
+from pydantic import BaseModel, ConfigDict
+
 from .settings import PythonSandboxSettings
 
 MAX_OUTPUT = 256 * 1024
@@ -65,6 +67,14 @@ except BaseException as exc:
 
 class SandboxUnavailable(RuntimeError):
     """No confinement works here and the operator did not allow unconfined python graders."""
+
+
+class RunnerReply(BaseModel):
+    """The runner's last line on stdout: the reward, or the grader's error and its traceback."""
+    model_config = ConfigDict(strict=True)
+    reward: float | None = None
+    error: str | None = None
+    traceback: str | None = None
 
 
 @dataclass(frozen=True)
@@ -218,13 +228,13 @@ class PythonSandbox:
         code = await proc.wait()
         line = out.strip().rsplit(b"\n", 1)[-1] if out.strip() else b""
         try:
-            answer = json.loads(line)
+            answer: RunnerReply | None = RunnerReply.model_validate_json(line)
         except ValueError:
             answer = None
-        if isinstance(answer, dict) and isinstance(answer.get("reward"), float):
-            return PythonOutcome(reward=answer["reward"], elapsed_s=elapsed)
-        if isinstance(answer, dict) and isinstance(answer.get("error"), str):
-            detail = answer["error"] + (f"\n{answer['traceback']}" if answer.get("traceback") else "")
+        if answer is not None and answer.reward is not None:
+            return PythonOutcome(reward=answer.reward, elapsed_s=elapsed)
+        if answer is not None and answer.error is not None:
+            detail = answer.error + (f"\n{answer.traceback}" if answer.traceback else "")
             return PythonOutcome(runtime_error=detail.strip(), elapsed_s=elapsed)
         return PythonOutcome(server_error=exit_reason(code), elapsed_s=elapsed)
 

@@ -16,11 +16,10 @@ from .errors import GraderInvalid
 from .models import (
     AnyGrader,
     Grader,
-    LabelModelGrader,
+    JudgeGrader,
     MultiGrader,
     PythonGrader,
-    ScoreModelGrader,
-    StringCheckGrader,
+    TextGrader,
     TextPart,
     TextSimilarityGrader,
 )
@@ -58,10 +57,10 @@ def parse_grader(data: Any, param: str = "grader") -> AnyGrader:
 
 def templates_of(grader: AnyGrader, param: str) -> Iterator[tuple[str, str]]:
     """(field path, template string) for every field of `grader` that may hold templates."""
-    if isinstance(grader, StringCheckGrader | TextSimilarityGrader):
+    if isinstance(grader, TextGrader):
         yield f"{param}.input", grader.input
         yield f"{param}.reference", grader.reference
-    elif isinstance(grader, ScoreModelGrader | LabelModelGrader):
+    elif isinstance(grader, JudgeGrader):
         for i, message in enumerate(grader.input):
             for j, part in enumerate(message.parts()):
                 where = f"{param}.input[{i}].content" + ("" if isinstance(message.content, str) else f"[{j}]")
@@ -119,7 +118,7 @@ def validate(grader: AnyGrader, settings: GraderSettings, sandbox: PythonSandbox
         raise GraderInvalid(f"{param}.evaluation_metric", "cosine needs an embeddings model and this deployment "
                             "has none configured (operator: WHETSTONE_GRADERS_EMBEDDINGS); use another metric",
                             code="metric_not_available")
-    if isinstance(grader, ScoreModelGrader | LabelModelGrader):
+    if isinstance(grader, JudgeGrader):
         check_judge(grader.model, settings, param)
     if isinstance(grader, PythonGrader):
         check_python(grader, param)

@@ -10,12 +10,17 @@ the rows are read (`check_rows`), and the job needs a training file of purpose `
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
-from whetstone.contracts import ReinforcementSpec
+from whetstone.contracts import TOLERANT, ReinforcementSpec
 from whetstone.graders import GraderEnvironment, GraderInvalid, GraderSettings, validate
-from whetstone.graders.rft import parse_method
+from whetstone.graders.rft import BASE_GENERATIONS, DEFAULT_LEARNING_RATE, parse_method
 from whetstone.runtime.errors import ApiError
+
+VIEWED = ("n_epochs", "batch_size", "learning_rate_multiplier", "compute_multiplier", "eval_interval", "eval_samples",
+          "reasoning_effort")
+
 
 def environment() -> GraderEnvironment:
     """A grader environment from the operator's settings (python sandbox, judge HTTP client); the
@@ -37,25 +42,34 @@ def reinforcement_spec(data: Any, env: GraderEnvironment) -> ReinforcementSpec:
     return ReinforcementSpec(**plan.record())
 
 
-def reinforcement_view(request: dict[str, Any]) -> dict[str, Any]:
+def recorded_spec(request: Mapping[str, Any]) -> ReinforcementSpec | None:
+    """The reinforcement object a job's request recorded (`JobRequestedV1.reinforcement`), typed;
+    None for other methods."""
+    raw = request.get("reinforcement")
+    return ReinforcementSpec.model_validate(raw, context=TOLERANT) if raw else None
+
+
+def reinforcement_view(request: Mapping[str, Any]) -> dict[str, Any]:
     """`method.reinforcement` of a job as OpenAI's `fine_tuning.job` shows it."""
-    spec = request.get("reinforcement") or {}
-    shown = {"n_epochs": spec.get("n_epochs"), "batch_size": spec.get("batch_size"),
-             "learning_rate_multiplier": round(spec["learning_rate"] / 1e-5, 6) if spec.get("learning_rate") else None,
-             "compute_multiplier": spec["generations"] / 4 if spec.get("generations") else None,
-             "eval_interval": spec.get("eval_interval"), "eval_samples": spec.get("eval_samples"),
-             "reasoning_effort": spec.get("reasoning_effort")}
-    out: dict[str, Any] = {"grader": spec.get("grader"), "hyperparameters": shown}
-    if spec.get("response_format"):
-        out["response_format"] = spec["response_format"]
+    spec = recorded_spec(request)
+    if spec is None:
+        return {"grader": None, "hyperparameters": dict.fromkeys(VIEWED)}
+    shown = {"n_epochs": spec.n_epochs, "batch_size": spec.batch_size,
+             "learning_rate_multiplier": round(spec.learning_rate / DEFAULT_LEARNING_RATE, 6),
+             "compute_multiplier": spec.generations / BASE_GENERATIONS,
+             "eval_interval": spec.eval_interval, "eval_samples": spec.eval_samples,
+             "reasoning_effort": spec.reasoning_effort}
+    out: dict[str, Any] = {"grader": spec.grader, "hyperparameters": shown}
+    if spec.response_format:
+        out["response_format"] = spec.response_format
     return out
 
 
-def epoch_tokens(tokens: int | None, rows: int | None, request: dict[str, Any]) -> int | None:
+def epoch_tokens(tokens: int | None, rows: int | None, request: Mapping[str, Any]) -> int | None:
     """What one epoch of a reinforcement job processes at most, for its runtime and cost estimate:
     every prompt is sampled `generations` times (compute_multiplier) and each completion may use the
     whole budget (reasoning_effort); the sampled tokens are also scored by the policy (counted once)."""
-    spec = request.get("reinforcement") or {}
-    if tokens is None or not spec:
+    spec = recorded_spec(request)
+    if tokens is None or spec is None:
         return tokens
-    return int(spec["generations"]) * (tokens + int(rows or 0) * int(spec["max_completion_tokens"]))
+    return spec.generations * (tokens + int(rows or 0) * spec.max_completion_tokens)

@@ -4,9 +4,12 @@ from __future__ import annotations
 
 import csv
 import json
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any, TypeVar
 
+T = TypeVar("T")
 SHIPPED_SAFETY = Path(__file__).resolve().parents[1] / "suites" / "safety" / "harmful_prompts.jsonl"
 
 
@@ -45,8 +48,9 @@ def _row(obj, line_no: int) -> HoldoutRow:
     return HoldoutRow(messages[:-1], messages[-1]["content"], messages)
 
 
-def read_holdout(path: Path, limit: int) -> list[HoldoutRow]:
-    rows = []
+def read_rows(path: Path, limit: int, row: Callable[[Any, int], T]) -> list[T]:
+    """The first `limit` non-blank lines of a JSONL validation file, each read by `row(obj, line_no)`."""
+    rows: list[T] = []
     with open(path, encoding="utf-8", errors="strict") as f:
         for line_no, line in enumerate(f, start=1):
             if not line.strip():
@@ -55,10 +59,14 @@ def read_holdout(path: Path, limit: int) -> list[HoldoutRow]:
                 obj = json.loads(line)
             except json.JSONDecodeError as exc:
                 raise HoldoutError(f"validation file line {line_no}: not JSON ({exc.msg})") from exc
-            rows.append(_row(obj, line_no))
+            rows.append(row(obj, line_no))
             if len(rows) >= limit:
                 break
     return rows
+
+
+def read_holdout(path: Path, limit: int) -> list[HoldoutRow]:
+    return read_rows(path, limit, _row)
 
 
 def read_harmful_prompts(path: Path | None) -> list[dict]:

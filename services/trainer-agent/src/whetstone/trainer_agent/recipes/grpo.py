@@ -29,6 +29,8 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+from pydantic import ValidationError
+from whetstone.contracts import TOLERANT, ReinforcementSpec
 from whetstone.graders import GraderEnvironment, GraderSettings, parse_grader
 
 from .errors import PlatformError
@@ -36,12 +38,19 @@ from .faults import Faults
 from .hyperparams import Hyperparameters
 from .modeling import lora_config
 from .protocol import EventStream, PreemptionFlag
-from .rewards import GraderReward, check_rft_rows, mean_reward, prompt_rows, sub_rewards_callback
+from .rewards import GraderReward, PromptRow, check_rft_rows, mean_reward, prompt_rows, sub_rewards_callback
 from .session import TrainingSession
 from .spec import RecipeConfig
 from .trainers import TimedSaveMixin, training_arguments
 
 METHODS = ("reinforcement",)
+
+
+class RecipeReinforcement(ReinforcementSpec):
+    """The recipe config's `reinforcement` object: the job's resolved spec, and `reward_sign` (-1
+    trains against the grader: tests and benches that plant a candidate whose reward was wrong)."""
+
+    reward_sign: float = 1.0
 
 
 class GRPORecipe:
@@ -53,12 +62,15 @@ class GRPORecipe:
             raise PlatformError("method reinforcement needs the job's `reinforcement` object in the recipe config",
                                 code="bad_recipe_config")
         self.session = TrainingSession(cfg, events, preemption, faults, packing=False)
-        self.plan: dict[str, Any] = dict(cfg.reinforcement)
-        self.grader = parse_grader(self.plan["grader"])
-        self.reward = GraderReward(self.grader, GraderEnvironment(GraderSettings()),
-                                   reward_sign=float(self.plan.get("reward_sign", 1.0)))
-        self.prompts: list[dict[str, Any]] = []
-        self.validation_prompts: list[dict[str, Any]] = []
+        try:
+            self.plan = RecipeReinforcement.model_validate(cfg.reinforcement, context=TOLERANT)
+        except ValidationError as exc:
+            raise PlatformError(f"the recipe config's `reinforcement` object is invalid: {exc.errors()[0]['msg']}",
+                                code="bad_recipe_config") from exc
+        self.grader = parse_grader(self.plan.grader)
+        self.reward = GraderReward(self.grader, GraderEnvironment(GraderSettings()), reward_sign=self.plan.reward_sign)
+        self.prompts: list[PromptRow] = []
+        self.validation_prompts: list[PromptRow] = []
 
     # ------------------------------------------------------------------ setup
 
@@ -67,10 +79,10 @@ class GRPORecipe:
         session, cfg = self.session, self.session.cfg
         train_rows, validation_rows = session.read_inputs()
         check_rft_rows(train_rows, self.grader, cfg.train_file.name)
-        self.prompts = prompt_rows(train_rows)
+        self.prompts = prompt_rows(train_rows, cfg.train_file.name)
         if validation_rows:
             check_rft_rows(validation_rows, self.grader, cfg.validation_file.name)
-            self.validation_prompts = prompt_rows(validation_rows)
+            self.validation_prompts = prompt_rows(validation_rows, cfg.validation_file.name)
         model = session.load_model([])
         session.hp = self.geometry(session.hp)
         self._build_trainer(model)
@@ -78,11 +90,8 @@ class GRPORecipe:
     def geometry(self, hp: Hyperparameters) -> Hyperparameters:
         """A micro-batch is one prompt's completions; a step accumulates `batch_size` prompts."""
         plan = self.plan
-        changes: dict[str, Any] = {"batch_size": int(plan["generations"]),
-                                   "gradient_accumulation_steps": int(plan["batch_size"]),
-                                   "learning_rate": float(plan["learning_rate"]), "n_epochs": int(plan["n_epochs"]),
-                                   "packing": False, "divergence_factor": 0.0}
-        return replace(hp, **changes)
+        return replace(hp, batch_size=plan.generations, gradient_accumulation_steps=plan.batch_size,
+                       learning_rate=plan.learning_rate, n_epochs=plan.n_epochs, packing=False, divergence_factor=0.0)
 
     def rebuild(self, hp: Hyperparameters) -> None:
         """After an out-of-memory error: a fresh model and trainer. The geometry stays (one prompt's
@@ -100,8 +109,7 @@ class GRPORecipe:
         args = training_arguments(hp, output_dir=cfg.output_dir, deepspeed=cfg.deepspeed)
         args["include_num_input_tokens_seen"] = "no"   # GRPO's inputs have no input_ids for the Trainer to count
         config = GRPOConfig(
-            **args, num_generations=int(self.plan["generations"]),
-            max_completion_length=int(self.plan["max_completion_tokens"]),
+            **args, num_generations=self.plan.generations, max_completion_length=self.plan.max_completion_tokens,
             # pinned: trl's GRPO defaults move between versions
             beta=0.0, loss_type="dapo", scale_rewards="group", num_iterations=1, epsilon=0.2, temperature=1.0,
             top_p=1.0, top_k=0, shuffle_dataset=True, remove_unused_columns=False, log_completions=False,
@@ -110,16 +118,16 @@ class GRPORecipe:
         callbacks = [sub_rewards_callback(self.reward),
                      *session.callbacks(self._validate if self.validation_prompts else None,
                                         # trl repeats each prompt once per completion
-                                        examples_per_epoch=len(self.prompts) * int(self.plan["generations"]))]
+                                        examples_per_epoch=len(self.prompts) * self.plan.generations)]
         trainer = trainer_class(model=model, reward_funcs=[self.reward], args=config,
-                                train_dataset=Dataset.from_list(self.prompts), processing_class=session.tokenizer,
+                                train_dataset=Dataset.from_list([p.record() for p in self.prompts]), processing_class=session.tokenizer,
                                 peft_config=lora_config(model, hp), callbacks=callbacks)
         session.install(trainer)
 
     def _validate(self, model) -> dict[str, float]:
         return mean_reward(model, self.session.tokenizer, self.validation_prompts, self.reward,
-                           max_new_tokens=int(self.plan["max_completion_tokens"]),
-                           samples=int(self.plan.get("eval_samples", 1)), seed=self.session.hp.seed)
+                           max_new_tokens=self.plan.max_completion_tokens, samples=self.plan.eval_samples,
+                           seed=self.session.hp.seed)
 
     # ------------------------------------------------------------------ train (session.train)
 
@@ -130,7 +138,7 @@ class GRPORecipe:
         """What this method adds to the `completed` event: the rewards of the run's logged steps."""
         rewards = [e["reward"] for e in self.session.run.progress if e.get("reward") is not None]
         return {"reward_first": rewards[0] if rewards else None, "reward_last": rewards[-1] if rewards else None,
-                "generations": int(self.plan["generations"])}
+                "generations": self.plan.generations}
 
     # ------------------------------------------------------------------ save_checkpoint
 

@@ -10,7 +10,8 @@ function, the RFT data gate, and the mean reward of a model on held-out prompts.
   kept until the next logged step (`SubRewards`, a trainer callback that adds them to the logs).
 - `check_rft_rows`: the data gate (last message `user`, every `{{item.x}}` present), as a
   UserError naming the file and lines.
-- `prompt_rows`: rows -> {"prompt": messages, "item_json": row} for trl (conversational prompts).
+- `prompt_rows`: rows -> `PromptRow`s (the conversation and the row as the grader's item); their
+  `record()` is the dataset row trl reads: {"prompt": messages, "item_json": row}.
 - `mean_reward`: greedy (or sampled) completions of held-out prompts, graded: the validation
   figure at checkpoints and the number an eval gate compares between candidate and base.
 """
@@ -22,20 +23,29 @@ import json
 import math
 import statistics
 from collections import defaultdict
+from dataclasses import dataclass
 from typing import Any
 
+from pydantic import ValidationError
 from whetstone.graders import AnyGrader, GraderEnvironment, RunResult, run_grader
-from whetstone.graders.rft import check_rows
+from whetstone.graders.rft import RftRecord, RowMessage, check_rows
 
 from .errors import UserError
 
 
 def message_text(content: Any) -> str:
+    """The text of a completion's message content as trl hands it over (a string or content parts)."""
     if isinstance(content, str):
         return content
     if isinstance(content, list):   # content parts: the text ones
         return "".join(p.get("text", "") for p in content if isinstance(p, dict))
     return "" if content is None else str(content)
+
+
+def row_text(message: RowMessage) -> str:
+    if isinstance(message.content, list):   # content parts: the text ones
+        return "".join(p.text or "" for p in message.content)
+    return message.content or ""
 
 
 def check_rft_rows(rows: list[tuple[int, Any]], grader: AnyGrader, name: str) -> None:
@@ -48,11 +58,27 @@ def check_rft_rows(rows: list[tuple[int, Any]], grader: AnyGrader, name: str) ->
                                 "every {{item.x}} the grader reads must be a field of every row"])
 
 
-def prompt_rows(rows: list[tuple[int, Any]]) -> list[dict[str, Any]]:
+@dataclass(frozen=True)
+class PromptRow:
+    """One prompt of the run: the conversation (chat-template turns) and the row as the grader's item."""
+    prompt: list[dict[str, str]]
+    item: dict[str, Any]
+
+    def record(self) -> dict[str, Any]:
+        """The dataset row trl reads: a conversational `prompt` and the item as the JSON column `item_json`."""
+        return {"prompt": self.prompt, "item_json": json.dumps(self.item, ensure_ascii=False)}
+
+
+def prompt_rows(rows: list[tuple[int, Any]], name: str = "the file") -> list[PromptRow]:
+    """The rows (checked by `check_rft_rows`) read once as typed prompts."""
     out = []
-    for _, row in rows:
-        messages = [{"role": m["role"], "content": message_text(m.get("content"))} for m in row["messages"]]
-        out.append({"prompt": messages, "item_json": json.dumps(row, ensure_ascii=False)})
+    for line, row in rows:
+        try:
+            record = RftRecord.parse(row)
+        except ValidationError as exc:
+            raise UserError(f"{name}: line {line}: {exc.errors()[0]['msg']} at "
+                            f"{'.'.join(str(p) for p in exc.errors()[0]['loc'])}", code="invalid_rft_data") from exc
+        out.append(PromptRow([{"role": m.role, "content": row_text(m)} for m in record.messages], record.item))
     return out
 
 
@@ -108,7 +134,7 @@ def sub_rewards_callback(reward: GraderReward):
     return SubRewards()
 
 
-def mean_reward(model, tokenizer, rows: list[dict[str, Any]], reward: GraderReward, *, max_new_tokens: int,
+def mean_reward(model, tokenizer, rows: list[PromptRow], reward: GraderReward, *, max_new_tokens: int,
                 samples: int = 1, seed: int = 0) -> dict[str, float]:
     """Mean and spread of the grader's reward (sign applied) over completions of `rows` (prompt_rows);
     one greedy completion per prompt, or `samples` sampled ones."""
@@ -121,7 +147,7 @@ def mean_reward(model, tokenizer, rows: list[dict[str, Any]], reward: GraderRewa
         generator = torch.Generator().manual_seed(seed)
         torch.manual_seed(int(torch.randint(0, 2**31 - 1, (1,), generator=generator)))
         for row in rows:
-            ids = tokenizer.apply_chat_template(row["prompt"], add_generation_prompt=True, return_tensors="pt",
+            ids = tokenizer.apply_chat_template(row.prompt, add_generation_prompt=True, return_tensors="pt",
                                                 return_dict=True)
             ids = {k: v.to(model.device) for k, v in ids.items()}
             with torch.no_grad():
@@ -130,7 +156,7 @@ def mean_reward(model, tokenizer, rows: list[dict[str, Any]], reward: GraderRewa
                                      use_cache=True)
             start = ids["input_ids"].shape[1]
             texts = [tokenizer.decode(seq[start:], skip_special_tokens=True) for seq in out]
-            results = reward.grade(texts, [json.loads(row["item_json"])] * len(texts))
+            results = reward.grade(texts, [row.item] * len(texts))
             rewards += [reward.sign * r.reward for r in results]
     finally:
         model.train(was_training)
