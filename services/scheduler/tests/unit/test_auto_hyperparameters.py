@@ -16,8 +16,9 @@ SEVEN_B = {"params": 7_000_000_000, "params_source": "config",
 
 def resolve(method="lora", given=None, res=TINY, shapes=(Shape("cpu", 1),), examples=200, tokens=200 * 60):
     given = given or {}
-    defaults, _ = rules.resolve_hyperparameters(method, given, rules.model_defaults(res["arch"]["max_positions"]))
-    return auto.resolve_for_job(method, given, defaults, res, shapes, 16.0, auto.DataFacts(examples, tokens))
+    arch = auto.arch_of(res)
+    defaults, _ = rules.resolve_hyperparameters(method, given, rules.model_defaults(arch.max_positions))
+    return auto.resolve_for_job(method, given, defaults, arch, shapes, 16.0, auto.DataFacts(examples, tokens))
 
 
 def test_epochs_follow_openais_published_rule():

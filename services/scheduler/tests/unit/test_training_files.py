@@ -2,6 +2,7 @@
 
 import pytest
 
+from whetstone.contracts.events import ValidationIssue
 from whetstone.runtime.file_ids import mint_file_id, minted_for
 from whetstone.scheduler.domain.files import FileFacts, refusal
 
@@ -27,7 +28,8 @@ def test_file_ids_verify_only_for_the_tenant_and_secret_that_minted_them():
 def test_deleted_rejected_and_unknown_files_are_refused_naming_the_file():
     gone = refusal(facts(status="accepted", deleted=True, minted=True))
     assert gone and gone.code == "training_file_deleted" and gone.param == "training_file" and "file-x" in gone.message
-    bad = refusal(facts(status="rejected", errors=[{"line": 13, "message": "not JSON"}, {"message": "too few rows"}]))
+    bad = refusal(facts(status="rejected", errors=[ValidationIssue(code="bad_json", line=13, message="not JSON"),
+                                                ValidationIssue(code="too_few_rows", message="too few rows")]))
     assert bad and bad.code == "invalid_training_file" and "line 13: not JSON; too few rows" in bad.message
     unknown = refusal(facts("file-nope"))
     assert unknown and unknown.code == "training_file_not_found" and "file-nope" in unknown.message

@@ -23,6 +23,7 @@ from .domain import auto
 from .domain import jobs as rules
 from .domain import resources
 from .domain.cluster import describe_pool, describe_shapes
+from .domain.files import DatasetRecord, rejected_reasons
 from .domain.job import Job, new_job
 from .domain.placement import Node, Shape, could_ever_fit
 
@@ -118,9 +119,7 @@ async def plan_resources(ctx: SchedulerContext, store: JobStore, req: JobRequest
         shapes = fitting
     return {"request": explicit or "auto", "shapes": [s.as_dict() for s in shapes],
             "memory_gb": plan.memory.as_dict(), "params": arch.params, "params_source": arch.source,
-            "arch": {"vision": sees_images(model), "hidden_size": arch.hidden_size, "num_layers": arch.num_layers,
-                     "vocab_size": arch.vocab_size,
-                     "max_positions": arch.max_positions}}
+            "arch": auto.RecordedArch(arch, sees_images(model)).arch_object()}
 
 
 async def submit_job(rt: Runtime[SchedulerContext], store: JobStore, tenant_id: str, req: JobRequestedV1,
@@ -167,14 +166,14 @@ async def submit_job(rt: Runtime[SchedulerContext], store: JobStore, tenant_id: 
         raise Rejected("unknown_base_model", str(exc), param="model") from exc
     planned = await plan_resources(ctx, store, req, model, explicit)
     dataset = await store.dataset(tenant_id, req.training_file)
-    if dataset is not None and dataset["status"] == "accepted" and (mismatch := rules.check_method_fits_dataset(
-            req.method, dataset["purpose"], dataset["data_schema"], req.training_file)):
+    if dataset is not None and dataset.accepted and (mismatch := rules.check_method_fits_dataset(
+            req.method, dataset.purpose, dataset.data_schema, req.training_file)):
         raise Rejected(mismatch.code, mismatch.message, param=mismatch.param)
-    if dataset is not None and dataset["status"] == "accepted" and req.method in auto.METHODS and (
-            few := auto.too_few_examples(req.hyperparameters.model_dump(exclude_none=True), dataset["rows_kept"] or 0)):
+    if dataset is not None and dataset.accepted and req.method in auto.METHODS and (
+            few := auto.too_few_examples(req.hyperparameters.model_dump(exclude_none=True), dataset.rows_kept)):
         raise Rejected(few.code, few.message, param=few.param)
-    if dataset is not None and dataset["status"] == "accepted" and (blind := images_refusal(
-            planned["arch"].get("vision"), dataset["image_rows"], req.model, req.training_file)):
+    if dataset is not None and dataset.accepted and (blind := images_refusal(
+            auto.RecordedArch.of(planned).vision, dataset.image_rows, req.model, req.training_file)):
         raise Rejected(*blind, param="model")
     if refused := quotas.check_submission(quota, seen):   # at the cap already: no need to wait for the lock
         raise Rejected(refused.code, refused.message, 429)
@@ -203,35 +202,34 @@ async def try_queue(rt: Runtime[SchedulerContext], store: JobStore, job: Job) ->
 
 
 async def queue_if_ready(rt: Runtime[SchedulerContext], store: JobStore, job: Job,
-                         usage: quotas.Usage | None = None, dataset: Any = None) -> list[Event]:
+                         usage: quotas.Usage | None = None, dataset: DatasetRecord | None = None) -> list[Event]:
     """Out of validating_files once the dataset's verdict is known (queued, or failed with the reason);
     the events to publish once the job is saved."""
     if job.status != rules.VALIDATING:
         return []
     ctx, req = rt.ctx, job.request
-    ds = dataset or await store.dataset(job.tenant_id, job.training_file)
+    ds = dataset if dataset is not None else await store.dataset(job.tenant_id, job.training_file)
     if ds is None:
         return []  # waits for dataset.validated
     now = ctx.clock()
-    if ds["status"] != "accepted":
-        reasons = "; ".join(f"line {e.get('line')}: {e['message']}" if e.get("line") else e["message"]
-                            for e in ds["errors"][:5])
-        events = job.fail(now, "invalid_training_file", f"dataset {ds['dataset_id']} was rejected: {reasons}")
-    elif mismatch := rules.check_method_fits_dataset(job.method, ds["purpose"], ds["data_schema"], ds["dataset_id"]):
+    arch = auto.RecordedArch.of(job.resources)
+    if not ds.accepted:
+        events = job.fail(now, "invalid_training_file",
+                          f"dataset {ds.dataset_id} was rejected: {rejected_reasons(ds.errors)}")
+    elif mismatch := rules.check_method_fits_dataset(job.method, ds.purpose, ds.data_schema, ds.dataset_id):
         events = job.fail(now, mismatch.code, mismatch.message, param=mismatch.param)
-    elif blind := images_refusal(((job.resources or {}).get("arch") or {}).get("vision"), ds["image_rows"],
-                                 job.spec["base_model"], ds["dataset_id"]):
+    elif blind := images_refusal(arch.vision, ds.image_rows, job.spec["base_model"], ds.dataset_id):
         events = job.fail(now, *blind, param="model")
-    elif isinstance(tuned := auto_hyperparameters(ctx, job, ds), rules.Rejection):
+    elif isinstance(tuned := auto_hyperparameters(ctx, job, arch.model, ds), rules.Rejection):
         events = job.fail(now, tuned.code, tuned.message, param=tuned.param)
     else:
         hp, hp_hash = tuned
         spec = TrainingSpec(
             base_model=job.spec["base_model"], base_model_sha256=job.spec["base_model_sha256"],
-            dataset_id=ds["dataset_id"], dataset_version=ds["version"], train_uri=ds["train_uri"],
-            validation_uri=ds["validation_uri"], method=job.method, hyperparameters=hp, hyperparameters_hash=hp_hash,
+            dataset_id=ds.dataset_id, dataset_version=ds.version, train_uri=ds.train_uri,
+            validation_uri=ds.validation_uri, method=job.method, hyperparameters=hp, hyperparameters_hash=hp_hash,
             eval_config=req.get("eval_config"), reinforcement=req.get("reinforcement"))
-        runtime_s, gpu_hours = estimate_job(ctx, job, ds["tokens_total"], hp, ds["rows_kept"])
+        runtime_s, gpu_hours = estimate_job(ctx, job, ds.tokens_total, hp, ds.rows_kept)
         quota = ctx.config.quota_for(job.tenant_id, rt.settings.tenants.get(job.tenant_id, job.tier))
         usage = usage or await store.usage(job.tenant_id, month_of(now))
         verdict = quotas.check_estimate(quota, usage, gpu_hours)
@@ -242,7 +240,7 @@ async def queue_if_ready(rt: Runtime[SchedulerContext], store: JobStore, job: Jo
                 job.note(now, "over the soft monthly GPU-hour quota: overage is billed", level="warning",
                          **verdict.as_dict())
             sort_key = now.timestamp() - ctx.policy.tier(job.tier).boost_s
-            cost = {**(ds["cost_estimate"] or {}), "estimated_runtime_s": round(runtime_s, 1),
+            cost = {**(ds.cost_estimate or {}), "estimated_runtime_s": round(runtime_s, 1),
                     "estimated_gpu_hours": round(gpu_hours, 4),
                     **({"over_soft_quota": True} if verdict.over_soft else {})}
             events = job.queue(now, spec, sort_key, runtime_s, verdict.as_dict(),
@@ -251,16 +249,16 @@ async def queue_if_ready(rt: Runtime[SchedulerContext], store: JobStore, job: Jo
     return events
 
 
-def auto_hyperparameters(ctx: SchedulerContext, job: Job, ds: Any) -> tuple[dict[str, Any], str] | rules.Rejection:
+def auto_hyperparameters(ctx: SchedulerContext, job: Job, arch: resources.ModelArch,
+                         ds: DatasetRecord) -> tuple[dict[str, Any], str] | rules.Rejection:
     """The job's hyperparameters: the user's values, "auto" ones chosen from the data and the model
     (domain/auto.py) for the platform's training methods, the method's defaults for the rest; and their hash."""
     given = job.request.get("hyperparameters") or {}
-    max_positions = ((job.resources or {}).get("arch") or {}).get("max_positions")
-    hp, digest = rules.resolve_hyperparameters(job.method, given, rules.model_defaults(max_positions))
+    hp, digest = rules.resolve_hyperparameters(job.method, given, rules.model_defaults(arch.max_positions))
     if job.method not in auto.METHODS:
         return hp, digest
-    tuned = auto.resolve_for_job(job.method, given, hp, job.resources or {}, job.shapes, ctx.config.cpu_memory_gb,
-                                 auto.DataFacts(int(ds["rows_kept"] or 0), ds["tokens_total"]))
+    tuned = auto.resolve_for_job(job.method, given, hp, arch, job.shapes, ctx.config.cpu_memory_gb,
+                                 auto.DataFacts(ds.rows_kept, ds.tokens_total))
     if isinstance(tuned, rules.Rejection):
         return tuned
     return rules.resolve_hyperparameters(job.method, tuned[0])   # every knob given: the same dict, hashed
@@ -272,11 +270,8 @@ def estimate_job(ctx: SchedulerContext, job: Job, tokens: int | None, hp: dict[s
     its generations (rft.epoch_tokens)."""
     if job.method == "reinforcement":
         tokens = rft.epoch_tokens(tokens, rows, job.request)
-    res = job.resources or {}
     first = job.shapes[0]
-    a = res.get("arch") or {}
-    arch = resources.ModelArch(res.get("params", 0), res.get("params_source", "unknown"), a.get("hidden_size"),
-                               a.get("num_layers"), a.get("vocab_size"), a.get("max_positions"))
+    arch = auto.arch_of(job.resources)
     gpu = resources.GPU_CATALOG.get(first.gpu_type)
     tflops = gpu.tflops if gpu else (resources.CPU_TFLOPS if first.gpu_type == resources.CPU else 100.0)
     runtime = resources.estimate_runtime_s(arch, job.method, tokens, int(hp.get("n_epochs") or 1), first,

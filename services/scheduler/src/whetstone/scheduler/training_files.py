@@ -5,8 +5,6 @@ admission crossed the delete and that are not on a node yet (ingest refuses a de
 
 from __future__ import annotations
 
-from typing import Any
-
 from whetstone.contracts import DatasetDeletedV1, Envelope
 from whetstone.runtime.file_ids import minted_for
 from whetstone.runtime.identity import internal_secret
@@ -23,7 +21,7 @@ NOT_STARTED = (rules.VALIDATING, rules.QUEUED, rules.PREEMPTED)
 
 
 async def refusal(rt: Runtime[SchedulerContext], store: JobStore, tenant_id: str, file_id: str,
-                  dataset: Any) -> rules.Rejection | None:
+                  dataset: files.DatasetRecord | None) -> rules.Rejection | None:
     """Why a job of this tenant cannot train on this file (read under the tenant's admission lock,
     which `on_dataset_deleted` takes too: a create and a delete of the same file are ordered)."""
     row = await store.conn.fetchrow(
@@ -31,7 +29,7 @@ async def refusal(rt: Runtime[SchedulerContext], store: JobStore, tenant_id: str
         " EXISTS (SELECT 1 FROM dataset_submissions WHERE tenant_id = $1 AND dataset_id = $2) AS submitted",
         tenant_id, file_id)
     return files.refusal(files.FileFacts(
-        file_id, dataset["status"] if dataset is not None else None, (dataset["errors"] or []) if dataset else [],
+        file_id, dataset.status if dataset is not None else None, dataset.errors if dataset is not None else (),
         row["submitted"], row["deleted"], minted_for(file_id, tenant_id, internal_secret(rt.settings.data_dir))))
 
 

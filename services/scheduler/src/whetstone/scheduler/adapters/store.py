@@ -12,12 +12,14 @@ from typing import Any
 
 import asyncpg
 
-from whetstone.contracts import Event
+from whetstone.contracts import TOLERANT, Event
+from whetstone.contracts.events import DatasetValidatedV1, ValidationIssue
 from whetstone.runtime.messaging import UnitOfWork
 
 from ..domain import jobs as rules
 from ..domain.admission import JobUsage, Usage
 from ..domain.cluster import ClusterView, to_view
+from ..domain.files import DatasetRecord
 from ..domain.job import Job, Note
 from .event_wakes import EVENTS_CHANNEL
 
@@ -44,6 +46,15 @@ _USAGE = ("(SELECT gpu_seconds FROM tenant_usage WHERE tenant_id = $1 AND month 
 
 def _job(row: asyncpg.Record) -> Job:
     return Job(**{k: row[k] for k in JOB_FIELDS})
+
+
+def _dataset(row: asyncpg.Record) -> DatasetRecord:
+    return DatasetRecord(
+        dataset_id=row["dataset_id"], version=row["version"], status=row["status"], purpose=row["purpose"],
+        data_schema=row["data_schema"], train_uri=row["train_uri"], validation_uri=row["validation_uri"],
+        rows_kept=row["rows_kept"] or 0, tokens_total=row["tokens_total"],
+        errors=tuple(ValidationIssue.model_validate(e, context=TOLERANT) for e in row["errors"] or ()),
+        cost_estimate=row["cost_estimate"], image_rows=row["image_rows"])
 
 
 @dataclasses.dataclass(frozen=True)
@@ -204,15 +215,17 @@ class JobStore:
 
     # ------------------------------------------------------------ datasets
 
-    async def dataset(self, tenant_id: str, dataset_id: str) -> Any:
-        return await self.conn.fetchrow("SELECT * FROM datasets WHERE tenant_id = $1 AND dataset_id = $2",
-                                        tenant_id, dataset_id)
+    async def dataset(self, tenant_id: str, dataset_id: str) -> DatasetRecord | None:
+        """The dataset's verdict, None until `dataset.validated` is heard."""
+        row = await self.conn.fetchrow("SELECT * FROM datasets WHERE tenant_id = $1 AND dataset_id = $2",
+                                       tenant_id, dataset_id)
+        return None if row is None else _dataset(row)
 
     async def dataset_submitted(self, tenant_id: str, dataset_id: str, at: datetime) -> None:
         await self.conn.execute("INSERT INTO dataset_submissions (tenant_id, dataset_id, submitted_at)"
                                 " VALUES ($1, $2, $3) ON CONFLICT DO NOTHING", tenant_id, dataset_id, at)
 
-    async def dataset_validated(self, tenant_id: str, ev: Any) -> None:
+    async def dataset_validated(self, tenant_id: str, ev: DatasetValidatedV1) -> None:
         await self.conn.execute(
             "INSERT INTO datasets (tenant_id, dataset_id, version, status, purpose, train_uri, validation_uri,"
             " rows_kept, tokens_total, errors, cost_estimate, data_schema, image_rows)"

@@ -151,11 +151,31 @@ def resolve_auto(method: str, given: Mapping[str, Any], resolved: Mapping[str, A
     return hp, chosen
 
 
-def arch_of(resources: Mapping[str, Any]) -> ModelArch:
+@dataclass(frozen=True)
+class RecordedArch:
+    """What admission records of the base model in a job's resources: its size (`params`,
+    `params_source`) and its `arch` object (dimensions, and whether it sees images: None when unknown)."""
+
+    model: ModelArch
+    vision: bool | None = None
+
+    @classmethod
+    def of(cls, resources: Mapping[str, Any] | None) -> RecordedArch:
+        res = resources or {}
+        a = res.get("arch") or {}
+        return cls(ModelArch(res.get("params", 0), res.get("params_source", "unknown"), a.get("hidden_size"),
+                             a.get("num_layers"), a.get("vocab_size"), a.get("max_positions")), a.get("vision"))
+
+    def arch_object(self) -> dict[str, Any]:
+        """The resources' `arch` object."""
+        m = self.model
+        return {"vision": self.vision, "hidden_size": m.hidden_size, "num_layers": m.num_layers,
+                "vocab_size": m.vocab_size, "max_positions": m.max_positions}
+
+
+def arch_of(resources: Mapping[str, Any] | None) -> ModelArch:
     """The base's architecture as admission recorded it in the job's resources."""
-    a = resources.get("arch") or {}
-    return ModelArch(resources.get("params", 0), resources.get("params_source", "unknown"), a.get("hidden_size"),
-                     a.get("num_layers"), a.get("vocab_size"), a.get("max_positions"))
+    return RecordedArch.of(resources).model
 
 
 def tightness(hp: Mapping[str, Any]) -> tuple[int, bool]:
@@ -165,11 +185,10 @@ def tightness(hp: Mapping[str, Any]) -> tuple[int, bool]:
 
 
 def resolve_for_job(method: str, given: Mapping[str, Any], resolved: Mapping[str, Any],
-                    resources: Mapping[str, Any], shapes: Sequence[Shape], cpu_memory_gb: float,
+                    arch: ModelArch, shapes: Sequence[Shape], cpu_memory_gb: float,
                     data: DataFacts) -> tuple[dict[str, Any], list[str]] | Rejection:
     """resolve_auto for the job's shapes: the batch geometry of the shape with the least memory to spare
     (placement may pick any of them; the trainer still halves the micro-batch if it runs out of memory)."""
-    arch = arch_of(resources)
     best: tuple[dict[str, Any], list[str]] | Rejection | None = None
     for shape in shapes or (Shape(CPU, 1),):
         gpu = GPU_CATALOG.get(shape.gpu_type)

@@ -3,13 +3,37 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal
+
+from whetstone.contracts.events import ValidationIssue
 
 from .jobs import Rejection
 
 FILE_PARAM = "training_file"
+
+
+@dataclass(frozen=True)
+class DatasetRecord:
+    """A dataset's validation verdict as the scheduler projected it from `dataset.validated`."""
+
+    dataset_id: str
+    version: str
+    status: Literal["accepted", "rejected"]
+    purpose: str
+    data_schema: str | None
+    train_uri: str | None
+    validation_uri: str | None
+    rows_kept: int                      # training examples kept (0 when not counted)
+    tokens_total: int | None
+    errors: tuple[ValidationIssue, ...]
+    cost_estimate: dict[str, Any] | None   # ingest's estimate, echoed into the job's cost
+    image_rows: int                     # examples with images
+
+    @property
+    def accepted(self) -> bool:
+        return self.status == "accepted"
 
 
 @dataclass(frozen=True)
@@ -18,14 +42,15 @@ class FileFacts:
 
     file_id: str
     status: str | None      # the validation verdict (accepted | rejected), None while unknown
-    errors: Sequence[Mapping[str, Any]]
+    errors: Sequence[ValidationIssue]
     submitted: bool         # dataset.submitted seen: the verdict will come
     deleted: bool           # dataset.deleted seen
     minted: bool            # a file id the Files API minted for this tenant (runtime/file_ids.py)
 
 
-def rejected_reasons(errors: Sequence[Mapping[str, Any]]) -> str:
-    return "; ".join(f"line {e.get('line')}: {e['message']}" if e.get("line") else e["message"] for e in errors[:5])
+def rejected_reasons(errors: Sequence[ValidationIssue]) -> str:
+    """The first five validation errors, each with its line when known."""
+    return "; ".join(f"line {e.line}: {e.message}" if e.line else e.message for e in errors[:5])
 
 
 def refusal(f: FileFacts) -> Rejection | None:
