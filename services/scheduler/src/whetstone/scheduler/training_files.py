@@ -1,4 +1,4 @@
-"""The training files jobs may use (issue 33): a create naming a deleted, rejected, unknown or another
+"""The training files jobs may use: a create naming a deleted, rejected, unknown or another
 tenant's file is refused at once (400, param training_file); `dataset.deleted` fails the jobs whose
 admission crossed the delete and that are not on a node yet (ingest refuses a delete with 409
 `file_in_use` once it has heard of a job queued on the file)."""

@@ -1,5 +1,5 @@
 """Wake the jobs' event streams when a job's events change, instead of each stream asking Postgres
-twice a second (issue 35 point 3).
+twice a second.
 
 `JobStore` NOTIFYs `EVENTS_CHANNEL` with the job id in every transaction that writes a job event or
 ends a job (Postgres delivers it when the transaction commits, to every scheduler replica). One

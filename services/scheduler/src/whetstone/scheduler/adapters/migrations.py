@@ -264,7 +264,7 @@ MIGRATIONS.append(
     """
 )
 
-# issue 37: how many rows of a dataset hold images (dataset.validated stats.rows_with_images): a job whose
+# how many rows of a dataset hold images (dataset.validated stats.rows_with_images): a job whose
 # base model has no image processor is refused for such a file
 MIGRATIONS.append(
     """
@@ -272,14 +272,14 @@ MIGRATIONS.append(
     """
 )
 
-# result_files (issue 38 point 4): the job's results files, as ingest announced them (file.created)
+# result_files: the job's results files, as ingest announced them (file.created)
 MIGRATIONS.append(
     """
     ALTER TABLE jobs ADD COLUMN result_files jsonb NOT NULL DEFAULT '[]'::jsonb;
     """
 )
 
-# issue 33: files deleted through the Files API (dataset.deleted): no job is created or queued on them
+# files deleted through the Files API (dataset.deleted): no job is created or queued on them
 MIGRATIONS.append(
     """
     CREATE TABLE dataset_deletions (

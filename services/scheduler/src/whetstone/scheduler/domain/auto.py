@@ -1,4 +1,4 @@
-"""`"auto"` hyperparameters, resolved at admission from the data and the model (issue 38 point 3). Pure.
+"""`"auto"` hyperparameters, resolved at admission from the data and the model. Pure.
 
 A knob is "auto" when the request leaves it out or says "auto"; a value the user gave always wins.
 Resolved once the training file's verdict is known (examples and tokens counted by ingest), from the

@@ -1,4 +1,4 @@
-"""Which training files a job may name (issue 33): pure rules over what the scheduler knows of a file
+"""Which training files a job may name: pure rules over what the scheduler knows of a file
 (projected from dataset.submitted / dataset.validated / dataset.deleted)."""
 
 from __future__ import annotations
