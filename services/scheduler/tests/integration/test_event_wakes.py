@@ -1,5 +1,5 @@
-"""A job's live event stream is woken by Postgres NOTIFY when the job's events change (issue 35
-point 3), not by each stream polling: a cancel reaches an open stream, [DONE] included, well
+"""A job's live event stream is woken by Postgres NOTIFY when the job's events change, not by
+each stream polling: a cancel reaches an open stream, [DONE] included, well
 before the streams' own fallback look (5 s)."""
 
 import asyncio

@@ -1,5 +1,4 @@
-"""Wake the jobs' event streams when a job's events change, instead of each stream asking Postgres
-twice a second.
+"""Wake the jobs' event streams when a job's events change, so no stream asks Postgres on a timer.
 
 `JobStore` NOTIFYs `EVENTS_CHANNEL` with the job id in every transaction that writes a job event or
 ends a job (Postgres delivers it when the transaction commits, to every scheduler replica). One
