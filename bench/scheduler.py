@@ -25,8 +25,8 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 from whetstone.scheduler.domain.policy import Policy, cycle
-from whetstone.scheduler.sim import traces
-from whetstone.scheduler.sim.simulator import SimConfig, SimResult, Simulator, percentile
+from whetstone.devstack.scheduler_sim import traces
+from whetstone.devstack.scheduler_sim.simulator import SimConfig, SimResult, Simulator, percentile
 
 TIERS = ("premium", "standard", "free")
 

@@ -5,8 +5,8 @@ import copy
 import pytest
 
 from whetstone.scheduler.domain.policy import Policy
-from whetstone.scheduler.sim import traces
-from whetstone.scheduler.sim.simulator import SimConfig, SimJob, SimNode, Simulator, percentile
+from whetstone.devstack.scheduler_sim import traces
+from whetstone.devstack.scheduler_sim.simulator import SimConfig, SimJob, SimNode, Simulator, percentile
 
 pytestmark = pytest.mark.unit
 

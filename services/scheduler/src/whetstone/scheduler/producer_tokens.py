@@ -1,5 +1,5 @@
 """Who may put a job on the bus: `job.requested` from outside the platform is trusted only with a
-platform-signed producer token for the envelope's tenant (issue 20, point 4).
+platform-signed producer token for the envelope's tenant.
 
 The token travels in the envelope (`producer_token`, a plain JSON field any Kafka producer can set).
 Refusals are dead letters with one of the reasons below, counted in `whetstone_refused_total{reason}`.

@@ -3,8 +3,8 @@
 Every transition is a method that changes the job, notes what happened in the job's timeline
 (`notes`, appended to the job's events when the store saves it) and returns the events to
 publish. A transition the state machine does not allow changes nothing and returns no events
-(redelivered or stale events are harmless). Business rules that used to sit between SQL calls
-live here: preemption counts, re-queueing, which checkpoint to resume from, OFF-node fields."""
+(redelivered or stale events are harmless). The job's rules live here: preemption counts,
+re-queueing, which checkpoint to resume from, OFF-node fields."""
 
 from __future__ import annotations
 

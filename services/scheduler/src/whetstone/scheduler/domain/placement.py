@@ -101,9 +101,6 @@ class Pool:
     def count_with(self, gpus: int) -> int:
         return sum(len(self.buckets[f]) for f in range(gpus, len(self.buckets)))
 
-    def total_free(self) -> int:
-        return sum(self.free.values())
-
 
 def place_single(pool: Pool, gpus: int, allowed: Allowed | None) -> str | None:
     for node_id in pool.best_fit(gpus):

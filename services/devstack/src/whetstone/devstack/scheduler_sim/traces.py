@@ -1,4 +1,4 @@
-"""Synthetic traces with a fixed seed: `load90` and `seed_week` (issue 6), and the big
+"""Synthetic traces with a fixed seed: `load90` and `seed_week`, and the big
 snapshot used to measure decisions per second."""
 
 from __future__ import annotations
@@ -7,9 +7,9 @@ import math
 import random
 from collections.abc import Sequence
 
-from ..domain.placement import Node, Shape
-from ..domain.snapshot import QueuedJob, RunningJob, Snapshot
-from .simulator import SimJob, SimNode
+from whetstone.scheduler.domain.placement import Node, Shape
+from whetstone.scheduler.domain.snapshot import QueuedJob, RunningJob, Snapshot
+from whetstone.devstack.scheduler_sim.simulator import SimJob, SimNode
 
 TIER_MIX = (("free", 0.6), ("standard", 0.3), ("premium", 0.1))
 

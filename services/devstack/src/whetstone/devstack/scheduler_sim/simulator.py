@@ -22,9 +22,9 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from ..domain.placement import Node, Placement, Shape
-from ..domain.policy import Policy, cycle
-from ..domain.snapshot import CycleResult, QueuedJob, RunningJob, Snapshot
+from whetstone.scheduler.domain.placement import Node, Placement, Shape
+from whetstone.scheduler.domain.policy import Policy, cycle
+from whetstone.scheduler.domain.snapshot import CycleResult, QueuedJob, RunningJob, Snapshot
 
 
 @dataclass
