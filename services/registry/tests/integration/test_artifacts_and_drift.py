@@ -153,3 +153,29 @@ async def test_new_base_sha_requires_reeval_before_the_fleet_moves(platform, kit
                 return (await c.get(f"/v1/base_models/{kit.BASE}/rollout-check", headers=admin)).json()["may_roll_out"]
             await wait_until(unblocked, 30, "rollout check to pass")
             assert not (await c.get(f"/v1/models/{prod}", headers=kit.headers("demo"))).json()["needs_reeval"]
+
+
+async def test_downloads_through_the_public_api_when_the_object_store_is_out_of_reach(platform, kit, monkeypatch):
+    """With `public_base_url` set, the listing points at the API: each file is streamed by the
+    registry to a caller with a read key, verified first; no presigned object-store URL is handed out."""
+    public = "https://whetstone.example.test"
+    monkeypatch.setenv("WHETSTONE_REGISTRY_PUBLIC_BASE_URL", public + "/")
+    async with platform(build_service) as p:
+        rt = p["registry"]
+        model = await kit.register(p, "ftjob-public-dl")
+        async with httpx.AsyncClient(base_url=p.url("registry")) as c:
+            body = (await c.get(f"/v1/models/{model}/content", headers=kit.headers("demo"))).json()
+            assert {f["name"] for f in body["files"]} >= {"adapter_model.safetensors", "adapter_config.json"}
+            for f in body["files"]:
+                assert f["url"] == f"{public}/v1/models/{model}/files/{f['name']}", f["url"]
+                path = f["url"].removeprefix(public)
+                r = await c.get(path, headers=kit.headers("demo"))
+                assert r.status_code == 200 and hashlib.sha256(r.content).hexdigest() == f["sha256"], f["name"]
+            weights = f"/v1/models/{model}/files/adapter_model.safetensors"
+            assert (await c.get(weights)).status_code == 401                          # a key is required
+            assert (await c.get(weights, headers=kit.headers("acme"))).status_code == 404   # another tenant's
+            r = await c.get(f"/v1/models/{model}/files/training_args.bin", headers=kit.headers("demo"))
+            assert r.status_code == 404 and r.json()["error"]["code"] == "file_not_found"
+            rt.store.put_bytes("tenants/demo/jobs/ftjob-public-dl/checkpoints/final/adapter_model.safetensors", b"evil")
+            r = await c.get(weights, headers=kit.headers("demo"))
+            assert r.status_code == 409 and r.json()["error"]["code"] == "artifact_corrupted"

@@ -73,14 +73,19 @@ def download(api: Api, model_id: str, out: Path) -> tuple[ModelContent, dict, li
     content = ModelContent.from_api(raw)
     out.mkdir(parents=True, exist_ok=True)
     written = []
+    api_origin = httpx.URL(api.base_url).copy_with(path="/", query=None)
     with httpx.Client(timeout=300, follow_redirects=True) as http:
         for f in content.files or []:
             target = out / Path(f.name).name
             digest = hashlib.sha256()
-            with http.stream("GET", f.url) as r:
+            # a file served by the platform's API (its public_base_url setting) needs the key; a presigned
+            # object-store URL carries its own signature and must not receive the key
+            same_origin = httpx.URL(f.url).copy_with(path="/", query=None) == api_origin
+            headers = {"Authorization": api.http.headers["Authorization"]} if same_origin else {}
+            with http.stream("GET", f.url, headers=headers) as r:
                 if r.status_code != 200:
                     raise ApiFailure(r.status_code, {"code": "download_failed",
-                                                     "message": f"{f.name}: the object store answered "
+                                                     "message": f"{f.name}: the download server answered "
                                                                 f"{r.status_code} at {f.url.split('?')[0]}"})
                 with open(target, "wb") as fh:
                     for chunk in r.iter_bytes():

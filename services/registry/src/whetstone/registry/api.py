@@ -6,6 +6,7 @@ from __future__ import annotations
 from typing import Any, Literal
 
 from fastapi import APIRouter, Query
+from fastapi.responses import StreamingResponse
 from pydantic import BaseModel, Field
 
 from whetstone.runtime.errors import ApiError
@@ -155,6 +156,16 @@ def routes(rt: Runtime[RegistryContext]) -> APIRouter:
     @r.get("/{model_id}/download")
     async def content(model_id: str, caller: Caller = require("read")) -> dict:
         return await downloads.adapter_download(rt, caller.tenant_id, await internal_id(model_id, caller.tenant_id))
+
+    @r.get("/{model_id}/files/{name}")
+    async def adapter_file(model_id: str, name: str, caller: Caller = require("read")) -> StreamingResponse:
+        chunks = await downloads.adapter_file(rt, caller.tenant_id, await internal_id(model_id, caller.tenant_id), name)
+        return StreamingResponse(chunks, media_type="application/octet-stream")
+
+    @r.get("/{model_id}/merged/files/{name:path}")
+    async def merged_file(model_id: str, name: str, caller: Caller = require("read")) -> StreamingResponse:
+        chunks = await downloads.merged_file(rt, caller.tenant_id, await internal_id(model_id, caller.tenant_id), name)
+        return StreamingResponse(chunks, media_type="application/octet-stream")
 
     @r.post("/{model_id}/merged")
     async def request_merge(model_id: str, caller: Caller = require("write")) -> dict:

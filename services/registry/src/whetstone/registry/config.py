@@ -12,6 +12,10 @@ class RegistrySettings(ServiceSettings):
     auto_promote: bool = Field(False, description="promote to production at registration when the policy passes")
     auto_promote_min_margin: float = Field(0.10, ge=0, description="smallest relative eval margin over the base")
     presign_ttl_s: int = Field(3600, ge=60, le=7 * 24 * 3600)
+    public_base_url: str | None = Field(None, description="when set (the platform's public API URL, e.g. https://"
+                                        "whetstone.example.com), download listings point at the API, which streams "
+                                        "each verified file to a caller with a read key, instead of at presigned "
+                                        "object-store URLs: for users who cannot reach the object store")
     # vLLM handoff (adapters/vllm.py): empty = off
     vllm_urls: list[str] = Field(default_factory=list, description="base URLs of the vLLM servers to keep in step")
     vllm_api_key: str | None = None

@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
-from dataclasses import replace
+from collections.abc import Iterator
+from dataclasses import dataclass, replace
 from typing import Any
 
 from whetstone.contracts import MergeRequestedV1
@@ -78,8 +79,24 @@ async def verify(rt: Runtime[RegistryContext], model: ModelRecord, files: dict[s
     return sizes
 
 
-def _entry(artifacts: ArtifactStore, uri: str, name: str, sha256: str, size: int, ttl: int) -> dict[str, Any]:
-    return {"name": name, "url": artifacts.presign(uri, ttl, name.rsplit("/", 1)[-1]), "sha256": sha256, "size": size}
+@dataclass(frozen=True)
+class Links:
+    """Where a listed file is fetched from: a presigned object-store URL, or, when the registry's
+    `public_base_url` is set (users who cannot reach the object store), the platform's API, which
+    streams the file to a caller holding a key that can read the model."""
+    artifacts: ArtifactStore
+    ttl: int
+    api_base: str | None
+
+    @classmethod
+    def of(cls, rt: Runtime[RegistryContext]) -> Links:
+        cfg = rt.ctx.config
+        return cls(rt.ctx.artifacts, cfg.presign_ttl_s, cfg.public_base_url.rstrip("/") if cfg.public_base_url else None)
+
+    def entry(self, uri: str, api_path: str, name: str, sha256: str, size: int) -> dict[str, Any]:
+        url = (f"{self.api_base}/v1/models/{api_path}/{name}" if self.api_base
+               else self.artifacts.presign(uri, self.ttl, name.rsplit("/", 1)[-1]))
+        return {"name": name, "url": url, "sha256": sha256, "size": size}
 
 
 async def adapter_download(rt: Runtime[RegistryContext], tenant_id: str, model_id: str) -> dict[str, Any]:
@@ -93,8 +110,9 @@ async def adapter_download(rt: Runtime[RegistryContext], tenant_id: str, model_i
     wanted = {rel: files[rel] for rel in ("adapter_model.safetensors", *ADAPTER_EXTRAS) if rel in files}
     wanted["adapter_config.json"] = files["adapter_config.json"]
     sizes = await verify(rt, model, wanted)
-    artifacts, ttl = rt.ctx.artifacts, rt.ctx.config.presign_ttl_s
-    served_config_uri = artifacts.store.uri(f"tenants/{tenant_id}/models/{model_id}/adapter_config.json")
+    links = Links.of(rt)
+    artifacts, ttl, path = links.artifacts, links.ttl, f"{model_id}/files"
+    served_config_uri = served_uri(rt, model, "adapter_config.json")
     try:
         served_config = await asyncio.to_thread(artifacts.read, served_config_uri)
     except ArtifactMissing:
@@ -103,15 +121,15 @@ async def adapter_download(rt: Runtime[RegistryContext], tenant_id: str, model_i
     for rel, sha in wanted.items():
         if rel == "adapter_config.json":
             continue
-        out.append(await asyncio.to_thread(_entry, artifacts, artifacts.file_uri(model.artifact_uri, rel), rel, sha,
-                                           sizes[rel], ttl))
-    out.insert(1, await asyncio.to_thread(_entry, artifacts, served_config_uri, "adapter_config.json",
-                                          hashlib.sha256(served_config).hexdigest(), len(served_config), ttl))
-    card_uri = artifacts.store.uri(f"tenants/{tenant_id}/models/{model_id}/README.md")
+        out.append(await asyncio.to_thread(links.entry, artifacts.file_uri(model.artifact_uri, rel), path, rel, sha,
+                                           sizes[rel]))
+    out.insert(1, await asyncio.to_thread(links.entry, served_config_uri, path, "adapter_config.json",
+                                          hashlib.sha256(served_config).hexdigest(), len(served_config)))
+    card_uri = served_uri(rt, model, "README.md")
     try:
         card = await asyncio.to_thread(artifacts.read, card_uri)
-        out.append(await asyncio.to_thread(_entry, artifacts, card_uri, "README.md", hashlib.sha256(card).hexdigest(),
-                                           len(card), ttl))
+        out.append(await asyncio.to_thread(links.entry, card_uri, path, "README.md", hashlib.sha256(card).hexdigest(),
+                                           len(card)))
     except ArtifactMissing:
         pass
     lineage = lineage or {}
@@ -186,8 +204,59 @@ async def merged_download(rt: Runtime[RegistryContext], tenant_id: str, model_id
     source = model if merge["uri"] == model.artifact_uri else replace(
         model, artifact_uri=merge["uri"], artifact_sha256=merge["manifest_sha256"])  # the merge job's own artifact
     sizes = await verify(rt, source, files)
-    artifacts, ttl = rt.ctx.artifacts, rt.ctx.config.presign_ttl_s
-    view["expires_in"] = ttl
-    view["files"] = [await asyncio.to_thread(_entry, artifacts, artifacts.file_uri(merge["uri"], rel), rel, sha,
-                                             sizes[rel], ttl) for rel, sha in files.items()]
+    links = Links.of(rt)
+    view["expires_in"] = links.ttl
+    view["files"] = [await asyncio.to_thread(links.entry, links.artifacts.file_uri(merge["uri"], rel),
+                                             f"{model_id}/merged/files", rel, sha, sizes[rel])
+                     for rel, sha in files.items()]
     return view
+
+
+def served_uri(rt: Runtime[RegistryContext], model: ModelRecord, name: str) -> str:
+    """The files the registry writes for a version at registration (adapter_config.json naming a base
+    PEFT can resolve, the model card), beside the training artifact."""
+    return rt.ctx.artifacts.store.uri(f"tenants/{model.tenant_id}/models/{model.model_id}/{name}")
+
+
+def _file_missing(model_id: str, name: str) -> ApiError:
+    return ApiError(404, f"model '{model_id}' has no downloadable file '{name}'", code="file_not_found", param="name")
+
+
+def _chunks(artifacts: ArtifactStore, uri: str) -> Iterator[bytes]:
+    body = artifacts.store.open_stream(uri)
+    try:
+        yield from iter(lambda: body.read(1 << 20), b"")
+    finally:
+        body.close()
+
+
+async def adapter_file(rt: Runtime[RegistryContext], tenant_id: str, model_id: str, name: str) -> Iterator[bytes]:
+    """One file of the adapter listing, streamed by the API (downloads through `public_base_url`):
+    the same files as the listing, each verified against its recorded sha256 first."""
+    model, _ = await _load(rt, tenant_id, model_id)
+    if name in ("adapter_config.json", "README.md"):
+        uri = served_uri(rt, model, name)
+    elif name in ("adapter_model.safetensors", *ADAPTER_EXTRAS) and name in model.files:
+        await verify(rt, model, {name: model.files[name]})
+        uri = rt.ctx.artifacts.file_uri(model.artifact_uri, name)
+    else:
+        raise _file_missing(model_id, name)
+    try:
+        await asyncio.to_thread(rt.ctx.artifacts.info, uri)
+    except ArtifactMissing:
+        raise _file_missing(model_id, name) from None
+    return _chunks(rt.ctx.artifacts, uri)
+
+
+async def merged_file(rt: Runtime[RegistryContext], tenant_id: str, model_id: str, name: str) -> Iterator[bytes]:
+    """One file of the merged weights, streamed by the API, verified against its sha256 first."""
+    async with rt.uow() as uow:
+        store = ModelStore(uow.conn)
+        model = await owned(store, tenant_id, model_id)
+        merge = await store.merge(model_id)
+    files = merge["files"] if merge is not None and merge["status"] == "succeeded" else {}
+    if name not in files or name.lower().endswith(lineage_rules.PICKLE_SUFFIXES):
+        raise _file_missing(model_id, name)
+    source = replace(model, artifact_uri=merge["uri"], artifact_sha256=merge["manifest_sha256"])
+    await verify(rt, source, {name: files[name]})
+    return _chunks(rt.ctx.artifacts, rt.ctx.artifacts.file_uri(merge["uri"], name))
