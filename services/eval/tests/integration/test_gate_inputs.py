@@ -7,10 +7,10 @@ from pathlib import Path
 import pytest
 from whetstone.eval.adapters.benchmarks import SHIPPED_TASKS, TaskDirError, import_tasks, load_task_dir
 from whetstone.eval.adapters.judges import EndpointJudge
-from whetstone.eval.cli import cmd_import_tasks
+from whetstone.eval.entrypoints.cli import cmd_import_tasks
 from whetstone.eval.domain.policy import resolve_policy
 from whetstone.eval.harness.judge_server import JudgeServer
-from whetstone.eval.pipeline import Candidate, DirCache, GateTools, run_gate
+from whetstone.eval.usecases.pipeline import Candidate, DirCache, GateTools, run_gate
 
 pytestmark = pytest.mark.integration
 ROWS = [{"messages": [{"role": "user", "content": f"What is {a} + 1?"},

@@ -8,8 +8,8 @@ import pytest
 from whetstone.eval.domain.policy import GatePolicy, HoldoutPolicy, resolve_policy
 from whetstone.eval.domain.reward import RewardScores, decide_reward
 from whetstone.eval.domain.stages import verdict
-from whetstone.eval.pipeline import Candidate, DirCache, GateTools, run_gate
-from whetstone.eval.rft import reward_stage
+from whetstone.eval.usecases.pipeline import Candidate, DirCache, GateTools, run_gate
+from whetstone.eval.usecases.rft import reward_stage
 from whetstone.graders.rft import parse_method
 
 pytestmark = pytest.mark.unit
@@ -96,7 +96,7 @@ def test_a_reinforcement_job_runs_the_reward_stage_and_skips_the_judge(tmp_path,
     c = Candidate(job_id="j", base_dir="", base_sha="sha", adapter_dir="", holdout_path=holdout, reinforcement=SPEC)
     policy = resolve_policy({"stages": ["holdout", "judge"]})
     tools = GateTools(cache=DirCache(tmp_path / "c"), task_dir=None)
-    from whetstone.eval import pipeline
+    from whetstone.eval.usecases import pipeline
 
     monkeypatch.setattr(pipeline._Run, "models", lambda self: models)
     stages = {s.name: s for s in run_gate(c, policy, tools)}

@@ -132,7 +132,7 @@ def cmd_datasets_upload(args: argparse.Namespace) -> int:
 
 def cmd_datasets_check(argv: list[str]) -> int:
     """`whet datasets check FILE ...`: the ingest service's own offline validator."""
-    from whetstone.ingest.cli import check_main  # noqa: PLC0415
+    from whetstone.ingest.entrypoints.cli import check_main  # noqa: PLC0415
 
     return check_main(argv)
 
@@ -253,7 +253,7 @@ def build_parser() -> argparse.ArgumentParser:
                      help="what the rows are for (default sft)")
     upl.set_defaults(fn=cmd_datasets_upload)
     ds.add_parser("check", help="validate a dataset offline (whet datasets check --help)", add_help=False)
-    from whetstone.eval.cli import add_subcommands as add_eval_subcommands  # noqa: PLC0415
+    from whetstone.eval.entrypoints.cli import add_subcommands as add_eval_subcommands  # noqa: PLC0415
 
     add_eval_subcommands(sub.add_parser("eval", help="eval gate tools (import-tasks)")
                          .add_subparsers(dest="action", required=True))

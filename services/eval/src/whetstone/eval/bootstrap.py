@@ -2,13 +2,13 @@
 
 from whetstone.runtime.service import Service
 
-from . import handlers
 from .adapters import repository
 from .adapters.judges import EndpointJudge, LocalModelJudge, ModelSafetyClassifier
 from .adapters.migrations import MIGRATIONS
 from .config import EvalSettings
 from .context import EvalContext
-from .worker import eval_worker
+from .entrypoints import handlers
+from .entrypoints.worker import eval_worker
 
 
 def build_context(config: EvalSettings) -> EvalContext:

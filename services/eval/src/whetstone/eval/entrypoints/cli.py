@@ -1,6 +1,6 @@
 """`whet eval import-tasks DIR`: validate an lm-eval task directory and stage it for stage 1.
 
-    python -m whetstone.eval.cli import-tasks DIR [--dest TASK_DIR]
+    python -m whetstone.eval.entrypoints.cli import-tasks DIR [--dest TASK_DIR]
 
 DEST defaults to WHETSTONE_EVAL_TASK_DIR when set (else `<data dir>/eval-tasks`); point the eval
 service at it with WHETSTONE_EVAL_TASK_DIR. Exit 2 with the offending file and field on bad input."""
@@ -12,7 +12,7 @@ import os
 import sys
 from pathlib import Path
 
-from .adapters.benchmarks import TaskDirError, import_tasks
+from ..adapters.benchmarks import TaskDirError, import_tasks
 
 
 def default_dest() -> Path:
@@ -42,7 +42,7 @@ def add_subcommands(sub) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="whetstone.eval.cli")
+    parser = argparse.ArgumentParser(prog="whetstone.eval.entrypoints.cli")
     add_subcommands(parser.add_subparsers(dest="action", required=True))
     args = parser.parse_args(argv)
     return args.fn(args)

@@ -10,8 +10,8 @@ from whetstone.contracts import EvalRequestedV1
 from whetstone.runtime.models import ResolvedModel, UnknownModel, resolve_model, weights_sha256
 from whetstone.runtime.s3 import ObjectStore, parse_uri, tenant_prefix
 
-from .adapters.repository import Claim
-from .domain.requests import base_mismatch
+from ..adapters.repository import Claim
+from ..domain.requests import base_mismatch
 
 
 @dataclass(frozen=True)

@@ -10,9 +10,9 @@ from whetstone.runtime import fencing
 from whetstone.runtime.messaging import UnitOfWork
 from whetstone.runtime.service import PoisonMessage, Runtime
 
-from .adapters import repository
-from .context import EvalContext
-from .domain.requests import request_run_id
+from ..adapters import repository
+from ..context import EvalContext
+from ..domain.requests import request_run_id
 
 
 async def on_job_queued(rt: Runtime[EvalContext], uow: UnitOfWork, env: Envelope, ev: JobQueuedV1) -> None:

@@ -24,10 +24,10 @@ from whetstone.contracts import TOLERANT, EvalStageResult, ReinforcementSpec
 from whetstone.graders import AnyGrader, GraderEnvironment, GraderInvalid, GraderSettings, parse_grader, run_grader
 from whetstone.graders.rft import RftRecord, RowMessage
 
-from .adapters.holdout import HoldoutError, read_rows
-from .domain.policy import HoldoutPolicy
-from .domain.reward import STAGE, RewardScores, decide_reward
-from .domain.stages import failed, skipped
+from ..adapters.holdout import HoldoutError, read_rows
+from ..domain.policy import HoldoutPolicy
+from ..domain.reward import STAGE, RewardScores, decide_reward
+from ..domain.stages import failed, skipped
 
 
 @dataclass(frozen=True)

@@ -17,15 +17,15 @@ from typing import Any, Protocol
 
 from whetstone.contracts import EvalStageResult
 
-from .adapters import benchmarks
-from .adapters.holdout import HoldoutError, HoldoutRow, read_harmful_prompts, read_holdout
-from .adapters.judges import Judge, JudgeUnavailable, ModelSafetyClassifier
-from .domain import judging, textmetrics
-from .domain.policy import STAGES, GatePolicy
-from .domain.refusal import is_refusal
-from .domain.stages import HoldoutScores, SuiteScore, decide_benchmarks, decide_holdout, decide_judge, decide_safety
-from .domain.stages import failed as failed_stage
-from .domain.stages import skipped as skipped_stage
+from ..adapters import benchmarks
+from ..adapters.holdout import HoldoutError, HoldoutRow, read_harmful_prompts, read_holdout
+from ..adapters.judges import Judge, JudgeUnavailable, ModelSafetyClassifier
+from ..domain import judging, textmetrics
+from ..domain.policy import STAGES, GatePolicy
+from ..domain.refusal import is_refusal
+from ..domain.stages import HoldoutScores, SuiteScore, decide_benchmarks, decide_holdout, decide_judge, decide_safety
+from ..domain.stages import failed as failed_stage
+from ..domain.stages import skipped as skipped_stage
 
 
 class ScoreCache(Protocol):
@@ -97,7 +97,7 @@ class _Run:
 
     def models(self):
         if self._models is None:
-            from .adapters.generation import Models
+            from ..adapters.generation import Models
 
             self._models = Models(self.c.base_dir, self.c.adapter_dir, self.c.last_adapter_dir)
         return self._models

@@ -24,13 +24,13 @@ from whetstone.runtime.leases import wait_for_work
 from whetstone.runtime.models import UnknownModel
 from whetstone.runtime.service import Runtime
 
-from .adapters import repository
-from .adapters.repository import Claim, LeaseLost
-from .context import EvalContext
-from .domain.policy import STAGES, GatePolicy, PolicyError, resolve_policy
-from .domain.stages import failed, skipped, verdict
-from .pipeline import Candidate, GateTools, run_gate
-from .targets import Target, base_problem, job_target, request_problem, request_target, resolve_base
+from ..adapters import repository
+from ..adapters.repository import Claim, LeaseLost
+from ..context import EvalContext
+from ..domain.policy import STAGES, GatePolicy, PolicyError, resolve_policy
+from ..domain.stages import failed, skipped, verdict
+from ..usecases.pipeline import Candidate, GateTools, run_gate
+from ..usecases.targets import Target, base_problem, job_target, request_problem, request_target, resolve_base
 
 NON_CHAT_METHODS = ("cpt",)  # continued pre-training on raw text: no chat answers to judge
 
