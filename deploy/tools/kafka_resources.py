@@ -40,8 +40,6 @@ SERVICES = {
     "registry": ("registry", "whetstone.registry"), "metering": ("metering", "whetstone.metering"),
     "serving": ("serving", "whetstone.serving"),
 }
-# modules that construct events without publishing them (workload generators for benchmarks)
-NOT_PUBLISHERS = {"metering/simulation.py"}
 EXTERNAL_PRODUCER_TOPICS = ("job.requested",)
 EVENT_CLASS = re.compile(r"\b([A-Z]\w*V\d+)\(")
 
@@ -73,9 +71,6 @@ def publications(svc: str) -> list[str]:
     src = ROOT / "services" / SERVICES[svc][0] / "src"
     found: set[str] = set()
     for path in src.rglob("*.py"):
-        rel = f"{svc}/{path.name}"
-        if rel in NOT_PUBLISHERS:
-            continue
         found |= {by_class[m] for m in EVENT_CLASS.findall(path.read_text()) if m in by_class}
     return sorted(found)
 

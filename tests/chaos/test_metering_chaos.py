@@ -23,7 +23,7 @@ import pytest
 from aiokafka import AIOKafkaProducer
 
 from whetstone.metering.api import job_class_of
-from whetstone.metering.simulation import Invoice, Workload, generate
+from whetstone.devstack.metering_sim import Invoice, Workload, generate
 from whetstone.devstack.testing import consume_all
 
 pytestmark = pytest.mark.chaos

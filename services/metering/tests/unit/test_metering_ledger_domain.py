@@ -14,7 +14,7 @@ from whetstone.metering.api import job_class_of
 from whetstone.metering.domain.billing import Start, Stop
 from whetstone.metering.domain.ledger import Entry, JobState, Policy, Queued, SegmentState, Terminal, settle
 from whetstone.metering.handlers import fact_of
-from whetstone.metering.simulation import Invoice, generate
+from whetstone.devstack.metering_sim import Invoice, generate
 from whetstone.runtime.messaging import decode, parse_payload
 
 pytestmark = pytest.mark.unit

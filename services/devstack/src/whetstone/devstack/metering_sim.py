@@ -1,8 +1,8 @@
 """A reproducible synthetic workload of job lifecycles, with the invoices it must produce.
 
-Used by the benchmark (bench/metering.py) and the chaos test. The ground truth is a
-plain restatement of the billing rules, computed from what the generator decided
-(not from the events, and not with the service's code): a segment runs from start to
+Used by the benchmark (bench/metering.py), the chaos test (tests/chaos/test_metering_chaos.py) and
+metering's domain tests. The ground truth is a plain restatement of the billing rules, computed
+from what the generator decided (not from the events, and not with the service's code): a segment runs from start to
 stop on `gpus` GPUs; completed and user-failed segments are charged in full at the
 node's capacity price, preempted ones at the spot price up to their checkpoint,
 platform failures refund the whole job, ambiguous ones hold it for review.
@@ -20,9 +20,8 @@ from whetstone.contracts import (
     CheckpointRef, Event, JobCancelledV1, JobCompletedV1, JobFailedV1, JobPreemptedV1, JobQueuedV1, JobStartedV1,
     Resources, TrainingSpec, topic_for,
 )
+from whetstone.metering.domain.prices import PRICE_BOOK
 from whetstone.runtime.messaging import encode, make_envelope
-
-from .domain.prices import PRICE_BOOK
 
 TENANTS = {"demo": "standard", "acme": "premium", "hobbyist": "free"}
 GPUS = ["A100", "H100", "L4", "cpu"]
