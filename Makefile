@@ -6,7 +6,7 @@ PKGS   := -e contracts -e services/runtime -e services/devstack -e services/mode
           -e services/trainer-agent -e services/eval -e services/registry -e services/metering \
           -e services/cli -e services/gateway -e services/serving -e services/graders
 
-.PHONY: venv demo test test-unit contracts contracts-check stack dev clean
+.PHONY: venv demo test test-unit contracts contracts-check typecheck stack dev clean
 
 venv: $(VENV)/.installed
 
@@ -38,6 +38,12 @@ contracts: venv
 
 contracts-check: venv
 	$(BIN)/python -m whetstone.contracts.schemas check
+
+# folders that pass `mypy --strict` (mypy.ini); each service adds its domain/ and usecases/ here
+TYPED := contracts/src/whetstone/contracts
+
+typecheck: venv
+	$(BIN)/mypy --config-file mypy.ini $(TYPED)
 
 stack: venv
 	$(BIN)/whet stack up

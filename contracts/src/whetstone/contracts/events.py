@@ -8,14 +8,17 @@ from typing import Any, Literal
 from pydantic import Field, field_validator
 
 from .base import Contract, Event
-
-Purpose = Literal["sft", "dpo", "cpt", "eval", "rft"]
-Method = Literal["lora", "qlora", "full", "dpo", "orpo", "cpt", "reinforcement"]
-# a job's resolved method: what a tenant may request, plus the platform's own merge job (an adapter
-# merged into its base on request: POST /v1/models/{id}/merged)
-SpecMethod = Literal["lora", "qlora", "full", "dpo", "orpo", "cpt", "reinforcement", "merge"]
-ErrorClass = Literal["user", "platform", "ambiguous"]
-CheckpointKind = Literal["periodic", "emergency", "final"]
+from .enums import (
+    CheckpointKind,
+    DatasetStatus,
+    ErrorClass,
+    Method,
+    PreemptionReason,
+    PreemptRequestReason,
+    Purpose,
+    ReasoningEffort,
+    SpecMethod,
+)
 
 
 # ----------------------------------------------------------------- datasets
@@ -33,7 +36,7 @@ class DatasetSubmittedV1(Event):
     dataset_id: str = Field(description="content address of the raw upload: ds-<sha256 prefix>")
     name: str
     source_uri: str = Field(description="s3://bucket/key of the raw upload, under the tenant's prefix")
-    purpose: Purpose = "sft"
+    purpose: Purpose = Purpose.SFT
     base_model: str | None = None
     size_bytes: int | None = None
 
@@ -43,8 +46,8 @@ class DatasetValidatedV1(Event):
     dataset_id: str
     version: str = Field(description="sha256 of the raw content")
     name: str
-    status: Literal["accepted", "rejected"]
-    purpose: Purpose = "sft"
+    status: DatasetStatus
+    purpose: Purpose = Purpose.SFT
     format: str | None = None
     data_schema: str | None = None
     rows_total: int = 0
@@ -137,7 +140,7 @@ class ReinforcementSpec(Contract):
     generations: int = Field(ge=2, le=64, description="completions sampled per prompt (compute_multiplier)")
     eval_interval: int = Field(ge=1, description="optimiser steps between evaluations")
     eval_samples: int = Field(ge=1, le=16, description="completions per validation prompt at an evaluation")
-    reasoning_effort: Literal["default", "low", "medium", "high"] = "default"
+    reasoning_effort: ReasoningEffort = ReasoningEffort.DEFAULT
     max_completion_tokens: int = Field(ge=1, le=32768, description="completion budget (reasoning_effort)")
     response_format: dict[str, Any] | None = Field(default=None, description="json_schema the samples should follow")
 
@@ -149,7 +152,7 @@ class JobRequestedV1(Event):
     model: str = Field(min_length=1, description="base model: registry name, local directory or Hub id")
     training_file: str = Field(description="dataset_id of a validated dataset")
     validation_file: str | None = None
-    method: Method = "lora"
+    method: Method = Method.LORA
     hyperparameters: Hyperparameters = Field(default_factory=Hyperparameters)
     suffix: str | None = Field(default=None, max_length=64)
     tier: str | None = None
@@ -261,7 +264,7 @@ class JobPreemptRequestedV1(Event):
     job_id: str
     node_id: str
     segment_id: str | None = None
-    reason: Literal["priority", "spot_loss", "drain"]
+    reason: PreemptRequestReason
     for_job_id: str | None = None
 
 
@@ -324,7 +327,7 @@ class JobPreemptedV1(Event):
     segment_id: str
     attempt: int | None = Field(default=None, ge=1, description="job attempt of the segment (fencing); absent: older producer")
     node_id: str
-    reason: Literal["spot_loss", "priority", "node_lost", "drain", "signal", "platform_timeout"]
+    reason: PreemptionReason
     stopped_at: datetime
     checkpoint: CheckpointRef | None = None
     checkpointed_at: datetime | None = None

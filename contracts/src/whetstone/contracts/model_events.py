@@ -3,11 +3,12 @@ versions, re-evaluation and merge commands."""
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Any
 
 from pydantic import Field
 
 from .base import Contract, Event
+from .enums import Approval, EvalReason, EvalVerdict, MergeStatus, ModelStage, StageStatus
 
 # -------------------------------------------------------------- eval, models
 
@@ -24,7 +25,7 @@ class EvalStageResult(Contract):
     """One stage of the eval gate: benchmarks, holdout, safety, judge (or another named stage)."""
 
     name: str
-    status: Literal["passed", "failed", "skipped"]
+    status: StageStatus
     reason: str = Field(description="one line saying why")
     metrics: list[Metric] = Field(default_factory=list)
     details: dict[str, Any] = Field(default_factory=dict)
@@ -34,7 +35,7 @@ class EvalCompletedV1(Event):
     EVENT_TYPE = "eval.completed"
     job_id: str
     checkpoint_uri: str
-    verdict: Literal["passed", "failed"]
+    verdict: EvalVerdict
     reasons: list[str]
     metrics: list[Metric]
     stages: list[EvalStageResult] = Field(default_factory=list, description="per-stage results; verdict = all enabled stages passed")
@@ -68,7 +69,7 @@ class ModelRegisteredV1(Event):
     EVENT_TYPE = "model.registered"
     model_id: str
     name: str
-    stage: Literal["dev", "staging", "production", "archived", "quarantined"]
+    stage: ModelStage
     fine_tuned_model: str | None = Field(
         default=None, description="the version's public id (OpenAI's fine_tuned_model, naming.fine_tuned_model_for);"
         " absent: an older producer, the model_id is its id")
@@ -95,7 +96,7 @@ class ModelPromotedV1(Event):
     base_model: str | None = None
     base_model_sha256: str | None = None
     chat_template_sha256: str | None = None
-    approval: Literal["manual", "auto"] | None = Field(
+    approval: Approval | None = Field(
         default=None, description="how a promotion to production was approved; None for other transitions")
     approved_by: str | None = Field(default=None, description="key id of the approving caller (manual)")
     replaces_model_id: str | None = Field(
@@ -128,7 +129,7 @@ class EvalRequestedV1(Event):
     base_model_sha256: str = Field(description="the SHA to evaluate against (the new one)")
     base_model_uri: str | None = None
     previous_base_model_sha256: str | None = None
-    reason: Literal["base_model_updated", "manual"] = "base_model_updated"
+    reason: EvalReason = EvalReason.BASE_MODEL_UPDATED
     eval_config: dict[str, Any] | None = Field(default=None, description="the job's eval gate settings, if any")
 
 
@@ -151,7 +152,7 @@ class ModelMergedV1(Event):
     EVENT_TYPE = "model.merged"
     merge_id: str
     model_id: str
-    status: Literal["succeeded", "failed"]
+    status: MergeStatus
     uri: str | None = None
     manifest_sha256: str | None = None
     files: dict[str, str] = Field(default_factory=dict)

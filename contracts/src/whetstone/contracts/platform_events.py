@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 from datetime import datetime
-from typing import Literal
 
 from pydantic import Field
 
 from .base import Contract, Event
+from .enums import ChargeClass, UsageScope, ValueEncoding
 
 # ------------------------------------------------------------------ metering
 
@@ -15,13 +15,13 @@ from .base import Contract, Event
 class UsageMeteredV1(Event):
     EVENT_TYPE = "usage.metered"
     job_id: str
-    scope: Literal["segment", "job"]
+    scope: UsageScope
     segment_id: str | None = None
     gpu_type: str | None = None
     gpu_count: int = 0
     gpu_seconds: float
     billable_gpu_seconds: float
-    charge_class: Literal["charged", "refunded", "review"]
+    charge_class: ChargeClass
     price_version: str
     cost: float
     currency: str = "USD"
@@ -75,7 +75,7 @@ class DeadLetterV1(Event):
     error: str
     key: str | None = None
     value: str = Field(description="the original record, at most 64 KiB of it: as text, or base64 (value_encoding)")
-    value_encoding: Literal["utf-8", "base64"] = "utf-8"
+    value_encoding: ValueEncoding = ValueEncoding.UTF8
     value_bytes: int | None = Field(default=None, description="size of the whole original record")
     value_sha256: str | None = Field(default=None, description="sha256 of the whole original record")
     value_truncated: bool = False

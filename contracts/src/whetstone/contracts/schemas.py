@@ -98,7 +98,7 @@ def _types(schema: dict[str, Any], root: dict[str, Any]) -> set[str]:
 
 
 def incompatibilities(old: dict[str, Any], new: dict[str, Any], path: str = "",
-                      old_root: dict | None = None, new_root: dict | None = None) -> list[str]:
+                      old_root: dict[str, Any] | None = None, new_root: dict[str, Any] | None = None) -> list[str]:
     """Reasons why data valid for a reader of ``new`` might break a reader of ``old``
     or vice versa: removed/renamed fields, changed types, new required fields,
     enum values removed."""
