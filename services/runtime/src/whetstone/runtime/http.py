@@ -1,19 +1,77 @@
-"""Per-service HTTP: /healthz, /metrics, plus the service's own routes, behind a request-body cap."""
+"""Per-service HTTP: /healthz, /metrics, plus the service's own routes, behind a request-body cap;
+the answers every API shares (OpenAI's list object, 404 and operator-only errors)."""
 
 from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import Awaitable, Callable, Collection
+from collections.abc import Awaitable, Callable, Collection, Mapping, Sequence
+from typing import Any, Generic, Literal, Protocol, TypeVar, runtime_checkable
 
 import uvicorn
 from fastapi import FastAPI, Response
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, Histogram
+from pydantic import BaseModel
 
-from .errors import install_error_handlers
+from .errors import ApiError, install_error_handlers
+from .identity import Caller
 from .observability import safe_exposition
 
 HealthCheck = Callable[[], Awaitable[None]]
+
+T = TypeVar("T")
+
+
+@runtime_checkable
+class HasId(Protocol):
+    @property
+    def id(self) -> str: ...
+
+
+class ListObject(BaseModel, Generic[T]):
+    """OpenAI's list object: `{"object": "list", "data": [...], "has_more": ...}` (job events, keys)."""
+
+    object: Literal["list"] = "list"
+    data: list[T]
+    has_more: bool
+
+
+class ListPage(ListObject[T], Generic[T]):
+    """A list paged by id (`?after=<id>`), with the ids of the page's ends as OpenAI's cursor pages
+    carry them (null on an empty page). Routes declare `ListPage[Item]` as their response model."""
+
+    first_id: str | None
+    last_id: str | None
+
+
+def _id_of(item: object) -> str:
+    if isinstance(item, Mapping):
+        return str(item["id"])
+    if isinstance(item, HasId):
+        return item.id
+    raise TypeError(f"a list item ({type(item).__name__}) has no id")
+
+
+def list_page(data: Sequence[T], has_more: bool) -> ListPage[T]:
+    """One page of a list route paged by id: first_id/last_id are the ids of data's ends."""
+    return ListPage[T](data=list(data), has_more=has_more, first_id=_id_of(data[0]) if data else None,
+                       last_id=_id_of(data[-1]) if data else None)
+
+
+def list_object(data: Sequence[T], has_more: bool = False) -> ListObject[T]:
+    return ListObject[T](data=list(data), has_more=has_more)
+
+
+def not_found(message: str, *, code: str, param: str | None = None) -> ApiError:
+    """404 in OpenAI's shape; `code` names what is missing (`file_not_found`, `model_not_found`, ...)."""
+    return ApiError(404, message, code=code, param=param)
+
+
+def operator_only(caller: Caller) -> None:
+    """Routes that span tenants (or decide a charge) answer the platform's operator only: 403 otherwise."""
+    if not caller.operator:
+        raise ApiError(403, "Only the platform's operator may use this route.", type="permission_error",
+                       code="operator_only")
 
 
 class ServiceMetrics:
@@ -47,9 +105,8 @@ DRAIN_SECONDS = 1.0
 
 
 def too_large_body(limit: int) -> bytes:
-    return json.dumps({"error": {"message": f"The request body is larger than this route accepts ({limit} bytes).",
-                                 "type": "invalid_request_error", "param": None,
-                                 "code": "request_too_large"}}).encode()
+    return json.dumps(ApiError(413, f"The request body is larger than this route accepts ({limit} bytes).",
+                               code="request_too_large").body()).encode()
 
 
 async def drain(receive, message: dict) -> None:
@@ -91,9 +148,8 @@ class BodyLimit:
         length = next((v for k, v in scope["headers"] if k == b"content-length"), None)
         if length is not None:
             if not length.isdigit():
-                await self.refuse(send, 400, json.dumps({"error": {
-                    "message": "Content-Length is not a number.", "type": "invalid_request_error", "param": None,
-                    "code": "invalid_request"}}).encode())
+                await self.refuse(send, 400, json.dumps(ApiError(400, "Content-Length is not a number.",
+                                                                 code="invalid_request").body()).encode())
                 return
             if int(length) > self.limit:
                 await self.refuse(send)
