@@ -64,7 +64,7 @@ from whetstone.ingest.config import IngestSettings
 from whetstone.ingest.domain.contamination import ReferenceIndex
 from whetstone.ingest.domain.schemas import canonical_text
 from whetstone.ingest.domain.text import normalize_text
-from whetstone.ingest.gates import (
+from whetstone.ingest.usecases.gates import (
     GateRequest,
     make_gate,
     reference_index,

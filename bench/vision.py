@@ -45,7 +45,7 @@ from PIL import Image, ImageDraw
 
 from whetstone.ingest.adapters.formats import open_source
 from whetstone.ingest.config import IngestSettings
-from whetstone.ingest.gates import GateRequest, archive_limits, make_gate
+from whetstone.ingest.usecases.gates import GateRequest, archive_limits, make_gate
 
 COLOURS = {"red": (220, 30, 30), "green": (30, 170, 60), "blue": (40, 60, 220), "yellow": (240, 220, 40),
            "purple": (140, 50, 170), "orange": (245, 140, 20)}

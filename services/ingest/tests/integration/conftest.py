@@ -10,8 +10,8 @@ import pytest
 
 from whetstone.ingest.adapters.formats import open_source
 from whetstone.ingest.config import IngestSettings
-from whetstone.ingest.gates import GateRequest, archive_limits, make_gate, reference_index, toxicity_classifier
-from whetstone.ingest.pipeline import GateResult
+from whetstone.ingest.usecases.gates import GateRequest, archive_limits, make_gate, reference_index, toxicity_classifier
+from whetstone.ingest.usecases.pipeline import GateResult
 
 
 def chat_row(i: int, answer: str | None = None) -> dict[str, Any]:

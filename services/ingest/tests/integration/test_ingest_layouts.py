@@ -14,8 +14,8 @@ import zipfile
 import pytest
 
 from whetstone.ingest.adapters.archives import MAX_HEADER_BYTES, SourceError
-from whetstone.ingest.cli import check_main
-from whetstone.ingest.gates import GateRequest
+from whetstone.ingest.entrypoints.cli import check_main
+from whetstone.ingest.usecases.gates import GateRequest
 
 pytestmark = pytest.mark.integration
 

@@ -13,8 +13,8 @@ from whetstone.ingest.domain.contamination import ReferenceIndex
 from whetstone.ingest.domain.policies import Policies
 from whetstone.ingest.domain.rows import LayoutGate
 from whetstone.ingest.domain.toxicity import WordlistToxicity
-from whetstone.ingest.passes import prepare
-from whetstone.ingest.pipeline import DataGate, GateConfig
+from whetstone.ingest.usecases.passes import prepare
+from whetstone.ingest.usecases.pipeline import DataGate, GateConfig
 
 pytestmark = pytest.mark.integration
 

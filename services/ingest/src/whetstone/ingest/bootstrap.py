@@ -2,21 +2,21 @@
 
 from whetstone.runtime.service import Service
 
-from . import api, file_usage, handlers, results
 from .adapters import validations
 from .adapters.migrations import MIGRATIONS
 from .config import IngestSettings
 from .context import IngestContext
-from .gates import toxicity_classifier
-from .worker import validation_worker
+from .entrypoints import api
+from .entrypoints.handlers import SUBSCRIPTIONS
+from .entrypoints.worker import validation_worker
+from .usecases.gates import toxicity_classifier
 
 
 def build_service(config: IngestSettings | None = None) -> Service[IngestContext]:
     config = config or IngestSettings()
     context = IngestContext(config=config, toxicity=toxicity_classifier(config))
     return Service(name="ingest", migrations=MIGRATIONS,
-                   subscriptions=results.with_results({"dataset.submitted": handlers.on_dataset_submitted,
-                                                       **file_usage.SUBSCRIPTIONS}),
+                   subscriptions=SUBSCRIPTIONS,
                    http_port=config.http_port, context=context, routes=api.routes,
                    background=[validation_worker] * config.validation_workers, probes=validations.PROBES,
                    upload_paths=("/v1/files",))   # streamed to disk under max_upload_bytes

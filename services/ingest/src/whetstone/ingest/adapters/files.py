@@ -163,7 +163,7 @@ def _ts(t: datetime | None) -> int | None:
 
 
 def status_of(row: asyncpg.Record) -> str:
-    if row["purpose"] == "fine-tune-results":   # made by the platform (results.py): never validated, ready
+    if row["purpose"] == "fine-tune-results":   # made by the platform (usecases/results.py): never validated, ready
         return "processed"
     return {"accepted": "processed", "rejected": "error"}.get(row["validation_status"] or "", "uploaded")
 

@@ -11,9 +11,9 @@ from typing import Any, Protocol
 
 import numpy as np
 
-from ..adapters.tokenizer import ImagesUnsupported, Tokenized, ToolsUnsupported
-from ..domain.actions import keeps_row
-from ..domain.report import TokenizationReport
+from ...adapters.tokenizer import ImagesUnsupported, Tokenized, ToolsUnsupported
+from ...domain.actions import keeps_row
+from ...domain.report import TokenizationReport
 from .findings import Findings
 
 PREVIEWS = 3

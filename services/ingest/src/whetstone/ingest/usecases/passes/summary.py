@@ -5,14 +5,14 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from ..adapters.formats import Source
-from ..domain.actions import action_for
-from ..domain.cost import estimate_cost
-from ..domain.issues import Issue
-from ..domain.policies import Policies
-from ..domain.report import (ContaminationReport, GateReport, ImageReport, NearDupReport, PiiReport,
+from ...adapters.formats import Source
+from ...domain.actions import action_for
+from ...domain.cost import estimate_cost
+from ...domain.issues import Issue
+from ...domain.policies import Policies
+from ...domain.report import (ContaminationReport, GateReport, ImageReport, NearDupReport, PiiReport,
                              TokenizationReport, ToxicityReport)
-from ..domain.rows import LayoutGate
+from ...domain.rows import LayoutGate
 from .dedup import ExactDedup
 from .findings import Findings
 from .write import Written

@@ -9,31 +9,18 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
-from collections.abc import Awaitable, Callable
-from typing import Any
 
-from whetstone.contracts import (
-    CheckpointWrittenV1, Envelope, FileCreatedV1, JobCancelledV1, JobCompletedV1, JobFailedV1, JobProgressV1,
-    result_file_id_for,
-)
+from whetstone.contracts import FileCreatedV1, result_file_id_for
 from whetstone.runtime.messaging import UnitOfWork
 from whetstone.runtime.s3 import tenant_prefix
 from whetstone.runtime.service import Runtime
 
-from .adapters.files import FileStore
-from .adapters.results import ResultsStore
-from .context import IngestContext
-from .domain.results import RESULTS_PURPOSE, checkpoint_values, progress_values, results_csv, results_filename
+from ..adapters.files import FileStore
+from ..adapters.results import ResultsStore
+from ..context import IngestContext
+from ..domain.results import RESULTS_PURPOSE, results_csv, results_filename
 
 Rt = Runtime[IngestContext]
-
-
-async def on_job_progress(rt: Rt, uow: UnitOfWork, env: Envelope, ev: JobProgressV1) -> None:
-    await record(rt, uow, env.tenant_id, ev.job_id, ev.step, ev.attempt, progress_values(ev.model_dump()))
-
-
-async def on_checkpoint_written(rt: Rt, uow: UnitOfWork, env: Envelope, ev: CheckpointWrittenV1) -> None:
-    await record(rt, uow, env.tenant_id, ev.job_id, ev.step, ev.attempt, checkpoint_values(ev.metrics))
 
 
 async def record(rt: Rt, uow: UnitOfWork, tenant_id: str, job_id: str, step: int, attempt: int | None,
@@ -85,34 +72,6 @@ async def make_results_file(rt: Rt, uow: UnitOfWork, tenant_id: str, job_id: str
     return file_id
 
 
-async def on_training_ended(rt: Rt, uow: UnitOfWork, env: Envelope, ev: JobCompletedV1 | JobFailedV1) -> None:
-    await make_results_file(rt, uow, env.tenant_id, ev.job_id)
-
-
-async def on_job_cancelled(rt: Rt, uow: UnitOfWork, env: Envelope, ev: JobCancelledV1) -> None:
-    await ResultsStore(uow.conn).cancelled(env.tenant_id, ev.job_id)
-
-
-Handler = Callable[[Rt, UnitOfWork, Envelope, Any], Awaitable[None]]
-
-
-def chained(*handlers: Handler) -> Handler:
-    """One subscriber running several handlers in order, in the same unit of work."""
-    async def run(rt: Rt, uow: UnitOfWork, env: Envelope, ev: Any) -> None:
-        for handler in handlers:
-            await handler(rt, uow, env, ev)
-    return run
-
-
-SUBSCRIPTIONS: dict[str, Handler] = {
-    "job.progress": on_job_progress, "checkpoint.written": on_checkpoint_written,
-    "job.completed": on_training_ended, "job.failed": on_training_ended, "job.cancelled": on_job_cancelled,
-}
-
-
-def with_results(subscriptions: dict[str, Handler]) -> dict[str, Handler]:
-    """`subscriptions` plus the results file's; a topic both need runs theirs first, then ours."""
-    merged = dict(subscriptions)
-    for topic, handler in SUBSCRIPTIONS.items():
-        merged[topic] = chained(merged[topic], handler) if topic in merged else handler
-    return merged
+async def cancel(uow: UnitOfWork, tenant_id: str, job_id: str) -> None:
+    """A cancelled job makes no results file."""
+    await ResultsStore(uow.conn).cancelled(tenant_id, job_id)

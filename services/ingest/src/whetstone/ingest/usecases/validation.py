@@ -1,11 +1,11 @@
 """Ingest: a raw upload in S3 -> validated, content-addressed, immutable dataset version.
 
 The upload is streamed once to local scratch (hashed on the way), run through the data
-gate (`pipeline.DataGate`, the same one `whet datasets check` runs), and the raw bytes,
+gate (`usecases/pipeline.DataGate`, the same one `whet datasets check` runs), and the raw bytes,
 the cleaned train/validation files, the tokenized cache and the report are written under
 `tenants/<tenant>/datasets/<dataset_id>/`. Identical bytes give the same id, and the
-verdict for an id is final: a redelivery or a re-upload re-announces it. `handlers.py` only
-queues an upload; `worker.py` runs `validate` on it outside any transaction.
+verdict for an id is final: a redelivery or a re-upload re-announces it. `usecases/submissions.py` only
+queues an upload; `entrypoints/worker.py` runs `validate` on it outside any transaction.
 """
 
 from __future__ import annotations
@@ -25,12 +25,12 @@ from whetstone.runtime.identity import internal_secret
 from whetstone.runtime.s3 import ObjectStore, parse_uri, tenant_prefix
 from whetstone.runtime.service import Runtime
 
-from .adapters.archives import SourceError
-from .adapters.formats import HubSource, check_name, hub_id, known_suffix, open_source, suffix_of
-from .adapters.tokenizer import BaseModelTokenizer, TokenizerUnavailable
-from .context import IngestContext
-from .domain.issues import Issue
-from .domain.report import GateReport
+from ..adapters.archives import SourceError
+from ..adapters.formats import HubSource, check_name, hub_id, known_suffix, open_source, suffix_of
+from ..adapters.tokenizer import BaseModelTokenizer, TokenizerUnavailable
+from ..context import IngestContext
+from ..domain.issues import Issue
+from ..domain.report import GateReport
 from .gates import GateRequest, archive_limits, make_gate, reference_index
 from .pipeline import GateResult, TokenCounts
 

@@ -20,10 +20,10 @@ from whetstone.runtime.delivery import unavailable_dependency
 from whetstone.runtime.leases import wait_for_work
 from whetstone.runtime.service import Runtime
 
-from .adapters import validations
-from .adapters.validations import Validation
-from .context import IngestContext
-from .validation import reject, validate
+from ..adapters import validations
+from ..adapters.validations import Validation
+from ..context import IngestContext
+from ..usecases.validation import reject, validate
 
 
 async def validation_worker(rt: Runtime[IngestContext]) -> None:

@@ -7,10 +7,10 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..domain.actions import keeps_row
-from ..domain.contamination import ReferenceIndex
-from ..domain.report import ContaminationReport, ToxicityReport
-from ..domain.toxicity import ToxicityClassifier
+from ...domain.actions import keeps_row
+from ...domain.contamination import ReferenceIndex
+from ...domain.report import ContaminationReport, ToxicityReport
+from ...domain.toxicity import ToxicityClassifier
 from .findings import Findings
 from .rows import Candidate
 

@@ -11,7 +11,7 @@ from typing import BinaryIO
 
 import numpy as np
 
-from ..domain.stats import DatasetStats
+from ...domain.stats import DatasetStats
 from .store import CandidateStore
 from .tokenise import Tokenise
 

@@ -7,12 +7,12 @@ examples with images applied)."""
 
 from __future__ import annotations
 
-from ..adapters.formats import Source
-from ..domain.actions import keeps_row
-from ..domain.issues import Issue
-from ..domain.images import ImageLimits
-from ..domain.report import IMAGE_ISSUES, ImageReport, PiiReport
-from ..domain.rows import LayoutGate
+from ...adapters.formats import Source
+from ...domain.actions import keeps_row
+from ...domain.issues import Issue
+from ...domain.images import ImageLimits
+from ...domain.report import IMAGE_ISSUES, ImageReport, PiiReport
+from ...domain.rows import LayoutGate
 from .findings import Findings
 from .prepare import Candidate, Prepared
 

@@ -35,18 +35,18 @@ from typing import TypeVar
 
 import numpy as np
 
-from ..adapters.images import check_images
-from ..adapters.source import Record
-from ..domain.chat import uses_tools
-from ..domain.contamination import ReferenceIndex
-from ..domain.images import ImageLimits, RowImages, openai_image_tokens
-from ..domain.issues import Issue
-from ..domain.layouts import MAX_IGNORED_KEYS, RowFacts
-from ..domain.minhash import MinHasher
-from ..domain.rows import LayoutGate, apply_pii, parse_json_line, role_counts
-from ..domain.schemas import text_messages
-from ..domain.text import fingerprint
-from ..domain.toxicity import WordlistToxicity
+from ...adapters.images import check_images
+from ...adapters.source import Record
+from ...domain.chat import uses_tools
+from ...domain.contamination import ReferenceIndex
+from ...domain.images import ImageLimits, RowImages, openai_image_tokens
+from ...domain.issues import Issue
+from ...domain.layouts import MAX_IGNORED_KEYS, RowFacts
+from ...domain.minhash import MinHasher
+from ...domain.rows import LayoutGate, apply_pii, parse_json_line, role_counts
+from ...domain.schemas import text_messages
+from ...domain.text import fingerprint
+from ...domain.toxicity import WordlistToxicity
 
 T = TypeVar("T")
 CHUNK_BYTES = 16 * 1024 ** 2     # a chunk's input lines stay under about this many bytes

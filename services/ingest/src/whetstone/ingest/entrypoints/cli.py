@@ -17,15 +17,15 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from .adapters.archives import SourceError
-from .adapters.formats import HubSource, hub_id, open_source
-from .adapters.tokenizer import BaseModelTokenizer, TokenizerUnavailable
-from .config import IngestSettings
-from .domain.issues import Issue
-from .domain.policies import CHOICES, PolicyError
-from .domain.report import GateReport
-from .domain.schemas import PURPOSES
-from .gates import GateRequest, archive_limits, make_gate, reference_index, toxicity_classifier
+from ..adapters.archives import SourceError
+from ..adapters.formats import HubSource, hub_id, open_source
+from ..adapters.tokenizer import BaseModelTokenizer, TokenizerUnavailable
+from ..config import IngestSettings
+from ..domain.issues import Issue
+from ..domain.policies import CHOICES, PolicyError
+from ..domain.report import GateReport
+from ..domain.schemas import PURPOSES
+from ..usecases.gates import GateRequest, archive_limits, make_gate, reference_index, toxicity_classifier
 
 
 def _parser() -> argparse.ArgumentParser:

@@ -10,8 +10,8 @@ from pathlib import Path
 
 import numpy as np
 
-from ..domain.minhash import MinHasher
-from ..domain.images import RowImages
+from ...domain.minhash import MinHasher
+from ...domain.images import RowImages
 from .prepare import Candidate
 
 ROLE_FIELDS = ("system", "user", "assistant", "tool", "text")

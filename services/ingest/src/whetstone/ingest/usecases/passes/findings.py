@@ -7,10 +7,10 @@ import json
 from pathlib import Path
 from typing import Any
 
-from ..domain.actions import REJECTED, RULES, action_for
-from ..domain.issues import IssueLog
-from ..domain.policies import Policies
-from ..domain.report import RowCounts
+from ...domain.actions import REJECTED, RULES, action_for
+from ...domain.issues import IssueLog
+from ...domain.policies import Policies
+from ...domain.report import RowCounts
 
 
 class Findings:

@@ -28,14 +28,14 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .adapters.formats import Source
-from .domain.contamination import ReferenceIndex
-from .domain.cost import DEFAULT_PRICES, DEFAULT_THROUGHPUT
-from .domain.images import ImageLimits
-from .domain.issues import Issue
-from .domain.minhash import LshParams, MinHasher
-from .domain.policies import Policies
-from .domain.report import (
+from ..adapters.formats import Source
+from ..domain.contamination import ReferenceIndex
+from ..domain.cost import DEFAULT_PRICES, DEFAULT_THROUGHPUT
+from ..domain.images import ImageLimits
+from ..domain.issues import Issue
+from ..domain.minhash import LshParams, MinHasher
+from ..domain.policies import Policies
+from ..domain.report import (
     ContaminationReport,
     GateReport,
     ImageReport,
@@ -44,9 +44,9 @@ from .domain.report import (
     TokenizationReport,
     ToxicityReport,
 )
-from .domain.rows import LayoutGate
-from .domain.text import in_validation_split
-from .domain.toxicity import ToxicityClassifier, WordlistToxicity
+from ..domain.rows import LayoutGate
+from ..domain.text import in_validation_split
+from ..domain.toxicity import ToxicityClassifier, WordlistToxicity
 from .passes.dedup import ExactDedup, NearDedup
 from .passes.findings import Findings
 from .passes.prepare import PrepareContext, Preparer

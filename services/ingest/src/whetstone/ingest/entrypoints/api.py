@@ -14,21 +14,22 @@ from starlette.concurrency import iterate_in_threadpool
 
 from whetstone.contracts import DatasetDeletedV1, DatasetSubmittedV1
 from whetstone.runtime.errors import ApiError
+from whetstone.runtime.http import ListPage, list_page, not_found as missing
 from whetstone.runtime.file_ids import mint_file_id
 from whetstone.runtime.identity import Caller, internal_secret, require
 from whetstone.runtime.s3 import tenant_prefix
 from whetstone.runtime.service import Runtime
 
-from .adapters.files import (OPENAI_PURPOSE, PLATFORM_PURPOSES, FileStore, MultipartReceiver, UploadRefused,
+from ..adapters.files import (OPENAI_PURPOSE, PLATFORM_PURPOSES, FileStore, MultipartReceiver, UploadRefused,
                              boundary_of, file_view, safe_filename, sniff_purpose)
-from .adapters.formats import known_suffix
-from .context import IngestContext
+from ..adapters.formats import known_suffix
+from ..context import IngestContext
 
 DRAIN_AFTER_REFUSAL = 16 << 20  # read (and drop) this much more so the client sees the answer, not a reset
 
 
 def not_found(file_id: str) -> ApiError:
-    return ApiError(404, f"No such File object: {file_id}", code="file_not_found", param="file_id")
+    return missing(f"No such File object: {file_id}", code="file_not_found", param="file_id")
 
 
 async def _receive(request: Request, dest: Path, limit: int) -> Any:
@@ -71,7 +72,7 @@ def routes(rt: Runtime[IngestContext]) -> APIRouter:
             filename = safe_filename(got.filename)
             dataset_purpose = purpose if purpose != OPENAI_PURPOSE else sniff_purpose(got.path)
             # every upload its own id and object (deleting one never touches another's); identical content
-            # is validated once: a later upload of the same bytes gets the verdict already given (handlers.py)
+            # is validated once: a later upload of the same bytes gets the verdict already given (usecases/submissions.py)
             file_id = mint_file_id(caller.tenant_id, internal_secret(rt.settings.data_dir))
             key = f"{tenant_prefix(caller.tenant_id)}uploads/{file_id}{known_suffix(filename)}"
             source_uri = await asyncio.to_thread(rt.store.put_file, key, got.path)
@@ -91,13 +92,12 @@ def routes(rt: Runtime[IngestContext]) -> APIRouter:
     @r.get("")
     async def list_files(caller: Caller = require("read"), purpose: str | None = None, after: str | None = None,
                          limit: int = Query(100, ge=1, le=10_000),
-                         order: Literal["asc", "desc"] = "desc") -> dict:
+                         order: Literal["asc", "desc"] = "desc") -> ListPage[dict[str, Any]]:
         async with rt.uow() as uow:
             rows = await FileStore(uow.conn).list(caller.tenant_id, purpose=purpose, after=after, limit=limit + 1,
                                                   ascending=order == "asc")
         data = [file_view(x) for x in rows[:limit]]
-        return {"object": "list", "data": data, "has_more": len(rows) > limit,
-                "first_id": data[0]["id"] if data else None, "last_id": data[-1]["id"] if data else None}
+        return list_page(data, len(rows) > limit)
 
     @r.get("/{file_id}")
     async def retrieve(file_id: str, caller: Caller = require("read")) -> dict:

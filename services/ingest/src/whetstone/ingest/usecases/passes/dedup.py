@@ -21,14 +21,14 @@ from pathlib import Path
 
 import numpy as np
 
-from ..domain.actions import REMOVED
-from ..domain.images import image_similarity
-from ..domain.hashing import HashSet64
-from ..domain.minhash import (LshParams, block_jaccards, candidate_pairs, clusters, exact_jaccard, shingle_sets,
+from ...domain.actions import REMOVED
+from ...domain.images import image_similarity
+from ...domain.hashing import HashSet64
+from ...domain.minhash import (LshParams, block_jaccards, candidate_pairs, clusters, exact_jaccard, shingle_sets,
                               verify_pairs)
-from ..domain.report import NearDupReport
-from ..domain.schemas import text_messages
-from ..domain.text import digest_key, fingerprint
+from ...domain.report import NearDupReport
+from ...domain.schemas import text_messages
+from ...domain.text import digest_key, fingerprint
 from .findings import Findings
 from .rows import Candidate
 from .store import CandidateStore, RandomAccess, Stored

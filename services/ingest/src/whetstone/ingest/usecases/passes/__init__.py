@@ -1,4 +1,4 @@
-"""The data gate's passes, in the order `pipeline.DataGate.run` calls them:
+"""The data gate's passes, in the order `usecases/pipeline.DataGate.run` calls them:
 
     rows.RowPass          read/parse -> layout + schema -> normalise -> PII -> length   (per row)
     dedup.ExactDedup      exact duplicates, train/validation overlap                   (per batch)

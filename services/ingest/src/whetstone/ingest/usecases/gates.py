@@ -7,14 +7,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .adapters.archives import ArchiveLimits
-from .adapters.plugins import load_toxicity_classifier
-from .adapters.references import build_index, fetch_hub_benchmarks, reference_files
-from .adapters.tokenizer import BaseModelTokenizer, model_params
-from .config import IngestSettings
-from .domain.contamination import ReferenceIndex
-from .domain.issues import Issue
-from .domain.toxicity import ToxicityClassifier
+from ..adapters.archives import ArchiveLimits
+from ..adapters.plugins import load_toxicity_classifier
+from ..adapters.references import build_index, fetch_hub_benchmarks, reference_files
+from ..adapters.tokenizer import BaseModelTokenizer, model_params
+from ..config import IngestSettings
+from ..domain.contamination import ReferenceIndex
+from ..domain.issues import Issue
+from ..domain.toxicity import ToxicityClassifier
 from .pipeline import DataGate, GateConfig, Progress, TokenCounts
 
 
