@@ -9,12 +9,14 @@ import json
 import re
 import uuid
 from collections.abc import AsyncIterator
+from typing import Any
 
 from fastapi import APIRouter, Header, Query
 from fastapi.responses import StreamingResponse
 
 from whetstone.contracts import job_id_for
 from whetstone.runtime.errors import ApiError
+from whetstone.runtime.http import ListObject, ListPage, list_object, list_page, not_found
 from whetstone.runtime.identity import Caller, require
 from whetstone.runtime.service import Runtime
 
@@ -49,8 +51,8 @@ def routes(rt: Runtime[SchedulerContext]) -> APIRouter:
     async def owned(store: JobStore, job_id: str, caller: Caller, lock: bool = False) -> Job:
         job = await store.get(job_id, lock=lock)
         if job is None or job.tenant_id != caller.tenant_id:  # never reveal other tenants' jobs
-            raise ApiError(404, f"No fine-tuning job found with id {job_id!r}", code="job_not_found",
-                           param="fine_tuning_job_id")
+            raise not_found(f"No fine-tuning job found with id {job_id!r}", code="job_not_found",
+                            param="fine_tuning_job_id")
         return job
 
     async def views(store: JobStore, jobs: list[Job]) -> list[dict]:
@@ -92,13 +94,12 @@ def routes(rt: Runtime[SchedulerContext]) -> APIRouter:
 
     @r.get("/jobs")
     async def list_jobs(caller: Caller = require("read"), after: str | None = None,
-                        limit: int = Query(20, ge=1, le=100)) -> dict:
+                        limit: int = Query(20, ge=1, le=100)) -> ListPage[dict[str, Any]]:
         async with rt.uow() as uow:
             store = JobStore(uow)
             jobs, more = await store.page(caller.tenant_id, after, limit)
             data = await views(store, jobs)
-        return {"object": "list", "data": data, "has_more": more,
-                "first_id": data[0]["id"] if data else None, "last_id": data[-1]["id"] if data else None}
+        return list_page(data, more)
 
     @r.get("/jobs/{job_id}")
     async def get(job_id: str, caller: Caller = require("read")) -> dict:
@@ -117,7 +118,7 @@ def routes(rt: Runtime[SchedulerContext]) -> APIRouter:
             await cancel_job(rt, store, job)
             return (await views(store, [job]))[0]
 
-    @r.get("/jobs/{job_id}/events")
+    @r.get("/jobs/{job_id}/events", response_model=ListObject[dict[str, Any]])
     async def events(job_id: str, caller: Caller = require("read"), after: str | None = None,
                      limit: int = Query(20, ge=1, le=500), stream: bool = False):
         cursor = parse_event_id(after)
@@ -130,7 +131,7 @@ def routes(rt: Runtime[SchedulerContext]) -> APIRouter:
             return StreamingResponse(live_events(job_id, cursor or 0), media_type="text/event-stream",
                                      headers={"Cache-Control": "no-cache"})
         data = [event_view(x) for x in rows[:limit]]
-        return {"object": "list", "data": data, "has_more": len(rows) > limit}
+        return list_object(data, len(rows) > limit)
 
     async def live_events(job_id: str, last: int) -> AsyncIterator[str]:
         """Server-sent events, oldest first, until the job is over and everything was sent. Between
@@ -153,13 +154,12 @@ def routes(rt: Runtime[SchedulerContext]) -> APIRouter:
 
     @r.get("/jobs/{job_id}/checkpoints")
     async def checkpoints(job_id: str, caller: Caller = require("read"), after: str | None = None,
-                          limit: int = Query(10, ge=1, le=100)) -> dict:
+                          limit: int = Query(10, ge=1, le=100)) -> ListPage[dict[str, Any]]:
         async with rt.uow() as uow:
             store = JobStore(uow)
             job = await owned(store, job_id, caller)
             rows, more = await store.checkpoints(job_id, after, limit)
         data = [checkpoint_view(job, x) for x in rows]
-        return {"object": "list", "data": data, "has_more": more,
-                "first_id": data[0]["id"] if data else None, "last_id": data[-1]["id"] if data else None}
+        return list_page(data, more)
 
     return r

@@ -9,11 +9,12 @@
 
 from __future__ import annotations
 
-from typing import Annotated
+from typing import Annotated, Any
 
 from fastapi import APIRouter
 from pydantic import BaseModel, ConfigDict, Field, StringConstraints
 from whetstone.runtime.errors import ApiError
+from whetstone.runtime.http import ListObject, list_object, not_found as missing
 from whetstone.runtime.identity import (
     Caller,
     internal_secret,
@@ -51,7 +52,7 @@ def routes(rt: Runtime[SchedulerContext]) -> APIRouter:
     r = APIRouter()
 
     def not_found(key_id: str) -> ApiError:
-        return ApiError(404, f"No API key {key_id}.", code="key_not_found", param="key_id")
+        return missing(f"No API key {key_id}.", code="key_not_found", param="key_id")
 
     @r.post("/internal/keys/verify")
     async def verify(body: VerifyKey, _: Caller = require_internal()) -> dict:
@@ -93,10 +94,10 @@ def routes(rt: Runtime[SchedulerContext]) -> APIRouter:
         return {**record.view(), "token": token}
 
     @r.get("/v1/keys")
-    async def list_keys(tenant_id: str | None = None, caller: Caller = require_or_internal("admin")) -> dict:
+    async def list_keys(tenant_id: str | None = None,
+                        caller: Caller = require_or_internal("admin")) -> ListObject[dict[str, Any]]:
         tenant = tenant_id if caller.platform else caller.tenant_id
-        data = [k.view() for k in await keys.list(tenant)]
-        return {"object": "list", "data": data, "has_more": False}
+        return list_object([k.view() for k in await keys.list(tenant)])
 
     @r.post("/v1/keys/{key_id}/revoke")
     async def revoke(key_id: str, caller: Caller = require_or_internal("admin")) -> dict:

@@ -28,6 +28,7 @@ from fastapi import APIRouter, Query
 from pydantic import BaseModel, ConfigDict, Field
 from whetstone.contracts import Envelope, ModelPromotedV1, ModelRegisteredV1
 from whetstone.runtime.errors import ApiError
+from whetstone.runtime.http import ListObject, list_object, not_found as missing
 from whetstone.runtime.identity import Caller, require
 from whetstone.runtime.messaging import UnitOfWork
 from whetstone.runtime.service import Handler, Runtime
@@ -51,7 +52,7 @@ def routes(rt: Rt) -> APIRouter:
     r = APIRouter(prefix="/v1/webhooks")
 
     def not_found(webhook_id: str) -> ApiError:
-        return ApiError(404, f"No webhook found with id {webhook_id!r}", code="webhook_not_found", param="webhook_id")
+        return missing(f"No webhook found with id {webhook_id!r}", code="webhook_not_found", param="webhook_id")
 
     @r.post("")
     async def create(body: CreateWebhook, caller: Caller = require("write")) -> dict:
@@ -74,10 +75,10 @@ def routes(rt: Rt) -> APIRouter:
         return {**hook, "secret": secret}   # shown once: only signatures carry it afterwards
 
     @r.get("")
-    async def list_hooks(caller: Caller = require("read")) -> dict:
+    async def list_hooks(caller: Caller = require("read")) -> ListObject[dict[str, Any]]:
         async with rt.uow() as uow:
             data = await WebhookStore(uow.conn).list(caller.tenant_id)
-        return {"object": "list", "data": data, "has_more": False}
+        return list_object(data)
 
     @r.get("/{webhook_id}")
     async def get(webhook_id: str, caller: Caller = require("read")) -> dict:
@@ -96,13 +97,13 @@ def routes(rt: Rt) -> APIRouter:
 
     @r.get("/{webhook_id}/deliveries")
     async def deliveries(webhook_id: str, caller: Caller = require("read"),
-                         limit: int = Query(50, ge=1, le=500)) -> dict:
+                         limit: int = Query(50, ge=1, le=500)) -> ListObject[dict[str, Any]]:
         async with rt.uow() as uow:
             store = WebhookStore(uow.conn)
             if await store.get(caller.tenant_id, webhook_id) is None:
                 raise not_found(webhook_id)
             data = await store.deliveries(webhook_id, limit)
-        return {"object": "list", "data": data, "has_more": len(data) == limit}
+        return list_object(data, len(data) == limit)
 
     return r
 
