@@ -148,10 +148,6 @@ class BaseModelTokenizer:
                                        f"{str(exc)[:200]}") from exc
         return cls(tok, ref, location, processor)
 
-    @property
-    def has_chat_template(self) -> bool:
-        return bool(self.tok.chat_template)
-
     def max_seq_len(self, policy_value: int | None) -> int:
         return policy_value or self.model_max_length or DEFAULT_MAX_SEQ_LEN
 

@@ -91,11 +91,6 @@ def has_image(parts: list) -> bool:
     return any(p.get("type") == "image_url" for p in parts)
 
 
-def content_text(content: str | list) -> str:
-    """A normalised message content's text (image parts left out)."""
-    return content if type(content) is str else part_text(content)
-
-
 def _normal_part(part: dict) -> dict:
     if part["type"] == "text":
         return {"type": "text", "text": part["text"]}

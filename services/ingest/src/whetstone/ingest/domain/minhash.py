@@ -134,8 +134,9 @@ class LshParams:
         best = cls(num_perm, num_perm, 1)
         for rows in range(1, num_perm + 1):
             bands = num_perm // rows
-            if (1 - threshold**rows) ** bands <= max_miss:
-                best = cls(num_perm, bands, rows)
+            banding = cls(num_perm, bands, rows)
+            if 1 - banding.candidate_probability(threshold) <= max_miss:
+                best = banding
         return best
 
     def candidate_probability(self, jaccard: float) -> float:

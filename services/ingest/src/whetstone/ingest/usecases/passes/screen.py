@@ -8,7 +8,7 @@ from __future__ import annotations
 import numpy as np
 
 from ...domain.actions import keeps_row
-from ...domain.contamination import ReferenceIndex
+from ...domain.contamination import ReferenceIndex, is_contaminated
 from ...domain.report import ContaminationReport, ToxicityReport
 from ...domain.toxicity import ToxicityClassifier
 from .findings import Findings
@@ -25,7 +25,7 @@ class Contamination:
         for i, p in enumerate(rows):
             assert p.contamination is not None, "prepare computes every candidate's contamination"
             fraction, name = p.contamination
-            if not fraction > self.report.threshold:
+            if not is_contaminated(fraction, self.report.threshold):
                 continue
             self.findings.counts.contaminated += 1
             action = self.findings.found(
