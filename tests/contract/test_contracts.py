@@ -7,7 +7,7 @@ import pytest
 from pydantic import ValidationError
 
 from whetstone.contracts import EVENT_MODELS, TOLERANT, TOPICS, Envelope, job_id_for
-from whetstone.contracts.events import Hyperparameters, JobRequestedV1, NodeHeartbeatV1
+from whetstone.contracts import Hyperparameters, JobRequestedV1, NodeHeartbeatV1
 from whetstone.contracts.schemas import SCHEMA_DIR, check, current_schemas, incompatibilities
 
 pytestmark = pytest.mark.unit

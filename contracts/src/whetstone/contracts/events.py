@@ -359,7 +359,3 @@ class JobFailedV1(Event):
     advice: list[str] = Field(default_factory=list)
     attempt: int | None = Field(default=None, ge=1, description="job attempt of the segment (fencing); absent: older producer")
 
-
-# the other event families live in their own modules; every event is importable from here
-from .model_events import *  # noqa: E402, F403
-from .platform_events import *  # noqa: E402, F403

@@ -6,6 +6,8 @@ import hashlib
 from dataclasses import dataclass
 
 from . import events as e
+from . import model_events as m
+from . import platform_events as p
 from .base import Event
 
 DLQ_SUFFIX = ".dlq"
@@ -45,20 +47,20 @@ TOPICS: dict[str, Topic] = {
         Topic("job.preempted", e.JobPreemptedV1, "job_id"),
         Topic("job.completed", e.JobCompletedV1, "job_id"),
         Topic("job.failed", e.JobFailedV1, "job_id"),
-        Topic("eval.completed", e.EvalCompletedV1, "job_id"),
-        Topic("model.registered", e.ModelRegisteredV1, "model_id"),
-        Topic("model.promoted", e.ModelPromotedV1, "model_id"),
-        Topic("base_model.updated", e.BaseModelUpdatedV1, "name"),
-        Topic("eval.requested", e.EvalRequestedV1, "job_id"),
-        Topic("model.merge_requested", e.MergeRequestedV1, "model_id"),
-        Topic("model.merged", e.ModelMergedV1, "model_id"),
-        Topic("usage.metered", e.UsageMeteredV1, "job_id"),
-        Topic("node.heartbeat", e.NodeHeartbeatV1, "node_id", partitions=1),
+        Topic("eval.completed", m.EvalCompletedV1, "job_id"),
+        Topic("model.registered", m.ModelRegisteredV1, "model_id"),
+        Topic("model.promoted", m.ModelPromotedV1, "model_id"),
+        Topic("base_model.updated", m.BaseModelUpdatedV1, "name"),
+        Topic("eval.requested", m.EvalRequestedV1, "job_id"),
+        Topic("model.merge_requested", m.MergeRequestedV1, "model_id"),
+        Topic("model.merged", m.ModelMergedV1, "model_id"),
+        Topic("usage.metered", p.UsageMeteredV1, "job_id"),
+        Topic("node.heartbeat", p.NodeHeartbeatV1, "node_id", partitions=1),
     ]
 }
 
 EVENT_MODELS: dict[str, type[Event]] = {t.model.EVENT_TYPE: t.model for t in TOPICS.values()}
-DLQ_MODEL = e.DeadLetterV1
+DLQ_MODEL = p.DeadLetterV1
 
 
 def topic_for(model: type[Event] | Event) -> Topic:

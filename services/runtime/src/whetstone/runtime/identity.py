@@ -113,7 +113,7 @@ def verify_internal(value: str | None, secret: bytes, *, now: float | None = Non
     return hmac.compare_digest(sign(f"internal:{ts}", secret), mac)
 
 
-# Producer tokens (issue 20): what an external producer of `job.requested` puts in the envelope's
+# Producer tokens: what an external producer of `job.requested` puts in the envelope's
 # `producer_token` to prove which tenant it publishes for. `whp_<token id>.<tenant>.<mac>`, where the
 # mac is hex(HMAC-SHA256(internal secret, "producer-token:v1:<token id>:<tenant>"))[:32]: only the
 # platform can mint one, and the tenant cannot be edited without breaking it. Revocation is stored

@@ -62,12 +62,6 @@ class ObjectStore:
     def uri(self, key: str) -> str:
         return f"s3://{self.bucket}/{key}"
 
-    def ensure_bucket(self) -> None:
-        try:
-            self.client.head_bucket(Bucket=self.bucket)
-        except ClientError:
-            self.client.create_bucket(Bucket=self.bucket)
-
     def put_bytes(self, key: str, data: bytes, content_type: str = "application/octet-stream") -> str:
         self.client.put_object(Bucket=self.bucket, Key=key, Body=data, ContentType=content_type)
         return self.uri(key)
@@ -113,15 +107,6 @@ class ObjectStore:
         for page in paginator.paginate(Bucket=self.bucket, Prefix=prefix):
             for obj in page.get("Contents", []):
                 yield obj["Key"]
-
-    def upload_dir(self, local: Path, prefix: str) -> list[tuple[str, int]]:
-        """Upload every file under ``local``; returns (relative path, size)."""
-        out = []
-        for p in sorted(x for x in local.rglob("*") if x.is_file()):
-            rel = p.relative_to(local).as_posix()
-            self.put_file(prefix.rstrip("/") + "/" + rel, p)
-            out.append((rel, p.stat().st_size))
-        return out
 
     def download_prefix(self, uri: str, dest: Path) -> Path:
         bucket, prefix = parse_uri(uri)

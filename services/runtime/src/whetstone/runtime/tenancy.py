@@ -1,5 +1,5 @@
 """Whose aggregate is this? Every consumer refuses an event whose envelope names another tenant than
-the one that owns the job or model it is about (issue 20, point 4), before its handler runs.
+the one that owns the job or model it is about, before its handler runs.
 
 The owner is the tenant of the first event naming the aggregate that this service handled (for a
 job: the scheduler's `job.queued` or `job.assigned`; for a model: `model.registered`), kept in the
