@@ -45,8 +45,8 @@ import httpx
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 
 from whetstone.contracts import TOPICS, all_topic_partitions
-from whetstone.metering.api import job_class_of
-from whetstone.metering.handlers import TOPICS as METERED_TOPICS
+from whetstone.metering.domain.usage import job_class_of
+from whetstone.metering.entrypoints.handlers import TOPICS as METERED_TOPICS
 from whetstone.devstack.metering_sim import Invoice, Workload, generate
 from whetstone.devstack.stack import EmbeddedStack, StackEndpoints
 

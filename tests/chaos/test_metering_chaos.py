@@ -22,7 +22,7 @@ import asyncpg
 import pytest
 from aiokafka import AIOKafkaProducer
 
-from whetstone.metering.api import job_class_of
+from whetstone.metering.domain.usage import job_class_of
 from whetstone.devstack.metering_sim import Invoice, Workload, generate
 from whetstone.devstack.testing import consume_all
 

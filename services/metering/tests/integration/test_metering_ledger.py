@@ -3,6 +3,7 @@ cross-topic reordering, refunds as append-only corrections, reviews, anomalies,
 tenant usage, metrics and audit."""
 
 from datetime import UTC, datetime, timedelta
+from decimal import Decimal
 
 import httpx
 import pytest
@@ -10,7 +11,12 @@ import pytest
 from whetstone.contracts import (
     CheckpointRef, JobCompletedV1, JobFailedV1, JobPreemptedV1, JobQueuedV1, JobStartedV1, Resources, TrainingSpec,
 )
+from whetstone.contracts.enums import ChargeClass, UsageScope
+from whetstone.metering.adapters.store import LedgerStore
 from whetstone.metering.bootstrap import build_service
+from whetstone.metering.domain.billing import Charge
+from whetstone.metering.domain.kinds import EntryKind, Outcome
+from whetstone.metering.domain.ledger import Entry
 from whetstone.runtime.identity import identity_headers
 from whetstone.devstack.testing import outbox, send, send_event, wait_until
 
@@ -44,6 +50,13 @@ def completed(job_id: str, seg: str, at: datetime) -> JobCompletedV1:
 def failed(job_id: str, seg: str | None, at: datetime | None, error_class: str) -> JobFailedV1:
     return JobFailedV1(job_id=job_id, segment_id=seg, node_id="n1" if seg else None, stopped_at=at,
                        error_class=error_class, code="x", message="boom")
+
+
+def job_total_entry(job_id: str, outcome: str) -> Entry:
+    charge = Charge(ChargeClass.CHARGED, Decimal(0), Decimal(0), Decimal(0), Decimal(0), Decimal(0), "2026-11",
+                    "standard", "2026-11", "test")
+    return Entry(job_id, "rollup", UsageScope.JOB, "", EntryKind.CHARGE, 0, charge, None, 0, None, (), 0,
+                 Outcome(outcome))
 
 
 async def ledger(rt, job_id: str) -> list[dict]:
@@ -108,6 +121,14 @@ async def test_a_preempted_and_resumed_job_is_billed_once_per_segment_and_once_i
             text = (await c.get("/metrics")).text
             assert 'whetstone_metering_cost_usd{charge_class="charged",gpu_type="A100",tenant="demo"} 7.8' in text
             assert 'whetstone_metering_jobs{outcome="succeeded",tenant="demo"} 1.0' in text
+
+        # one transaction closing jobs of several outcomes counts each outcome's own jobs
+        totals = [job_total_entry(f"rollup-{i}", outcome) for i, outcome in
+                  enumerate(["succeeded", "succeeded", "succeeded", "failed"])]
+        async with rt.pool.acquire() as conn:
+            await LedgerStore(conn).roll_up(totals)
+            counts = dict(await conn.fetch("SELECT outcome, jobs FROM jobs_monthly WHERE tenant_id = 'rollup'"))
+        assert counts == {"succeeded": 3, "failed": 1}
 
 
 async def test_a_platform_failure_refunds_the_whole_job_with_reversals(platform, settings):

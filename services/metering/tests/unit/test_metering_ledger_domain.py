@@ -10,10 +10,10 @@ from decimal import Decimal
 import pytest
 
 from whetstone.contracts import TOPICS
-from whetstone.metering.api import job_class_of
+from whetstone.metering.domain.usage import job_class_of
 from whetstone.metering.domain.billing import Start, Stop
 from whetstone.metering.domain.ledger import Entry, JobState, Policy, Queued, SegmentState, Terminal, settle
-from whetstone.metering.handlers import fact_of
+from whetstone.metering.usecases.metering import fact_of
 from whetstone.devstack.metering_sim import Invoice, generate
 from whetstone.runtime.messaging import decode, parse_payload
 

@@ -7,8 +7,10 @@ from decimal import Decimal
 
 import pytest
 
-from whetstone.metering.adapters.store import from_json, to_json
+from whetstone.contracts.enums import ChargeClass, ErrorClass, PreemptionReason
+from whetstone.metering.adapters.rows import from_json, to_json
 from whetstone.metering.domain.billing import Anomaly, Charge, Start, Stop
+from whetstone.metering.domain.kinds import StopKind, TerminalKind
 from whetstone.metering.domain.ledger import Queued, Terminal
 
 pytestmark = pytest.mark.unit
@@ -16,15 +18,16 @@ T0 = datetime(2026, 11, 3, 9, 0, 0, 123456, tzinfo=UTC)
 
 OBJECTS = [
     Start("e1", T0, "H100", 8, True, 3, "node-7"),
-    Stop("e2", "preempted", T0 + timedelta(hours=2), checkpointed_at=T0 + timedelta(minutes=97), reason="spot_loss",
+    Stop("e2", StopKind.PREEMPTED, T0 + timedelta(hours=2), checkpointed_at=T0 + timedelta(minutes=97),
+         reason=PreemptionReason.SPOT_LOSS,
          reported_at=T0 + timedelta(hours=2, seconds=1)),
-    Stop("e3", "failed", datetime(2026, 12, 31, 23, 59, 59, tzinfo=timezone(timedelta(hours=-5))),
-         error_class="user", code="nan_loss"),
-    Charge("charged", Decimal("7200.000001"), Decimal("5820.5"), Decimal("2.4500"), Decimal("3.961451"),
+    Stop("e3", StopKind.FAILED, datetime(2026, 12, 31, 23, 59, 59, tzinfo=timezone(timedelta(hours=-5))),
+         error_class=ErrorClass.USER, code="nan_loss"),
+    Charge(ChargeClass.CHARGED, Decimal("7200.000001"), Decimal("5820.5"), Decimal("2.4500"), Decimal("3.961451"),
            Decimal("0.000000"), "2026-11", "premium", "2026-11", "checkpointed work at the spot price"),
     Anomaly("stop_before_start", "a stop for segment s1 arrived and no start, yet"),
     Queued("e4", T0, "free", None),
-    Terminal("e5", "cancelled", T0, reported_at=T0),
+    Terminal("e5", TerminalKind.CANCELLED, T0, reported_at=T0),
 ]
 
 

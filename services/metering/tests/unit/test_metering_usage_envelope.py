@@ -10,7 +10,7 @@ import pytest
 from whetstone.contracts import Envelope, UsageMeteredV1
 from whetstone.metering.domain.billing import Charge
 from whetstone.metering.domain.ledger import Entry
-from whetstone.metering.handlers import usage_envelope, usage_payload
+from whetstone.metering.usecases.metering import usage_envelope, usage_payload
 from whetstone.runtime.messaging import encode, make_envelope
 
 pytestmark = pytest.mark.unit

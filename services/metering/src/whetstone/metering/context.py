@@ -5,10 +5,10 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from .adapters.cache import StateCache
+from .adapters.metrics import UsageMetrics
 from .config import MeteringSettings
 from .domain.clock import EventClock
 from .domain.ledger import Policy
-from .metrics import UsageMetrics
 
 
 @dataclass

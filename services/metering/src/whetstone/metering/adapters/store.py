@@ -4,79 +4,46 @@ batch of a thousand events costs a handful of round trips."""
 
 from __future__ import annotations
 
-import dataclasses
-import functools
 import random
 from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
 from datetime import datetime
 from decimal import Decimal
-from typing import Any
 
 import asyncpg
-import orjson
 
-from ..domain.billing import Anomaly, Charge, Start, Stop
-from ..domain.ledger import Entry, JobState, OpenedAnomaly, Queued, SegmentState, Terminal
+from whetstone.contracts.enums import UsageScope
 
-# -- domain objects <-> jsonb ------------------------------------------------------------
-
-_PLAIN, _DATETIME, _DECIMAL = 0, 1, 2
-
-
-@functools.cache
-def _codec(cls: type) -> tuple[tuple[str, int], ...]:
-    kinds = []
-    for f in dataclasses.fields(cls):
-        t = str(f.type)
-        kinds.append((f.name, _DATETIME if "datetime" in t else _DECIMAL if "Decimal" in t else _PLAIN))
-    return tuple(kinds)
+from ..domain.kinds import EntryKind
+from ..domain.ledger import Entry, JobState, OpenedAnomaly, SegmentState
+from ..domain.usage import AuditEvent
+from .rows import from_records, states_json
 
 
-def to_json(obj: Any) -> str | None:
-    """A state dataclass as JSON text (orjson: datetimes in ISO 8601, Decimals as strings).
-    Text, cast to jsonb in SQL: the pool's jsonb codec would dump it a second time."""
-    if obj is None:
-        return None
-    return orjson.dumps(obj, default=str).decode()
-
-
-def states_json(states: Sequence[Any]) -> str:
-    """State dataclasses as one JSON array of objects, for jsonb_to_recordset: one orjson call
-    instead of an array parameter per column (each element of which asyncpg checks and encodes
-    one by one). Nested dataclasses come out exactly as `to_json` writes them; the datetimes are
-    ISO 8601 with their offset, which Postgres reads back to the microsecond."""
-    return orjson.dumps(states, default=str).decode()
-
-
-def from_json(cls: type, text: str | None) -> Any:
-    if text is None:
-        return None
-    data = orjson.loads(text)
-    kwargs = {}
-    for name, kind in _codec(cls):
-        v = data.get(name)
-        kwargs[name] = v if v is None or kind == _PLAIN else datetime.fromisoformat(v) if kind == _DATETIME \
-            else Decimal(v)
-    return cls(**kwargs)
-
-
-def _job(r: asyncpg.Record) -> JobState:
-    return JobState(r["job_id"], r["tenant_id"], r["first_seen_at"], from_json(Queued, r["queued"]),
-                    from_json(Terminal, r["terminal"]), r["review_decision"], r["closed_at"],
-                    list(r["events"]))
-
-
-def _segment(r: asyncpg.Record) -> SegmentState:
-    return SegmentState(r["segment_id"], r["job_id"], r["tenant_id"], r["first_seen_at"], from_json(Start, r["start"]),
-                        from_json(Stop, r["stop"]), list(r["events"]), from_json(Charge, r["billed"]), r["revision"],
-                        from_json(Anomaly, r["anomaly"]))
-
-
-# the jsonb columns as text, decoded by from_json
+# the columns of JobState and SegmentState, named as their fields; jsonb as text, decoded by rows.from_json
 JOB_COLUMNS = ("job_id, tenant_id, first_seen_at, queued::text AS queued, terminal::text AS terminal,"
                " review_decision, closed_at, events")
 SEGMENT_COLUMNS = ("segment_id, job_id, tenant_id, first_seen_at, start::text AS start, stop::text AS stop, events,"
                    " billed::text AS billed, revision, anomaly::text AS anomaly")
+
+
+@dataclass
+class _Sums:
+    """One usage_monthly row's increments."""
+
+    segments: int = 0
+    gpu_seconds: Decimal = Decimal(0)
+    billable_gpu_seconds: Decimal = Decimal(0)
+    cost: Decimal = Decimal(0)
+    list_cost: Decimal = Decimal(0)
+
+    def add(self, e: Entry) -> None:
+        c = e.charge
+        self.segments += 1 if e.entry == EntryKind.CHARGE else -1
+        self.gpu_seconds += c.gpu_seconds
+        self.billable_gpu_seconds += c.billable_gpu_seconds
+        self.cost += c.cost
+        self.list_cost += c.list_cost
 
 
 def new_version() -> int:
@@ -101,20 +68,21 @@ class LedgerStore:
             rows = await self.conn.fetch(
                 "INSERT INTO jobs (job_id, tenant_id, first_seen_at) SELECT j, t, $3 FROM unnest($1::text[], $2::text[])"
                 " AS u(j, t) ORDER BY j ON CONFLICT DO NOTHING RETURNING job_id", list(job_ids), list(tenants), now)
-            created = {r["job_id"] for r in rows}
+            created = {job_id for job_id, in rows}
         rows = await self.conn.fetch("SELECT job_id, version FROM jobs WHERE job_id = ANY($1::text[])"
                                      " ORDER BY job_id FOR UPDATE", list(job_ids))
-        return {r["job_id"]: r["version"] for r in rows}, created
+        return {job_id: version for job_id, version in rows}, created
 
     async def load(self, job_ids: Sequence[str]) -> dict[str, tuple[JobState, list[SegmentState]]]:
         """The state of (locked) jobs and all their segments, segments in id order."""
         if not job_ids:
             return {}
         jobs = await self.conn.fetch(f"SELECT {JOB_COLUMNS} FROM jobs WHERE job_id = ANY($1::text[])", list(job_ids))
-        out = {r["job_id"]: (_job(r), []) for r in jobs}
-        for r in await self.conn.fetch(f"SELECT {SEGMENT_COLUMNS} FROM segments WHERE job_id = ANY($1::text[])"
-                                       " ORDER BY job_id, segment_id", list(job_ids)):
-            out[r["job_id"]][1].append(_segment(r))
+        out: dict[str, tuple[JobState, list[SegmentState]]] = {j.job_id: (j, []) for j in from_records(JobState, jobs)}
+        segments = await self.conn.fetch(f"SELECT {SEGMENT_COLUMNS} FROM segments WHERE job_id = ANY($1::text[])"
+                                         " ORDER BY job_id, segment_id", list(job_ids))
+        for seg in from_records(SegmentState, segments):
+            out[seg.job_id][1].append(seg)
         return out
 
     async def save_jobs(self, jobs: Iterable[JobState]) -> dict[str, int]:
@@ -161,16 +129,17 @@ class LedgerStore:
             "(SELECT job_id FROM jobs WHERE closed_at IS NULL AND terminal_at <= $1 LIMIT $3)"
             " UNION (SELECT job_id FROM segments WHERE waiting AND stop_at <= $2 AND start IS NULL LIMIT $3)",
             close_before, orphan_before, limit)
-        return sorted(r["job_id"] for r in rows)
+        return sorted(job_id for job_id, in rows)
 
     # -- append-only records -------------------------------------------------------------
 
-    async def record_events(self, rows: Sequence[tuple]) -> None:
-        """(event_id, event_type, job_id, segment_id, tenant_id, occurred_at, received_at, envelope)"""
-        if rows:
+    async def record_events(self, events: Sequence[AuditEvent]) -> None:
+        if events:
+            records = [(e.event_id, e.event_type, e.job_id, e.segment_id, e.tenant_id, e.occurred_at, e.received_at,
+                        e.envelope) for e in events]
             await self.conn.copy_records_to_table(
-                "events", records=rows, columns=("event_id", "event_type", "job_id", "segment_id", "tenant_id",
-                                                 "occurred_at", "received_at", "envelope"))
+                "events", records=records, columns=("event_id", "event_type", "job_id", "segment_id", "tenant_id",
+                                                    "occurred_at", "received_at", "envelope"))
 
     async def append(self, entries: Sequence[Entry], usage_event_ids: Sequence[str]) -> None:
         if not entries:
@@ -188,21 +157,16 @@ class LedgerStore:
     async def roll_up(self, entries: Sequence[Entry]) -> None:
         """Add the entries to the monthly roll-ups. These rows are shared by every transaction:
         call this last, just before the commit, so their locks are held as briefly as possible."""
-        usage: dict[tuple, list] = {}
-        jobs: dict[tuple, int] = {}
+        usage: dict[tuple[str, str, str, str], _Sums] = {}
+        jobs: dict[tuple[str, str, str], int] = {}
         for e in entries:
             c = e.charge
-            if e.scope == "job":
+            if e.scope == UsageScope.JOB:
                 k = (e.tenant_id, c.period, e.outcome or "unknown")
-                jobs[k] = jobs.get(k, 0) + (1 if e.entry == "charge" else -1)   # an outcome correction moves it
+                jobs[k] = jobs.get(k, 0) + (1 if e.entry == EntryKind.CHARGE else -1)   # an outcome correction moves it
                 continue
-            acc = usage.setdefault((e.tenant_id, c.period, e.gpu_type or "unknown", c.charge_class),
-                                   [0, Decimal(0), Decimal(0), Decimal(0), Decimal(0)])
-            acc[0] += 1 if e.entry == "charge" else -1
-            acc[1] += c.gpu_seconds
-            acc[2] += c.billable_gpu_seconds
-            acc[3] += c.cost
-            acc[4] += c.list_cost
+            acc = usage.setdefault((e.tenant_id, c.period, e.gpu_type or "unknown", c.charge_class), _Sums())
+            acc.add(e)
         if usage:  # in key order: concurrent transactions lock the roll-up rows in the same order
             keys = sorted(usage)
             vals = [usage[k] for k in keys]
@@ -213,13 +177,15 @@ class LedgerStore:
                 " segments = m.segments + EXCLUDED.segments, gpu_seconds = m.gpu_seconds + EXCLUDED.gpu_seconds,"
                 " billable_gpu_seconds = m.billable_gpu_seconds + EXCLUDED.billable_gpu_seconds,"
                 " cost = m.cost + EXCLUDED.cost, list_cost = m.list_cost + EXCLUDED.list_cost",
-                *([k[i] for k in keys] for i in range(4)), *([v[i] for v in vals] for i in range(5)))
+                *([k[i] for k in keys] for i in range(4)), [v.segments for v in vals], [v.gpu_seconds for v in vals],
+                [v.billable_gpu_seconds for v in vals], [v.cost for v in vals], [v.list_cost for v in vals])
         if jobs:
-            keys = sorted(jobs)
+            outcomes = sorted(jobs)
             await self.conn.execute(
                 "INSERT INTO jobs_monthly AS m SELECT * FROM unnest($1::text[], $2::text[], $3::text[], $4::bigint[])"
                 " ON CONFLICT (tenant_id, period, outcome) DO UPDATE SET jobs = m.jobs + EXCLUDED.jobs",
-                [k[0] for k in keys], [k[1] for k in keys], [k[2] for k in keys], list(jobs.values()))
+                [k[0] for k in outcomes], [k[1] for k in outcomes], [k[2] for k in outcomes],
+                [jobs[k] for k in outcomes])
 
     async def anomalies(self, opened: Sequence[OpenedAnomaly], resolved: Sequence[tuple[str, str, str]],
                         now: datetime) -> None:

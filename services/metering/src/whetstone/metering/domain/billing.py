@@ -21,17 +21,19 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from decimal import ROUND_HALF_UP, Decimal
 
+from whetstone.contracts.enums import ChargeClass, ErrorClass, PreemptionReason
+
+from .kinds import ReviewDecision, StopKind
 from .prices import PRICE_BOOK, TIERS, PriceBook
 
 MAX_SEGMENT_SECONDS = 30 * 24 * 3600
 MAX_GPUS_PER_SEGMENT = 1024
 MICRO_USD = Decimal("0.000001")
 
-CHARGED, REFUNDED, REVIEW = "charged", "refunded", "review"
 # Preemption reasons that are the platform's fault, not capacity the tenant accepted (spot, priority).
-PLATFORM_LOSSES = frozenset({"node_lost", "platform_timeout"})
+PLATFORM_LOSSES = frozenset({PreemptionReason.NODE_LOST, PreemptionReason.PLATFORM_TIMEOUT})
 # When two classes meet (a segment's own and its job's), the one kinder to the tenant wins.
-_KINDNESS = {CHARGED: 0, REVIEW: 1, REFUNDED: 2}
+_KINDNESS = {ChargeClass.CHARGED: 0, ChargeClass.REVIEW: 1, ChargeClass.REFUNDED: 2}
 
 
 @dataclass(frozen=True)
@@ -48,12 +50,12 @@ class Start:
 @dataclass(frozen=True)
 class Stop:
     event_id: str
-    kind: str                           # completed | failed | preempted
+    kind: StopKind
     stopped_at: datetime
-    error_class: str | None = None      # failed: user | platform | ambiguous
+    error_class: ErrorClass | None = None  # failed: whose fault
     code: str | None = None             # failed: the error code
     checkpointed_at: datetime | None = None  # preempted: when the last durable checkpoint was written
-    reason: str | None = None           # preempted: spot_loss | priority | node_lost | ...
+    reason: PreemptionReason | None = None  # preempted: why
     reported_at: datetime | None = None  # when the stop event was emitted (grace periods count from it)
 
     @property
@@ -61,7 +63,7 @@ class Stop:
         return self.reported_at or self.stopped_at
 
 
-_STOP_ORDER = {"completed": 0, "failed": 1, "preempted": 2}
+_STOP_ORDER = {StopKind.COMPLETED: 0, StopKind.FAILED: 1, StopKind.PREEMPTED: 2}
 
 
 def pick_start(current: Start | None, new: Start) -> Start:
@@ -86,13 +88,13 @@ class Pricing:
 
     tier: str | None                  # the job's tier (free | standard | premium); None: unknown tenant
     pinned_version: str | None = None  # a quote's price version, if the job was admitted with one
-    job_class: str | None = None      # refunded | review when the job's outcome refunds or holds all of it
-    review_decision: str | None = None  # charge | refund, once a reviewer decided
+    job_class: ChargeClass | None = None  # refunded | review when the job's outcome refunds or holds all of it
+    review_decision: ReviewDecision | None = None  # once a reviewer decided
 
 
 @dataclass(frozen=True)
 class Charge:
-    charge_class: str             # charged | refunded | review
+    charge_class: ChargeClass
     gpu_seconds: Decimal          # wall seconds x GPUs, all of it (exact to the microsecond)
     billable_gpu_seconds: Decimal  # what the tenant pays for
     rate: Decimal                 # USD per GPU-hour applied
@@ -119,16 +121,18 @@ def usd(billable_gpu_seconds: Decimal, rate: Decimal) -> Decimal:
     return (billable_gpu_seconds * rate / 3600).quantize(MICRO_USD, rounding=ROUND_HALF_UP)
 
 
-def kinder(a: str, b: str | None) -> str:
+def kinder(a: ChargeClass, b: ChargeClass | None) -> ChargeClass:
     return a if b is None or _KINDNESS[a] >= _KINDNESS[b] else b
 
 
-def own_class(stop: Stop) -> str:
-    if stop.kind == "failed":
-        return {"user": CHARGED, "platform": REFUNDED}.get(stop.error_class or "", REVIEW)
-    if stop.kind == "preempted" and stop.reason in PLATFORM_LOSSES:
-        return REFUNDED
-    return CHARGED
+def own_class(stop: Stop) -> ChargeClass:
+    if stop.kind == StopKind.FAILED:
+        if stop.error_class == ErrorClass.USER:
+            return ChargeClass.CHARGED
+        return ChargeClass.REFUNDED if stop.error_class == ErrorClass.PLATFORM else ChargeClass.REVIEW
+    if stop.kind == StopKind.PREEMPTED and stop.reason in PLATFORM_LOSSES:
+        return ChargeClass.REFUNDED
+    return ChargeClass.CHARGED
 
 
 def bill_segment(start: Start, stop: Stop, pricing: Pricing, book: PriceBook = PRICE_BOOK) -> Charge | Anomaly:
@@ -165,7 +169,7 @@ def _price(start: Start, stop: Stop, pricing: Pricing, version: str, capacity_ra
     assert pricing.tier is not None
     gpu_seconds = seconds * start.gpu_count
     capacity = "spot" if start.spot else "on-demand"
-    if stop.kind == "preempted":
+    if stop.kind == StopKind.PREEMPTED:
         done = seconds_between(start.started_at, stop.checkpointed_at) if stop.checkpointed_at else Decimal(0)
         saved = min(max(done, Decimal(0)), seconds) * start.gpu_count
         if stop.reason in PLATFORM_LOSSES:  # refunded in full, at the capacity's own price
@@ -177,16 +181,16 @@ def _price(start: Start, stop: Stop, pricing: Pricing, version: str, capacity_ra
             basis = f"preempted ({stop.reason or 'unknown'}): {saved:.0f} of {gpu_seconds:.0f} GPU-s checkpointed, at spot"
     else:
         rate, chargeable = capacity_rate, gpu_seconds
-        basis = f"{stop.kind}" + (f" ({stop.error_class}: {stop.code})" if stop.kind == "failed" else "") \
+        basis = f"{stop.kind}" + (f" ({stop.error_class}: {stop.code})" if stop.kind == StopKind.FAILED else "") \
                 + f": {gpu_seconds:.0f} GPU-s at {capacity}"
     klass = kinder(own_class(stop), pricing.job_class)
-    if klass == REVIEW and pricing.review_decision:
-        klass = CHARGED if pricing.review_decision == "charge" else REFUNDED
+    if klass == ChargeClass.REVIEW and pricing.review_decision:
+        klass = ChargeClass.CHARGED if pricing.review_decision == ReviewDecision.CHARGE else ChargeClass.REFUNDED
         basis += f"; reviewed: {pricing.review_decision}"
     elif pricing.job_class and klass == pricing.job_class and klass != own_class(stop):
-        basis += f"; the job {'was refunded' if klass == REFUNDED else 'is under review'}"
+        basis += f"; the job {'was refunded' if klass == ChargeClass.REFUNDED else 'is under review'}"
     list_cost = usd(chargeable, rate)
-    billable, cost = (chargeable, list_cost) if klass == CHARGED else (Decimal(0), Decimal(0))
+    billable, cost = (chargeable, list_cost) if klass == ChargeClass.CHARGED else (Decimal(0), Decimal(0))
     basis += f", {pricing.tier} tier, {rate}/GPU-h ({version})"
     return Charge(klass, gpu_seconds, billable, rate, cost, list_cost, version, pricing.tier,
                   stop.stopped_at.strftime("%Y-%m"), basis)

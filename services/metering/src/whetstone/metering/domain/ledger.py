@@ -29,9 +29,10 @@ from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
 from decimal import Decimal
 
-from .billing import (
-    CHARGED, REFUNDED, REVIEW, Anomaly, Charge, Pricing, Start, Stop, bill_segment, pick_start, pick_stop,
-)
+from whetstone.contracts.enums import ChargeClass, ErrorClass, UsageScope
+
+from .billing import Anomaly, Charge, Pricing, Start, Stop, bill_segment, pick_start, pick_stop
+from .kinds import EntryKind, Outcome, ReviewDecision, TerminalKind
 from .prices import PRICE_BOOK, PriceBook
 
 
@@ -46,28 +47,28 @@ class Queued:
 @dataclass(frozen=True)
 class Terminal:
     event_id: str
-    kind: str                  # completed | failed | cancelled
+    kind: TerminalKind
     at: datetime
     segment_id: str | None = None
-    error_class: str | None = None
+    error_class: ErrorClass | None = None
     code: str | None = None
     reported_at: datetime | None = None  # when the event was emitted (grace periods count from it)
     attempts: int | None = None          # a cancel: the attempts the job was ever assigned (0: never placed)
     unstarted_attempt: int | None = None  # a node's cancel report of an attempt that never started
-    closed_as: str | None = None          # the outcome the job's total was written with (None: not yet)
+    closed_as: Outcome | None = None      # the outcome the job's total was written with (None: not yet)
 
     @property
     def reported(self) -> datetime:
         return self.reported_at or self.at
 
     @property
-    def outcome(self) -> str:
-        if self.kind == "cancelled" or self.code == "cancelled":
-            return "cancelled"
-        return "succeeded" if self.kind == "completed" else "failed"
+    def outcome(self) -> Outcome:
+        if self.kind == TerminalKind.CANCELLED or self.code == "cancelled":
+            return Outcome.CANCELLED
+        return Outcome.SUCCEEDED if self.kind == TerminalKind.COMPLETED else Outcome.FAILED
 
 
-_TERMINAL_ORDER = {"completed": 0, "failed": 1, "cancelled": 2}
+_TERMINAL_ORDER = {TerminalKind.COMPLETED: 0, TerminalKind.FAILED: 1, TerminalKind.CANCELLED: 2}
 
 
 def _larger(a: int | None, b: int | None) -> int | None:
@@ -86,17 +87,19 @@ def pick_terminal(current: Terminal | None, new: Terminal) -> Terminal:
     What the two say about attempts is kept whichever wins (the same result in any order)."""
     if current is None:
         return new
-    won = min(current, new, key=lambda t: (t.outcome != "cancelled", t.segment_id is None,
+    won = min(current, new, key=lambda t: (t.outcome != Outcome.CANCELLED, t.segment_id is None,
                                            _TERMINAL_ORDER.get(t.kind, 9), t.at, t.event_id))
     return replace(won, attempts=_larger(current.attempts, new.attempts),
                    unstarted_attempt=_larger(current.unstarted_attempt, new.unstarted_attempt),
                    closed_as=current.closed_as or new.closed_as)
 
 
-def job_class(terminal: Terminal | None) -> str | None:
-    if terminal is None or terminal.kind != "failed" or terminal.outcome == "cancelled":
+def job_class(terminal: Terminal | None) -> ChargeClass | None:
+    if terminal is None or terminal.kind != TerminalKind.FAILED or terminal.outcome == Outcome.CANCELLED:
         return None
-    return {"platform": REFUNDED, "user": None}.get(terminal.error_class or "", REVIEW)
+    if terminal.error_class == ErrorClass.USER:
+        return None
+    return ChargeClass.REFUNDED if terminal.error_class == ErrorClass.PLATFORM else ChargeClass.REVIEW
 
 
 @dataclass
@@ -136,7 +139,7 @@ class JobState:
     first_seen_at: datetime
     queued: Queued | None = None
     terminal: Terminal | None = None
-    review_decision: str | None = None
+    review_decision: ReviewDecision | None = None
     closed_at: datetime | None = None
     events: list[str] = field(default_factory=list)
 
@@ -159,9 +162,9 @@ class Entry:
 
     job_id: str
     tenant_id: str
-    scope: str                 # segment | job
+    scope: UsageScope
     segment_id: str            # '' for the job total
-    entry: str                 # charge | reversal
+    entry: EntryKind
     revision: int
     charge: Charge
     gpu_type: str | None
@@ -169,7 +172,7 @@ class Entry:
     spot: bool | None
     source_events: tuple[str, ...]
     segments: int = 1
-    outcome: str | None = None
+    outcome: Outcome | None = None
 
 
 @dataclass(frozen=True)
@@ -239,8 +242,8 @@ def settle(job: JobState, segments: list[SegmentState], now: datetime, policy: P
     elif (t := job.terminal) is not None and job.closed_at is not None and t.closed_as and t.outcome != t.closed_as:
         # a cancel accepted after training completed (in evaluating): the total written with the
         # completion is reversed and written again as cancelled (same amounts, the true outcome)
-        old = job_total(replace(job, terminal=replace(t, kind="completed", code=None)), segments, policy)
-        out.entries.append(replace(old, entry="reversal", charge=_negate(old.charge), outcome=t.closed_as))
+        old = job_total(replace(job, terminal=replace(t, kind=TerminalKind.COMPLETED, code=None)), segments, policy)
+        out.entries.append(replace(old, entry=EntryKind.REVERSAL, charge=_negate(old.charge), outcome=t.closed_as))
         out.entries.append(replace(job_total(job, segments, policy), revision=1))
         job.terminal = replace(t, closed_as=t.outcome)
     return out
@@ -252,16 +255,16 @@ def _settle_segment(job: JobState, seg: SegmentState, want: Charge | Anomaly | N
     if isinstance(want, Charge):
         if seg.billed != want:
             if seg.billed is not None:
-                out.entries.append(_segment_entry(job, seg, seg.billed, "reversal"))
+                out.entries.append(_segment_entry(job, seg, seg.billed, EntryKind.REVERSAL))
             seg.revision += 1
             seg.billed = want
-            out.entries.append(_segment_entry(job, seg, want, "charge"))
+            out.entries.append(_segment_entry(job, seg, want, EntryKind.CHARGE))
         if seg.anomaly is not None:
             out.resolved.append((seg.job_id, seg.segment_id, seg.anomaly.code))
             seg.anomaly = None
         return
     if seg.billed is not None:
-        out.entries.append(_segment_entry(job, seg, seg.billed, "reversal"))
+        out.entries.append(_segment_entry(job, seg, seg.billed, EntryKind.REVERSAL))
         seg.billed = None
     if seg.anomaly is None or seg.anomaly.code != want.code:
         if seg.anomaly is not None:
@@ -275,10 +278,10 @@ def _negate(c: Charge) -> Charge:
                    list_cost=-c.list_cost, basis=f"reversal of: {c.basis}")
 
 
-def _segment_entry(job: JobState, seg: SegmentState, charge: Charge, entry: str) -> Entry:
+def _segment_entry(job: JobState, seg: SegmentState, charge: Charge, entry: EntryKind) -> Entry:
     assert seg.start is not None
-    return Entry(seg.job_id, seg.tenant_id, "segment", seg.segment_id, entry, seg.revision,
-                 _negate(charge) if entry == "reversal" else charge, seg.start.gpu_type, seg.start.gpu_count,
+    return Entry(seg.job_id, seg.tenant_id, UsageScope.SEGMENT, seg.segment_id, entry, seg.revision,
+                 _negate(charge) if entry == EntryKind.REVERSAL else charge, seg.start.gpu_type, seg.start.gpu_count,
                  seg.start.spot, tuple(seg.events))
 
 
@@ -287,11 +290,11 @@ def closable(job: JobState, segments: list[SegmentState], now: datetime, policy:
     if t is None or job.closed_at is not None or not all(s.settled for s in segments):
         return False
     if t.segment_id is not None:
-        last = next((s for s in segments if s.segment_id == t.segment_id and s.start), None)
+        last = next((s.start for s in segments if s.segment_id == t.segment_id and s.start), None)
         attempts = sorted(s.start.attempt for s in segments if s.start)
-        if last and attempts == list(range(1, len(attempts) + 1)) and last.start.attempt == attempts[-1]:
+        if last and attempts == list(range(1, len(attempts) + 1)) and last.attempt == attempts[-1]:
             return True
-    if t.outcome == "cancelled" and t.attempts is not None and cancel_accounted(t, segments):
+    if t.outcome == Outcome.CANCELLED and t.attempts is not None and cancel_accounted(t, segments):
         return True
     return now - t.reported >= policy.close_grace
 
@@ -312,12 +315,12 @@ def job_total(job: JobState, segments: list[SegmentState], policy: Policy) -> En
     billed = [s for s in segments if s.billed is not None]
     charges = [s.billed for s in billed if s.billed is not None]
     classes = {c.charge_class for c in charges}
-    if REVIEW in classes:
-        klass = REVIEW
-    elif classes == {REFUNDED} or (not charges and job_class(job.terminal) == REFUNDED):
-        klass = REFUNDED
+    if ChargeClass.REVIEW in classes:
+        klass = ChargeClass.REVIEW
+    elif classes == {ChargeClass.REFUNDED} or (not charges and job_class(job.terminal) == ChargeClass.REFUNDED):
+        klass = ChargeClass.REFUNDED
     else:
-        klass = CHARGED
+        klass = ChargeClass.CHARGED
     versions = sorted({c.price_version for c in charges})
     if not versions:
         in_effect = policy.book.in_effect(job.terminal.at)
@@ -331,7 +334,7 @@ def job_total(job: JobState, segments: list[SegmentState], policy: Policy) -> En
         job.terminal.at.strftime("%Y-%m"),
         f"job {job.terminal.outcome}: {len(charges)} segment(s)")
     events = [e for s in segments for e in s.events] + [e for e in job.events if e]
-    return Entry(job.job_id, job.tenant_id, "job", "", "charge", 0, total,
+    return Entry(job.job_id, job.tenant_id, UsageScope.JOB, "", EntryKind.CHARGE, 0, total,
                  gpu_types.pop() if len(gpu_types) == 1 else ("mixed" if gpu_types else None),
                  max((s.start.gpu_count for s in billed if s.start), default=0), None,
                  tuple(dict.fromkeys(events)), len(charges),

@@ -6,17 +6,10 @@ every replica reports the same numbers (aggregate with max, not sum)."""
 
 from __future__ import annotations
 
-import asyncio
 from datetime import datetime
-from typing import TYPE_CHECKING
 
 import asyncpg
 from prometheus_client import CollectorRegistry, Gauge
-
-from whetstone.runtime.service import Runtime
-
-if TYPE_CHECKING:
-    from .context import MeteringContext
 
 LABELS = ["tenant", "gpu_type", "charge_class"]
 
@@ -65,36 +58,23 @@ class UsageMetrics:
         for g in (self.gpu_seconds, self.billable, self.cost, self.list_cost, self.segments, self.jobs,
                   self.month_cost, self.month_gpu_hours, self.anomalies):
             g.clear()
-        for r in usage:
-            labels = (r["tenant_id"], r["gpu_type"], r["charge_class"])
-            self.gpu_seconds.labels(*labels).set(float(r["gpu_seconds"]))
-            self.billable.labels(*labels).set(float(r["billable"]))
-            self.cost.labels(*labels).set(float(r["cost"]))
-            self.list_cost.labels(*labels).set(float(r["list_cost"]))
-            self.segments.labels(*labels).set(r["segments"])
+        for tenant, gpu_type, charge_class, segments, gpu_seconds, billable, cost, list_cost in usage:
+            labels = (tenant, gpu_type, charge_class)
+            self.gpu_seconds.labels(*labels).set(float(gpu_seconds))
+            self.billable.labels(*labels).set(float(billable))
+            self.cost.labels(*labels).set(float(cost))
+            self.list_cost.labels(*labels).set(float(list_cost))
+            self.segments.labels(*labels).set(segments)
         spend: dict[str, float] = {}
-        for r in month_rows:
-            self.month_gpu_hours.labels(r["tenant_id"], r["gpu_type"]).set(float(r["gpu_seconds"]) / 3600)
-            spend[r["tenant_id"]] = spend.get(r["tenant_id"], 0.0) + float(r["cost"])
+        for tenant, gpu_type, gpu_seconds, cost in month_rows:
+            self.month_gpu_hours.labels(tenant, gpu_type).set(float(gpu_seconds) / 3600)
+            spend[tenant] = spend.get(tenant, 0.0) + float(cost)
         for tenant, usd in spend.items():
             self.month_cost.labels(tenant).set(usd)
-        for r in jobs:
-            self.jobs.labels(r["tenant_id"], r["outcome"]).set(r["jobs"])
-        for r in anomalies:
-            self.anomalies.labels(r["code"]).set(r["n"])
+        for tenant, outcome, n in jobs:
+            self.jobs.labels(tenant, outcome).set(n)
+        for code, n in anomalies:
+            self.anomalies.labels(code).set(n)
         self.waiting.set(waiting)
         self.refreshed.set(now.timestamp())
 
-
-async def refresh_forever(rt: Runtime[MeteringContext]) -> None:
-    from .handlers import event_now  # noqa: PLC0415  (handlers import this module's users)
-
-    metrics = rt.ctx.usage_metrics
-    interval = rt.ctx.config.metrics_interval_s
-    while True:
-        assert rt.pool is not None
-        wall = rt.clock()
-        await metrics.refresh(rt.pool, wall)
-        metrics.event_time.set((await event_now(rt, wall)).timestamp())
-        metrics.partitions_behind.set(sum(1 for left in (rt.consumer_lag or {}).values() if left != 0))
-        await asyncio.sleep(interval)

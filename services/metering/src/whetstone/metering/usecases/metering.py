@@ -4,14 +4,12 @@
 them in the inbox in that same transaction): it records them for audit, locks the
 state of their jobs, adds the facts, lets the pure domain settle each job, and writes
 the new ledger entries, their usage.metered events (outbox), anomalies and roll-ups.
-The per-message handler is the same function on a batch of one.
+The per-message handler (entrypoints/handlers.py) calls it on a batch of one.
 """
 
 from __future__ import annotations
 
-import asyncio
-import json
-import uuid
+from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 
@@ -19,22 +17,23 @@ from whetstone.contracts import (
     Envelope, Event, JobCancelledV1, JobCompletedV1, JobFailedV1, JobPreemptedV1, JobQueuedV1, JobStartedV1,
     UsageMeteredV1, topic_for,
 )
+from whetstone.contracts.enums import UsageScope
 from whetstone.runtime.batching import Delivery
+from whetstone.runtime.delivery import PoisonMessage
 from whetstone.runtime.messaging import UnitOfWork, encode, envelope_of
-from whetstone.runtime.service import PoisonMessage, Runtime
+from whetstone.runtime.service import Runtime
 
-from .config import MeteringSettings
-from .context import MeteringContext
+from ..adapters.cache import State, StateCache
+from ..adapters.store import LedgerStore
+from ..config import MeteringSettings
+from ..context import MeteringContext
+from ..domain.billing import Start, Stop
+from ..domain.kinds import EntryKind, StopKind, TerminalKind
+from ..domain.ledger import Entry, JobState, Policy, Queued, SegmentState, Settlement, Terminal, settle
+from ..domain.usage import AuditEvent
 
-from .adapters.cache import State, StateCache
-from .adapters.store import LedgerStore
-from .domain.billing import Start, Stop
-from .domain.ledger import Entry, JobState, Policy, Queued, SegmentState, Settlement, Terminal, settle
 
-TOPICS = ("job.queued", "job.started", "job.preempted", "job.completed", "job.failed", "job.cancelled")
-
-
-def policy_for(config: MeteringSettings, tenants: dict[str, str]) -> Policy:
+def policy_for(config: MeteringSettings, tenants: Mapping[str, str]) -> Policy:
     """The billing policy: the tenants' tiers (platform settings) and the service's grace periods."""
     return Policy(tiers=dict(tenants), orphan_grace=timedelta(seconds=config.orphan_grace_s),
                   close_grace=timedelta(seconds=config.close_grace_s))
@@ -44,6 +43,10 @@ def utc(ts: datetime) -> datetime:
     return (ts if ts.tzinfo else ts.replace(tzinfo=UTC)).astimezone(UTC)
 
 
+# the lifecycle events that change what a job costs
+METERED = (JobQueuedV1, JobStartedV1, JobPreemptedV1, JobCompletedV1, JobFailedV1, JobCancelledV1)
+
+
 @dataclass(frozen=True)
 class Fact:
     """What one event adds to its job and segment."""
@@ -51,7 +54,7 @@ class Fact:
     job_id: str
     tenant_id: str
     segment_id: str | None
-    row: tuple  # the audit record (events table)
+    row: AuditEvent
     start: Start | None = None
     stop: Stop | None = None
     queued: Queued | None = None
@@ -61,35 +64,36 @@ class Fact:
 def fact_of(env: Envelope, ev: Event, raw: bytes, received_at: datetime, event_id: str | None = None) -> Fact:
     eid = event_id or str(env.event_id)
     emitted = utc(env.occurred_at)
-    seg = getattr(ev, "segment_id", None)
-    job_id: str = getattr(ev, "job_id")
-    row = (eid, ev.EVENT_TYPE, job_id, seg, env.tenant_id, emitted, received_at,
-           (raw or encode(env)).decode("utf-8", errors="replace"))
-    base = {"job_id": job_id, "tenant_id": env.tenant_id, "segment_id": seg, "row": row}
+    if not isinstance(ev, METERED):
+        raise TypeError(f"metering does not handle {ev.EVENT_TYPE}")
+    seg = None if isinstance(ev, JobQueuedV1 | JobCancelledV1) else ev.segment_id
+    row = AuditEvent(eid, ev.EVENT_TYPE, ev.job_id, seg, env.tenant_id, emitted, received_at,
+                   (raw or encode(env)).decode("utf-8", errors="replace"))
+    start = stop = queued = terminal = None
     if isinstance(ev, JobStartedV1):
-        return Fact(**base, start=Start(eid, utc(ev.started_at), ev.gpu_type, ev.gpu_count, ev.spot, ev.attempt,
-                                        ev.node_id))
-    if isinstance(ev, JobPreemptedV1):
+        start = Start(eid, utc(ev.started_at), ev.gpu_type, ev.gpu_count, ev.spot, ev.attempt, ev.node_id)
+    elif isinstance(ev, JobPreemptedV1):
         done = utc(ev.checkpointed_at) if ev.checkpointed_at else None
-        return Fact(**base, stop=Stop(eid, "preempted", utc(ev.stopped_at), checkpointed_at=done, reason=ev.reason,
-                                      reported_at=emitted))
-    if isinstance(ev, JobCompletedV1):
+        stop = Stop(eid, StopKind.PREEMPTED, utc(ev.stopped_at), checkpointed_at=done, reason=ev.reason,
+                    reported_at=emitted)
+    elif isinstance(ev, JobCompletedV1):
         at = utc(ev.stopped_at)
-        return Fact(**base, stop=Stop(eid, "completed", at, reported_at=emitted),
-                    terminal=Terminal(eid, "completed", at, seg, reported_at=emitted))
-    if isinstance(ev, JobFailedV1):
+        stop = Stop(eid, StopKind.COMPLETED, at, reported_at=emitted)
+        terminal = Terminal(eid, TerminalKind.COMPLETED, at, seg, reported_at=emitted)
+    elif isinstance(ev, JobFailedV1):
         at = utc(ev.stopped_at) if ev.stopped_at else emitted
-        stop = Stop(eid, "failed", at, error_class=ev.error_class, code=ev.code, reported_at=emitted) if seg else None
+        if seg:
+            stop = Stop(eid, StopKind.FAILED, at, error_class=ev.error_class, code=ev.code, reported_at=emitted)
         # a node's cancel report naming its attempt but no segment: that attempt never started (nothing to bill)
         unstarted = ev.attempt if ev.code == "cancelled" and seg is None and ev.node_id else None
-        return Fact(**base, stop=stop, terminal=Terminal(eid, "failed", at, seg, ev.error_class, ev.code, emitted,
-                                                         unstarted_attempt=unstarted))
-    if isinstance(ev, JobCancelledV1):
-        return Fact(**base, terminal=Terminal(eid, "cancelled", emitted, reported_at=emitted, attempts=ev.attempt))
-    if isinstance(ev, JobQueuedV1):
+        terminal = Terminal(eid, TerminalKind.FAILED, at, seg, ev.error_class, ev.code, emitted,
+                            unstarted_attempt=unstarted)
+    elif isinstance(ev, JobCancelledV1):
+        terminal = Terminal(eid, TerminalKind.CANCELLED, emitted, reported_at=emitted, attempts=ev.attempt)
+    else:
         pinned = (ev.cost_estimate or {}).get("price_version")
-        return Fact(**base, queued=Queued(eid, emitted, ev.tier, str(pinned) if pinned else None))
-    raise TypeError(f"metering does not handle {ev.EVENT_TYPE}")
+        queued = Queued(eid, emitted, ev.tier, str(pinned) if pinned else None)
+    return Fact(ev.job_id, env.tenant_id, seg, row, start, stop, queued, terminal)
 
 
 # -- consuming ----------------------------------------------------------------------------
@@ -134,7 +138,7 @@ def segment_of(state: State, f: Fact, now: datetime) -> SegmentState:
 
 
 async def meter(rt: Runtime[MeteringContext], uow: UnitOfWork, deliveries: list[Delivery]) -> None:
-    """The batch handler."""
+    """Meter a batch of never-seen lifecycle events in the caller's transaction."""
     wall = rt.clock()
     clock = rt.ctx.event_clock
     for d in deliveries:
@@ -176,11 +180,6 @@ async def meter(rt: Runtime[MeteringContext], uow: UnitOfWork, deliveries: list[
                            {(j, s) for j, segs in touched.items() for s in segs}, traces, cache, only)
 
 
-async def on_lifecycle_event(rt: Runtime[MeteringContext], uow: UnitOfWork, env: Envelope, ev: Event) -> None:
-    """Per-message handler (a batch that failed is retried message by message through it)."""
-    await meter(rt, uow, [Delivery(topic_for(ev).name, env, ev)])
-
-
 async def settle_and_write(rt: Runtime[MeteringContext], uow: UnitOfWork, store: LedgerStore, states: dict[str, State],
                            versions: dict[str, int], now: datetime, dirty_jobs: set[str],
                            dirty_segments: set[tuple[str, str]], traces: dict[str, str] | None = None,
@@ -188,6 +187,7 @@ async def settle_and_write(rt: Runtime[MeteringContext], uow: UnitOfWork, store:
                            ) -> Settlement:
     """Settle the jobs, write what changed, and put their state back in the cache."""
     policy = rt.ctx.policy
+    assert policy is not None, "bootstrap.on_start binds the policy before any message"
     total = Settlement()
     for job_id in sorted(states):
         job, segments = states[job_id]
@@ -195,7 +195,7 @@ async def settle_and_write(rt: Runtime[MeteringContext], uow: UnitOfWork, store:
         out = settle(job, segments, now, policy, (only or {}).get(job_id))
         if job.closed_at != was_closed:
             job.closed_at = rt.clock()  # settle decides in event time; record when it happened
-        changed = {(e.job_id, e.segment_id) for e in out.entries if e.scope == "segment"}
+        changed = {(e.job_id, e.segment_id) for e in out.entries if e.scope == UsageScope.SEGMENT}
         changed |= {(a.job_id, a.segment_id) for a in out.opened} | {(r[0], r[1]) for r in out.resolved}
         if changed or job.closed_at != was_closed:
             dirty_jobs.add(job_id)
@@ -224,14 +224,14 @@ async def settle_and_write(rt: Runtime[MeteringContext], uow: UnitOfWork, store:
 def usage_segment_id(e: Entry) -> str | None:
     """usage.metered names a segment's first charge by the segment id; later revisions
     and reversals get a suffix, so (job_id, segment_id) stays unique on the topic."""
-    if e.scope == "job":
+    if e.scope == UsageScope.JOB:
         return None
-    if e.entry == "reversal":
+    if e.entry == EntryKind.REVERSAL:
         return f"{e.segment_id}#r{e.revision}-reversal"
     return e.segment_id if e.revision == 0 else f"{e.segment_id}#r{e.revision}"
 
 
-def usage_payload(e: Entry) -> dict:
+def usage_payload(e: Entry) -> dict[str, object]:
     """The usage.metered payload of an entry, as UsageMeteredV1.model_dump(mode="json") writes it
     (a unit test holds the two equal and validates it strictly against the contract)."""
     c = e.charge
@@ -246,61 +246,3 @@ def usage_envelope(e: Entry, producer: str, trace_id: str | None) -> Envelope:
     batch, and building, validating and dumping a UsageMeteredV1 each time was half of their cost."""
     return envelope_of(UsageMeteredV1, usage_payload(e), producer=producer, tenant_id=e.tenant_id, key=e.job_id,
                        trace_id=trace_id)
-
-
-# -- time-based decisions ------------------------------------------------------------------
-
-
-async def sweep_once(rt: Runtime[MeteringContext], limit: int = 2000) -> int:
-    """Jobs whose grace ran out: unknown-job anomalies, segments that never stopped, totals to close."""
-    policy = rt.ctx.policy
-    wall = rt.clock()
-    now = await event_now(rt, wall)
-    async with rt.uow() as uow:
-        store = LedgerStore(uow.conn)
-        ids = await store.jobs_due(now - policy.close_grace, now - policy.orphan_grace, limit)
-        if not ids:
-            return 0
-        cache = rt.ctx.state_cache
-        states, versions = await lock_and_load(store, ids, None, wall, cache)
-        await settle_and_write(rt, uow, store, states, versions, now, set(), set(), cache=cache)
-    return len(ids)
-
-
-async def sweep_forever(rt: Runtime[MeteringContext]) -> None:
-    interval = rt.ctx.config.sweep_interval_s
-    while True:
-        await asyncio.sleep(interval)
-        await sweep_once(rt)
-
-
-# -- operator decisions --------------------------------------------------------------------
-
-
-async def review_job(rt: Runtime[MeteringContext], job_id: str, decision: str, reviewer: str, note: str) -> Settlement | None:
-    """Resolve a job held for review: charge it or refund it. The decision is an audit event of
-    its own, and its effect on the ledger is reversals and new charges, like any correction."""
-    wall = rt.clock()
-    now = await event_now(rt, wall)
-    async with rt.uow() as uow:
-        store = LedgerStore(uow.conn)
-        cache = rt.ctx.state_cache
-        states, versions = await lock_and_load(store, [job_id], None, wall, cache)
-        if job_id not in states:
-            return None
-        job, segments = states[job_id]
-        held = [s for s in segments if s.billed and s.billed.charge_class == "review"]
-        if not held or job.review_decision is not None:
-            return Settlement()
-        event_id = str(uuid.uuid4())
-        record = {"event_id": event_id, "event_type": "usage.reviewed", "occurred_at": wall.isoformat(),
-                  "producer": rt.name, "tenant_id": job.tenant_id, "key": job_id,
-                  "payload": {"job_id": job_id, "decision": decision, "reviewer": reviewer, "note": note}}
-        await store.record_events([(event_id, "usage.reviewed", job_id, None, job.tenant_id, wall, wall,
-                                    json.dumps(record))])
-        job.review_decision = decision
-        job.add_event(event_id)
-        for s in held:
-            s.add_event(event_id)
-        return await settle_and_write(rt, uow, store, states, versions, now, {job_id},
-                                      {(s.job_id, s.segment_id) for s in held}, cache=cache)
