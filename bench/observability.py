@@ -29,7 +29,8 @@ from pathlib import Path
 
 from whetstone.contracts import EvalCompletedV1, Metric, UsageMeteredV1
 from whetstone.devstack.stack import EmbeddedStack
-from whetstone.runtime.messaging import encode, make_envelope
+from whetstone.eval.adapters.metrics import event_metrics
+from whetstone.runtime.messaging import Published, encode, make_envelope
 from whetstone.runtime.service import Runtime, Service
 from whetstone.runtime.settings import CommonSettings
 
@@ -52,7 +53,7 @@ async def on_usage(rt, uow, env, event) -> None:
 
 def service() -> Service:
     return Service(name="benchobs", migrations=["CREATE TABLE seen (job_id text, cost float8)"],
-                   subscriptions={TOPIC: on_usage})
+                   subscriptions={TOPIC: on_usage}, event_metrics=event_metrics)
 
 
 def messages(n: int, offset: int) -> list[bytes]:
@@ -87,13 +88,13 @@ def instrumentation_cost(rt: Runtime, n: int = 20_000) -> float:
     """Seconds per message of exactly the metric calls the hot path makes for one message (consumed
     counter, handler histogram, post-commit event metrics of the published envelope, produce counter,
     publish-latency histogram and the trace row), measured in isolation: free of the database and broker noise."""
-    env = make_envelope(EvalCompletedV1(job_id="ftjob-x", checkpoint_uri="s3://b/c", verdict="passed", reasons=[],
-                                        metrics=[]), producer="bench", tenant_id="demo")
+    event = EvalCompletedV1(job_id="ftjob-x", checkpoint_uri="s3://b/c", verdict="passed", reasons=[], metrics=[])
+    env = make_envelope(event, producer="bench", tenant_id="demo")
     start = time.process_time()
     for _ in range(n):
         rt.metrics.consumed(topic=TOPIC, outcome="handled").inc()
         rt.metrics.handler_seconds(topic=TOPIC).observe(0.004)
-        rt.observer.committed([env])
+        rt.observer.committed([Published(env, event)])
         rt.metrics.outbox_published.inc()
         rt.observer.published("eval.completed", 0.002)
         rt.trace.record(TOPIC, env, None, 0.0, 0.004, "handled")

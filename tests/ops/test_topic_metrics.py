@@ -193,7 +193,7 @@ async def test_a_metric_name_collision_is_counted_and_metrics_still_render(platf
         # two services' observers in one registry: every name collides, nothing raises
         Observer(reg, "other")
         assert sample(reg, "whetstone_observability_errors_total", service="opsprobe", source="collision") == 1
-        assert sample(reg, "whetstone_observability_errors_total", service="other", source="collision") > 10
+        assert sample(reg, "whetstone_observability_errors_total", service="other", source="collision") == 2
         broken = Broken()
         reg.register(broken)
         async with httpx.AsyncClient(base_url=p.url("opsprobe")) as c:

@@ -4,6 +4,7 @@ from whetstone.runtime.service import Service
 
 from .adapters import repository
 from .adapters.judges import EndpointJudge, LocalModelJudge, ModelSafetyClassifier
+from .adapters.metrics import event_metrics
 from .adapters.migrations import MIGRATIONS
 from .config import EvalSettings
 from .context import EvalContext
@@ -29,4 +30,5 @@ def build_service(config: EvalSettings | None = None) -> Service[EvalContext]:
                                   "eval.requested": handlers.on_eval_requested,
                                   "node.fenced": handlers.on_node_fenced,
                                   "job.cancelled": handlers.on_job_cancelled},
-                   background=[eval_worker] * max(1, config.workers), probes=repository.PROBES)
+                   background=[eval_worker] * max(1, config.workers), probes=repository.PROBES,
+                   event_metrics=event_metrics)

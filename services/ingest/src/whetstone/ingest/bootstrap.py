@@ -3,6 +3,7 @@
 from whetstone.runtime.service import Service
 
 from .adapters import validations
+from .adapters.metrics import event_metrics
 from .adapters.migrations import MIGRATIONS
 from .config import IngestSettings
 from .context import IngestContext
@@ -19,4 +20,5 @@ def build_service(config: IngestSettings | None = None) -> Service[IngestContext
                    subscriptions=SUBSCRIPTIONS,
                    http_port=config.http_port, context=context, routes=api.routes,
                    background=[validation_worker] * config.validation_workers, probes=validations.PROBES,
+                   event_metrics=event_metrics,
                    upload_paths=("/v1/files",))   # streamed to disk under max_upload_bytes

@@ -5,7 +5,7 @@ import gc
 from whetstone.runtime.service import Runtime, Service
 
 from .adapters.cache import StateCache
-from .adapters.metrics import UsageMetrics
+from .adapters.metrics import UsageMetrics, event_metrics
 from .adapters.migrations import MIGRATIONS
 from .config import MeteringSettings
 from .context import MeteringContext
@@ -46,4 +46,4 @@ def build_service(config: MeteringSettings | None = None) -> Service[MeteringCon
                    batch_handler=handlers.on_lifecycle_batch if config.batch_size > 0 else None,
                    batch_size=max(config.batch_size, 1), batch_concurrency=config.batch_concurrency,
                    consumer_options=consumer_options(config), background=[sweep_forever, refresh_forever],
-                   on_start=on_start, on_stop=on_stop, context=context)
+                   on_start=on_start, on_stop=on_stop, context=context, event_metrics=event_metrics)

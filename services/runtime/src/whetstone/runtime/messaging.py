@@ -8,7 +8,7 @@ import contextvars
 from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
 import asyncpg
 import orjson
@@ -19,6 +19,8 @@ from .delivery import unavailable_dependency
 from .logging import get_logger
 
 log = get_logger("whetstone.outbox")
+
+E = TypeVar("E", bound=Event)
 
 # The envelope being handled: published events inherit its trace_id.
 current_envelope: contextvars.ContextVar[Envelope | None] = contextvars.ContextVar("current_envelope", default=None)
@@ -62,13 +64,28 @@ def decode(raw: bytes) -> Envelope:
     return Envelope.model_validate(data, context=TOLERANT)
 
 
-def parse_payload(envelope: Envelope, model: type[Event]) -> Event:
+def parse_payload(envelope: Envelope, model: type[E]) -> E:
     if envelope.event_type != model.EVENT_TYPE:
         raise ValueError(f"expected event_type {model.EVENT_TYPE!r}, got {envelope.event_type!r}")
     if envelope.schema_version > model.SCHEMA_VERSION:
         raise ValueError(f"{model.EVENT_TYPE} schema_version {envelope.schema_version} is newer than "
                          f"this consumer understands ({model.SCHEMA_VERSION})")
     return model.model_validate(envelope.payload, context=TOLERANT)
+
+
+@dataclass(frozen=True)
+class Published:
+    """An event a unit of work published: its envelope, and the typed event where the producer
+    handed one over (`publish`; `publish_many` takes ready-made envelopes)."""
+
+    envelope: Envelope
+    event: Event | None = None
+
+    def read(self, model: type[E]) -> E:
+        """The event as `model`: the producer's own instance, else parsed from the envelope."""
+        if isinstance(self.event, model):
+            return self.event
+        return parse_payload(self.envelope, model)
 
 
 @dataclass
@@ -78,7 +95,7 @@ class UnitOfWork:
 
     conn: asyncpg.Connection
     producer: str
-    pending: list[Envelope] = field(default_factory=list)
+    pending: list[Published] = field(default_factory=list)
     committed: list[Callable[[], Any]] = field(default_factory=list)
 
     def after_commit(self, callback: Callable[[], Any]) -> None:
@@ -93,7 +110,7 @@ class UnitOfWork:
             "INSERT INTO outbox (topic, key, value) VALUES ($1, $2, $3)",
             topic or topic_for(event).name, env.key, encode(env),
         )
-        self.pending.append(env)
+        self.pending.append(Published(env, event))
         return env
 
     async def publish_many(self, envelopes: Sequence[Envelope], *, topic: str) -> None:
@@ -103,7 +120,7 @@ class UnitOfWork:
             return
         await self.conn.copy_records_to_table("outbox", records=[(topic, env.key, encode(env)) for env in envelopes],
                                               columns=("topic", "key", "value"))
-        self.pending.extend(envelopes)
+        self.pending.extend(Published(env) for env in envelopes)
 
 
 class OutboxRelay:
@@ -129,7 +146,8 @@ class OutboxRelay:
         self.wakeup = asyncio.Event()
         self.published = 0
         self.quarantined = 0
-        self.on_committed: Any = None  # called with the envelopes of each committed unit of work (metrics)
+        # called with what each committed unit of work published (the service's event metrics)
+        self.on_committed: Callable[[Sequence[Published]], None] | None = None
         self.on_quarantined: Any = None  # called with (topic, error) for each quarantined row (metrics)
 
     def poke(self) -> None:

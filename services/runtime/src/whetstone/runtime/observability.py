@@ -3,10 +3,10 @@
 Three sources, all with low-cardinality labels (never a job, dataset or event id):
 
 * hot-path hooks (`Observer`): messages produced per topic and the relay's publish latency
-  (send -> broker ack), and platform counters derived from the events a service COMMITTED to its
-  outbox (each event has exactly one producing service, so platform-wide sums count it once):
-  eval verdicts and stage results, preemptions by cause, failures by class, training throughput,
-  GPU-seconds metered per tier and charge class, MFU, datasets validated, models registered/promoted;
+  (send -> broker ack), and the platform metrics a service derives from the events it COMMITTED to
+  its outbox, declared by that service (`Service(event_metrics=...)`, in its `adapters/metrics.py`:
+  eval verdicts in eval, failures and preemptions in the scheduler and the trainer-agent, GPU-seconds
+  in metering, ...); each event instance has one producer, so platform-wide sums count it once;
 * a background `Collector` per service, every `interval_s`: consumer lag per partition of the
   service's group (committed offsets through the Kafka admin API - OffsetFetch with explicit
   partitions, which Tansu answers too - falling back to the consumer's OffsetFetch; vs the
@@ -25,7 +25,7 @@ from __future__ import annotations
 import asyncio
 import time
 import weakref
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -36,6 +36,7 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 from whetstone.contracts import TOPICS
 
 from .logging import get_logger
+from .messaging import Published
 
 log = get_logger("whetstone.observability")
 
@@ -118,7 +119,7 @@ class _Capped:
     def __init__(self) -> None:
         self.seen: dict[str, set[str]] = {}
 
-    def __call__(self, label: str, value: Any) -> str:
+    def __call__(self, label: str, value: object) -> str:
         v = str(value) if value not in (None, "") else "unknown"
         seen = self.seen.setdefault(label, set())
         if v in seen:
@@ -129,57 +130,53 @@ class _Capped:
         return v
 
 
+class MetricSet(_Metrics):
+    """Where a service registers the metrics it derives from the events it commits (its
+    `adapters/metrics.py`, handed to the runtime as `Service(event_metrics=...)`): the service's
+    registry with collisions counted, capped label values (`cap`) and the tenants' tiers."""
+
+    def __init__(self, registry: CollectorRegistry, service: str, tiers: Mapping[str, str] | None = None) -> None:
+        super().__init__(registry, service)
+        self.cap = _Capped()
+        self.tiers = dict(tiers or {})
+
+    def tier_of(self, tenant_id: str) -> str:
+        return self.cap("tier", self.tiers.get(tenant_id, "unknown"))
+
+    def counter(self, name: str, doc: str, labels: Sequence[str] = ()) -> Counter:
+        metric: Counter = self._add(Counter, name, doc, labels)
+        return metric
+
+    def gauge(self, name: str, doc: str, labels: Sequence[str] = ()) -> Gauge:
+        metric: Gauge = self._add(Gauge, name, doc, labels)
+        return metric
+
+    def histogram(self, name: str, doc: str, labels: Sequence[str] = (), *,
+                  buckets: Sequence[float] = LATENCY_BUCKETS) -> Histogram:
+        metric: Histogram = self._add(Histogram, name, doc, labels, buckets=buckets)
+        return metric
+
+
+# One event type's metric update, given what a unit of work published.
+EventMetric = Callable[[Published], None]
+# A service's event metrics: registers them in the MetricSet, returns the update per event type.
+EventMetrics = Callable[[MetricSet], Mapping[str, EventMetric]]
+
+
 class Observer(_Metrics):
     """The hot-path hooks of one service (see module docstring)."""
 
-    def __init__(self, registry: CollectorRegistry, service: str, tiers: dict[str, str] | None = None) -> None:
+    def __init__(self, registry: CollectorRegistry, service: str, tiers: Mapping[str, str] | None = None,
+                 event_metrics: EventMetrics | None = None) -> None:
         super().__init__(registry, service)
-        self.tiers = tiers or {}
-        self.cap = _Capped()
         svc = ["service"]
         self.produced = self._add(Counter, "whetstone_messages_produced_total", "Messages the outbox relay published",
                                   svc + ["topic"])
         self.publish_seconds = self._add(Histogram, "whetstone_outbox_publish_seconds",
                                          "Outbox relay: send to broker acknowledgement, per message", svc,
                                          buckets=LATENCY_BUCKETS).labels(service=service)
-        self.eval_verdicts = self._add(Counter, "whetstone_eval_verdicts_total", "Eval gate verdicts", ["verdict"])
-        self.eval_stages = self._add(Counter, "whetstone_eval_stage_results_total", "Eval gate stage results",
-                                     ["stage", "status"])
-        self.preempted = self._add(Counter, "whetstone_jobs_preempted_total", "Training segments preempted, by cause",
-                                   ["reason"])
-        self.failed = self._add(Counter, "whetstone_jobs_failed_total", "Jobs failed, by class and code",
-                                ["error_class", "code"])
-        self.completed = self._add(Counter, "whetstone_training_completed_total", "Training runs finished", [])
-        self.queued = self._add(Counter, "whetstone_jobs_queued_total", "Jobs admitted to the queue", ["tier", "requeued"])
-        self.steps = self._add(Counter, "whetstone_training_steps_total", "Training steps reported", [])
-        self.tokens = self._add(Counter, "whetstone_training_tokens_total", "Training tokens seen (progress deltas)", [])
-        self.tokens_per_s = self._add(Histogram, "whetstone_training_tokens_per_second", "Training throughput reports",
-                                      [], buckets=(10, 100, 1e3, 3e3, 1e4, 3e4, 1e5, 3e5, 1e6))
-        self.step_seconds = self._add(Histogram, "whetstone_training_step_seconds",
-                                      "Wall time per training step, between progress reports", [],
-                                      buckets=(.01, .05, .1, .25, .5, 1, 2.5, 5, 10, 30, 60))
-        self.mfu = self._add(Histogram, "whetstone_training_mfu_ratio",
-                             "Model FLOPs utilisation reported by training progress (GPUs of a known type only)", [],
-                             buckets=(.02, .05, .1, .15, .2, .25, .3, .35, .4, .5, .6, .8))
-        self.gpu_util = self._add(Gauge, "whetstone_training_gpu_utilization_ratio",
-                                  "Last GPU (or CPU) utilisation reported by training progress", [])
-        self.usage_seconds = self._add(Counter, "whetstone_usage_gpu_seconds_total",
-                                       "GPU-seconds metered (billable when charged, full when refunded/review)",
-                                       ["tier", "gpu_type", "charge_class"])
-        self.usage_cost = self._add(Counter, "whetstone_usage_cost_total", "Cost metered, in its currency",
-                                    ["tier", "charge_class", "currency"])
-        self.datasets = self._add(Counter, "whetstone_datasets_validated_total", "Datasets validated", ["status"])
-        self.models = self._add(Counter, "whetstone_models_registered_total", "Models registered", ["stage"])
-        self.promotions = self._add(Counter, "whetstone_model_promotions_total", "Model stage changes", ["to_stage"])
-        self._last_step: dict[str, tuple[int, float, int | None]] = {}  # segment -> (step, time, tokens_seen)
-        self._derive: dict[str, Callable[[Any, dict], None]] = {
-            "eval.completed": self._eval, "job.preempted": self._preempted, "job.failed": self._failed,
-            "job.completed": lambda env, p: self.completed.inc(), "job.queued": self._queued,
-            "job.progress": self._progress, "usage.metered": self._usage, "dataset.validated": self._dataset,
-            "model.registered": lambda env, p: self.models.labels(stage=self.cap("stage", p.get("stage"))).inc(),
-            "model.promoted": lambda env, p: self.promotions.labels(
-                to_stage=self.cap("to_stage", p.get("to_stage"))).inc(),
-        }
+        self._derive: dict[str, EventMetric] = (
+            dict(event_metrics(MetricSet(registry, service, tiers))) if event_metrics else {})
 
     # -- hooks --------------------------------------------------------------
     def published(self, topic: str, seconds: float) -> None:
@@ -187,69 +184,16 @@ class Observer(_Metrics):
         self.produced.labels(service=self.service, topic=topic).inc()
         self.publish_seconds.observe(seconds)
 
-    def committed(self, envelopes: Iterable[Any]) -> None:
-        """A unit of work committed these envelopes to the outbox."""
-        for env in envelopes:
-            derive = self._derive.get(env.event_type)
+    def committed(self, published: Iterable[Published]) -> None:
+        """A unit of work committed these events to the outbox: the service's event metrics count them."""
+        for item in published:
+            derive = self._derive.get(item.envelope.event_type)
             if derive is None:
                 continue
             try:
-                derive(env, env.payload)
+                derive(item)
             except Exception as exc:  # a payload we do not understand is not worth a failed commit
                 self.error("event_metrics", exc)
-
-    # -- derivations ----------------------------------------------------------
-    def _eval(self, env: Any, p: dict) -> None:
-        self.eval_verdicts.labels(verdict=self.cap("verdict", p.get("verdict"))).inc()
-        for stage in p.get("stages") or ():
-            self.eval_stages.labels(stage=self.cap("stage", stage.get("name")),
-                                    status=self.cap("status", stage.get("status"))).inc()
-
-    def _preempted(self, env: Any, p: dict) -> None:
-        self.preempted.labels(reason=self.cap("reason", p.get("reason"))).inc()
-        self._last_step.pop(p.get("segment_id"), None)
-
-    def _failed(self, env: Any, p: dict) -> None:
-        self.failed.labels(error_class=self.cap("error_class", p.get("error_class")),
-                           code=self.cap("code", p.get("code"))).inc()
-        self._last_step.pop(p.get("segment_id"), None)
-
-    def _queued(self, env: Any, p: dict) -> None:
-        self.queued.labels(tier=self.cap("tier", p.get("tier")), requeued=str(bool(p.get("requeued"))).lower()).inc()
-
-    def _progress(self, env: Any, p: dict) -> None:
-        step, seg, now = int(p.get("step") or 0), str(p.get("segment_id")), time.monotonic()
-        tokens_seen = p.get("tokens_seen")
-        last = self._last_step.get(seg)
-        if last is not None and step > last[0]:
-            self.steps.inc(step - last[0])
-            step_time = p.get("step_time_s")  # measured by the recipe; else between the reports' commits
-            self.step_seconds.observe(float(step_time) if step_time else (now - last[1]) / (step - last[0]))
-            if tokens_seen is not None and last[2] is not None and tokens_seen > last[2]:
-                self.tokens.inc(tokens_seen - last[2])
-        if len(self._last_step) > 10_000:  # segments that ended without us seeing it
-            self._last_step.clear()
-        self._last_step[seg] = (step, now, tokens_seen)
-        if p.get("tokens_per_s"):
-            self.tokens_per_s.observe(float(p["tokens_per_s"]))
-        if p.get("gpu_utilization") is not None:
-            self.gpu_util.set(float(p["gpu_utilization"]))
-        if p.get("mfu") is not None:
-            self.mfu.observe(float(p["mfu"]))
-
-    def _usage(self, env: Any, p: dict) -> None:
-        if p.get("scope") != "segment":  # the job total repeats its segments
-            return
-        tier = self.cap("tier", self.tiers.get(env.tenant_id, "unknown"))
-        charge = self.cap("charge_class", p.get("charge_class"))
-        seconds = p.get("billable_gpu_seconds") if charge == "charged" else p.get("gpu_seconds")
-        self.usage_seconds.labels(tier=tier, gpu_type=self.cap("gpu_type", p.get("gpu_type")),
-                                  charge_class=charge).inc(max(float(seconds or 0), 0.0))
-        self.usage_cost.labels(tier=tier, charge_class=charge,
-                               currency=self.cap("currency", p.get("currency"))).inc(max(float(p.get("cost") or 0), 0))
-
-    def _dataset(self, env: Any, p: dict) -> None:
-        self.datasets.labels(status=self.cap("status", p.get("status"))).inc()
 
 
 class Collector(_Metrics):

@@ -88,6 +88,8 @@ class Service(Generic[C]):
     fetch_budget_s: float = 5.0
     # Optional: gauges read from the service's own schema by the runtime's metrics collector.
     probes: Sequence[observability.Probe] = ()
+    # Optional: the metrics the service derives from the events it publishes (its adapters/metrics.py).
+    event_metrics: observability.EventMetrics | None = None
     # Optional: extra options of the Kafka consumer (e.g. session_timeout_ms, group_instance_id).
     consumer_options: dict[str, Any] = field(default_factory=dict)
     # Paths whose routes stream a large body under their own limit (uploads); every other route
@@ -141,7 +143,8 @@ class Runtime(Generic[C]):
         self.clock = clock or (lambda: datetime.now(UTC))
         self.log = get_logger(f"whetstone.{self.name}").bind(service=self.name)
         self.metrics = ServiceMetrics(self.name)
-        self.observer = observability.Observer(self.metrics.registry, self.name, settings.tenants)
+        self.observer = observability.Observer(self.metrics.registry, self.name, settings.tenants,
+                                               service.event_metrics)
         self.trace = TraceLog(self.consumer, self.metrics.registry, self.name)  # deliveries, for `whet jobs trace`
         self.pool: asyncpg.Pool | None = None
         self.broker: KafkaBroker | None = None
@@ -166,7 +169,7 @@ class Runtime(Generic[C]):
         return self.service.context
 
     # -- units of work ------------------------------------------------------
-    def uow(self):
+    def uow(self) -> contextlib.AbstractAsyncContextManager[UnitOfWork]:
         assert self.pool is not None
         return unit_of_work(self.pool, self.name, self.relay)
 

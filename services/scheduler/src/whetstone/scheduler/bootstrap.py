@@ -10,7 +10,7 @@ from whetstone.runtime.service import Runtime, Service
 
 from . import api, graders_api, handlers, keys_api, merges, result_files, rft, templates, training_files, watchers, webhooks
 from .adapters.catalog import ModelCatalog
-from .adapters.metrics import SchedulerMetrics
+from .adapters.metrics import SchedulerMetrics, event_metrics
 from .adapters.migrations import MIGRATIONS
 from .adapters.probes import PROBES
 from .config import SchedulerSettings
@@ -46,6 +46,7 @@ def build_service(config: SchedulerSettings | None = None, clock: Clock = utc_no
         name="scheduler",
         migrations=MIGRATIONS,
         probes=PROBES,
+        event_metrics=event_metrics,
         subscriptions={
             "job.requested": handlers.on_job_requested,
             "dataset.submitted": handlers.on_dataset_submitted,

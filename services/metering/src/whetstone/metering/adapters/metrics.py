@@ -6,10 +6,15 @@ every replica reports the same numbers (aggregate with max, not sum)."""
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from datetime import datetime
 
 import asyncpg
 from prometheus_client import CollectorRegistry, Gauge
+from whetstone.contracts import UsageMeteredV1
+from whetstone.contracts.enums import ChargeClass, UsageScope
+from whetstone.runtime.messaging import Published
+from whetstone.runtime.observability import EventMetric, MetricSet
 
 LABELS = ["tenant", "gpu_type", "charge_class"]
 
@@ -78,3 +83,25 @@ class UsageMetrics:
         self.waiting.set(waiting)
         self.refreshed.set(now.timestamp())
 
+
+def event_metrics(m: MetricSet) -> Mapping[str, EventMetric]:
+    """Counters of the usage.metered events metering publishes, per tier, GPU type and charge class."""
+    seconds = m.counter("whetstone_usage_gpu_seconds_total",
+                        "GPU-seconds metered (billable when charged, full when refunded/review)",
+                        ["tier", "gpu_type", "charge_class"])
+    cost = m.counter("whetstone_usage_cost_total", "Cost metered, in its currency", ["tier", "charge_class", "currency"])
+
+    def usage_metered(published: Published) -> None:
+        # The payload as usage_payload wrote it: a settle publishes hundreds of these, and parsing
+        # each into UsageMeteredV1 again would cost about as much as building it did.
+        p = published.envelope.payload
+        if p["scope"] != UsageScope.SEGMENT:  # the job total repeats its segments
+            return
+        tier, charge = m.tier_of(published.envelope.tenant_id), m.cap("charge_class", p["charge_class"])
+        figure = p["billable_gpu_seconds"] if charge == ChargeClass.CHARGED else p["gpu_seconds"]
+        seconds.labels(tier=tier, gpu_type=m.cap("gpu_type", p["gpu_type"]),
+                       charge_class=charge).inc(max(float(figure or 0), 0.0))
+        cost.labels(tier=tier, charge_class=charge, currency=m.cap("currency", p["currency"])).inc(
+            max(float(p["cost"] or 0), 0.0))
+
+    return {UsageMeteredV1.EVENT_TYPE: usage_metered}

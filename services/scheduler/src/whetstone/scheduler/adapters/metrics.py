@@ -1,14 +1,18 @@
-"""Scheduler metrics, in a registry of their own that the service's registry collects (served on /metrics)."""
+"""Scheduler metrics, in a registry of their own that the service's registry collects (served on /metrics),
+and the metrics derived from the job events the scheduler publishes (`event_metrics`)."""
 
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
+from whetstone.contracts import JobFailedV1, JobPreemptedV1, JobQueuedV1
+from whetstone.runtime.messaging import Published
+from whetstone.runtime.observability import EventMetric, MetricSet
 
 # Queue waits run from seconds (an idle pool) to days (a free tier behind a busy one).
 QUEUE_WAIT_BUCKETS = (1, 5, 15, 30, 60, 120, 300, 600, 1800, 3600, 3 * 3600, 6 * 3600, 12 * 3600, 86400, 3 * 86400)
@@ -105,3 +109,24 @@ class NodeTelemetry(Collector):
                 if value is not None:
                     family.add_metric([node, gpu_type], float(value))
             yield family
+
+
+def event_metrics(m: MetricSet) -> Mapping[str, EventMetric]:
+    """Jobs admitted to the queue; jobs the scheduler failed or moved off a node (a lost node, a timeout)."""
+    queued = m.counter("whetstone_jobs_queued_total", "Jobs admitted to the queue", ["tier", "requeued"])
+    failed = m.counter("whetstone_jobs_failed_total", "Jobs failed, by class and code", ["error_class", "code"])
+    preempted = m.counter("whetstone_jobs_preempted_total", "Training segments preempted, by cause", ["reason"])
+
+    def job_queued(published: Published) -> None:
+        ev = published.read(JobQueuedV1)
+        queued.labels(tier=m.cap("tier", ev.tier), requeued=str(ev.requeued).lower()).inc()
+
+    def job_failed(published: Published) -> None:
+        ev = published.read(JobFailedV1)
+        failed.labels(error_class=m.cap("error_class", ev.error_class), code=m.cap("code", ev.code)).inc()
+
+    def job_preempted(published: Published) -> None:
+        preempted.labels(reason=m.cap("reason", published.read(JobPreemptedV1).reason)).inc()
+
+    return {JobQueuedV1.EVENT_TYPE: job_queued, JobFailedV1.EVENT_TYPE: job_failed,
+            JobPreemptedV1.EVENT_TYPE: job_preempted}
