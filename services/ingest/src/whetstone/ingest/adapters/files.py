@@ -1,6 +1,5 @@
-"""The Files API's storage: file rows (ingest's schema), the streamed multipart receiver, and which
-jobs use a file. A file's id (one per upload, `file-…`, runtime/file_ids.py; `ds-<sha256 prefix>` for
-files uploaded before) is its dataset id, which `training_file` takes."""
+"""The Files API's storage: file rows (ingest's schema) as `domain.files.FileRecord`, the streamed
+multipart receiver, and which jobs use a file."""
 
 from __future__ import annotations
 
@@ -15,8 +14,10 @@ import asyncpg
 from python_multipart import MultipartParser
 from python_multipart.multipart import parse_options_header
 
+from whetstone.contracts import DatasetValidatedV1
 from whetstone.runtime.errors import ApiError
 
+from ..domain.files import FileRecord
 from ..domain.layouts import choose
 from ..domain.schemas import PURPOSES, default_purpose
 
@@ -155,48 +156,13 @@ def safe_filename(name: str | None) -> str:
 # ----------------------------------------------------------------------------- rows
 
 FILE_COLUMNS = """f.tenant_id, f.file_id, f.filename, f.purpose, f.dataset_purpose, f.bytes, f.sha256, f.source_uri,
-    f.created_at, dv.status AS validation_status, dv.validated"""
+    f.created_at, dv.validated"""
 
 
-def _ts(t: datetime | None) -> int | None:
-    return int(t.timestamp()) if t else None
-
-
-def status_of(row: asyncpg.Record) -> str:
-    if row["purpose"] == "fine-tune-results":   # made by the platform (usecases/results.py): never validated, ready
-        return "processed"
-    return {"accepted": "processed", "rejected": "error"}.get(row["validation_status"] or "", "uploaded")
-
-
-# the report's findings shown with a file (duplicates, PII, splits, counts per code); the whole report: report_uri
-REPORT_STATS = frozenset({"train_rows", "validation_rows", "exact_duplicates", "near_duplicates", "contaminated",
-                          "pii_hits", "pii_by_kind", "toxic", "near_dup_clusters", "error_counts", "warning_counts",
-                          "tokens_estimated", "trained_tokens"})
-
-
-def file_view(row: asyncpg.Record) -> dict[str, Any]:
-    validated = row["validated"]   # jsonb, decoded by the runtime's pool codec
-    status = status_of(row)
-    view: dict[str, Any] = {"id": row["file_id"], "object": "file", "bytes": row["bytes"],
-                            "created_at": _ts(row["created_at"]), "filename": row["filename"],
-                            "purpose": row["purpose"], "status": status, "status_details": None, "expires_at": None,
-                            "dataset_purpose": row["dataset_purpose"], "validation": None}
-    if validated:
-        errors = validated.get("errors") or []
-        view["validation"] = {
-            "status": validated.get("status"), "format": validated.get("format"),
-            "schema": validated.get("data_schema"), "rows_total": validated.get("rows_total"),
-            "rows_kept": validated.get("rows_kept"), "tokens_total": validated.get("tokens_total"),
-            "error_count": validated.get("error_count"), "errors": errors,
-            "warnings": validated.get("warnings") or [], "report_uri": validated.get("report_uri"),
-            "stats": {k: v for k, v in (validated.get("stats") or {}).items() if k in REPORT_STATS},
-            "cost_estimate": validated.get("cost_estimate")}
-        if status == "error":
-            lines = [(f"line {e['line']}: " if e.get("line") else "") + e.get("message", e.get("code", ""))
-                     for e in errors[:20]]
-            more = (validated.get("error_count") or len(errors)) - len(lines)
-            view["status_details"] = "; ".join(lines) + (f"; and {more} more" if more > 0 else "")
-    return view
+def _file_from_row(row: asyncpg.Record) -> FileRecord:
+    fields = dict(row)
+    validated = fields.pop("validated")   # jsonb, decoded by the runtime's pool codec
+    return FileRecord(**fields, validated=DatasetValidatedV1.model_validate(validated) if validated else None)
 
 
 class FileStore:
@@ -211,14 +177,15 @@ class FileStore:
             " created_at) VALUES ($1,$2,$3,$4,$5,$6,$7,$8,$9)",
             tenant_id, file_id, filename, purpose, dataset_purpose, size, sha256, source_uri, now)
 
-    async def get(self, tenant_id: str, file_id: str) -> asyncpg.Record | None:
-        return await self.conn.fetchrow(
+    async def get(self, tenant_id: str, file_id: str) -> FileRecord | None:
+        row = await self.conn.fetchrow(
             f"SELECT {FILE_COLUMNS} FROM files f LEFT JOIN dataset_versions dv"
             " ON dv.tenant_id = f.tenant_id AND dv.dataset_id = f.file_id"
             " WHERE f.tenant_id = $1 AND f.file_id = $2 AND f.deleted_at IS NULL", tenant_id, file_id)
+        return _file_from_row(row) if row is not None else None
 
     async def list(self, tenant_id: str, *, purpose: str | None, after: str | None, limit: int,
-                   ascending: bool) -> list[asyncpg.Record]:
+                   ascending: bool) -> list[FileRecord]:
         cursor = None
         if after:
             cursor = await self.conn.fetchrow("SELECT created_at, file_id FROM files WHERE tenant_id = $1"
@@ -228,16 +195,17 @@ class FileStore:
         args: list[Any] = [tenant_id, purpose, limit]
         if cursor is not None:
             where.append(f"(f.created_at, f.file_id) {op} ($4, $5)")
-            args += [cursor["created_at"], cursor["file_id"]]
-        return await self.conn.fetch(
+            args += list(cursor)   # created_at, file_id
+        rows = await self.conn.fetch(
             f"SELECT {FILE_COLUMNS} FROM files f LEFT JOIN dataset_versions dv"
             " ON dv.tenant_id = f.tenant_id AND dv.dataset_id = f.file_id"
             f" WHERE {' AND '.join(where)} ORDER BY f.created_at {order}, f.file_id {order} LIMIT $3", *args)
+        return [_file_from_row(row) for row in rows]
 
     async def jobs_using(self, tenant_id: str, file_id: str) -> list[str]:
         rows = await self.conn.fetch("SELECT job_id FROM file_usage WHERE tenant_id = $1 AND file_id = $2"
                                      " AND ended_at IS NULL ORDER BY job_id", tenant_id, file_id)
-        return [r["job_id"] for r in rows]
+        return [job_id for (job_id,) in rows]
 
     async def delete(self, tenant_id: str, file_id: str, now: datetime) -> bool:
         done = await self.conn.execute("UPDATE files SET deleted_at = $3 WHERE tenant_id = $1 AND file_id = $2"

@@ -10,26 +10,88 @@ from typing import Any, Literal
 
 from fastapi import APIRouter, Query, Request
 from fastapi.responses import StreamingResponse
+from pydantic import BaseModel, ConfigDict, Field
 from starlette.concurrency import iterate_in_threadpool
 
-from whetstone.contracts import DatasetDeletedV1, DatasetSubmittedV1
+from whetstone.contracts import DatasetDeletedV1, DatasetSubmittedV1, DatasetValidatedV1, ValidationIssue
 from whetstone.runtime.errors import ApiError
-from whetstone.runtime.http import ListPage, list_page, not_found as missing
 from whetstone.runtime.file_ids import mint_file_id
+from whetstone.runtime.http import ListPage, list_page, not_found
 from whetstone.runtime.identity import Caller, internal_secret, require
 from whetstone.runtime.s3 import tenant_prefix
 from whetstone.runtime.service import Runtime
 
 from ..adapters.files import (OPENAI_PURPOSE, PLATFORM_PURPOSES, FileStore, MultipartReceiver, UploadRefused,
-                             boundary_of, file_view, safe_filename, sniff_purpose)
+                             boundary_of, safe_filename, sniff_purpose)
 from ..adapters.formats import known_suffix
 from ..context import IngestContext
+from ..domain.files import FileRecord
 
 DRAIN_AFTER_REFUSAL = 16 << 20  # read (and drop) this much more so the client sees the answer, not a reset
+# the report's findings shown with a file (duplicates, PII, splits, counts per code); the whole report: report_uri
+REPORT_STATS = frozenset({"train_rows", "validation_rows", "exact_duplicates", "near_duplicates", "contaminated",
+                          "pii_hits", "pii_by_kind", "toxic", "near_dup_clusters", "error_counts", "warning_counts",
+                          "tokens_estimated", "trained_tokens"})
 
 
-def not_found(file_id: str) -> ApiError:
-    return missing(f"No such File object: {file_id}", code="file_not_found", param="file_id")
+class FileValidation(BaseModel):
+    """The data gate's verdict shown with a file."""
+
+    model_config = ConfigDict(populate_by_name=True)
+
+    status: str
+    format: str | None
+    schema_: str | None = Field(default=None, alias="schema")
+    rows_total: int
+    rows_kept: int
+    tokens_total: int | None
+    error_count: int
+    errors: list[ValidationIssue]
+    warnings: list[ValidationIssue]
+    report_uri: str | None
+    stats: dict[str, Any]
+    cost_estimate: dict[str, Any] | None
+
+
+class FileObject(BaseModel):
+    """OpenAI's File object, with the platform's dataset purpose and validation verdict."""
+
+    id: str
+    object: Literal["file"] = "file"
+    bytes: int
+    created_at: int
+    filename: str
+    purpose: str
+    status: str
+    status_details: str | None
+    expires_at: int | None = None
+    dataset_purpose: str
+    validation: FileValidation | None
+
+
+class FileDeleted(BaseModel):
+    id: str
+    object: Literal["file"] = "file"
+    deleted: bool
+
+
+def _validation(v: DatasetValidatedV1) -> FileValidation:
+    return FileValidation(
+        status=v.status, format=v.format, schema_=v.data_schema, rows_total=v.rows_total, rows_kept=v.rows_kept,
+        tokens_total=v.tokens_total, error_count=v.error_count, errors=v.errors, warnings=v.warnings,
+        report_uri=v.report_uri, stats={k: x for k, x in v.stats.items() if k in REPORT_STATS},
+        cost_estimate=v.cost_estimate)
+
+
+def file_object(f: FileRecord) -> FileObject:
+    return FileObject(id=f.file_id, bytes=f.bytes, created_at=int(f.created_at.timestamp()), filename=f.filename,
+                      purpose=f.purpose, status=f.status, status_details=f.status_details(),
+                      dataset_purpose=f.dataset_purpose,
+                      validation=_validation(f.validated) if f.validated is not None else None)
+
+
+def file_not_found(file_id: str) -> ApiError:
+    return not_found(f"No such File object: {file_id}", code="file_not_found", param="file_id")
 
 
 async def _receive(request: Request, dest: Path, limit: int) -> Any:
@@ -57,7 +119,7 @@ def routes(rt: Runtime[IngestContext]) -> APIRouter:
     r = APIRouter(prefix="/v1/files")
 
     @r.post("")
-    async def upload(request: Request, caller: Caller = require("write")) -> dict:
+    async def upload(request: Request, caller: Caller = require("write")) -> FileObject:
         cfg = rt.ctx.config
         with tempfile.TemporaryDirectory(prefix="upload-", dir=cfg.work_dir) as tmp:
             got = await _receive(request, Path(tmp) / "file", cfg.max_upload_bytes)
@@ -84,48 +146,48 @@ def routes(rt: Runtime[IngestContext]) -> APIRouter:
             await uow.publish(DatasetSubmittedV1(dataset_id=file_id, name=filename, source_uri=source_uri,
                                                  purpose=dataset_purpose, size_bytes=got.size),
                               tenant_id=caller.tenant_id)
-            row = await files.get(caller.tenant_id, file_id)
+            record = await files.get(caller.tenant_id, file_id)
+            assert record is not None
         rt.log.info("file uploaded", tenant_id=caller.tenant_id, file_id=file_id, bytes=got.size,
                     purpose=dataset_purpose)
-        return file_view(row)
+        return file_object(record)
 
     @r.get("")
     async def list_files(caller: Caller = require("read"), purpose: str | None = None, after: str | None = None,
                          limit: int = Query(100, ge=1, le=10_000),
-                         order: Literal["asc", "desc"] = "desc") -> ListPage[dict[str, Any]]:
+                         order: Literal["asc", "desc"] = "desc") -> ListPage[FileObject]:
         async with rt.uow() as uow:
             rows = await FileStore(uow.conn).list(caller.tenant_id, purpose=purpose, after=after, limit=limit + 1,
                                                   ascending=order == "asc")
-        data = [file_view(x) for x in rows[:limit]]
-        return list_page(data, len(rows) > limit)
+        return list_page([file_object(f) for f in rows[:limit]], len(rows) > limit)
 
     @r.get("/{file_id}")
-    async def retrieve(file_id: str, caller: Caller = require("read")) -> dict:
+    async def retrieve(file_id: str, caller: Caller = require("read")) -> FileObject:
         async with rt.uow() as uow:
-            row = await FileStore(uow.conn).get(caller.tenant_id, file_id)
-        if row is None:
-            raise not_found(file_id)
-        return file_view(row)
+            record = await FileStore(uow.conn).get(caller.tenant_id, file_id)
+        if record is None:
+            raise file_not_found(file_id)
+        return file_object(record)
 
     @r.get("/{file_id}/content")
     async def content(file_id: str, caller: Caller = require("read")) -> StreamingResponse:
         async with rt.uow() as uow:
-            row = await FileStore(uow.conn).get(caller.tenant_id, file_id)
-        if row is None:
-            raise not_found(file_id)
-        body = await asyncio.to_thread(rt.store.open_stream, row["source_uri"])
+            record = await FileStore(uow.conn).get(caller.tenant_id, file_id)
+        if record is None:
+            raise file_not_found(file_id)
+        body = await asyncio.to_thread(rt.store.open_stream, record.source_uri)
         return StreamingResponse(iterate_in_threadpool(body.iter_chunks(1 << 20)),
                                  media_type="application/octet-stream",
-                                 headers={"content-length": str(row["bytes"]),
-                                          "content-disposition": f'attachment; filename="{row["file_id"]}"'})
+                                 headers={"content-length": str(record.bytes),
+                                          "content-disposition": f'attachment; filename="{record.file_id}"'})
 
     @r.delete("/{file_id}")
-    async def delete(file_id: str, caller: Caller = require("write")) -> dict:
+    async def delete(file_id: str, caller: Caller = require("write")) -> FileDeleted:
         async with rt.uow() as uow:
             files = FileStore(uow.conn)
-            row = await files.get(caller.tenant_id, file_id)
-            if row is None:
-                raise not_found(file_id)
+            record = await files.get(caller.tenant_id, file_id)
+            if record is None:
+                raise file_not_found(file_id)
             using = await files.jobs_using(caller.tenant_id, file_id)
             if using:
                 raise ApiError(409, f"File {file_id} is used by job(s) {', '.join(using[:5])}; delete it once they "
@@ -134,9 +196,9 @@ def routes(rt: Runtime[IngestContext]) -> APIRouter:
             # the scheduler refuses new jobs on it and fails one whose admission crossed this delete
             await uow.publish(DatasetDeletedV1(dataset_id=file_id), tenant_id=caller.tenant_id)
         try:
-            await asyncio.to_thread(rt.store.delete, row["source_uri"])
+            await asyncio.to_thread(rt.store.delete, record.source_uri)
         except Exception as exc:  # the row is gone; a leftover upload object is only storage
             rt.log.warning("upload object not deleted", file_id=file_id, error=str(exc))
-        return {"id": file_id, "object": "file", "deleted": True}
+        return FileDeleted(id=file_id, deleted=True)
 
     return r
