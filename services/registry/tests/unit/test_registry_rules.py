@@ -3,6 +3,7 @@ import json
 import pytest
 import yaml
 
+from whetstone.contracts import EvalStageResult, Metric
 from whetstone.registry.domain import drift, lineage, policy
 from whetstone.registry.domain.drift import PinnedAdapter
 
@@ -10,25 +11,27 @@ pytestmark = pytest.mark.unit
 
 
 def test_auto_promotion_needs_every_margin_above_threshold():
-    good = [{"name": "holdout_loss", "base": 2.0, "candidate": 1.5},
-            {"name": "accuracy", "base": 0.5, "candidate": 0.6, "higher_is_better": True}]
+    good = [Metric(name="holdout_loss", base=2.0, candidate=1.5),
+            Metric(name="accuracy", base=0.5, candidate=0.6, higher_is_better=True)]
     assert policy.auto_promotion("passed", good, [], 0.10).passed
-    thin = good + [{"name": "safety", "base": 1.0, "candidate": 0.97}]
+    thin = good + [Metric(name="safety", base=1.0, candidate=0.97)]
     result = policy.auto_promotion("passed", thin, [], 0.10)
     assert not result.passed and "safety" in result.reason
     assert not policy.auto_promotion("failed", good, [], 0.10).passed
-    assert not policy.auto_promotion("passed", good, [{"name": "judge", "status": "failed"}], 0.10).passed
-    assert not policy.auto_promotion("passed", [{"name": "x", "candidate": 1.0}], [], 0.10).passed
-    regressed = [{"name": "holdout_loss", "base": 2.0, "candidate": 1.5, "last_accepted": 1.4}]
+    judge = EvalStageResult(name="judge", status="failed", reason="judge preferred the base")
+    assert not policy.auto_promotion("passed", good, [judge], 0.10).passed
+    assert not policy.auto_promotion("passed", [Metric(name="x", candidate=1.0)], [], 0.10).passed
+    regressed = [Metric(name="holdout_loss", base=2.0, candidate=1.5, last_accepted=1.4)]
     assert "regressed" in policy.auto_promotion("passed", regressed, [], 0.10).reason
 
 
 
 def test_auto_promotion_never_cites_a_skipped_stage():
-    holdout = {"name": "holdout", "status": "passed", "metrics": [{"name": "holdout_loss", "base": 2.0, "candidate": 1.5}]}
-    benchmarks = {"name": "benchmarks", "status": "skipped",   # at chance: its thin margin must not decide or be named
-                  "metrics": [{"name": "arc_easy", "base": 0.25, "candidate": 0.26, "higher_is_better": True}]}
-    metrics = holdout["metrics"] + benchmarks["metrics"]
+    holdout = EvalStageResult(name="holdout", status="passed", reason="better than the base",
+                              metrics=[Metric(name="holdout_loss", base=2.0, candidate=1.5)])
+    benchmarks = EvalStageResult(name="benchmarks", status="skipped", reason="at chance",  # must not decide or be named
+                                 metrics=[Metric(name="arc_easy", base=0.25, candidate=0.26, higher_is_better=True)])
+    metrics = holdout.metrics + benchmarks.metrics
     result = policy.auto_promotion("passed", metrics, [holdout, benchmarks], 0.10)
     assert result.passed and "holdout_loss" in result.reason and "arc_easy" not in result.reason
     assert "over the stages that ran (holdout)" in result.reason and "skipped: benchmarks" in result.reason
@@ -41,7 +44,7 @@ def test_rollout_blocked_until_every_production_adapter_passed_reeval():
              PinnedAdapter("m3", "demo", "n3", "production", new, None)]
     check = drift.rollout_check("base", new, old, fleet)
     assert not check.may_roll_out and check.checked == 2
-    assert [b["model_id"] for b in check.blockers] == ["m2"] and check.blockers[0]["reeval_status"] == "requested"
+    assert [b.model_id for b in check.blockers] == ["m2"] and check.blockers[0].reeval_status == "requested"
     fleet[1] = PinnedAdapter("m2", "demo", "n2", "production", old, "passed")
     assert drift.rollout_check("base", new, old, fleet).may_roll_out
 
@@ -51,9 +54,9 @@ def record(**over) -> lineage.LineageRecord:
                   dataset_version="b" * 64, method="lora", hyperparameters={"n_epochs": 1}, hyperparameters_hash="c" * 64,
                   training_run="j1-s1", checkpoint_step=5, job_template=None, job_template_version=None,
                   job_template_missing_reason="no templates", environment={"packages": {}}, environment_sha256="d" * 64,
-                  eval_verdict="passed", eval_metrics=[{"name": "holdout_loss", "base": 2.0, "candidate": 1.5}],
-                  eval_stages=[{"name": "holdout", "status": "passed",
-                                "metrics": [{"name": "holdout_loss", "base": 2.0, "candidate": 1.5}]}],
+                  eval_verdict="passed", eval_metrics=[Metric(name="holdout_loss", base=2.0, candidate=1.5)],
+                  eval_stages=[EvalStageResult(name="holdout", status="passed", reason="better than the base",
+                                               metrics=[Metric(name="holdout_loss", base=2.0, candidate=1.5)])],
                   files={"adapter_model.safetensors": "e" * 64})
     return lineage.LineageRecord(**{**fields, **over})
 

@@ -6,18 +6,19 @@ from fastapi import APIRouter
 
 from whetstone.runtime.service import Runtime, Service
 
-from . import api, base_models, handlers, handoff
 from .adapters.artifacts import ArtifactStore
 from .adapters.environment import capture_environment
+from .adapters.metrics import event_metrics
 from .adapters.migrations import MIGRATIONS
 from .config import RegistrySettings
 from .context import RegistryContext
+from .entrypoints import api, handlers, loops
 
 
 def routes(rt: Runtime[RegistryContext]) -> APIRouter:
     router = APIRouter()
     router.include_router(api.routes(rt))
-    router.include_router(base_models.routes(rt))
+    router.include_router(api.base_model_routes(rt))
     return router
 
 
@@ -33,8 +34,8 @@ def build_context(config: RegistrySettings | None = None) -> RegistryContext:
 def build_service(config: RegistrySettings | None = None) -> Service[RegistryContext]:
     context = build_context(config)
     return Service(name="registry", migrations=MIGRATIONS, routes=routes, http_port=context.config.http_port,
-                   context=context, on_start=on_start,
-                   background=[handoff.vllm_handoff] if context.config.vllm_urls else [],
+                   context=context, on_start=on_start, event_metrics=event_metrics,
+                   background=[loops.vllm_handoff] if context.config.vllm_urls else [],
                    subscriptions={"job.queued": handlers.on_job_queued,
                                   "checkpoint.written": handlers.on_checkpoint_written,
                                   "eval.completed": handlers.on_eval_completed,

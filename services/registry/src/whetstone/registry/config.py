@@ -3,6 +3,7 @@ from pathlib import Path
 from pydantic import Field
 from pydantic_settings import SettingsConfigDict
 
+from whetstone.contracts.enums import ModelStage
 from whetstone.runtime.settings import ServiceSettings
 
 
@@ -20,5 +21,5 @@ class RegistrySettings(ServiceSettings):
     vllm_urls: list[str] = Field(default_factory=list, description="base URLs of the vLLM servers to keep in step")
     vllm_api_key: str | None = None
     vllm_adapter_dir: Path | None = Field(None, description="directory shared with vLLM (its LoRA resolver dir)")
-    vllm_stages: list[str] = Field(default_factory=lambda: ["production"])
+    vllm_stages: list[ModelStage] = Field(default_factory=lambda: [ModelStage.PRODUCTION])
     vllm_sync_interval_s: float = Field(5.0, gt=0)

@@ -1,4 +1,5 @@
-"""ModelStore: the registry's Postgres repository — the only place with SQL."""
+"""ModelStore: the registry's Postgres repository — the only place with SQL; rows become the
+domain's typed records here and nowhere else."""
 
 from __future__ import annotations
 
@@ -6,21 +7,21 @@ from typing import Any
 
 import asyncpg
 
-from ..domain.drift import PinnedAdapter
-from ..domain.lineage import LineageRecord
-from ..domain.stages import ModelRecord, Transition
+from whetstone.contracts.enums import ModelStage
+from whetstone.contracts import EvalCompletedV1, Lineage
 
-LINEAGE_COLUMNS = ("job_id", "base_model", "base_model_sha256", "dataset_id", "dataset_version", "method",
-                   "hyperparameters", "hyperparameters_hash", "training_run", "checkpoint_step", "job_template",
-                   "job_template_version", "job_template_missing_reason", "environment", "environment_sha256",
-                   "eval_verdict", "eval_metrics", "eval_stages", "files", "chat_template_sha256")
+from ..domain.drift import FIRST_PIN_ACTOR, BaseModelEntry, BaseVersion, PinnedAdapter, ReevalRequest, ReevalStatus
+from ..domain.lineage import FinalCheckpoint, LineageRecord, QueuedJob, RecordedEval, StoredLineage
+from ..domain.stages import ModelRecord, StageChange, Transition
 
 
 def _model(row: asyncpg.Record) -> ModelRecord:
-    return ModelRecord(model_id=row["model_id"], job_id=row["job_id"], tenant_id=row["tenant_id"], name=row["name"],
-                       stage=row["stage"], artifact_uri=row["artifact_uri"], artifact_sha256=row["artifact_sha256"],
-                       created_at=row["created_at"], needs_reeval=row["needs_reeval"], lineage=row["lineage"],
-                       files=row["files"], fine_tuned_model=row["fine_tuned_model"])
+    return ModelRecord(**dict(row))
+
+
+def _lineage(row: asyncpg.Record) -> StoredLineage:
+    fields = dict(row)   # the lineage's columns, with the model's id and its model card's uri
+    return StoredLineage(LineageRecord(**fields), fields.pop("model_card_uri"))
 
 
 class ModelStore:
@@ -28,17 +29,14 @@ class ModelStore:
         self.conn = conn
 
     # -- inputs of a registration ------------------------------------------------
-    async def record_job(self, job_id: str, tenant_id: str, spec: dict[str, Any], suffix: str | None,
-                         template: str | None, template_version: str | None) -> None:
+    async def record_job(self, job: QueuedJob) -> None:
         await self.conn.execute(
             "INSERT INTO jobs (job_id, tenant_id, spec, suffix, job_template, job_template_version)"
             " VALUES ($1,$2,$3,$4,$5,$6) ON CONFLICT DO NOTHING",
-            job_id, tenant_id, spec, suffix, template, template_version)
+            job.job_id, job.tenant_id, job.spec.model_dump(mode="json"), job.suffix, job.job_template,
+            job.job_template_version)
 
-    async def record_final_checkpoint(self, job_id: str, tenant_id: str, uri: str, manifest_sha256: str, step: int,
-                                      segment_id: str, files: dict[str, str], chat_template_sha256: str | None,
-                                      adapter_config: dict | None, environment: dict | None,
-                                      attempt: int | None) -> None:
+    async def record_final_checkpoint(self, c: FinalCheckpoint) -> None:
         """The job's final checkpoint; a newer attempt's replaces an older attempt's (never the reverse)."""
         await self.conn.execute(
             "INSERT INTO final_checkpoints (job_id, tenant_id, uri, manifest_sha256, step, segment_id, files,"
@@ -48,16 +46,18 @@ class ModelStore:
             " files = EXCLUDED.files, chat_template_sha256 = EXCLUDED.chat_template_sha256,"
             " adapter_config = EXCLUDED.adapter_config, environment = EXCLUDED.environment, attempt = EXCLUDED.attempt"
             " WHERE coalesce(final_checkpoints.attempt, 1) < coalesce(EXCLUDED.attempt, 1)",
-            job_id, tenant_id, uri, manifest_sha256, step, segment_id, files, chat_template_sha256, adapter_config,
-            environment, attempt)
+            c.job_id, c.tenant_id, c.uri, c.manifest_sha256, c.step, c.segment_id, c.files, c.chat_template_sha256,
+            c.adapter_config, c.environment, c.attempt)
 
-    async def job(self, job_id: str) -> Any:
-        return await self.conn.fetchrow("SELECT * FROM jobs WHERE job_id = $1", job_id)
+    async def job(self, job_id: str) -> QueuedJob | None:
+        row = await self.conn.fetchrow("SELECT job_id, tenant_id, spec, suffix, job_template, job_template_version"
+                                       " FROM jobs WHERE job_id = $1", job_id)
+        return QueuedJob(**dict(row)) if row else None
 
     async def final_attempt(self, job_id: str) -> int | None:
-        row = await self.conn.fetchrow("SELECT coalesce(attempt, 1) AS attempt FROM final_checkpoints"
-                                       " WHERE job_id = $1", job_id)
-        return row["attempt"] if row else None
+        attempt: int | None = await self.conn.fetchval("SELECT coalesce(attempt, 1) FROM final_checkpoints"
+                                                       " WHERE job_id = $1", job_id)
+        return attempt
 
     async def forget_fenced_checkpoint(self, job_id: str, tenant_id: str, fenced: int) -> bool:
         """A kept final checkpoint of a fenced attempt is not the job's result (unless a model was made of it)."""
@@ -66,28 +66,33 @@ class ModelStore:
             " AND NOT EXISTS (SELECT 1 FROM models m WHERE m.job_id = c.job_id)", job_id, tenant_id, fenced)
         return status.endswith(" 1")
 
-    async def record_eval(self, job_id: str, tenant_id: str, verdict: str, event: dict[str, Any]) -> None:
+    async def record_eval(self, tenant_id: str, ev: EvalCompletedV1) -> None:
         await self.conn.execute("INSERT INTO evals (job_id, tenant_id, verdict, event, checkpoint_uri)"
-                                " VALUES ($1,$2,$3,$4,$5) ON CONFLICT DO NOTHING", job_id, tenant_id, verdict, event,
-                                event.get("checkpoint_uri") or "")
+                                " VALUES ($1,$2,$3,$4,$5) ON CONFLICT DO NOTHING", ev.job_id, tenant_id, ev.verdict,
+                                ev.model_dump(mode="json"), ev.checkpoint_uri)
 
-    async def registration_parts(self, job_id: str) -> tuple[Any, Any, Any]:
+    async def registration_parts(self, job_id: str) -> tuple[QueuedJob | None, FinalCheckpoint | None,
+                                                              RecordedEval | None]:
         """The job, its kept final checkpoint and the verdict about that very checkpoint."""
         job = await self.job(job_id)
-        ckpt = await self.conn.fetchrow("SELECT * FROM final_checkpoints WHERE job_id = $1", job_id)
-        ev = None
-        if ckpt is not None:
-            ev = await self.conn.fetchrow("SELECT * FROM evals WHERE job_id = $1 AND checkpoint_uri = $2",
-                                          job_id, ckpt["uri"])
-        return job, ckpt, ev
+        row = await self.conn.fetchrow(
+            "SELECT job_id, tenant_id, uri, manifest_sha256, step, segment_id, files, chat_template_sha256,"
+            " adapter_config, environment, attempt FROM final_checkpoints WHERE job_id = $1", job_id)
+        if row is None:
+            return job, None, None
+        ckpt = FinalCheckpoint(**dict(row))
+        ev = await self.conn.fetchrow("SELECT tenant_id, event FROM evals WHERE job_id = $1 AND checkpoint_uri = $2",
+                                      job_id, ckpt.uri)
+        return job, ckpt, RecordedEval(**dict(ev)) if ev else None
 
     async def insert_model(self, model_id: str, job_id: str, tenant_id: str, name: str, artifact_uri: str,
-                           artifact_sha256: str, lineage_json: dict[str, Any], files: dict[str, str],
+                           artifact_sha256: str, lineage: Lineage, files: dict[str, str],
                            fine_tuned_model: str) -> bool:
         return bool(await self.conn.fetchval(
             "INSERT INTO models (model_id, job_id, tenant_id, name, stage, artifact_uri, artifact_sha256, lineage, files,"
             " fine_tuned_model) VALUES ($1,$2,$3,$4,'dev',$5,$6,$7,$8,$9) ON CONFLICT DO NOTHING RETURNING 1",
-            model_id, job_id, tenant_id, name, artifact_uri, artifact_sha256, lineage_json, files, fine_tuned_model))
+            model_id, job_id, tenant_id, name, artifact_uri, artifact_sha256, lineage.model_dump(mode="json"), files,
+            fine_tuned_model))
 
     async def fine_tuned_model_taken(self, tenant_id: str, fine_tuned_model: str, job_id: str) -> bool:
         """Another job of the tenant already registered under this public id."""
@@ -95,11 +100,18 @@ class ModelStore:
             "SELECT 1 FROM models WHERE tenant_id = $1 AND fine_tuned_model = $2 AND job_id <> $3",
             tenant_id, fine_tuned_model, job_id))
 
-    async def insert_lineage(self, model_id: str, lineage: LineageRecord, model_card_uri: str) -> None:
-        values = [getattr(lineage, c) for c in LINEAGE_COLUMNS]
-        cols = ", ".join(("model_id", *LINEAGE_COLUMNS, "model_card_uri"))
-        marks = ", ".join(f"${i}" for i in range(1, len(values) + 3))
-        await self.conn.execute(f"INSERT INTO model_lineage ({cols}) VALUES ({marks})", model_id, *values, model_card_uri)
+    async def insert_lineage(self, model_id: str, r: LineageRecord, model_card_uri: str) -> None:
+        await self.conn.execute(
+            "INSERT INTO model_lineage (model_id, job_id, base_model, base_model_sha256, dataset_id, dataset_version,"
+            " method, hyperparameters, hyperparameters_hash, training_run, checkpoint_step, job_template,"
+            " job_template_version, job_template_missing_reason, environment, environment_sha256, eval_verdict,"
+            " eval_metrics, eval_stages, files, chat_template_sha256, model_card_uri)"
+            " VALUES ($1,$2,$3,$4,$5,$6,$7,$8,$9,$10,$11,$12,$13,$14,$15,$16,$17,$18,$19,$20,$21,$22)",
+            model_id, r.job_id, r.base_model, r.base_model_sha256, r.dataset_id, r.dataset_version, r.method,
+            r.hyperparameters, r.hyperparameters_hash, r.training_run, r.checkpoint_step, r.job_template,
+            r.job_template_version, r.job_template_missing_reason, r.environment, r.environment_sha256, r.eval_verdict,
+            [m.model_dump(mode="json") for m in r.eval_metrics], [st.model_dump(mode="json") for st in r.eval_stages],
+            r.files, r.chat_template_sha256, model_card_uri)
 
     # -- models ------------------------------------------------------------------
     async def get(self, model_id: str, tenant_id: str | None = None, *, for_update: bool = False) -> ModelRecord | None:
@@ -120,7 +132,7 @@ class ModelStore:
             " WHEN 'quarantined' THEN 3 ELSE 4 END, created_at DESC LIMIT 1", ref, tenant_id)
         return _model(row) if row else None
 
-    async def list(self, tenant_id: str, *, job_id: str | None = None, name: str | None = None,
+    async def page(self, tenant_id: str, *, job_id: str | None = None, name: str | None = None,
                    after: str | None = None, limit: int = 100) -> list[ModelRecord]:
         rows = await self.conn.fetch(
             "SELECT * FROM models WHERE tenant_id = $1 AND ($2::text IS NULL OR job_id = $2)"
@@ -131,9 +143,13 @@ class ModelStore:
             " ORDER BY created_at DESC, model_id DESC LIMIT $5", tenant_id, job_id, name, after, limit)
         return [_model(r) for r in rows]
 
-    async def in_stages(self, stages: list[str]) -> list[ModelRecord]:
+    async def in_stages(self, stages: list[ModelStage]) -> list[ModelRecord]:
         rows = await self.conn.fetch("SELECT * FROM models WHERE stage = ANY($1::text[]) ORDER BY model_id", stages)
         return [_model(r) for r in rows]
+
+    async def stored_lineage(self, model_id: str) -> StoredLineage | None:
+        row = await self.conn.fetchrow("SELECT * FROM model_lineage WHERE model_id = $1", model_id)
+        return _lineage(row) if row else None
 
     async def lineage(self, model_id: str) -> dict[str, Any] | None:
         row = await self.conn.fetchrow("SELECT * FROM model_lineage WHERE model_id = $1", model_id)
@@ -159,15 +175,16 @@ class ModelStore:
     async def apply(self, tenant_id: str, t: Transition, actor: str | None) -> int:
         """One stage change: the model row and its history row (never updated)."""
         await self.conn.execute("UPDATE models SET stage = $2 WHERE model_id = $1", t.model_id, t.to_stage)
-        return await self.conn.fetchval(
+        sequence: int = await self.conn.fetchval(
             "INSERT INTO stage_history (model_id, from_stage, to_stage, reason, approval, actor, replaces_model_id,"
             " tenant_id) VALUES ($1,$2,$3,$4,$5,$6,$7,$8) RETURNING id",
-            t.model_id, t.from_stage or None, t.to_stage, t.reason, t.approval, actor, t.replaces_model_id, tenant_id)
+            t.model_id, t.from_stage, t.to_stage, t.reason, t.approval, actor, t.replaces_model_id, tenant_id)
+        return sequence
 
-    async def history(self, model_id: str) -> list[dict[str, Any]]:
+    async def history(self, model_id: str) -> list[StageChange]:
         rows = await self.conn.fetch("SELECT id, from_stage, to_stage, reason, approval, actor, replaces_model_id, at"
                                      " FROM stage_history WHERE model_id = $1 ORDER BY id", model_id)
-        return [dict(r) for r in rows]
+        return [StageChange(**dict(r)) for r in rows]
 
     # -- base-model catalog --------------------------------------------------------
     async def observe_base(self, name: str, sha256: str, job_id: str) -> None:
@@ -176,18 +193,21 @@ class ModelStore:
                                          " ON CONFLICT DO NOTHING RETURNING 1", name, sha256)
         if added:
             await self.conn.execute("INSERT INTO base_model_versions (name, sha256, reason, actor) VALUES ($1,$2,$3,$4)"
-                                    " ON CONFLICT DO NOTHING", name, sha256, f"first pinned by job {job_id}", "job.queued")
+                                    " ON CONFLICT DO NOTHING", name, sha256, f"first pinned by job {job_id}",
+                                    FIRST_PIN_ACTOR)
 
-    async def base(self, name: str, *, for_update: bool = False) -> dict[str, Any] | None:
-        row = await self.conn.fetchrow("SELECT * FROM base_models WHERE name = $1" + (" FOR UPDATE" if for_update else ""),
-                                       name)
-        return dict(row) if row else None
+    async def base(self, name: str, *, for_update: bool = False) -> BaseModelEntry | None:
+        row = await self.conn.fetchrow("SELECT name, sha256, previous_sha256, uri, updated_at FROM base_models"
+                                       " WHERE name = $1" + (" FOR UPDATE" if for_update else ""), name)
+        return BaseModelEntry(**dict(row)) if row else None
 
-    async def bases(self) -> list[dict[str, Any]]:
-        return [dict(r) for r in await self.conn.fetch("SELECT * FROM base_models ORDER BY name")]
+    async def bases(self) -> list[BaseModelEntry]:
+        rows = await self.conn.fetch("SELECT name, sha256, previous_sha256, uri, updated_at FROM base_models"
+                                     " ORDER BY name")
+        return [BaseModelEntry(**dict(r)) for r in rows]
 
-    async def base_versions(self, name: str) -> list[dict[str, Any]]:
-        return [dict(r) for r in await self.conn.fetch(
+    async def base_versions(self, name: str) -> list[BaseVersion]:
+        return [BaseVersion(**dict(r)) for r in await self.conn.fetch(
             "SELECT sha256, previous_sha256, uri, reason, actor, at FROM base_model_versions WHERE name = $1"
             " ORDER BY id", name)]
 
@@ -217,30 +237,31 @@ class ModelStore:
             " VALUES ($1,$2,$3,$4,'requested') ON CONFLICT DO NOTHING RETURNING 1",
             request_id, model_id, base_model, sha256))
 
-    async def reeval(self, request_id: str) -> dict[str, Any] | None:
-        row = await self.conn.fetchrow("SELECT * FROM reevals WHERE request_id = $1", request_id)
-        return dict(row) if row else None
+    async def reeval(self, request_id: str) -> ReevalRequest | None:
+        row = await self.conn.fetchrow("SELECT request_id, model_id, base_model, base_model_sha256, status"
+                                       " FROM reevals WHERE request_id = $1", request_id)
+        return ReevalRequest(**dict(row)) if row else None
 
-    async def complete_reeval(self, request_id: str, model_id: str, status: str, reasons: list[str],
+    async def complete_reeval(self, request_id: str, model_id: str, status: ReevalStatus, reasons: list[str],
                               still_current: bool) -> None:
         await self.conn.execute("UPDATE reevals SET status = $2, reasons = $3, completed_at = now()"
                                 " WHERE request_id = $1", request_id, status, reasons)
-        if status == "passed" and still_current:
+        if status == ReevalStatus.PASSED and still_current:
             await self.conn.execute("UPDATE models SET needs_reeval = false WHERE model_id = $1", model_id)
 
     async def production_adapters(self, base_model: str, sha256: str) -> list[PinnedAdapter]:
         rows = await self.conn.fetch(
-            "SELECT m.model_id, m.tenant_id, m.name, m.stage, l.base_model_sha256, r.status FROM models m"
+            "SELECT m.model_id, m.tenant_id, m.name, m.stage, l.base_model_sha256, r.status AS reeval_status"
+            " FROM models m"
             " JOIN model_lineage l USING (model_id)"
             " LEFT JOIN reevals r ON r.model_id = m.model_id AND r.base_model_sha256 = $2"
             " WHERE l.base_model = $1 AND m.stage = 'production' ORDER BY m.model_id", base_model, sha256)
-        return [PinnedAdapter(r["model_id"], r["tenant_id"], r["name"], r["stage"], r["base_model_sha256"], r["status"])
-                for r in rows]
+        return [PinnedAdapter(**dict(r)) for r in rows]
 
     # -- artifacts ---------------------------------------------------------------
     async def verified(self, uri: str) -> tuple[str, str] | None:
         row = await self.conn.fetchrow("SELECT etag, sha256 FROM verified_objects WHERE uri = $1", uri)
-        return (row["etag"], row["sha256"]) if row else None
+        return (row[0], row[1]) if row else None
 
     async def remember_verified(self, uri: str, etag: str, sha256: str) -> None:
         await self.conn.execute("INSERT INTO verified_objects (uri, etag, sha256) VALUES ($1,$2,$3) ON CONFLICT (uri)"

@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+from pydantic import BaseModel, ValidationError
 
 from ..domain.lineage import served_adapter_config
 
@@ -38,15 +39,35 @@ class SyncReport:
     errors: list[str] = field(default_factory=list)
 
 
+class _ErrorDetail(BaseModel):
+    message: str
+
+
+class _ErrorBody(BaseModel):
+    """vLLM's error JSON: the message at the top level, or nested under `error` in newer versions."""
+
+    message: str | None = None
+    error: _ErrorDetail | None = None
+
+
+class _ServedModel(BaseModel):
+    id: str
+    root: str | None = None
+    parent: str | None = None   # set on a LoRA adapter: the base it runs on
+
+
+class _ModelList(BaseModel):
+    data: list[_ServedModel] = []
+
+
 def _message(r: httpx.Response) -> str:
     try:
-        body = r.json()
-    except ValueError:
+        body = _ErrorBody.model_validate_json(r.content)
+    except ValidationError:
         return r.text
-    if isinstance(body, dict):
-        inner = body.get("error") if isinstance(body.get("error"), dict) else body
-        return str(inner.get("message", body))
-    return r.text
+    if body.error is not None:
+        return body.error.message
+    return body.message if body.message is not None else r.text
 
 
 class VllmFleet:
@@ -66,7 +87,8 @@ class VllmFleet:
         r = await self.client.get(f"{url}/v1/models")
         if r.status_code != 200:
             raise VllmError(f"{url}: GET /v1/models -> {r.status_code} {_message(r)}")
-        return {m["id"]: m.get("root") or "" for m in r.json().get("data", []) if m.get("parent")}
+        listed = _ModelList.model_validate_json(r.content)
+        return {m.id: m.root or "" for m in listed.data if m.parent}
 
     async def load(self, url: str, name: str, path: str) -> bool:
         """True when loaded now, False when it already was."""

@@ -5,10 +5,14 @@ from __future__ import annotations
 import hashlib
 import json
 import re
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from typing import Any
 
 import yaml
+from pydantic import BaseModel
+from pydantic.dataclasses import dataclass as record
+
+from whetstone.contracts import EvalCompletedV1, EvalStageResult, Lineage, Metric, TrainingSpec
 
 # never served: pickles execute code on load
 PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".pkl", ".pickle", ".ckpt")
@@ -16,11 +20,51 @@ ADAPTER_FILES = ("adapter_model.safetensors", "adapter_config.json")
 CHAT_TEMPLATE_FILES = ("chat_template.jinja", "tokenizer_config.json")
 
 
-class IncompleteLineage(ValueError):
-    pass
+NO_TEMPLATE = "the job was not created from a job template"
 
 
-@dataclass(frozen=True)
+class IncompleteLineage(Exception):
+    """A lineage that lacks a required part (not a ValueError: validation passes it through unwrapped)."""
+
+
+@record(frozen=True)
+class QueuedJob:
+    """What job.queued told the registry about a job: its resolved spec and naming inputs."""
+
+    job_id: str
+    tenant_id: str
+    spec: TrainingSpec
+    suffix: str | None
+    job_template: str | None
+    job_template_version: str | None
+
+
+@record(frozen=True)
+class FinalCheckpoint:
+    """The job's kept final checkpoint (the newest attempt's), with the small files lineage reads."""
+
+    job_id: str
+    tenant_id: str | None
+    uri: str
+    manifest_sha256: str
+    step: int
+    segment_id: str
+    files: dict[str, str]
+    chat_template_sha256: str | None
+    adapter_config: dict[str, Any] | None   # PEFT's adapter_config.json as the trainer wrote it
+    environment: dict[str, Any] | None      # the artifact's environment.lock.json
+    attempt: int | None
+
+
+@record(frozen=True)
+class RecordedEval:
+    """The eval verdict about one checkpoint, from the tenant that sent it."""
+
+    tenant_id: str | None
+    event: EvalCompletedV1
+
+
+@record(frozen=True)
 class LineageRecord:
     """Everything that made a model; every field is required (the job template may be missing
     only with a reason, until job templates exist)."""
@@ -41,8 +85,8 @@ class LineageRecord:
     environment: dict[str, Any]
     environment_sha256: str
     eval_verdict: str
-    eval_metrics: list[dict[str, Any]]
-    eval_stages: list[dict[str, Any]]
+    eval_metrics: list[Metric]
+    eval_stages: list[EvalStageResult]
     files: dict[str, str]
     chat_template_sha256: str | None = None
     eval_reasons: list[str] = field(default_factory=list)
@@ -58,16 +102,72 @@ class LineageRecord:
         if missing:
             raise IncompleteLineage(f"lineage of {self.job_id} lacks {', '.join(missing)}")
 
-    def as_dict(self) -> dict[str, Any]:
-        return asdict(self)
+    def wire(self) -> Lineage:
+        """The lineage model.registered announces (and the models row keeps)."""
+        return Lineage(job_id=self.job_id, base_model=self.base_model, base_model_sha256=self.base_model_sha256,
+                       dataset_id=self.dataset_id, dataset_version=self.dataset_version, method=self.method,
+                       hyperparameters_hash=self.hyperparameters_hash, eval_verdict=self.eval_verdict,
+                       eval_metrics=self.eval_metrics, eval_stages=self.eval_stages, training_run=self.training_run,
+                       checkpoint_step=self.checkpoint_step, job_template=self.job_template,
+                       job_template_version=self.job_template_version, chat_template_sha256=self.chat_template_sha256,
+                       environment_sha256=self.environment_sha256)
+
+
+@dataclass(frozen=True)
+class StoredLineage:
+    """A registered model's lineage as kept, with where its model card is."""
+
+    record: LineageRecord
+    model_card_uri: str
+
+    def view(self) -> dict[str, Any]:
+        """The lineage as the models API shows it (JSON)."""
+        r = self.record
+        return {"job_id": r.job_id, "base_model": r.base_model, "base_model_sha256": r.base_model_sha256,
+                "dataset_id": r.dataset_id, "dataset_version": r.dataset_version, "method": r.method,
+                "hyperparameters": r.hyperparameters, "hyperparameters_hash": r.hyperparameters_hash,
+                "training_run": r.training_run, "checkpoint_step": r.checkpoint_step,
+                "job_template": r.job_template, "job_template_version": r.job_template_version,
+                "job_template_missing_reason": r.job_template_missing_reason, "environment": r.environment,
+                "environment_sha256": r.environment_sha256, "eval_verdict": r.eval_verdict,
+                "eval_metrics": [m.model_dump(mode="json") for m in r.eval_metrics],
+                "eval_stages": [st.model_dump(mode="json") for st in r.eval_stages], "files": r.files,
+                "chat_template_sha256": r.chat_template_sha256, "model_card_uri": self.model_card_uri}
+
+
+def build_lineage(job: QueuedJob, ckpt: FinalCheckpoint, evaluation: EvalCompletedV1,
+                  environment: dict[str, Any]) -> LineageRecord:
+    """The lineage of the model made of `ckpt`, read once from the job's typed spec, the checkpoint
+    and the verdict about it. IncompleteLineage when a part is missing."""
+    spec = job.spec
+    return LineageRecord(
+        job_id=job.job_id, base_model=spec.base_model, base_model_sha256=spec.base_model_sha256,
+        dataset_id=spec.dataset_id, dataset_version=spec.dataset_version, method=spec.method,
+        hyperparameters=spec.hyperparameters, hyperparameters_hash=spec.hyperparameters_hash,
+        training_run=ckpt.segment_id or f"{job.job_id}:final", checkpoint_step=ckpt.step,
+        job_template=job.job_template, job_template_version=job.job_template_version,
+        job_template_missing_reason=None if job.job_template and job.job_template_version else NO_TEMPLATE,
+        environment=environment, environment_sha256=environment_sha256(environment),
+        eval_verdict=evaluation.verdict, eval_metrics=list(evaluation.metrics), eval_stages=list(evaluation.stages),
+        eval_reasons=list(evaluation.reasons), files=ckpt.files, chat_template_sha256=ckpt.chat_template_sha256)
+
+
+class _ManifestEntry(BaseModel):
+    sha256: str
+
+
+class _Manifest(BaseModel):
+    """A checkpoint's manifest.json, as far as lineage reads it."""
+
+    files: dict[str, _ManifestEntry]
 
 
 def file_manifest(manifest: dict[str, Any]) -> dict[str, str]:
-    """checkpoint manifest.json -> {relative path: sha256}."""
-    files = manifest.get("files")
-    if not isinstance(files, dict) or not files:
+    """checkpoint manifest.json -> {relative path: sha256}. ValueError when it lists no files."""
+    files = _Manifest.model_validate(manifest).files
+    if not files:
         raise ValueError("manifest lists no files")
-    return {rel: str(info["sha256"]) for rel, info in sorted(files.items())}
+    return {rel: entry.sha256 for rel, entry in sorted(files.items())}
 
 
 def pickles(files: dict[str, str]) -> list[str]:
@@ -78,19 +178,29 @@ def chat_template_sha256(template: str | None) -> str | None:
     return hashlib.sha256(template.encode()).hexdigest() if template else None
 
 
+class _NamedTemplate(BaseModel):
+    name: str | None = None
+    template: str | None = None
+
+
+class _TokenizerConfig(BaseModel):
+    """tokenizer_config.json, as far as the chat template goes: one template or named ones."""
+
+    chat_template: str | list[_NamedTemplate | Any] | None = None
+
+
 def chat_template_from(files: dict[str, bytes]) -> str | None:
-    """The chat template saved with the tokenizer: chat_template.jinja, else tokenizer_config.json's."""
+    """The chat template saved with the tokenizer: chat_template.jinja, else tokenizer_config.json's
+    (its `default` one when it names several)."""
     if files.get("chat_template.jinja"):
         return files["chat_template.jinja"].decode()
     raw = files.get("tokenizer_config.json")
-    if raw:
-        value = json.loads(raw).get("chat_template")
-        if isinstance(value, str):
-            return value
-        if isinstance(value, list):  # named templates: the default one
-            named = {t.get("name"): t.get("template") for t in value if isinstance(t, dict)}
-            return named.get("default")
-    return None
+    if not raw:
+        return None
+    value = _TokenizerConfig.model_validate_json(raw).chat_template
+    if isinstance(value, list):
+        return next((t.template for t in value if isinstance(t, _NamedTemplate) and t.name == "default"), None)
+    return value
 
 
 def hub_revision(base_model: str, base_model_sha256: str) -> str | None:
@@ -119,12 +229,13 @@ def environment_sha256(environment: dict[str, Any]) -> str:
 def model_card(model_id: str, name: str, tenant_id: str, lineage: LineageRecord) -> str:
     """A Hugging Face model card: YAML front matter (base_model, datasets, model-index) + prose."""
     results = []
-    for stage in lineage.eval_stages or [{"name": "gate", "status": lineage.eval_verdict, "metrics": lineage.eval_metrics}]:
-        metrics = [{"type": m["name"], "name": m["name"], "value": m["candidate"],
-                    **({"args": {"base": m["base"]}} if m.get("base") is not None else {})}
-                   for m in stage.get("metrics", [])]
+    measured = [(s.name, s.metrics) for s in lineage.eval_stages] or [("gate", lineage.eval_metrics)]
+    for stage_name, stage_metrics in measured:
+        metrics = [{"type": m.name, "name": m.name, "value": m.candidate,
+                    **({"args": {"base": m.base}} if m.base is not None else {})}
+                   for m in stage_metrics]
         if metrics:
-            results.append({"task": {"type": "text-generation", "name": stage["name"]},
+            results.append({"task": {"type": "text-generation", "name": stage_name},
                             "dataset": {"type": lineage.dataset_id, "name": lineage.dataset_id,
                                         "revision": lineage.dataset_version},
                             "metrics": metrics})

@@ -11,18 +11,21 @@ from __future__ import annotations
 import hashlib
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Any, Literal
 
-STAGES = ("dev", "staging", "production", "archived", "quarantined")
-Approval = Literal["manual", "auto"]
+from pydantic.dataclasses import dataclass as record
 
+from whetstone.contracts import Lineage
+from whetstone.contracts.enums import Approval, EvalVerdict, ModelStage
+
+STAGES = tuple(ModelStage)
+S = ModelStage
 # target stages reachable by an ordinary promotion (rollback and replacement are separate rules)
-PROMOTIONS: dict[str, set[str]] = {
-    "dev": {"staging", "quarantined", "archived"},
-    "staging": {"production", "quarantined", "archived"},
-    "production": {"archived"},
-    "quarantined": {"archived"},
-    "archived": set(),
+PROMOTIONS: dict[ModelStage, frozenset[ModelStage]] = {
+    S.DEV: frozenset({S.STAGING, S.QUARANTINED, S.ARCHIVED}),
+    S.STAGING: frozenset({S.PRODUCTION, S.QUARANTINED, S.ARCHIVED}),
+    S.PRODUCTION: frozenset({S.ARCHIVED}),
+    S.QUARANTINED: frozenset({S.ARCHIVED}),
+    S.ARCHIVED: frozenset(),
 }
 
 
@@ -34,18 +37,18 @@ class TransitionRefused(Exception):
         self.code, self.message, self.status = code, message, status
 
 
-@dataclass(frozen=True)
+@record(frozen=True)
 class ModelRecord:
     model_id: str
     job_id: str
     tenant_id: str
     name: str
-    stage: str
+    stage: ModelStage
     artifact_uri: str
     artifact_sha256: str
     created_at: datetime
     needs_reeval: bool = False
-    lineage: dict[str, Any] = field(default_factory=dict)
+    lineage: Lineage | None = None   # as announced in model.registered
     files: dict[str, str] = field(default_factory=dict)
     fine_tuned_model: str | None = None   # the public id (OpenAI's); None for versions registered before it
 
@@ -57,11 +60,25 @@ class ModelRecord:
 @dataclass(frozen=True)
 class Transition:
     model_id: str
-    from_stage: str
-    to_stage: str
+    from_stage: ModelStage | None   # None: the registration itself
+    to_stage: ModelStage
     reason: str
     approval: Approval | None = None
     replaces_model_id: str | None = None
+
+
+@record(frozen=True)
+class StageChange:
+    """One row of a model's stage history (append-only)."""
+
+    id: int
+    from_stage: ModelStage | None
+    to_stage: ModelStage
+    reason: str
+    approval: Approval | None
+    actor: str | None
+    replaces_model_id: str | None
+    at: datetime
 
 
 @dataclass(frozen=True)
@@ -86,29 +103,36 @@ def model_name(base_model: str, tenant_id: str, job_id: str, suffix: str | None 
     return f"ft:{base}:{tenant_id}:{suffix}" if suffix else f"ft:{base}:{tenant_id}:{job_id[-8:]}"
 
 
-def stage_after_eval(verdict: str) -> str:
+def stage_after_eval(verdict: str) -> ModelStage:
     """Passed -> staging (serving handoff); failed -> quarantined, never promoted."""
-    return "staging" if verdict == "passed" else "quarantined"
+    return S.STAGING if verdict == EvalVerdict.PASSED else S.QUARANTINED
 
 
-def can_promote(current: str, target: str) -> bool:
-    return target in PROMOTIONS.get(current, set())
+def can_promote(current: ModelStage, target: ModelStage) -> bool:
+    return target in PROMOTIONS[current]
 
 
-def plan_promotion(model: ModelRecord, target: str, reason: str, *, current_production: ModelRecord | None,
-                   approval: Approval | None) -> Plan:
+def parse_stage(value: str) -> ModelStage:
+    try:
+        return ModelStage(value)
+    except ValueError:
+        raise TransitionRefused("invalid_stage", f"unknown stage {value!r}; one of {', '.join(STAGES)}",
+                                400) from None
+
+
+def plan_promotion(model: ModelRecord, target: ModelStage | str, reason: str, *,
+                   current_production: ModelRecord | None, approval: Approval | None) -> Plan:
     """`approval` is what the caller could bring: manual (scope models:promote), auto (the policy
     passed) or None. Production without one is refused."""
-    if target not in STAGES:
-        raise TransitionRefused("invalid_stage", f"unknown stage {target!r}; one of {', '.join(STAGES)}", 400)
-    if model.stage == "quarantined" and target != "archived":
+    target = parse_stage(target)
+    if model.stage == S.QUARANTINED and target != S.ARCHIVED:
         raise TransitionRefused("model_quarantined", f"model {model.model_id} is quarantined and can never be promoted")
     if model.stage == target:
         raise TransitionRefused("already_in_stage", f"model {model.model_id} is already {target}")
     if not can_promote(model.stage, target):
         raise TransitionRefused("invalid_transition", f"model {model.model_id} cannot move from {model.stage} to "
                                 f"{target}; allowed: {', '.join(sorted(PROMOTIONS[model.stage])) or 'none'}")
-    if target != "production":
+    if target != S.PRODUCTION:
         return Plan((Transition(model.model_id, model.stage, target, reason),))
     if model.needs_reeval:
         raise TransitionRefused("needs_reeval", f"model {model.model_id} was trained on a base-model SHA that has"
@@ -120,14 +144,14 @@ def plan_promotion(model: ModelRecord, target: str, reason: str, *, current_prod
     replaced = None
     if current_production is not None and current_production.model_id != model.model_id:
         replaced = current_production.model_id
-        steps.append(Transition(replaced, "production", "archived", f"replaced by {model.model_id}"))
-    steps.append(Transition(model.model_id, model.stage, "production", reason, approval, replaced))
+        steps.append(Transition(replaced, S.PRODUCTION, S.ARCHIVED, f"replaced by {model.model_id}"))
+    steps.append(Transition(model.model_id, model.stage, S.PRODUCTION, reason, approval, replaced))
     return Plan(tuple(steps))
 
 
 def plan_rollback(current: ModelRecord, previous: ModelRecord | None, reason: str) -> Plan:
     """Production goes back to the previous production version of the same name, in one step."""
-    if current.stage != "production":
+    if current.stage != S.PRODUCTION:
         raise TransitionRefused("not_in_production", f"model {current.model_id} is {current.stage}, not production;"
                                 " roll back the production version of the name")
     if previous is None:
@@ -136,16 +160,16 @@ def plan_rollback(current: ModelRecord, previous: ModelRecord | None, reason: st
     if previous.needs_reeval:
         raise TransitionRefused("needs_reeval", f"the previous version {previous.model_id} was trained on a replaced"
                                 " base-model SHA and has not passed re-evaluation")
-    return Plan((Transition(current.model_id, "production", "archived", f"rolled back: {reason}"),
-                 Transition(previous.model_id, previous.stage, "production", f"rollback of {current.model_id}: {reason}",
-                            "manual", current.model_id)))
+    return Plan((Transition(current.model_id, S.PRODUCTION, S.ARCHIVED, f"rolled back: {reason}"),
+                 Transition(previous.model_id, previous.stage, S.PRODUCTION, f"rollback of {current.model_id}: {reason}",
+                            Approval.MANUAL, current.model_id)))
 
 
 def plan_archive(model: ModelRecord, reason: str, *, can_approve: bool = True) -> Plan:
     """Archiving the production version takes it out of serving: it needs an approver."""
-    if model.stage == "archived":
+    if model.stage == S.ARCHIVED:
         raise TransitionRefused("already_in_stage", f"model {model.model_id} is already archived")
-    if model.stage == "production" and not can_approve:
+    if model.stage == S.PRODUCTION and not can_approve:
         raise TransitionRefused("insufficient_scope", "archiving the production version takes it out of serving:"
                                 " it needs the `models:promote` scope", 403)
-    return Plan((Transition(model.model_id, model.stage, "archived", reason),))
+    return Plan((Transition(model.model_id, model.stage, S.ARCHIVED, reason),))

@@ -1,32 +1,47 @@
 """Registry API: OpenAI-compatible models (with stage and lineage as extensions), stage changes,
-downloads. Thin: the domain decides (promotion.py applies), the store holds the SQL."""
+downloads, and the base-model catalog. Thin: the use cases apply what the domain decides, the
+store holds the SQL."""
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from collections.abc import Awaitable, Callable
+from dataclasses import asdict
+from typing import Any
 
 from fastapi import APIRouter, Query
 from fastapi.responses import StreamingResponse
 from pydantic import BaseModel, Field
 
+from whetstone.contracts.enums import ModelStage
 from whetstone.runtime.errors import ApiError
+from whetstone.runtime.http import ListObject, ListPage, list_object, list_page, operator_only
 from whetstone.runtime.identity import Caller, require
+from whetstone.runtime.messaging import UnitOfWork
 from whetstone.runtime.service import Runtime
 
-from . import base_listing, downloads, promotion
-from .downloads import not_found
-from .adapters.store import ModelStore
-from .context import RegistryContext
-from .domain.stages import ModelRecord, TransitionRefused
+from .. import downloads
+from ..adapters.store import ModelStore
+from ..context import RegistryContext
+from ..domain.drift import FIRST_PIN_ACTOR
+from ..domain.stages import ModelRecord, TransitionRefused
+from ..downloads import not_found
+from ..usecases import base_listing, base_models, promotion
+from ..usecases.base_listing import BaseListing
 
 
 class PromoteRequest(BaseModel):
-    stage: Literal["dev", "staging", "production", "archived", "quarantined"] = Field(description="target stage")
+    stage: ModelStage = Field(description="target stage")
     reason: str = Field(min_length=1, max_length=2000)
 
 
 class ReasonRequest(BaseModel):
     reason: str = Field("requested by the tenant", min_length=1, max_length=2000)
+
+
+class NewVersion(BaseModel):
+    sha256: str = Field(max_length=64, description="the new pinned revision: a 64-hex sha256 (or a 40-hex git commit)")
+    uri: str | None = Field(None, max_length=2000, description="where the new weights are")
+    reason: str = Field("new base-model revision", min_length=1, max_length=2000)
 
 
 def refused(exc: TransitionRefused) -> ApiError:
@@ -38,6 +53,15 @@ def iso(value: Any) -> Any:
     return value.isoformat() if hasattr(value, "isoformat") else value
 
 
+def iso_fields(record: Any) -> dict[str, Any]:
+    """A dataclass record as JSON fields, timestamps in ISO 8601."""
+    return {k: iso(v) for k, v in asdict(record).items()}
+
+
+def listed(entry: dict[str, Any] | BaseListing) -> dict[str, Any]:
+    return asdict(entry) if isinstance(entry, BaseListing) else entry
+
+
 async def model_view(store: ModelStore, m: ModelRecord, *, detail: bool = True) -> dict[str, Any]:
     view: dict[str, Any] = {
         "id": m.public_id, "object": "model", "created": int(m.created_at.timestamp()), "owned_by": m.tenant_id,
@@ -46,10 +70,9 @@ async def model_view(store: ModelStore, m: ModelRecord, *, detail: bool = True) 
         "artifact_uri": m.artifact_uri, "artifact_sha256": m.artifact_sha256,
     }
     if detail:
-        lineage = await store.lineage(m.model_id) or {}
-        lineage.pop("model_id", None)
-        view["lineage"] = {k: iso(v) for k, v in lineage.items()}
-        view["stage_history"] = [{k: iso(v) for k, v in h.items()} for h in await store.history(m.model_id)]
+        lineage = await store.stored_lineage(m.model_id)
+        view["lineage"] = lineage.view() if lineage else {}
+        view["stage_history"] = [iso_fields(h) for h in await store.history(m.model_id)]
     return view
 
 
@@ -67,20 +90,19 @@ def routes(rt: Runtime[RegistryContext]) -> APIRouter:
     @r.get("")
     async def list_models(caller: Caller = require("read"), job_id: str | None = None, name: str | None = None,
                           after: str | None = None, limit: int = Query(100, ge=1, le=1000),
-                          lineage: bool | None = None) -> dict:
+                          lineage: bool | None = None) -> ListPage[dict[str, Any]]:
         """The tenant's fine-tuned versions, newest first, then the platform's base models (not when
         filtering by job or name)."""
         lineage = lineage if lineage is not None else job_id is not None  # one job: its model, in full
         async with rt.uow() as uow:
             store = ModelStore(uow.conn)
             bases = [] if job_id or name else await base_listing.base_models(store, catalog)
-            in_bases = after is not None and any(b["id"] == after for b in bases)
-            rows = [] if in_bases else await store.list(caller.tenant_id, job_id=job_id, name=name, after=after,
+            in_bases = after is not None and any(b.id == after for b in bases)
+            rows = [] if in_bases else await store.page(caller.tenant_id, job_id=job_id, name=name, after=after,
                                                          limit=limit + 1)
             models = [await model_view(store, m, detail=lineage) for m in rows[:limit]]
-        data, has_more = base_listing.page_with_bases(models, len(rows) > limit, bases, after, limit)
-        return {"object": "list", "data": data, "has_more": has_more,
-                "first_id": data[0]["id"] if data else None, "last_id": data[-1]["id"] if data else None}
+        page, has_more = base_listing.page_with_bases(models, len(rows) > limit, bases, after, limit)
+        return list_page([listed(entry) for entry in page], has_more)
 
     @r.get("/{model_id}")
     async def get(model_id: str, caller: Caller = require("read")) -> dict:
@@ -92,9 +114,9 @@ def routes(rt: Runtime[RegistryContext]) -> APIRouter:
             base = await base_listing.base_model(store, catalog, model_id)
         if base is None:
             raise not_found(model_id)
-        return base
+        return asdict(base)
 
-    async def change(model_id: str, action) -> dict:
+    async def change(model_id: str, action: Callable[[UnitOfWork, ModelStore], Awaitable[ModelRecord]]) -> dict:
         try:
             async with rt.uow() as uow:
                 store = ModelStore(uow.conn)
@@ -174,5 +196,43 @@ def routes(rt: Runtime[RegistryContext]) -> APIRouter:
     @r.get("/{model_id}/merged")
     async def merged(model_id: str, caller: Caller = require("read")) -> dict:
         return await downloads.merged_download(rt, caller.tenant_id, await internal_id(model_id, caller.tenant_id))
+
+    return r
+
+
+def base_model_routes(rt: Runtime[RegistryContext]) -> APIRouter:
+    r = APIRouter(prefix="/v1/base_models")
+
+    @r.get("")
+    async def catalog(caller: Caller = require("read")) -> ListObject[dict[str, Any]]:
+        async with rt.uow() as uow:
+            entries = await ModelStore(uow.conn).bases()
+        return list_object([{"id": b.name, "object": "base_model", **iso_fields(b)} for b in entries])
+
+    @r.get("/{name:path}/rollout-check")
+    async def check(name: str, caller: Caller = require("admin")) -> dict:
+        operator_only(caller)
+        async with rt.uow() as uow:
+            result = await base_models.check_rollout(ModelStore(uow.conn), name)
+        return {"object": "base_model.rollout_check", **asdict(result)}
+
+    @r.post("/{name:path}/versions")
+    async def publish(name: str, body: NewVersion, caller: Caller = require("admin")) -> dict:
+        operator_only(caller)
+        async with rt.uow() as uow:
+            published = await base_models.publish_version(uow, ModelStore(uow.conn), name, body.sha256, body.uri,
+                                                          body.reason, caller.key_id or "admin")
+        return asdict(published)
+
+    @r.get("/{name:path}")
+    async def versions(name: str, caller: Caller = require("read")) -> dict:
+        async with rt.uow() as uow:
+            store = ModelStore(uow.conn)
+            base = await base_models.known(store, name)
+            history = [iso_fields(v) for v in await store.base_versions(name)]
+        if not caller.operator:   # the first pin names a tenant's job: not another tenant's to see
+            history = [{**v, "reason": "first pinned by a fine-tuning job"} if v["actor"] == FIRST_PIN_ACTOR else v
+                       for v in history]
+        return {"id": name, "object": "base_model", **iso_fields(base), "versions": history}
 
     return r

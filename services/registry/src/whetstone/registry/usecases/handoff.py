@@ -1,0 +1,43 @@
+"""Handoff: the vLLM fleet serves what the registry says (production versions under their name,
+other configured stages under their model id)."""
+
+from __future__ import annotations
+
+import asyncio
+import tempfile
+from pathlib import Path
+
+from whetstone.contracts.enums import ModelStage
+from whetstone.runtime.service import Runtime
+
+from ..adapters.artifacts import ArtifactStore
+from ..adapters.vllm import SyncReport, VllmFleet, lay_out_for_resolver
+from ..context import RegistryContext
+from ..domain.lineage import ADAPTER_FILES
+from ..domain.stages import ModelRecord
+
+
+def materialise(artifacts: ArtifactStore, model: ModelRecord, root: Path) -> Path:
+    """The adapter on the shared disk, verified against its manifest, laid out for vLLM (once)."""
+    target = root / model.model_id
+    if (target / "adapter_config.json").is_file():
+        return target
+    if model.lineage is None:
+        raise ValueError(f"model {model.model_id} has no lineage: its base model is unknown")
+    with tempfile.TemporaryDirectory() as tmp:
+        artifacts.fetch_verified(model.artifact_uri, model.artifact_sha256, ADAPTER_FILES, Path(tmp))
+        return lay_out_for_resolver(root, model.model_id, Path(tmp), model.lineage.base_model)
+
+
+async def sync_fleet(rt: Runtime[RegistryContext], fleet: VllmFleet, root: Path,
+                     models: list[ModelRecord]) -> SyncReport:
+    """One round: every model of the handed-off stages laid out on disk, the fleet moved to exactly those."""
+    desired = {}
+    for m in models:
+        try:
+            path = await asyncio.to_thread(materialise, rt.ctx.artifacts, m, root)
+        except Exception as exc:  # a corrupt or missing artifact is never handed over
+            rt.log.error("adapter not handed to vLLM", model_id=m.model_id, error=f"{type(exc).__name__}: {exc}")
+            continue
+        desired[m.name if m.stage == ModelStage.PRODUCTION else m.model_id] = str(path)
+    return await fleet.sync(desired)
