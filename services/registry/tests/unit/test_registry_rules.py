@@ -5,6 +5,7 @@ import yaml
 
 from whetstone.contracts import EvalStageResult, Metric
 from whetstone.registry.domain import drift, lineage, policy
+from whetstone.runtime.chat_templates import chat_template_from
 from whetstone.registry.domain.drift import PinnedAdapter
 
 pytestmark = pytest.mark.unit
@@ -95,7 +96,7 @@ def test_a_hub_base_is_written_with_the_commit_it_was_pinned_to():
 
 
 def test_chat_template_identity_and_pickles():
-    assert lineage.chat_template_from({"tokenizer_config.json": json.dumps({"chat_template": "T"}).encode()}) == "T"
-    assert lineage.chat_template_from({"chat_template.jinja": b"J", "tokenizer_config.json": b"{}"}) == "J"
+    assert chat_template_from({"tokenizer_config.json": json.dumps({"chat_template": "T"}).encode()}) == "T"
+    assert chat_template_from({"chat_template.jinja": b"J", "tokenizer_config.json": b"{}"}) == "J"
     assert lineage.chat_template_sha256(None) is None
     assert lineage.pickles({"a.safetensors": "x", "training_args.bin": "y", "opt.pt": "z"}) == ["training_args.bin", "opt.pt"]

@@ -3,8 +3,6 @@ domain's typed records here and nowhere else."""
 
 from __future__ import annotations
 
-from typing import Any
-
 import asyncpg
 
 from whetstone.contracts.enums import ModelStage
@@ -12,6 +10,7 @@ from whetstone.contracts import EvalCompletedV1, Lineage
 
 from ..domain.drift import FIRST_PIN_ACTOR, BaseModelEntry, BaseVersion, PinnedAdapter, ReevalRequest, ReevalStatus
 from ..domain.lineage import FinalCheckpoint, LineageRecord, QueuedJob, RecordedEval, StoredLineage
+from ..domain.merges import MergeRecord, MergeState
 from ..domain.stages import ModelRecord, StageChange, Transition
 
 
@@ -151,9 +150,6 @@ class ModelStore:
         row = await self.conn.fetchrow("SELECT * FROM model_lineage WHERE model_id = $1", model_id)
         return _lineage(row) if row else None
 
-    async def lineage(self, model_id: str) -> dict[str, Any] | None:
-        row = await self.conn.fetchrow("SELECT * FROM model_lineage WHERE model_id = $1", model_id)
-        return dict(row) if row else None
 
     async def lock_name(self, tenant_id: str, name: str) -> None:
         """Serialise stage changes of one (tenant, name): at most one production version."""
@@ -267,11 +263,12 @@ class ModelStore:
         await self.conn.execute("INSERT INTO verified_objects (uri, etag, sha256) VALUES ($1,$2,$3) ON CONFLICT (uri)"
                                 " DO UPDATE SET etag = $2, sha256 = $3, verified_at = now()", uri, etag, sha256)
 
-    async def merge(self, model_id: str) -> dict[str, Any] | None:
-        row = await self.conn.fetchrow("SELECT * FROM merges WHERE model_id = $1", model_id)
-        return dict(row) if row else None
+    async def merge(self, model_id: str) -> MergeRecord | None:
+        row = await self.conn.fetchrow("SELECT merge_id, model_id, tenant_id, status, uri, manifest_sha256, files,"
+                                       " merge_job_id, error FROM merges WHERE model_id = $1", model_id)
+        return MergeRecord(**dict(row)) if row else None
 
-    async def add_merge(self, merge_id: str, model_id: str, tenant_id: str, status: str, uri: str | None = None,
+    async def add_merge(self, merge_id: str, model_id: str, tenant_id: str, status: MergeState, uri: str | None = None,
                         manifest_sha256: str | None = None, files: dict[str, str] | None = None) -> bool:
         return bool(await self.conn.fetchval(
             "INSERT INTO merges (merge_id, model_id, tenant_id, status, uri, manifest_sha256, files)"
@@ -285,7 +282,7 @@ class ModelStore:
             " merge_job_id = NULL, error = NULL, completed_at = NULL"
             " WHERE model_id = $1 AND merge_id = $2 AND status = 'failed' RETURNING 1", model_id, failed_id, merge_id))
 
-    async def complete_merge(self, merge_id: str, status: str, uri: str | None, manifest_sha256: str | None,
+    async def complete_merge(self, merge_id: str, status: MergeState, uri: str | None, manifest_sha256: str | None,
                              files: dict[str, str], merge_job_id: str | None, error: str | None,
                              tenant_id: str) -> bool:
         """The tenant's requested merge, answered once (another tenant's answer changes nothing)."""

@@ -17,7 +17,6 @@ from whetstone.contracts import EvalCompletedV1, EvalStageResult, Lineage, Metri
 # never served: pickles execute code on load
 PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".pkl", ".pickle", ".ckpt")
 ADAPTER_FILES = ("adapter_model.safetensors", "adapter_config.json")
-CHAT_TEMPLATE_FILES = ("chat_template.jinja", "tokenizer_config.json")
 
 
 NO_TEMPLATE = "the job was not created from a job template"
@@ -176,31 +175,6 @@ def pickles(files: dict[str, str]) -> list[str]:
 
 def chat_template_sha256(template: str | None) -> str | None:
     return hashlib.sha256(template.encode()).hexdigest() if template else None
-
-
-class _NamedTemplate(BaseModel):
-    name: str | None = None
-    template: str | None = None
-
-
-class _TokenizerConfig(BaseModel):
-    """tokenizer_config.json, as far as the chat template goes: one template or named ones."""
-
-    chat_template: str | list[_NamedTemplate | Any] | None = None
-
-
-def chat_template_from(files: dict[str, bytes]) -> str | None:
-    """The chat template saved with the tokenizer: chat_template.jinja, else tokenizer_config.json's
-    (its `default` one when it names several)."""
-    if files.get("chat_template.jinja"):
-        return files["chat_template.jinja"].decode()
-    raw = files.get("tokenizer_config.json")
-    if not raw:
-        return None
-    value = _TokenizerConfig.model_validate_json(raw).chat_template
-    if isinstance(value, list):
-        return next((t.template for t in value if isinstance(t, _NamedTemplate) and t.name == "default"), None)
-    return value
 
 
 def hub_revision(base_model: str, base_model_sha256: str) -> str | None:

@@ -19,13 +19,12 @@ from whetstone.runtime.identity import Caller, require
 from whetstone.runtime.messaging import UnitOfWork
 from whetstone.runtime.service import Runtime
 
-from .. import downloads
 from ..adapters.store import ModelStore
 from ..context import RegistryContext
 from ..domain.drift import FIRST_PIN_ACTOR
 from ..domain.stages import ModelRecord, TransitionRefused
-from ..downloads import not_found
-from ..usecases import base_listing, base_models, promotion
+from ..usecases import base_listing, base_models, downloads, merges, promotion
+from ..usecases.downloads import model_not_found
 from ..usecases.base_listing import BaseListing
 
 
@@ -113,7 +112,7 @@ def routes(rt: Runtime[RegistryContext]) -> APIRouter:
                 return await model_view(store, model)
             base = await base_listing.base_model(store, catalog, model_id)
         if base is None:
-            raise not_found(model_id)
+            raise model_not_found(model_id)
         return asdict(base)
 
     async def change(model_id: str, action: Callable[[UnitOfWork, ModelStore], Awaitable[ModelRecord]]) -> dict:
@@ -123,7 +122,7 @@ def routes(rt: Runtime[RegistryContext]) -> APIRouter:
                 model = await action(uow, store)
                 return await model_view(store, model)
         except LookupError:
-            raise not_found(model_id) from None
+            raise model_not_found(model_id) from None
         except TransitionRefused as exc:
             raise refused(exc) from None
 
@@ -166,7 +165,7 @@ def routes(rt: Runtime[RegistryContext]) -> APIRouter:
             raise ApiError(403, f"The model '{model_id}' is a base model of the platform; only fine-tuned models can "
                            "be deleted.", code="model_not_deletable", param="model", type="permission_error")
         if model is None:
-            raise not_found(model_id)
+            raise model_not_found(model_id)
         try:
             await archive(model.model_id, "deleted by the tenant", caller)
         except ApiError as exc:
@@ -191,7 +190,7 @@ def routes(rt: Runtime[RegistryContext]) -> APIRouter:
 
     @r.post("/{model_id}/merged")
     async def request_merge(model_id: str, caller: Caller = require("write")) -> dict:
-        return await downloads.request_merge(rt, caller.tenant_id, await internal_id(model_id, caller.tenant_id))
+        return await merges.request_merge(rt, caller.tenant_id, await internal_id(model_id, caller.tenant_id))
 
     @r.get("/{model_id}/merged")
     async def merged(model_id: str, caller: Caller = require("read")) -> dict:

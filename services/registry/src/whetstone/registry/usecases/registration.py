@@ -12,6 +12,7 @@ from whetstone.contracts import (
     CheckpointWrittenV1, EvalCompletedV1, JobQueuedV1, ModelRegisteredV1, fine_tuned_model_for,
 )
 from whetstone.runtime import fencing
+from whetstone.runtime.chat_templates import TEMPLATE_FILES, chat_template_from
 from whetstone.runtime.messaging import UnitOfWork
 from whetstone.runtime.s3 import parse_uri, tenant_prefix
 from whetstone.runtime.delivery import PoisonMessage
@@ -26,7 +27,7 @@ from ..domain.lineage import FinalCheckpoint, IncompleteLineage, QueuedJob, buil
 from ..domain.stages import Transition
 from . import promotion
 
-SMALL_FILES = ("adapter_config.json", "environment.lock.json") + lineage_rules.CHAT_TEMPLATE_FILES
+SMALL_FILES = ("adapter_config.json", "environment.lock.json") + TEMPLATE_FILES
 
 
 def owned_by(uri: str, tenant_id: str) -> bool:
@@ -82,7 +83,7 @@ async def final_checkpoint(rt: Runtime[RegistryContext], uow: UnitOfWork, tenant
         checkpoint = FinalCheckpoint(
             job_id=ev.job_id, tenant_id=tenant_id, uri=ev.uri, manifest_sha256=ev.manifest_sha256, step=ev.step,
             segment_id=ev.segment_id, files=lineage_rules.file_manifest(manifest),
-            chat_template_sha256=lineage_rules.chat_template_sha256(lineage_rules.chat_template_from(small)),
+            chat_template_sha256=lineage_rules.chat_template_sha256(chat_template_from(small)),
             adapter_config=_json_file(small, "adapter_config.json"),
             environment=_json_file(small, "environment.lock.json"), attempt=ev.attempt)
     except (ValueError, TypeError) as exc:

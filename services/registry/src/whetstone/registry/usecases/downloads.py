@@ -6,18 +6,19 @@ from __future__ import annotations
 import asyncio
 import hashlib
 from collections.abc import Iterator
-from dataclasses import dataclass, replace
+from dataclasses import asdict, dataclass, replace
 from typing import Any
 
-from whetstone.contracts import MergeRequestedV1
 from whetstone.runtime.errors import ApiError
+from whetstone.runtime.http import not_found
 from whetstone.runtime.service import Runtime
 
-from .adapters.artifacts import ArtifactMissing, ArtifactStore
-from .adapters.store import ModelStore
-from .context import RegistryContext
-from .domain import lineage as lineage_rules
-from .domain.stages import ModelRecord
+from ..adapters.artifacts import ArtifactMissing, ArtifactStore
+from ..adapters.store import ModelStore
+from ..context import RegistryContext
+from ..domain import lineage as lineage_rules
+from ..domain.merges import MergeState
+from ..domain.stages import ModelRecord
 
 # with the adapter when the artifact has them: the tokenizer and chat template, and for a vision-language
 # base the processor (image processor settings, image token) the adapter was trained with
@@ -25,15 +26,15 @@ ADAPTER_EXTRAS = ("chat_template.jinja", "tokenizer.json", "tokenizer_config.jso
                   "processor_config.json", "preprocessor_config.json")
 
 
-def not_found(model_id: str) -> ApiError:
-    return ApiError(404, f"The model '{model_id}' does not exist", code="model_not_found", param="model")
+def model_not_found(model_id: str) -> ApiError:
+    return not_found(f"The model '{model_id}' does not exist", code="model_not_found", param="model")
 
 
 async def owned(store: ModelStore, tenant_id: str, model_id: str) -> ModelRecord:
     """The tenant's model; 404 model_not_found otherwise (another tenant's model included)."""
     model = await store.get(model_id, tenant_id)
     if model is None:
-        raise not_found(model_id)
+        raise model_not_found(model_id)
     return model
 
 
@@ -42,10 +43,9 @@ def corrupted(model: ModelRecord, what: str) -> ApiError:
                     " platform operators have to restore it.", code="artifact_corrupted", retry=False)
 
 
-async def _load(rt: Runtime[RegistryContext], tenant_id: str, model_id: str) -> tuple[ModelRecord, dict | None]:
+async def _load(rt: Runtime[RegistryContext], tenant_id: str, model_id: str) -> ModelRecord:
     async with rt.uow() as uow:
-        store = ModelStore(uow.conn)
-        return await owned(store, tenant_id, model_id), await store.lineage(model_id)
+        return await owned(ModelStore(uow.conn), tenant_id, model_id)
 
 
 async def verify(rt: Runtime[RegistryContext], model: ModelRecord, files: dict[str, str]) -> dict[str, int]:
@@ -58,7 +58,7 @@ async def verify(rt: Runtime[RegistryContext], model: ModelRecord, files: dict[s
         raise corrupted(model, "manifest.json is missing") from None
     if digest != model.artifact_sha256:
         raise corrupted(model, "manifest.json does not match its recorded sha256")
-    sizes = {}
+    sizes: dict[str, int] = {}
     for rel, expected in files.items():
         uri = artifacts.file_uri(model.artifact_uri, rel)
         try:
@@ -93,14 +93,24 @@ class Links:
         cfg = rt.ctx.config
         return cls(rt.ctx.artifacts, cfg.presign_ttl_s, cfg.public_base_url.rstrip("/") if cfg.public_base_url else None)
 
-    def entry(self, uri: str, api_path: str, name: str, sha256: str, size: int) -> dict[str, Any]:
+    def entry(self, uri: str, api_path: str, name: str, sha256: str, size: int) -> FileLink:
         url = (f"{self.api_base}/v1/models/{api_path}/{name}" if self.api_base
                else self.artifacts.presign(uri, self.ttl, name.rsplit("/", 1)[-1]))
-        return {"name": name, "url": url, "sha256": sha256, "size": size}
+        return FileLink(name, url, sha256, size)
+
+
+@dataclass(frozen=True)
+class FileLink:
+    """A file of a download listing."""
+
+    name: str
+    url: str
+    sha256: str
+    size: int
 
 
 async def adapter_download(rt: Runtime[RegistryContext], tenant_id: str, model_id: str) -> dict[str, Any]:
-    model, lineage = await _load(rt, tenant_id, model_id)
+    model = await _load(rt, tenant_id, model_id)
     files = model.files
     if "adapter_model.safetensors" not in files or "adapter_config.json" not in files:
         unsafe = lineage_rules.pickles(files)
@@ -117,7 +127,7 @@ async def adapter_download(rt: Runtime[RegistryContext], tenant_id: str, model_i
         served_config = await asyncio.to_thread(artifacts.read, served_config_uri)
     except ArtifactMissing:
         raise corrupted(model, "the served adapter_config.json is missing") from None
-    out = []
+    out: list[FileLink] = []
     for rel, sha in wanted.items():
         if rel == "adapter_config.json":
             continue
@@ -132,59 +142,14 @@ async def adapter_download(rt: Runtime[RegistryContext], tenant_id: str, model_i
                                            len(card)))
     except ArtifactMissing:
         pass
-    lineage = lineage or {}
+    lineage = model.lineage
     return {"id": model_id, "object": "model.content", "format": "peft-lora-safetensors",
-            "base_model": lineage.get("base_model"), "base_model_sha256": lineage.get("base_model_sha256"),
-            "expires_in": ttl, "files": out,
-            "manifest": {f["name"]: f["sha256"] for f in out},
+            "base_model": lineage.base_model if lineage else None,
+            "base_model_sha256": lineage.base_model_sha256 if lineage else None,
+            "expires_in": ttl, "files": [asdict(f) for f in out],
+            "manifest": {f.name: f.sha256 for f in out},
             "training_manifest_sha256": model.artifact_sha256,
             "training_manifest": {rel: sha for rel, sha in wanted.items()}}
-
-
-def merge_id_for(model_id: str, previous: str | None = None) -> str:
-    """`merge-<model>` first; after a failed merge, `merge-<model>~2`, `~3`...: a new id, so the
-    scheduler makes a new job (its job id derives from the merge id) instead of finding the failed one."""
-    if previous is None:
-        return "merge-" + model_id
-    _, sep, n = previous.rpartition("~")
-    return f"merge-{model_id}~{int(n) + 1 if sep and n.isdigit() else 2}"
-
-
-def _merged_in_artifact(files: dict[str, str]) -> dict[str, str]:
-    """The trainer saves merged weights under merged/ when a job asked for it."""
-    return {rel: sha for rel, sha in files.items() if rel.startswith("merged/")}
-
-
-async def request_merge(rt: Runtime[RegistryContext], tenant_id: str, model_id: str) -> dict[str, Any]:
-    async with rt.uow() as uow:
-        store = ModelStore(uow.conn)
-        model = await owned(store, tenant_id, model_id)
-        if model.stage == "quarantined":
-            raise ApiError(409, f"model '{model_id}' is quarantined: no merged weights", code="model_quarantined")
-        existing = await store.merge(model_id)
-        if existing is not None and existing["status"] == "failed":
-            # asked again after a failure (the adapter restored, the base back): a new merge, a new job
-            merge_id = merge_id_for(model_id, existing["merge_id"])
-            if await store.retry_merge(model_id, existing["merge_id"], merge_id):
-                await uow.publish(_merge_command(merge_id, model, await store.lineage(model_id) or {}),
-                                  tenant_id=tenant_id)
-        elif existing is None:
-            merged = _merged_in_artifact(model.files)
-            if merged:  # already produced by the training job: cached, nothing to bill
-                await store.add_merge(merge_id_for(model_id), model_id, tenant_id, "succeeded", model.artifact_uri,
-                                      model.artifact_sha256, merged)
-            else:
-                await store.add_merge(merge_id_for(model_id), model_id, tenant_id, "requested")
-                await uow.publish(_merge_command(merge_id_for(model_id), model, await store.lineage(model_id) or {}),
-                                  tenant_id=tenant_id)
-    return await merged_download(rt, tenant_id, model_id)
-
-
-def _merge_command(merge_id: str, model: ModelRecord, lineage: dict[str, Any]) -> MergeRequestedV1:
-    return MergeRequestedV1(merge_id=merge_id, model_id=model.model_id, job_id=model.job_id,
-                            artifact_uri=model.artifact_uri, manifest_sha256=model.artifact_sha256,
-                            base_model=lineage.get("base_model", ""),
-                            base_model_sha256=lineage.get("base_model_sha256", ""))
 
 
 async def merged_download(rt: Runtime[RegistryContext], tenant_id: str, model_id: str) -> dict[str, Any]:
@@ -195,19 +160,20 @@ async def merged_download(rt: Runtime[RegistryContext], tenant_id: str, model_id
     if merge is None:
         raise ApiError(404, f"no merged weights requested for model '{model_id}': POST /v1/models/{model_id}/merged",
                        code="merge_not_requested")
-    view: dict[str, Any] = {"id": merge["merge_id"], "object": "model.merge", "model": model_id,
-                            "status": merge["status"], "merge_job_id": merge["merge_job_id"], "error": merge["error"],
+    view: dict[str, Any] = {"id": merge.merge_id, "object": "model.merge", "model": model_id,
+                            "status": merge.status, "merge_job_id": merge.merge_job_id, "error": merge.error,
                             "files": []}
-    if merge["status"] != "succeeded":
+    if merge.status != MergeState.SUCCEEDED or merge.uri is None:
         return view
-    files = {rel: sha for rel, sha in merge["files"].items() if not rel.lower().endswith(lineage_rules.PICKLE_SUFFIXES)}
-    source = model if merge["uri"] == model.artifact_uri else replace(
-        model, artifact_uri=merge["uri"], artifact_sha256=merge["manifest_sha256"])  # the merge job's own artifact
+    merged_uri = merge.uri
+    files = {rel: sha for rel, sha in merge.files.items() if not rel.lower().endswith(lineage_rules.PICKLE_SUFFIXES)}
+    source = model if merged_uri == model.artifact_uri else replace(
+        model, artifact_uri=merged_uri, artifact_sha256=merge.manifest_sha256 or "")  # the merge job's own artifact
     sizes = await verify(rt, source, files)
     links = Links.of(rt)
     view["expires_in"] = links.ttl
-    view["files"] = [await asyncio.to_thread(links.entry, links.artifacts.file_uri(merge["uri"], rel),
-                                             f"{model_id}/merged/files", rel, sha, sizes[rel])
+    view["files"] = [asdict(await asyncio.to_thread(links.entry, links.artifacts.file_uri(merged_uri, rel),
+                                                    f"{model_id}/merged/files", rel, sha, sizes[rel]))
                      for rel, sha in files.items()]
     return view
 
@@ -233,7 +199,7 @@ def _chunks(artifacts: ArtifactStore, uri: str) -> Iterator[bytes]:
 async def adapter_file(rt: Runtime[RegistryContext], tenant_id: str, model_id: str, name: str) -> Iterator[bytes]:
     """One file of the adapter listing, streamed by the API (downloads through `public_base_url`):
     the same files as the listing, each verified against its recorded sha256 first."""
-    model, _ = await _load(rt, tenant_id, model_id)
+    model = await _load(rt, tenant_id, model_id)
     if name in ("adapter_config.json", "README.md"):
         uri = served_uri(rt, model, name)
     elif name in ("adapter_model.safetensors", *ADAPTER_EXTRAS) and name in model.files:
@@ -254,9 +220,9 @@ async def merged_file(rt: Runtime[RegistryContext], tenant_id: str, model_id: st
         store = ModelStore(uow.conn)
         model = await owned(store, tenant_id, model_id)
         merge = await store.merge(model_id)
-    files = merge["files"] if merge is not None and merge["status"] == "succeeded" else {}
-    if name not in files or name.lower().endswith(lineage_rules.PICKLE_SUFFIXES):
+    if merge is None or merge.status != MergeState.SUCCEEDED or merge.uri is None or name not in merge.files \
+            or name.lower().endswith(lineage_rules.PICKLE_SUFFIXES):
         raise _file_missing(model_id, name)
-    source = replace(model, artifact_uri=merge["uri"], artifact_sha256=merge["manifest_sha256"])
-    await verify(rt, source, {name: files[name]})
-    return _chunks(rt.ctx.artifacts, rt.ctx.artifacts.file_uri(merge["uri"], name))
+    source = replace(model, artifact_uri=merge.uri, artifact_sha256=merge.manifest_sha256 or "")
+    await verify(rt, source, {name: merge.files[name]})
+    return _chunks(rt.ctx.artifacts, rt.ctx.artifacts.file_uri(merge.uri, name))
