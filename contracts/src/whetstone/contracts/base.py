@@ -44,6 +44,10 @@ def utcnow() -> datetime:
     return datetime.now(UTC)
 
 
+def new_trace_id() -> str:
+    return uuid.uuid4().hex
+
+
 class Envelope(Contract):
     """The frame of every Kafka message. ``payload`` is the typed event as JSON."""
 
@@ -53,7 +57,7 @@ class Envelope(Contract):
     occurred_at: datetime = Field(default_factory=utcnow)
     producer: str
     tenant_id: str
-    trace_id: str = Field(default_factory=lambda: uuid.uuid4().hex)
+    trace_id: str = Field(default_factory=new_trace_id)
     key: str
     payload: dict[str, Any]
     # External producers of `job.requested` prove who they publish for with a platform-signed

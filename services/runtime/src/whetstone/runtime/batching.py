@@ -55,7 +55,7 @@ class Delivery:
         return str(self.envelope.event_id)
 
 
-BatchHandler = Callable[["Runtime", UnitOfWork, list[Delivery]], Awaitable[None]]
+BatchHandler = Callable[["Runtime[Any]", UnitOfWork, list[Delivery]], Awaitable[None]]
 
 
 async def claim_inbox_many(conn: asyncpg.Connection, consumer: str, deliveries: Sequence[Delivery]) -> set[str]:
@@ -72,7 +72,7 @@ def undecoded(message: Any) -> None:
     return None
 
 
-async def _crashed_before(rt: Runtime, records: Sequence[Any]) -> bool:
+async def _crashed_before(rt: Runtime[Any], records: Sequence[Any]) -> bool:
     """Count this delivery of the batch (by the first offset of each partition in it). A batch
     seen more than `max_attempts` times killed the process before: its records then go one by one
     through the per-message path, which counts each record and dead-letters the one that crashes."""
@@ -89,7 +89,7 @@ def _key(record: Any) -> str | None:
     return record.key.decode(errors="replace") if record.key else None
 
 
-async def consume_batch(rt: Runtime, routes: dict[str, tuple[type[Event], Handler]], records: Sequence[Any]) -> None:
+async def consume_batch(rt: Runtime[Any], routes: dict[str, tuple[type[Event], Handler]], records: Sequence[Any]) -> None:
     """Handle a batch of aiokafka ConsumerRecords (see the module docstring).
 
     With `Service.batch_concurrency` > 1 the batch is split by record key into that many
@@ -122,7 +122,7 @@ async def consume_batch(rt: Runtime, routes: dict[str, tuple[type[Event], Handle
             raise result
 
 
-async def _consume_shard(rt: Runtime, routes: dict[str, tuple[type[Event], Handler]],
+async def _consume_shard(rt: Runtime[Any], routes: dict[str, tuple[type[Event], Handler]],
                          decoded: list[tuple[Any, Delivery]]) -> None:
     assert rt.service.batch_handler is not None
     start, began = time.perf_counter(), time.time()
@@ -149,7 +149,7 @@ async def _consume_shard(rt: Runtime, routes: dict[str, tuple[type[Event], Handl
     rt.trace.record_many([(d.topic, d.envelope, d.event, d.event_id) for d in fresh], began, elapsed, "handled")
 
 
-def _count(rt: Runtime, decoded: list[tuple[Any, Delivery]], fresh: list[Delivery], elapsed: float) -> None:
+def _count(rt: Runtime[Any], decoded: list[tuple[Any, Delivery]], fresh: list[Delivery], elapsed: float) -> None:
     handled: dict[str, int] = {}
     total: dict[str, int] = {}
     for d in fresh:

@@ -9,8 +9,12 @@ import json
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from .s3 import ObjectStore, parse_uri, sha256_file
+
+# manifest.json as written by upload_checkpoint: the writer's fields plus `files` (name -> sha256, size)
+Manifest = dict[str, Any]
 
 MANIFEST = "manifest.json"
 
@@ -27,8 +31,8 @@ class UploadedCheckpoint:
     size_bytes: int
 
 
-def upload_checkpoint(store: ObjectStore, local: Path, prefix: str, meta: dict) -> UploadedCheckpoint:
-    files = {}
+def upload_checkpoint(store: ObjectStore, local: Path, prefix: str, meta: Manifest) -> UploadedCheckpoint:
+    files: dict[str, dict[str, object]] = {}
     total = 0
     for p in sorted(x for x in local.rglob("*") if x.is_file()):
         rel = p.relative_to(local).as_posix()
@@ -50,7 +54,7 @@ def _missing(exc: Exception) -> bool:
 
 
 def read_manifest(store: ObjectStore, uri: str, expected_sha256: str | None = None, *,
-                  job_id: str | None = None) -> tuple[dict, str]:
+                  job_id: str | None = None) -> tuple[Manifest, str]:
     """A checkpoint's manifest and its sha256. CorruptCheckpoint when it is missing, differs from the
     pinned sha256, is unreadable, lists no files, or belongs to another job; a store that cannot be
     reached raises its own error (retry later, nothing is corrupt)."""
@@ -65,7 +69,7 @@ def read_manifest(store: ObjectStore, uri: str, expected_sha256: str | None = No
     if expected_sha256 and digest != expected_sha256:
         raise CorruptCheckpoint(f"{uri}: manifest sha256 mismatch ({digest[:12]}… is not the pinned {expected_sha256[:12]}…)")
     try:
-        manifest = json.loads(raw)
+        manifest: Manifest = json.loads(raw)
         files = manifest["files"]
         if not isinstance(files, dict) or not all(isinstance(i, dict) and "sha256" in i for i in files.values()):
             raise TypeError("files must map names to {sha256, size}")
@@ -80,7 +84,7 @@ def read_manifest(store: ObjectStore, uri: str, expected_sha256: str | None = No
 
 def download_checkpoint(store: ObjectStore, uri: str, dest: Path, expected_manifest_sha256: str | None = None, *,
                         only: Iterable[str] | None = None, job_id: str | None = None,
-                        manifest: dict | None = None) -> dict:
+                        manifest: Manifest | None = None) -> Manifest:
     """Download the checkpoint's files (or `only` those) into `dest`, each checked against the manifest
     (size and sha256), the manifest against its pinned sha256. CorruptCheckpoint on any doubt: a file
     missing from the manifest or the store, a name outside `dest`, a size or hash that differs.

@@ -82,7 +82,7 @@ def first_offsets(records: Sequence[Any]) -> list[tuple[str, int, int]]:
     return [(t, p, o) for (t, p), o in firsts.items()]
 
 
-async def consume_fetch(rt: Runtime, routes: dict[str, tuple[type[Event], Handler]], records: Sequence[Any],
+async def consume_fetch(rt: Runtime[Any], routes: dict[str, tuple[type[Event], Handler]], records: Sequence[Any],
                         consumer: Any, taken: dict[tuple[str, int], int]) -> None:
     """Handle one fetch on the per-message path (see the module docstring). `taken` counts the records
     of each partition not handled yet (the runtime's in-flight figure); handled ones are taken off it."""
@@ -97,7 +97,7 @@ async def consume_fetch(rt: Runtime, routes: dict[str, tuple[type[Event], Handle
             held_connection.reset(token)
 
 
-async def _consume(rt: Runtime, routes: dict[str, tuple[type[Event], Handler]], fetched: list[Fetched], consumer: Any,
+async def _consume(rt: Runtime[Any], routes: dict[str, tuple[type[Event], Handler]], fetched: list[Fetched], consumer: Any,
                    taken: dict[tuple[str, int], int], conn: Any, started: float) -> None:
     deliveries, seen = await db.count_fetch(conn, rt.consumer, rt.consumer + FETCH_COUNTER,
                                             first_offsets([f.record for f in fetched]),
@@ -114,7 +114,7 @@ async def _consume(rt: Runtime, routes: dict[str, tuple[type[Event], Handler]], 
         rec = f.record
         model, handler = routes[rec.topic]
         key = rec.key.decode(errors="replace") if rec.key else None
-        if f.envelope is None or careful:
+        if f.envelope is None or f.event is None or careful:
             await rt.handle_message(rec.topic, model, handler, rec.value, rec.partition, rec.offset, key,
                                     uncounted=1 if careful else 0)
         else:

@@ -97,7 +97,7 @@ async def _init_connection(conn: asyncpg.Connection) -> None:
         await conn.set_type_codec(typ, encoder=json.dumps, decoder=json.loads, schema="pg_catalog")
 
 
-class PooledConnection(asyncpg.Connection):
+class PooledConnection(asyncpg.Connection):  # type: ignore[misc]  # asyncpg is untyped
     """The platform keeps no session state on pooled connections: advisory locks are
     transaction-scoped, a listener is removed (UNLISTEN) by the code that added it, nothing runs
     SET or opens a cursor outside a transaction. Releasing one therefore needs no reset query
@@ -183,11 +183,12 @@ async def check_delivery(pool_or_conn: Any, consumer: str, message_id: str, topi
 async def count_delivery(pool_or_conn: Any, consumer: str, topic: str, partition: int, offset: int) -> int:
     """How many times this record has been delivered to this consumer, this time included
     (committed at once, outside any handler transaction, so a crash cannot roll it back)."""
-    return await pool_or_conn.fetchval(
+    count: int = await pool_or_conn.fetchval(
         'INSERT INTO deliveries (consumer, topic, partition, "offset") VALUES ($1, $2, $3, $4)'
         ' ON CONFLICT (consumer, topic, partition, "offset")'
         " DO UPDATE SET count = deliveries.count + 1, last_at = now() RETURNING count",
         consumer, topic, partition, offset)
+    return count
 
 
 async def count_deliveries(pool_or_conn: Any, consumer: str, records: Sequence[tuple[str, int, int]]) -> int:
@@ -219,7 +220,7 @@ async def count_fetch(pool_or_conn: Any, consumer: str, counter: str, firsts: Se
     return int(row["deliveries"]), set(row["seen"])
 
 
-async def prune(pool_or_conn: Any, *, outbox_sent_hours: float, inbox_days: float, deliveries_hours: float) -> dict:
+async def prune(pool_or_conn: Any, *, outbox_sent_hours: float, inbox_days: float, deliveries_hours: float) -> dict[str, int]:
     """Retention: rows that can no longer matter. Inbox rows must outlive the longest possible
     redelivery (the topics' retention), or a very late duplicate would be handled again."""
     out = {}

@@ -16,6 +16,7 @@ from aiokafka import errors as kafka_errors
 from botocore import exceptions as boto_errors
 
 from whetstone.contracts import DLQ_MODEL
+from whetstone.contracts.enums import ValueEncoding
 
 from . import db
 
@@ -85,7 +86,8 @@ _CLIENTS = (("asyncpg", "database"), ("botocore", "object store"), ("aiokafka", 
 def unavailable_dependency(exc: BaseException) -> str | None:
     """What unreachable dependency ("database", "object store", "broker", "a dependency") caused `exc`,
     looking through causes, contexts and exception groups; None for anything else (a bug)."""
-    todo, seen = [exc], set()
+    todo: list[BaseException | None] = [exc]
+    seen: set[int] = set()
     while todo:
         e = todo.pop()
         if e is None or id(e) in seen:
@@ -93,7 +95,9 @@ def unavailable_dependency(exc: BaseException) -> str | None:
         seen.add(id(e))
         if (found := _dependency_of(e)) is not None:
             return found
-        todo += [e.__cause__, e.__context__, *(e.exceptions if isinstance(e, BaseExceptionGroup) else ())]
+        todo += [e.__cause__, e.__context__]
+        if isinstance(e, BaseExceptionGroup):
+            todo += e.exceptions
     return None
 
 
@@ -120,19 +124,19 @@ def dead_letter(topic: str, partition: int, offset: int, consumer: str, attempts
     error = redact(error.encode()).decode()
     head = redact(raw[:DLQ_VALUE_LIMIT])
     try:
-        value, encoding = head.decode("utf-8"), "utf-8"
+        value, encoding = head.decode("utf-8"), ValueEncoding.UTF8
     except UnicodeDecodeError as exc:
         if len(raw) > DLQ_VALUE_LIMIT and exc.start >= len(head) - 3:  # a character cut by the limit
-            value, encoding = head[:exc.start].decode("utf-8"), "utf-8"
+            value, encoding = head[:exc.start].decode("utf-8"), ValueEncoding.UTF8
         else:
-            value, encoding = base64.b64encode(head).decode("ascii"), "base64"
+            value, encoding = base64.b64encode(head).decode("ascii"), ValueEncoding.BASE64
     return DLQ_MODEL(source_topic=topic, partition=partition, offset=offset, consumer=consumer, attempts=attempts,
                      error=error[:4000], key=key[:1000] if key else key, value=value, value_encoding=encoding,
                      value_bytes=len(raw), value_sha256=hashlib.sha256(raw).hexdigest(),
                      value_truncated=len(raw) > DLQ_VALUE_LIMIT)
 
 
-async def prune_forever(rt: Runtime) -> None:
+async def prune_forever(rt: Runtime[Any]) -> None:
     """Retention of the runtime's tables: sent outbox rows, old inbox rows, delivery counts."""
     s = rt.settings
     while True:

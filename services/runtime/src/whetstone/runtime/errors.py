@@ -11,6 +11,7 @@ unhandled exception answers 500 in the same shape, never a bare text 500.
 from __future__ import annotations
 
 import logging
+from collections.abc import Mapping
 from typing import Any
 
 import asyncpg
@@ -26,7 +27,7 @@ from .delivery import unavailable_dependency
 
 class ApiError(Exception):
     def __init__(self, status: int, message: str, *, type: str = "invalid_request_error", code: str | None = None,
-                 param: str | None = None, retry: bool | None = None, headers: dict[str, str] | None = None) -> None:
+                 param: str | None = None, retry: bool | None = None, headers: Mapping[str, str] | None = None) -> None:
         super().__init__(message)
         self.status, self.message, self.type, self.code, self.param = status, message, type, code, param
         self.headers = dict(headers or {})

@@ -42,10 +42,11 @@ def attempt_or_first(attempt: int | None) -> int:
 
 async def record_fence(conn: asyncpg.Connection, job_id: str, tenant_id: str, attempt: int) -> int:
     """Remember the fence (a redelivered or older one changes nothing); the job's highest fenced attempt."""
-    return await conn.fetchval(
+    highest: int = await conn.fetchval(
         "INSERT INTO fences (job_id, tenant_id, attempt) VALUES ($1, $2, $3) ON CONFLICT (job_id, tenant_id)"
         " DO UPDATE SET attempt = greatest(fences.attempt, EXCLUDED.attempt) RETURNING attempt",
         job_id, tenant_id, attempt)
+    return highest
 
 
 async def fenced_attempt(conn: asyncpg.Connection, job_id: str, tenant_id: str) -> int:

@@ -11,13 +11,16 @@ from typing import Any, Generic, Literal, Protocol, TypeVar, runtime_checkable
 import uvicorn
 from fastapi import FastAPI, Response
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client.metrics import MetricWrapperBase
 from pydantic import BaseModel
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from .errors import ApiError, install_error_handlers
 from .identity import Caller
 from .observability import safe_exposition
 
 HealthCheck = Callable[[], Awaitable[None]]
+M = TypeVar("M", bound=MetricWrapperBase)
 
 T = TypeVar("T")
 
@@ -82,7 +85,8 @@ class ServiceMetrics:
         self.service = service
         ns = "whetstone"
 
-        def labelled(metric):  # every series carries the service name, even with six services in one process
+        def labelled(metric: M) -> Callable[..., M]:
+            # every series carries the service name, even with six services in one process
             return lambda **labels: metric.labels(service=service, **labels)
 
         self.consumed = labelled(Counter(f"{ns}_messages_consumed_total", "Messages handled, by outcome",
@@ -109,7 +113,7 @@ def too_large_body(limit: int) -> bytes:
                                code="request_too_large").body()).encode()
 
 
-async def drain(receive, message: dict) -> None:
+async def drain(receive: Receive, message: Message) -> None:
     """Read (and drop) up to DRAIN_AFTER_REFUSAL more bytes of a refused body, for at most
     DRAIN_SECONDS: a client still sending then reads the 413 instead of a reset, and one that
     stops sending holds nothing."""
@@ -131,17 +135,17 @@ class BodyLimit:
     The bound keeps one request from holding the event loop parsing megabytes of JSON, and keeps
     every field a body can carry far below what the bus accepts."""
 
-    def __init__(self, app, limit: int = DEFAULT_MAX_BODY, exempt: Collection[str] = ()) -> None:
+    def __init__(self, app: ASGIApp, limit: int = DEFAULT_MAX_BODY, exempt: Collection[str] = ()) -> None:
         self.app, self.limit, self.exempt = app, limit, frozenset(exempt)
 
-    async def refuse(self, send, status: int = 413, body: bytes | None = None) -> None:
+    async def refuse(self, send: Send, status: int = 413, body: bytes | None = None) -> None:
         body = body if body is not None else too_large_body(self.limit)
         await send({"type": "http.response.start", "status": status,
                     "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode()),
                                 (b"connection", b"close"), (b"x-should-retry", b"false")]})
         await send({"type": "http.response.body", "body": body, "more_body": False})
 
-    async def __call__(self, scope, receive, send) -> None:
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http" or scope["path"] in self.exempt:
             await self.app(scope, receive, send)
             return
@@ -156,7 +160,7 @@ class BodyLimit:
                 return
         state = {"seen": 0, "refused": False, "started": False}
 
-        async def counted() -> dict:
+        async def counted() -> Message:
             message = await receive()
             if message["type"] == "http.request":
                 state["seen"] += len(message.get("body", b""))
@@ -168,7 +172,7 @@ class BodyLimit:
                     return {"type": "http.disconnect"}     # the app stops reading: its own answer is dropped
             return message
 
-        async def guarded(message: dict) -> None:
+        async def guarded(message: Message) -> None:
             if state["refused"]:
                 return
             state["started"] = True
@@ -181,6 +185,12 @@ class BodyLimit:
                 raise
 
 
+class Health(BaseModel):
+    service: str
+    status: Literal["ok", "degraded"]
+    checks: dict[str, Literal["ok", "unavailable"]]
+
+
 def make_app(service: str, metrics: ServiceMetrics, checks: dict[str, HealthCheck], *, docs: bool = False) -> FastAPI:
     """`docs`: serve /docs and /openapi.json (development only; the documents stay buildable in
     process, `app.openapi()`, for tests and tools)."""
@@ -189,9 +199,9 @@ def make_app(service: str, metrics: ServiceMetrics, checks: dict[str, HealthChec
     install_error_handlers(app)  # every error in OpenAI's shape {"error": {message, type, param, code}}
 
     @app.get("/healthz")
-    async def healthz(response: Response) -> dict:
+    async def healthz(response: Response) -> Health:
         """Which dependency is down, never why: error texts name hosts, paths and credentials."""
-        results = {}
+        results: dict[str, Literal["ok", "unavailable"]] = {}
         for name, check in checks.items():
             try:
                 await asyncio.wait_for(check(), timeout=3)
@@ -200,7 +210,7 @@ def make_app(service: str, metrics: ServiceMetrics, checks: dict[str, HealthChec
                 results[name] = "unavailable"
         ok = all(v == "ok" for v in results.values())
         response.status_code = 200 if ok else 503
-        return {"service": service, "status": "ok" if ok else "degraded", "checks": results}
+        return Health(service=service, status="ok" if ok else "degraded", checks=results)
 
     @app.get("/metrics")
     async def prom() -> Response:
@@ -212,11 +222,11 @@ def make_app(service: str, metrics: ServiceMetrics, checks: dict[str, HealthChec
 class HttpServer:
     """uvicorn in the current event loop; port 0 picks a free port (see .port after start)."""
 
-    def __init__(self, app: FastAPI, host: str, port: int) -> None:
+    def __init__(self, app: ASGIApp, host: str, port: int) -> None:
         self.server = uvicorn.Server(uvicorn.Config(app, host=host, port=port, log_level="warning",
                                                     lifespan="off", access_log=False))
-        self.server.install_signal_handlers = lambda: None  # type: ignore[method-assign]
-        self.task: asyncio.Task | None = None
+        self.server.install_signal_handlers = lambda: None  # type: ignore[attr-defined]
+        self.task: asyncio.Task[None] | None = None
 
     async def start(self) -> None:
         self.task = asyncio.create_task(self.server.serve())
@@ -227,7 +237,8 @@ class HttpServer:
 
     @property
     def port(self) -> int:
-        return self.server.servers[0].sockets[0].getsockname()[1]
+        port: int = self.server.servers[0].sockets[0].getsockname()[1]
+        return port
 
     async def stop(self) -> None:
         self.server.should_exit = True

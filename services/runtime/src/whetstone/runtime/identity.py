@@ -19,8 +19,10 @@ import os
 import re
 import secrets
 import time
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from fastapi import Depends, Request
 
@@ -167,9 +169,7 @@ def verify(identity: str | None, signature: str | None, secret: bytes, *, now: f
     return Caller(tenant_id=tenant, key_id=fields.get("key", ""), scopes=scopes)
 
 
-def require(scope: str = "read"):
-    """FastAPI dependency: the verified caller, holding `scope` (403 otherwise)."""
-
+def _caller_with(scope: str) -> Callable[[Request], Awaitable[Caller]]:
     async def caller(request: Request) -> Caller:
         who = verify(request.headers.get(IDENTITY_HEADER), request.headers.get(SIGNATURE_HEADER), _secret_of(request))
         if not who.allows(scope):
@@ -177,13 +177,21 @@ def require(scope: str = "read"):
                            code="insufficient_scope")
         return who
 
-    return Depends(caller)
+    return caller
+
+
+# The dependencies below are route parameters' defaults (`caller: Caller = require("read")`): FastAPI's
+# Depends marker, typed Any so that it stands in for the Caller it resolves to.
+
+def require(scope: str = "read") -> Any:
+    """FastAPI dependency: the verified caller, holding `scope` (403 otherwise)."""
+    return Depends(_caller_with(scope))
 
 
 PLATFORM = Caller(tenant_id="*", key_id="internal", scopes=frozenset({"admin"}), platform=True)
 
 
-def require_internal():
+def require_internal() -> Any:
     """FastAPI dependency: only a caller holding the internal secret (never a tenant's key)."""
 
     async def internal(request: Request) -> Caller:
@@ -194,9 +202,9 @@ def require_internal():
     return Depends(internal)
 
 
-def require_or_internal(scope: str):
+def require_or_internal(scope: str) -> Any:
     """FastAPI dependency: the internal secret (PLATFORM, any tenant) or a verified caller with `scope`."""
-    inner = require(scope).dependency
+    inner = _caller_with(scope)
 
     async def caller(request: Request) -> Caller:
         if request.headers.get(INTERNAL_HEADER) and verify_internal(request.headers.get(INTERNAL_HEADER),

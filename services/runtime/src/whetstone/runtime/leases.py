@@ -34,7 +34,7 @@ class LeasedTable:
             f"   ORDER BY created_at FOR UPDATE SKIP LOCKED LIMIT 1) RETURNING {returning}", owner, lease_s)
 
     async def renew(self, pool: asyncpg.Pool, key: str, owner: str, lease_s: float) -> bool:
-        status = await pool.execute(
+        status: str = await pool.execute(
             f"UPDATE {self.table} SET lease_until = now() + make_interval(secs => $3), updated_at = now()"
             f" WHERE {self.key} = $1 AND lease_owner = $2 AND status = 'running'", key, owner, lease_s)
         return status.endswith(" 1")

@@ -6,7 +6,6 @@ import logging
 import sys
 
 import structlog
-from structlog.contextvars import bind_contextvars, bound_contextvars, clear_contextvars  # noqa: F401
 
 _configured = False
 
@@ -35,4 +34,5 @@ def configure_logging(level: str = "INFO", json: bool = True) -> None:
 
 
 def get_logger(name: str | None = None) -> structlog.stdlib.BoundLogger:
-    return structlog.get_logger(name)
+    logger: structlog.stdlib.BoundLogger = structlog.get_logger(name)
+    return logger

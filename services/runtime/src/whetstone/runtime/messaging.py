@@ -14,6 +14,7 @@ import asyncpg
 import orjson
 
 from whetstone.contracts import TOLERANT, Envelope, Event, topic_for
+from whetstone.contracts.base import new_trace_id
 
 from .delivery import unavailable_dependency
 from .logging import get_logger
@@ -45,7 +46,7 @@ def envelope_of(event_class: type[Event], payload: dict[str, Any], *, producer: 
         schema_version=event_class.SCHEMA_VERSION,
         producer=producer,
         tenant_id=tenant_id,
-        trace_id=trace_id or (parent.trace_id if parent else None) or Envelope.model_fields["trace_id"].default_factory(),
+        trace_id=trace_id or (parent.trace_id if parent else None) or new_trace_id(),
         key=key,
         payload=payload,
     )
@@ -185,7 +186,7 @@ class OutboxRelay:
         self.published += len(sent)
         return len(rows)
 
-    async def _publish(self, rows: list) -> tuple[list[int], list[tuple[Any, BaseException]], list[tuple[Any, str]]]:
+    async def _publish(self, rows: Sequence[asyncpg.Record]) -> tuple[list[int], list[tuple[Any, BaseException]], list[tuple[Any, str]]]:
         refused: list[tuple[Any, str]] = []
         queued: list[tuple[Any, Any]] = []
         failed: list[tuple[Any, BaseException]] = []

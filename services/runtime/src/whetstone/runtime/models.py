@@ -30,7 +30,7 @@ class ResolvedModel:
 
 
 @lru_cache(maxsize=64)
-def _weights_sha256(directory: str, fingerprint: tuple) -> str:
+def _weights_sha256(directory: str, fingerprint: tuple[tuple[str, int, int], ...]) -> str:
     h = hashlib.sha256()
     for name, _size, _mtime in fingerprint:
         h.update(name.encode() + b"\0")

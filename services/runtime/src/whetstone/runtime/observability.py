@@ -37,6 +37,7 @@ from whetstone.contracts import TOPICS
 
 from .logging import get_logger
 from .messaging import Published
+from .settings import KafkaClientOptions
 
 log = get_logger("whetstone.observability")
 
@@ -202,7 +203,7 @@ class Collector(_Metrics):
     def __init__(self, registry: CollectorRegistry, service: str, *, group: str, bootstrap: str,
                  topics: Sequence[str], pool: Any = None, probes: Sequence[Probe] = (),
                  interval_s: float = 15.0, timeout_s: float | None = None,
-                 client_options: dict | None = None) -> None:
+                 client_options: KafkaClientOptions | None = None) -> None:
         super().__init__(registry, service)
         self.group, self.bootstrap, self.pool = group, bootstrap, pool
         self.topics = [t for t in topics if t in TOPICS]

@@ -17,6 +17,7 @@ import signal
 import sys
 
 PR_SET_PDEATHSIG = 1
+_LIBC: ctypes.CDLL | None
 try:  # loaded at import, in the parent: a forked child must not load libraries
     _LIBC = ctypes.CDLL(None, use_errno=True)
 except OSError:  # pragma: no cover  (not Linux)

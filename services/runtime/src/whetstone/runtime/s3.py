@@ -12,6 +12,7 @@ from pathlib import Path
 import boto3
 from botocore.config import Config
 from botocore.exceptions import ClientError
+from botocore.response import StreamingBody
 
 _TENANT_RE = re.compile(r"^[a-z0-9][a-z0-9_-]{0,62}$")
 
@@ -72,9 +73,10 @@ class ObjectStore:
 
     def get_bytes(self, uri: str) -> bytes:
         bucket, key = parse_uri(uri)
-        return self.client.get_object(Bucket=bucket, Key=key)["Body"].read()
+        data: bytes = self.client.get_object(Bucket=bucket, Key=key)["Body"].read()
+        return data
 
-    def open_stream(self, uri: str):
+    def open_stream(self, uri: str) -> StreamingBody:
         """A file-like streaming body: read it in chunks, never whole."""
         bucket, key = parse_uri(uri)
         return self.client.get_object(Bucket=bucket, Key=key)["Body"]

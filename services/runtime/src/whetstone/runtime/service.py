@@ -35,6 +35,7 @@ from aiokafka import AIOKafkaProducer
 from fastapi import APIRouter, FastAPI
 from faststream import AckPolicy
 from faststream.kafka import KafkaBroker, KafkaMessage
+from structlog.contextvars import bound_contextvars
 
 from whetstone.contracts import TOPICS, Envelope, Event
 
@@ -46,7 +47,7 @@ from .consuming import FetchLag, consume_fetch, held_connection
 from .identity import internal_secret
 from .lifecycle import bounded, supervise
 from .http import BodyLimit, HttpServer, ServiceMetrics, make_app
-from .logging import bound_contextvars, configure_logging, get_logger
+from .logging import configure_logging, get_logger
 from .messaging import OutboxRelay, UnitOfWork, current_envelope, decode, parse_payload, unit_of_work
 from .s3 import ObjectStore
 from .settings import CommonSettings, check_credentials
@@ -56,8 +57,8 @@ from .tracing import TraceLog, trace_routes
 from .tenancy import claim_and_check
 
 
-Handler = Callable[["Runtime", UnitOfWork, Envelope, Any], Awaitable[None]]
-Background = Callable[["Runtime"], Awaitable[None]]
+Handler = Callable[["Runtime[Any]", UnitOfWork, Envelope, Any], Awaitable[None]]
+Background = Callable[["Runtime[Any]"], Awaitable[None]]
 
 C = TypeVar("C")
 STOP_TIMEOUT_S = 30.0  # a service that takes longer to stop is left behind, logged
@@ -68,10 +69,10 @@ class Service(Generic[C]):
     name: str
     migrations: Sequence[str] = ()
     subscriptions: dict[str, Handler] = field(default_factory=dict)
-    routes: Callable[["Runtime"], APIRouter] | None = None
+    routes: Callable[["Runtime[Any]"], APIRouter] | None = None
     background: Sequence[Background] = ()
-    on_start: Callable[["Runtime"], Awaitable[None]] | None = None
-    on_stop: Callable[["Runtime"], Awaitable[None]] | None = None
+    on_start: Callable[["Runtime[Any]"], Awaitable[None]] | None = None
+    on_stop: Callable[["Runtime[Any]"], Awaitable[None]] | None = None
     group_id: str | None = None
     http_port: int = 0
     # The service's typed dependencies (config, stores, clients, policies), built once in its
@@ -129,6 +130,8 @@ def kafka_broker(settings: CommonSettings, client_id: str) -> KafkaBroker:
     """The FastStream broker whose consumers a service subscribes with. Metadata is refreshed every
     `kafka_metadata_max_age_s`: a consumer that joined while the broker could not describe its topics
     holds no partitions until a refresh shows them and it rejoins."""
+    if not settings.kafka_bootstrap:
+        raise ValueError("no Kafka bootstrap configured (WHETSTONE_KAFKA_BOOTSTRAP)")
     return KafkaBroker(settings.kafka_bootstrap, client_id=client_id, logger=None, security=broker_security(settings),
                        metadata_max_age_ms=int(settings.kafka_metadata_max_age_s * 1000))
 
@@ -153,7 +156,7 @@ class Runtime(Generic[C]):
         self.http: HttpServer | None = None
         self.store = ObjectStore(settings.s3_endpoint, settings.s3_access_key, settings.s3_secret_key,
                                  settings.bucket, settings.s3_region)
-        self._tasks: list[asyncio.Task] = []
+        self._tasks: list[asyncio.Task[None]] = []
         self.stop_overran: list[str] = []   # the stop's steps that were cut short
         # messages left on each assigned (topic, partition), see `measure_lag`
         self.consumer_lag: dict[tuple[str, int], int] | None = None
@@ -173,7 +176,7 @@ class Runtime(Generic[C]):
         assert self.pool is not None
         return unit_of_work(self.pool, self.name, self.relay)
 
-    def _message_uow(self):
+    def _message_uow(self) -> contextlib.AbstractAsyncContextManager[UnitOfWork]:
         """A message's unit of work: on the connection its fetch holds (consuming.py) while it is open."""
         assert self.pool is not None
         conn = held_connection.get()
@@ -183,6 +186,8 @@ class Runtime(Generic[C]):
     async def start(self) -> None:
         s = self.settings
         check_credentials(s)
+        if not s.database_url:
+            raise ValueError("no database configured (WHETSTONE_DATABASE_URL)")
         self.pool = await db.create_pool(s.database_url, self.service.schema)
         applied = await db.migrate(self.pool, self.service.schema, self.service.migrations)
         # the broker may become unreachable after the topics were made (restarting, its storage away)
@@ -303,7 +308,7 @@ class Runtime(Generic[C]):
                                             **options)
         self._subscriber = subscriber
 
-        @subscriber
+        @subscriber  # type: ignore[untyped-decorator]  # FastStream's subscriber call is untyped
         async def consume_many(msg: KafkaMessage) -> None:
             records = msg.raw_message
             taken: dict[tuple[str, int], int] = {}
@@ -454,8 +459,8 @@ class Runtime(Generic[C]):
                        dlq_event_id=str(env.event_id))
 
 
-async def run_services(services: Sequence[Service], settings: CommonSettings | None = None,
-                       ready: Callable[[list[Runtime]], None] | None = None,
+async def run_services(services: Sequence[Service[Any]], settings: CommonSettings | None = None,
+                       ready: Callable[[list[Runtime[Any]]], None] | None = None,
                        stop_event: asyncio.Event | None = None, handle_signals: bool = True) -> None:
     """Start the services in one loop, run until SIGINT/SIGTERM (or stop_event), stop cleanly.
     `handle_signals=False` (tests running services inside their own process) leaves SIGINT/SIGTERM
@@ -474,7 +479,7 @@ async def run_services(services: Sequence[Service], settings: CommonSettings | N
             except (NotImplementedError, RuntimeError):
                 pass
     runtimes = [Runtime(s, settings) for s in services]
-    started: list[Runtime] = []
+    started: list[Runtime[Any]] = []
     try:
         for rt in runtimes:
             await rt.start()
@@ -492,6 +497,6 @@ async def run_services(services: Sequence[Service], settings: CommonSettings | N
             loop.remove_signal_handler(sig)
 
 
-def service_main(*builders: Callable[[], Service]) -> None:
+def service_main(*builders: Callable[[], Service[Any]]) -> None:
     """Console-script entry point: run the given service(s) until SIGINT/SIGTERM."""
     asyncio.run(run_services([b() for b in builders]))

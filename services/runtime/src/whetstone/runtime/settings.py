@@ -2,12 +2,24 @@
 
 from __future__ import annotations
 
+import ssl
 from pathlib import Path
+from typing import TypedDict
 
 from pydantic import Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 DEFAULT_TENANTS = {"demo": "standard", "acme": "premium", "hobbyist": "free"}
+
+
+class KafkaClientOptions(TypedDict, total=False):
+    """aiokafka client keyword arguments for the configured security."""
+
+    security_protocol: str
+    sasl_mechanism: str
+    sasl_plain_username: str | None
+    sasl_plain_password: str | None
+    ssl_context: ssl.SSLContext
 
 
 class CommonSettings(BaseSettings):
@@ -63,17 +75,16 @@ class CommonSettings(BaseSettings):
                                         "holds no partitions until the next refresh, which notices the topics and "
                                         "rejoins; Kafka's default of 5 minutes would leave it idle that long")
 
-    def kafka_client_options(self) -> dict:
+    def kafka_client_options(self) -> KafkaClientOptions:
         """aiokafka client keyword arguments for the configured security (empty for PLAINTEXT)."""
         if self.kafka_security_protocol == "PLAINTEXT":
             return {}
-        options: dict = {"security_protocol": self.kafka_security_protocol}
+        options = KafkaClientOptions(security_protocol=self.kafka_security_protocol)
         if self.kafka_security_protocol.startswith("SASL"):
-            options.update(sasl_mechanism=self.kafka_sasl_mechanism, sasl_plain_username=self.kafka_sasl_username,
-                           sasl_plain_password=self.kafka_sasl_password)
+            options["sasl_mechanism"] = self.kafka_sasl_mechanism
+            options["sasl_plain_username"] = self.kafka_sasl_username
+            options["sasl_plain_password"] = self.kafka_sasl_password
         if self.kafka_security_protocol.endswith("SSL"):
-            import ssl  # noqa: PLC0415
-
             options["ssl_context"] = ssl.create_default_context()
         return options
 

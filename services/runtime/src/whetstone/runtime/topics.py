@@ -21,7 +21,7 @@ from .settings import CommonSettings
 T = TypeVar("T")
 
 
-class BrokerFailedToCreateTopic(KafkaError):
+class BrokerFailedToCreateTopic(KafkaError):  # type: ignore[misc]  # aiokafka is untyped
     """The broker failed to create a topic on its side (UNKNOWN_SERVER_ERROR, -1), as the durable
     broker answers while its object store is away: retriable, so start-up waits for it
     (`while_unreachable`) instead of the service exiting."""
@@ -67,8 +67,11 @@ async def ensure_topics(settings: CommonSettings) -> None:
     A broker that cannot be reached (restarting, not up yet) is waited for (`while_unreachable`)."""
     if not settings.create_topics:
         return
+    bootstrap = settings.kafka_bootstrap
+    if not bootstrap:
+        raise ValueError("no Kafka bootstrap configured (WHETSTONE_KAFKA_BOOTSTRAP)")
     await while_unreachable(settings, "topics", lambda: create_topics_async(
-        settings.kafka_bootstrap, all_topic_partitions(), **settings.kafka_client_options()))
+        bootstrap, all_topic_partitions(), **settings.kafka_client_options()))
 
 
 async def while_unreachable(settings: CommonSettings, what: str, attempt: Callable[[], Awaitable[T]]) -> T:

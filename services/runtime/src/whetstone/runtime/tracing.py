@@ -40,7 +40,7 @@ class TraceLog:
                  flush_s: float = 0.5, max_buffered: int = 20_000) -> None:
         self.consumer, self.flush_s, self.max_buffered = consumer, flush_s, max_buffered
         self.pool: Any = None
-        self._rows: list[tuple] = []
+        self._rows: list[tuple[object, ...]] = []
         self._lock = asyncio.Lock()
         self._dropped = Counter("whetstone_trace_rows_dropped_total", "Trace rows dropped (database unreachable)",
                                 ["service"], registry=registry).labels(service=service)
