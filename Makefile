@@ -40,7 +40,7 @@ contracts-check: venv
 	$(BIN)/python -m whetstone.contracts.schemas check
 
 # folders that pass `mypy --strict` (mypy.ini); each service adds its domain/ and usecases/ here
-TYPED := contracts/src/whetstone/contracts services/metering/src/whetstone/metering/domain services/metering/src/whetstone/metering/usecases services/registry/src/whetstone/registry/domain services/registry/src/whetstone/registry/usecases
+TYPED := contracts/src/whetstone/contracts services/runtime/src/whetstone/runtime services/metering/src/whetstone/metering/domain services/metering/src/whetstone/metering/usecases services/registry/src/whetstone/registry/domain services/registry/src/whetstone/registry/usecases
 
 typecheck: venv
 	$(BIN)/mypy --config-file mypy.ini $(TYPED)
