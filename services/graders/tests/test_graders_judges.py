@@ -65,8 +65,8 @@ def test_score_model_sends_rendered_messages_and_reads_the_score(monkeypatch):
         result = await run_grader(parse_grader(SCORE), "Paris", {"question": "capital of France?"}, env)
         assert result.reward == 7.5 and not result.metadata.errors.any()
         assert result.metadata.token_usage == 13
-        assert result.model_grader_token_usage_per_model == {"judge-1": {"prompt_tokens": 10, "completion_tokens": 3,
-                                                                         "total_tokens": 13}}
+        assert result.model_dump()["model_grader_token_usage_per_model"] == {
+            "judge-1": {"prompt_tokens": 10, "completion_tokens": 3, "total_tokens": 13}}
         sent = seen[0]["body"]
         assert sent["model"] == "upstream-judge" and seen[0]["auth"] == "Bearer sk-judge"
         assert sent["messages"][0] == {"role": "system", "content": "Grade the answer to capital of France?."}

@@ -70,7 +70,7 @@ class RunResult(BaseModel):
     reward: float
     metadata: RunMetadata
     sub_rewards: dict[str, float] = Field(default_factory=dict)
-    model_grader_token_usage_per_model: dict[str, dict[str, int]] = Field(default_factory=dict)
+    model_grader_token_usage_per_model: dict[str, judges.Usage] = Field(default_factory=dict)
 
 
 class GraderFailed(Exception):
@@ -130,7 +130,7 @@ async def run_grader(grader: AnyGrader, model_sample: str, item: Any, env: Grade
                              execution_time=time.perf_counter() - began, scores=scores,
                              token_usage=tokens if run.usage else None, sampled_model_name=sampled_model_name),
         sub_rewards=sub_rewards,
-        model_grader_token_usage_per_model={m: u.as_dict() for m, u in run.usage.items()})
+        model_grader_token_usage_per_model=dict(run.usage))
 
 
 async def multi(grader: MultiGrader, sample: Sample, item: Any, env: GraderEnvironment, run: Run,
@@ -230,23 +230,24 @@ async def python(grader: PythonGrader, sample: Sample, item: Any, env: GraderEnv
     raise run.fail(python_grader_server_error=True, python_grader_server_error_type=outcome.server_error)
 
 
-def chat_messages(messages: list[Message], sample: Sample, item: Any, run: Run) -> list[dict[str, Any]]:
-    out: list[dict[str, Any]] = []
+def chat_messages(messages: list[Message], sample: Sample, item: Any, run: Run) -> list[judges.ChatMessage]:
+    """The grader's input messages rendered for the judge (a developer message is a system one there)."""
+    out: list[judges.ChatMessage] = []
     for i, message in enumerate(messages):
         role = "system" if message.role == "developer" else message.role
         if isinstance(message.content, str):
-            out.append({"role": role, "content": rendered(message.content, sample, item, f"input[{i}].content", run)})
+            text = rendered(message.content, sample, item, f"input[{i}].content", run)
+            out.append(judges.ChatMessage(role=role, content=text))
             continue
         parts = []
         for j, part in enumerate(message.parts()):
             where = f"input[{i}].content[{j}]"
             if isinstance(part, ImagePart):
-                url = rendered(part.image_url, sample, item, where, run)
-                parts.append({"type": "image_url", "image_url": {"url": url, **({"detail": part.detail}
-                                                                                  if part.detail else {})}})
+                url = judges.ImageUrl(url=rendered(part.image_url, sample, item, where, run), detail=part.detail)
+                parts.append(judges.ChatPart(type="image_url", image_url=url))
             else:
-                parts.append({"type": "text", "text": rendered(part.text, sample, item, where, run)})
-        out.append({"role": role, "content": parts})
+                parts.append(judges.ChatPart(type="text", text=rendered(part.text, sample, item, where, run)))
+        out.append(judges.ChatMessage(role=role, content=parts))
     return out
 
 
@@ -266,7 +267,7 @@ async def model_grader(grader: ScoreModelGrader | LabelModelGrader, sample: Samp
     else:
         instruction = f"Answer with a JSON object {{\"result\": <one of {grader.labels}>}}."
         response_format, sampling = judges.label_format(grader.labels), {}
-    messages.append({"role": "system", "content": instruction})
+    messages.append(judges.ChatMessage(role="system", content=instruction))
     try:
         answer = await judges.chat(env.http(), endpoint, grader.model, messages, response_format, sampling)
     except judges.JudgeServerError as exc:

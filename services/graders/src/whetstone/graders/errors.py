@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pydantic import ValidationError
+
 
 class GraderInvalid(ValueError):
     """A grader that cannot be run as given. `param` names the offending field (dotted path under the
@@ -10,3 +12,11 @@ class GraderInvalid(ValueError):
     def __init__(self, param: str, message: str, code: str = "invalid_grader") -> None:
         super().__init__(f"{param}: {message}")
         self.param, self.message, self.code = param, message, code
+
+
+def first_error(exc: ValidationError) -> tuple[list[str], str]:
+    """The first error of a validation: its location as path segments, and its message ("unknown field"
+    for a field the model does not have)."""
+    first = exc.errors()[0]
+    message = "unknown field" if first["type"] == "extra_forbidden" else first["msg"].removeprefix("Value error, ")
+    return [str(p) for p in first["loc"]], message

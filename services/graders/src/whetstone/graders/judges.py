@@ -6,11 +6,17 @@ from __future__ import annotations
 
 import json
 import re
-from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal
 
 import httpx
-from pydantic import BaseModel, ConfigDict, TypeAdapter
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    JsonValue,
+    TypeAdapter,
+    ValidationError,
+)
 
 from .settings import Endpoint
 
@@ -21,8 +27,9 @@ class JudgeServerError(RuntimeError):
     """The endpoint did not answer usably (unreachable, timeout, non-2xx, malformed body)."""
 
 
-@dataclass
-class Usage:
+class Usage(BaseModel):
+    """Tokens a judge spent (OpenAI's `usage`; a server that sends none spent 0 as far as we know)."""
+
     prompt_tokens: int = 0
     completion_tokens: int = 0
     total_tokens: int = 0
@@ -32,16 +39,60 @@ class Usage:
         self.completion_tokens += other.completion_tokens
         self.total_tokens += other.total_tokens
 
-    def as_dict(self) -> dict[str, int]:
-        return {"prompt_tokens": self.prompt_tokens, "completion_tokens": self.completion_tokens,
-                "total_tokens": self.total_tokens}
+
+class ImageUrl(BaseModel):
+    url: str
+    detail: Literal["auto", "low", "high"] | None = None
 
 
-@dataclass
-class JudgeAnswer:
+class ChatPart(BaseModel):
+    """A content part of a chat-completions message: text, or an image by URL."""
+
+    type: Literal["text", "image_url"]
+    text: str | None = None
+    image_url: ImageUrl | None = None
+
+
+class ChatMessage(BaseModel):
+    role: Literal["system", "user", "assistant"]
+    content: str | list[ChatPart]
+
+
+class _AnswerMessage(BaseModel):
+    content: str | None = None
+    refusal: str | None = None
+
+
+class _Choice(BaseModel):
+    message: _AnswerMessage
+
+
+class _Usage(BaseModel):
+    prompt_tokens: int | None = None
+    completion_tokens: int | None = None
+    total_tokens: int | None = None
+
+
+class _ChatCompletion(BaseModel):
+    """The fields of a chat completion a judge's answer is read from."""
+
+    choices: list[_Choice] = Field(min_length=1)
+    usage: _Usage | None = None
+
+
+class _Embedding(BaseModel):
+    index: int
+    embedding: list[float]
+
+
+class _Embeddings(BaseModel):
+    data: list[_Embedding]
+
+
+class JudgeAnswer(BaseModel):
     content: str | None
     refusal: str | None
-    usage: Usage = field(default_factory=Usage)
+    usage: Usage = Field(default_factory=Usage)
 
 
 def headers(endpoint: Endpoint) -> dict[str, str]:
@@ -49,7 +100,8 @@ def headers(endpoint: Endpoint) -> dict[str, str]:
     return {"Authorization": f"Bearer {key}"} if key else {}
 
 
-async def post(client: httpx.AsyncClient, endpoint: Endpoint, path: str, body: dict[str, Any]) -> dict[str, Any]:
+async def post(client: httpx.AsyncClient, endpoint: Endpoint, path: str, body: dict[str, Any]) -> bytes:
+    """The endpoint's 2xx answer body."""
     url = endpoint.base_url.rstrip("/") + path
     try:
         resp = await client.post(url, json=body, headers=headers(endpoint), timeout=endpoint.timeout_s)
@@ -63,43 +115,43 @@ async def post(client: httpx.AsyncClient, endpoint: Endpoint, path: str, body: d
         raise JudgeServerError("the endpoint's answer is not JSON") from exc
     if not isinstance(data, dict):
         raise JudgeServerError("the endpoint's answer is not a JSON object")
-    return data
+    return resp.content
 
 
-async def chat(client: httpx.AsyncClient, endpoint: Endpoint, model: str, messages: list[dict[str, Any]],
-               response_format: dict[str, Any], sampling: dict[str, Any]) -> JudgeAnswer:
-    body = {"model": endpoint.model or model, "messages": messages, "response_format": response_format,
+async def chat(client: httpx.AsyncClient, endpoint: Endpoint, model: str, messages: list[ChatMessage],
+               response_format: dict[str, JsonValue], sampling: dict[str, Any]) -> JudgeAnswer:
+    body = {"model": endpoint.model or model, "messages": [m.model_dump(exclude_none=True) for m in messages],
+            "response_format": response_format,
             "max_tokens": sampling.pop("max_completions_tokens", None) or endpoint.max_tokens, **sampling}
-    data = await post(client, endpoint, "/chat/completions", body)
     try:
-        message = data["choices"][0]["message"]
-    except (KeyError, IndexError, TypeError) as exc:
+        data = _ChatCompletion.model_validate_json(await post(client, endpoint, "/chat/completions", body))
+    except ValidationError as exc:
         raise JudgeServerError("the endpoint's answer has no choices[0].message") from exc
-    raw = data.get("usage") or {}
-    usage = Usage(int(raw.get("prompt_tokens") or 0), int(raw.get("completion_tokens") or 0),
-                  int(raw.get("total_tokens") or 0))
-    return JudgeAnswer(message.get("content"), message.get("refusal"), usage)
+    message, raw = data.choices[0].message, data.usage or _Usage()
+    usage = Usage(prompt_tokens=raw.prompt_tokens or 0, completion_tokens=raw.completion_tokens or 0,
+                  total_tokens=raw.total_tokens or 0)
+    return JudgeAnswer(content=message.content, refusal=message.refusal, usage=usage)
 
 
 async def embed(client: httpx.AsyncClient, endpoint: Endpoint, texts: list[str]) -> list[list[float]]:
-    data = await post(client, endpoint, "/embeddings", {"model": endpoint.model, "input": texts})
+    body = await post(client, endpoint, "/embeddings", {"model": endpoint.model, "input": texts})
     try:
-        rows = sorted(data["data"], key=lambda row: row["index"])
-        vectors = [[float(x) for x in row["embedding"]] for row in rows]
-    except (KeyError, TypeError, ValueError) as exc:
+        rows = sorted(_Embeddings.model_validate_json(body).data, key=lambda row: row.index)
+    except ValidationError as exc:
         raise JudgeServerError("the embeddings answer has no data[].embedding") from exc
+    vectors = [row.embedding for row in rows]
     if len(vectors) != len(texts):
         raise JudgeServerError(f"the embeddings answer has {len(vectors)} vectors for {len(texts)} texts")
     return vectors
 
 
-def score_format(low: float, high: float) -> dict[str, Any]:
+def score_format(low: float, high: float) -> dict[str, JsonValue]:
     return {"type": "json_schema", "json_schema": {"name": "score", "strict": True, "schema": {
         "type": "object", "additionalProperties": False, "required": ["result"],
         "properties": {"result": {"type": "number", "minimum": low, "maximum": high}}}}}
 
 
-def label_format(labels: list[str]) -> dict[str, Any]:
+def label_format(labels: list[str]) -> dict[str, JsonValue]:
     return {"type": "json_schema", "json_schema": {"name": "label", "strict": True, "schema": {
         "type": "object", "additionalProperties": False, "required": ["result"],
         "properties": {"result": {"type": "string", "enum": labels}}}}}

@@ -36,7 +36,7 @@ from pydantic import (
     field_validator,
 )
 
-from .errors import GraderInvalid
+from .errors import GraderInvalid, first_error
 from .models import AnyGrader
 from .templates import lookup
 from .validation import item_fields, parse_grader
@@ -124,11 +124,8 @@ def parse_method(data: Any, param: str = "method.reinforcement") -> Reinforcemen
     try:
         method = ReinforcementMethod.model_validate(data)
     except ValidationError as exc:
-        first = exc.errors()[0]
-        field = ".".join([param, *(str(p) for p in first["loc"])])
-        message = first["msg"].removeprefix("Value error, ")
-        raise GraderInvalid(field, "unknown field" if first["type"] == "extra_forbidden" else message,
-                            code="invalid_value") from exc
+        loc, message = first_error(exc)
+        raise GraderInvalid(".".join([param, *loc]), message, code="invalid_value") from exc
     grader = parse_grader(method.grader, f"{param}.grader")
     hp = method.hyperparameters
 

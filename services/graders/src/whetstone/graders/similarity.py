@@ -21,6 +21,7 @@ import math
 import re
 from collections import Counter
 from collections.abc import Callable, Hashable, Sequence
+from functools import partial
 
 WORDS = re.compile(r"\w+|[^\w\s]", re.UNICODE)
 ALNUM = re.compile(r"[^\W_]+", re.UNICODE)
@@ -60,7 +61,7 @@ def ngrams(tokens: Sequence[str], n: int) -> Counter[tuple[str, ...]]:
     return Counter(tuple(tokens[i:i + n]) for i in range(len(tokens) - n + 1))
 
 
-def overlap(a: Counter, b: Counter) -> int:
+def overlap(a: Counter[tuple[str, ...]], b: Counter[tuple[str, ...]]) -> int:
     return sum((a & b).values())
 
 
@@ -113,7 +114,7 @@ def meteor(text: str, reference: str, alpha: float = 0.9, beta: float = 3.0, gam
     precision, recall = m / len(cand), m / len(ref)
     fmean = precision * recall / (alpha * precision + (1 - alpha) * recall)
     chunks = 1 + sum(1 for (i0, j0), (i1, j1) in zip(pairs, pairs[1:]) if not (i1 == i0 + 1 and j1 == j0 + 1))
-    return fmean * (1 - gamma * (chunks / m) ** beta)
+    return fmean * (1 - gamma * math.pow(chunks / m, beta))
 
 
 def f1(matched: int, cand_total: int, ref_total: int) -> float:
@@ -135,7 +136,7 @@ def rouge_l(text: str, reference: str) -> float:
 
 LEXICAL: dict[str, Callable[[str, str], float]] = {
     "fuzzy_match": fuzzy_match, "bleu": bleu, "gleu": gleu, "meteor": meteor, "rouge_l": rouge_l,
-    **{f"rouge_{n}": (lambda text, reference, n=n: rouge_n(text, reference, n)) for n in range(1, 6)},
+    **{f"rouge_{n}": partial(rouge_n, n=n) for n in range(1, 6)},
 }
 
 

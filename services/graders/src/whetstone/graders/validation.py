@@ -12,7 +12,7 @@ from typing import Any
 from pydantic import TypeAdapter, ValidationError
 
 from . import formula
-from .errors import GraderInvalid
+from .errors import GraderInvalid, first_error
 from .models import (
     AnyGrader,
     Grader,
@@ -42,17 +42,14 @@ def parse_grader(data: Any, param: str = "grader") -> AnyGrader:
     try:
         return GRADER.validate_python(data)
     except ValidationError as exc:
-        first = exc.errors()[0]
-        loc = [str(p) for p in first["loc"]]
+        loc, message = first_error(exc)
         # the discriminated union puts the grader type first in the location: drop it
         if loc and loc[0] in TOP_LEVEL:
             loc = loc[1:]
         if len(loc) >= 3 and loc[0] == "graders" and loc[2] in ("string_check", "text_similarity", "python",
                                                                 "score_model", "label_model"):
             loc = loc[:2] + loc[3:]
-        field = ".".join([param, *loc])
-        message = first["msg"].removeprefix("Value error, ") if first["type"] != "extra_forbidden" else "unknown field"
-        raise GraderInvalid(field, message) from exc
+        raise GraderInvalid(".".join([param, *loc]), message) from exc
 
 
 def templates_of(grader: AnyGrader, param: str) -> Iterator[tuple[str, str]]:
