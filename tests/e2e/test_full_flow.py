@@ -7,7 +7,9 @@ import httpx
 import pytest
 
 from whetstone.modelkit.tiny import build_tiny_model
-from whetstone.cli.main import all_service_builders, create_and_follow, submit_dataset
+from whetstone.cli.dev import all_service_builders
+from whetstone.cli.main import submit_dataset
+from whetstone.devstack.job_flow import create_and_follow
 from whetstone.runtime.identity import identity_headers
 from whetstone.runtime.models import resolve_model
 from whetstone.devstack.testing import outbox

@@ -23,7 +23,8 @@ from pathlib import Path
 import httpx
 import pytest
 
-from whetstone.cli.main import create_and_follow, submit_dataset
+from whetstone.cli.main import submit_dataset
+from whetstone.devstack.job_flow import create_and_follow
 from whetstone.contracts import DatasetSubmittedV1
 from whetstone.devstack.testing import send, send_event, wait_until
 from whetstone.modelkit.tiny import build_tiny_model

@@ -5,22 +5,23 @@ import json
 
 import pytest
 
-from whetstone.cli.trace import build_trace, render, service_urls
+from whetstone.cli.trace import Delivery, TopicRecord, build_trace, render, service_urls
 
 pytestmark = pytest.mark.unit
 
 
-def rec(topic: str, offset: int, event_id: str, event_type: str, producer: str, at: str, job: str = "ftjob-1") -> dict:
-    return {"topic": topic, "partition": 0, "offset": offset, "appended_at": at.replace(".0", ".5"),
+def rec(topic: str, offset: int, event_id: str, event_type: str, producer: str, at: str,
+        job: str = "ftjob-1") -> TopicRecord:
+    return TopicRecord.model_validate({"topic": topic, "partition": 0, "offset": offset, "appended_at": at.replace(".0", ".5"),
             "envelope": {"event_id": event_id, "event_type": event_type, "producer": producer, "occurred_at": at,
-                         "trace_id": "t1", "tenant_id": "demo", "key": job, "payload": {"job_id": job}}}
+                         "trace_id": "t1", "tenant_id": "demo", "key": job, "payload": {"job_id": job}}})
 
 
-def delivery(service: str, event_id: str, consumed: str, lag: float, handler: float, **kw) -> dict:
-    return {"service": service, "consumer": f"whetstone-{service}", "event_id": event_id, "consumed_at": consumed,
+def delivery(service: str, event_id: str, consumed: str, lag: float, handler: float, **kw) -> Delivery:
+    return Delivery.model_validate({"service": service, "consumer": f"whetstone-{service}", "event_id": event_id, "consumed_at": consumed,
             "handled_at": consumed, "lag_s": lag, "handler_s": handler, "outcome": "handled",
             "event_type": kw.get("event_type", "x"), "topic": kw.get("topic", "x"), "producer": kw.get("producer"),
-            "produced_at": kw.get("produced_at"), "trace_id": "t1", "tenant_id": "demo"}
+            "produced_at": kw.get("produced_at"), "trace_id": "t1", "tenant_id": "demo"})
 
 
 def test_events_in_production_order_with_their_consumers_in_consumption_order():
@@ -34,10 +35,10 @@ def test_events_in_production_order_with_their_consumers_in_consumption_order():
                   delivery("eval", "e0", "2026-01-01T00:00:00.5+00:00", 0.5, 0.1, event_type="dataset.validated",
                            topic="dataset.validated", producer="ingest", produced_at="2026-01-01T00:00:00.0+00:00")]
     trace = build_trace(events, deliveries)
-    assert [e["event_id"] for e in trace] == ["e0", "e1", "e2", "e3"]
-    assert trace[1]["copies"] == 2 and [c["service"] for c in trace[1]["consumers"]] == ["metering", "registry"]
-    assert trace[0]["offset"] is None and trace[0]["consumers"][0]["service"] == "eval"  # gone from the topic
-    assert trace[3]["consumers"] == [] and trace[1]["publish_delay_s"] == pytest.approx(0.5)
+    assert [e.event_id for e in trace] == ["e0", "e1", "e2", "e3"]
+    assert trace[1].copies == 2 and [c.service for c in trace[1].consumers] == ["metering", "registry"]
+    assert trace[0].offset is None and trace[0].consumers[0].service == "eval"  # gone from the topic
+    assert trace[3].consumers == [] and trace[1].publish_delay_s == pytest.approx(0.5)
     text = render("ftjob-1", trace, {"serving": "unreachable"})
     assert "job.assigned" in text and "-> trainer-agent" in text and "(no consumer recorded)" in text
     assert "longest hop: registry" in text and "serving did not answer" in text

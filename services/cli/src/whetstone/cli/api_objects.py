@@ -18,6 +18,7 @@ T = TypeVar("T")
 
 __all__ = [
     "ApiFile",
+    "ApiKey",
     "Checkpoint",
     "FileDeleted",
     "Job",
@@ -191,6 +192,21 @@ class ModelContent(_FromApi):
     """`GET /models/{id}/content`: the adapter's files, each with a download URL and its sha256."""
     base_model: str | None = None
     files: list[ContentFile] | None = None
+
+
+# ------------------------------------------------------------------ keys
+
+
+class ApiKey(_FromApi):
+    """An API key or producer token (`/v1/keys`); its secret (`key` or `token`) only in the create answer."""
+    id: str | None = None
+    object: str | None = None
+    tenant_id: str | None = None
+    name: str | None = None
+    scopes: list[str] = Field(default_factory=list)
+    status: str | None = None
+    key: str | None = None
+    token: str | None = None
 
 
 # ------------------------------------------------------------------ usage

@@ -13,6 +13,7 @@ from typing import Any
 
 import httpx
 
+from .api_objects import ApiKey, Page
 from .client import Api, ApiFailure, dumps
 
 
@@ -56,10 +57,9 @@ def create_producer_token(tenant: str, *, name: str = "", base_url: str | None =
     return operator_call("POST", "/v1/keys/producer_tokens", {"tenant_id": tenant, "name": name}, base_url=base_url)
 
 
-def _print_key(k: dict) -> None:
-    kind = "  producer-token" if k.get("object") == "producer_token" else ""
-    print(f"{k['id']}{kind}  tenant={k['tenant_id']}  name={k['name'] or '-'}  scopes={','.join(k['scopes'])}  "
-          f"status={k['status']}")
+def _print_key(k: ApiKey) -> None:
+    kind = "  producer-token" if k.object == "producer_token" else ""
+    print(f"{k.id}{kind}  tenant={k.tenant_id}  name={k.name or '-'}  scopes={','.join(k.scopes)}  status={k.status}")
 
 
 def cmd_keys(args: argparse.Namespace) -> int:
@@ -73,9 +73,9 @@ def cmd_keys(args: argparse.Namespace) -> int:
             if args.json:
                 print(dumps(key))
             else:
-                _print_key(key)
+                _print_key(ApiKey.from_api(key))
                 print("the key below is shown once; it is stored only as a hash:", file=sys.stderr)
-            print(key["key"])  # always the last line
+            print(ApiKey.from_api(key).key)  # always the last line
         elif args.action == "create-producer":
             if args.via_api:
                 with Api() as api:
@@ -85,10 +85,10 @@ def cmd_keys(args: argparse.Namespace) -> int:
             if args.json:
                 print(dumps(token))
             else:
-                _print_key(token)
+                _print_key(ApiKey.from_api(token))
                 print("the producer token below is shown once; put it in each job.requested envelope's "
                       "`producer_token`:", file=sys.stderr)
-            print(token["token"])  # always the last line
+            print(ApiKey.from_api(token).token)  # always the last line
         elif args.action == "list":
             if args.via_api:
                 with Api() as api:
@@ -97,7 +97,7 @@ def cmd_keys(args: argparse.Namespace) -> int:
                 page = operator_call("GET", "/v1/keys", params={"tenant_id": args.tenant} if args.tenant else None)
             if args.json:
                 print(dumps(page))
-            for k in [] if args.json else page["data"]:
+            for k in [] if args.json else Page[ApiKey].from_api(page).data or []:
                 _print_key(k)
         else:
             if args.via_api:
@@ -105,7 +105,8 @@ def cmd_keys(args: argparse.Namespace) -> int:
                     key = api.post(f"/keys/{args.key_id}/revoke")
             else:
                 key = operator_call("POST", f"/v1/keys/{args.key_id}/revoke")
-            print(dumps(key) if args.json else f"revoked {key['id']} (tenant {key['tenant_id']})")
+            revoked = ApiKey.from_api(key)
+            print(dumps(key) if args.json else f"revoked {revoked.id} (tenant {revoked.tenant_id})")
     except ApiFailure as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 1

@@ -17,13 +17,10 @@ from __future__ import annotations
 import argparse
 import asyncio
 import sys
-import time
 from pathlib import Path
-from typing import Any
 
 from . import dlq, keys, public, trace
 from .errors import guarded_main
-from .dev import all_service_builders  # noqa: F401  (re-exported: tests and tools import it here)
 
 
 # ------------------------------------------------------------------ stack
@@ -135,57 +132,6 @@ def cmd_datasets_check(argv: list[str]) -> int:
     from whetstone.ingest.entrypoints.cli import check_main  # noqa: PLC0415
 
     return check_main(argv)
-
-
-# ------------------------------------------------------------------- jobs
-
-
-async def wait_for(fetch, what: str, timeout_s: float = 60) -> Any:
-    deadline = time.monotonic() + timeout_s
-    while True:
-        r = await fetch()
-        if r.status_code == 200 and (r.json().get("data", True) and r.json().get("total", True)):
-            return r.json()
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"{what} not available after {timeout_s}s: {r.status_code} {r.text[:200]}")
-        await asyncio.sleep(0.3)
-
-
-async def create_and_follow(ports: dict[str, int], tenant_id: str, body: dict, key: str,
-                            timeout_s: float = 600) -> dict:
-    """For tests inside the platform: straight to the service ports with a signed identity (what the
-    gateway adds), no progress bar. Users go through the public API (`whet jobs create --follow`)."""
-    import httpx  # noqa: PLC0415
-
-    from whetstone.runtime.identity import identity_headers  # noqa: PLC0415
-
-    def url(svc: str) -> str:
-        return f"http://127.0.0.1:{ports[svc]}"
-
-    def signed() -> dict[str, str]:
-        return identity_headers(tenant_id, ("read", "write"))
-
-    async with httpx.AsyncClient(timeout=30) as c:
-        r = await c.post(url("scheduler") + "/v1/fine_tuning/jobs", json=body,
-                         headers={**signed(), "Idempotency-Key": key})
-        if r.status_code != 200:
-            raise SystemExit(f"job rejected ({r.status_code}): {r.text}")
-        job_id, deadline = r.json()["id"], time.monotonic() + timeout_s
-        while True:
-            job = (await c.get(url("scheduler") + f"/v1/fine_tuning/jobs/{job_id}", headers=signed())).json()
-            if job["status"] in ("succeeded", "failed", "cancelled"):
-                break
-            if time.monotonic() > deadline:
-                raise TimeoutError(f"job {job_id} still {job['status']} after {timeout_s}s")
-            await asyncio.sleep(0.5)
-        result: dict[str, Any] = {"job": job}
-        if job["status"] == "succeeded":
-            models = await wait_for(lambda: c.get(url("registry") + "/v1/models", params={"job_id": job_id},
-                                                  headers=signed()), "model")
-            result["model"] = models["data"][0]
-        result["usage"] = await wait_for(lambda: c.get(url("metering") + f"/v1/usage/jobs/{job_id}",
-                                                       headers=signed()), "usage")
-    return result
 
 
 # ------------------------------------------------------------------- demo
