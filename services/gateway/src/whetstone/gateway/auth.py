@@ -13,6 +13,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 import aiohttp
+from pydantic import BaseModel, ValidationError
 
 from whetstone.runtime.identity import internal_headers
 
@@ -27,6 +28,25 @@ class Verdict:
     tenant_id: str
     scopes: tuple[str, ...]
     rate_limit_per_s: float | None
+
+
+class VerifyAnswer(BaseModel):
+    """The scheduler's `POST /internal/keys/verify` answer for a valid key."""
+
+    key_id: str
+    tenant_id: str
+    scopes: list[str]
+    rate_limit_per_s: float | None = None
+
+
+class ErrorDetail(BaseModel):
+    code: str | None = None
+
+
+class ErrorAnswer(BaseModel):
+    """An OpenAI-shaped error body (the part the gateway reads)."""
+
+    error: ErrorDetail | None = None
 
 
 class KeyVerifier:
@@ -71,12 +91,18 @@ class KeyVerifier:
         try:
             async with self.session().post(self.verify_url, json={"key": key}, headers=internal_headers(self.secret),
                                            timeout=aiohttp.ClientTimeout(total=5.0)) as r:
-                status, body = r.status, await r.json(content_type=None)
-        except (aiohttp.ClientError, asyncio.TimeoutError, OSError, ValueError) as exc:
+                status, body = r.status, await r.read()
+        except (aiohttp.ClientError, asyncio.TimeoutError, OSError) as exc:
             raise KeysUnavailable(f"key service unreachable: {type(exc).__name__}") from exc
-        if status == 401 and (body or {}).get("error", {}).get("code") == "invalid_api_key":
-            return None
-        if status != 200:
-            raise KeysUnavailable(f"key service answered {status}")
-        return Verdict(key_id=body["key_id"], tenant_id=body["tenant_id"], scopes=tuple(body["scopes"]),
-                       rate_limit_per_s=body.get("rate_limit_per_s"))
+        try:
+            if status == 401:
+                error = ErrorAnswer.model_validate_json(body).error
+                if error is not None and error.code == "invalid_api_key":
+                    return None
+            if status != 200:
+                raise KeysUnavailable(f"key service answered {status}")
+            answer = VerifyAnswer.model_validate_json(body)
+        except ValidationError as exc:
+            raise KeysUnavailable(f"key service answered {status} with an unexpected body") from exc
+        return Verdict(key_id=answer.key_id, tenant_id=answer.tenant_id, scopes=tuple(answer.scopes),
+                       rate_limit_per_s=answer.rate_limit_per_s)
