@@ -203,11 +203,11 @@ def test_histogram_and_summary():
         stats.add(n, {"user": 1, "assistant": 1}, trained=n // 2)
     stats.add(9, {"system": 1, "user": 5, "assistant": 5})
     s = stats.summary()
-    assert s["tokens"]["total"] == 555 and s["tokens"]["max"] == 500 and s["tokens"]["p50"] == 11
-    assert s["roles"] == {"assistant": 10, "system": 1, "user": 10}
-    assert s["turns"] == {"2": 5, "9+": 1}
-    assert s["length_outliers"] == 1 and s["trained_tokens"] == 272
-    assert DatasetStats().summary()["tokens"] == {"rows": 0, "total": 0}
+    assert s.tokens["total"] == 555 and s.tokens["max"] == 500 and s.tokens["p50"] == 11
+    assert s.roles == {"assistant": 10, "system": 1, "user": 10}
+    assert s.turns == {"2": 5, "9+": 1}
+    assert s.length_outliers == 1 and s.trained_tokens == 272
+    assert DatasetStats().summary().tokens == {"rows": 0, "total": 0}
 
 
 # --------------------------------------------------------------------------- cost
@@ -215,22 +215,23 @@ def test_histogram_and_summary():
 
 def test_cost_estimate_per_gpu_and_method():
     est = estimate_cost(1_000_000, 3, "sft", 7_000_000_000)
-    methods = {r["method"] for r in est["estimates"]}
+    methods = {r.method for r in est.estimates}
     assert methods == set(METHODS_FOR_PURPOSE["sft"])
-    h100_lora = next(r for r in est["estimates"] if r["gpu_type"] == "H100" and r["method"] == "lora")
-    assert h100_lora["gpu_hours"] == pytest.approx(3_000_000 / 3400 / 3600, rel=1e-3)
-    assert h100_lora["spot_usd"] < h100_lora["on_demand_usd"]
-    assert est["cheapest"] == min(est["estimates"], key=lambda r: r["spot_usd"])
+    h100_lora = next(r for r in est.estimates if r.gpu_type == "H100" and r.method == "lora")
+    assert h100_lora.gpu_hours == pytest.approx(3_000_000 / 3400 / 3600, rel=1e-3)
+    assert h100_lora.spot_usd < h100_lora.on_demand_usd
+    assert est.cheapest == min(est.estimates, key=lambda r: r.spot_usd)
     bigger = estimate_cost(1_000_000, 3, "sft", 70_000_000_000)
-    assert bigger["cheapest"]["gpu_hours"] > est["cheapest"]["gpu_hours"] * 5
+    assert bigger.cheapest and est.cheapest and bigger.cheapest.gpu_hours > est.cheapest.gpu_hours * 5
     tiny = estimate_cost(1_000_000, 3, "sft", 1000)
-    assert tiny["estimates"][0]["tokens_per_s_per_gpu"] <= 20 * 3400
-    assert {r["method"] for r in estimate_cost(10, 1, "dpo", None)["estimates"]} == {"dpo", "orpo"}
+    assert tiny.estimates[0].tokens_per_s_per_gpu <= 20 * 3400
+    assert {r.method for r in estimate_cost(10, 1, "dpo", None).estimates} == {"dpo", "orpo"}
     custom = estimate_cost(3600, 1, "cpt", None, throughput={"X": {"cpt": 1.0}}, prices={"X": {"on_demand": 2,
                                                                                               "spot": 1}})
-    assert custom["estimates"] == [{"gpu_type": "X", "method": "cpt", "tokens_per_s_per_gpu": 1.0, "gpu_hours": 1.0,
-                                    "on_demand_usd": 2.0, "spot_usd": 1.0}]
-    assert estimate_cost(10, 1, "eval", None)["cheapest"] is None
+    assert custom.as_dict()["estimates"] == [{"gpu_type": "X", "method": "cpt", "tokens_per_s_per_gpu": 1.0,
+                                              "gpu_hours": 1.0, "on_demand_usd": 2.0, "spot_usd": 1.0}]
+    assert custom.as_dict()["cheapest"] == custom.as_dict()["estimates"][0]
+    assert estimate_cost(10, 1, "eval", None).cheapest is None
 
 
 # ----------------------------------------------------------------------- policies

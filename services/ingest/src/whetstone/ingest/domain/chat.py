@@ -28,6 +28,7 @@ from typing import Any
 
 from .images import DETAILS, IMAGE_ROLE, ImagePart
 from .issues import Issue
+from .jsontypes import JsonObject
 from .suggest import closest
 
 ROLES = ("system", "user", "assistant", "tool")
@@ -38,12 +39,12 @@ IMAGE_MARK = "<image>"
 MEDIA_PARTS = ("image_url", "input_audio", "file", "image", "audio", "input_image", "video")
 
 
-def message_weight(m: dict) -> int:
+def message_weight(m: JsonObject) -> int:
     w = m.get("weight")
     return (1 if m.get("role") == "assistant" else 0) if w is None else int(w)
 
 
-def _check_image_part(part: dict, role: Any, at: str, line: int) -> list[Issue]:
+def _check_image_part(part: JsonObject, role: Any, at: str, line: int) -> list[Issue]:
     """The structure of an image part (its bytes are checked by the gate's image pass)."""
     if role != IMAGE_ROLE:
         return [Issue("image_role", f"{at}: images are allowed only in user messages, not in a {role} message",
@@ -61,7 +62,7 @@ def _check_image_part(part: dict, role: Any, at: str, line: int) -> list[Issue]:
     return []
 
 
-def _check_parts(parts: list, where: str, line: int, role: Any = None, images: bool = False) -> list[Issue]:
+def _check_parts(parts: list[Any], where: str, line: int, role: Any = None, images: bool = False) -> list[Issue]:
     issues: list[Issue] = []
     for j, part in enumerate(parts):
         at = f"{where}.content[{j}]"
@@ -83,15 +84,15 @@ def _check_parts(parts: list, where: str, line: int, role: Any = None, images: b
     return issues
 
 
-def part_text(parts: list) -> str:
+def part_text(parts: list[Any]) -> str:
     return "\n".join(p["text"] for p in parts if p.get("type") == "text")
 
 
-def has_image(parts: list) -> bool:
+def has_image(parts: list[Any]) -> bool:
     return any(p.get("type") == "image_url" for p in parts)
 
 
-def _normal_part(part: dict) -> dict:
+def _normal_part(part: JsonObject) -> JsonObject:
     if part["type"] == "text":
         return {"type": "text", "text": part["text"]}
     image = part["image_url"]
@@ -138,7 +139,7 @@ def _function_of(tool: Any) -> Any:
     return tool.get("function") if "function" in tool else (tool if "name" in tool else None)
 
 
-def normalize_tools(tools: list) -> list:
+def normalize_tools(tools: list[Any]) -> list[Any]:
     """Tool definitions in OpenAI's shape."""
     if all(isinstance(t, dict) and "function" in t for t in tools):
         return tools
@@ -161,7 +162,7 @@ def check_tools(tools: Any, line: int, path: str = "tools") -> list[Issue]:
     return issues
 
 
-def _check_content(m: dict, role: Any, where: str, line: int, images: bool) -> list[Issue]:
+def _check_content(m: JsonObject, role: Any, where: str, line: int, images: bool) -> list[Issue]:
     calls = role == "assistant" and m.get("tool_calls")
     if "content" not in m:
         return [] if calls else [Issue("missing_key", f"{where} has no `content`", line, where + ".content")]
@@ -196,7 +197,8 @@ def _check_message(m: Any, where: str, line: int, ignore: Callable[[str], None] 
                                     line, f"{where}.{key}"))
             elif ignore is not None:
                 ignore(f"{where.split('[')[0]}[].{key}")
-    role = ROLE_ALIASES.get(m.get("role"), m.get("role")) if isinstance(m.get("role"), str) else m.get("role")
+    written = m.get("role")
+    role = ROLE_ALIASES.get(written, written) if isinstance(written, str) else written
     if "role" not in m:
         issues.append(Issue("missing_key", f"{where} has no `role`", line, where + ".role"))
     elif role not in ROLES:
@@ -226,7 +228,7 @@ def _check_order(messages: list[Any], path: str, line: int, *, continuation: boo
     issues: list[Issue] = []
     seen_user = continuation
     prev = "user" if continuation else None
-    open_calls: set[str] | None = None   # ids of the last assistant turn's tool calls (None: no call to answer)
+    open_calls: set[str | None] | None = None   # ids of the last assistant turn's tool calls (None: no call to answer)
     for i, m in enumerate(messages):
         role = m.get("role") if isinstance(m, dict) else None
         role = ROLE_ALIASES.get(role, role) if isinstance(role, str) else role
@@ -280,7 +282,7 @@ def check_messages(messages: Any, line: int, path: str = "messages", *, need_ass
 # ------------------------------------------------------------------------ normalisation
 
 
-def _normal_call(call: dict) -> dict:
+def _normal_call(call: JsonObject) -> JsonObject:
     fn = call["function"]
     args = fn.get("arguments", {})
     out = {"type": "function", "function": {"name": fn["name"], "arguments": args if isinstance(args, str)
@@ -290,7 +292,7 @@ def _normal_call(call: dict) -> dict:
     return out
 
 
-def normalize_message(m: dict) -> dict:
+def normalize_message(m: JsonObject) -> JsonObject:
     """A valid message in the platform's form (only the known keys, content a string)."""
     role = ROLE_ALIASES.get(m["role"], m["role"])
     content = m.get("content")
@@ -305,7 +307,7 @@ def normalize_message(m: dict) -> dict:
     return out
 
 
-def normalize_messages(messages: list[dict]) -> list[dict]:
+def normalize_messages(messages: list[JsonObject]) -> list[JsonObject]:
     """Messages as written: the list itself when it already is in the platform's form (the common case)."""
     for m in messages:
         if type(m.get("content")) is not str or not m.keys() <= PLAIN_KEYS or m["role"] in ROLE_ALIASES:
@@ -313,11 +315,11 @@ def normalize_messages(messages: list[dict]) -> list[dict]:
     return messages
 
 
-def uses_tools(messages: list[dict]) -> bool:
+def uses_tools(messages: list[JsonObject]) -> bool:
     return any("tool_calls" in m or m["role"] == "tool" for m in messages)
 
 
-def message_text(m: dict) -> str:
+def message_text(m: JsonObject) -> str:
     """What the duplicate/contamination/toxicity checks read of a message: content plus its tool calls."""
     calls = m.get("tool_calls")
     content = m["content"] if type(m["content"]) is str else image_text(m["content"])
@@ -327,16 +329,16 @@ def message_text(m: dict) -> str:
     return f"{content}\n{rendered}" if content else rendered
 
 
-def image_text(parts: list) -> str:
+def image_text(parts: list[Any]) -> str:
     """A content with images as the text checks read it: text parts, an `<image>` mark per image."""
     return "\n".join(p["text"] if p["type"] == "text" else IMAGE_MARK for p in parts)
 
 
-def _image_part(i: int, j: int, image: dict) -> ImagePart:
+def _image_part(i: int, j: int, image: JsonObject) -> ImagePart:
     return ImagePart(i, j, image["url"], image.get("detail", "auto"))
 
 
-def row_images(messages: list[dict]) -> list[ImagePart]:
+def row_images(messages: list[JsonObject]) -> list[ImagePart]:
     """Every image part of normalised messages, in order."""
     return [_image_part(i, j, p["image_url"]) for i, m in enumerate(messages) if type(m.get("content")) is list
             for j, p in enumerate(m["content"]) if p["type"] == "image_url"]

@@ -62,11 +62,11 @@ class NgramHasher:
         self.n = n
         self._cache: dict[int, tuple[np.ndarray, np.ndarray]] = {}
 
-    def __getstate__(self) -> dict:
+    def __getstate__(self) -> dict[str, int]:
         return {"n": self.n}                # the power tables are rebuilt on demand (not pickled to workers)
 
-    def __setstate__(self, state: dict) -> None:
-        self.__init__(state["n"])
+    def __setstate__(self, state: dict[str, int]) -> None:
+        NgramHasher.__init__(self, state["n"])
 
     def _powers(self, base: int, size: int) -> tuple[np.ndarray, np.ndarray]:
         """(base^t, base^-t) for t < size, mod 2^64; tables up to `_CACHED_POWERS` are kept."""

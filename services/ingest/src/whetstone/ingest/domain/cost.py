@@ -10,6 +10,7 @@ their measured throughputs and negotiated prices.
 from __future__ import annotations
 
 from collections.abc import Mapping
+from dataclasses import asdict, dataclass, field
 from typing import Any
 
 REFERENCE_PARAMS = 7_000_000_000
@@ -34,6 +35,40 @@ DEFAULT_PRICES: dict[str, dict[str, float]] = {
 METHODS_FOR_PURPOSE = {"sft": ("lora", "qlora", "full"), "dpo": ("dpo", "orpo"), "cpt": ("cpt",), "eval": ()}
 
 
+@dataclass(frozen=True)
+class CostRow:
+    """Training the tokens x epochs with one method on one GPU type."""
+
+    gpu_type: str
+    method: str
+    tokens_per_s_per_gpu: float
+    gpu_hours: float
+    on_demand_usd: float
+    spot_usd: float
+
+
+@dataclass(frozen=True)
+class CostEstimate:
+    tokens: int
+    epochs: int
+    tokens_x_epochs: int
+    tokens_estimated: bool
+    model_params: int
+    params_source: str
+    reference_params: int
+    estimates: list[CostRow] = field(default_factory=list)     # cheapest first
+    currency: str = "USD"
+
+    @property
+    def cheapest(self) -> CostRow | None:
+        return self.estimates[0] if self.estimates else None
+
+    def as_dict(self) -> dict[str, Any]:
+        """The JSON of the report and of dataset.validated's `cost_estimate`."""
+        return {"currency": self.currency, **{k: v for k, v in asdict(self).items() if k != "currency"},
+                "cheapest": asdict(self.cheapest) if self.cheapest else None}
+
+
 def _round(x: float) -> float:
     return float(f"{x:.4g}")
 
@@ -42,12 +77,12 @@ def estimate_cost(tokens: int, epochs: int, purpose: str, model_params: int | No
                   throughput: Mapping[str, Mapping[str, float]] = DEFAULT_THROUGHPUT,
                   prices: Mapping[str, Mapping[str, float]] = DEFAULT_PRICES,
                   reference_params: int = REFERENCE_PARAMS, tokens_estimated: bool = False,
-                  params_source: str = "given") -> dict[str, Any]:
+                  params_source: str = "given") -> CostEstimate:
     """One row per (GPU type, method) the table knows for this purpose, cheapest first."""
     params = model_params or reference_params
     speed = min(MAX_SPEEDUP, reference_params / max(params, 1))
     trained = tokens * epochs
-    rows = []
+    rows: list[CostRow] = []
     for gpu, per_method in throughput.items():
         price = prices.get(gpu)
         for method in METHODS_FOR_PURPOSE.get(purpose, ()):
@@ -55,13 +90,7 @@ def estimate_cost(tokens: int, epochs: int, purpose: str, model_params: int | No
             if not tps or not price:
                 continue
             hours = trained / (tps * speed) / 3600
-            rows.append({"gpu_type": gpu, "method": method, "tokens_per_s_per_gpu": _round(tps * speed),
-                         "gpu_hours": _round(hours), "on_demand_usd": round(hours * price["on_demand"], 4),
-                         "spot_usd": round(hours * price["spot"], 4)})
-    rows.sort(key=lambda r: (r["spot_usd"], r["gpu_type"], r["method"]))
-    return {
-        "currency": "USD", "tokens": tokens, "epochs": epochs, "tokens_x_epochs": trained,
-        "tokens_estimated": tokens_estimated, "model_params": params, "params_source": params_source,
-        "reference_params": reference_params, "estimates": rows,
-        "cheapest": rows[0] if rows else None,
-    }
+            rows.append(CostRow(gpu, method, _round(tps * speed), _round(hours),
+                                round(hours * price["on_demand"], 4), round(hours * price["spot"], 4)))
+    rows.sort(key=lambda r: (r.spot_usd, r.gpu_type, r.method))
+    return CostEstimate(tokens, epochs, trained, tokens_estimated, params, params_source, reference_params, rows)

@@ -20,7 +20,8 @@ def mix64(h: np.ndarray) -> np.ndarray:
     h = h * U64(0xBF58476D1CE4E5B9)
     h = h ^ (h >> U64(27))
     h = h * U64(0x94D049BB133111EB)
-    return h ^ (h >> U64(31))
+    mixed: np.ndarray = h ^ (h >> U64(31))
+    return mixed
 
 
 def mix64_inplace(h: np.ndarray) -> np.ndarray:
@@ -88,7 +89,8 @@ class HashSet64:
 
     def _maybe(self, keys: np.ndarray) -> np.ndarray:
         byte, mask = self._bit(keys)
-        return (self.bits[byte] & mask) != 0
+        found: np.ndarray = (self.bits[byte] & mask) != 0
+        return found
 
     def contains(self, keys: np.ndarray) -> np.ndarray:
         keys = self._clean(keys)

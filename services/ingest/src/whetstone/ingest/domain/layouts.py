@@ -33,6 +33,7 @@ from typing import Any
 
 from .chat import check_messages, check_tools, normalize_messages, normalize_tools
 from .issues import Issue
+from .jsontypes import JsonObject
 from .schemas import PURPOSE_SCHEMAS, normalize_preference
 from .suggest import closest
 
@@ -56,8 +57,8 @@ class RowFacts:
             roles[source] = target
 
 
-Validator = Callable[[dict, int, RowFacts], list[Issue]]
-Normaliser = Callable[[dict], dict]
+Validator = Callable[[JsonObject, int, RowFacts], list[Issue]]
+Normaliser = Callable[[JsonObject], JsonObject]
 
 
 @dataclass(frozen=True)
@@ -80,7 +81,7 @@ class Layout:
 # --------------------------------------------------------------------------- helpers
 
 
-def _text(row: dict, key: str, line: int, *, allow_empty: bool = False) -> list[Issue]:
+def _text(row: JsonObject, key: str, line: int, *, allow_empty: bool = False) -> list[Issue]:
     if key not in row:
         return []
     value = row[key]
@@ -101,12 +102,12 @@ def _tools_of(value: Any) -> Any:
     return value
 
 
-def _check_tools_key(row: dict, line: int, path: str = "tools") -> list[Issue]:
+def _check_tools_key(row: JsonObject, line: int, path: str = "tools") -> list[Issue]:
     tools = _tools_of(row.get("tools"))
     return check_tools(tools, line, path) if tools not in (None, [], "") else []
 
 
-def _with_tools(out: dict, row: dict) -> dict:
+def _with_tools(out: JsonObject, row: JsonObject) -> JsonObject:
     tools = _tools_of(row.get("tools"))
     if tools:
         out["tools"] = normalize_tools(tools)
@@ -116,18 +117,18 @@ def _with_tools(out: dict, row: dict) -> dict:
 # ------------------------------------------------------------------------ openai chat
 
 
-def _v_chat(row: dict, line: int, facts: RowFacts) -> list[Issue]:
+def _v_chat(row: JsonObject, line: int, facts: RowFacts) -> list[Issue]:
     return check_messages(row["messages"], line, ignore=facts.ignore, images=True) + _check_tools_key(row, line)
 
 
-def _n_chat(row: dict) -> dict:
+def _n_chat(row: JsonObject) -> JsonObject:
     return _with_tools({"messages": normalize_messages(row["messages"])}, row)
 
 
 # ------------------------------------------------------------------- openai rft
 
 
-def _v_rft(row: dict, line: int, facts: RowFacts) -> list[Issue]:
+def _v_rft(row: JsonObject, line: int, facts: RowFacts) -> list[Issue]:
     messages = row["messages"]
     issues = check_messages(messages, line, need_assistant=False, ignore=facts.ignore)
     if isinstance(messages, list) and messages and isinstance(messages[-1], dict):
@@ -141,11 +142,11 @@ def _v_rft(row: dict, line: int, facts: RowFacts) -> list[Issue]:
     return issues
 
 
-def _n_rft(row: dict) -> dict:
+def _n_rft(row: JsonObject) -> JsonObject:
     return {**row, "messages": normalize_messages(row["messages"])}
 
 
-def ends_with_user(row: dict) -> bool:
+def ends_with_user(row: JsonObject) -> bool:
     messages = row.get("messages")
     return isinstance(messages, list) and bool(messages) and isinstance(messages[-1], dict) \
         and messages[-1].get("role") == "user"
@@ -160,11 +161,11 @@ SHAREGPT_ROLES = {"human": "user", "user": "user", "gpt": "assistant", "assistan
 TURN_KEYS = frozenset({"from", "value", "role", "content", "weight", "name"})
 
 
-def _turn(t: dict) -> tuple[Any, Any]:
+def _turn(t: JsonObject) -> tuple[Any, Any]:
     return (t.get("from"), t.get("value")) if "from" in t or "value" in t else (t.get("role"), t.get("content"))
 
 
-def _call_turn(value: Any) -> dict | None:
+def _call_turn(value: Any) -> JsonObject | None:
     """A LLaMA-Factory `function_call` turn's value -> an assistant message with one tool call."""
     try:
         call = json.loads(value) if isinstance(value, str) else value
@@ -177,15 +178,17 @@ def _call_turn(value: Any) -> dict | None:
         "name": call["name"], "arguments": args if isinstance(args, str) else json.dumps(args, ensure_ascii=False)}}]}
 
 
-def _sharegpt_messages(row: dict) -> list[dict]:
+def _sharegpt_messages(row: JsonObject) -> list[JsonObject]:
     """Turns as OpenAI messages (valid rows only)."""
-    messages: list[dict] = []
+    messages: list[JsonObject] = []
     if isinstance(row.get("system"), str) and row["system"].strip():
         messages.append({"role": "system", "content": row["system"]})
     for t in row["conversations"]:
         source, value = _turn(t)
         if source == "function_call":
-            messages.append(_call_turn(value))
+            call = _call_turn(value)
+            assert call is not None         # checked by _v_sharegpt
+            messages.append(call)
             continue
         m = {"role": SHAREGPT_ROLES[source], "content": value}
         for key in ("weight", "name"):
@@ -195,7 +198,7 @@ def _sharegpt_messages(row: dict) -> list[dict]:
     return messages
 
 
-def _v_sharegpt(row: dict, line: int, facts: RowFacts) -> list[Issue]:
+def _v_sharegpt(row: JsonObject, line: int, facts: RowFacts) -> list[Issue]:
     turns = row["conversations"]
     if not isinstance(turns, list) or not turns:
         return [Issue("messages_not_list", "`conversations` must be a non-empty list of turns", line, "conversations")]
@@ -224,7 +227,7 @@ def _v_sharegpt(row: dict, line: int, facts: RowFacts) -> list[Issue]:
     return check_messages(_sharegpt_messages(row), line, "conversations", ignore=facts.ignore)
 
 
-def _n_sharegpt(row: dict) -> dict:
+def _n_sharegpt(row: JsonObject) -> JsonObject:
     return _with_tools({"messages": normalize_messages(_sharegpt_messages(row))}, row)
 
 
@@ -256,17 +259,17 @@ def _v_preference_sides(prompt: Any, chosen: Any, rejected: Any, line: int, fact
     return []
 
 
-def _v_trl(row: dict, line: int, facts: RowFacts) -> list[Issue]:
+def _v_trl(row: JsonObject, line: int, facts: RowFacts) -> list[Issue]:
     return _v_preference_sides(row.get("prompt"), row["chosen"], row["rejected"], line, facts,
                                ("prompt", "chosen", "rejected"))
 
 
-def _n_trl(row: dict) -> dict:
+def _n_trl(row: JsonObject) -> JsonObject:
     pair = normalize_preference(row.get("prompt"), row["chosen"], row["rejected"])
     return {side: normalize_messages(messages) for side, messages in pair.items()}
 
 
-def _v_openai_dpo(row: dict, line: int, facts: RowFacts) -> list[Issue]:
+def _v_openai_dpo(row: JsonObject, line: int, facts: RowFacts) -> list[Issue]:
     source = row["input"]
     if not isinstance(source, dict) or "messages" not in source:
         return [Issue("missing_key", '`input` must be an object with `messages` ({"input": {"messages": [...]}})',
@@ -281,7 +284,7 @@ def _v_openai_dpo(row: dict, line: int, facts: RowFacts) -> list[Issue]:
                                          line, facts, ("input.messages", "preferred_output", "non_preferred_output"))
 
 
-def _n_openai_dpo(row: dict) -> dict:
+def _n_openai_dpo(row: JsonObject) -> JsonObject:
     pair = normalize_preference(row["input"]["messages"], row["preferred_output"], row["non_preferred_output"])
     pair = {side: normalize_messages(messages) for side, messages in pair.items()}
     return _with_tools(pair, row["input"])
@@ -290,7 +293,7 @@ def _n_openai_dpo(row: dict) -> dict:
 # ----------------------------------------------------------------- alpaca and prompt/completion
 
 
-def _v_alpaca(row: dict, line: int, facts: RowFacts) -> list[Issue]:
+def _v_alpaca(row: JsonObject, line: int, facts: RowFacts) -> list[Issue]:
     issues = (_text(row, "instruction", line) + _text(row, "input", line, allow_empty=True)
               + _text(row, "output", line) + _text(row, "system", line, allow_empty=True))
     history = row.get("history")
@@ -301,7 +304,7 @@ def _v_alpaca(row: dict, line: int, facts: RowFacts) -> list[Issue]:
     return issues
 
 
-def _n_alpaca(row: dict) -> dict:
+def _n_alpaca(row: JsonObject) -> JsonObject:
     messages = [{"role": "system", "content": row["system"]}] if (row.get("system") or "").strip() else []
     for question, answer in row.get("history") or ():
         messages += [{"role": "user", "content": question}, {"role": "assistant", "content": answer}]
@@ -309,20 +312,20 @@ def _n_alpaca(row: dict) -> dict:
     return {"messages": [*messages, {"role": "user", "content": user}, {"role": "assistant", "content": row["output"]}]}
 
 
-def _v_prompt_completion(row: dict, line: int, facts: RowFacts) -> list[Issue]:
+def _v_prompt_completion(row: JsonObject, line: int, facts: RowFacts) -> list[Issue]:
     return _text(row, "prompt", line) + _text(row, "completion", line)
 
 
-def _n_prompt_completion(row: dict) -> dict:
+def _n_prompt_completion(row: JsonObject) -> JsonObject:
     return {"messages": [{"role": "user", "content": row["prompt"]},
                          {"role": "assistant", "content": row["completion"]}]}
 
 
-def _v_text(row: dict, line: int, facts: RowFacts) -> list[Issue]:
+def _v_text(row: JsonObject, line: int, facts: RowFacts) -> list[Issue]:
     return _text(row, "text", line)
 
 
-def _n_text(row: dict) -> dict:
+def _n_text(row: JsonObject) -> JsonObject:
     return {"text": row["text"]}
 
 
@@ -358,7 +361,7 @@ class Choice:
     alternatives: tuple[str, ...] = ()      # other layouts the row fits, when the choice was a default
 
 
-def choose(row: dict, purpose: str | None, schema: str | None) -> Choice:
+def choose(row: JsonObject, purpose: str | None, schema: str | None) -> Choice:
     """The layout a row is read as (see the module docstring)."""
     if "messages" in row and (purpose == "rft" or (purpose is None and (
             schema == "rft" or (schema is None and ends_with_user(row))))):
@@ -381,7 +384,7 @@ def choose(row: dict, purpose: str | None, schema: str | None) -> Choice:
     return Choice(candidates[0], others if fits else ())
 
 
-def key_issues(row: dict, layout: Layout | None, line: int, facts: RowFacts) -> list[Issue]:
+def key_issues(row: JsonObject, layout: Layout | None, line: int, facts: RowFacts) -> list[Issue]:
     """Missing keys, typo'd keys (errors) and unknown keys (ignored, counted)."""
     if layout is None:
         typos = [(k, closest(k, SIGN_KEYS)) for k in map(str, row)]

@@ -156,7 +156,7 @@ class MinHasher:
     def signatures(self, texts: Sequence[str]) -> tuple[np.ndarray, np.ndarray]:
         """(signatures [docs, num_perm] uint64, shingle count per doc)."""
         K = self.params.num_perm
-        sig = np.full(len(texts) * K, _MAX, dtype=U64)
+        sig: np.ndarray = np.full(len(texts) * K, _MAX, dtype=U64)
         counts = np.zeros(len(texts), dtype=np.int64)
         for lo, hi in _chunks(texts, _CHUNK_CHARS):
             hashes, docs = shingle_hashes(texts[lo:hi], self.k)
@@ -243,7 +243,7 @@ def verify_pairs(pairs: np.ndarray, jaccards_of: Callable[[np.ndarray], list[flo
 
 def clusters(edges: np.ndarray) -> list[list[int]]:
     """Connected components (size >= 2) of the verified near-duplicate graph, members sorted."""
-    parent = {}
+    parent: dict[int, int] = {}
 
     def find(x: int) -> int:
         root = x

@@ -17,9 +17,13 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
+from whetstone.contracts import DatasetStatus
+
+from .cost import CostEstimate
 from .images import CONVERTED_MODES, ImageLimits, RowImages, openai_image_tokens
 from .issues import Issue, IssueLog
 from .schemas import OUTPUT_SCHEMA
+from .stats import StatsSummary
 
 
 @dataclass
@@ -139,7 +143,7 @@ class ImageReport:
 
 @dataclass
 class GateReport:
-    status: str                                            # accepted | rejected
+    status: DatasetStatus
     format: str | None = None
     schema: str | None = None
     layout: str | None = None
@@ -162,15 +166,15 @@ class GateReport:
     toxicity: ToxicityReport | None = None
     tokenization: TokenizationReport | None = None
     images: ImageReport | None = None
-    stats: dict[str, Any] = field(default_factory=dict)    # DatasetStats.summary()
-    cost_estimate: dict[str, Any] | None = None
+    stats: StatsSummary | None = None                      # DatasetStats.summary(); None: no row was read
+    cost_estimate: CostEstimate | None = None
     notes: list[str] = field(default_factory=list)
     timings: dict[str, float] = field(default_factory=dict)
     file: str | None = None
 
     @property
     def accepted(self) -> bool:
-        return self.status == "accepted"
+        return self.status == DatasetStatus.ACCEPTED
 
     @property
     def error_count(self) -> int:
@@ -182,14 +186,15 @@ class GateReport:
 
     @classmethod
     def from_log(cls, log: IssueLog, **fields_: Any) -> GateReport:
-        return cls(status="accepted" if log.error_count == 0 else "rejected", errors=list(log.errors),
+        return cls(status=DatasetStatus.ACCEPTED if log.error_count == 0 else DatasetStatus.REJECTED,
+                   errors=list(log.errors),
                    error_counts=dict(sorted(log.error_counts.items())), warnings=list(log.warnings),
                    warning_counts=dict(sorted(log.warning_counts.items())), **fields_)
 
     @classmethod
     def rejected(cls, issue: Issue, *, file: str | None = None, format: str | None = None) -> GateReport:
         """An upload refused before any row was read (unreadable file, archive bomb, ...)."""
-        return cls(status="rejected", errors=[issue], error_counts={issue.code: 1}, file=file, format=format)
+        return cls(status=DatasetStatus.REJECTED, errors=[issue], error_counts={issue.code: 1}, file=file, format=format)
 
     def as_dict(self) -> dict[str, Any]:
         out: dict[str, Any] = {"accepted": self.accepted, "status": self.status}
@@ -203,6 +208,10 @@ class GateReport:
             elif f.name in ("near_dup", "contamination", "pii", "toxicity", "tokenization", "images") and \
                     value is not None:
                 value = asdict(value)
+            elif f.name == "stats":
+                value = asdict(value) if value is not None else {}
+            elif f.name == "cost_estimate" and value is not None:
+                value = value.as_dict()
             elif f.name == "file" and value is None:
                 continue
             out[f.name] = value

@@ -33,7 +33,7 @@ CHECKPOINT_METRICS = {"validation_loss": "valid_loss", "valid_loss": "valid_loss
 
 def progress_values(fields: Mapping[str, object]) -> dict[str, float]:
     """The columns a job.progress report fills (None and non-finite figures are left out)."""
-    return {col: float(v) for name, col in PROGRESS_FIELDS.items()  # type: ignore[arg-type]
+    return {col: float(v) for name, col in PROGRESS_FIELDS.items()
             if isinstance(v := fields.get(name), int | float) and not isinstance(v, bool) and math.isfinite(v)}
 
 

@@ -5,10 +5,12 @@ from __future__ import annotations
 import json
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 from . import pii
 from .chat import part_text
 from .issues import Issue
+from .jsontypes import JsonObject
 from .layouts import LAYOUTS, Layout, RowFacts, choose, key_issues
 from .schemas import PURPOSE_SCHEMAS, default_purpose
 
@@ -27,12 +29,12 @@ def _refuse_constant(name: str) -> float:
 _DECODER = json.JSONDecoder(parse_constant=_refuse_constant)
 
 
-def decode_json(text: str):
+def decode_json(text: str) -> Any:
     """Strict JSON: raises ValueError (json.JSONDecodeError, or for NaN/Infinity literals) on bad input."""
     return _DECODER.decode(text)
 
 
-def parse_json_line(raw: bytes, line: int) -> tuple[dict | None, Issue | None]:
+def parse_json_line(raw: bytes, line: int) -> tuple[JsonObject | None, Issue | None]:
     """A JSONL line (without its newline) -> the object, or the one issue that stops it."""
     if raw.startswith(BOM):
         return None, Issue("bom", "a UTF-8 byte-order mark inside the file (files joined together?); remove it", line)
@@ -69,7 +71,7 @@ class Read:
 
     layout: Layout | None
     issues: list[Issue]
-    out: dict | None = None
+    out: JsonObject | None = None
 
 
 @dataclass
@@ -85,7 +87,7 @@ class LayoutGate:
     ambiguous: dict[str, int] = field(default_factory=dict)     # "a or b" -> rows read as a by default
     facts: RowFacts = field(default_factory=RowFacts)
 
-    def read(self, row: dict, line: int) -> Read:
+    def read(self, row: JsonObject, line: int) -> Read:
         choice = choose(row, self.purpose, self.schema)
         layout = choice.layout
         issues = key_issues(row, layout, line, self.facts) if layout is None or row.keys() != layout.required else []
@@ -134,13 +136,13 @@ class LayoutGate:
 # ------------------------------------------------------------------------------- PII
 
 
-def _map_content(content: str | list, fn: Callable[[str], str]) -> str | list:
-    if type(content) is str:
+def _map_content(content: str | list[Any], fn: Callable[[str], str]) -> str | list[Any]:
+    if isinstance(content, str):
         return fn(content)
     return [{**p, "text": fn(p["text"])} if p["type"] == "text" else p for p in content]
 
 
-def _map_message(m: dict, fn: Callable[[str], str]) -> dict:
+def _map_message(m: JsonObject, fn: Callable[[str], str]) -> JsonObject:
     out = {**m, "content": _map_content(m["content"], fn)}
     if m.get("tool_calls"):
         out["tool_calls"] = [{**c, "function": {**c["function"], "arguments": fn(c["function"]["arguments"])}}
@@ -148,9 +150,9 @@ def _map_message(m: dict, fn: Callable[[str], str]) -> dict:
     return out
 
 
-def map_contents(out: dict, fn: Callable[[str], str]) -> dict:
+def map_contents(out: JsonObject, fn: Callable[[str], str]) -> JsonObject:
     """A normalized row with `fn` applied to every message content and tool-call arguments (or the text)."""
-    def msgs(ms: list[dict]) -> list[dict]:
+    def msgs(ms: list[JsonObject]) -> list[JsonObject]:
         return [_map_message(m, fn) for m in ms]
     if "messages" in out:
         return {**out, "messages": msgs(out["messages"])}
@@ -159,7 +161,7 @@ def map_contents(out: dict, fn: Callable[[str], str]) -> dict:
     return {"text": fn(out["text"])}
 
 
-def contents(out: dict) -> list[str]:
+def contents(out: JsonObject) -> list[str]:
     if "text" in out:
         return [out["text"]]
     messages = out["messages"] if "messages" in out else [m for s in ("prompt", "chosen", "rejected") for m in out[s]]
@@ -171,11 +173,11 @@ def contents(out: dict) -> list[str]:
 
 @dataclass
 class PiiResult:
-    row: dict
+    row: JsonObject
     counts: dict[str, int]
 
 
-def apply_pii(out: dict, policy: str) -> PiiResult:
+def apply_pii(out: JsonObject, policy: str) -> PiiResult:
     """Scan every content; with policy 'redact' the returned row has placeholders instead."""
     counts: dict[str, int] = {}
     found: dict[str, list[pii.PiiMatch]] = {}
@@ -194,7 +196,7 @@ def apply_pii(out: dict, policy: str) -> PiiResult:
     return PiiResult(out, counts)
 
 
-def role_counts(out: dict) -> dict[str, int]:
+def role_counts(out: JsonObject) -> dict[str, int]:
     counts: dict[str, int] = {}
     if "text" in out:
         return {"text": 1}

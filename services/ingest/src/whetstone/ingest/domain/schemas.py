@@ -15,7 +15,10 @@ to which schema is in `layouts.py`.
 
 from __future__ import annotations
 
+from typing import Any
+
 from .chat import message_text
+from .jsontypes import JsonObject
 
 SCHEMAS = ("chat", "prompt_completion", "instruction", "preference", "text", "rft")
 PURPOSES = ("sft", "dpo", "cpt", "eval", "rft")
@@ -34,11 +37,11 @@ def default_purpose(schema: str) -> str:
     return {"preference": "dpo", "text": "cpt", "rft": "rft"}.get(schema, "sft")
 
 
-def _as_messages(value: str | list, role: str) -> list[dict]:
+def _as_messages(value: str | list[Any], role: str) -> list[JsonObject]:
     return value if isinstance(value, list) else [{"role": role, "content": value}]
 
 
-def normalize_preference(prompt: str | list | None, chosen: str | list, rejected: str | list) -> dict:
+def normalize_preference(prompt: str | list[Any] | None, chosen: str | list[Any], rejected: str | list[Any]) -> JsonObject:
     """Explicit conversational form: prompt, chosen and rejected as message lists.
 
     Without a prompt, the two conversations' longest common prefix is the prompt (TRL's
@@ -57,16 +60,17 @@ def normalize_preference(prompt: str | list | None, chosen: str | list, rejected
     return {"prompt": chosen[:shared], "chosen": chosen[shared:], "rejected": rejected[shared:]}
 
 
-def row_messages(out: dict) -> list[dict]:
+def row_messages(out: JsonObject) -> list[JsonObject]:
     """Every message of a normalized row, in order (a text row is one message)."""
     if "messages" in out:
-        return out["messages"]
+        messages: list[JsonObject] = out["messages"]
+        return messages
     if "chosen" in out:
         return [*out["prompt"], *out["chosen"], *out["rejected"]]
     return [{"role": "text", "content": out["text"]}]
 
 
-def text_messages(out: dict) -> list[dict]:
+def text_messages(out: JsonObject) -> list[JsonObject]:
     """`row_messages` with each message's tool calls folded into its content and its images as `<image>`
     marks (what dedup reads)."""
     messages = row_messages(out)
@@ -75,6 +79,6 @@ def text_messages(out: dict) -> list[dict]:
     return messages
 
 
-def canonical_text(out: dict) -> str:
+def canonical_text(out: JsonObject) -> str:
     """The text the duplicate, contamination and toxicity checks look at."""
     return "\n".join(m["content"] for m in text_messages(out))

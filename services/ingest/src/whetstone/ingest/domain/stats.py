@@ -30,6 +30,19 @@ def _turn_bucket(turns: int) -> str:
     return str(turns) if turns <= 8 else "9+"
 
 
+@dataclass(frozen=True)
+class StatsSummary:
+    """The report's `stats`: token lengths (rows, total, min, mean, p50, p90, p99, max), their histogram,
+    messages per role, rows per number of turns, tokens trained on, rows over 8x the median length."""
+
+    tokens: dict[str, int | float]
+    token_histogram: list[dict[str, Any]]
+    roles: dict[str, int]
+    turns: dict[str, int]
+    trained_tokens: int
+    length_outliers: int
+
+
 @dataclass
 class DatasetStats:
     lengths: list[np.ndarray] = field(default_factory=list)
@@ -67,7 +80,7 @@ class DatasetStats:
             return 0
         return int((lengths > OUTLIER_FACTOR * max(1.0, float(np.median(lengths)))).sum())
 
-    def summary(self) -> dict[str, Any]:
+    def summary(self) -> StatsSummary:
         lengths = self.all_lengths()
         if lengths.size:
             p50, p90, p99 = (int(x) for x in np.percentile(lengths, [50, 90, 99], method="nearest"))
@@ -76,6 +89,6 @@ class DatasetStats:
                       "max": int(lengths.max())}
         else:
             tokens = {"rows": 0, "total": 0}
-        return {"tokens": tokens, "token_histogram": histogram(lengths), "roles": dict(sorted(self.roles.items())),
-                "turns": dict(sorted(self.turns.items(), key=lambda kv: (len(kv[0]), kv[0]))),
-                "trained_tokens": self.trained_tokens, "length_outliers": self.outliers()}
+        return StatsSummary(tokens, histogram(lengths), dict(sorted(self.roles.items())),
+                            dict(sorted(self.turns.items(), key=lambda kv: (len(kv[0]), kv[0]))), self.trained_tokens,
+                            self.outliers())

@@ -5,6 +5,7 @@ from __future__ import annotations
 import hashlib
 import unicodedata
 
+from .jsontypes import JsonObject
 
 # the ASCII characters str.split() separates on, each mapped to a space
 _ASCII_SPACES = bytes.maketrans(b"\t\n\x0b\x0c\r\x1c\x1d\x1e\x1f", b" " * 9)
@@ -22,7 +23,7 @@ def normalize_text(text: str) -> str:
     return " ".join(text.lower().split())
 
 
-def fingerprint(messages: list[dict]) -> tuple[str, bytes]:
+def fingerprint(messages: list[JsonObject]) -> tuple[str, bytes]:
     """(normalized text of all contents, SHA-256 of the normalized role-keyed contents).
 
     Equal digests = exact duplicates: the same roles with the same text up to case,

@@ -174,27 +174,28 @@ def _catalog() -> Path | None:
 
 
 def _print(gate_report: GateReport, files: dict[str, str], as_json: bool) -> None:
-    report = {**gate_report.as_dict(), **files}
     if as_json:
-        print(json.dumps(report, default=str))
+        print(json.dumps({**gate_report.as_dict(), **files}, default=str))
         return
-    verdict = "ACCEPTED" if report["accepted"] else "REJECTED"
-    layout = f" ({report['layout']})" if report.get("layout") else ""
-    print(f"{verdict}: {report.get('format')} / {report.get('schema')}{layout} — {report['rows_kept']}/"
-          f"{report['rows_total']} rows kept, {report['tokens_total']} tokens"
-          f"{' (estimated)' if report.get('tokens_estimated') else ''}")
-    print(f"  duplicates: {report['exact_duplicates']} exact, {report['near_duplicates']} near; "
-          f"contaminated: {report['contaminated']}; PII hits: {report['pii_hits']}")
-    for issue in report["errors"]:
-        where = f"line {issue['line']}: " if issue.get("line") else ""
-        print(f"  error   {where}[{issue['code']}] {issue['message']}")
-    if report["error_count"] > len(report["errors"]):
-        print(f"  ... and {report['error_count'] - len(report['errors'])} more errors: {report['error_counts']}")
-    for issue in report["warnings"][:20]:
-        where = f"line {issue['line']}: " if issue.get("line") else ""
-        print(f"  warning {where}[{issue['code']}] {issue['message']}")
-    cost = report.get("cost_estimate")
-    if cost and cost.get("cheapest"):
-        c = cost["cheapest"]
-        print(f"  cost: {cost['tokens_x_epochs']} tokens over {cost['epochs']} epochs; cheapest {c['method']} on "
-              f"{c['gpu_type']}: {c['gpu_hours']} GPU-h, ${c['spot_usd']} spot / ${c['on_demand_usd']} on-demand")
+    r, c = gate_report, gate_report.counts
+    verdict = "ACCEPTED" if r.accepted else "REJECTED"
+    layout = f" ({r.layout})" if r.layout else ""
+    print(f"{verdict}: {r.format} / {r.schema}{layout} — {c.rows_kept}/{c.rows_total} rows kept, {r.tokens_total} "
+          f"tokens{' (estimated)' if r.tokens_estimated else ''}")
+    print(f"  duplicates: {c.exact_duplicates} exact, {c.near_duplicates} near; contaminated: {c.contaminated}; "
+          f"PII hits: {c.pii_hits}")
+    for issue in r.errors:
+        print(f"  error   {_where(issue)}[{issue.code}] {issue.message}")
+    if r.error_count > len(r.errors):
+        print(f"  ... and {r.error_count - len(r.errors)} more errors: {r.error_counts}")
+    for issue in r.warnings[:20]:
+        print(f"  warning {_where(issue)}[{issue.code}] {issue.message}")
+    cheapest = r.cost_estimate.cheapest if r.cost_estimate else None
+    if r.cost_estimate and cheapest:
+        print(f"  cost: {r.cost_estimate.tokens_x_epochs} tokens over {r.cost_estimate.epochs} epochs; cheapest "
+              f"{cheapest.method} on {cheapest.gpu_type}: {cheapest.gpu_hours} GPU-h, ${cheapest.spot_usd} spot / "
+              f"${cheapest.on_demand_usd} on-demand")
+
+
+def _where(issue: Issue) -> str:
+    return f"line {issue.line}: " if issue.line else ""

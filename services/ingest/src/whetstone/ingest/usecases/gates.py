@@ -35,7 +35,7 @@ def archive_limits(s: IngestSettings) -> ArchiveLimits:
 
 
 def reference_index(s: IngestSettings, extra: Sequence[Path] = (), problems: list[Issue] | None = None,
-                    cache: dict[tuple, ReferenceIndex] | None = None) -> ReferenceIndex | None:
+                    cache: dict[tuple[Any, ...], ReferenceIndex] | None = None) -> ReferenceIndex | None:
     """Benchmarks from the configured directories (and the Hub when enabled) plus `extra` files."""
     files = reference_files(s.reference_dirs)
     if s.hub_benchmarks:

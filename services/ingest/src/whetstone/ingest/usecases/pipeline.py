@@ -55,7 +55,7 @@ from .passes.screen import Contamination, Toxicity
 from .passes.store import CandidateStore
 from .passes.summary import Limits, Sections, build_report
 from .passes.tokenise import TokenCounts, Tokenise, TokenizerPort, token_fingerprint
-from .passes.write import write_outputs
+from .passes.write import Written, write_outputs
 
 __all__ = ["DataGate", "GateConfig", "GateResult", "Progress", "TokenCounts", "TokenizerPort", "token_fingerprint"]
 
@@ -219,7 +219,7 @@ class DataGate:
         return 1 if in_validation_split(p.digest, self.config.validation_fraction) else 0
 
 
-def _count_images(report: ImageReport | None, written, tok: TokenizerPort | None) -> None:
+def _count_images(report: ImageReport | None, written: Written, tok: TokenizerPort | None) -> None:
     """The images of the rows written; with a vision base, its own image token count."""
     if report is None:
         return

@@ -19,7 +19,8 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
-from whetstone.contracts import DatasetSubmittedV1, DatasetValidatedV1, ValidationIssue, dataset_id_for
+from whetstone.contracts import (DatasetStatus, DatasetSubmittedV1, DatasetValidatedV1, Purpose, ValidationIssue,
+                                 dataset_id_for)
 from whetstone.runtime.file_ids import FILE_ID_PREFIX, minted_for
 from whetstone.runtime.identity import internal_secret
 from whetstone.runtime.s3 import ObjectStore, parse_uri, tenant_prefix
@@ -32,14 +33,14 @@ from ..context import IngestContext
 from ..domain.issues import Issue
 from ..domain.report import GateReport
 from .gates import GateRequest, archive_limits, make_gate, reference_index
-from .pipeline import GateResult, TokenCounts
+from .pipeline import GateResult, Progress, TokenCounts
 
 EVENT_LIST_LIMIT = 10
 
 
 def reject(ev: DatasetSubmittedV1, version: str, code: str, message: str, line: int | None = None,
            **extra: Any) -> DatasetValidatedV1:
-    return DatasetValidatedV1(dataset_id=ev.dataset_id, version=version, name=ev.name, status="rejected",
+    return DatasetValidatedV1(dataset_id=ev.dataset_id, version=version, name=ev.name, status=DatasetStatus.REJECTED,
                               purpose=ev.purpose, errors=[ValidationIssue(code=code, message=message, line=line)],
                               error_count=1, **extra)
 
@@ -72,7 +73,7 @@ def _materialize_hub(ref: str, dest: Path) -> tuple[str, int]:
     return h.hexdigest(), size
 
 
-def _throttled_log(rt: Runtime[IngestContext], dataset_id: str):
+def _throttled_log(rt: Runtime[IngestContext], dataset_id: str) -> Progress:
     last = [0.0]
 
     def progress(phase: str, done: int, total: int | None) -> None:
@@ -86,7 +87,7 @@ def _throttled_log(rt: Runtime[IngestContext], dataset_id: str):
 def _event_stats(report: GateReport, size: int, extra: dict[str, Any]) -> dict[str, Any]:
     """The report's figures for dataset.validated (lists capped; the full report is at report_uri)."""
     c, stats = report.counts, report.stats
-    assert report.near_dup and report.contamination and report.pii and report.tokenization
+    assert report.near_dup and report.contamination and report.pii and report.tokenization and stats
     return {
         "train_rows": c.train_rows, "validation_rows": c.validation_rows, "exact_duplicates": c.exact_duplicates,
         "near_duplicates": c.near_duplicates, "contaminated": c.contaminated, "pii_hits": c.pii_hits, "toxic": c.toxic,
@@ -94,8 +95,8 @@ def _event_stats(report: GateReport, size: int, extra: dict[str, Any]) -> dict[s
         "layout": report.layout, "layout_counts": report.layout_counts, "role_mapping": report.role_mapping,
         "ignored_keys": report.ignored_keys,
         "error_counts": report.error_counts, "warning_counts": report.warning_counts,
-        "tokens": stats["tokens"], "token_histogram": stats["token_histogram"], "roles": stats["roles"],
-        "turns": stats["turns"], "trained_tokens": stats["trained_tokens"],
+        "tokens": stats.tokens, "token_histogram": stats.token_histogram, "roles": stats.roles,
+        "turns": stats.turns, "trained_tokens": stats.trained_tokens,
         "near_dup_clusters": report.near_dup.clusters[:EVENT_LIST_LIMIT],
         "contamination_examples": report.contamination.examples[:EVENT_LIST_LIMIT],
         "references": report.contamination.references, "pii_by_kind": report.pii.by_kind,
@@ -227,13 +228,13 @@ def process_upload(rt: Runtime[IngestContext], tenant_id: str, ev: DatasetSubmit
         c = report.counts
         event = DatasetValidatedV1(
             dataset_id=ev.dataset_id, version=version, name=ev.name, status=report.status,
-            purpose=report.purpose, format=report.format, data_schema=report.schema,
+            purpose=Purpose(report.purpose) if report.purpose else ev.purpose, format=report.format, data_schema=report.schema,
             rows_total=c.rows_total, rows_kept=c.rows_kept, tokens_total=report.tokens_total,
             errors=[ValidationIssue(**i.as_dict()) for i in report.errors], error_count=report.error_count,
             warnings=[ValidationIssue(**i.as_dict()) for i in report.warnings],
             stats=_event_stats(report, size, extra),
             policies={**report.policies, "split": f"hash:{cfg.validation_fraction}", "dedup": "exact+minhash"},
-            raw_uri=raw_uri, report_uri=report_uri, cost_estimate=report.cost_estimate, **uris)
+            raw_uri=raw_uri, report_uri=report_uri, cost_estimate=report.cost_estimate.as_dict() if report.cost_estimate else None, **uris)
         full = {**report.as_dict(), "dataset_id": ev.dataset_id, "version": version, "name": ev.name,
                 "size_bytes": size, "raw_uri": raw_uri, **uris}
         store.put_bytes(f"{prefix}/report.json", json.dumps(full, indent=1, default=str).encode(), "application/json")

@@ -31,7 +31,7 @@ from concurrent.futures import Future, ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TypeVar
+from typing import Any, TypeVar
 
 import numpy as np
 
@@ -122,15 +122,16 @@ def prepare_record(rec: Record, layouts: LayoutGate, ctx: PrepareContext) -> tup
         return Prepared(rec.line, [rec.issue]), None
     row = rec.row
     if row is None:
+        assert rec.raw is not None          # a record is a parsed row or a raw line
         row, issue = parse_json_line(rec.raw, rec.line)
         if issue is not None:
             return Prepared(rec.line, [issue]), None
     elif not isinstance(row, dict):
         return Prepared(rec.line, [Issue("row_not_object", "each row must be an object", rec.line)]), None
     read = layouts.read(row, rec.line)
-    if read.issues:
-        return Prepared(rec.line, read.issues), None
     out = read.out
+    if read.issues or out is None:
+        return Prepared(rec.line, read.issues), None
     images = None
     if "messages" in out and any(type(m["content"]) is list for m in out["messages"]):
         issues, images = check_images(out["messages"], rec.line, ctx.images)
@@ -146,9 +147,9 @@ def prepare_record(rec: Record, layouts: LayoutGate, ctx: PrepareContext) -> tup
         return prepared, None
     prepared.tools = "tools" in redacted or ("messages" in redacted and uses_tools(redacted["messages"]))
     # the JSONL line itself is written when the row needed no change (the common case: no re-encoding)
-    same = rec.raw is not None and redacted is out and out.keys() == row.keys() and all(
-        out[k] is row[k] for k in out)
-    payload = rec.raw if same else json.dumps(redacted, ensure_ascii=False).encode("utf-8", "surrogatepass")
+    unchanged = redacted is out and out.keys() == row.keys() and all(out[k] is row[k] for k in out)
+    payload = rec.raw if rec.raw is not None and unchanged else json.dumps(
+        redacted, ensure_ascii=False).encode("utf-8", "surrogatepass")
     roles = role_counts(redacted)
     norm, digest = fingerprint(messages)
     estimate = (len(text) + 3) // 4 + 4 * sum(roles.values())
@@ -222,8 +223,13 @@ class WorkerUsage:
         return cls(os.getpid(), ru.ru_utime + ru.ru_stime, ru.ru_maxrss / 1024)
 
 
-def _prepare_in_worker(records: list[tuple], purpose: str | None, schema: str, schema_line: int | None
-                       ) -> tuple[list[tuple], np.ndarray | None, LayoutDelta, WorkerUsage]:
+# what a worker sends back for a chunk: the prepared rows packed, their band hashes, what the chunk taught
+# the LayoutGate, the worker's resource use
+ChunkResult = tuple[list[tuple[Any, ...]], np.ndarray | None, LayoutDelta, WorkerUsage]
+
+
+def _prepare_in_worker(records: list[tuple[Any, ...]], purpose: str | None, schema: str | None,
+                       schema_line: int | None) -> ChunkResult:
     """In a worker: records (as tuples: cheaper to pickle) -> prepared rows as tuples (`_pack`: without
     the payloads that are the input lines themselves), their band hashes as ONE array (not one small
     array per row), what the chunk taught the LayoutGate and the worker's resource use."""
@@ -233,14 +239,14 @@ def _prepare_in_worker(records: list[tuple], purpose: str | None, schema: str, s
     prepared = prepare_chunk(chunk, layouts, _WORKER_CTX)
     bands = None
     if _WORKER_CTX.hasher is not None:
-        rows = [p.candidate.bands for p in prepared if p.candidate is not None]
+        rows = [p.candidate.bands for p in prepared if p.candidate is not None and p.candidate.bands is not None]
         bands = np.stack(rows) if rows else None
     packed = [_pack(p, rec.raw) for rec, p in zip(chunk, prepared)]
     return packed, bands, LayoutDelta(layouts.layout_counts, layouts.ambiguous, layouts.facts.ignored,
                                       layouts.facts.role_mapping), WorkerUsage.now()
 
 
-def _pack(p: Prepared, raw: bytes | None) -> tuple:
+def _pack(p: Prepared, raw: bytes | None) -> tuple[Any, ...]:
     """A prepared row as plain tuples (a third of the bytes, and about 3x faster to pickle and load
     than the dataclasses); a payload that IS the input line, which the gate already has, is left out,
     and so are the band hashes (one array per chunk)."""
@@ -252,11 +258,11 @@ def _pack(p: Prepared, raw: bytes | None) -> tuple:
         c.contamination, c.toxicity, c.shingles, c.images)
 
 
-def _unpack(packed: tuple, raw: bytes | None, bands: np.ndarray | None) -> Prepared:
+def _unpack(packed: tuple[Any, ...], raw: bytes | None, bands: np.ndarray | None) -> Prepared:
     line, issues, pii, too_long, tools, c = packed
     candidate = None
     if c is not None:
-        candidate = Candidate(c[0], c[1], c[2] or raw or b"", *c[3:9], bands, c[9], c[10])
+        candidate = Candidate(c[0], c[1], c[2] or raw or b"", c[3], c[4], c[5], c[6], c[7], c[8], bands, c[9], c[10])
     return Prepared(line, issues, pii, too_long, tools, candidate)
 
 
@@ -311,7 +317,7 @@ class Preparer:
         self._start_error: BaseException | None = None
 
     def run(self, records: Iterable[Record], *, large: bool = False) -> Iterator[Prepared]:
-        pending: deque[tuple[Future, list[Record]]] = deque()
+        pending: deque[tuple[Future[ChunkResult], list[Record]]] = deque()
         seen = 0
         chunk: list[Record] = []
         if large and self.workers > 1:
@@ -364,7 +370,7 @@ class Preparer:
             self.pool = self._start_pool()
         return self.pool
 
-    def _chunk(self, chunk: list[Record], pending: deque[tuple[Future, list[Record]]], seen: int
+    def _chunk(self, chunk: list[Record], pending: deque[tuple[Future[ChunkResult], list[Record]]], seen: int
                ) -> Iterator[Prepared]:
         layouts = self.layouts
         pool = None
@@ -379,13 +385,13 @@ class Preparer:
         try:
             future = pool.submit(_prepare_in_worker, records, layouts.purpose, layouts.schema, layouts.schema_line)
         except BrokenProcessPool:
-            future = Future()
+            future = Future[ChunkResult]()
             future.set_exception(BrokenProcessPool("the pool is broken"))
         pending.append((future, chunk))
         while len(pending) > 2 * self.workers:
             yield from self._collect(pending.popleft())
 
-    def _collect(self, item: tuple[Future, list[Record]]) -> list[Prepared]:
+    def _collect(self, item: tuple[Future[ChunkResult], list[Record]]) -> list[Prepared]:
         future, chunk = item
         try:
             prepared, bands, delta, usage = future.result()

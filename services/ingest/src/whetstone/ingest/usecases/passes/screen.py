@@ -47,7 +47,7 @@ class Toxicity:
         if unscored:
             for p, score in zip(unscored, self.classifier.scores([p.text or "" for p in unscored])):
                 p.toxicity = score
-        scores = [p.toxicity for p in rows]
+        scores = [p.toxicity or 0.0 for p in rows]      # every row is scored by now
         keep = [True] * len(rows)
         for i, score in enumerate(scores):
             if score >= self.threshold:

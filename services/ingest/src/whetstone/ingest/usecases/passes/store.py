@@ -48,7 +48,9 @@ class CandidateStore:
             return
         cand, bands, offsets_file, lines_file = self._files
         if self.hasher is not None:          # band hashes computed by `prepare`
-            bands.write(np.stack([p.bands for p in rows]).tobytes())
+            stacked = [p.bands for p in rows if p.bands is not None]
+            assert len(stacked) == len(rows)
+            bands.write(np.stack(stacked).tobytes())
             self.eligible.append(np.array([p.shingles > 0 for p in rows], dtype=bool))
         records = [_HEAD % (p.line, p.origin, side, p.estimate, p.images.count if p.images else 0,
                             _hashes(p.images), *[p.roles.get(r, 0) for r in ROLE_FIELDS])

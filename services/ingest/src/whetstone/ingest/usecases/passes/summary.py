@@ -7,7 +7,7 @@ from typing import Any
 
 from ...adapters.formats import Source
 from ...domain.actions import action_for
-from ...domain.cost import estimate_cost
+from ...domain.cost import CostEstimate, estimate_cost
 from ...domain.issues import Issue
 from ...domain.policies import Policies
 from ...domain.report import (ContaminationReport, GateReport, ImageReport, NearDupReport, PiiReport,
@@ -54,7 +54,7 @@ def build_report(source: Source, layouts: LayoutGate, findings: Findings, exact:
     _summary_warnings(source, layouts, findings, exact, near_clusters, written, sections, policies, purpose,
                       tokenized=tokenized, tool_rows=tool_rows, extra=extra_warnings)
     params, params_source = model_params
-    cost: dict[str, Any] | None = None
+    cost: CostEstimate | None = None
     if purpose != "eval":
         cost = estimate_cost(written.tokens[0], limits.epochs, purpose, params, throughput=limits.throughput,
                              prices=limits.prices, tokens_estimated=not tokenized, params_source=params_source)

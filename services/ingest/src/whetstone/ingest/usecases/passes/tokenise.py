@@ -13,6 +13,7 @@ import numpy as np
 
 from ...adapters.tokenizer import ImagesUnsupported, Tokenized, ToolsUnsupported
 from ...domain.actions import keeps_row
+from ...domain.jsontypes import JsonObject
 from ...domain.report import TokenizationReport
 from .findings import Findings
 
@@ -24,8 +25,8 @@ class TokenizerPort(Protocol):
     hash: str
 
     def max_seq_len(self, policy_value: int | None) -> int: ...
-    def tokenize(self, out: dict, max_len: int | None = None) -> Tokenized: ...
-    def preview(self, out: dict) -> str: ...
+    def tokenize(self, out: JsonObject, max_len: int | None = None) -> Tokenized: ...
+    def preview(self, out: JsonObject) -> str: ...
 
 
 @dataclass
@@ -74,12 +75,13 @@ class Tokenise:
     def row(self, payload: bytes, line: int, k: int) -> Tokenised | None:
         """The `k`-th kept row (index into the cached counts); None when dropped or rejected."""
         max_len, cached = self.report.max_seq_len, self.cached
-        out = None if cached else json.loads(payload)
+        out: JsonObject | None = None
         try:
             if cached:
                 tokens, longest, trained = int(cached.tokens[k]), int(cached.longest[k]), int(cached.trained[k])
                 record = None
             else:
+                out = json.loads(payload)
                 t = self.tok.tokenize(out)
                 tokens, longest, trained, record = t.tokens, t.longest, t.trained, t.record
             if longest > max_len:
@@ -93,7 +95,7 @@ class Tokenise:
                         self._lengths.write(b"%d\t%d\t%d\t%d\n" % (line, tokens, longest, trained))
                     return None
                 self.report.truncated += 1
-                if not cached:
+                if out is not None:
                     t = self.tok.tokenize(out, max_len)
                     tokens, trained, record = t.tokens, t.trained, t.record
             if len(self.report.mask_preview) < PREVIEWS:
