@@ -124,6 +124,22 @@ class UnitOfWork:
         self.pending.extend(Published(env) for env in envelopes)
 
 
+@dataclass(frozen=True, slots=True)
+class OutboxRow:
+    """An unsent row of the outbox table."""
+
+    id: int
+    topic: str
+    key: str
+    value: bytes
+    attempts: int
+
+    @classmethod
+    def of(cls, row: asyncpg.Record) -> OutboxRow:
+        return cls(id=row["id"], topic=row["topic"], key=row["key"], value=bytes(row["value"]),
+                   attempts=row["attempts"])
+
+
 class OutboxRelay:
     """Publishes committed outbox rows in id order and marks them sent.
 
@@ -149,7 +165,6 @@ class OutboxRelay:
         self.quarantined = 0
         # called with what each committed unit of work published (the service's event metrics)
         self.on_committed: Callable[[Sequence[Published]], None] | None = None
-        self.on_quarantined: Any = None  # called with (topic, error) for each quarantined row (metrics)
 
     def poke(self) -> None:
         self.wakeup.set()
@@ -158,9 +173,9 @@ class OutboxRelay:
         async with self.pool.acquire() as conn, conn.transaction():
             if not await conn.fetchval("SELECT pg_try_advisory_xact_lock($1)", self.lock_key):
                 return 0  # another replica's relay is flushing; it publishes these rows in order
-            rows = await conn.fetch(
+            rows = [OutboxRow.of(r) for r in await conn.fetch(
                 "SELECT id, topic, key, value, attempts FROM outbox WHERE sent_at IS NULL AND quarantined_at IS NULL"
-                " ORDER BY id LIMIT $1 FOR UPDATE SKIP LOCKED", self.batch)
+                " ORDER BY id LIMIT $1 FOR UPDATE SKIP LOCKED", self.batch)]
             if not rows:
                 return 0
             sent, failed, refused = await self._publish(rows)
@@ -169,44 +184,43 @@ class OutboxRelay:
             if failed and not sent and not refused:
                 raise failed[0][1]  # an outage: every row failed alike; retry them all later
             for row, exc in failed:
-                attempts = row["attempts"] + 1
+                attempts = row.attempts + 1
                 if attempts >= self.max_attempts:
                     refused.append((row, f"failed {attempts} times: {type(exc).__name__}: {exc}"))
                 else:
-                    await conn.execute("UPDATE outbox SET attempts = $2, last_error = $3 WHERE id = $1", row["id"],
+                    await conn.execute("UPDATE outbox SET attempts = $2, last_error = $3 WHERE id = $1", row.id,
                                        attempts, f"{type(exc).__name__}: {exc}"[:2000])
             for row, error in refused:
                 await conn.execute("UPDATE outbox SET quarantined_at = now(), attempts = attempts + 1,"
-                                   " last_error = $2 WHERE id = $1", row["id"], error[:2000])
+                                   " last_error = $2 WHERE id = $1", row.id, error[:2000])
                 self.quarantined += 1
-                log.error("outbox row quarantined: the broker will not take it", outbox_id=row["id"],
-                          topic=row["topic"], key=row["key"], bytes=len(row["value"]), error=error)
-                if self.on_quarantined is not None:
-                    self.on_quarantined(row["topic"], error)
+                log.error("outbox row quarantined: the broker will not take it", outbox_id=row.id,
+                          topic=row.topic, key=row.key, bytes=len(row.value), error=error)
         self.published += len(sent)
         return len(rows)
 
-    async def _publish(self, rows: Sequence[asyncpg.Record]) -> tuple[list[int], list[tuple[Any, BaseException]], list[tuple[Any, str]]]:
-        refused: list[tuple[Any, str]] = []
-        queued: list[tuple[Any, Any]] = []
-        failed: list[tuple[Any, BaseException]] = []
+    async def _publish(self, rows: Sequence[OutboxRow]) -> tuple[list[int], list[tuple[OutboxRow, BaseException]],
+                                                                 list[tuple[OutboxRow, str]]]:
+        refused: list[tuple[OutboxRow, str]] = []
+        queued: list[tuple[OutboxRow, Any]] = []
+        failed: list[tuple[OutboxRow, BaseException]] = []
         for r in rows:  # handed over in id order: the producer keeps that order per partition
-            size = len(r["value"]) + len(r["key"].encode())
+            size = len(r.value) + len(r.key.encode())
             if size > self.max_record_bytes:
                 refused.append((r, f"record of {size} bytes exceeds the producer's limit of {self.max_record_bytes}"))
                 continue
             try:
-                queued.append((r, await self.send(r["topic"], r["key"], bytes(r["value"]))))
+                queued.append((r, await self.send(r.topic, r.key, r.value)))
             except Exception as exc:
                 if _permanent(exc):
                     refused.append((r, f"{type(exc).__name__}: {exc}"))
                 else:
                     failed.append((r, exc))
         results = await asyncio.gather(*(ack for _, ack in queued), return_exceptions=True)
-        sent = []
+        sent: list[int] = []
         for (r, _), result in zip(queued, results, strict=True):
             if not isinstance(result, BaseException):
-                sent.append(r["id"])
+                sent.append(r.id)
             elif _permanent(result):
                 refused.append((r, f"{type(result).__name__}: {result}"))
             else:
