@@ -40,7 +40,7 @@ contracts-check: venv
 	$(BIN)/python -m whetstone.contracts.schemas check
 
 # folders that pass `mypy --strict` (mypy.ini); each service adds its domain/ and usecases/ here
-TYPED := contracts/src/whetstone/contracts services/runtime/src/whetstone/runtime services/metering/src/whetstone/metering/domain services/metering/src/whetstone/metering/usecases services/registry/src/whetstone/registry/domain services/registry/src/whetstone/registry/usecases
+TYPED := contracts/src/whetstone/contracts services/runtime/src/whetstone/runtime services/metering/src/whetstone/metering/domain services/metering/src/whetstone/metering/usecases services/registry/src/whetstone/registry/domain services/registry/src/whetstone/registry/usecases services/trainer-agent/src/whetstone/trainer_agent/domain services/trainer-agent/src/whetstone/trainer_agent/usecases services/scheduler/src/whetstone/scheduler/domain services/scheduler/src/whetstone/scheduler/usecases services/serving/src/whetstone/serving/domain services/serving/src/whetstone/serving/usecases services/ingest/src/whetstone/ingest/domain services/ingest/src/whetstone/ingest/usecases
 
 typecheck: venv
 	$(BIN)/mypy --config-file mypy.ini $(TYPED)
@@ -103,10 +103,11 @@ bench-gpu: venv
 bench-bus: venv
 	$(BIN)/python bench/bus.py $(ARGS)
 
-# the chaos suite (minutes): six services as processes, ≥ 30 jobs, seeded faults; last line JSON
+# the platform chaos suite (minutes): six services as processes, ≥ 30 jobs, seeded faults; last line JSON
+# (tests/chaos/test_metering_chaos.py runs with `make test`, so it is not run twice)
 .PHONY: chaos
 chaos: venv
-	rm -f .whetstone/chaos-report.json; WHETSTONE_CHAOS=1 $(BIN)/python -m pytest tests/chaos -m chaos -q -s; status=$$?; \
+	rm -f .whetstone/chaos-report.json; WHETSTONE_CHAOS=1 $(BIN)/python -m pytest tests/chaos/test_platform_chaos.py -m chaos -q -s; status=$$?; \
 	cat .whetstone/chaos-report.json 2>/dev/null || echo '{"error": "no chaos report"}'; exit $$status
 
 # grader run latency per type (string_check, text_similarity, multi, sandboxed python); last line JSON
