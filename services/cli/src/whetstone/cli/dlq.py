@@ -15,8 +15,27 @@ import uuid
 from dataclasses import dataclass
 from typing import Any
 
+from pydantic import BaseModel, Field
+
 from whetstone.contracts import TOPICS, Envelope
 from whetstone.contracts.topics import DLQ_SUFFIX
+
+
+class LetterPayload(BaseModel):
+    """A dead letter's payload (contracts' DeadLetterV1), read leniently: a field it lacks is its default."""
+
+    source_topic: str | None = None
+    key: str | None = None
+    error: str = ""
+    attempts: int = 0
+    value: str = ""
+    value_encoding: str = "utf-8"
+    value_bytes: int | None = None
+    value_truncated: bool = False
+
+
+class LetterEnvelope(BaseModel):
+    payload: LetterPayload = Field(default_factory=LetterPayload)
 
 
 @dataclass(frozen=True)
@@ -33,21 +52,20 @@ class Letter:
 
     @classmethod
     def parse(cls, topic: str, offset: int, raw: bytes) -> Letter:
-        env = json.loads(raw)
-        p = env.get("payload", {})
-        value = p.get("value", "")
+        p = LetterEnvelope.model_validate_json(raw).payload
+        value = p.value
         why, event_id = None, None
-        if p.get("value_truncated"):
-            why = f"only the first part of the {p.get('value_bytes')} bytes was kept"
-        elif p.get("value_encoding", "utf-8") != "utf-8":
+        if p.value_truncated:
+            why = f"only the first part of the {p.value_bytes} bytes was kept"
+        elif p.value_encoding != "utf-8":
             why = "the record was not UTF-8 text"
         else:
             try:
                 event_id = str(Envelope.model_validate_json(value, context={"tolerant": True}).event_id)
             except Exception as exc:  # noqa: BLE001  (any parse error means: not an envelope)
                 why = f"not a valid envelope: {str(exc).splitlines()[0]}"
-        return cls(topic, offset, p.get("source_topic", topic.removesuffix(DLQ_SUFFIX)), p.get("key"),
-                   p.get("error", ""), p.get("attempts", 0), value, why, event_id)
+        return cls(topic, offset, p.source_topic or topic.removesuffix(DLQ_SUFFIX), p.key, p.error, p.attempts, value,
+                   why, event_id)
 
 
 async def read_letters(bootstrap: str, dlq_topic: str, timeout_s: float = 3.0) -> list[Letter]:
