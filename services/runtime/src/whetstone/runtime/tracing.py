@@ -18,10 +18,11 @@ import asyncio
 import time
 from collections.abc import Sequence
 from datetime import UTC, datetime, timedelta
-from typing import Any
+from typing import Any, Literal
 
 from fastapi import APIRouter, Query
 from prometheus_client import CollectorRegistry, Counter
+from pydantic import BaseModel
 
 from .errors import ApiError
 from .identity import Caller, require_or_internal
@@ -92,24 +93,67 @@ class TraceLog:
                 backoff = min(backoff * 2, 30.0)
 
     async def query(self, *, job_id: str | None, trace_id: str | None, tenant_id: str | None,
-                    limit: int = MAX_ROWS) -> list[dict[str, Any]]:
+                    limit: int = MAX_ROWS) -> list[Delivery]:
         await self.flush()
         rows = await self.pool.fetch(
             "SELECT event_id, topic, event_type, tenant_id, trace_id, job_id, producer, produced_at, started_at,"
             " handler_s, outcome FROM handled WHERE (job_id = $1 OR trace_id = $2)"
             " AND ($3::text IS NULL OR tenant_id = $3) ORDER BY started_at, produced_at, event_id LIMIT $4",
             job_id, trace_id, tenant_id, limit)
-        return [_row(self.consumer, r) for r in rows]
+        return [Delivery.of(self.consumer, HandledRow.model_validate(dict(r))) for r in rows]
 
 
-def _row(consumer: str, r: Any) -> dict[str, Any]:
-    produced, started = r["produced_at"], r["started_at"]
-    return {"consumer": consumer, "event_id": r["event_id"], "topic": r["topic"], "event_type": r["event_type"],
-            "tenant_id": r["tenant_id"], "trace_id": r["trace_id"], "job_id": r["job_id"], "producer": r["producer"],
-            "produced_at": produced.isoformat() if produced else None, "consumed_at": started.isoformat(),
-            "handled_at": (started + timedelta(seconds=r["handler_s"])).isoformat(),
-            "lag_s": round((started - produced).total_seconds(), 6) if produced else None,
-            "handler_s": round(r["handler_s"], 6), "outcome": r["outcome"]}
+class HandledRow(BaseModel):
+    """A row of the `handled` table (db.py)."""
+
+    event_id: str
+    topic: str
+    event_type: str
+    tenant_id: str
+    trace_id: str | None
+    job_id: str | None
+    producer: str | None
+    produced_at: datetime | None
+    started_at: datetime
+    handler_s: float
+    outcome: str
+
+
+class Delivery(BaseModel):
+    """One delivery a consumer of this service handled (or dead-lettered), as `whet jobs trace` reads it."""
+
+    consumer: str
+    event_id: str
+    topic: str
+    event_type: str
+    tenant_id: str
+    trace_id: str | None
+    job_id: str | None
+    producer: str | None
+    produced_at: str | None
+    consumed_at: str
+    handled_at: str
+    lag_s: float | None
+    handler_s: float
+    outcome: str
+
+    @classmethod
+    def of(cls, consumer: str, r: HandledRow) -> Delivery:
+        produced, started = r.produced_at, r.started_at
+        return cls(consumer=consumer, event_id=r.event_id, topic=r.topic, event_type=r.event_type,
+                   tenant_id=r.tenant_id, trace_id=r.trace_id, job_id=r.job_id, producer=r.producer,
+                   produced_at=produced.isoformat() if produced else None, consumed_at=started.isoformat(),
+                   handled_at=(started + timedelta(seconds=r.handler_s)).isoformat(),
+                   lag_s=round((started - produced).total_seconds(), 6) if produced else None,
+                   handler_s=round(r.handler_s, 6), outcome=r.outcome)
+
+
+class Trace(BaseModel):
+    object: Literal["list"] = "list"
+    service: str
+    consumer: str
+    data: list[Delivery]
+    query_s: float
 
 
 def trace_routes(service: str, trace: TraceLog) -> APIRouter:
@@ -119,14 +163,14 @@ def trace_routes(service: str, trace: TraceLog) -> APIRouter:
     async def internal_trace(job_id: str | None = Query(default=None, max_length=_ID_LIMIT),
                              trace_id: str | None = Query(default=None, max_length=_ID_LIMIT),
                              limit: int = Query(default=MAX_ROWS, ge=1, le=MAX_ROWS),
-                             caller: Caller = require_or_internal("admin")) -> dict[str, Any]:
+                             caller: Caller = require_or_internal("admin")) -> Trace:
         """This service's deliveries of the events of one job (by job_id) or trace (by trace_id)."""
         if not job_id and not trace_id:
             raise ApiError(400, "Give `job_id` or `trace_id` (or both).", param="job_id", code="missing_parameter")
         started = time.perf_counter()
         data = await trace.query(job_id=job_id, trace_id=trace_id,
                                  tenant_id=None if caller.platform else caller.tenant_id, limit=limit)
-        return {"object": "list", "service": service, "consumer": trace.consumer, "data": data,
-                "query_s": round(time.perf_counter() - started, 4)}
+        return Trace(service=service, consumer=trace.consumer, data=data,
+                     query_s=round(time.perf_counter() - started, 4))
 
     return router
