@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from .s3 import ObjectStore, parse_uri, sha256_file
+from .s3 import ObjectStore, is_missing, parse_uri, sha256_file
 
 # manifest.json as written by upload_checkpoint: the writer's fields plus `files` (name -> sha256, size)
 Manifest = dict[str, Any]
@@ -47,12 +47,6 @@ def upload_checkpoint(store: ObjectStore, local: Path, prefix: str, meta: Manife
     return UploadedCheckpoint(store.uri(prefix), hashlib.sha256(manifest).hexdigest(), len(files), total)
 
 
-def _missing(exc: Exception) -> bool:
-    from botocore.exceptions import ClientError  # noqa: PLC0415
-
-    return isinstance(exc, ClientError) and exc.response.get("Error", {}).get("Code") in ("404", "NoSuchKey", "NotFound")
-
-
 def read_manifest(store: ObjectStore, uri: str, expected_sha256: str | None = None, *,
                   job_id: str | None = None) -> tuple[Manifest, str]:
     """A checkpoint's manifest and its sha256. CorruptCheckpoint when it is missing, differs from the
@@ -62,7 +56,7 @@ def read_manifest(store: ObjectStore, uri: str, expected_sha256: str | None = No
     try:
         raw = store.get_bytes(f"s3://{bucket}/{prefix}/{MANIFEST}")
     except Exception as exc:
-        if _missing(exc):
+        if is_missing(exc):
             raise CorruptCheckpoint(f"{uri}: no manifest") from exc
         raise
     digest = hashlib.sha256(raw).hexdigest()
@@ -104,7 +98,7 @@ def download_checkpoint(store: ObjectStore, uri: str, dest: Path, expected_manif
         try:
             store.download_file(f"s3://{bucket}/{prefix}/{rel}", target)
         except Exception as exc:
-            if _missing(exc):
+            if is_missing(exc):
                 raise CorruptCheckpoint(f"{uri}: {rel} is missing") from exc
             raise
         if target.stat().st_size != info.get("size", target.stat().st_size) or sha256_file(target) != info["sha256"]:

@@ -351,13 +351,13 @@ class Collector(_Metrics):
     async def _collect_outbox(self) -> None:
         if self.pool is None:
             return
-        row = await self.pool.fetchrow(
-            "SELECT count(*) FILTER (WHERE quarantined_at IS NULL) AS n, count(*) FILTER (WHERE quarantined_at IS NOT"
-            " NULL) AS quarantined, coalesce(extract(epoch FROM now() - min(created_at) FILTER (WHERE quarantined_at"
-            " IS NULL)), 0)::float8 AS age FROM outbox WHERE sent_at IS NULL")
-        self.outbox_rows.labels(service=self.service).set(row["n"])
-        self.outbox_age.labels(service=self.service).set(row["age"])
-        self.outbox_quarantined.labels(service=self.service).set(row["quarantined"])
+        unsent, quarantined, age = await self.pool.fetchrow(
+            "SELECT count(*) FILTER (WHERE quarantined_at IS NULL), count(*) FILTER (WHERE quarantined_at IS NOT"
+            " NULL), coalesce(extract(epoch FROM now() - min(created_at) FILTER (WHERE quarantined_at"
+            " IS NULL)), 0)::float8 FROM outbox WHERE sent_at IS NULL")
+        self.outbox_rows.labels(service=self.service).set(unsent)
+        self.outbox_age.labels(service=self.service).set(age)
+        self.outbox_quarantined.labels(service=self.service).set(quarantined)
 
     async def _collect_probes(self) -> None:
         if self.pool is None or not self.probes:

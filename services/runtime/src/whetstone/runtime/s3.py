@@ -17,6 +17,11 @@ from botocore.response import StreamingBody
 _TENANT_RE = re.compile(r"^[a-z0-9][a-z0-9_-]{0,62}$")
 
 
+def is_missing(exc: BaseException) -> bool:
+    """The store's answer for an object (or bucket) that does not exist."""
+    return isinstance(exc, ClientError) and exc.response.get("Error", {}).get("Code") in ("404", "NoSuchKey", "NotFound")
+
+
 def parse_uri(uri: str) -> tuple[str, str]:
     if not uri.startswith("s3://"):
         raise ValueError(f"not an s3:// uri: {uri!r}")
@@ -86,7 +91,7 @@ class ObjectStore:
         try:
             return int(self.client.head_object(Bucket=bucket, Key=key)["ContentLength"])
         except ClientError as exc:
-            if exc.response.get("Error", {}).get("Code") in ("404", "NoSuchKey", "NotFound"):
+            if is_missing(exc):
                 return None
             raise
 

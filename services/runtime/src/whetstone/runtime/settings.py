@@ -81,11 +81,11 @@ class CommonSettings(BaseSettings):
             return {}
         options = KafkaClientOptions(security_protocol=self.kafka_security_protocol)
         if self.kafka_security_protocol.startswith("SASL"):
-            options["sasl_mechanism"] = self.kafka_sasl_mechanism
-            options["sasl_plain_username"] = self.kafka_sasl_username
-            options["sasl_plain_password"] = self.kafka_sasl_password
+            options.update(KafkaClientOptions(sasl_mechanism=self.kafka_sasl_mechanism,
+                                              sasl_plain_username=self.kafka_sasl_username,
+                                              sasl_plain_password=self.kafka_sasl_password))
         if self.kafka_security_protocol.endswith("SSL"):
-            options["ssl_context"] = ssl.create_default_context()
+            options.update(KafkaClientOptions(ssl_context=ssl.create_default_context()))
         return options
 
     @property
