@@ -152,9 +152,10 @@ def score_format(low: float, high: float) -> dict[str, JsonValue]:
 
 
 def label_format(labels: list[str]) -> dict[str, JsonValue]:
+    enum: list[JsonValue] = list(labels)
     return {"type": "json_schema", "json_schema": {"name": "label", "strict": True, "schema": {
         "type": "object", "additionalProperties": False, "required": ["result"],
-        "properties": {"result": {"type": "string", "enum": labels}}}}}
+        "properties": {"result": {"type": "string", "enum": enum}}}}}
 
 
 class ScoreVerdict(BaseModel):

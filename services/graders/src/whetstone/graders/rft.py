@@ -68,7 +68,7 @@ class ReinforcementHyperparameters(BaseModel):
     @field_validator(*WHOLE_BOUNDS)
     @classmethod
     def within(cls, value: Any, info: ValidationInfo) -> Any:
-        low, high = WHOLE_BOUNDS[info.field_name]
+        low, high = WHOLE_BOUNDS[str(info.field_name)]
         if isinstance(value, int) and not low <= value <= high:
             raise ValueError(f"must be 'auto' or a whole number from {low} to {high}")
         return value

@@ -26,9 +26,10 @@ import shutil
 import signal
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ConfigDict, JsonValue
 
 from .settings import PythonSandboxSettings
 
@@ -163,8 +164,9 @@ class PythonSandbox:
         import subprocess
         try:
             probe = bwrap_args(self.exe, self.prefix, "print(6 * 7)")
+            uid = self._uid()
             done = subprocess.run(probe, capture_output=True, timeout=20, env={}, preexec_fn=self._limits(None),
-                                  **self._identity())
+                                  user=uid, group=uid, extra_groups=None if uid is None else [], check=False)
             return "bwrap" if done.stdout.strip() == b"42" else "none"
         except (OSError, subprocess.SubprocessError):
             return "none"
@@ -178,13 +180,13 @@ class PythonSandbox:
                   "WHETSTONE_GRADERS_PYTHON_SANDBOX=unsafe")
 
     # -- one run --------------------------------------------------------------------------------
-    def _identity(self) -> dict:
+    def _uid(self) -> int | None:
+        """The uid a grader runs as: one of its own when the service runs as root, else (None) ours."""
         if os.getuid() != 0 or self.settings.uid_base is None:
-            return {}
-        uid = self.settings.uid_base + next(self._slots)
-        return {"user": uid, "group": uid, "extra_groups": []}
+            return None
+        return self.settings.uid_base + next(self._slots)
 
-    def _limits(self, nproc: int | None):
+    def _limits(self, nproc: int | None) -> Callable[[], None]:
         memory = self.settings.memory_mb * 1024 * 1024
         cpu = self.settings.cpu_s
 
@@ -198,15 +200,15 @@ class PythonSandbox:
                 resource.setrlimit(resource.RLIMIT_NPROC, (nproc, nproc))
         return apply
 
-    async def run(self, source: str, sample: dict, item: object) -> PythonOutcome:
+    async def run(self, source: str, sample: dict[str, JsonValue], item: object) -> PythonOutcome:
         self.require()
         async with self._gate:
             return await self._run(source, sample, item)
 
-    async def _run(self, source: str, sample: dict, item: object) -> PythonOutcome:
+    async def _run(self, source: str, sample: dict[str, JsonValue], item: object) -> PythonOutcome:
         payload = json.dumps({"source": source, "sample": sample, "item": item}).encode()
-        identity = self._identity()
-        if identity:
+        uid = self._uid()
+        if uid is not None:
             nproc = self.settings.max_processes
         else:   # the service's own uid: the limit counts its tasks too, so allow them plus the grader's
             nproc = own_tasks() + self.settings.max_processes
@@ -215,7 +217,7 @@ class PythonSandbox:
         proc = await asyncio.create_subprocess_exec(
             *argv, stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.DEVNULL,
             env={"PATH": "/usr/bin:/bin"}, cwd="/", start_new_session=True, preexec_fn=self._limits(nproc),
-            **identity)
+            user=uid, group=uid, extra_groups=None if uid is None else [])
         try:
             out = await asyncio.wait_for(self._exchange(proc, payload), timeout=self.settings.timeout_s)
         except TimeoutError:

@@ -14,6 +14,8 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
+from pydantic import JsonValue
+
 from .errors import GraderInvalid
 
 TAG = re.compile(r"\{\{(.*?)\}\}", re.S)
@@ -55,7 +57,7 @@ class Sample:
         except (ValueError, RecursionError):
             return cls(text)
 
-    def as_dict(self) -> dict[str, Any]:
+    def as_dict(self) -> dict[str, JsonValue]:
         return {"output_text": self.output_text, "output_json": self.output_json if self.is_json else None}
 
 
