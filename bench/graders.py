@@ -65,7 +65,7 @@ def serve_forever(port: int) -> None:
     import uvicorn
     from fastapi import FastAPI
     from whetstone.runtime.errors import install_error_handlers
-    from whetstone.scheduler import graders_api
+    from whetstone.scheduler.entrypoints import graders_api
 
     app = FastAPI()
     install_error_handlers(app)

@@ -37,6 +37,7 @@ from whetstone.runtime.identity import identity_headers
 from whetstone.runtime.models import resolve_model
 from whetstone.scheduler.bootstrap import build_service as build_scheduler
 from whetstone.scheduler.domain.job import new_job
+from whetstone.scheduler.domain.job_data import JobRequest, JobResources, MemoryGb, PlacedPart, QuotaRecord
 from whetstone.scheduler.domain.placement import Shape
 from whetstone.trainer_agent.bootstrap import build_service as build_agent
 from whetstone.trainer_agent.config import TrainerAgentSettings
@@ -195,22 +196,22 @@ async def test_merged_weights_through_the_queue_cached_billed_and_failing_on_a_c
 def merge_job(merge_id: str):
     source = MergeSource(merge_id=merge_id, model_id="wsm-1", adapter_uri="s3://w/tenants/demo/jobs/j/checkpoints/final",
                          adapter_manifest_sha256="a" * 64, source_job_id="j")
-    request = {"model": "m", "training_file": "wsm-1", "method": "merge", "merge": source.model_dump(mode="json")}
+    request = JobRequest(job_id="ftjob-m", idempotency_key=merge_id, model="m", training_file="wsm-1", method="merge",
+                         merge=source)
     now = datetime(2026, 11, 23, tzinfo=UTC)
-    job = new_job("ftjob-m", TENANT, merge_id, "fp", request, "standard", "m", "b" * 64,
-                  {"shapes": [{"gpu_type": "cpu", "gpus_per_node": 1, "nodes": 1}], "memory_gb": {"total": 1.0}}, now,
-                  "trace")
+    job = new_job("ftjob-m", TENANT, "fp", request, "standard", "m", "b" * 64,
+                  JobResources(shapes=(Shape("cpu", 1, 1),), memory_gb=MemoryGb(total=1.0)), now, "trace")
     spec = TrainingSpec(base_model="m", base_model_sha256="b" * 64, dataset_id="wsm-1", dataset_version="a" * 64,
                         train_uri=source.adapter_uri, method="merge", hyperparameters={}, hyperparameters_hash="h",
                         merge=source)
-    job.queue(now, spec, 0.0, 60.0, {}, 0, {})
+    job.queue(now, spec, 0.0, 60.0, QuotaRecord(), 0, {})
     return job, now
 
 
 @pytest.mark.unit
 def test_a_merge_job_succeeds_without_evaluation_and_a_cancel_answers_the_merge():
     job, now = merge_job("merge-1")
-    job.assign(now, [{"node_id": "n", "gpu_ids": [0]}], Shape("cpu", 1), False, False, 60.0, {})
+    job.assign(now, [PlacedPart(node_id="n", gpu_ids=[0])], Shape("cpu", 1), False, False, 60.0, {})
     job.started(now, "n", now, 1, None)
     assert job.training_completed(now, 1, None, CheckpointRef(uri="s3://w/m", step=1, manifest_sha256="c" * 64))
     assert job.status == "succeeded" and job.eval is None

@@ -11,7 +11,7 @@ import pytest
 from whetstone.contracts import DatasetValidatedV1
 from whetstone.devstack.testing import send_event, wait_until
 from whetstone.runtime.identity import identity_headers
-from whetstone.scheduler.api import STREAM_FALLBACK_S
+from whetstone.scheduler.entrypoints.api import STREAM_FALLBACK_S
 from whetstone.scheduler.bootstrap import build_service
 
 pytestmark = pytest.mark.integration

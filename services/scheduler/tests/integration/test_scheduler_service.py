@@ -123,7 +123,12 @@ async def test_tiny_job_on_the_cpu_node_queue_view_cancel_isolation_idempotency(
             job_id=a["id"], segment_id=first["segment_id"], node_id="cpu-1", error_class="user", code="nan_loss",
             message="loss became NaN at step 3"), "demo")
         await wait_until(lambda: status_is(c, "demo", a["id"], "failed"), 30, "failed")
-        await asyncio.sleep(1.5)
+        after = rt.ctx.loop.cycles + 2   # a whole scheduling cycle ran after the failure was committed
+
+        async def cycled() -> bool:
+            rt.ctx.loop.wake()
+            return rt.ctx.loop.cycles >= after
+        await wait_until(cycled, 30, "two scheduling cycles after the failure")
         assert len(await assigned(rt, a["id"])) == 1 and await status_is(c, "demo", a["id"], "failed")
 
 

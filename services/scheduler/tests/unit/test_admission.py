@@ -33,7 +33,7 @@ def test_estimate_over_soft_is_flagged_over_hard_is_refused():
     ok = check_estimate(quota, Usage(5, 0), 2)
     assert isinstance(ok, QuotaVerdict) and not ok.over_soft
     flagged = check_estimate(quota, Usage(9, 0), 2)
-    assert isinstance(flagged, QuotaVerdict) and flagged.over_soft and flagged.as_dict()["over_soft_quota"]
+    assert isinstance(flagged, QuotaVerdict) and flagged.over_soft and flagged.record().over_soft_quota
     refused = check_estimate(quota, Usage(19, 0), 2)
     assert isinstance(refused, J.Rejection) and "hard cap of 20" in refused.message
 

@@ -4,6 +4,7 @@ import pytest
 
 from whetstone.scheduler.domain import auto
 from whetstone.scheduler.domain import jobs as rules
+from whetstone.scheduler.domain.job_data import JobResources
 from whetstone.scheduler.domain.placement import Shape
 from whetstone.scheduler.domain.resources import ModelArch
 
@@ -16,7 +17,7 @@ SEVEN_B = {"params": 7_000_000_000, "params_source": "config",
 
 def resolve(method="lora", given=None, res=TINY, shapes=(Shape("cpu", 1),), examples=200, tokens=200 * 60):
     given = given or {}
-    arch = auto.arch_of(res)
+    arch = JobResources.model_validate(res).model
     defaults, _ = rules.resolve_hyperparameters(method, given, rules.model_defaults(arch.max_positions))
     return auto.resolve_for_job(method, given, defaults, arch, shapes, 16.0, auto.DataFacts(examples, tokens))
 
@@ -75,4 +76,4 @@ def test_auto_epochs_on_five_examples_is_refused_naming_the_field():
 
 
 def test_arch_of_reads_the_resources_admission_recorded():
-    assert auto.arch_of(TINY) == ModelArch(2_000_000, "config", 64, 2, 512, 1024)
+    assert JobResources.model_validate(TINY).model == ModelArch(2_000_000, "config", 64, 2, 512, 1024)

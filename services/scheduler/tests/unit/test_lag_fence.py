@@ -2,7 +2,7 @@
 consumer is behind on node.heartbeat, nor when it does not hold that partition."""
 
 import pytest
-from whetstone.scheduler.watchers import heartbeats_caught_up
+from whetstone.scheduler.entrypoints.watchers import heartbeats_caught_up
 
 pytestmark = pytest.mark.unit
 

@@ -4,8 +4,8 @@ deprecated top-level hyperparameters, 'auto' and learning_rate_multiplier, and b
 import pytest
 
 from whetstone.runtime.errors import ApiError
-from whetstone.scheduler.requests import CreateJob, to_request
-from whetstone.scheduler.rft import environment
+from whetstone.scheduler.entrypoints.requests import CreateJob, to_request
+from whetstone.scheduler.usecases.rft import environment
 
 pytestmark = pytest.mark.unit
 

@@ -1,8 +1,9 @@
-"""Reinforcement jobs' estimate and view (pure parts of scheduler/rft.py)."""
+"""Reinforcement jobs' estimate and view (pure parts of scheduler/usecases/rft.py)."""
 
 import pytest
 
-from whetstone.scheduler.rft import epoch_tokens, reinforcement_view
+from whetstone.contracts import ReinforcementSpec
+from whetstone.scheduler.usecases.rft import epoch_tokens, reinforcement_view
 
 pytestmark = pytest.mark.unit
 
@@ -10,19 +11,19 @@ SPEC = {"grader": {"type": "string_check", "name": "s", "input": "{{sample.outpu
                    "operation": "eq"}, "n_epochs": 2, "batch_size": 4, "learning_rate": 2e-5, "generations": 8,
         "eval_interval": 10, "eval_samples": 1, "reasoning_effort": "high", "max_completion_tokens": 512,
         "response_format": None}
+RL = ReinforcementSpec(**SPEC)
 
 
 def test_epoch_tokens_count_every_generation_up_to_the_budget():
     # 20 prompts of 2,000 tokens in all, 8 samples each of up to 512 tokens
-    assert epoch_tokens(2000, 20, {"reinforcement": SPEC}) == 8 * (2000 + 20 * 512)
-    assert epoch_tokens(2000, 20, {"reinforcement": {**SPEC, "max_completion_tokens": 128}}) < \
-        epoch_tokens(2000, 20, {"reinforcement": SPEC})
-    assert epoch_tokens(None, 20, {"reinforcement": SPEC}) is None      # unknown stays unknown
-    assert epoch_tokens(2000, 20, {}) == 2000                           # not a reinforcement job
+    assert epoch_tokens(2000, 20, RL) == 8 * (2000 + 20 * 512)
+    assert epoch_tokens(2000, 20, RL.model_copy(update={"max_completion_tokens": 128})) < epoch_tokens(2000, 20, RL)
+    assert epoch_tokens(None, 20, RL) is None      # unknown stays unknown
+    assert epoch_tokens(2000, 20, None) == 2000    # not a reinforcement job
 
 
 def test_the_view_shows_openai_fields():
-    view = reinforcement_view({"reinforcement": SPEC})
+    view = reinforcement_view(RL)
     assert view["grader"]["name"] == "s"
     assert view["hyperparameters"] == {"n_epochs": 2, "batch_size": 4, "learning_rate_multiplier": 2.0,
                                        "compute_multiplier": 2.0, "eval_interval": 10, "eval_samples": 1,

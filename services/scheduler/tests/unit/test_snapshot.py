@@ -1,26 +1,24 @@
-"""Rows as Postgres returns them -> the core's snapshot, and GPU ids for a placement."""
+"""What the store read (pool nodes, jobs on nodes, queue heads) -> the core's snapshot, and GPU ids for a placement."""
 
 from datetime import UTC, datetime, timedelta
 
 import pytest
 
-from whetstone.scheduler.domain.cluster import pick_gpu_ids, to_view
+from whetstone.scheduler.domain.cluster import ActiveJob, PoolNode, WaitingJob, pick_gpu_ids, to_view
+from whetstone.scheduler.domain.job_data import JobResources, PlacedPart, Progress
+from whetstone.scheduler.domain.placement import Shape
 
 pytestmark = pytest.mark.unit
 NOW = datetime(2026, 11, 1, 12, 0, tzinfo=UTC)
 
 
 def test_rows_become_a_snapshot_with_busy_gpus_and_stopping_victims():
-    nodes = [{"node_id": "a", "gpu_type": "NVIDIA-A100-SXM4-80GB", "gpu_count": 8, "spot": True,
-              "interconnect_group": "ib"}]
-    active = [{"job_id": "r", "tier": "free", "placement": [{"node_id": "a", "gpu_ids": [0, 1, 2]}],
-               "segment_started_at": NOW - timedelta(hours=1), "est_end_at": NOW + timedelta(hours=1),
-               "last_checkpoint_at": None, "progress": {"step": 50, "total_steps": 100},
-               "preempt_requested_at": NOW - timedelta(seconds=30), "priority_preemptions": 0,
-               "queued_at": NOW - timedelta(hours=3)}]
-    queued = [{"job_id": "q", "tenant_id": "t", "tier": "premium", "queued_at": NOW,
-               "resources": {"shapes": [{"gpu_type": "A100", "gpus_per_node": 4, "nodes": 1}]},
-               "estimated_runtime_s": 1000.0, "progress": {"step": 25, "total_steps": 100}, "spot_preemptions": 1}]
+    nodes = [PoolNode("a", "NVIDIA-A100-SXM4-80GB", 8, True, "ib")]
+    active = [ActiveJob("r", "free", [PlacedPart(node_id="a", gpu_ids=[0, 1, 2])], NOW - timedelta(hours=1),
+                        NOW + timedelta(hours=1), None, Progress(step=50, total_steps=100),
+                        NOW - timedelta(seconds=30), 0, NOW - timedelta(hours=3))]
+    queued = [WaitingJob("q", "t", "premium", NOW, JobResources(shapes=(Shape("A100", 4, 1),)), 1000.0,
+                         Progress(step=25, total_steps=100), spot_preemptions=1)]
     view = to_view(NOW, nodes, active, queued, checkpoint_s=120)
     (node,) = view.snapshot.nodes
     assert (node.gpu_type, node.free, node.spot) == ("A100", 5, True)
@@ -33,12 +31,11 @@ def test_rows_become_a_snapshot_with_busy_gpus_and_stopping_victims():
 
 
 def test_a_queued_job_s_wait_counts_its_earlier_periods_and_the_current_one():
-    base = {"tenant_id": "t", "tier": "free", "resources": {"gpu_type": "A100", "gpus_per_node": 1},
-            "estimated_runtime_s": 60.0, "progress": {}, "spot_preemptions": 0}
-    requeued = {**base, "job_id": "r", "queued_at": NOW - timedelta(hours=9),
-                "queued_since": NOW - timedelta(hours=1), "waited_s": 1800.0}
-    before_migration = {**base, "job_id": "old", "queued_at": NOW - timedelta(hours=2)}   # no such columns yet
-    view = to_view(NOW, [], [], [requeued, before_migration], checkpoint_s=120)
+    one = JobResources(shapes=(Shape("A100", 1),))
+    requeued = WaitingJob("r", "t", "free", NOW - timedelta(hours=9), one, 60.0,
+                          queued_since=NOW - timedelta(hours=1), waited_s=1800.0)
+    first_period = WaitingJob("old", "t", "free", NOW - timedelta(hours=2), one, 60.0)
+    view = to_view(NOW, [], [], [requeued, first_period], checkpoint_s=120)
     assert [j.wait(NOW.timestamp()) for j in view.snapshot.queue] == [pytest.approx(5400.0), pytest.approx(7200.0)]
 
 

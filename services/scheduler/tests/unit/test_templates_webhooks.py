@@ -2,6 +2,7 @@
 
 import pytest
 from whetstone.scheduler.domain import templates, webhooks
+from whetstone.scheduler.domain.job_data import TemplateUse
 
 pytestmark = pytest.mark.unit
 
@@ -38,7 +39,7 @@ def test_a_template_body_holds_how_to_train_never_what_on():
         with pytest.raises(templates.TemplateError) as exc:
             templates.split_body(body)
         assert exc.value.param == param
-    assert templates.template_fields({"name": "t", "version": 2, "overrides": ["suffix"]}) == {
+    assert templates.template_fields(TemplateUse(name="t", version=2, overrides=["suffix"])) == {
         "job_template": "t", "job_template_version": "2", "job_template_overrides": ["suffix"]}
     assert templates.template_fields(None) == {}
 
@@ -160,7 +161,7 @@ def test_templates_refuse_aliases_tags_depth_and_size_before_building_anything()
     import time
 
     from whetstone.runtime.errors import ApiError
-    from whetstone.scheduler.templates import MAX_BODY, parse_body
+    from whetstone.scheduler.entrypoints.templates import MAX_BODY, parse_body
 
     ok = "name: t\nmodel: m\nmethod: {type: supervised, supervised: {hyperparameters: {n_epochs: 2}}}\nsuffix: 'x'\n"
     assert parse_body(ok.encode(), "application/yaml")["method"]["supervised"]["hyperparameters"] == {"n_epochs": 2}

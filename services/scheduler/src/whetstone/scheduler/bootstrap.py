@@ -8,14 +8,16 @@ from datetime import UTC, datetime
 from fastapi import APIRouter
 from whetstone.runtime.service import Runtime, Service
 
-from . import api, graders_api, handlers, keys_api, merges, result_files, rft, templates, training_files, watchers, webhooks
+from .entrypoints import api, graders_api, handlers, keys_api, result_files, templates, watchers, webhooks
+
+from .usecases import merges, rft, training_files
 from .adapters.catalog import ModelCatalog
 from .adapters.metrics import SchedulerMetrics, event_metrics
 from .adapters.migrations import MIGRATIONS
 from .adapters.probes import PROBES
 from .config import SchedulerSettings
 from .context import Clock, SchedulerContext
-from .loop import SchedulingLoop
+from .entrypoints.loop import SchedulingLoop
 
 
 def utc_now() -> datetime:

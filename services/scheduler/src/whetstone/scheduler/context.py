@@ -14,7 +14,7 @@ from .adapters.webhooks import system_resolve
 from .config import SchedulerSettings
 from .domain.forecast import Forecast
 from .domain.policy import Policy
-from .loop import SchedulingLoop
+from .entrypoints.loop import SchedulingLoop
 
 Clock = Callable[[], datetime]
 Resolver = Callable[[str, int], Awaitable[list[str]]]   # (host, port) -> addresses

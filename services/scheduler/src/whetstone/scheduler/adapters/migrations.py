@@ -290,3 +290,16 @@ MIGRATIONS.append(
     );
     """
 )
+
+# the base model admission pinned gets its own columns (spec holds only the resolved TrainingSpec, once
+# queued); a verdict that arrived before training completed is kept apart from the job's verdict; the
+# request keeps the job id it was made for (it is the job.requested event)
+MIGRATIONS.append(
+    """
+    ALTER TABLE jobs ADD COLUMN base_model text, ADD COLUMN base_model_sha256 text, ADD COLUMN early_eval jsonb;
+    UPDATE jobs SET base_model = spec->>'base_model', base_model_sha256 = spec->>'base_model_sha256';
+    UPDATE jobs SET spec = NULL WHERE NOT spec ? 'dataset_id';
+    UPDATE jobs SET early_eval = eval - 'early', eval = NULL WHERE eval ? 'early';
+    UPDATE jobs SET request = request || jsonb_build_object('job_id', job_id) WHERE NOT request ? 'job_id';
+    """
+)

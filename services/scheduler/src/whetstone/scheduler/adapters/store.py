@@ -6,21 +6,24 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import typing
 from collections.abc import AsyncIterator, Sequence
 from datetime import datetime
 from typing import Any
 
 import asyncpg
+from pydantic import TypeAdapter
 
 from whetstone.contracts import TOLERANT, Event
-from whetstone.contracts.events import DatasetValidatedV1, ValidationIssue
+from whetstone.contracts.events import DatasetValidatedV1
 from whetstone.runtime.messaging import UnitOfWork
 
 from ..domain import jobs as rules
 from ..domain.admission import JobUsage, Usage
-from ..domain.cluster import ClusterView, to_view
+from ..domain.cluster import ActiveJob, ClusterView, PoolNode, WaitingJob, to_view
 from ..domain.files import DatasetRecord
 from ..domain.job import Job, Note
+from ..domain.job_data import CheckpointEntry, TimelineEntry
 from .event_wakes import EVENTS_CHANNEL
 
 WAKE_CHANNEL = "whetstone_scheduler_wake"
@@ -29,7 +32,15 @@ TERMINAL = sorted(rules.TERMINAL)
 
 JOB_FIELDS = tuple(f.name for f in dataclasses.fields(Job) if f.name != "notes")
 MUTABLE = tuple(f for f in JOB_FIELDS if f not in ("job_id", "tenant_id", "idempotency_key", "fingerprint",
-                                                   "request", "created_at", "tier", "priority", "trace_id"))
+                                                   "request", "created_at", "tier", "priority", "trace_id",
+                                                   "base_model", "base_model_sha256"))
+# the Job fields held in jsonb columns (and the status), mapped by the field's own type
+_TYPES = typing.get_type_hints(Job)
+_TYPED = {name: TypeAdapter(_TYPES[name]) for name in (
+    "request", "status", "spec", "resources", "placement", "latest_checkpoint", "progress", "error", "eval",
+    "early_eval", "quota")}
+_ACTIVE = TypeAdapter(ActiveJob)
+_WAITING = TypeAdapter(WaitingJob)
 _SELECT = f"SELECT {', '.join(JOB_FIELDS)} FROM jobs"
 _INSERT = (f"INSERT INTO jobs ({', '.join(JOB_FIELDS)}) VALUES "
            f"({', '.join(f'${i}' for i in range(1, len(JOB_FIELDS) + 1))})")
@@ -39,22 +50,29 @@ _UPDATE = (f"UPDATE jobs SET {', '.join(f'{c} = ${i}' for i, c in enumerate(MUTA
 
 # a tenant's GPU-seconds this month and jobs in flight ($1 tenant, $2 month); the in-flight
 # predicate is the jobs_in_flight index's, spelled out
-_USAGE = ("(SELECT gpu_seconds FROM tenant_usage WHERE tenant_id = $1 AND month = $2) AS usage_seconds,"
-          " (SELECT count(*) FROM jobs WHERE tenant_id = $1 AND status NOT IN ('succeeded', 'failed', 'cancelled'))"
-          " AS usage_in_flight")
+_USAGE = ("coalesce((SELECT gpu_seconds FROM tenant_usage WHERE tenant_id = $1 AND month = $2), 0) / 3600.0"
+          " AS usage_gpu_hours, (SELECT count(*) FROM jobs WHERE tenant_id = $1"
+          " AND status NOT IN ('succeeded', 'failed', 'cancelled')) AS usage_in_flight")
+
+
+def _decode(name: str, value: Any) -> Any:
+    typed = _TYPED.get(name)
+    return value if typed is None or value is None else typed.validate_python(value, context=TOLERANT)
+
+
+def _encode(name: str, value: Any) -> Any:
+    typed = _TYPED.get(name)
+    return value if typed is None or value is None else typed.dump_python(value, mode="json", exclude_none=True)
 
 
 def _job(row: asyncpg.Record) -> Job:
-    return Job(**{k: row[k] for k in JOB_FIELDS})
+    return Job(**{name: _decode(name, row[name]) for name in JOB_FIELDS})
 
 
-def _dataset(row: asyncpg.Record) -> DatasetRecord:
-    return DatasetRecord(
-        dataset_id=row["dataset_id"], version=row["version"], status=row["status"], purpose=row["purpose"],
-        data_schema=row["data_schema"], train_uri=row["train_uri"], validation_uri=row["validation_uri"],
-        rows_kept=row["rows_kept"] or 0, tokens_total=row["tokens_total"],
-        errors=tuple(ValidationIssue.model_validate(e, context=TOLERANT) for e in row["errors"] or ()),
-        cost_estimate=row["cost_estimate"], image_rows=row["image_rows"])
+_DATASET = TypeAdapter(DatasetRecord)
+_DATASET_COLUMNS = ("dataset_id, version, status, purpose, data_schema, train_uri, validation_uri,"
+                    " coalesce(rows_kept, 0) AS rows_kept, tokens_total, coalesce(errors, '[]') AS errors,"
+                    " cost_estimate, image_rows")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -90,11 +108,11 @@ class JobStore:
         return _job(row) if row else None
 
     async def add(self, job: Job) -> None:
-        await self.conn.execute(_INSERT, *(getattr(job, f) for f in JOB_FIELDS))
+        await self.conn.execute(_INSERT, *(_encode(f, getattr(job, f)) for f in JOB_FIELDS))
         await self._write_notes(job)
 
     async def save(self, job: Job) -> None:
-        await self.conn.execute(_UPDATE, job.job_id, *(getattr(job, f) for f in MUTABLE))
+        await self.conn.execute(_UPDATE, job.job_id, *(_encode(f, getattr(job, f)) for f in MUTABLE))
         await self._write_notes(job)
 
     async def _write_notes(self, job: Job) -> None:
@@ -130,17 +148,18 @@ class JobStore:
         await self.conn.execute("SELECT pg_advisory_xact_lock(hashtextextended('tenant:' || $1, 0))", tenant_id)
 
     async def usage(self, tenant_id: str, month: str) -> Usage:
-        row = await self.conn.fetchrow(f"SELECT {_USAGE}", tenant_id, month)
-        return Usage((row["usage_seconds"] or 0.0) / 3600.0, row["usage_in_flight"])
+        hours, in_flight = await self.conn.fetchrow(f"SELECT {_USAGE}", tenant_id, month)
+        return Usage(hours, in_flight)
 
     async def peek(self, job_id: str, tenant_id: str, month: str) -> tuple[Job | None, Usage]:
         """The job under this id (a retry) and the tenant's usage in one round trip, without locks:
         enough to answer a retry, or to refuse a tenant already at its cap before any sizing work."""
-        row = await self.conn.fetchrow(f"SELECT {_USAGE}, {', '.join('j.' + f for f in JOB_FIELDS)}"
+        row = await self.conn.fetchrow(f"SELECT {_USAGE}, j.job_id IS NOT NULL AS found,"
+                                       f" {', '.join('j.' + f for f in JOB_FIELDS)}"
                                        " FROM (SELECT 1) one LEFT JOIN jobs j ON j.job_id = $3",
                                        tenant_id, month, job_id)
-        usage = Usage((row["usage_seconds"] or 0.0) / 3600.0, row["usage_in_flight"])
-        return (_job(row) if row["job_id"] is not None else None), usage
+        hours, in_flight, found = row[0], row[1], row[2]
+        return (_job(row) if found else None), Usage(hours, in_flight)
 
     async def waiting_for(self, tenant_id: str, dataset_id: str) -> list[Job]:
         rows = await self.conn.fetch(
@@ -156,14 +175,14 @@ class JobStore:
     async def waiting_since(self, cutoff: datetime) -> list[tuple[Job, bool]]:
         """Jobs still in validating_files created before the cutoff, and whether their dataset was submitted."""
         rows = await self.conn.fetch(
-            f"SELECT j.*, EXISTS (SELECT 1 FROM dataset_submissions s WHERE s.tenant_id = j.tenant_id"
+            f"SELECT j.job_id, EXISTS (SELECT 1 FROM dataset_submissions s WHERE s.tenant_id = j.tenant_id"
             f"  AND s.dataset_id = j.request->>'training_file') AS submitted FROM ({_SELECT}) j"
             " WHERE j.status = $1 AND j.created_at < $2", rules.VALIDATING, cutoff)
         locked = []
-        for r in rows:
-            job = await self.get(r["job_id"], skip_locked=True)
+        for job_id, submitted in rows:
+            job = await self.get(job_id, skip_locked=True)
             if job is not None and job.status == rules.VALIDATING:
-                locked.append((job, r["submitted"]))
+                locked.append((job, bool(submitted)))
         return locked
 
     async def queued_since(self, cutoff: datetime) -> list[Job]:
@@ -188,16 +207,19 @@ class JobStore:
         rows = await self.conn.fetch(
             f"{_SELECT} WHERE tenant_id = $1 AND ($2::timestamptz IS NULL OR (created_at, job_id) < ($2, $3))"
             " ORDER BY created_at DESC, job_id DESC LIMIT $4",
-            tenant_id, cursor["created_at"] if cursor else None, cursor["job_id"] if cursor else "", limit + 1)
+            tenant_id, *(cursor if cursor else (None, "")), limit + 1)
         return [_job(r) for r in rows[:limit]], len(rows) > limit
 
-    async def events(self, job_id: str, after: int | None, limit: int, newest_first: bool = True) -> list[Any]:
+    async def events(self, job_id: str, after: int | None, limit: int,
+                     newest_first: bool = True) -> list[TimelineEntry]:
         if newest_first:
-            return await self.conn.fetch(
+            rows = await self.conn.fetch(
                 "SELECT * FROM job_events WHERE job_id = $1 AND ($2::bigint IS NULL OR id < $2)"
                 " ORDER BY id DESC LIMIT $3", job_id, after, limit)
-        return await self.conn.fetch("SELECT * FROM job_events WHERE job_id = $1 AND id > $2 ORDER BY id LIMIT $3",
-                                     job_id, after or 0, limit)
+        else:
+            rows = await self.conn.fetch("SELECT * FROM job_events WHERE job_id = $1 AND id > $2 ORDER BY id LIMIT $3",
+                                         job_id, after or 0, limit)
+        return [TimelineEntry(**r) for r in rows]
 
     async def add_checkpoint(self, job_id: str, checkpoint_id: str, step: int, kind: str, uri: str,
                              created_at: datetime, metrics: dict[str, Any]) -> None:
@@ -206,20 +228,45 @@ class JobStore:
             " VALUES ($1,$2,$3,$4,$5,$6,$7) ON CONFLICT (job_id, checkpoint_id) DO NOTHING",
             job_id, checkpoint_id, step, kind, uri, created_at, metrics)
 
-    async def checkpoints(self, job_id: str, after: str | None, limit: int) -> tuple[list[Any], bool]:
+    async def checkpoints(self, job_id: str, after: str | None, limit: int) -> tuple[list[CheckpointEntry], bool]:
         rows = await self.conn.fetch(
             "SELECT * FROM job_checkpoints WHERE job_id = $1 AND ($2::text IS NULL OR (step, checkpoint_id) <"
             " (SELECT step, checkpoint_id FROM job_checkpoints WHERE job_id = $1 AND checkpoint_id = $2))"
             " ORDER BY step DESC, checkpoint_id DESC LIMIT $3", job_id, after, limit + 1)
-        return list(rows[:limit]), len(rows) > limit
+        return [CheckpointEntry(**r) for r in rows[:limit]], len(rows) > limit
 
     # ------------------------------------------------------------ datasets
 
     async def dataset(self, tenant_id: str, dataset_id: str) -> DatasetRecord | None:
         """The dataset's verdict, None until `dataset.validated` is heard."""
-        row = await self.conn.fetchrow("SELECT * FROM datasets WHERE tenant_id = $1 AND dataset_id = $2",
-                                       tenant_id, dataset_id)
-        return None if row is None else _dataset(row)
+        row = await self.conn.fetchrow(f"SELECT {_DATASET_COLUMNS} FROM datasets WHERE tenant_id = $1"
+                                       " AND dataset_id = $2", tenant_id, dataset_id)
+        return None if row is None else _DATASET.validate_python(dict(row), context=TOLERANT)
+
+    async def file_seen(self, tenant_id: str, dataset_id: str) -> tuple[bool, bool]:
+        """(whether the file was submitted, whether it was deleted)."""
+        row = await self.conn.fetchrow(
+            "SELECT EXISTS (SELECT 1 FROM dataset_submissions WHERE tenant_id = $1 AND dataset_id = $2),"
+            " EXISTS (SELECT 1 FROM dataset_deletions WHERE tenant_id = $1 AND dataset_id = $2)", tenant_id, dataset_id)
+        return bool(row[0]), bool(row[1])
+
+    async def dataset_known(self, tenant_id: str, dataset_id: str) -> bool:
+        """Whether the tenant submitted the file or its verdict is known."""
+        return bool(await self.conn.fetchval(
+            "SELECT EXISTS (SELECT 1 FROM datasets WHERE tenant_id = $1 AND dataset_id = $2)"
+            " OR EXISTS (SELECT 1 FROM dataset_submissions WHERE tenant_id = $1 AND dataset_id = $2)",
+            tenant_id, dataset_id))
+
+    async def dataset_deleted(self, tenant_id: str, dataset_id: str, at: datetime) -> None:
+        await self.conn.execute("INSERT INTO dataset_deletions (tenant_id, dataset_id, deleted_at) VALUES ($1, $2, $3)"
+                                " ON CONFLICT DO NOTHING", tenant_id, dataset_id, at)
+
+    async def jobs_on_file(self, tenant_id: str, dataset_id: str, statuses: Sequence[str]) -> list[str]:
+        """The ids of the tenant's jobs training on the file in one of these statuses, oldest first."""
+        rows = await self.conn.fetch(
+            "SELECT job_id FROM jobs WHERE tenant_id = $1 AND request->>'training_file' = $2"
+            " AND status = ANY($3::text[]) ORDER BY created_at", tenant_id, dataset_id, list(statuses))
+        return [r[0] for r in rows]
 
     async def dataset_submitted(self, tenant_id: str, dataset_id: str, at: datetime) -> None:
         await self.conn.execute("INSERT INTO dataset_submissions (tenant_id, dataset_id, submitted_at)"
@@ -276,7 +323,8 @@ class JobStore:
             " AND gpu_count = $3) AND EXISTS (SELECT 1 FROM jobs WHERE status = 'queued') AS wake",
             node.node_id, node.gpu_type, node.gpu_count, node.gpu_memory_gb, node.spot, node.interconnect_group,
             node.seen_at, node.address, list(claimed), ACTIVE, silent_before)
-        return list(row["foreign_jobs"]), bool(row["wake"])
+        foreign, wake = row
+        return list(foreign), bool(wake)
 
     async def node_deleted(self, node_id: str) -> None:
         await self.conn.execute("UPDATE nodes SET lost = true, schedulable = false, unschedulable_reason = 'deleted'"
@@ -285,15 +333,16 @@ class JobStore:
     async def mark_lost(self, silent_since: datetime) -> list[str]:
         rows = await self.conn.fetch("UPDATE nodes SET lost = true WHERE NOT lost AND last_seen < $1 RETURNING node_id",
                                      silent_since)
-        return [r["node_id"] for r in rows]
+        return [node_id for (node_id,) in rows]
 
-    async def pool_nodes(self) -> list[Any]:
-        return await self.conn.fetch("SELECT node_id, gpu_type, gpu_count, gpu_memory_gb, spot, interconnect_group"
+    async def pool_nodes(self) -> list[PoolNode]:
+        rows = await self.conn.fetch("SELECT node_id, gpu_type, gpu_count, gpu_memory_gb, spot, interconnect_group"
                                      " FROM nodes WHERE NOT lost")
+        return [PoolNode(**r) for r in rows]
 
     async def addresses(self, node_ids: Sequence[str]) -> dict[str, str | None]:
         rows = await self.conn.fetch("SELECT node_id, address FROM nodes WHERE node_id = ANY($1)", list(node_ids))
-        return {r["node_id"]: r["address"] for r in rows}
+        return {node_id: address for node_id, address in rows}
 
     # ------------------------------------------------------------- cluster
 
@@ -304,7 +353,7 @@ class JobStore:
     async def cluster(self, now: datetime, node_seen_since: datetime, queue_limit: int,
                       checkpoint_s: float) -> ClusterView:
         node_rows = await self.conn.fetch(
-            "SELECT node_id, gpu_type, gpu_count, spot, interconnect_group FROM nodes"
+            "SELECT node_id, gpu_type, gpu_count, gpu_memory_gb, spot, interconnect_group FROM nodes"
             " WHERE NOT lost AND schedulable AND last_seen >= $1 ORDER BY node_id", node_seen_since)
         active = await self.conn.fetch(
             "SELECT job_id, tier, placement, segment_started_at, est_end_at, last_checkpoint_at, progress,"
@@ -313,7 +362,9 @@ class JobStore:
             "SELECT job_id, tenant_id, tier, queued_at, resources, estimated_runtime_s, progress, spot_preemptions,"
             " queued_since, waited_s"
             " FROM jobs WHERE status = 'queued' ORDER BY sort_key, job_id LIMIT $1", queue_limit)
-        return to_view(now, node_rows, active, queued, checkpoint_s)
+        return to_view(now, [PoolNode(**r) for r in node_rows],
+                       [_ACTIVE.validate_python(dict(r), context=TOLERANT) for r in active],
+                       [_WAITING.validate_python(dict(r), context=TOLERANT) for r in queued], checkpoint_s)
 
     @staticmethod
     @contextlib.asynccontextmanager
@@ -345,9 +396,10 @@ class JobStore:
     async def job_usage(self, job_id: str, tenant_id: str) -> tuple[str, JobUsage]:
         row = await self.conn.fetchrow(
             "INSERT INTO job_usage (job_id, tenant_id) VALUES ($1, $2) ON CONFLICT (job_id)"
-            " DO UPDATE SET job_id = EXCLUDED.job_id RETURNING *", job_id, tenant_id)
-        return row["tenant_id"], JobUsage(row["segments"], row["segment_seconds"], row["segment_cost"],
-                                          row["total_seconds"], row["total_cost"])
+            " DO UPDATE SET job_id = EXCLUDED.job_id"
+            " RETURNING tenant_id, segments, segment_seconds, segment_cost, total_seconds, total_cost", job_id, tenant_id)
+        holder, *figures = row
+        return holder, JobUsage(*figures)
 
     async def save_job_usage(self, job_id: str, u: JobUsage) -> None:
         await self.conn.execute(

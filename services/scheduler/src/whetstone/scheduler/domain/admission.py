@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from .job_data import QuotaRecord
 from .jobs import Rejection
 
 
@@ -37,10 +38,10 @@ class QuotaVerdict:
     soft_gpu_hours: float | None
     hard_gpu_hours: float | None
 
-    def as_dict(self) -> dict:
-        return {"over_soft_quota": self.over_soft, "used_gpu_hours": round(self.used_gpu_hours, 3),
-                "estimated_gpu_hours": round(self.estimated_gpu_hours, 3),
-                "soft_gpu_hours": self.soft_gpu_hours, "hard_gpu_hours": self.hard_gpu_hours}
+    def record(self) -> QuotaRecord:
+        return QuotaRecord(over_soft_quota=self.over_soft, used_gpu_hours=round(self.used_gpu_hours, 3),
+                           estimated_gpu_hours=round(self.estimated_gpu_hours, 3),
+                           soft_gpu_hours=self.soft_gpu_hours, hard_gpu_hours=self.hard_gpu_hours)
 
 
 def check_submission(quota: Quota, usage: Usage) -> Rejection | None:

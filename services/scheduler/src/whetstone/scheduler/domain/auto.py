@@ -32,7 +32,7 @@ from typing import Any
 from .jobs import Rejection
 from .placement import Shape
 from .resources import (
-    CPU, GB, GPU_CATALOG, METHOD_KIND, PER_GPU_OVERHEAD_GB, USABLE_MEMORY, ModelArch, _approx_dims, training_memory,
+    CPU, GB, GPU_CATALOG, METHOD_KIND, PER_GPU_OVERHEAD_GB, USABLE_MEMORY, ModelArch, dims_of, training_memory,
 )
 
 TARGET_EPOCHS, MIN_TARGET_EXAMPLES, MAX_TARGET_EXAMPLES = 3, 100, 25_000
@@ -73,8 +73,7 @@ def rank_for_size(params: int) -> int:
 def activation_bytes_per_token(arch: ModelArch, method: str, checkpointing: bool) -> float:
     """resources.training_memory's activation model: with gradient checkpointing every layer keeps its
     bf16 input and one layer is live; without it every layer keeps all of its (~34 B per hidden unit)."""
-    hidden, layers, vocab = (arch.hidden_size, arch.num_layers, arch.vocab_size) if arch.hidden_size else \
-        _approx_dims(arch.params)
+    hidden, layers, vocab = dims_of(arch)
     per_layer = (2 * layers + 34) if checkpointing else 34 * layers
     factor = 2 if method in ("dpo", "orpo") else 1   # chosen and rejected in the same step
     return factor * (hidden * per_layer + vocab * 6)
@@ -149,33 +148,6 @@ def resolve_auto(method: str, given: Mapping[str, Any], resolved: Mapping[str, A
                   gradient_checkpointing=g.gradient_checkpointing)
         chosen += ["batch_size", "gradient_accumulation_steps", "gradient_checkpointing"]
     return hp, chosen
-
-
-@dataclass(frozen=True)
-class RecordedArch:
-    """What admission records of the base model in a job's resources: its size (`params`,
-    `params_source`) and its `arch` object (dimensions, and whether it sees images: None when unknown)."""
-
-    model: ModelArch
-    vision: bool | None = None
-
-    @classmethod
-    def of(cls, resources: Mapping[str, Any] | None) -> RecordedArch:
-        res = resources or {}
-        a = res.get("arch") or {}
-        return cls(ModelArch(res.get("params", 0), res.get("params_source", "unknown"), a.get("hidden_size"),
-                             a.get("num_layers"), a.get("vocab_size"), a.get("max_positions")), a.get("vision"))
-
-    def arch_object(self) -> dict[str, Any]:
-        """The resources' `arch` object."""
-        m = self.model
-        return {"vision": self.vision, "hidden_size": m.hidden_size, "num_layers": m.num_layers,
-                "vocab_size": m.vocab_size, "max_positions": m.max_positions}
-
-
-def arch_of(resources: Mapping[str, Any] | None) -> ModelArch:
-    """The base's architecture as admission recorded it in the job's resources."""
-    return RecordedArch.of(resources).model
 
 
 def tightness(hp: Mapping[str, Any]) -> tuple[int, bool]:

@@ -1,20 +1,71 @@
-"""The cluster as one scheduling cycle sees it, built from plain rows (pure: no IO).
+"""The cluster as one scheduling cycle sees it (pure: no IO).
 
-`to_view` turns the rows the store read (nodes, jobs on nodes, queue heads) into the policy's
-`Snapshot`, plus which GPU ids are held so that placements can name concrete GPUs."""
+`to_view` turns what the store read (the pool's nodes, the jobs on nodes, the queue heads) into the
+policy's `Snapshot`, plus which GPU ids are held so that placements can name concrete GPUs."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from collections.abc import Sequence
+from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Any
 
+from .job_data import JobResources, PlacedPart, Progress
 from .placement import Node, Shape
-from .snapshot import QueuedJob, RunningJob, Snapshot
 from .resources import canonical_gpu_type
+from .snapshot import QueuedJob, RunningJob, Snapshot
 
-Row = Mapping[str, Any]
+
+@dataclass(frozen=True)
+class PoolNode:
+    """A node of the pool as the store knows it (heartbeats and the Kubernetes inventory)."""
+
+    node_id: str
+    gpu_type: str
+    gpu_count: int
+    spot: bool
+    interconnect_group: str
+    gpu_memory_gb: float = 0.0
+
+    def as_node(self, free: int | None = None) -> Node:
+        return Node(self.node_id, canonical_gpu_type(self.gpu_type), self.gpu_count,
+                    self.gpu_count if free is None else free, self.spot, self.interconnect_group)
+
+
+@dataclass(frozen=True)
+class ActiveJob:
+    """A job on nodes, as the cycle needs it (victims, GPUs held, when it ends)."""
+
+    job_id: str
+    tier: str
+    placement: list[PlacedPart]
+    segment_started_at: datetime | None
+    est_end_at: datetime | None
+    last_checkpoint_at: datetime | None
+    progress: Progress
+    preempt_requested_at: datetime | None
+    priority_preemptions: int
+    queued_at: datetime | None
+
+
+@dataclass(frozen=True)
+class WaitingJob:
+    """A queued job, as the cycle needs it."""
+
+    job_id: str
+    tenant_id: str
+    tier: str
+    queued_at: datetime
+    resources: JobResources
+    estimated_runtime_s: float | None
+    progress: Progress = field(default_factory=Progress)
+    spot_preemptions: int = 0
+    queued_since: datetime | None = None   # start of the current queue period
+    waited_s: float = 0.0                  # queue wait of the earlier periods
+
+    def wait_s(self, now: datetime) -> float:
+        """Queue wait so far over every queue period: the earlier ones, plus the current one."""
+        since = self.queued_since or self.queued_at
+        return self.waited_s + max((now - since).total_seconds(), 0.0)
 
 
 @dataclass
@@ -22,21 +73,6 @@ class ClusterView:
     snapshot: Snapshot
     busy: dict[str, set[int]]          # node -> GPU ids held by jobs this scheduler placed
     gpu_count: dict[str, int]
-
-
-def progress_fraction(progress: Mapping[str, Any] | None) -> float:
-    if not progress:
-        return 0.0
-    step, total = progress.get("step"), progress.get("total_steps")
-    return min(1.0, step / total) if step and total else 0.0
-
-
-def shapes_of(resources: Mapping[str, Any] | None) -> tuple[Shape, ...]:
-    if not resources:
-        return ()
-    if "shapes" in resources:
-        return tuple(Shape.from_dict(s) for s in resources["shapes"])
-    return (Shape(resources["gpu_type"], resources["gpus_per_node"], resources.get("nodes", 1)),)
 
 
 def describe_shapes(shapes: Sequence[Shape], limit: int = 4) -> str:
@@ -47,36 +83,28 @@ def describe_pool(nodes: Sequence[Node]) -> str:
     return ", ".join(sorted({f"{n.gpu_count}x {n.gpu_type}" for n in nodes}))
 
 
-def to_view(now: datetime, node_rows: Sequence[Row], active: Sequence[Row], queued: Sequence[Row],
+def to_view(now: datetime, pool: Sequence[PoolNode], active: Sequence[ActiveJob], queued: Sequence[WaitingJob],
             checkpoint_s: float) -> ClusterView:
     busy: dict[str, set[int]] = {}
     running = []
     for r in active:
-        nodes = tuple((p["node_id"], len(p["gpu_ids"])) for p in r["placement"] or [])
-        for p in r["placement"] or []:
-            busy.setdefault(p["node_id"], set()).update(p["gpu_ids"])
-        started = (r["segment_started_at"] or now).timestamp()
+        nodes = tuple((p.node_id, len(p.gpu_ids)) for p in r.placement)
+        for p in r.placement:
+            busy.setdefault(p.node_id, set()).update(p.gpu_ids)
+        started = (r.segment_started_at or now).timestamp()
         running.append(RunningJob(
-            r["job_id"], r["tier"], nodes, started,
-            r["est_end_at"].timestamp() if r["est_end_at"] else started + 3600.0,
-            r["last_checkpoint_at"].timestamp() if r["last_checkpoint_at"] else None,
-            progress_fraction(r["progress"]),
-            r["preempt_requested_at"].timestamp() + checkpoint_s if r["preempt_requested_at"] else None,
-            r["priority_preemptions"], r["queued_at"].timestamp() if r["queued_at"] else None))
-    gpu_count = {r["node_id"]: r["gpu_count"] for r in node_rows}
-    nodes = [Node(r["node_id"], canonical_gpu_type(r["gpu_type"]), r["gpu_count"],
-                  max(0, r["gpu_count"] - len(busy.get(r["node_id"], ()))), r["spot"], r["interconnect_group"])
-             for r in node_rows]
-    queue = [QueuedJob(r["job_id"], r["tier"], r["queued_at"].timestamp(), shapes_of(r["resources"]),
-                       (r["estimated_runtime_s"] or 3600.0) * (1 - progress_fraction(r["progress"])),
-                       r["spot_preemptions"], r["tenant_id"], queue_wait_s(now, r)) for r in queued]
-    return ClusterView(Snapshot(now.timestamp(), nodes, running, queue), busy, gpu_count)
-
-
-def queue_wait_s(now: datetime, row: Row) -> float:
-    """Queue wait so far over every queue period: the earlier ones, plus the current one."""
-    since = row.get("queued_since") or row["queued_at"]
-    return (row.get("waited_s") or 0.0) + max((now - since).total_seconds(), 0.0)
+            r.job_id, r.tier, nodes, started,
+            r.est_end_at.timestamp() if r.est_end_at else started + 3600.0,
+            r.last_checkpoint_at.timestamp() if r.last_checkpoint_at else None,
+            r.progress.fraction(),
+            r.preempt_requested_at.timestamp() + checkpoint_s if r.preempt_requested_at else None,
+            r.priority_preemptions, r.queued_at.timestamp() if r.queued_at else None))
+    gpu_count = {n.node_id: n.gpu_count for n in pool}
+    free = [n.as_node(max(0, n.gpu_count - len(busy.get(n.node_id, ())))) for n in pool]
+    queue = [QueuedJob(q.job_id, q.tier, q.queued_at.timestamp(), q.resources.shapes,
+                       (q.estimated_runtime_s or 3600.0) * (1 - q.progress.fraction()),
+                       q.spot_preemptions, q.tenant_id, q.wait_s(now)) for q in queued]
+    return ClusterView(Snapshot(now.timestamp(), free, running, queue), busy, gpu_count)
 
 
 def pick_gpu_ids(node_id: str, count: int, view: ClusterView) -> list[int]:

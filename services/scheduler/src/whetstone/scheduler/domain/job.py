@@ -15,23 +15,27 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from whetstone.contracts import (
-    CheckpointRef, Event, JobAssignedV1, JobCancelledV1, JobFailedV1, JobPreemptedV1, JobPreemptRequestedV1,
-    JobQueuedV1, ModelMergedV1, NodeFencedV1, Resources, TrainingSpec,
+    CheckpointRef, EvalCompletedV1, Event, JobAssignedV1, JobCancelledV1, JobFailedV1, JobPreemptedV1,
+    JobPreemptRequestedV1, JobQueuedV1, ModelMergedV1, NodeFencedV1, Resources, TrainingSpec,
+)
+from whetstone.contracts.enums import (
+    CheckpointKind, ErrorClass, JobStatus, MergeStatus, PreemptionReason, PreemptRequestReason, SpecMethod, StageStatus,
 )
 
 from . import jobs as rules
-from .cluster import progress_fraction, shapes_of
+from .job_data import (
+    AssignedShape, JobError, JobRequest, JobResources, PlacedPart, Progress, QuotaRecord, StoredCheckpoint,
+)
 from .placement import Shape, rendezvous
 from .templates import template_fields
 
 # OpenAI's statuses; the platform's finer state is kept beside them (`Job.status`)
-PUBLIC_STATUS = {
+PUBLIC_STATUS: dict[JobStatus, str] = {
     rules.VALIDATING: "validating_files", rules.QUEUED: "queued", rules.PREEMPTED: "queued",
     rules.PROVISIONING: "running", rules.RUNNING: "running", rules.CHECKPOINTING: "running",
     rules.EVALUATING: "running", rules.SUCCEEDED: "succeeded", rules.FAILED: "failed",
     rules.CANCELLED: "cancelled",
 }
-PREEMPT_COMMAND_REASONS = ("priority", "spot_loss", "drain")
 SEGMENT_ATTEMPT = re.compile(r"-s(\d+)$")
 MAX_TIMEOUT_REQUEUES = 3   # a job whose segments time out this often fails (platform) instead of looping
 
@@ -60,38 +64,34 @@ class Note:
     data: dict[str, Any] = field(default_factory=dict)
 
 
-def checkpoint_ref(ckpt: Mapping[str, Any] | None) -> CheckpointRef | None:
-    """The resumable part of a stored checkpoint record."""
-    if not ckpt:
-        return None
-    return CheckpointRef(uri=ckpt["uri"], step=ckpt["step"], manifest_sha256=ckpt["manifest_sha256"])
-
-
 @dataclass
 class Job:
     job_id: str
     tenant_id: str
     idempotency_key: str
     fingerprint: str
-    request: dict[str, Any]
-    status: str
+    request: JobRequest
+    status: JobStatus
     tier: str
     created_at: datetime
     updated_at: datetime
     trace_id: str
+    base_model: str                          # the base model admission resolved and pinned
+    base_model_sha256: str
     priority: int = 1
-    spec: dict[str, Any] | None = None
-    resources: dict[str, Any] | None = None
+    spec: TrainingSpec | None = None         # resolved once the training file is accepted (queued)
+    resources: JobResources = field(default_factory=JobResources)
     node_id: str | None = None
     gpu_ids: list[int] = field(default_factory=list)
     node_ids: list[str] = field(default_factory=list)
-    placement: list[dict[str, Any]] = field(default_factory=list)
+    placement: list[PlacedPart] = field(default_factory=list)
     segment_id: str | None = None
     attempt: int = 0
-    latest_checkpoint: dict[str, Any] | None = None
-    progress: dict[str, Any] = field(default_factory=dict)
-    error: dict[str, Any] | None = None
-    eval: dict[str, Any] | None = None
+    latest_checkpoint: StoredCheckpoint | None = None
+    progress: Progress = field(default_factory=Progress)
+    error: JobError | None = None
+    eval: EvalCompletedV1 | None = None      # the gate's verdict on the job's final checkpoint
+    early_eval: EvalCompletedV1 | None = None  # a verdict that arrived before training reported completion
     trained_tokens: int | None = None
     queued_at: datetime | None = None
     queued_since: datetime | None = None     # start of the current queue period (queued or re-queued)
@@ -108,7 +108,7 @@ class Job:
     preempt_requested_at: datetime | None = None
     preempt_reason: str | None = None
     preempted_for: str | None = None
-    quota: dict[str, Any] | None = None
+    quota: QuotaRecord | None = None
     fine_tuned_model: str | None = None
     result_files: list[str] = field(default_factory=list)   # OpenAI's result_files: file.created of the job
     fenced_attempt: int = 0                  # attempts up to this one were fenced: their events are refused
@@ -140,15 +140,15 @@ class Job:
 
     @property
     def shapes(self) -> tuple[Shape, ...]:
-        return shapes_of(self.resources)
+        return self.resources.shapes
 
     @property
-    def method(self) -> str:
-        return self.request["method"]
+    def method(self) -> SpecMethod:
+        return self.request.method
 
     @property
     def training_file(self) -> str:
-        return self.request["training_file"]
+        return self.request.training_file
 
     def nodes_held(self) -> list[str]:
         return list(self.node_ids) or ([self.node_id] if self.node_id else [])
@@ -158,8 +158,10 @@ class Job:
         (`<job>-s<attempt>`); None for an event that names neither."""
         if attempt is not None:
             return attempt
-        match = SEGMENT_ATTEMPT.search(segment_id or "")
-        return int(match.group(1)) if match and segment_id.startswith(self.job_id) else None  # type: ignore[union-attr]
+        if segment_id is None or not segment_id.startswith(self.job_id):
+            return None
+        match = SEGMENT_ATTEMPT.search(segment_id)
+        return int(match.group(1)) if match else None
 
     def stale(self, segment_id: str | None, attempt: int | None, *, stop_report: bool = False) -> str | None:
         """Why an event of this attempt must have no effect (a fenced or superseded attempt), or None.
@@ -182,9 +184,12 @@ class Job:
             waited, state, limit = now - self.preempt_requested_at, "checkpointing", limits.checkpointing
         elif self.status == rules.CHECKPOINTING:
             waited, state, limit = now - since, "checkpointing", limits.checkpointing
-        elif self.status in (rules.PROVISIONING, rules.RUNNING, rules.EVALUATING):
-            waited, state = now - since, self.status
-            limit = getattr(limits, state)
+        elif self.status == rules.PROVISIONING:
+            waited, state, limit = now - since, "provisioning", limits.provisioning
+        elif self.status == rules.RUNNING:
+            waited, state, limit = now - since, "running", limits.running
+        elif self.status == rules.EVALUATING:
+            waited, state, limit = now - since, "evaluating", limits.evaluating
         else:
             return None
         return state if waited > timedelta(seconds=limit) else None
@@ -194,7 +199,7 @@ class Job:
     def note(self, now: datetime, message: str, level: str = "info", type: str = "message", **data: Any) -> None:
         self.notes.append(Note(now, message, level, type, data))
 
-    def _move(self, target: str, now: datetime, message: str, **data: Any) -> bool:
+    def _move(self, target: JobStatus, now: datetime, message: str, **data: Any) -> bool:
         if not rules.can_transition(self.status, target):
             return False
         self.status, self.updated_at = target, now
@@ -205,10 +210,10 @@ class Job:
 
     def _merge_failed(self, error: str) -> list[Event]:
         """A merge job the scheduler ends (a timeout, a cancel) answers its merge request too."""
-        merge = self.request.get("merge") if self.method == "merge" else None
-        if not merge:
+        merge = self.request.merge if self.method == SpecMethod.MERGE else None
+        if merge is None:
             return []
-        return [ModelMergedV1(merge_id=merge["merge_id"], model_id=merge["model_id"], status="failed",
+        return [ModelMergedV1(merge_id=merge.merge_id, model_id=merge.model_id, status=MergeStatus.FAILED,
                               merge_job_id=self.job_id, error=error)]
 
     def _leave_nodes(self) -> None:
@@ -217,38 +222,39 @@ class Job:
     def queued_event(self, position: int | None, cost: dict[str, Any] | None = None,
                      requeued: bool = False) -> JobQueuedV1:
         first = self.shapes[0]
-        return JobQueuedV1(job_id=self.job_id, tier=self.tier, spec=TrainingSpec.model_validate(self.spec),
+        assert self.spec is not None, "a queued job has its spec"
+        return JobQueuedV1(job_id=self.job_id, tier=self.tier, spec=self.spec,
                            resources=Resources(gpu_type=first.gpu_type, gpus_per_node=first.gpus_per_node,
                                                nodes=first.nodes),
                            queue_position=position, cost_estimate=cost, requeued=requeued,
-                           suffix=self.request.get("suffix"), **template_fields(self.request.get("template")))
+                           suffix=self.request.suffix, **template_fields(self.request.template))
 
     # -------------------------------------------------------- transitions
 
-    def fail(self, now: datetime, code: str, message: str, error_class: str = "user",
+    def fail(self, now: datetime, code: str, message: str, error_class: ErrorClass = ErrorClass.USER,
              param: str | None = None) -> list[Event]:
         if not self._move(rules.FAILED, now, message, code=code):
             return []
         self._leave_nodes()
-        self.error = {"code": code, "message": message, "error_class": error_class, "param": param}
+        self.error = JobError(code=code, message=message, error_class=error_class, param=param)
         return [JobFailedV1(job_id=self.job_id, error_class=error_class, code=code, message=message),
                 *self._merge_failed(f"{code}: {message}")]
 
-    def queue(self, now: datetime, spec: TrainingSpec, sort_key: float, runtime_s: float, quota: dict[str, Any],
+    def queue(self, now: datetime, spec: TrainingSpec, sort_key: float, runtime_s: float, quota: QuotaRecord,
               position: int, cost: dict[str, Any]) -> list[Event]:
         """Out of validating_files once the dataset is accepted and the estimate fits the quota."""
         if not self._move(rules.QUEUED, now, "job queued"):
             return []
-        self.spec, self.queued_at, self.sort_key = spec.model_dump(mode="json"), now, sort_key
+        self.spec, self.queued_at, self.sort_key = spec, now, sort_key
         self.queued_since = now
         self.estimated_runtime_s, self.quota = runtime_s, quota
         return [self.queued_event(position, cost)]
 
-    def assign(self, now: datetime, placement: list[dict[str, Any]], shape: Shape, spot: bool, backfilled: bool,
+    def assign(self, now: datetime, placement: list[PlacedPart], shape: Shape, spot: bool, backfilled: bool,
                default_runtime_s: float, addresses: Mapping[str, str | None]) -> list[Event]:
         """A new segment on these nodes and GPU ids: every gang member gets its part of it."""
         devices = "CPU slots" if shape.gpu_type == "cpu" else f"{shape.gpu_type} GPUs"   # a CPU node is no GPU
-        where = ", ".join(f"{p['node_id']} {devices} {p['gpu_ids']}" for p in placement)
+        where = ", ".join(f"{p.node_id} {devices} {p.gpu_ids}" for p in placement)
         if not self._move(rules.PROVISIONING, now, f"assigned to {where}" + (" (backfilled)" if backfilled else "")):
             return []
         self.attempt += 1
@@ -257,16 +263,18 @@ class Job:
         self.waited_s += max((now - since).total_seconds(), 0.0) if since else 0.0
         self.queued_since = None
         self.placement = placement
-        self.node_ids = [p["node_id"] for p in placement]
-        self.node_id, self.gpu_ids = placement[0]["node_id"], placement[0]["gpu_ids"]
-        remaining = (self.estimated_runtime_s or default_runtime_s) * (1 - progress_fraction(self.progress))
+        self.node_ids = [p.node_id for p in placement]
+        self.node_id, self.gpu_ids = placement[0].node_id, list(placement[0].gpu_ids)
+        remaining = (self.estimated_runtime_s or default_runtime_s) * (1 - self.progress.fraction())
         self.segment_started_at, self.est_end_at = now, now + timedelta(seconds=remaining)
         self.last_checkpoint_at, self.last_activity_at = None, now
-        self.resources = {**(self.resources or {}), "assigned": {**shape.as_dict(), "spot": spot}}
-        spec, resume = TrainingSpec.model_validate(self.spec), checkpoint_ref(self.latest_checkpoint)
+        self.resources = self.resources.model_copy(update={"assigned": AssignedShape(
+            gpu_type=shape.gpu_type, gpus_per_node=shape.gpus_per_node, nodes=shape.nodes, spot=spot)})
+        assert self.spec is not None, "a queued job has its spec"
+        spec, resume = self.spec, self.latest_checkpoint.ref() if self.latest_checkpoint else None
         meeting = rendezvous(self.node_ids, addresses)
-        return [JobAssignedV1(job_id=self.job_id, node_id=p["node_id"], segment_id=self.segment_id,
-                              attempt=self.attempt, gpu_ids=p["gpu_ids"], spec=spec, resume_from=resume,
+        return [JobAssignedV1(job_id=self.job_id, node_id=p.node_id, segment_id=self.segment_id,
+                              attempt=self.attempt, gpu_ids=p.gpu_ids, spec=spec, resume_from=resume,
                               rendezvous=rdzv) for p, rdzv in zip(placement, meeting, strict=True)]
 
     def request_preemption(self, now: datetime, reason: str, message: str,
@@ -278,11 +286,12 @@ class Job:
         self.updated_at = now
         self.note(now, f"{message}: checkpoint and stop requested; the job resumes from its checkpoint when "
                   "capacity frees", level="warning", reason=reason, for_job=for_job)
-        command = reason if reason in PREEMPT_COMMAND_REASONS else "priority"
+        known = {r.value for r in PreemptRequestReason}
+        command = PreemptRequestReason(reason) if reason in known else PreemptRequestReason.PRIORITY
         return [JobPreemptRequestedV1(job_id=self.job_id, node_id=node, segment_id=self.segment_id,
                                       reason=command, for_job_id=for_job) for node in self.node_ids]
 
-    def give_up_segment(self, now: datetime, reason: str, position: int, node_id: str | None = None,
+    def give_up_segment(self, now: datetime, reason: PreemptionReason, position: int, node_id: str | None = None,
                         requeue: bool = True) -> list[Event]:
         """The scheduler gives up on the current attempt (its node was lost, or it timed out): the
         segment is reported preempted with the true basis (`checkpointed_at`: when its latest
@@ -294,8 +303,8 @@ class Job:
         nodes = self.nodes_held()
         own = self.last_checkpoint_at is not None        # set only by a checkpoint of this segment
         lost = JobPreemptedV1(job_id=self.job_id, segment_id=self.segment_id, attempt=self.attempt,
-                              node_id=node_id or (nodes[0] if nodes else ""), reason=reason, stopped_at=now,
-                              checkpoint=checkpoint_ref(self.latest_checkpoint),
+                              node_id=node_id or (nodes[0] if nodes else ""), reason=PreemptionReason(reason), stopped_at=now,
+                              checkpoint=self.latest_checkpoint.ref() if self.latest_checkpoint else None,
                               checkpointed_at=self.last_checkpoint_at if own else None)
         fences = [NodeFencedV1(job_id=self.job_id, node_id=n, segment_id=self.segment_id, attempt=self.attempt,
                                reason=reason) for n in nodes]
@@ -313,23 +322,26 @@ class Job:
                 "a checkpoint-and-stop request", "evaluating": "no eval.completed"}[state]
         message = f"{state} timed out: {what} within {limit_s:.0f}s"
         if state == "evaluating" or not self.on_node:
-            return self.fail(now, f"{state}_timeout", message, error_class="platform")
+            return self.fail(now, f"{state}_timeout", message, error_class=ErrorClass.PLATFORM)
         self.timeouts += 1
         self.note(now, message, level="warning", state=state, timeouts=self.timeouts)
         if self.timeouts < MAX_TIMEOUT_REQUEUES:
-            return self.give_up_segment(now, "platform_timeout", position)
-        return [*self.give_up_segment(now, "platform_timeout", position, requeue=False),
+            return self.give_up_segment(now, PreemptionReason.PLATFORM_TIMEOUT, position)
+        return [*self.give_up_segment(now, PreemptionReason.PLATFORM_TIMEOUT, position, requeue=False),
                 *self.fail(now, f"{state}_timeout", f"{message} ({self.timeouts} segments timed out; the platform "
-                           "gave up)", error_class="platform")]
+                           "gave up)", error_class=ErrorClass.PLATFORM)]
 
     def preempted(self, now: datetime, reason: str, checkpoint: CheckpointRef | None, position: int) -> list[Event]:
         """Stopped (spot loss, priority, lost node, drain): counted, then always back in the queue with
         the same job id and queue time, resuming from its latest checkpoint."""
         if not rules.can_transition(self.status, rules.PREEMPTED):
             return []
-        if checkpoint is not None and checkpoint.step >= (self.latest_checkpoint or {}).get("step", -1):
-            self.latest_checkpoint = {**checkpoint.model_dump(), "kind": "emergency"}
-        on_spot = bool((self.resources or {}).get("assigned", {}).get("spot"))
+        if checkpoint is not None and checkpoint.step >= self.latest_step():
+            self.latest_checkpoint = StoredCheckpoint(uri=checkpoint.uri, step=checkpoint.step,
+                                                      manifest_sha256=checkpoint.manifest_sha256,
+                                                      kind=CheckpointKind.EMERGENCY)
+        assigned = self.resources.assigned
+        on_spot = assigned is not None and assigned.spot
         counts_spot = reason == "spot_loss" or (on_spot and reason in ("node_lost", "drain", "signal"))
         counts_priority = reason == "priority" or self.preempt_reason == "priority"
         self._move(rules.PREEMPTED, now, f"preempted ({reason})")
@@ -348,29 +360,33 @@ class Job:
                       + (f", resumed from step {resumed_from_step}" if resumed_from_step else "")):
             self.started_at = self.started_at or started_at
             self.last_activity_at = now
-            self.progress = {**self.progress, "total_steps": total_steps}
+            self.progress = self.progress.model_copy(update={"total_steps": total_steps})
 
-    def progressed(self, now: datetime, metrics: dict[str, Any]) -> bool:
+    def progressed(self, now: datetime, metrics: Progress) -> bool:
         """A training step's metrics (newer steps only); the first one shows the job running."""
-        if not self.on_node or metrics["step"] < self.progress.get("step", -1):
+        step = metrics.step or 0
+        if not self.on_node or step < (-1 if self.progress.step is None else self.progress.step):
             return False
         self.progress, self.updated_at, self.last_activity_at = metrics, now, now
-        step_metrics = {k: v for k, v in metrics.items() if k not in ("total_steps",)}
-        self.note(now, f"step {metrics['step']}" + (f"/{metrics['total_steps']}" if metrics.get("total_steps") else "")
-                  + (f": training loss={metrics['loss']:.4f}" if metrics.get("loss") is not None else ""),
+        step_metrics = metrics.model_dump(exclude_none=True, exclude={"total_steps"})
+        self.note(now, f"step {step}" + (f"/{metrics.total_steps}" if metrics.total_steps else "")
+                  + (f": training loss={metrics.loss:.4f}" if metrics.loss is not None else ""),
                   type="metrics", **step_metrics)
         if self.status == rules.PROVISIONING:
             self._move(rules.RUNNING, now, "training running")
         return True
 
-    def checkpoint_written(self, now: datetime, segment_id: str, kind: str, step: int, uri: str,
+    def latest_step(self) -> int:
+        return -1 if self.latest_checkpoint is None else self.latest_checkpoint.step
+
+    def checkpoint_written(self, now: datetime, segment_id: str, kind: CheckpointKind, step: int, uri: str,
                            manifest_sha256: str, written_at: datetime) -> bool:
         """True when it becomes the job's latest checkpoint."""
         self.note(now, f"{kind} checkpoint at step {step}", uri=uri)
-        if step < (self.latest_checkpoint or {}).get("step", -1):
+        if step < self.latest_step():
             return False
-        self.latest_checkpoint = {"uri": uri, "step": step, "manifest_sha256": manifest_sha256, "kind": kind,
-                                  "segment_id": segment_id, "written_at": written_at.isoformat()}
+        self.latest_checkpoint = StoredCheckpoint(uri=uri, step=step, manifest_sha256=manifest_sha256, kind=kind,
+                                                  segment_id=segment_id, written_at=written_at)
         if segment_id == self.segment_id:
             self.last_checkpoint_at = written_at   # the refund basis if this segment is lost
             if self.on_node:
@@ -379,32 +395,31 @@ class Job:
 
     def training_completed(self, now: datetime, steps: int, tokens: int | None, final: CheckpointRef) -> bool:
         """Training jobs go on to evaluation; a merge job (nothing to evaluate) succeeds here."""
-        merge = self.method == "merge"
+        merge = self.method == SpecMethod.MERGE
         if not self._move(rules.EVALUATING, now, "merged weights stored" if merge
                           else f"training finished after {steps} steps; evaluating"):
             return False
         self.trained_tokens, self.last_activity_at = tokens, now
         self._leave_nodes()
-        self.latest_checkpoint = {**final.model_dump(), "kind": "final"}
+        self.latest_checkpoint = StoredCheckpoint(uri=final.uri, step=final.step,
+                                                  manifest_sha256=final.manifest_sha256, kind=CheckpointKind.FINAL)
         if merge:
             self._move(rules.SUCCEEDED, now, "merge job succeeded")
-        elif self.eval and self.eval.get("early"):
-            early, self.eval = self.eval, None
-            if early.get("checkpoint_uri") == final.uri:   # the verdict is about this very checkpoint
-                result = {k: v for k, v in early.items() if k != "early"}
-                self.evaluated(now, result["verdict"], result.get("reasons", []), result, result.get("stages", []))
+        elif self.early_eval is not None:
+            early, self.early_eval = self.early_eval, None
+            if early.checkpoint_uri == final.uri:   # the verdict is about this very checkpoint
+                self.evaluated(now, early)
         return True
 
-    def training_failed(self, now: datetime, code: str, message: str, error_class: str) -> bool:
+    def training_failed(self, now: datetime, code: str, message: str, error_class: ErrorClass) -> bool:
         """A failed job (NaN loss, bad data, crash) is terminal: never re-queued automatically."""
         if not self._move(rules.FAILED, now, message, code=code):
             return False
         self._leave_nodes()
-        self.error = {"code": code, "message": message, "error_class": error_class}
+        self.error = JobError(code=code, message=message, error_class=error_class)
         return True
 
-    def evaluated(self, now: datetime, verdict: str, reasons: Sequence[str], result: dict[str, Any],
-                  stages: Sequence[Mapping[str, Any]]) -> bool:
+    def evaluated(self, now: datetime, result: EvalCompletedV1) -> bool:
         """The gate's verdict. It may overtake `job.completed` (another topic, no order between them):
         while training has not completed it is kept, and applied when it does if it names the same
         final checkpoint (an attempt fenced meanwhile wrote another). The job succeeds once the verdict
@@ -412,24 +427,25 @@ class Job:
         polls until `succeeded` always reads the model's name. A cancelled job takes no verdict."""
         if self.status == rules.CANCELLED:
             return False
-        if self.status != rules.EVALUATING and not self.terminal and not result.get("request_id"):
-            self.eval = {**result, "early": True}
+        verdict = result.verdict
+        if self.status != rules.EVALUATING and not self.terminal and not result.request_id:
+            self.early_eval = result
             self.note(now, f"evaluation {verdict} arrived before training reported completion; kept until it does")
             return False
-        for s in stages:
-            self.note(now, f"eval stage {s['name']}: {s['status']} ({s.get('reason', '')})",
-                      level="warning" if s["status"] == "failed" else "info", type="message",
-                      stage=s["name"], stage_status=s["status"])
+        for s in result.stages:
+            self.note(now, f"eval stage {s.name}: {s.status} ({s.reason})",
+                      level="warning" if s.status == StageStatus.FAILED else "info", type="message",
+                      stage=s.name, stage_status=s.status)
         if self.status != rules.EVALUATING:
             return False
         self.eval, self.last_activity_at = result, now
-        self.note(now, f"evaluation {verdict}: {'; '.join(reasons)}", verdict=verdict)
+        self.note(now, f"evaluation {verdict}: {'; '.join(result.reasons)}", verdict=verdict)
         self._succeed_when_registered(now)
         return True
 
     def _succeed_when_registered(self, now: datetime) -> None:
         """Evaluating -> succeeded once both the verdict and the registered model are in."""
-        if self.status == rules.EVALUATING and self.eval and not self.eval.get("early") and self.fine_tuned_model:
+        if self.status == rules.EVALUATING and self.eval is not None and self.fine_tuned_model:
             self._move(rules.SUCCEEDED, now, f"job succeeded: model {self.fine_tuned_model}")
 
     def cancel(self, now: datetime) -> list[Event]:
@@ -442,7 +458,8 @@ class Job:
             return []
         self._leave_nodes()
         self.preempt_requested_at = self.preempt_reason = self.preempted_for = None
-        return [*(JobCancelledV1(job_id=self.job_id, node_id=node, attempt=self.attempt) for node in nodes or [None]),
+        held: list[str | None] = [*nodes] or [None]
+        return [*(JobCancelledV1(job_id=self.job_id, node_id=node, attempt=self.attempt) for node in held),
                 *self._merge_failed("cancelled: the merge job was cancelled")]
 
     def model_registered(self, now: datetime, name: str, model_id: str) -> None:
@@ -458,14 +475,15 @@ class Job:
         self._succeed_when_registered(now)
 
 
-def new_job(job_id: str, tenant_id: str, idempotency_key: str, fingerprint: str, request: dict[str, Any], tier: str,
-            base_model: str, base_model_sha256: str, resources: dict[str, Any], now: datetime,
+def new_job(job_id: str, tenant_id: str, fingerprint: str, request: JobRequest, tier: str,
+            base_model: str, base_model_sha256: str, resources: JobResources, now: datetime,
             trace_id: str) -> Job:
     """A job just admitted: waiting for its training file's verdict (validating_files)."""
-    job = Job(job_id, tenant_id, idempotency_key, fingerprint, request, rules.VALIDATING, tier, now, now, trace_id,
-              priority=rules.TIER_PRIORITY[tier], resources=resources,
-              spec={"base_model": base_model, "base_model_sha256": base_model_sha256})
+    job = Job(job_id=job_id, tenant_id=tenant_id, idempotency_key=request.idempotency_key, fingerprint=fingerprint,
+              request=request, status=rules.VALIDATING, tier=tier, created_at=now, updated_at=now, trace_id=trace_id,
+              base_model=base_model, base_model_sha256=base_model_sha256, priority=rules.TIER_PRIORITY[tier],
+              resources=resources)
     shapes = ", ".join(f"{s.nodes}x{s.gpus_per_node} {s.gpu_type}" for s in job.shapes[:3])
-    job.note(now, f"job created; needs about {resources['memory_gb']['total']:.1f} GB: {shapes}",
-             model=request["model"], training_file=request["training_file"], resources=resources)
+    job.note(now, f"job created; needs about {resources.memory_gb.total:.1f} GB: {shapes}",
+             model=request.model, training_file=request.training_file, resources=resources.model_dump(mode="json"))
     return job

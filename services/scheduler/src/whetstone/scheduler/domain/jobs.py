@@ -7,22 +7,24 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
-# OpenAI-style statuses plus the platform's own.
-VALIDATING = "validating_files"
-QUEUED = "queued"
-PROVISIONING = "provisioning"
-RUNNING = "running"
-CHECKPOINTING = "checkpointing"
-EVALUATING = "evaluating"
-PREEMPTED = "preempted"
-SUCCEEDED = "succeeded"
-FAILED = "failed"
-CANCELLED = "cancelled"
+from whetstone.contracts.enums import JobStatus
+
+# OpenAI-style statuses plus the platform's own (contracts.enums.JobStatus).
+VALIDATING = JobStatus.VALIDATING_FILES
+QUEUED = JobStatus.QUEUED
+PROVISIONING = JobStatus.PROVISIONING
+RUNNING = JobStatus.RUNNING
+CHECKPOINTING = JobStatus.CHECKPOINTING
+EVALUATING = JobStatus.EVALUATING
+PREEMPTED = JobStatus.PREEMPTED
+SUCCEEDED = JobStatus.SUCCEEDED
+FAILED = JobStatus.FAILED
+CANCELLED = JobStatus.CANCELLED
 
 TERMINAL = frozenset({SUCCEEDED, FAILED, CANCELLED})
 ACTIVE_ON_NODE = frozenset({PROVISIONING, RUNNING, CHECKPOINTING})
 
-TRANSITIONS: dict[str, frozenset[str]] = {
+TRANSITIONS: dict[JobStatus, frozenset[JobStatus]] = {
     VALIDATING: frozenset({QUEUED, FAILED, CANCELLED}),
     QUEUED: frozenset({PROVISIONING, FAILED, CANCELLED}),
     PROVISIONING: frozenset({RUNNING, EVALUATING, PREEMPTED, FAILED, CANCELLED}),
@@ -40,11 +42,11 @@ class InvalidTransition(ValueError):
     pass
 
 
-def can_transition(current: str, target: str) -> bool:
+def can_transition(current: JobStatus, target: JobStatus) -> bool:
     return target in TRANSITIONS.get(current, frozenset())
 
 
-def transition(current: str, target: str) -> str:
+def transition(current: JobStatus, target: JobStatus) -> JobStatus:
     if not can_transition(current, target):
         raise InvalidTransition(f"job cannot go from {current} to {target}")
     return target
@@ -93,8 +95,9 @@ COMMON_DEFAULTS: dict[str, Any] = {
     "n_epochs": 3, "batch_size": 8, "gradient_accumulation_steps": 1, "max_seq_len": 2048,
     "warmup_ratio": 0.03, "seed": 42, "checkpoint_every_steps": 50,
 }
-METHODS_FOR_PURPOSE = {"sft": {"lora", "qlora", "full"}, "dpo": {"dpo", "orpo"}, "cpt": {"cpt"}, "eval": set(),
-                       "rft": {"reinforcement"}}
+METHODS_FOR_PURPOSE: dict[str, frozenset[str]] = {
+    "sft": frozenset({"lora", "qlora", "full"}), "dpo": frozenset({"dpo", "orpo"}), "cpt": frozenset({"cpt"}),
+    "eval": frozenset(), "rft": frozenset({"reinforcement"})}
 # the data's schema as ingest detected it (dataset.validated `data_schema`) decides before the declared purpose
 SUPERVISED = frozenset({"lora", "qlora", "full"})
 METHODS_FOR_SCHEMA = {"chat": SUPERVISED, "prompt_completion": SUPERVISED, "instruction": SUPERVISED,
@@ -134,7 +137,7 @@ def check_method_fits_dataset(method: str, purpose: str, schema: str | None = No
     if schema in METHODS_FOR_SCHEMA:
         allowed, holds = METHODS_FOR_SCHEMA[schema], f"{schema} data"
     else:
-        allowed, holds = METHODS_FOR_PURPOSE.get(purpose, set()), f"a {purpose!r} dataset"
+        allowed, holds = METHODS_FOR_PURPOSE.get(purpose, frozenset()), f"a {purpose!r} dataset"
     if method not in allowed:
         return Rejection("method_dataset_mismatch",
                          f"method {method!r} needs {NEEDS.get(method, 'another kind of data')}; training_file "

@@ -145,6 +145,13 @@ def model_arch(name: str, config: Mapping[str, Any] | None, weight_bytes: int | 
     return ModelArch(0, "unknown")
 
 
+def dims_of(arch: ModelArch) -> tuple[int, int, int]:
+    """(hidden size, layers, vocabulary): the config's when it gave them all, else approximated from the size."""
+    if arch.hidden_size and arch.num_layers and arch.vocab_size:
+        return arch.hidden_size, arch.num_layers, arch.vocab_size
+    return _approx_dims(arch.params)
+
+
 def _approx_dims(params: int) -> tuple[int, int, int]:
     """(hidden, layers, vocab) of a Llama-shaped model of this size (params ~ 12 L h^2, h ~ 128 L),
     for the activation math when only the parameter count is known."""
@@ -199,8 +206,7 @@ def training_memory(arch: ModelArch, method: str, hp: Mapping[str, Any]) -> Memo
     given = hp.get("batch_size")
     micro_batch = given if isinstance(given, int) and given > 0 else 8   # "auto": sized for the default
     seq = int(hp.get("max_seq_len") or 2048)
-    hidden, layers, vocab = (arch.hidden_size, arch.num_layers, arch.vocab_size) if arch.hidden_size else \
-        _approx_dims(p)
+    hidden, layers, vocab = dims_of(arch)
     # gradient checkpointing: every layer keeps its bf16 input, one layer is live (~34 B/token/hidden),
     # plus the logits in bf16 and fp32 for the loss
     tokens = micro_batch * seq
@@ -286,7 +292,7 @@ def plan_shapes(arch: ModelArch, method: str, hp: Mapping[str, Any], available: 
                 cpu_max_params: int) -> ResourcePlan:
     """Every GPU type that can hold the job, with its GPU count and node count, cheapest first."""
     memory = training_memory(arch, method, hp)
-    shapes: list[tuple[float, Shape]] = []
+    ranked: list[tuple[tuple[int, float, int, str], Shape]] = []
     refused: dict[str, str] = {}
     for offer in available:
         if offer.gpu_type == CPU and arch.params > cpu_max_params:
@@ -301,9 +307,9 @@ def plan_shapes(arch: ModelArch, method: str, hp: Mapping[str, Any], available: 
                                        f"{MAX_NODES_PER_JOB} nodes of {offer.node_size}")
             continue
         cost = shape.total * offer.price_per_hour / max(offer.tflops, 1e-9)
-        shapes.append(((shape.nodes, cost, shape.total, offer.gpu_type), shape))
-    shapes.sort(key=lambda x: x[0])
-    return ResourcePlan(tuple(s for _, s in shapes), memory, arch, refused)
+        ranked.append(((shape.nodes, cost, shape.total, offer.gpu_type), shape))
+    ranked.sort(key=lambda x: x[0])
+    return ResourcePlan(tuple(s for _, s in ranked), memory, arch, refused)
 
 
 def explicit_shape_problem(shape: Shape, memory: MemoryEstimate, available: Iterable[GpuOffer]) -> str | None:

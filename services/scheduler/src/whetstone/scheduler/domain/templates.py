@@ -8,6 +8,8 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
+from .job_data import TemplateUse
+
 NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
 # what a template may set: the job create's fields that describe *how* to train, not *what* on
 FIELDS = ("model", "method", "hyperparameters", "resources", "eval_config", "suffix", "seed", "tier")
@@ -66,8 +68,10 @@ def _hyperparameters_of(job: dict[str, Any]) -> dict[str, Any]:
     if "hyperparameters" not in job and isinstance(method, dict) and isinstance(method.get("type"), str):
         config = method.setdefault(method["type"], {})
         if isinstance(config, dict):
-            return config.setdefault("hyperparameters", {})
-    return job.setdefault("hyperparameters", {})
+            nested: dict[str, Any] = config.setdefault("hyperparameters", {})
+            return nested
+    top: dict[str, Any] = job.setdefault("hyperparameters", {})
+    return top
 
 
 def apply(template: dict[str, Any], call: dict[str, Any]) -> tuple[dict[str, Any], list[str]]:
@@ -90,9 +94,9 @@ def apply(template: dict[str, Any], call: dict[str, Any]) -> tuple[dict[str, Any
     return job, overrides
 
 
-def template_fields(record: dict[str, Any] | None) -> dict[str, Any]:
-    """A job's template record -> the optional `job.queued` fields the registry's lineage reads."""
-    if not record:
+def template_fields(used: TemplateUse | None) -> dict[str, Any]:
+    """The template a job was created from -> the optional `job.queued` fields the registry's lineage reads."""
+    if used is None:
         return {}
-    return {"job_template": record["name"], "job_template_version": str(record["version"]),
-            "job_template_overrides": list(record.get("overrides") or [])}
+    return {"job_template": used.name, "job_template_version": str(used.version),
+            "job_template_overrides": list(used.overrides)}

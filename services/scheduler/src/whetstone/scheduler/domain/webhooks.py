@@ -100,7 +100,7 @@ def verify(secret: str, header: str, body: bytes) -> bool:
 
 def next_delay_s(attempts: int, base_s: float, cap_s: float = 3600.0) -> float:
     """Exponential backoff after the n-th failed attempt: base, 4x base, 16x base, ... (capped)."""
-    return min(cap_s, base_s * 4 ** max(0, attempts - 1))
+    return min(cap_s, base_s * 4.0 ** max(0, attempts - 1))
 
 
 def outcome(status_code: int | None, attempts: int, max_attempts: int) -> str:

@@ -9,23 +9,25 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from whetstone.contracts import Event, JobRequestedV1, TrainingSpec, job_id_for
+from whetstone.contracts import Event, JobRequestedV1, ResourceRequest, TrainingSpec, job_id_for
+from whetstone.contracts.enums import SpecMethod
 from whetstone.runtime.models import UnknownModel
 from whetstone.runtime.service import Runtime
 
 from . import training_files
-from .adapters.catalog import BaseModelFacts
+from ..adapters.catalog import BaseModelFacts
 from . import rft
-from .adapters.store import JobStore
-from .context import SchedulerContext
-from .domain import admission as quotas
-from .domain import auto
-from .domain import jobs as rules
-from .domain import resources
-from .domain.cluster import describe_pool, describe_shapes
-from .domain.files import DatasetRecord, rejected_reasons
-from .domain.job import Job, new_job
-from .domain.placement import Node, Shape, could_ever_fit
+from ..adapters.store import JobStore
+from ..context import SchedulerContext
+from ..domain import admission as quotas
+from ..domain import auto
+from ..domain import jobs as rules
+from ..domain import resources
+from ..domain.cluster import PoolNode, describe_pool, describe_shapes
+from ..domain.files import DatasetRecord, rejected_reasons
+from ..domain.job import Job, new_job
+from ..domain.job_data import JobRequest, JobResources, TemplateUse
+from ..domain.placement import Node, Shape, could_ever_fit
 
 
 class IdempotencyConflict(Exception):
@@ -48,19 +50,17 @@ def larger_than_pool(what: str, shapes: tuple[Shape, ...], nodes: list[Node], de
                                         f"({describe_pool(nodes)}) can never hold it" + detail)
 
 
-def nodes_of(rows: list[Any]) -> list[Node]:
-    """The pool's nodes (`JobStore.pool_nodes` rows) as placement sees them."""
-    return [Node(r["node_id"], resources.canonical_gpu_type(r["gpu_type"]), r["gpu_count"], r["gpu_count"],
-                 r["spot"], r["interconnect_group"]) for r in rows]
+def nodes_of(pool: list[PoolNode]) -> list[Node]:
+    """The pool's nodes as placement sees them."""
+    return [n.as_node() for n in pool]
 
 
 async def pool_offers(ctx: SchedulerContext, store: JobStore) -> tuple[list[resources.GpuOffer], list[Node]]:
     """GPU types the pool (nodes not lost) and the catalog offer, and the pool's nodes."""
-    rows = await store.pool_nodes()
-    nodes = nodes_of(rows)
-    offers = resources.offers(((r["gpu_type"], r["gpu_memory_gb"], r["gpu_count"]) for r in rows),
+    pool = await store.pool_nodes()
+    offers = resources.offers(((n.gpu_type, n.gpu_memory_gb, n.gpu_count) for n in pool),
                               ctx.config.cpu_memory_gb, include_catalog=True)
-    return offers, nodes
+    return offers, nodes_of(pool)
 
 
 def sees_images(model: BaseModelFacts) -> bool | None:
@@ -80,8 +80,8 @@ def images_refusal(vision: bool | None, image_rows: int, model: str, training_fi
             "(e.g. `whet models create-tiny --vision`, tiny-llava)")
 
 
-async def plan_resources(ctx: SchedulerContext, store: JobStore, req: JobRequestedV1, model: BaseModelFacts,
-                         explicit: dict[str, Any] | None) -> dict[str, Any]:
+async def plan_resources(ctx: SchedulerContext, store: JobStore, req: JobRequestedV1,
+                         model: BaseModelFacts) -> JobResources:
     """The job's resource request ("auto" or the tenant's), checked against the pool; Rejected if it fits nowhere."""
     arch = resources.model_arch(req.model, model.config, model.weight_bytes)
     given = req.hyperparameters.model_dump(exclude_none=True)
@@ -92,12 +92,12 @@ async def plan_resources(ctx: SchedulerContext, store: JobStore, req: JobRequest
     offers, nodes = await pool_offers(ctx, store)
     plan = resources.plan_shapes(arch, req.method, hp, offers, ctx.config.cpu_max_params)
     size = f"{arch.params / 1e9:.2f}B-parameter" if arch.params >= 1e8 else f"{arch.params / 1e6:.2f}M-parameter"
+    explicit = req.resources
     if explicit is None and arch.source == "unknown":
         raise Rejected("unknown_model_size", f"cannot tell the size of base model {req.model!r} (no sizes in its "
                        "config.json, no size in its name, no weight files): request resources explicitly", param="model")
     if explicit is not None:
-        shape = Shape(resources.canonical_gpu_type(explicit["gpu_type"]), explicit["gpus_per_node"],
-                      explicit.get("nodes", 1))
+        shape = Shape(resources.canonical_gpu_type(explicit.gpu_type), explicit.gpus_per_node, explicit.nodes)
         problem = resources.explicit_shape_problem(shape, plan.memory, offers)
         if problem:
             raise Rejected("resources_insufficient", f"requested resources cannot train this {size} model: {problem}",
@@ -117,14 +117,12 @@ async def plan_resources(ctx: SchedulerContext, store: JobStore, req: JobRequest
             raise larger_than_pool(f"a {req.method} job on this {size} model needs about {plan.memory.total:.1f} GB",
                                    shapes, nodes, f" ({refused})" if refused else "")
         shapes = fitting
-    return {"request": explicit or "auto", "shapes": [s.as_dict() for s in shapes],
-            "memory_gb": plan.memory.as_dict(), "params": arch.params, "params_source": arch.source,
-            "arch": auto.RecordedArch(arch, sees_images(model)).arch_object()}
+    return JobResources.planned(explicit, shapes, plan.memory, arch, sees_images(model))
 
 
 async def submit_job(rt: Runtime[SchedulerContext], store: JobStore, tenant_id: str, req: JobRequestedV1,
                      trace_id: str | None = None, metadata: dict[str, str] | None = None,
-                     template: dict[str, Any] | None = None) -> tuple[Job, bool]:
+                     template: TemplateUse | None = None) -> tuple[Job, bool]:
     """Create (or return the existing) job for this tenant's idempotency key (HTTP and Kafka alike).
     The job keeps one trace id for its whole life (the request's, or a new one).
 
@@ -135,17 +133,8 @@ async def submit_job(rt: Runtime[SchedulerContext], store: JobStore, tenant_id: 
         raise Rejected(tier.code, tier.message, 403, param="tier")
     if req.job_id != job_id_for(tenant_id, req.idempotency_key):
         raise Rejected("bad_job_id", "job_id must be job_id_for(tenant_id, idempotency_key)", param="job_id")
-    request = req.model_dump(mode="json", exclude={"job_id"})
-    explicit = request.pop("resources")
-    if explicit is not None:
-        request["resources"] = explicit
-    if request.get("eval_config") is None:
-        request.pop("eval_config", None)   # absent: fingerprints of older jobs stay the same
-    if metadata:
-        request["metadata"] = metadata
-    if template:   # the job template it came from: {name, version, overrides}
-        request["template"] = template
-    fingerprint = rules.request_fingerprint(request)
+    request = JobRequest.of(req, metadata, template)
+    fingerprint = rules.request_fingerprint(request.model_dump(mode="json", exclude_none=True))
 
     def replay(existing: Job) -> tuple[Job, bool]:
         if existing.tenant_id != tenant_id or existing.fingerprint != fingerprint:
@@ -164,7 +153,7 @@ async def submit_job(rt: Runtime[SchedulerContext], store: JobStore, tenant_id: 
         model = await ctx.models.resolve(req.model, rt.settings.model_catalog)
     except UnknownModel as exc:
         raise Rejected("unknown_base_model", str(exc), param="model") from exc
-    planned = await plan_resources(ctx, store, req, model, explicit)
+    planned = await plan_resources(ctx, store, req, model)
     dataset = await store.dataset(tenant_id, req.training_file)
     if dataset is not None and dataset.accepted and (mismatch := rules.check_method_fits_dataset(
             req.method, dataset.purpose, dataset.data_schema, req.training_file)):
@@ -173,7 +162,7 @@ async def submit_job(rt: Runtime[SchedulerContext], store: JobStore, tenant_id: 
             few := auto.too_few_examples(req.hyperparameters.model_dump(exclude_none=True), dataset.rows_kept)):
         raise Rejected(few.code, few.message, param=few.param)
     if dataset is not None and dataset.accepted and (blind := images_refusal(
-            auto.RecordedArch.of(planned).vision, dataset.image_rows, req.model, req.training_file)):
+            planned.arch.vision, dataset.image_rows, req.model, req.training_file)):
         raise Rejected(*blind, param="model")
     if refused := quotas.check_submission(quota, seen):   # at the cap already: no need to wait for the lock
         raise Rejected(refused.code, refused.message, 429)
@@ -187,7 +176,7 @@ async def submit_job(rt: Runtime[SchedulerContext], store: JobStore, tenant_id: 
         raise Rejected(refused.code, refused.message, 429)
     if unusable := await training_files.refusal(rt, store, tenant_id, req.training_file, dataset):
         raise Rejected(unusable.code, unusable.message, param=unusable.param)
-    job = new_job(req.job_id, tenant_id, req.idempotency_key, fingerprint, request, tier, model.model.ref, model.model.sha256,
+    job = new_job(req.job_id, tenant_id, fingerprint, request, tier, model.model.ref, model.model.sha256,
                   planned, ctx.clock(), trace_id or str(uuid.uuid4()))
     events = await queue_if_ready(rt, store, job, usage, dataset)
     await store.add(job)
@@ -212,40 +201,50 @@ async def queue_if_ready(rt: Runtime[SchedulerContext], store: JobStore, job: Jo
     if ds is None:
         return []  # waits for dataset.validated
     now = ctx.clock()
-    arch = auto.RecordedArch.of(job.resources)
-    if not ds.accepted:
-        events = job.fail(now, "invalid_training_file",
-                          f"dataset {ds.dataset_id} was rejected: {rejected_reasons(ds.errors)}")
-    elif mismatch := rules.check_method_fits_dataset(job.method, ds.purpose, ds.data_schema, ds.dataset_id):
-        events = job.fail(now, mismatch.code, mismatch.message, param=mismatch.param)
-    elif blind := images_refusal(arch.vision, ds.image_rows, job.spec["base_model"], ds.dataset_id):
-        events = job.fail(now, *blind, param="model")
-    elif isinstance(tuned := auto_hyperparameters(ctx, job, arch.model, ds), rules.Rejection):
-        events = job.fail(now, tuned.code, tuned.message, param=tuned.param)
-    else:
-        hp, hp_hash = tuned
-        spec = TrainingSpec(
-            base_model=job.spec["base_model"], base_model_sha256=job.spec["base_model_sha256"],
-            dataset_id=ds.dataset_id, dataset_version=ds.version, train_uri=ds.train_uri,
-            validation_uri=ds.validation_uri, method=job.method, hyperparameters=hp, hyperparameters_hash=hp_hash,
-            eval_config=req.get("eval_config"), reinforcement=req.get("reinforcement"))
-        runtime_s, gpu_hours = estimate_job(ctx, job, ds.tokens_total, hp, ds.rows_kept)
-        quota = ctx.config.quota_for(job.tenant_id, rt.settings.tenants.get(job.tenant_id, job.tier))
-        usage = usage or await store.usage(job.tenant_id, month_of(now))
-        verdict = quotas.check_estimate(quota, usage, gpu_hours)
-        if isinstance(verdict, rules.Rejection):
-            events = job.fail(now, verdict.code, verdict.message)
-        else:
-            if verdict.over_soft:
-                job.note(now, "over the soft monthly GPU-hour quota: overage is billed", level="warning",
-                         **verdict.as_dict())
-            sort_key = now.timestamp() - ctx.policy.tier(job.tier).boost_s
-            cost = {**(ds.cost_estimate or {}), "estimated_runtime_s": round(runtime_s, 1),
-                    "estimated_gpu_hours": round(gpu_hours, 4),
-                    **({"over_soft_quota": True} if verdict.over_soft else {})}
-            events = job.queue(now, spec, sort_key, runtime_s, verdict.as_dict(),
-                               await store.queue_position(sort_key, job.job_id), cost)
-            await store.wake_scheduler()
+    if not ds.accepted or ds.train_uri is None:
+        return job.fail(now, "invalid_training_file", f"dataset {ds.dataset_id} was rejected: {rejected_reasons(ds.errors)}")
+    if mismatch := rules.check_method_fits_dataset(job.method, ds.purpose, ds.data_schema, ds.dataset_id):
+        return job.fail(now, mismatch.code, mismatch.message, param=mismatch.param)
+    if blind := images_refusal(job.resources.arch.vision, ds.image_rows, job.base_model, ds.dataset_id):
+        return job.fail(now, *blind, param="model")
+    tuned = auto_hyperparameters(ctx, job, job.resources.model, ds)
+    if isinstance(tuned, rules.Rejection):
+        return job.fail(now, tuned.code, tuned.message, param=tuned.param)
+    hp, hp_hash = tuned
+    spec = TrainingSpec(
+        base_model=job.base_model, base_model_sha256=job.base_model_sha256,
+        dataset_id=ds.dataset_id, dataset_version=ds.version, train_uri=ds.train_uri,
+        validation_uri=ds.validation_uri, method=job.method, hyperparameters=hp, hyperparameters_hash=hp_hash,
+        eval_config=req.eval_config, reinforcement=req.reinforcement)
+    runtime_s, gpu_hours = estimate_job(ctx, job, ds.tokens_total, hp, ds.rows_kept)
+    queued = await enter_queue(rt, store, job, spec, runtime_s, gpu_hours, ds.cost_estimate or {}, usage)
+    if isinstance(queued, rules.Rejection):
+        return job.fail(now, queued.code, queued.message)
+    return queued
+
+
+async def enter_queue(rt: Runtime[SchedulerContext], store: JobStore, job: Job, spec: TrainingSpec, runtime_s: float,
+                      gpu_hours: float, cost: dict[str, Any], usage: quotas.Usage | None = None
+                      ) -> list[Event] | rules.Rejection:
+    """The one way into the queue, for training and merge jobs alike: the estimate against the
+    tenant's quota (over the hard cap: the Rejection; over the soft one: noted and flagged), the sort
+    key from the tier's boost, `Job.queue` at its position, and the scheduling loop woken on commit."""
+    ctx = rt.ctx
+    now = ctx.clock()
+    quota = ctx.config.quota_for(job.tenant_id, rt.settings.tenants.get(job.tenant_id, job.tier))
+    usage = usage or await store.usage(job.tenant_id, month_of(now))
+    verdict = quotas.check_estimate(quota, usage, gpu_hours)
+    if isinstance(verdict, rules.Rejection):
+        return verdict
+    if verdict.over_soft:
+        job.note(now, "over the soft monthly GPU-hour quota: overage is billed", level="warning",
+                 **verdict.record().model_dump())
+    sort_key = now.timestamp() - ctx.policy.tier(job.tier).boost_s
+    estimate = {**cost, "estimated_runtime_s": round(runtime_s, 1), "estimated_gpu_hours": round(gpu_hours, 4),
+                **({"over_soft_quota": True} if verdict.over_soft else {})}
+    events = job.queue(now, spec, sort_key, runtime_s, verdict.record(),
+                       await store.queue_position(sort_key, job.job_id), estimate)
+    await store.wake_scheduler()
     return events
 
 
@@ -253,7 +252,7 @@ def auto_hyperparameters(ctx: SchedulerContext, job: Job, arch: resources.ModelA
                          ds: DatasetRecord) -> tuple[dict[str, Any], str] | rules.Rejection:
     """The job's hyperparameters: the user's values, "auto" ones chosen from the data and the model
     (domain/auto.py) for the platform's training methods, the method's defaults for the rest; and their hash."""
-    given = job.request.get("hyperparameters") or {}
+    given = job.request.hyperparameters.model_dump(exclude_none=True)
     hp, digest = rules.resolve_hyperparameters(job.method, given, rules.model_defaults(arch.max_positions))
     if job.method not in auto.METHODS:
         return hp, digest
@@ -268,10 +267,10 @@ def estimate_job(ctx: SchedulerContext, job: Job, tokens: int | None, hp: dict[s
                  rows: int | None = None) -> tuple[float, float]:
     """(runtime seconds, GPU-hours) on the job's preferred shape; a reinforcement job's tokens count
     its generations (rft.epoch_tokens)."""
-    if job.method == "reinforcement":
-        tokens = rft.epoch_tokens(tokens, rows, job.request)
+    if job.method == SpecMethod.REINFORCEMENT:
+        tokens = rft.epoch_tokens(tokens, rows, job.request.reinforcement)
     first = job.shapes[0]
-    arch = auto.arch_of(job.resources)
+    arch = job.resources.model
     gpu = resources.GPU_CATALOG.get(first.gpu_type)
     tflops = gpu.tflops if gpu else (resources.CPU_TFLOPS if first.gpu_type == resources.CPU else 100.0)
     runtime = resources.estimate_runtime_s(arch, job.method, tokens, int(hp.get("n_epochs") or 1), first,

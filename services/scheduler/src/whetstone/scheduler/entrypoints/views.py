@@ -8,13 +8,15 @@ from collections.abc import Mapping
 from datetime import datetime
 from typing import Any
 
-from whetstone.contracts import checkpoint_model_for, fine_tuned_model_for
+from whetstone.contracts import EvalCompletedV1, checkpoint_model_for, fine_tuned_model_for
+from whetstone.contracts.enums import Method
 
-from .domain import jobs as rules
-from .domain.job import Job
-from .domain.forecast import Forecast
+from ..domain import jobs as rules
+from ..domain.job import Job
+from ..domain.job_data import CheckpointEntry, TimelineEntry
+from ..domain.forecast import Forecast
 from .requests import FAMILY
-from .rft import reinforcement_view
+from ..usecases.rft import reinforcement_view
 
 OPENAI_HP = ("n_epochs", "batch_size", "learning_rate_multiplier", "beta")
 
@@ -59,11 +61,12 @@ def method_view(method: str, hp: Mapping[str, Any], given: Mapping[str, Any] | N
 
 
 def job_view(job: Job, queue: Forecast | None = None) -> dict[str, Any]:
-    req, spec, res = job.request, job.spec or {}, job.resources or {}
-    hp = spec.get("hyperparameters") or req.get("hyperparameters") or {}
-    method = method_view(job.method, hp, req.get("hyperparameters") or {})
-    if job.method == "reinforcement":
-        method["reinforcement"] = reinforcement_view(req)
+    req, spec, res = job.request, job.spec, job.resources
+    given = req.hyperparameters.model_dump(exclude_none=True)
+    hp = spec.hyperparameters if spec is not None and spec.hyperparameters else given
+    method = method_view(job.method, hp, given)
+    if job.method == Method.REINFORCEMENT:
+        method["reinforcement"] = reinforcement_view(req.reinforcement)
     estimated_start = None
     if job.status == rules.QUEUED and queue is not None and queue.estimated_start is not None:
         estimated_start = int(queue.estimated_start)
@@ -73,30 +76,30 @@ def job_view(job: Job, queue: Forecast | None = None) -> dict[str, Any]:
         finish = estimated_start + int(job.estimated_runtime_s)
     else:
         finish = None
-    error = None
-    if job.error:
-        error = {"code": job.error.get("code"), "message": job.error.get("message"), "param": job.error.get("param"),
-                 "error_class": job.error.get("error_class")}
+    error = job.error.model_dump(mode="json") if job.error is not None else None
     return {
         # OpenAI's fine_tuning.job
         "id": job.job_id, "object": "fine_tuning.job", "organization_id": job.tenant_id,
-        "model": req["model"], "training_file": req["training_file"], "validation_file": req.get("validation_file"),
+        "model": req.model, "training_file": req.training_file, "validation_file": req.validation_file,
         "status": job.public_status, "created_at": ts(job.created_at), "finished_at": ts(job.finished_at),
         "fine_tuned_model": job.fine_tuned_model, "result_files": list(job.result_files), "trained_tokens": job.trained_tokens,
         "hyperparameters": method[method["type"]]["hyperparameters"], "method": method, "seed": hp.get("seed"), "estimated_finish": finish,
-        "error": error, "metadata": req.get("metadata"), "integrations": [],
-        "user_provided_suffix": req.get("suffix"), "template": req.get("template"),
+        "error": error, "metadata": req.metadata, "integrations": [],
+        "user_provided_suffix": req.suffix, "template": req.template.model_dump() if req.template else None,
         # the platform's own
         "state": job.status, "tier": job.tier, "tenant_id": job.tenant_id,
-        "resolved_hyperparameters": spec.get("hyperparameters"),
-        "base_model_sha256": spec.get("base_model_sha256"), "dataset_version": spec.get("dataset_version"),
-        "eval_config": req.get("eval_config"),
-        "progress": job.progress, "latest_checkpoint": job.latest_checkpoint,
-        "node_id": job.node_id, "placement": job.placement, "attempt": job.attempt,
+        "resolved_hyperparameters": spec.hyperparameters if spec is not None else None,
+        "base_model_sha256": job.base_model_sha256, "dataset_version": spec.dataset_version if spec is not None else None,
+        "eval_config": req.eval_config,
+        "progress": job.progress.model_dump(exclude_none=True),
+        "latest_checkpoint": job.latest_checkpoint.model_dump(mode="json", exclude_none=True)
+        if job.latest_checkpoint is not None else None,
+        "node_id": job.node_id, "placement": [p.model_dump() for p in job.placement], "attempt": job.attempt,
         "fenced_attempt": job.fenced_attempt or None, "timeouts": job.timeouts,
         "eval": eval_view(job.eval), "idempotency_key": job.idempotency_key, "trace_id": job.trace_id,
-        "resources": {k: res.get(k) for k in ("request", "shapes", "assigned", "memory_gb", "params", "params_source")},
-        "estimated_runtime_s": job.estimated_runtime_s, "quota": job.quota,
+        "resources": res.model_dump(mode="json", include={"request", "shapes", "assigned", "memory_gb", "params",
+                                                          "params_source"}),
+        "estimated_runtime_s": job.estimated_runtime_s, "quota": job.quota.model_dump() if job.quota else None,
         "preemptions": {"spot": job.spot_preemptions, "priority": job.priority_preemptions},
         "preemption_requested": {"at": ts(job.preempt_requested_at), "reason": job.preempt_reason,
                                  "for_job": job.preempted_for} if job.preempt_requested_at else None,
@@ -105,17 +108,15 @@ def job_view(job: Job, queue: Forecast | None = None) -> dict[str, Any]:
     }
 
 
-def eval_view(result: Mapping[str, Any] | None) -> dict[str, Any] | None:
-    if not result or result.get("early"):   # a verdict waiting for the training's completion
+def eval_view(result: EvalCompletedV1 | None) -> dict[str, Any] | None:
+    if result is None:
         return None
-    return {"verdict": result.get("verdict"), "reasons": result.get("reasons", []),
-            "stages": result.get("stages", []), "metrics": result.get("metrics", []),
-            "checkpoint_uri": result.get("checkpoint_uri")}
+    return result.model_dump(mode="json", include={"verdict", "reasons", "stages", "metrics", "checkpoint_uri"})
 
 
-def event_view(row: Mapping[str, Any]) -> dict[str, Any]:
-    return {"id": event_id(row["id"]), "object": "fine_tuning.job.event", "created_at": ts(row["created_at"]),
-            "level": row["level"], "message": row["message"], "type": row["type"], "data": row["data"]}
+def event_view(e: TimelineEntry) -> dict[str, Any]:
+    return {"id": event_id(e.id), "object": "fine_tuning.job.event", "created_at": ts(e.created_at),
+            "level": e.level, "message": e.message, "type": e.type, "data": e.data}
 
 
 # stored checkpoint metric -> OpenAI's names. The platform validates on the whole validation file at
@@ -144,13 +145,12 @@ def checkpoint_metrics(step: int, stored: Mapping[str, Any] | None) -> dict[str,
 def model_name_of(job: Job) -> str:
     """The job's `fine_tuned_model`: the registry's once it announced it, else the same name computed ahead
     (naming.fine_tuned_model_for), so checkpoint names are stable from the first checkpoint on."""
-    base = (job.spec or {}).get("base_model") or job.request["model"]
-    return job.fine_tuned_model or fine_tuned_model_for(base, job.tenant_id, job.request.get("suffix"), job.job_id)
+    base = job.base_model or job.request.model
+    return job.fine_tuned_model or fine_tuned_model_for(base, job.tenant_id, job.request.suffix, job.job_id)
 
 
-def checkpoint_view(job: Job, row: Mapping[str, Any]) -> dict[str, Any]:
-    return {"id": row["checkpoint_id"], "object": "fine_tuning.job.checkpoint", "created_at": ts(row["created_at"]),
-            "fine_tuning_job_id": job.job_id, "step_number": row["step"],
-            "metrics": checkpoint_metrics(row["step"], row["metrics"]),
-            "fine_tuned_model_checkpoint": checkpoint_model_for(model_name_of(job), row["step"]),
-            "kind": row["kind"], "uri": row["uri"]}
+def checkpoint_view(job: Job, c: CheckpointEntry) -> dict[str, Any]:
+    return {"id": c.checkpoint_id, "object": "fine_tuning.job.checkpoint", "created_at": ts(c.created_at),
+            "fine_tuning_job_id": job.job_id, "step_number": c.step, "metrics": checkpoint_metrics(c.step, c.metrics),
+            "fine_tuned_model_checkpoint": checkpoint_model_for(model_name_of(job), c.step),
+            "kind": c.kind, "uri": c.uri}

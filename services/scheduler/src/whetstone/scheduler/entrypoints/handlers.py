@@ -14,13 +14,14 @@ from whetstone.runtime.messaging import UnitOfWork
 from whetstone.runtime.s3 import within_tenant
 from whetstone.runtime.service import PoisonMessage, Runtime
 
-from .admission import IdempotencyConflict, Rejected, month_of, submit_job, try_queue
-from .adapters.store import JobStore, NodeFacts
-from .context import SchedulerContext
-from .domain import admission as quotas
-from .domain import jobs as rules
-from .domain.job import Job
-from .producer_tokens import check_producer_token
+from ..usecases.admission import IdempotencyConflict, Rejected, month_of, submit_job, try_queue
+from ..adapters.store import JobStore, NodeFacts
+from ..context import SchedulerContext
+from ..domain import admission as quotas
+from ..domain import jobs as rules
+from ..domain.job import Job
+from ..domain.job_data import Progress
+from ..usecases.producer_tokens import check_producer_token
 
 Rt = Runtime[SchedulerContext]
 Lifecycle = JobStartedV1 | JobProgressV1 | CheckpointWrittenV1 | JobPreemptedV1 | JobCompletedV1 | JobFailedV1
@@ -132,8 +133,7 @@ async def on_job_started(rt: Rt, uow: UnitOfWork, env: Envelope, ev: JobStartedV
 async def on_job_progress(rt: Rt, uow: UnitOfWork, env: Envelope, ev: JobProgressV1) -> None:
     store = JobStore(uow)
     job = await lifecycle_job(rt, store, env, ev)
-    metrics = {k: v for k, v in ev.model_dump().items()
-               if k not in ("job_id", "segment_id", "attempt") and v is not None}
+    metrics = Progress.model_validate(ev.model_dump(include=set(Progress.model_fields), exclude_none=True))
     if job and job.progressed(rt.ctx.clock(), metrics):
         await store.save(job)
 
@@ -145,9 +145,13 @@ async def on_checkpoint_written(rt: Rt, uow: UnitOfWork, env: Envelope, ev: Chec
         return
     job.checkpoint_written(rt.ctx.clock(), ev.segment_id, ev.kind, ev.step, ev.uri, ev.manifest_sha256, ev.written_at)
     await store.save(job)
-    at_step = job.progress if job.progress.get("step") == ev.step else {}
-    metrics = {**{name: at_step[key] for key, name in (("loss", "train_loss"), ("token_accuracy", "token_accuracy"))
-                  if at_step.get(key) is not None}, **ev.metrics}
+    at_step = job.progress if job.progress.step == ev.step else Progress()
+    metrics: dict[str, float] = {}
+    if at_step.loss is not None:
+        metrics["train_loss"] = at_step.loss
+    if at_step.token_accuracy is not None:
+        metrics["token_accuracy"] = at_step.token_accuracy
+    metrics.update(ev.metrics)
     await store.add_checkpoint(job.job_id, ev.checkpoint_id, ev.step, ev.kind, ev.uri, ev.written_at, metrics)
 
 
@@ -181,8 +185,7 @@ async def on_eval_completed(rt: Rt, uow: UnitOfWork, env: Envelope, ev: EvalComp
     store = JobStore(uow)
     job = own_job(env, await store.get(ev.job_id, lock=True), "eval.completed")
     if job is not None and job.status != rules.CANCELLED:
-        job.evaluated(rt.ctx.clock(), ev.verdict, ev.reasons, ev.model_dump(mode="json"),
-                      [s.model_dump(mode="json") for s in ev.stages])
+        job.evaluated(rt.ctx.clock(), ev)
         await store.save(job)
 
 
@@ -193,18 +196,6 @@ async def on_model_registered(rt: Rt, uow: UnitOfWork, env: Envelope, ev: ModelR
     if job is not None:
         job.model_registered(rt.ctx.clock(), ev.fine_tuned_model or ev.name, ev.model_id)
         await store.save(job)
-
-
-async def cancel_job(rt: Rt, store: JobStore, job: Job) -> bool:
-    had_nodes = bool(job.nodes_held())
-    events = job.cancel(rt.ctx.clock())
-    if not events:
-        return False
-    await store.save(job)
-    await store.publish(job, events)
-    if had_nodes:
-        await store.wake_scheduler()
-    return True
 
 
 async def on_usage_metered(rt: Rt, uow: UnitOfWork, env: Envelope, ev: UsageMeteredV1) -> None:

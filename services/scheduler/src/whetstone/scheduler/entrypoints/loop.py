@@ -13,16 +13,17 @@ from typing import TYPE_CHECKING
 
 from whetstone.runtime.service import Runtime
 
-from .adapters.metrics import SchedulerMetrics
-from .adapters.store import JobStore
-from .domain import jobs as rules
-from .domain.cluster import ClusterView, pick_gpu_ids
-from .domain.forecast import forecast
-from .domain.policy import cycle
-from .domain.snapshot import Assignment
+from ..adapters.metrics import SchedulerMetrics
+from ..adapters.store import JobStore
+from ..domain import jobs as rules
+from ..domain.cluster import ClusterView, pick_gpu_ids
+from ..domain.job_data import PlacedPart
+from ..domain.forecast import forecast
+from ..domain.policy import cycle
+from ..domain.snapshot import Assignment
 
 if TYPE_CHECKING:
-    from .context import SchedulerContext
+    from ..context import SchedulerContext
 
 CYCLE_LOCK = 42
 TIERS = ("premium", "standard", "free")
@@ -96,8 +97,8 @@ async def assign(rt: Runtime[SchedulerContext], store: JobStore, view: ClusterVi
     if job is None or job.status != rules.QUEUED:
         return False
     waited = max((rt.ctx.clock() - job.updated_at).total_seconds(), 0.0)   # since it (re-)entered the queue
-    placement = [{"node_id": n, "gpu_ids": pick_gpu_ids(n, g, view)} for n, g in a.placement.nodes]
-    addresses = await store.addresses([p["node_id"] for p in placement]) if len(placement) > 1 else {}
+    placement = [PlacedPart(node_id=n, gpu_ids=pick_gpu_ids(n, g, view)) for n, g in a.placement.nodes]
+    addresses = await store.addresses([p.node_id for p in placement]) if len(placement) > 1 else {}
     events = job.assign(rt.ctx.clock(), placement, a.placement.shape, a.placement.spot, a.backfilled,
                         rt.ctx.config.default_runtime_s, addresses)
     await store.save(job)

@@ -9,12 +9,13 @@ from whetstone.contracts import DatasetDeletedV1, Envelope
 from whetstone.runtime.file_ids import minted_for
 from whetstone.runtime.identity import internal_secret
 from whetstone.runtime.messaging import UnitOfWork
-from whetstone.runtime.service import PoisonMessage, Runtime
+from whetstone.runtime.delivery import PoisonMessage
+from whetstone.runtime.service import Runtime
 
-from .adapters.store import JobStore
-from .context import SchedulerContext
-from .domain import files
-from .domain import jobs as rules
+from ..adapters.store import JobStore
+from ..context import SchedulerContext
+from ..domain import files
+from ..domain import jobs as rules
 
 # a job still waiting for the file, or queued again for another segment, would read it: it fails
 NOT_STARTED = (rules.VALIDATING, rules.QUEUED, rules.PREEMPTED)
@@ -24,13 +25,10 @@ async def refusal(rt: Runtime[SchedulerContext], store: JobStore, tenant_id: str
                   dataset: files.DatasetRecord | None) -> rules.Rejection | None:
     """Why a job of this tenant cannot train on this file (read under the tenant's admission lock,
     which `on_dataset_deleted` takes too: a create and a delete of the same file are ordered)."""
-    row = await store.conn.fetchrow(
-        "SELECT EXISTS (SELECT 1 FROM dataset_deletions WHERE tenant_id = $1 AND dataset_id = $2) AS deleted,"
-        " EXISTS (SELECT 1 FROM dataset_submissions WHERE tenant_id = $1 AND dataset_id = $2) AS submitted",
-        tenant_id, file_id)
+    submitted, deleted = await store.file_seen(tenant_id, file_id)
     return files.refusal(files.FileFacts(
         file_id, dataset.status if dataset is not None else None, dataset.errors if dataset is not None else (),
-        row["submitted"], row["deleted"], minted_for(file_id, tenant_id, internal_secret(rt.settings.data_dir))))
+        submitted, deleted, minted_for(file_id, tenant_id, internal_secret(rt.settings.data_dir))))
 
 
 async def on_dataset_deleted(rt: Runtime[SchedulerContext], uow: UnitOfWork, env: Envelope,
@@ -39,20 +37,13 @@ async def on_dataset_deleted(rt: Runtime[SchedulerContext], uow: UnitOfWork, env
     file the envelope's tenant never uploaded is dead-lettered as tenant_mismatch."""
     store = JobStore(uow)
     minted = minted_for(ev.dataset_id, env.tenant_id, internal_secret(rt.settings.data_dir))
-    if not minted and not await store.conn.fetchval(
-            "SELECT EXISTS (SELECT 1 FROM datasets WHERE tenant_id = $1 AND dataset_id = $2)"
-            " OR EXISTS (SELECT 1 FROM dataset_submissions WHERE tenant_id = $1 AND dataset_id = $2)",
-            env.tenant_id, ev.dataset_id):
+    if not minted and not await store.dataset_known(env.tenant_id, ev.dataset_id):
         raise PoisonMessage(f"dataset.deleted names {ev.dataset_id}, which tenant {env.tenant_id!r} never uploaded",
                             reason="tenant_mismatch")
     await store.lock_tenant(env.tenant_id)
-    await store.conn.execute("INSERT INTO dataset_deletions (tenant_id, dataset_id, deleted_at) VALUES ($1, $2, $3)"
-                             " ON CONFLICT DO NOTHING", env.tenant_id, ev.dataset_id, env.occurred_at)
-    ids = await store.conn.fetch(
-        "SELECT job_id FROM jobs WHERE tenant_id = $1 AND request->>'training_file' = $2"
-        " AND status = ANY($3::text[]) ORDER BY created_at", env.tenant_id, ev.dataset_id, list(NOT_STARTED))
-    for r in ids:
-        job = await store.get(r["job_id"], lock=True)
+    await store.dataset_deleted(env.tenant_id, ev.dataset_id, env.occurred_at)
+    for job_id in await store.jobs_on_file(env.tenant_id, ev.dataset_id, NOT_STARTED):
+        job = await store.get(job_id, lock=True)
         if job is None or job.status not in NOT_STARTED:
             continue
         events = job.fail(rt.ctx.clock(), "training_file_deleted",

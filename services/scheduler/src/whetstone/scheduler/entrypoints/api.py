@@ -21,14 +21,14 @@ from whetstone.runtime.identity import Caller, require
 from whetstone.runtime.service import Runtime
 
 from . import templates
-from .admission import IdempotencyConflict, Rejected, submit_job
-from .adapters.event_wakes import EventWakes
-from .adapters.store import JobStore
-from .context import SchedulerContext
-from .domain import jobs as rules
-from .domain.job import Job
-from .domain.forecast import Forecast
-from .handlers import cancel_job
+from ..usecases.admission import IdempotencyConflict, Rejected, submit_job
+from ..adapters.event_wakes import EventWakes
+from ..adapters.store import JobStore
+from ..context import SchedulerContext
+from ..domain import jobs as rules
+from ..domain.job import Job
+from ..domain.forecast import Forecast
+from ..usecases.cancel import cancel_job
 from .loop import run_cycle
 from .requests import CreateJob, to_request
 from .views import checkpoint_view, event_view, job_view, parse_event_id
@@ -143,9 +143,9 @@ def routes(rt: Runtime[SchedulerContext]) -> APIRouter:
                     store = JobStore(uow)
                     rows = await store.events(job_id, last, 200, newest_first=False)
                     job = await store.get(job_id)
-                for row in rows:
-                    last = row["id"]
-                    yield f"data: {json.dumps(event_view(row), default=str)}\n\n"
+                for entry in rows:
+                    last = entry.id
+                    yield f"data: {json.dumps(event_view(entry), default=str)}\n\n"
                 if job is None or (job.terminal and not rows):
                     yield "data: [DONE]\n\n"
                     return

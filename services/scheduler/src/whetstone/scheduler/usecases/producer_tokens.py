@@ -11,6 +11,8 @@ its own, can claim a job id another tenant has used or will use (a pre-claim).
 
 from __future__ import annotations
 
+from typing import Any
+
 from whetstone.contracts import Envelope, job_id_for
 from whetstone.runtime.identity import (
     PRODUCER_TOKEN_PREFIX,
@@ -18,12 +20,13 @@ from whetstone.runtime.identity import (
     verify_producer_token,
 )
 from whetstone.runtime.messaging import UnitOfWork
-from whetstone.runtime.service import PoisonMessage, Runtime
+from whetstone.runtime.delivery import PoisonMessage
+from whetstone.runtime.service import Runtime
 
-from .adapters.keys import producer_token_revoked
+from ..adapters.keys import producer_token_revoked
 
 
-async def check_producer_token(rt: Runtime, uow: UnitOfWork, env: Envelope) -> str:
+async def check_producer_token(rt: Runtime[Any], uow: UnitOfWork, env: Envelope) -> str:
     """The token's id when `env` carries a valid, unrevoked token for its own tenant; raises
     `PoisonMessage` (producer_token_missing|forged|revoked|tenant_mismatch, or tenant_mismatch for a
     job id that is not the tenant's) otherwise."""

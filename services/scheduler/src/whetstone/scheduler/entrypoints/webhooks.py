@@ -33,10 +33,10 @@ from whetstone.runtime.identity import Caller, require
 from whetstone.runtime.messaging import UnitOfWork
 from whetstone.runtime.service import Handler, Runtime
 
-from .adapters.webhooks import WebhookStore
-from .context import Resolver, SchedulerContext
-from .domain import webhooks as rules
-from .domain.addresses import Address, AddressError, AllowList, pin
+from ..adapters.webhooks import WebhookStore
+from ..context import Resolver, SchedulerContext
+from ..domain import webhooks as rules
+from ..domain.addresses import Address, AddressError, AllowList, pin
 
 Rt = Runtime[SchedulerContext]
 

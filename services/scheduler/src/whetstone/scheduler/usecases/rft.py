@@ -10,10 +10,9 @@ the rows are read (`check_rows`), and the job needs a training file of purpose `
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from typing import Any
 
-from whetstone.contracts import TOLERANT, ReinforcementSpec
+from whetstone.contracts import ReinforcementSpec
 from whetstone.graders import GraderEnvironment, GraderInvalid, GraderSettings, validate
 from whetstone.graders.rft import BASE_GENERATIONS, DEFAULT_LEARNING_RATE, parse_method
 from whetstone.runtime.errors import ApiError
@@ -42,16 +41,8 @@ def reinforcement_spec(data: Any, env: GraderEnvironment) -> ReinforcementSpec:
     return ReinforcementSpec(**plan.record())
 
 
-def recorded_spec(request: Mapping[str, Any]) -> ReinforcementSpec | None:
-    """The reinforcement object a job's request recorded (`JobRequestedV1.reinforcement`), typed;
-    None for other methods."""
-    raw = request.get("reinforcement")
-    return ReinforcementSpec.model_validate(raw, context=TOLERANT) if raw else None
-
-
-def reinforcement_view(request: Mapping[str, Any]) -> dict[str, Any]:
-    """`method.reinforcement` of a job as OpenAI's `fine_tuning.job` shows it."""
-    spec = recorded_spec(request)
+def reinforcement_view(spec: ReinforcementSpec | None) -> dict[str, Any]:
+    """`method.reinforcement` of a job (its request's reinforcement object) as OpenAI's `fine_tuning.job` shows it."""
     if spec is None:
         return {"grader": None, "hyperparameters": dict.fromkeys(VIEWED)}
     shown = {"n_epochs": spec.n_epochs, "batch_size": spec.batch_size,
@@ -65,11 +56,10 @@ def reinforcement_view(request: Mapping[str, Any]) -> dict[str, Any]:
     return out
 
 
-def epoch_tokens(tokens: int | None, rows: int | None, request: Mapping[str, Any]) -> int | None:
+def epoch_tokens(tokens: int | None, rows: int | None, spec: ReinforcementSpec | None) -> int | None:
     """What one epoch of a reinforcement job processes at most, for its runtime and cost estimate:
     every prompt is sampled `generations` times (compute_multiplier) and each completion may use the
     whole budget (reasoning_effort); the sampled tokens are also scored by the policy (counted once)."""
-    spec = recorded_spec(request)
     if tokens is None or spec is None:
         return tokens
     return spec.generations * (tokens + int(rows or 0) * spec.max_completion_tokens)

@@ -20,8 +20,8 @@ from whetstone.contracts import Hyperparameters, JobRequestedV1, ResourceRequest
 from whetstone.graders import GraderEnvironment
 from whetstone.runtime.errors import ApiError
 
-from .domain import jobs as rules
-from .rft import reinforcement_spec
+from ..domain import jobs as rules
+from ..usecases.rft import reinforcement_spec
 
 PLATFORM_METHODS = ("lora", "qlora", "full", "cpt", "dpo", "orpo")
 FAMILY = {"lora": "supervised", "qlora": "supervised", "full": "supervised", "cpt": "supervised",

@@ -11,35 +11,29 @@ quota, fits nowhere) is answered `model.merged` failed with the reason, without 
 from __future__ import annotations
 
 import hashlib
-import json
 import uuid
 from dataclasses import dataclass
 
-from whetstone.contracts import (
-    Envelope,
-    MergeRequestedV1,
-    MergeSource,
-    ModelMergedV1,
-    TrainingSpec,
-    job_id_for,
-)
+from whetstone.contracts import Envelope, Hyperparameters, MergeRequestedV1, MergeSource, ModelMergedV1, TrainingSpec, job_id_for
+from whetstone.contracts.enums import MergeStatus, SpecMethod
 from whetstone.runtime.messaging import UnitOfWork
 from whetstone.runtime.models import UnknownModel
 from whetstone.runtime.s3 import parse_uri, tenant_prefix
-from whetstone.runtime.service import PoisonMessage, Runtime
+from whetstone.runtime.delivery import PoisonMessage
+from whetstone.runtime.service import Runtime
 
-from .adapters.catalog import BaseModelFacts
-from .adapters.store import JobStore
-from .admission import month_of, nodes_of
-from .context import SchedulerContext
-from .domain import admission as quotas
-from .domain import jobs as rules
-from .domain import resources
-from .domain.job import new_job
-from .domain.placement import Shape, could_ever_fit
+from ..adapters.catalog import BaseModelFacts
+from ..adapters.store import JobStore
+from .admission import enter_queue, month_of, nodes_of
+from ..context import SchedulerContext
+from ..domain import admission as quotas
+from ..domain import jobs as rules
+from ..domain import resources
+from ..domain.job import new_job
+from ..domain.job_data import JobRequest, JobResources
+from ..domain.placement import Shape, could_ever_fit
 
 Rt = Runtime[SchedulerContext]
-MERGE_METHOD = "merge"
 NO_HYPERPARAMETERS_HASH = hashlib.sha256(b"{}").hexdigest()
 MERGE_RUNTIME_S = 60.0            # load base + adapter, merge, save: minutes at most on a GPU
 MERGE_SECONDS_PER_GB = 10.0       # plus reading and writing the weights
@@ -53,7 +47,7 @@ class MergeRefused(Exception):
 
 @dataclass(frozen=True)
 class MergePlan:
-    resources: dict
+    resources: JobResources
     runtime_s: float
 
 
@@ -74,9 +68,9 @@ async def plan_merge(ctx: SchedulerContext, store: JobStore, ref: str, model: Ba
     """One device of any type whose memory holds the base, cheapest first; MergeRefused if none."""
     arch = resources.model_arch(ref, model.config, model.weight_bytes)
     memory = merge_memory(arch)
-    rows = await store.pool_nodes()
-    nodes = nodes_of(rows)
-    offers = resources.offers(((r["gpu_type"], r["gpu_memory_gb"], r["gpu_count"]) for r in rows),
+    pool = await store.pool_nodes()
+    nodes = nodes_of(pool)
+    offers = resources.offers(((n.gpu_type, n.gpu_memory_gb, n.gpu_count) for n in pool),
                               ctx.config.cpu_memory_gb, include_catalog=True)
     fitting = sorted((o for o in offers if memory.total <= o.memory_gb * resources.USABLE_MEMORY),
                      key=lambda o: (o.price_per_hour, o.gpu_type))
@@ -86,11 +80,8 @@ async def plan_merge(ctx: SchedulerContext, store: JobStore, ref: str, model: Ba
     if not shapes:
         raise MergeRefused("fits_nowhere", f"merging needs about {memory.total:.1f} GB on one device; no device "
                                            "of the pool holds it")
-    planned = {"request": "auto", "shapes": [s.as_dict() for s in shapes], "memory_gb": memory.as_dict(),
-               "params": arch.params, "params_source": arch.source,
-               "arch": {"hidden_size": arch.hidden_size, "num_layers": arch.num_layers,
-                        "vocab_size": arch.vocab_size, "max_positions": arch.max_positions}}
-    return MergePlan(planned, MERGE_RUNTIME_S + MERGE_SECONDS_PER_GB * memory.weights)
+    return MergePlan(JobResources.planned(None, tuple(shapes), memory, arch),
+                     MERGE_RUNTIME_S + MERGE_SECONDS_PER_GB * memory.weights)
 
 
 async def on_merge_requested(rt: Rt, uow: UnitOfWork, env: Envelope, ev: MergeRequestedV1) -> None:
@@ -112,7 +103,7 @@ async def on_merge_requested(rt: Rt, uow: UnitOfWork, env: Envelope, ev: MergeRe
     except MergeRefused as exc:
         rt.ctx.metrics.rejected.labels(code=exc.code).inc()
         rt.log.warning("merge refused", merge_id=ev.merge_id, code=exc.code, reason=str(exc))
-        await uow.publish(ModelMergedV1(merge_id=ev.merge_id, model_id=ev.model_id, status="failed",
+        await uow.publish(ModelMergedV1(merge_id=ev.merge_id, model_id=ev.model_id, status=MergeStatus.FAILED,
                                         error=f"{exc.code}: {exc}"), tenant_id=tenant, trace_id=env.trace_id)
 
 
@@ -137,30 +128,25 @@ async def create_merge_job(rt: Rt, store: JobStore, env: Envelope, ev: MergeRequ
     usage = await store.usage(tenant, month_of(now))
     if refused := quotas.check_submission(quota, usage):
         raise MergeRefused(refused.code, refused.message)
-    first = Shape.from_dict(plan.resources["shapes"][0])
-    verdict = quotas.check_estimate(quota, usage, plan.runtime_s * first.total / 3600.0)
-    if isinstance(verdict, rules.Rejection):
-        raise MergeRefused(verdict.code, verdict.message)
     source = MergeSource(merge_id=ev.merge_id, model_id=ev.model_id, adapter_uri=ev.artifact_uri,
                          adapter_manifest_sha256=ev.manifest_sha256, source_job_id=ev.job_id)
     # the job's request as the API shows it: its "training file" is the model whose adapter is merged
-    request = {"model": ev.base_model, "training_file": ev.model_id, "method": MERGE_METHOD, "hyperparameters": {},
-               "idempotency_key": ev.merge_id, "merge": source.model_dump(mode="json"),
-               "metadata": {"merge_id": ev.merge_id, "model_id": ev.model_id}}
-    fingerprint = rules.request_fingerprint(request)
-    job = new_job(job_id, tenant, ev.merge_id, fingerprint, request, tier, model.model.ref, model.model.sha256,
+    request = JobRequest(job_id=job_id, idempotency_key=ev.merge_id, model=ev.base_model, training_file=ev.model_id,
+                         method=SpecMethod.MERGE, hyperparameters=Hyperparameters(), merge=source,
+                         metadata={"merge_id": ev.merge_id, "model_id": ev.model_id})
+    fingerprint = rules.request_fingerprint(request.model_dump(mode="json", exclude_none=True))
+    job = new_job(job_id, tenant, fingerprint, request, tier, model.model.ref, model.model.sha256,
                   plan.resources, now, env.trace_id or str(uuid.uuid4()))
-    spec = TrainingSpec(base_model=job.spec["base_model"], base_model_sha256=job.spec["base_model_sha256"],
+    spec = TrainingSpec(base_model=job.base_model, base_model_sha256=job.base_model_sha256,
                         dataset_id=ev.model_id, dataset_version=ev.manifest_sha256, train_uri=ev.artifact_uri,
-                        method=MERGE_METHOD, hyperparameters={}, hyperparameters_hash=NO_HYPERPARAMETERS_HASH,
+                        method=SpecMethod.MERGE, hyperparameters={}, hyperparameters_hash=NO_HYPERPARAMETERS_HASH,
                         merge=source)
-    sort_key = now.timestamp() - ctx.policy.tier(job.tier).boost_s
-    cost = {"estimated_runtime_s": round(plan.runtime_s, 1),
-            "estimated_gpu_hours": round(plan.runtime_s * first.total / 3600.0, 4), "merge_id": ev.merge_id}
-    events = job.queue(now, spec, sort_key, plan.runtime_s, verdict.as_dict(),
-                       await store.queue_position(sort_key, job.job_id), cost)
+    first = job.shapes[0]
+    events = await enter_queue(rt, store, job, spec, plan.runtime_s, plan.runtime_s * first.total / 3600.0,
+                               {"merge_id": ev.merge_id}, usage)
+    if isinstance(events, rules.Rejection):
+        raise MergeRefused(events.code, events.message)
     await store.add(job)
     await store.publish(job, events)
-    await store.wake_scheduler()
     rt.log.info("merge job queued", merge_id=ev.merge_id, job_id=job_id, model_id=ev.model_id,
-                shape=json.dumps(first.as_dict()))
+                gpu_type=first.gpu_type, gpus=first.total)

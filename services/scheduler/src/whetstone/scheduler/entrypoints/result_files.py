@@ -7,8 +7,8 @@ from whetstone.contracts import Envelope, FileCreatedV1
 from whetstone.runtime.messaging import UnitOfWork
 from whetstone.runtime.service import Runtime
 
-from .adapters.store import JobStore
-from .context import SchedulerContext
+from ..adapters.store import JobStore
+from ..context import SchedulerContext
 from .handlers import own_job
 
 

@@ -10,10 +10,10 @@ from typing import Any
 
 from whetstone.runtime.service import Runtime
 
-from .admission import larger_than_pool, nodes_of, try_queue
-from .adapters.store import JobStore, NodeFacts
-from .context import SchedulerContext
-from .domain.placement import could_ever_fit
+from ..usecases.admission import larger_than_pool, nodes_of, try_queue
+from ..adapters.store import JobStore, NodeFacts
+from ..context import SchedulerContext
+from ..domain.placement import could_ever_fit
 from .loop import request_preemption
 
 Rt = Runtime[SchedulerContext]
@@ -148,7 +148,7 @@ async def apply_node_change(rt: Rt, store: JobStore, kind: str, node: Any) -> No
 
 async def sync_kubernetes(rt: Rt) -> None:
     """List GPU nodes, then watch them; relist when the watch expires or its resourceVersion is too old."""
-    from .adapters.k8s_inventory import KubernetesInventory, connect  # noqa: PLC0415
+    from ..adapters.k8s_inventory import KubernetesInventory, connect  # noqa: PLC0415
 
     cfg = rt.ctx.config
     inventory = KubernetesInventory(await connect(cfg.k8s_host), cfg.k8s_label_selector)

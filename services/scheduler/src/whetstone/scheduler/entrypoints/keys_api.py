@@ -23,8 +23,8 @@ from whetstone.runtime.identity import (
 )
 from whetstone.runtime.service import Runtime
 
-from .adapters.keys import KeyError_, KeyStore
-from .context import SchedulerContext
+from ..adapters.keys import KeyError_, KeyStore
+from ..context import SchedulerContext
 
 
 class CreateKey(BaseModel):

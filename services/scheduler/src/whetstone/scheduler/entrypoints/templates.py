@@ -14,13 +14,15 @@ from fastapi import APIRouter, Request
 from pydantic import ValidationError
 from whetstone.graders import GraderEnvironment
 from whetstone.runtime.errors import ApiError
+from whetstone.runtime.http import ListObject, list_object, not_found as missing
 from whetstone.runtime.identity import Caller, require
 from whetstone.runtime.models import UnknownModel
 from whetstone.runtime.service import Runtime
 
-from .adapters.templates import TemplateStore
-from .context import SchedulerContext
-from .domain import templates as rules
+from ..adapters.templates import TemplateStore
+from ..context import SchedulerContext
+from ..domain import templates as rules
+from ..domain.job_data import TemplateUse
 from .requests import CreateJob, bad, to_request
 
 Rt = Runtime[SchedulerContext]
@@ -37,7 +39,7 @@ def invalid(exc: ValidationError) -> ApiError:
 
 
 def not_found(ref: str) -> ApiError:
-    return ApiError(404, f"No job template {ref!r}", code="template_not_found", param="template")
+    return missing(f"No job template {ref!r}", code="template_not_found", param="template")
 
 
 def check_yaml_shape(text: str) -> None:
@@ -92,9 +94,9 @@ def validate(fields: dict[str, Any], graders: GraderEnvironment) -> None:
     to_request(body, "job-template-check", "template-check", graders)
 
 
-async def resolve(rt: Rt, tenant_id: str, body: CreateJob) -> tuple[CreateJob, dict[str, Any] | None]:
+async def resolve(rt: Rt, tenant_id: str, body: CreateJob) -> tuple[CreateJob, TemplateUse | None]:
     """A create naming a template -> the create with the template's fields under the call's, and the
-    record `{name, version, overrides}` the job keeps; a create without one comes back unchanged."""
+    template used (name, version, overrides) the job keeps; a create without one comes back unchanged."""
     if body.template is None:
         return body, None
     try:
@@ -111,7 +113,7 @@ async def resolve(rt: Rt, tenant_id: str, body: CreateJob) -> tuple[CreateJob, d
         resolved = CreateJob.model_validate(fields)
     except ValidationError as exc:
         raise invalid(exc) from exc
-    return resolved, {"name": template["name"], "version": template["version"], "overrides": sorted(overrides)}
+    return resolved, TemplateUse(name=template["name"], version=template["version"], overrides=sorted(overrides))
 
 
 def routes(rt: Rt) -> APIRouter:
@@ -135,10 +137,10 @@ def routes(rt: Rt) -> APIRouter:
                                                      fields, rt.ctx.clock())
 
     @r.get("")
-    async def list_templates(caller: Caller = require("read")) -> dict:
+    async def list_templates(caller: Caller = require("read")) -> ListObject[dict[str, Any]]:
         async with rt.uow() as uow:
             data = await TemplateStore(uow.conn).latest(caller.tenant_id)
-        return {"object": "list", "data": data, "has_more": False}
+        return list_object(data)
 
     @r.get("/{name}")
     async def latest(name: str, caller: Caller = require("read")) -> dict:
@@ -149,12 +151,12 @@ def routes(rt: Rt) -> APIRouter:
         return template
 
     @r.get("/{name}/versions")
-    async def versions(name: str, caller: Caller = require("read")) -> dict:
+    async def versions(name: str, caller: Caller = require("read")) -> ListObject[dict[str, Any]]:
         async with rt.uow() as uow:
             data = await TemplateStore(uow.conn).versions(caller.tenant_id, name)
         if not data:
             raise not_found(name)
-        return {"object": "list", "data": data, "has_more": False}
+        return list_object(data)
 
     @r.get("/{name}/versions/{version}")
     async def version(name: str, version: int, caller: Caller = require("read")) -> dict:
