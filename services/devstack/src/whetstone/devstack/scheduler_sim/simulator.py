@@ -3,7 +3,8 @@
 Virtual clock; events are arrivals, completions, victims stopping after their checkpoint,
 spot interruptions (with notice) and spot nodes coming back. After each batch of events
 at one instant the simulator builds a `Snapshot`, runs ONE `cycle` and applies its
-decisions, exactly as the service's `dispatch` does with Postgres and Kafka.
+decisions, as the service's scheduling loop (scheduler/entrypoints/loop.py, `run_cycle`)
+does with Postgres and Kafka.
 
 Work model: a job needs ``work_s`` seconds of training on its GPUs; the scheduler only
 sees ``est_s`` (off by up to 2x). Periodic checkpoints every ``checkpoint_every_s``; a
