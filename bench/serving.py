@@ -168,6 +168,7 @@ def client_round(url: str, data_dir: str, requests: list[str], max_tokens: int) 
 
 
 async def run(args: argparse.Namespace, tmp: Path) -> dict:
+    from whetstone.devstack.serving_samples import make_adapter, promoted, registered, store_adapter
     from whetstone.modelkit.tiny import build_tiny_model
     from whetstone.runtime.models import weights_sha256
     from whetstone.runtime.s3 import ObjectStore
@@ -175,7 +176,6 @@ async def run(args: argparse.Namespace, tmp: Path) -> dict:
     from whetstone.runtime.settings import CommonSettings
     from whetstone.serving.bootstrap import build_service
     from whetstone.serving.config import ServingSettings
-    from whetstone.serving.samples import make_adapter, promoted, registered, store_adapter
 
     stack = EmbeddedStack(tmp / "stack", topics=all_topic_partitions(), buckets=["whetstone"], log=lambda m: None)
     endpoints = stack.start()

@@ -13,7 +13,7 @@ def tiny_base(tmp_path_factory) -> Path:
 @pytest.fixture(scope="session")
 def sample_adapters(tiny_base, tmp_path_factory) -> list[Path]:
     """Four random LoRA adapters on the tiny base (PEFT format, tokenizer + chat template inside)."""
-    from whetstone.serving.samples import make_adapter
+    from whetstone.devstack.serving_samples import make_adapter
 
     root = tmp_path_factory.mktemp("serving-adapters")
     return [make_adapter(tiny_base, root / f"a{i}", seed=i) for i in range(4)]

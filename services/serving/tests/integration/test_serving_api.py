@@ -7,12 +7,12 @@ import httpx
 import openai
 import pytest
 
+from whetstone.devstack.serving_samples import promoted, registered, store_adapter
 from whetstone.devstack.testing import send_event, wait_until
 from whetstone.runtime.identity import identity_headers
 from whetstone.runtime.models import weights_sha256
 from whetstone.serving.bootstrap import build_service
 from whetstone.serving.config import ServingSettings
-from whetstone.serving.samples import promoted, registered, store_adapter
 
 pytestmark = pytest.mark.integration
 BASE = "tiny-llama"
@@ -168,8 +168,9 @@ async def test_openai_chat_completions_stream_ab_routes_and_tenancy(platform, se
             await demo.chat.completions.create(model="wsm-v1", messages=MESSAGES)
         assert err.value.code == "model_not_deployed"
         # a stale (older) stage change is ignored
-        await send_event(b, promoted(v1, "dev", "staging", base_model=BASE, base_sha256=sha, sequence=1), "demo")
-        await asyncio.sleep(1.0)
+        stale = await send_event(b, promoted(v1, "dev", "staging", base_model=BASE, base_sha256=sha, sequence=1), "demo")
+        await wait_until(lambda: rt.pool.fetchval("SELECT count(*) = 1 FROM inbox WHERE message_id = $1",
+                                                  str(stale.event_id)), 30, "the stale stage change handled")
         assert await rt.pool.fetchval("SELECT stage FROM model_versions WHERE model_id = 'wsm-v1'") == "archived"
 
 

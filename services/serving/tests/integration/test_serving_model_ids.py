@@ -10,13 +10,13 @@ import openai
 import pytest
 
 from whetstone.contracts import CheckpointWrittenV1, checkpoint_model_for
+from whetstone.devstack.serving_samples import promoted, registered, store_adapter
 from whetstone.devstack.testing import send_event, wait_until
 from whetstone.runtime.identity import identity_headers
 from whetstone.runtime.models import weights_sha256
 from whetstone.runtime.s3 import ObjectStore
 from whetstone.serving.bootstrap import build_service
 from whetstone.serving.config import ServingSettings
-from whetstone.serving.samples import promoted, registered, store_adapter
 
 pytestmark = pytest.mark.integration
 BASE = "tiny-llama"

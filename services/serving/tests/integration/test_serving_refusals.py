@@ -7,6 +7,7 @@ import shutil
 import openai
 import pytest
 
+from whetstone.devstack.serving_samples import promoted, registered, store_adapter
 from whetstone.devstack.testing import send_event, wait_until
 from whetstone.modelkit.tiny import CHAT_TEMPLATE
 from whetstone.runtime.identity import identity_headers
@@ -14,7 +15,6 @@ from whetstone.runtime.models import weights_sha256
 from whetstone.runtime.s3 import ObjectStore
 from whetstone.serving.bootstrap import build_service
 from whetstone.serving.config import ServingSettings
-from whetstone.serving.samples import promoted, registered, store_adapter
 
 pytestmark = pytest.mark.integration
 BASE = "tiny-llama"

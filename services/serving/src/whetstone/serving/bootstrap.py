@@ -9,16 +9,17 @@ from whetstone.runtime.models import resolve_model
 from whetstone.runtime.service import Runtime, Service, load_stack_env
 from whetstone.runtime.settings import CommonSettings
 
-from . import handlers
 from .adapters.batcher import Batcher
 from .adapters.engine import LoraEngine
 from .adapters.metrics import ServingMetrics
 from .adapters.migrations import MIGRATIONS
 from .adapters.pool import AdapterPool
 from .adapters.repository import AsyncpgServingRepository
-from .api import routes
 from .config import ServingSettings
 from .context import ServingContext
+from .entrypoints import handlers, loops
+from .entrypoints.api import routes
+from .usecases.projection import sync_projection
 
 
 def build_context(config: ServingSettings, common: CommonSettings) -> ServingContext:
@@ -40,7 +41,7 @@ async def on_start(rt: Runtime[ServingContext]) -> None:
     rt.ctx.pool.bind(rt.store)  # the runtime's S3 client, not a second one
     rt.ctx.metrics.register(rt.metrics.registry)
     rt.ctx.batcher.start()
-    await handlers.sync_projection(rt, act=False)  # the catalog is complete before the API opens
+    await sync_projection(rt, act=False)  # the catalog is complete before the API opens
 
 
 async def on_stop(rt: Runtime[ServingContext]) -> None:
@@ -55,7 +56,7 @@ def build_service(config: ServingSettings | None = None,
         common = CommonSettings()
     return Service(name="serving", migrations=MIGRATIONS, routes=routes, http_port=config.http_port,
                    context=build_context(config, common), on_start=on_start, on_stop=on_stop,
-                   background=[handlers.follow_projection],
+                   background=[loops.follow_projection],
                    consumer_options={"fetch_max_wait_ms": config.fetch_max_wait_ms},
                    subscriptions={"model.registered": handlers.on_model_registered,
                                   "model.promoted": handlers.on_model_promoted,

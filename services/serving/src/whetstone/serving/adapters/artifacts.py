@@ -8,15 +8,16 @@ downloaded: the LoRA weights (safetensors only), its config and the chat templat
 from __future__ import annotations
 
 import hashlib
-import json
 from dataclasses import dataclass
 from pathlib import Path
 
-from whetstone.runtime.checkpoints import CorruptCheckpoint, download_checkpoint, read_manifest
-from whetstone.runtime.s3 import ObjectStore
 from botocore.exceptions import ClientError
 
-from whetstone.serving.domain.catalog import AdapterCorrupted, AdapterUnavailable, ChatTemplateMismatch, ModelVersion
+from whetstone.runtime.chat_templates import TEMPLATE_FILES, chat_template_from
+from whetstone.runtime.checkpoints import CorruptCheckpoint, download_checkpoint, read_manifest
+from whetstone.runtime.s3 import ObjectStore
+
+from ..domain.catalog import AdapterCorrupted, AdapterUnavailable, ChatTemplateMismatch, ModelVersion
 
 _MISSING = ("404", "NoSuchKey", "NotFound", "NoSuchBucket")
 
@@ -28,7 +29,6 @@ def _read_error(what: str, exc: Exception) -> Exception:
 
 MANIFEST = "manifest.json"
 REQUIRED = ("adapter_config.json", "adapter_model.safetensors")
-TEMPLATE_SOURCES = ("chat_template.jinja", "tokenizer_config.json")
 
 
 @dataclass(frozen=True)
@@ -38,18 +38,8 @@ class FetchedAdapter:
 
 
 def template_from(directory: Path, present: set[str]) -> str | None:
-    """The chat template saved with the training tokenizer: chat_template.jinja, else tokenizer_config.json's."""
-    if "chat_template.jinja" in present:
-        text = (directory / "chat_template.jinja").read_text()
-        if text:
-            return text
-    if "tokenizer_config.json" in present:
-        value = json.loads((directory / "tokenizer_config.json").read_text()).get("chat_template")
-        if isinstance(value, str):
-            return value
-        if isinstance(value, list):
-            return {t.get("name"): t.get("template") for t in value if isinstance(t, dict)}.get("default")
-    return None
+    """The chat template saved with the training tokenizer (see runtime.chat_templates)."""
+    return chat_template_from({name: (directory / name).read_bytes() for name in TEMPLATE_FILES if name in present})
 
 
 def fetch_adapter(store: ObjectStore, version: ModelVersion, dest: Path, base_template: str | None) -> FetchedAdapter:
@@ -69,7 +59,7 @@ def fetch_adapter(store: ObjectStore, version: ModelVersion, dest: Path, base_te
     if missing:
         raise AdapterCorrupted(f"The artifact of `{version.name}` lacks {', '.join(missing)} "
                                "(safetensors only; pickled weights are never loaded).")
-    wanted = [*REQUIRED, *(f for f in TEMPLATE_SOURCES if f in files)]
+    wanted = [*REQUIRED, *(f for f in TEMPLATE_FILES if f in files)]
     dest.mkdir(parents=True, exist_ok=True)
     try:
         download_checkpoint(store, uri, dest, only=wanted, manifest=manifest)

@@ -11,36 +11,74 @@ same per unique adapter in a Python loop. Adapters are read in PEFT's format
 
 from __future__ import annotations
 
-import json
 import math
 from pathlib import Path
 from typing import Any
 
-from whetstone.serving.domain.catalog import AdapterIncompatible
+from pydantic import BaseModel, JsonValue
+
+from ..domain.catalog import AdapterIncompatible
 
 _PREFIX = "base_model.model."
-_UNSUPPORTED = {"use_dora": "DoRA", "modules_to_save": "modules_to_save", "trainable_token_indices": "trainable tokens",
-                "layer_replication": "layer replication", "target_parameters": "target_parameters"}
 
 
-def read_lora(directory: Path) -> tuple[dict[str, Any], dict[str, tuple[Any, Any]]]:
+class LoraConfig(BaseModel):
+    """adapter_config.json as far as serving reads it (PEFT writes many more fields)."""
+
+    peft_type: str | None = None
+    r: int | None = None
+    lora_alpha: float | None = None
+    use_rslora: bool | None = None
+    bias: str | None = "none"
+    lora_bias: bool | None = None
+    fan_in_fan_out: bool | None = None
+    rank_pattern: dict[str, JsonValue] | None = None
+    alpha_pattern: dict[str, JsonValue] | None = None
+    use_dora: bool | None = None
+    modules_to_save: JsonValue = None
+    trainable_token_indices: JsonValue = None
+    layer_replication: JsonValue = None
+    target_parameters: JsonValue = None
+
+    @property
+    def rank(self) -> int:
+        return self.r or 0
+
+    @property
+    def scaling(self) -> float:
+        """PEFT's: lora_alpha / r, or lora_alpha / sqrt(r) with rsLoRA."""
+        alpha = float(self.lora_alpha or self.rank)
+        return alpha / math.sqrt(self.rank) if self.use_rslora else alpha / self.rank
+
+    def refusal(self) -> str | None:
+        """Why this server cannot apply the adapter, or None for a plain LoRA."""
+        if self.peft_type != "LORA":
+            return f"peft_type {self.peft_type!r} is not LORA"
+        unsupported = {"DoRA": self.use_dora, "modules_to_save": self.modules_to_save,
+                       "trainable tokens": self.trainable_token_indices, "layer replication": self.layer_replication,
+                       "target_parameters": self.target_parameters}
+        for what, value in unsupported.items():
+            if value:
+                return f"{what} adapters are not served"
+        if (self.bias or "none") != "none" or self.lora_bias or self.fan_in_fan_out:
+            return "LoRA bias / fan_in_fan_out adapters are not served"
+        if self.rank_pattern or self.alpha_pattern:
+            return "per-module rank/alpha patterns are not served"
+        return None
+
+
+def read_lora(directory: Path) -> tuple[LoraConfig, dict[str, tuple[Any, Any]]]:
     """(adapter_config, {module name: (A, B)}) from a PEFT LoRA directory; AdapterIncompatible if
     the adapter is not a plain LoRA this server can apply."""
     from safetensors.torch import load_file
 
     try:
-        config = json.loads((directory / "adapter_config.json").read_text())
+        config = LoraConfig.model_validate_json((directory / "adapter_config.json").read_bytes())
     except (OSError, ValueError) as exc:
         raise AdapterIncompatible(f"adapter_config.json unreadable: {exc}") from exc
-    if config.get("peft_type") != "LORA":
-        raise AdapterIncompatible(f"peft_type {config.get('peft_type')!r} is not LORA")
-    for key, what in _UNSUPPORTED.items():
-        if config.get(key):
-            raise AdapterIncompatible(f"{what} adapters are not served")
-    if config.get("bias", "none") != "none" or config.get("lora_bias") or config.get("fan_in_fan_out"):
-        raise AdapterIncompatible("LoRA bias / fan_in_fan_out adapters are not served")
-    if config.get("rank_pattern") or config.get("alpha_pattern"):
-        raise AdapterIncompatible("per-module rank/alpha patterns are not served")
+    refusal = config.refusal()
+    if refusal is not None:
+        raise AdapterIncompatible(refusal)
     weights_file = directory / "adapter_model.safetensors"
     if not weights_file.is_file():
         raise AdapterIncompatible("adapter_model.safetensors missing (pickled weights are never loaded)")
@@ -48,19 +86,18 @@ def read_lora(directory: Path) -> tuple[dict[str, Any], dict[str, tuple[Any, Any
         tensors = load_file(str(weights_file))
     except Exception as exc:
         raise AdapterIncompatible(f"adapter_model.safetensors unreadable: {exc}") from exc
-    pairs: dict[str, dict[str, Any]] = {}
+    down: dict[str, Any] = {}   # module -> lora_A weight
+    up: dict[str, Any] = {}     # module -> lora_B weight
     for key, tensor in tensors.items():
-        for part in ("lora_A", "lora_B"):
-            marker = f".{part}.weight"
-            if key.endswith(marker):
-                module = key[: -len(marker)].removeprefix(_PREFIX)
-                pairs.setdefault(module, {})[part] = tensor
+        for part, found in ((".lora_A.weight", down), (".lora_B.weight", up)):
+            if key.endswith(part):
+                found[key[: -len(part)].removeprefix(_PREFIX)] = tensor
                 break
         else:
             raise AdapterIncompatible(f"unexpected tensor {key} in adapter_model.safetensors")
-    if not pairs or any(len(p) != 2 for p in pairs.values()):
+    if not down or set(down) != set(up):
         raise AdapterIncompatible("adapter_model.safetensors has no complete lora_A/lora_B pairs")
-    return config, {m: (p["lora_A"], p["lora_B"]) for m, p in pairs.items()}
+    return config, {m: (down[m], up[m]) for m in down}
 
 
 class StackedLora:
@@ -114,8 +151,8 @@ class StackedLora:
                 self._gather_bytes += size
         return got
 
-    def check(self, config: dict[str, Any], pairs: dict[str, tuple[Any, Any]]) -> None:
-        r = int(config.get("r") or 0)
+    def check(self, config: LoraConfig, pairs: dict[str, tuple[Any, Any]]) -> None:
+        r = config.rank
         if not 1 <= r <= self.max_rank:
             raise AdapterIncompatible(f"LoRA rank {r} is outside 1..{self.max_rank} (max_lora_rank)")
         for module, (a, b) in pairs.items():
@@ -126,10 +163,9 @@ class StackedLora:
                 raise AdapterIncompatible(f"{module}: LoRA shapes {tuple(a.shape)}/{tuple(b.shape)} do not fit "
                                           f"the base layer ({mod.in_features} -> {mod.out_features}, r={r})")
 
-    def put(self, slot: int, config: dict[str, Any], pairs: dict[str, tuple[Any, Any]]) -> None:
+    def put(self, slot: int, config: LoraConfig, pairs: dict[str, tuple[Any, Any]]) -> None:
         self.check(config, pairs)
-        r, alpha = int(config["r"]), float(config.get("lora_alpha") or config["r"])
-        scaling = alpha / math.sqrt(r) if config.get("use_rslora") else alpha / r
+        r, scaling = config.rank, config.scaling
         self.clear(slot)
         for module, (a, b) in pairs.items():
             self.A[module][slot, :r] = a.to(self.A[module].dtype)

@@ -8,21 +8,36 @@ from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 import asyncpg
+from pydantic import BaseModel, TypeAdapter
 
-from whetstone.serving.domain.catalog import ModelVersion
-from whetstone.serving.domain.routing import Route, make_route
+from ..domain.catalog import ModelVersion, StoredCheckpoint
+from ..domain.routing import Route, make_route
 
 _COLUMNS = ("model_id, tenant_id, name, stage, artifact_uri, artifact_sha256, files, base_model, base_model_sha256,"
             " chat_template_sha256, sequence, fine_tuned_model, job_id")
 CHANNEL = "serving_projection"  # NOTIFY on it is delivered to every replica when the transaction commits
 
 
-def _version(row: asyncpg.Record) -> ModelVersion:
-    return ModelVersion(model_id=row["model_id"], tenant_id=row["tenant_id"], name=row["name"], stage=row["stage"],
-                        artifact_uri=row["artifact_uri"], artifact_sha256=row["artifact_sha256"],
-                        files=dict(row["files"] or {}), base_model=row["base_model"],
-                        base_model_sha256=row["base_model_sha256"], chat_template_sha256=row["chat_template_sha256"],
-                        sequence=row["sequence"], fine_tuned_model=row["fine_tuned_model"], job_id=row["job_id"])
+class _StoredVariant(BaseModel):
+    """One variant of a route as the `routes.variants` column keeps it."""
+
+    model: str
+    weight: float
+
+
+_VARIANTS = TypeAdapter(list[_StoredVariant])
+
+
+def _change(row: asyncpg.Record) -> tuple[int, ModelVersion]:
+    fields = dict(row)
+    return fields.pop("change_seq"), ModelVersion(**fields)
+
+
+def _route_change(row: asyncpg.Record) -> tuple[int, str, str, Route | None]:
+    """(change_seq, tenant, name, the route or None once deleted)."""
+    change_seq, tenant_id, name, raw = row
+    variants = _VARIANTS.validate_python(raw)
+    return change_seq, tenant_id, name, make_route(name, [(v.model, v.weight) for v in variants]) if variants else None
 
 
 class AsyncpgServingRepository:
@@ -118,28 +133,26 @@ class AsyncpgServingRepository:
             " WHERE checkpoints.attempt <= EXCLUDED.attempt", tenant_id, job_id, step, uri, manifest_sha256, attempt or 1)
 
     # -- reads ---------------------------------------------------------------------
-    async def changes_since(self, change_seq: int, limit: int = 500) -> list[tuple[int, ModelVersion]]:
+    async def changes_since(self, change_seq: int, limit: int) -> list[tuple[int, ModelVersion]]:
         rows = await self.pool.fetch(f"SELECT change_seq, {_COLUMNS} FROM model_versions WHERE change_seq > $1"
                                      " ORDER BY change_seq LIMIT $2", change_seq, limit)
-        return [(r["change_seq"], _version(r)) for r in rows]
+        return [_change(r) for r in rows]
 
-    async def checkpoint(self, tenant_id: str, job_id: str, step: int) -> tuple[str, str] | None:
-        """(uri, manifest sha256) of the tenant's job's checkpoint at `step`."""
+    async def checkpoint(self, tenant_id: str, job_id: str, step: int) -> StoredCheckpoint | None:
+        """The tenant's job's checkpoint at `step`."""
         row = await self.pool.fetchrow("SELECT uri, manifest_sha256 FROM checkpoints WHERE tenant_id = $1"
                                        " AND job_id = $2 AND step = $3", tenant_id, job_id, step)
-        return (row["uri"], row["manifest_sha256"]) if row else None
+        return StoredCheckpoint(**dict(row)) if row else None
 
     # -- routes --------------------------------------------------------------------
     async def route_changes_since(self, change_seq: int) -> list[tuple[int, str, str, Route | None]]:
         """(change_seq, tenant, name, route or None when deleted), oldest first."""
         rows = await self.pool.fetch("SELECT change_seq, tenant_id, name, variants FROM routes WHERE change_seq > $1"
                                      " ORDER BY change_seq", change_seq)
-        return [(r["change_seq"], r["tenant_id"], r["name"],
-                 make_route(r["name"], [(v["model"], v["weight"]) for v in r["variants"]]) if r["variants"] else None)
-                for r in rows]
+        return [_route_change(r) for r in rows]
 
     async def put_route(self, tenant_id: str, route: Route, updated_by: str) -> None:
-        variants: list[dict[str, Any]] = [{"model": v.model_id, "weight": v.weight} for v in route.variants]
+        variants = _VARIANTS.dump_python([_StoredVariant(model=v.model_id, weight=v.weight) for v in route.variants])
         await self.pool.execute("INSERT INTO routes (tenant_id, name, variants, updated_by) VALUES ($1,$2,$3,$4)"
                                 " ON CONFLICT (tenant_id, name) DO UPDATE SET variants = EXCLUDED.variants,"
                                 " updated_by = EXCLUDED.updated_by, updated_at = now(),"

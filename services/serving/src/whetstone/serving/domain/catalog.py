@@ -4,8 +4,16 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
-SERVABLE_STAGES = frozenset({"staging", "production"})
+from pydantic.dataclasses import dataclass as record
+
+from whetstone.contracts.enums import ModelStage
+
+if TYPE_CHECKING:
+    from .routing import Route
+
+SERVABLE_STAGES = frozenset({ModelStage.STAGING, ModelStage.PRODUCTION})
 
 
 class ServingError(Exception):
@@ -50,14 +58,14 @@ class CapacityExhausted(ServingError):
     status, code = 503, "adapter_capacity_exhausted"
 
 
-@dataclass(frozen=True)
+@record(frozen=True)
 class ModelVersion:
     """The serving projection of one registered model (one adapter artifact)."""
 
     model_id: str
     tenant_id: str
     name: str
-    stage: str
+    stage: ModelStage
     artifact_uri: str | None = None
     artifact_sha256: str | None = None
     files: dict[str, str] = field(default_factory=dict)
@@ -80,7 +88,8 @@ def choose_version(requested: str, candidates: Sequence[ModelVersion]) -> ModelV
     named = exact or [c for c in candidates if c.name == requested]
     if not named:
         raise ModelNotFound(f"The model `{requested}` does not exist or you do not have access to it.")
-    live = sorted((c for c in named if c.servable), key=lambda c: (c.stage == "production", c.sequence), reverse=True)
+    live = sorted((c for c in named if c.servable), key=lambda c: (c.stage == ModelStage.PRODUCTION, c.sequence),
+                  reverse=True)
     if not live:
         newest = max(named, key=lambda c: c.sequence)
         raise ModelNotDeployed(f"The model `{requested}` is {newest.stage}, not deployed: only staging and "
@@ -93,15 +102,23 @@ BASE_ADAPTER = "whetstone:base"  # the engine's adapter slot 0: the base model a
 
 def base_version(tenant_id: str, name: str, sha256: str) -> ModelVersion:
     """The served base model itself, as a version any tenant may call (OpenAI's base models)."""
-    return ModelVersion(model_id=BASE_ADAPTER, tenant_id=tenant_id, name=name, stage="production",
+    return ModelVersion(model_id=BASE_ADAPTER, tenant_id=tenant_id, name=name, stage=ModelStage.PRODUCTION,
                         base_model=name, base_model_sha256=sha256)
 
 
+@record(frozen=True)
+class StoredCheckpoint:
+    """A durable checkpoint of a job, as checkpoint.written announced it."""
+
+    uri: str
+    manifest_sha256: str
+
+
 def checkpoint_version(parent: ModelVersion | None, requested: str, step: int,
-                       stored: tuple[str, str] | None) -> ModelVersion:
+                       stored: StoredCheckpoint | None) -> ModelVersion:
     """A checkpoint of a registered model's job (`<fine_tuned_model>:ckpt-step-<N>`, OpenAI's
     fine_tuned_model_checkpoint), served like a version of its own: only once the job's model passed the
-    eval gate (staging or production), on the same base and chat template. `stored`: (uri, manifest sha256)."""
+    eval gate (staging or production), on the same base and chat template."""
     if parent is None:
         raise ModelNotFound(f"The model `{requested}` does not exist or you do not have access to it: a checkpoint "
                             "is served once its job's model is registered.")
@@ -111,9 +128,8 @@ def checkpoint_version(parent: ModelVersion | None, requested: str, step: int,
                                "production.")
     if stored is None:
         raise ModelNotFound(f"The job of `{parent.fine_tuned_model}` wrote no checkpoint at step {step}.")
-    uri, manifest_sha256 = stored
     return ModelVersion(model_id=requested, tenant_id=parent.tenant_id, name=requested, stage=parent.stage,
-                        artifact_uri=uri, artifact_sha256=manifest_sha256, base_model=parent.base_model,
+                        artifact_uri=stored.uri, artifact_sha256=stored.manifest_sha256, base_model=parent.base_model,
                         base_model_sha256=parent.base_model_sha256, chat_template_sha256=parent.chat_template_sha256,
                         fine_tuned_model=requested, job_id=parent.job_id)
 
@@ -157,7 +173,7 @@ class LiveCatalog:
         self.versions: dict[str, ModelVersion] = {}
         self._by_name: dict[tuple[str, str], set[str]] = {}
         self._by_public: dict[tuple[str, str], str] = {}   # (tenant, fine_tuned_model) -> model_id
-        self.routes: dict[tuple[str, str], object] = {}  # (tenant, name) -> routing.Route
+        self.routes: dict[tuple[str, str], Route] = {}  # (tenant, name) -> its A/B route
 
     def put(self, version: ModelVersion) -> None:
         old = self.versions.get(version.model_id)
@@ -185,7 +201,7 @@ class LiveCatalog:
         found = {m: self.versions.get(self._by_public.get((tenant_id, m), m)) for m in model_ids}
         return {m: v for m, v in found.items() if v is not None and v.tenant_id == tenant_id}
 
-    def put_route(self, tenant_id: str, name: str, route: object | None) -> None:
+    def put_route(self, tenant_id: str, name: str, route: Route | None) -> None:
         if route is None:
             self.routes.pop((tenant_id, name), None)
         else:

@@ -16,6 +16,10 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 ROLES = ("system", "user", "assistant")
 
 
+class StreamOptions(BaseModel):
+    include_usage: bool = False
+
+
 class _Request(BaseModel):
     model_config = ConfigDict(extra="allow")  # kept so that `unsupported_parameter` can name them
 
@@ -25,7 +29,7 @@ class _Request(BaseModel):
     top_p: float = Field(default=1.0, gt=0, le=1)
     n: int = Field(default=1, ge=1, le=8)
     stream: bool = False
-    stream_options: dict[str, Any] | None = None
+    stream_options: StreamOptions | None = None
     stop: str | list[str] | None = None
     seed: int | None = None
     user: str | None = Field(default=None, max_length=256)
@@ -42,7 +46,7 @@ class _Request(BaseModel):
         return [self.stop] if isinstance(self.stop, str) else list(self.stop or [])
 
     def include_usage(self) -> bool:
-        return bool((self.stream_options or {}).get("include_usage"))
+        return self.stream_options is not None and self.stream_options.include_usage
 
 
 class ContentPart(BaseModel):
@@ -159,11 +163,11 @@ def unsupported(req: _Request) -> Unsupported | None:
             for name, value in (m.model_extra or {}).items():
                 if value is None or (isinstance(value, (list, dict)) and not value):
                     continue        # what the client echoes back of an earlier answer (refusal: null, ...)
-                why = _MESSAGE_NOT_IMPLEMENTED.get(name)
+                refusal = _MESSAGE_NOT_IMPLEMENTED.get(name)
                 param = f"messages[{i}].{name}"
-                if why is None:
+                if refusal is None:
                     return Unsupported(param, f"Unrecognized message field supplied: {param}.", "unknown_parameter")
-                return Unsupported(param, f"`{param}` is not supported by this server: {why}.")
+                return Unsupported(param, f"`{param}` is not supported by this server: {refusal}.")
     return None
 
 

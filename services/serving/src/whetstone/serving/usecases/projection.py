@@ -1,33 +1,34 @@
-"""Serving's event handlers: keep the projection of servable models, and follow it with the
-adapter pool (preload on promotion to staging/production, unload on archive).
+"""The projection of servable models: written by the registry's events, followed by the adapter pool.
 
-The handlers only write the projection inside their unit of work, with a Postgres NOTIFY that is
-delivered when it commits; loading weights is long work, done by `follow_projection` the moment
-the notification arrives (it reads the projection's change sequence, so every replica follows
-every change whichever replica consumed the event). Promotion to staging/production starts the
-cold load at once (prefetch), so the first request usually finds the adapter resident."""
+The event use cases only write the projection inside their unit of work, with a Postgres NOTIFY that
+is delivered when it commits; loading weights is long work, done by `sync_projection` when the
+notification arrives (it reads the projection's change sequence, so every replica follows every
+change whichever replica consumed the event). Promotion to staging/production starts the cold load
+at once (prefetch), so the first request usually finds the adapter resident."""
 
 from __future__ import annotations
 
 import asyncio
 
-from whetstone.contracts import CheckpointWrittenV1, Envelope, ModelPromotedV1, ModelRegisteredV1
+from whetstone.contracts import CheckpointWrittenV1, ModelPromotedV1, ModelRegisteredV1
+from whetstone.contracts.enums import ModelStage
+from whetstone.runtime.delivery import PoisonMessage
 from whetstone.runtime.messaging import UnitOfWork
-from whetstone.runtime.service import PoisonMessage, Runtime
+from whetstone.runtime.service import Runtime
 
-from .adapters.repository import AsyncpgServingRepository
-from .context import ServingContext
-from .domain.catalog import ModelVersion, check_servable_on
+from ..adapters.repository import AsyncpgServingRepository
+from ..context import ServingContext
+from ..domain.catalog import ModelVersion, check_servable_on
 
-FALLBACK_POLL_S = 2.0  # only if a notification was lost (listener connection broke)
+PAGE = 500   # projection changes read per round trip
 
 
-async def on_model_registered(rt: Runtime[ServingContext], uow: UnitOfWork, env: Envelope,
-                              ev: ModelRegisteredV1) -> None:
-    await _same_owner(uow, ev.model_id, env.tenant_id)
+async def model_registered(rt: Runtime[ServingContext], uow: UnitOfWork, tenant_id: str,
+                           ev: ModelRegisteredV1) -> None:
+    await _same_owner(uow, ev.model_id, tenant_id)
     lineage = ev.lineage
     await rt.ctx.repo.record_registered(uow.conn, ModelVersion(
-        model_id=ev.model_id, tenant_id=env.tenant_id, name=ev.name, stage=ev.stage, artifact_uri=ev.artifact_uri,
+        model_id=ev.model_id, tenant_id=tenant_id, name=ev.name, stage=ev.stage, artifact_uri=ev.artifact_uri,
         artifact_sha256=ev.artifact_sha256, files=dict(ev.files),
         base_model=lineage.base_model, base_model_sha256=lineage.base_model_sha256,
         chat_template_sha256=lineage.chat_template_sha256, fine_tuned_model=ev.fine_tuned_model,
@@ -35,11 +36,11 @@ async def on_model_registered(rt: Runtime[ServingContext], uow: UnitOfWork, env:
     await rt.ctx.repo.notify_changed(uow.conn)
 
 
-async def on_model_promoted(rt: Runtime[ServingContext], uow: UnitOfWork, env: Envelope, ev: ModelPromotedV1) -> None:
-    await _same_owner(uow, ev.model_id, env.tenant_id)
+async def model_promoted(rt: Runtime[ServingContext], uow: UnitOfWork, tenant_id: str, ev: ModelPromotedV1) -> None:
+    await _same_owner(uow, ev.model_id, tenant_id)
     applied = await rt.ctx.repo.record_promoted(uow.conn, ModelVersion(
-        model_id=ev.model_id, tenant_id=env.tenant_id, name=ev.name or "", stage=ev.to_stage,
-        artifact_uri=ev.artifact_uri, artifact_sha256=ev.artifact_sha256, files=dict(ev.files or {}),
+        model_id=ev.model_id, tenant_id=tenant_id, name=ev.name or "", stage=ModelStage(ev.to_stage),
+        artifact_uri=ev.artifact_uri, artifact_sha256=ev.artifact_sha256, files=dict(ev.files),
         base_model=ev.base_model, base_model_sha256=ev.base_model_sha256,
         chat_template_sha256=ev.chat_template_sha256, fine_tuned_model=ev.fine_tuned_model), ev.sequence)
     if not applied:
@@ -47,10 +48,10 @@ async def on_model_promoted(rt: Runtime[ServingContext], uow: UnitOfWork, env: E
     await rt.ctx.repo.notify_changed(uow.conn)
 
 
-async def on_checkpoint_written(rt: Runtime[ServingContext], uow: UnitOfWork, env: Envelope,
-                                ev: CheckpointWrittenV1) -> None:
+async def checkpoint_written(rt: Runtime[ServingContext], uow: UnitOfWork, tenant_id: str,
+                             ev: CheckpointWrittenV1) -> None:
     """Every durable checkpoint, so `<fine_tuned_model>:ckpt-step-<N>` can be served (see catalog.checkpoint_version)."""
-    await rt.ctx.repo.record_checkpoint(uow.conn, env.tenant_id, ev.job_id, ev.step, ev.uri, ev.manifest_sha256,
+    await rt.ctx.repo.record_checkpoint(uow.conn, tenant_id, ev.job_id, ev.step, ev.uri, ev.manifest_sha256,
                                         ev.attempt)
 
 
@@ -66,7 +67,7 @@ async def sync_projection(rt: Runtime[ServingContext], *, act: bool) -> int:
     ctx = rt.ctx
     seen = 0
     while True:
-        changes = await ctx.repo.changes_since(ctx.synced_to)
+        changes = await ctx.repo.changes_since(ctx.synced_to, PAGE)
         for change_seq, version in changes:
             ctx.synced_to = max(ctx.synced_to, change_seq)
             ctx.catalog.put(version)
@@ -79,7 +80,7 @@ async def sync_projection(rt: Runtime[ServingContext], *, act: bool) -> int:
                 ctx.background.add(task)
                 task.add_done_callback(ctx.background.discard)
         seen += len(changes)
-        if len(changes) < 500:
+        if len(changes) < PAGE:
             break
     for change_seq, tenant_id, name, route in await ctx.repo.route_changes_since(ctx.synced_to_routes):
         ctx.synced_to_routes = max(ctx.synced_to_routes, change_seq)
@@ -87,20 +88,6 @@ async def sync_projection(rt: Runtime[ServingContext], *, act: bool) -> int:
         seen += 1
     ctx.metrics.resident.set(len(ctx.pool.lru))
     return seen
-
-
-async def follow_projection(rt: Runtime[ServingContext]) -> None:
-    """Background: act on committed projection changes as soon as their NOTIFY arrives. Adapters
-    that were servable before this process started load on their first request."""
-    ctx = rt.ctx
-    async with ctx.repo.changes_notified(ctx.projection_changed.set):
-        while True:
-            ctx.projection_changed.clear()
-            await sync_projection(rt, act=True)  # first round: what committed before the listener started
-            try:
-                await asyncio.wait_for(ctx.projection_changed.wait(), timeout=FALLBACK_POLL_S)
-            except TimeoutError:
-                pass
 
 
 async def _preload(rt: Runtime[ServingContext], version: ModelVersion) -> None:

@@ -7,6 +7,7 @@ import time
 import uuid
 from collections.abc import AsyncIterator, Iterator
 from contextlib import contextmanager
+from dataclasses import asdict
 from typing import Any
 
 from fastapi import APIRouter, Response
@@ -17,11 +18,11 @@ from whetstone.runtime.errors import ApiError
 from whetstone.runtime.identity import Caller, require
 from whetstone.runtime.service import Runtime
 
-from . import inference
-from .context import ServingContext
-from .domain import openai
-from .domain.catalog import ModelNotDeployed, ModelNotFound, ServingError
-from .domain.routing import make_route
+from ..context import ServingContext
+from ..domain import openai
+from ..domain.catalog import ServingError
+from ..usecases import inference
+from ..usecases import routes as ab_routes
 
 VERSION_HEADER = "x-whetstone-model-version"
 
@@ -110,41 +111,27 @@ def routes(rt: Runtime[ServingContext]) -> APIRouter:
         return await complete(body, caller)
 
     # -- A/B routes ------------------------------------------------------------------
-    async def route_view(tenant_id: str, name: str) -> dict[str, Any]:
-        route = ctx.catalog.routes.get((tenant_id, name))
-        if route is None:
+    def route_view(tenant_id: str, name: str) -> dict[str, Any]:
+        found = ab_routes.view(ctx, tenant_id, name)
+        if found is None:
             raise ApiError(404, f"No route named `{name}`.", code="route_not_found", param="name")
-        return {"object": "serving.route", "name": name,
-                "variants": [{"model": v.model_id, "weight": v.weight,
-                              "requests": ctx.served.get((tenant_id, name, v.model_id), 0)}
-                             for v in route.variants]}
+        return {"object": "serving.route", **asdict(found)}
 
     @r.put("/v1/serving/routes/{name}")
     async def put_route(name: str, body: RouteBody, caller: Caller = require("models:promote")) -> dict[str, Any]:
         with refusals():
-            route = make_route(name, [(v.model, v.weight) for v in body.variants])
-            versions = ctx.catalog.owned(caller.tenant_id, [v.model_id for v in route.variants])
-            for i, v in enumerate(route.variants):
-                found = versions.get(v.model_id)
-                if found is None:
-                    raise ModelNotFound(f"The model `{v.model_id}` does not exist or you do not have access to it.",
-                                        param=f"variants.{i}.model")
-                if not found.servable:
-                    raise ModelNotDeployed(f"The model `{v.model_id}` is {found.stage}: only staging and production "
-                                           "versions can take traffic.", param=f"variants.{i}.model")
-            await ctx.repo.put_route(caller.tenant_id, route, caller.key_id)
-            ctx.catalog.put_route(caller.tenant_id, name, route)  # this replica at once; others follow
-        return await route_view(caller.tenant_id, name)
+            await ab_routes.put_route(ctx, caller.tenant_id, name, [(v.model, v.weight) for v in body.variants],
+                                      caller.key_id)
+        return route_view(caller.tenant_id, name)
 
     @r.get("/v1/serving/routes/{name}")
     async def get_route(name: str, caller: Caller = require("read")) -> dict[str, Any]:
-        return await route_view(caller.tenant_id, name)
+        return route_view(caller.tenant_id, name)
 
     @r.delete("/v1/serving/routes/{name}")
     async def delete_route(name: str, caller: Caller = require("models:promote")) -> dict[str, Any]:
-        if not await ctx.repo.delete_route(caller.tenant_id, name, caller.key_id):
+        if not await ab_routes.delete_route(ctx, caller.tenant_id, name, caller.key_id):
             raise ApiError(404, f"No route named `{name}`.", code="route_not_found", param="name")
-        ctx.catalog.put_route(caller.tenant_id, name, None)
         return {"object": "serving.route.deleted", "name": name, "deleted": True}
 
     return r

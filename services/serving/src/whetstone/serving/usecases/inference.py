@@ -7,17 +7,20 @@ import asyncio
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 
-from .adapters.engine import GenRow
-from .adapters.pool import Lease
-from .context import ServingContext
 from whetstone.contracts import parse_checkpoint_model
 
-from .domain.catalog import (
+from ..adapters.engine import GenRow
+from ..adapters.pool import Lease
+from ..context import ServingContext
+from ..domain.catalog import (
     ModelNotDeployed, ModelVersion, ServingError, base_version, check_servable_on, checkpoint_version, choose_version,
     completion_budget,
 )
-from .domain.openai import ChatCompletionRequest, CompletionRequest
-from .domain.routing import Route, pick_variant
+from ..domain.openai import ChatCompletionRequest, CompletionRequest
+from ..domain.routing import Route, pick_variant
+
+
+ChoiceEvent = tuple[int, str, str | None]   # (choice index, text delta, finish_reason or None)
 
 
 class InvalidMessages(ServingError):
@@ -57,7 +60,7 @@ class Generation:
     version: ModelVersion
     lease: Lease
     rows: list[GenRow]
-    events: asyncio.Queue
+    events: asyncio.Queue[ChoiceEvent]
     prompt_tokens: int
 
     @property
@@ -101,7 +104,7 @@ async def start(ctx: ServingContext, tenant_id: str, req: ChatCompletionRequest 
         budgets = [completion_budget(len(ids), req.token_limit(), ctx.config.default_max_tokens,
                                      ctx.engine.context_length, param) for ids in encoded]
         loop = asyncio.get_running_loop()
-        events: asyncio.Queue = asyncio.Queue()
+        events: asyncio.Queue[ChoiceEvent] = asyncio.Queue()
         rows: list[GenRow] = []
         unfinished = [len(encoded) * req.n]
 

@@ -1,6 +1,6 @@
-"""Random LoRA adapters on a base, stored like the trainer stores a final checkpoint (files +
-sha256 manifest in S3), and the registry events that announce them. For tests and the benchmark:
-no training, real PEFT files."""
+"""Sample adapters for serving's tests and `bench/serving.py`: random LoRA adapters on a base, stored
+like the trainer stores a final checkpoint (files + sha256 manifest in S3), and the registry events
+that announce them. No training, real PEFT files."""
 
 from __future__ import annotations
 
