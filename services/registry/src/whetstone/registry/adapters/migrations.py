@@ -155,7 +155,7 @@ MIGRATIONS.append(
     """
 )
 
-# 4: fencing (issue 20). The final checkpoint kept is the newest attempt's; a fenced attempt's is
+# 4: fencing. The final checkpoint kept is the newest attempt's; a fenced attempt's is
 # refused or dropped; a verdict counts only for the very checkpoint it names (one row per checkpoint)
 MIGRATIONS.append(
     """
