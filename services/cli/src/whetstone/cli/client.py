@@ -14,13 +14,38 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+from pydantic import BaseModel, ValidationError
+
+from .api_objects import ListItem, Page
+
+
+class ErrorBody(BaseModel):
+    """OpenAI's error object: what the CLI shows of a failure."""
+
+    message: str | None = None
+    type: str | None = None
+    param: str | None = None
+    code: str | int | None = None
+
+
+class ErrorAnswer(BaseModel):
+    error: ErrorBody | None = None
+
+
+def error_of(r: httpx.Response) -> ErrorBody:
+    """The error object of a failed answer; the answer's text when it carries none."""
+    try:
+        answer = ErrorAnswer.model_validate_json(r.content)
+    except ValidationError:
+        return ErrorBody(message=r.text[:500])
+    return answer.error or ErrorBody(message=r.text)
 
 
 class ApiFailure(Exception):
-    def __init__(self, status: int, error: dict[str, Any]) -> None:
+    def __init__(self, status: int, error: ErrorBody) -> None:
         self.status, self.error = status, error
-        param = f" (param: {error['param']})" if error.get("param") else ""
-        super().__init__(f"{status} {error.get('code') or error.get('type') or 'error'}: {error.get('message')}{param}")
+        param = f" (param: {error.param})" if error.param else ""
+        super().__init__(f"{status} {error.code or error.type or 'error'}: {error.message}{param}")
 
 
 def default_base_url() -> str:
@@ -55,13 +80,7 @@ class Api:
                 time.sleep(min(float(r.headers.get("retry-after", 1) or 1), 10) * (1 if r.status_code == 429 else 0.5))
                 continue
             if r.status_code >= 400:
-                try:
-                    error = r.json().get("error") or {"message": r.text}
-                except ValueError:
-                    error = {"message": r.text[:500]}
-                if not isinstance(error, dict):
-                    error = {"message": str(error)}
-                raise ApiFailure(r.status_code, error)
+                raise ApiFailure(r.status_code, error_of(r))
             return r.json() if r.content else {}
         raise AssertionError("unreachable")
 
@@ -80,12 +99,13 @@ class Api:
         """Every item of a list, following `after=<last id>` while `has_more`."""
         after = None
         while True:
-            page = self.get(path, limit=limit, after=after, **params)
-            data = page.get("data") or []
+            raw = self.get(path, limit=limit, after=after, **params)
+            page = Page[ListItem].from_api(raw)
+            data = raw.get("data") or []
             yield from data
-            if not page.get("has_more") or not data:
+            if not page.has_more or not page.data:
                 return
-            after = data[-1]["id"]
+            after = page.data[-1].id
 
     def events(self, job_id: str, *, limit: int = 100, after: str | None = None) -> dict:
         return self.get(f"/fine_tuning/jobs/{job_id}/events", limit=limit, after=after)

@@ -14,7 +14,7 @@ from typing import Any
 import httpx
 
 from .api_objects import ApiKey, Page
-from .client import Api, ApiFailure, dumps
+from .client import Api, ApiFailure, dumps, error_of
 
 
 def scheduler_url() -> str:
@@ -38,7 +38,7 @@ def operator_call(method: str, path: str, body: dict | None = None, params: dict
         raise SystemExit(f"scheduler not reachable at {base_url or scheduler_url()} ({type(exc).__name__}): "
                          "is `whet dev` running? (set WHETSTONE_SCHEDULER_URL)") from exc
     if r.status_code >= 400:
-        raise ApiFailure(r.status_code, (r.json() if r.content else {}).get("error") or {"message": r.text})
+        raise ApiFailure(r.status_code, error_of(r))
     return r.json()
 
 

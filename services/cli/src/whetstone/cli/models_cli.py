@@ -20,7 +20,7 @@ from .api_objects import (
     RegistryModel,
     UsageTotal,
 )
-from .client import Api, ApiFailure
+from .client import Api, ApiFailure, ErrorBody
 from .output import print_result, when
 
 STAGES = ("dev", "staging", "production", "archived")
@@ -84,17 +84,17 @@ def download(api: Api, model_id: str, out: Path) -> tuple[ModelContent, dict, li
             headers = {"Authorization": api.http.headers["Authorization"]} if same_origin else {}
             with http.stream("GET", f.url, headers=headers) as r:
                 if r.status_code != 200:
-                    raise ApiFailure(r.status_code, {"code": "download_failed",
-                                                     "message": f"{f.name}: the download server answered "
-                                                                f"{r.status_code} at {f.url.split('?')[0]}"})
+                    raise ApiFailure(r.status_code, ErrorBody(code="download_failed",
+                                                              message=f"{f.name}: the download server answered "
+                                                                      f"{r.status_code} at {f.url.split('?')[0]}"))
                 with open(target, "wb") as fh:
                     for chunk in r.iter_bytes():
                         digest.update(chunk)
                         fh.write(chunk)
             if f.sha256 and digest.hexdigest() != f.sha256:
                 target.unlink(missing_ok=True)
-                raise ApiFailure(422, {"code": "checksum_mismatch",
-                                       "message": f"{f.name} does not match its sha256; nothing kept"})
+                raise ApiFailure(422, ErrorBody(code="checksum_mismatch",
+                                                message=f"{f.name} does not match its sha256; nothing kept"))
             written.append(target)
     return content, raw, written
 
