@@ -9,7 +9,11 @@ import os
 import shutil
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from .api_objects import JobUsage
+    from .client import Api
 
 SERVICES = ("ingest", "scheduler", "trainer_agent", "eval", "registry", "metering", "serving")
 DEMO_HYPERPARAMETERS = {"n_epochs": 2, "learning_rate": 2e-3, "batch_size": 8, "max_seq_len": 256,
@@ -77,59 +81,63 @@ async def _demo(dataset: Path, tenant: str) -> int:
 
 
 def user_session(api_url: str, scheduler_url: str, dataset: Path, tenant: str) -> int:
-    from .api_objects import JobUsage  # noqa: PLC0415
+    from .api_objects import ApiFile, ApiKey, Checkpoint, Job, JobEvent, Page, RegistryModel  # noqa: PLC0415
     from .client import Api, poll_until  # noqa: PLC0415
     from .keys import create_key  # noqa: PLC0415
     from .public import describe_file, describe_job, follow_job, usage_text, wait_for_file  # noqa: PLC0415
 
-    key = create_key(tenant, name="demo", scopes=["read", "write", "models:promote"], base_url=scheduler_url)
-    print(f"[key] {key['id']} for tenant {key['tenant_id']} (scopes {','.join(key['scopes'])}): "
-          f"{key['key'][:16]}… shown once, stored only as a hash")
-    with Api(f"{api_url}/v1", key["key"]) as api:
-        f = api.upload(dataset)
-        print(f"[file] POST /v1/files {dataset} -> {f['id']} ({f['bytes']} bytes, status {f['status']})")
-        checked, f = wait_for_file(api, f["id"])
+    key = ApiKey.from_api(create_key(tenant, name="demo", scopes=["read", "write", "models:promote"],
+                                     base_url=scheduler_url))
+    print(f"[key] {key.id} for tenant {key.tenant_id} (scopes {','.join(key.scopes)}): "
+          f"{(key.key or '')[:16]}… shown once, stored only as a hash")
+    with Api(f"{api_url}/v1", key.key) as api:
+        uploaded = ApiFile.from_api(api.upload(dataset))
+        print(f"[file] POST /v1/files {dataset} -> {uploaded.id} ({uploaded.bytes} bytes, status {uploaded.status})")
+        checked, _ = wait_for_file(api, uploaded.id)
         print("[file] " + describe_file(checked).replace("\n", "\n       "))
-        if f["status"] != "processed":
+        if checked.status != "processed":
             return 1
-        body = {"model": "tiny-llama", "training_file": f["id"], "suffix": "demo",
+        body = {"model": "tiny-llama", "training_file": checked.id, "suffix": "demo",
                 "method": {"type": "supervised", "whetstone": {"method": "lora"},
                            "supervised": {"hyperparameters": DEMO_HYPERPARAMETERS}}}
-        job = api.post("/fine_tuning/jobs", body, headers={"Idempotency-Key": f"demo-{f['id']}"})
-        print(f"[job] POST /v1/fine_tuning/jobs -> {job['id']} ({job['status']})")
-        followed, job = follow_job(api, job["id"])
-        print("\n[job] " + describe_job(followed).replace("\n", "\n      "))
-        events = api.events(job["id"], limit=5)["data"]
-        print("[events] newest: " + " | ".join(e["message"] for e in events))
-        checkpoints = api.get(f"/fine_tuning/jobs/{job['id']}/checkpoints")["data"]
+        created = Job.from_api(api.post("/fine_tuning/jobs", body, headers={"Idempotency-Key": f"demo-{checked.id}"}))
+        print(f"[job] POST /v1/fine_tuning/jobs -> {created.id} ({created.status})")
+        job, _ = follow_job(api, created.id)
+        print("\n[job] " + describe_job(job).replace("\n", "\n      "))
+        events = Page[JobEvent].from_api(api.events(job.id, limit=5)).data or []
+        print("[events] newest: " + " | ".join(e.message for e in events))
+        checkpoints = Page[Checkpoint].from_api(api.get(f"/fine_tuning/jobs/{job.id}/checkpoints")).data or []
         if checkpoints:
-            print("[checkpoints] " + ", ".join(f"step {c['step_number']}" for c in checkpoints))
-        if job["status"] == "succeeded":
-            model = poll_until(lambda: (api.get("/models", job_id=job["id"])["data"] or [None])[0], "model")
+            print("[checkpoints] " + ", ".join(f"step {c.step_number}" for c in checkpoints))
+        if job.status == "succeeded":
+            model = poll_until(lambda: (Page[RegistryModel].from_api(api.get("/models", job_id=job.id)).data
+                                        or [None])[0], "model")
             try:  # the job learns its model's name once the registry announced it
-                job = poll_until(lambda: (lambda j: j if j.get("fine_tuned_model") else None)(
-                    api.get(f"/fine_tuning/jobs/{job['id']}")), "fine_tuned_model", timeout_s=30)
+                job = poll_until(lambda: (lambda j: j if j.fine_tuned_model else None)(
+                    Job.from_api(api.get(f"/fine_tuning/jobs/{job.id}"))), "fine_tuned_model", timeout_s=30)
             except TimeoutError:
                 pass
-            lin = model.get("lineage") or {}
-            print(f"[model] {model['id']}  name={model.get('name')}  stage={model.get('stage')}"
-                  f"  fine_tuned_model={job.get('fine_tuned_model')}")
+            print(f"[model] {model.id}  name={model.name}  stage={model.stage}"
+                  f"  fine_tuned_model={job.fine_tuned_model}")
+            lin = model.lineage
             if lin:
-                print(f"[lineage] base={lin.get('base_model')}@sha256:{str(lin.get('base_model_sha256'))[:16]}…  "
-                      f"dataset={lin.get('dataset_id')}@{str(lin.get('dataset_version'))[:16]}…  "
-                      f"method={lin.get('method')}")
-        usage = poll_until(lambda: _usage(api, job["id"]), "usage")
-        print(f"[usage] {usage_text(JobUsage.from_api(usage))}")
-    return 0 if job["status"] == "succeeded" else 1
+                print(f"[lineage] base={lin.base_model}@sha256:{str(lin.base_model_sha256)[:16]}…  "
+                      f"dataset={lin.dataset_id}@{str(lin.dataset_version)[:16]}…  "
+                      f"method={lin.method}")
+        usage = poll_until(lambda: _usage(api, job.id), "usage")
+        print(f"[usage] {usage_text(usage)}")
+    return 0 if job.status == "succeeded" else 1
 
 
-def _usage(api, job_id: str) -> dict | None:
+def _usage(api: Api, job_id: str) -> JobUsage | None:
+    """The job's usage once metering closed it (its total is written)."""
+    from .api_objects import JobUsage  # noqa: PLC0415
     from .client import ApiFailure  # noqa: PLC0415
 
     try:
-        u = api.get(f"/usage/jobs/{job_id}")
+        u = JobUsage.from_api(api.get(f"/usage/jobs/{job_id}"))
     except ApiFailure as exc:
         if exc.status == 404:
             return None
         raise
-    return u if u.get("total") else None
+    return u if u.total else None
