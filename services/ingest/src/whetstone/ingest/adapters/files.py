@@ -144,7 +144,7 @@ def sniff_purpose(path: Path) -> str:
         except ValueError:
             return "sft"  # not JSONL (csv, parquet, archives): the data gate detects and reports it
         layout = choose(row, None, None).layout if isinstance(row, dict) else None
-        return default_purpose(layout.schema) if layout else "sft"
+        return default_purpose(layout.schema).value if layout else "sft"
     return "sft"
 
 

@@ -26,12 +26,15 @@ class ResultsStore:
     async def rows(self, tenant_id: str, job_id: str) -> list[tuple[int, int, dict[str, Any]]]:
         rows = await self.conn.fetch("SELECT step, attempt, metrics FROM job_step_metrics WHERE tenant_id = $1"
                                      " AND job_id = $2 ORDER BY step", tenant_id, job_id)
-        return [(r["step"], r["attempt"], dict(r["metrics"])) for r in rows]
+        return [(step, attempt, dict(metrics)) for step, attempt, metrics in rows]
 
     async def state(self, tenant_id: str, job_id: str) -> FileState:
         row = await self.conn.fetchrow("SELECT file_id FROM job_result_files WHERE tenant_id = $1 AND job_id = $2"
                                        " FOR UPDATE", tenant_id, job_id)
-        return "none" if row is None else "made" if row["file_id"] else "cancelled"
+        if row is None:
+            return "none"
+        (file_id,) = row
+        return "made" if file_id else "cancelled"
 
     async def claim(self, tenant_id: str, job_id: str, file_id: str) -> bool:
         """True the first time a results file is made for this job (never after a cancel)."""

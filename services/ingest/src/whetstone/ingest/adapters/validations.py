@@ -44,8 +44,9 @@ async def claim_next(pool: asyncpg.Pool, owner: str, lease_s: float) -> Validati
                                        "submission_id, tenant_id, submitted, trace_id, attempts, last_error")
     if row is None:
         return None
-    return Validation(row["submission_id"], row["tenant_id"], DatasetSubmittedV1.model_validate(row["submitted"]),
-                      row["trace_id"], row["attempts"], owner, row["last_error"])
+    fields = dict(row)
+    submitted = DatasetSubmittedV1.model_validate(fields.pop("submitted"))
+    return Validation(submitted=submitted, owner=owner, **fields)
 
 
 async def release(pool: asyncpg.Pool, v: Validation, error: str, *, transient: bool, backoff_s: float,
@@ -88,9 +89,11 @@ async def known_verdict(conn: asyncpg.Connection, tenant_id: str,
     row = await conn.fetchrow(
         "SELECT validated, base_model FROM dataset_versions WHERE tenant_id = $1 AND dataset_id = $2",
         tenant_id, ev.dataset_id)
-    if row and (row["base_model"] == ev.base_model or not ev.base_model):
-        return DatasetValidatedV1.model_validate(row["validated"]), True
-    same = await conn.fetchrow(
+    if row is not None:
+        validated, base_model = row
+        if base_model == ev.base_model or not ev.base_model:
+            return DatasetValidatedV1.model_validate(validated), True
+    same = await conn.fetchval(
         "SELECT dv.validated FROM files f JOIN dataset_versions dv ON dv.tenant_id = f.tenant_id"
         " AND dv.version = f.sha256 AND dv.dataset_id <> f.file_id"
         " WHERE f.tenant_id = $1 AND f.file_id = $2 AND dv.status = 'accepted'"
@@ -98,7 +101,7 @@ async def known_verdict(conn: asyncpg.Connection, tenant_id: str,
         " ORDER BY dv.created_at LIMIT 1", tenant_id, ev.dataset_id, ev.purpose, ev.base_model)
     if same is None:
         return None
-    return DatasetValidatedV1.model_validate(same["validated"]).model_copy(
+    return DatasetValidatedV1.model_validate(same).model_copy(
         update={"dataset_id": ev.dataset_id, "name": ev.name}), False
 
 

@@ -34,7 +34,7 @@ from typing import Any
 from .chat import check_messages, check_tools, normalize_messages, normalize_tools
 from .issues import Issue
 from .jsontypes import JsonObject
-from .schemas import PURPOSE_SCHEMAS, normalize_preference
+from .schemas import PURPOSE_SCHEMAS, Schema, normalize_preference
 from .suggest import closest
 
 MAX_IGNORED_KEYS = 50
@@ -64,7 +64,7 @@ Normaliser = Callable[[JsonObject], JsonObject]
 @dataclass(frozen=True)
 class Layout:
     name: str
-    schema: str
+    schema: Schema
     required: frozenset[str]
     optional: frozenset[str]
     signs: tuple[str, ...]                      # keys that point to this layout even when others are missing
@@ -334,21 +334,22 @@ def _f(*keys: str) -> frozenset[str]:
 
 
 LAYOUTS: dict[str, Layout] = {lay.name: lay for lay in (
-    Layout("openai_dpo", "preference", _f("input", "preferred_output", "non_preferred_output"), _f(),
+    Layout("openai_dpo", Schema.PREFERENCE, _f("input", "preferred_output", "non_preferred_output"), _f(),
            ("preferred_output", "non_preferred_output"), _v_openai_dpo, _n_openai_dpo,
            (("input.messages", "prompt"), ("preferred_output", "chosen"), ("non_preferred_output", "rejected"))),
-    Layout("openai_chat", "chat", _f("messages"), _f("tools", "parallel_tool_calls"), ("messages",), _v_chat, _n_chat),
-    Layout("openai_rft", "rft", _f("messages"), _f(), (), _v_rft, _n_rft, item_keys=True),
-    Layout("sharegpt", "chat", _f("conversations"), _f("system", "tools"), ("conversations",), _v_sharegpt,
+    Layout("openai_chat", Schema.CHAT, _f("messages"), _f("tools", "parallel_tool_calls"), ("messages",), _v_chat,
+           _n_chat),
+    Layout("openai_rft", Schema.RFT, _f("messages"), _f(), (), _v_rft, _n_rft, item_keys=True),
+    Layout("sharegpt", Schema.CHAT, _f("conversations"), _f("system", "tools"), ("conversations",), _v_sharegpt,
            _n_sharegpt),
-    Layout("trl_preference", "preference", _f("chosen", "rejected"), _f("prompt"), ("chosen", "rejected"), _v_trl,
+    Layout("trl_preference", Schema.PREFERENCE, _f("chosen", "rejected"), _f("prompt"), ("chosen", "rejected"), _v_trl,
            _n_trl),
-    Layout("alpaca", "instruction", _f("instruction", "output"), _f("input", "system", "history"),
+    Layout("alpaca", Schema.INSTRUCTION, _f("instruction", "output"), _f("input", "system", "history"),
            ("instruction", "output"), _v_alpaca, _n_alpaca,
            (("instruction", "user"), ("input", "user"), ("output", "assistant"), ("system", "system"))),
-    Layout("prompt_completion", "prompt_completion", _f("prompt", "completion"), _f(), ("prompt", "completion"),
+    Layout("prompt_completion", Schema.PROMPT_COMPLETION, _f("prompt", "completion"), _f(), ("prompt", "completion"),
            _v_prompt_completion, _n_prompt_completion, (("prompt", "user"), ("completion", "assistant"))),
-    Layout("text", "text", _f("text"), _f(), ("text",), _v_text, _n_text),
+    Layout("text", Schema.TEXT, _f("text"), _f(), ("text",), _v_text, _n_text),
 )}
 SIGN_KEYS = frozenset(k for lay in LAYOUTS.values() for k in lay.signs)
 CHAT = LAYOUTS["openai_chat"]

@@ -130,7 +130,7 @@ class LayoutGate:
             allowed = ", ".join(PURPOSE_SCHEMAS[self.purpose])
             self.file_issues.append(Issue(
                 "schema_purpose_mismatch", f"the file has the {schema} schema, which cannot be used for purpose "
-                f"{self.purpose!r} (it takes: {allowed}); submit it with purpose {default_purpose(schema)!r}", line))
+                f"'{self.purpose}' (it takes: {allowed}); submit it with purpose '{default_purpose(schema)}'", line))
 
 
 # ------------------------------------------------------------------------------- PII

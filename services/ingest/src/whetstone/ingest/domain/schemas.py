@@ -17,31 +17,48 @@ from __future__ import annotations
 
 from typing import Any
 
+from enum import StrEnum
+
+from whetstone.contracts import Purpose
+
 from .chat import message_text
 from .jsontypes import JsonObject
 
-SCHEMAS = ("chat", "prompt_completion", "instruction", "preference", "text", "rft")
-PURPOSES = ("sft", "dpo", "cpt", "eval", "rft")
-PURPOSE_SCHEMAS: dict[str, tuple[str, ...]] = {
-    "sft": ("chat", "prompt_completion", "instruction"),
-    "dpo": ("preference",),
-    "cpt": ("text",),
-    "eval": ("chat", "prompt_completion", "instruction", "text"),
-    "rft": ("rft",),
+
+class Schema(StrEnum):
+    CHAT = "chat"
+    PROMPT_COMPLETION = "prompt_completion"
+    INSTRUCTION = "instruction"
+    PREFERENCE = "preference"
+    TEXT = "text"
+    RFT = "rft"
+
+
+PURPOSES = tuple(p.value for p in Purpose)
+PURPOSE_SCHEMAS: dict[str, tuple[Schema, ...]] = {
+    Purpose.SFT: (Schema.CHAT, Schema.PROMPT_COMPLETION, Schema.INSTRUCTION),
+    Purpose.DPO: (Schema.PREFERENCE,),
+    Purpose.CPT: (Schema.TEXT,),
+    Purpose.EVAL: (Schema.CHAT, Schema.PROMPT_COMPLETION, Schema.INSTRUCTION, Schema.TEXT),
+    Purpose.RFT: (Schema.RFT,),
 }
-OUTPUT_SCHEMA = {"chat": "chat", "prompt_completion": "chat", "instruction": "chat",
-                 "preference": "preference", "text": "text", "rft": "rft"}
+OUTPUT_SCHEMA: dict[str, Schema] = {
+    Schema.CHAT: Schema.CHAT, Schema.PROMPT_COMPLETION: Schema.CHAT, Schema.INSTRUCTION: Schema.CHAT,
+    Schema.PREFERENCE: Schema.PREFERENCE, Schema.TEXT: Schema.TEXT, Schema.RFT: Schema.RFT}
+DEFAULT_PURPOSE: dict[str, Purpose] = {Schema.PREFERENCE: Purpose.DPO, Schema.TEXT: Purpose.CPT,
+                                       Schema.RFT: Purpose.RFT}
 
 
-def default_purpose(schema: str) -> str:
-    return {"preference": "dpo", "text": "cpt", "rft": "rft"}.get(schema, "sft")
+def default_purpose(schema: str) -> Purpose:
+    return DEFAULT_PURPOSE.get(schema, Purpose.SFT)
 
 
 def _as_messages(value: str | list[Any], role: str) -> list[JsonObject]:
     return value if isinstance(value, list) else [{"role": role, "content": value}]
 
 
-def normalize_preference(prompt: str | list[Any] | None, chosen: str | list[Any], rejected: str | list[Any]) -> JsonObject:
+def normalize_preference(prompt: str | list[Any] | None, chosen: str | list[Any],
+                         rejected: str | list[Any]) -> JsonObject:
     """Explicit conversational form: prompt, chosen and rejected as message lists.
 
     Without a prompt, the two conversations' longest common prefix is the prompt (TRL's

@@ -134,7 +134,8 @@ def routes(rt: Runtime[IngestContext]) -> APIRouter:
             filename = safe_filename(got.filename)
             dataset_purpose = purpose if purpose != OPENAI_PURPOSE else sniff_purpose(got.path)
             # every upload its own id and object (deleting one never touches another's); identical content
-            # is validated once: a later upload of the same bytes gets the verdict already given (usecases/submissions.py)
+            # is validated once: a later upload of the same bytes gets the verdict given before
+            # (usecases/submissions.py)
             file_id = mint_file_id(caller.tenant_id, internal_secret(rt.settings.data_dir))
             key = f"{tenant_prefix(caller.tenant_id)}uploads/{file_id}{known_suffix(filename)}"
             source_uri = await asyncio.to_thread(rt.store.put_file, key, got.path)
