@@ -304,7 +304,7 @@ class Preparer:
 
     A source known to be large (`run(..., large=True)`) starts its workers in a thread while this
     process prepares the first chunk (which fixes the schema), and hands them every chunk after it:
-    the workers' start (about half a second) no longer leaves a core idle."""
+    no core is idle while the workers start (about half a second)."""
 
     def __init__(self, ctx: PrepareContext, layouts: LayoutGate, workdir: Path, *, workers: int = 1,
                  chunk_rows: int = 1024, min_rows: int = 4096) -> None:
