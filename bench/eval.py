@@ -29,9 +29,9 @@ def main(argv: list[str] | None = None) -> int:
     import torch
 
     torch.set_num_threads(1)  # shared 2-core machine: oversubscribed threads are ~10x slower
-    from whetstone.eval.harness.judge_server import JudgeServer
-    from whetstone.eval.harness.run import Harness
-    from whetstone.eval.harness.teach import KINDS
+    from whetstone.devstack.eval_harness.judge_server import JudgeServer
+    from whetstone.devstack.eval_harness.run import Harness
+    from whetstone.devstack.eval_harness.teach import KINDS
 
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--per-kind", type=int, default=4)

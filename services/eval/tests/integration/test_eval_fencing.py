@@ -5,12 +5,19 @@ already under way publishes nothing, and the newer attempt's checkpoint gets its
 from datetime import UTC, datetime
 
 import pytest
-from whetstone.contracts import CheckpointWrittenV1, JobQueuedV1, NodeFencedV1, Resources, TrainingSpec
+from whetstone.contracts import (
+    CheckpointWrittenV1,
+    EvalCompletedV1,
+    JobQueuedV1,
+    NodeFencedV1,
+    Resources,
+    TrainingSpec,
+)
 from whetstone.devstack.testing import outbox, send_event, wait_until
-from whetstone.eval.adapters import repository
-from whetstone.eval.adapters.repository import Claim, LeaseLost
+from whetstone.eval.adapters.repository import EvalStore, LeaseLost
 from whetstone.eval.bootstrap import build_service
 from whetstone.eval.config import EvalSettings
+from whetstone.eval.domain.runs import Claim
 
 pytestmark = pytest.mark.integration
 TENANT = "acme"
@@ -86,16 +93,16 @@ async def test_a_run_under_way_when_its_attempt_is_fenced_publishes_nothing(plat
         assert await rt.pool.fetchval("SELECT count(*) FROM final_checkpoints WHERE job_id = 'job-g'") == 0
         # the worker that held it finishes its scoring: its lease is gone, nothing is recorded or published
         claim = Claim("job-g", TENANT, 1, "worker-x", job_id="job-g")
+        scored = EvalCompletedV1(job_id="job-g", checkpoint_uri=stale.uri, verdict="passed", reasons=[], metrics=[])
         with pytest.raises(LeaseLost):
             async with rt.pool.acquire() as conn, conn.transaction():
-                await repository.finish(conn, claim, lineage_key="k", verdict="passed", candidate_loss=None,
-                                        adapter_uri=stale.uri, adapter_manifest_sha256=stale.manifest_sha256, event={})
+                await EvalStore(conn).finish(claim, scored, lineage_key="k",
+                                             adapter_manifest_sha256=stale.manifest_sha256)
         # had it kept its lease (the fence not known yet), the checkpoint it scored is no longer the job's
         await rt.pool.execute("UPDATE eval_runs SET status = 'running', lease_owner = 'worker-x' WHERE run_id = 'job-g'")
         async with rt.pool.acquire() as conn, conn.transaction():
-            assert not await repository.finish(conn, claim, lineage_key="k", verdict="passed", candidate_loss=None,
-                                               adapter_uri=stale.uri, adapter_manifest_sha256=stale.manifest_sha256,
-                                               event={})
+            assert not await EvalStore(conn).finish(claim, scored, lineage_key="k",
+                                                    adapter_manifest_sha256=stale.manifest_sha256)
         assert await rt.pool.fetchval("SELECT status FROM eval_runs WHERE run_id = 'job-g'") == "superseded"
         assert await rt.pool.fetchval("SELECT count(*) FROM results WHERE job_id = 'job-g'") == 0
         await send_event(b, _final("job-g", 2), TENANT)

@@ -4,10 +4,9 @@ is reached through a TCP forwarder to the embedded SeaweedFS that the test takes
 
 from __future__ import annotations
 
-import asyncio
-
 import pytest
 from whetstone.devstack.forwarder import Forwarder
+from whetstone.devstack.testing import wait_until
 from whetstone.eval.bootstrap import build_service
 from whetstone.eval.config import EvalSettings
 from whetstone.runtime.s3 import ObjectStore
@@ -25,7 +24,7 @@ async def test_an_s3_outage_is_waited_out_not_counted_as_crashes(platform, setti
     s3 = Forwarder(host, int(port))
     await s3.up()
     settings.s3_endpoint = f"http://127.0.0.1:{s3.port}"
-    service = lambda: build_service(EvalSettings(lease_s=3, poll_s=0.2, max_attempts=2,  # noqa: E731
+    service = lambda: build_service(EvalSettings(lease_s=3, poll_s=0.2, max_attempts=2,
                                                  transient_backoff_s=0.5, transient_backoff_max_s=2))
     async with platform(service) as p:
         rt = p["eval"]
@@ -36,7 +35,7 @@ async def test_an_s3_outage_is_waited_out_not_counted_as_crashes(platform, setti
         async def retried_transiently():
             n = await rt.pool.fetchval("SELECT transient_retries FROM eval_runs WHERE job_id = 'job-out'")
             return (n or 0) >= 3  # more failures than max_attempts allows crashes
-        await asyncio.wait_for(_until(retried_transiently), 120)
+        await wait_until(retried_transiently, 120, "three transient retries")
         assert await rt.pool.fetchval("SELECT status FROM eval_runs WHERE job_id = 'job-out'") != "done"
         await s3.up()
         event = (await _completed(rt, "job-out"))[0]["payload"]
@@ -46,8 +45,3 @@ async def test_an_s3_outage_is_waited_out_not_counted_as_crashes(platform, setti
         run = await rt.pool.fetchrow("SELECT attempts, last_error FROM eval_runs WHERE job_id = 'job-out'")
         assert run["attempts"] == 1, dict(run)  # the outage's attempts were given back
     await s3.down()
-
-
-async def _until(check) -> None:
-    while not await check():
-        await asyncio.sleep(0.2)

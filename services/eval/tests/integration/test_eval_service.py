@@ -14,10 +14,10 @@ from whetstone.contracts import (
     TrainingSpec,
 )
 from whetstone.devstack.testing import outbox, send_event, wait_until
-from whetstone.eval.adapters import repository
-from whetstone.eval.adapters.repository import Claim, LeaseLost
+from whetstone.eval.adapters.repository import PROBES, EvalStore, LeaseLost
 from whetstone.eval.bootstrap import build_service
 from whetstone.eval.config import EvalSettings
+from whetstone.eval.domain.runs import Claim
 from whetstone.runtime.checkpoints import upload_checkpoint
 from whetstone.runtime.models import resolve_model
 
@@ -56,6 +56,11 @@ async def _completed(rt, job_id, timeout=180):
     async def done():
         return [e for e in await outbox(rt, "eval.completed") if e["payload"]["job_id"] == job_id]
     return await wait_until(done, timeout, f"eval.completed for {job_id}")
+
+
+async def _record(rt, claim, result):
+    async with rt.pool.acquire() as conn, conn.transaction():
+        await EvalStore(conn).record_stage(claim, result)
 
 
 def _service():
@@ -108,13 +113,14 @@ async def test_a_dead_workers_claim_is_resumed_after_its_lease_never_doubled(pla
                               " now() + interval '5 seconds')")
         recorded = EvalStageResult(name="holdout", status="passed", reason="recorded by the dead worker")
         dead = Claim("job-3", "acme", 1, "dead-worker", job_id="job-3")
-        await repository.record_stage(rt.pool, dead, recorded)
+        await _record(rt, dead, recorded)
         # while the lease is live nobody else can claim it or record for it
-        assert await repository.claim_next(rt.pool, "intruder", 30) is None
-        (queued,) = repository.PROBES               # the queue KEDA scales eval on
+        async with rt.pool.acquire() as conn:
+            assert await EvalStore(conn).claim_next("intruder", 30) is None
+        (queued,) = PROBES                          # the queue KEDA scales eval on
         assert dict(await rt.pool.fetch(queued.sql)) == {"running": 1}
         with pytest.raises(LeaseLost):
-            await repository.record_stage(rt.pool, Claim("job-3", "acme", 1, "intruder", job_id="job-3"), recorded)
+            await _record(rt, Claim("job-3", "acme", 1, "intruder", job_id="job-3"), recorded)
         # the lease runs out (no heartbeat): the live worker claims it and resumes after the recorded stage
         events = await _completed(rt, "job-3", timeout=120)
         stages = {s["name"]: s for s in events[0]["payload"]["stages"]}
@@ -123,7 +129,7 @@ async def test_a_dead_workers_claim_is_resumed_after_its_lease_never_doubled(pla
         assert await rt.pool.fetchval("SELECT attempts FROM eval_runs WHERE job_id = 'job-3'") == 2
         # the dead worker, coming back, can neither record nor publish
         with pytest.raises(LeaseLost):
-            await repository.record_stage(rt.pool, dead, recorded)
+            await _record(rt, dead, recorded)
         assert len(await _completed(rt, "job-3")) == 1
 
 

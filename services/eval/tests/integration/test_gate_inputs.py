@@ -2,15 +2,24 @@
 Real tiny model, real PEFT adapter, real lm-eval, real HTTP judge server; no stack needed."""
 
 import json
+from dataclasses import asdict
 from pathlib import Path
 
 import pytest
-from whetstone.eval.adapters.benchmarks import SHIPPED_TASKS, TaskDirError, import_tasks, load_task_dir
+from whetstone.contracts import ReinforcementSpec
+from whetstone.devstack.eval_harness.judge_server import JudgeServer
+from whetstone.devstack.eval_harness.run import DirCache
+from whetstone.eval.adapters.benchmarks import (
+    SHIPPED_TASKS,
+    TaskDirError,
+    import_tasks,
+    load_task_dir,
+)
 from whetstone.eval.adapters.judges import EndpointJudge
-from whetstone.eval.entrypoints.cli import cmd_import_tasks
 from whetstone.eval.domain.policy import resolve_policy
-from whetstone.eval.harness.judge_server import JudgeServer
-from whetstone.eval.usecases.pipeline import Candidate, DirCache, GateTools, run_gate
+from whetstone.eval.domain.rows import Side, Turn
+from whetstone.eval.entrypoints.cli import cmd_import_tasks
+from whetstone.eval.usecases.pipeline import Candidate, GateTools, run_gate
 
 pytestmark = pytest.mark.integration
 ROWS = [{"messages": [{"role": "user", "content": f"What is {a} + 1?"},
@@ -150,19 +159,18 @@ def test_a_reinforcement_job_is_gated_by_its_own_grader_on_real_completions(tiny
     from whetstone.eval.adapters.generation import Models
     from whetstone.eval.domain.stages import verdict
 
-    prompts = [[{"role": "system", "content": "Answer briefly."}, {"role": "user", "content": f"What is {a} + 1?"}]
-               for a in range(6)]
+    prompts = [[Turn("system", "Answer briefly."), Turn("user", f"What is {a} + 1?")] for a in range(6)]
     models = Models(tiny["base"], tiny["adapter"])
-    answers = {side: models.generate(side, prompts, 8) for side in ("base", "candidate")}
+    answers = {side: models.generate(side, prompts, 8) for side in (Side.BASE, Side.CANDIDATE)}
     assert answers["base"] != answers["candidate"]
     grader = {"type": "string_check", "name": "same", "input": "{{sample.output_text}}",
               "reference": "{{item.expected.text}}", "operation": "eq"}
     from whetstone.graders.rft import parse_method
 
-    spec = {**parse_method({"grader": grader}).record(), "max_completion_tokens": 8}
-    for favoured, status in (("candidate", "passed"), ("base", "failed")):
+    spec = ReinforcementSpec(**{**parse_method({"grader": grader}).record(), "max_completion_tokens": 8})
+    for favoured, status in ((Side.CANDIDATE, "passed"), (Side.BASE, "failed")):
         holdout = tmp_path / f"{favoured}.jsonl"
-        holdout.write_text("".join(json.dumps({"messages": p, "expected": {"text": t}}) + "\n"
+        holdout.write_text("".join(json.dumps({"messages": [asdict(turn) for turn in p], "expected": {"text": t}}) + "\n"
                                    for p, t in zip(prompts, answers[favoured])))
         stages = _gate(tiny, {"holdout": True, "judge": True}, holdout=holdout, reinforcement=spec)
         r = stages["holdout"]

@@ -1,4 +1,4 @@
-"""Outcome quality (issue 16, item 6): a taught tiny base and one planted candidate of each kind.
+"""Outcome quality: a taught tiny base and one planted candidate of each kind.
 The gate must pass the good one and block each bad one on the stage meant to catch it.
 The taught base is cached under .whetstone/eval-harness by recipe hash (shared with `make bench-eval`);
 the full >= 20 candidate run lives in bench/eval.py."""
@@ -7,9 +7,9 @@ import os
 from pathlib import Path
 
 import pytest
-from whetstone.eval.harness.judge_server import JudgeServer
-from whetstone.eval.harness.run import Harness
-from whetstone.eval.harness.teach import INTENDED_STAGE, KINDS
+from whetstone.devstack.eval_harness.judge_server import JudgeServer
+from whetstone.devstack.eval_harness.run import Harness
+from whetstone.devstack.eval_harness.teach import INTENDED_STAGE, KINDS
 
 pytestmark = pytest.mark.integration
 CACHE = Path(os.environ.get("WHETSTONE_EVAL_HARNESS_CACHE", Path(__file__).resolve().parents[4] / ".whetstone" / "eval-harness"))

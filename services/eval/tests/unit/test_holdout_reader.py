@@ -4,6 +4,7 @@ import json
 
 import pytest
 from whetstone.eval.adapters.holdout import HoldoutError, read_holdout
+from whetstone.eval.domain.rows import Turn
 
 pytestmark = pytest.mark.unit
 
@@ -18,7 +19,8 @@ def test_ingest_preference_rows_score_the_chosen_answer(tmp_path):
     row = {"prompt": [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "2 + 2?"}],
            "chosen": [{"role": "assistant", "content": "4"}], "rejected": [{"role": "assistant", "content": "5"}]}
     [r] = read_holdout(_file(tmp_path, [row]), 10)
-    assert r.reference == "4" and r.prompt == row["prompt"] and r.messages == row["prompt"] + row["chosen"]
+    prompt = [Turn("system", "Be brief."), Turn("user", "2 + 2?")]
+    assert r.reference == "4" and r.prompt == prompt and r.messages == [*prompt, Turn("assistant", "4")]
 
 
 @pytest.mark.parametrize("row,expect", [

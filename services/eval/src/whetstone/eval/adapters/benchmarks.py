@@ -8,7 +8,6 @@ so the shipped suites and imported ones work wherever the directory lives."""
 from __future__ import annotations
 
 import hashlib
-import json
 import os
 import shutil
 import tempfile
@@ -17,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from ..domain.stages import SuiteScore
 
@@ -36,17 +36,53 @@ class _Loader(yaml.SafeLoader):
 _Loader.add_constructor("!function", lambda loader, node: f"!function {loader.construct_scalar(node)}")
 
 
+class _DatasetKwargs(BaseModel):
+    model_config = ConfigDict(extra="allow")
+    data_files: object = None
+
+
+class _Metadata(BaseModel):
+    model_config = ConfigDict(extra="allow")
+    chance: object = None
+
+
+class TaskConfig(BaseModel):
+    """An lm-eval task YAML: the settings read here are typed; every other setting is kept as written."""
+
+    model_config = ConfigDict(extra="allow")
+    task: object = None
+    include: object = None
+    dataset_path: object = None
+    output_type: object = None
+    doc_to_text: object = None
+    doc_to_choice: object = None
+    doc_to_target: object = None
+    test_split: str | None = None
+    validation_split: str | None = None
+    dataset_kwargs: _DatasetKwargs | None = None
+    metadata: _Metadata | None = None
+
+    def with_data_files(self, files: dict[str, str]) -> dict[str, Any]:
+        """The YAML's settings as written, with `dataset_kwargs.data_files` replaced."""
+        kwargs = {**(self.dataset_kwargs.model_dump() if self.dataset_kwargs else {}), "data_files": files}
+        return {**self.model_dump(exclude_unset=True), "dataset_kwargs": kwargs}
+
+
+class _RowChoices(BaseModel):
+    choices: object = None
+
+
 @dataclass(frozen=True)
 class Suite:
     name: str
     yaml_path: Path
-    config: dict[str, Any]
+    config: TaskConfig
     data_files: dict[str, Path]
     chance: float
 
 
-def _data_files(cfg: dict[str, Any], where: Path) -> dict[str, Path]:
-    files = (cfg.get("dataset_kwargs") or {}).get("data_files")
+def _data_files(cfg: TaskConfig, where: Path) -> dict[str, Path]:
+    files = cfg.dataset_kwargs.data_files if cfg.dataset_kwargs else None
     if isinstance(files, str):
         files = {"test": files}
     if not isinstance(files, dict) or not files:
@@ -62,18 +98,18 @@ def _data_files(cfg: dict[str, Any], where: Path) -> dict[str, Path]:
     return out
 
 
-def _chance(cfg: dict[str, Any], files: dict[str, Path]) -> float:
-    meta = cfg.get("metadata") or {}
-    if isinstance(meta.get("chance"), int | float):
-        return float(meta["chance"])
-    split = cfg.get("test_split") or next(iter(files))
+def _chance(cfg: TaskConfig, files: dict[str, Path]) -> float:
+    chance = cfg.metadata.chance if cfg.metadata else None
+    if isinstance(chance, int | float):
+        return float(chance)
+    split = cfg.test_split or next(iter(files))
     path = files.get(split)
     if path is not None and path.suffix in (".jsonl", ".json"):
         inverse = []
         with open(path, encoding="utf-8") as f:
             for line in f:
                 if line.strip():
-                    choices = json.loads(line).get("choices")
+                    choices = _RowChoices.model_validate_json(line).choices
                     if isinstance(choices, list) and choices:
                         inverse.append(1 / len(choices))
         if inverse:
@@ -83,26 +119,31 @@ def _chance(cfg: dict[str, Any], files: dict[str, Path]) -> float:
 
 def load_suite(path: Path) -> Suite:
     try:
-        cfg = yaml.load(path.read_text(encoding="utf-8"), Loader=_Loader)
+        raw = yaml.load(path.read_text(encoding="utf-8"), Loader=_Loader)
     except (yaml.YAMLError, UnicodeDecodeError) as exc:
         raise TaskDirError(f"{path}: not valid YAML ({exc})") from exc
-    if not isinstance(cfg, dict):
+    if not isinstance(raw, dict):
         raise TaskDirError(f"{path}: expected a mapping of task settings")
-    name = cfg.get("task")
+    try:
+        cfg = TaskConfig.model_validate(raw)
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        raise TaskDirError(f"{path}: {'.'.join(map(str, first['loc']))}: {first['msg']}") from exc
+    name = cfg.task
     if not isinstance(name, str) or not name:
         raise TaskDirError(f"{path}: 'task' (the task name) is missing")
-    if "include" in cfg:
+    if "include" in cfg.model_fields_set:
         raise TaskDirError(f"{path}: 'include' of other YAMLs is not supported; inline the settings")
-    if cfg.get("dataset_path") not in LOCAL_BUILDERS:
+    if cfg.dataset_path not in LOCAL_BUILDERS:
         raise TaskDirError(f"{path}: dataset_path must be one of {', '.join(LOCAL_BUILDERS)} (local files; "
-                           f"got {cfg.get('dataset_path')!r}); nothing can be downloaded")
-    if cfg.get("output_type") != "multiple_choice":
-        raise TaskDirError(f"{path}: output_type must be multiple_choice (got {cfg.get('output_type')!r})")
+                           f"got {cfg.dataset_path!r}); nothing can be downloaded")
+    if cfg.output_type != "multiple_choice":
+        raise TaskDirError(f"{path}: output_type must be multiple_choice (got {cfg.output_type!r})")
     for key in ("doc_to_text", "doc_to_choice", "doc_to_target"):
-        if key not in cfg:
+        if key not in cfg.model_fields_set:
             raise TaskDirError(f"{path}: '{key}' is missing")
     files = _data_files(cfg, path)
-    split = cfg.get("test_split") or cfg.get("validation_split")
+    split = cfg.test_split or cfg.validation_split
     if split not in files:
         raise TaskDirError(f"{path}: test_split {split!r} has no entry in dataset_kwargs.data_files")
     return Suite(name, path, cfg, files, _chance(cfg, files))
@@ -137,11 +178,25 @@ def stage_include_dir(suites: list[Suite], dest: Path) -> Path:
     """Write the YAMLs with absolute data file paths into `dest` (lm-eval's include_path)."""
     dest.mkdir(parents=True, exist_ok=True)
     for s in suites:
-        cfg = dict(s.config)
-        cfg["dataset_kwargs"] = {**(cfg.get("dataset_kwargs") or {}),
-                                 "data_files": {k: str(v) for k, v in s.data_files.items()}}
+        cfg = s.config.with_data_files({k: str(v) for k, v in s.data_files.items()})
         (dest / f"{s.name}.yaml").write_text(yaml.safe_dump(cfg, sort_keys=False), encoding="utf-8")
     return dest
+
+
+class _SuiteResult(BaseModel):
+    acc_none: float | None = Field(default=None, alias="acc,none")
+    acc: float | None = None
+
+
+class _Samples(BaseModel):
+    effective: int = 0
+
+
+class _LmEvalRun(BaseModel):
+    """The parts of `lm_eval.simple_evaluate`'s answer read here."""
+
+    results: dict[str, _SuiteResult] = Field(default_factory=dict)
+    n_samples: dict[str, _Samples] = Field(default_factory=dict, alias="n-samples")
 
 
 def run_lm_eval(base_dir: str, adapter_dir: str | None, suites: list[Suite], *, batch_size: int = 32,
@@ -159,15 +214,15 @@ def run_lm_eval(base_dir: str, adapter_dir: str | None, suites: list[Suite], *, 
                                       task_manager=TaskManager(include_path=str(include), include_defaults=False),
                                       device="cpu", batch_size=batch_size, limit=limit, log_samples=False,
                                       verbosity="ERROR")
-    results = out["results"]
+    run = _LmEvalRun.model_validate(out)
     scores = {}
     for s in suites:
-        r = results.get(s.name) or {}
-        acc = r.get("acc,none", r.get("acc"))
+        r = run.results.get(s.name) or _SuiteResult()
+        acc = r.acc_none if r.acc_none is not None else r.acc
         if acc is None:
             raise RuntimeError(f"lm-eval returned no accuracy for suite {s.name}")
-        n = int((out.get("n-samples") or {}).get(s.name, {}).get("effective", 0))
-        scores[s.name] = SuiteScore(float(acc), n, s.chance)
+        n = run.n_samples[s.name].effective if s.name in run.n_samples else 0
+        scores[s.name] = SuiteScore(acc, n, s.chance)
     return scores
 
 
@@ -186,10 +241,10 @@ def import_tasks(source: Path, dest: Path) -> list[str]:
     for s in suites:
         target_dir = dest / s.name
         target_dir.mkdir(parents=True, exist_ok=True)
-        files = {}
+        files: dict[str, str] = {}
         for split, path in s.data_files.items():
             shutil.copy2(path, target_dir / path.name)
             files[split] = path.name
-        cfg = {**s.config, "dataset_kwargs": {**(s.config.get("dataset_kwargs") or {}), "data_files": files}}
+        cfg = s.config.with_data_files(files)
         (target_dir / f"{s.name}.yaml").write_text(yaml.safe_dump(cfg, sort_keys=False), encoding="utf-8")
     return [s.name for s in suites]

@@ -2,18 +2,19 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any
 
-Messages = Sequence[Mapping[str, Any]]
+from ..domain.rows import Conversation, Side
+
 END_OF_TURN_TOKENS = ("<|end|>", "<|eot_id|>", "<|im_end|>", "<end_of_turn>")
 
 
 class Models:
     """The base model with the candidate (and optionally the last accepted) adapter attached.
 
-    `use("base" | "candidate" | "last")` selects which one answers."""
+    `use(side)` selects which one answers."""
 
     def __init__(self, base_dir: str, candidate_dir: str | None = None, last_dir: str | None = None):
         import torch
@@ -24,20 +25,20 @@ class Models:
         self.base = load_model(base_dir, dtype="float32")
         self.base.eval()
         self.model = self.base
-        self.names: set[str] = set()
+        self.names: set[Side] = set()
         if candidate_dir:
             from peft import PeftModel
 
             self.model = PeftModel.from_pretrained(self.base, candidate_dir, adapter_name="candidate")
-            self.names.add("candidate")
+            self.names.add(Side.CANDIDATE)
             if last_dir:
                 self.model.load_adapter(last_dir, adapter_name="last")
-                self.names.add("last")
+                self.names.add(Side.LAST)
             self.model.eval()
 
     @contextmanager
-    def use(self, which: str):
-        if which == "base":
+    def use(self, which: Side) -> Iterator[Any]:
+        if which == Side.BASE:
             if self.names:
                 with self.model.disable_adapter():
                     yield self.model
@@ -49,7 +50,7 @@ class Models:
         self.model.set_adapter(which)
         yield self.model
 
-    def generate(self, which: str, conversations: Sequence[Messages], max_new_tokens: int = 32,
+    def generate(self, which: Side, conversations: Sequence[Conversation], max_new_tokens: int = 32,
                  batch_size: int = 16) -> list[str]:
         import torch
 
@@ -58,8 +59,7 @@ class Models:
         stop_ids = sorted({i for i in (tok.eos_token_id, *(vocab[t] for t in END_OF_TURN_TOKENS if t in vocab))
                            if isinstance(i, int)})
         pad = tok.pad_token_id if tok.pad_token_id is not None else 0
-        texts = [tok.apply_chat_template([dict(m) for m in c], tokenize=False, add_generation_prompt=True)
-                 for c in conversations]
+        texts = [tok.apply_chat_template(_chat(c), tokenize=False, add_generation_prompt=True) for c in conversations]
         out: list[str] = []
         with self.use(which) as model, torch.no_grad():
             for i in range(0, len(texts), batch_size):
@@ -76,8 +76,14 @@ class Models:
                     out.append(tok.decode(row, skip_special_tokens=True).strip())
         return out
 
-    def loss(self, which: str, rows: Sequence[Messages], max_len: int = 512) -> dict[str, float]:
+    def loss(self, which: Side, rows: Sequence[Conversation], max_len: int = 512) -> float:
+        """Token-weighted mean next-token loss on the rows' assistant turns."""
         from whetstone.modelkit.holdout import holdout_loss
 
         with self.use(which) as model:
-            return holdout_loss(model, self.tokenizer, rows, max_len=max_len)
+            return float(holdout_loss(model, self.tokenizer, [_chat(r) for r in rows], max_len=max_len)["loss"])
+
+
+def _chat(conversation: Conversation) -> list[dict[str, str]]:
+    """The messages as a chat template (and modelkit's tokenizer) reads them."""
+    return [{"role": t.role, "content": t.content} for t in conversation]

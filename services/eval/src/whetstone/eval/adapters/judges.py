@@ -6,6 +6,7 @@ from __future__ import annotations
 from typing import Protocol
 
 import httpx
+from pydantic import BaseModel
 
 from ..domain.judging import JUDGE_SYSTEM
 
@@ -18,6 +19,20 @@ class Judge(Protocol):
     name: str
 
     def __call__(self, prompt: str) -> str: ...
+
+
+class _Message(BaseModel):
+    content: object = None
+
+
+class _Choice(BaseModel):
+    message: _Message
+
+
+class _Completion(BaseModel):
+    """The part of a chat completion a judge's verdict is read from."""
+
+    choices: list[_Choice] = []
 
 
 class EndpointJudge:
@@ -41,9 +56,10 @@ class EndpointJudge:
         if r.status_code != 200:
             raise JudgeUnavailable(f"judge endpoint {self.name} answered HTTP {r.status_code}: {r.text[:200]}")
         try:
-            content = r.json()["choices"][0]["message"]["content"]
-        except (ValueError, KeyError, IndexError, TypeError):
+            answer = _Completion.model_validate_json(r.content)
+        except ValueError:
             return ""  # a garbage body is an unparsable verdict, counted as such
+        content = answer.choices[0].message.content if answer.choices else None
         return content if isinstance(content, str) else ""
 
     def close(self) -> None:

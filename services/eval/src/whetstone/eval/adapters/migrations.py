@@ -86,4 +86,9 @@ MIGRATIONS = [
     -- job_id~a<N> after); a run whose attempt was fenced meanwhile ends 'superseded', publishing nothing
     ALTER TABLE final_checkpoints ADD COLUMN attempt int;
     """ + FENCES_DDL,
+    """
+    -- the user's model-name suffix (part of the lineage) in a column of its own; spec is the TrainingSpec
+    ALTER TABLE jobs ADD COLUMN suffix text;
+    UPDATE jobs SET suffix = spec->>'suffix';
+    """,
 ]

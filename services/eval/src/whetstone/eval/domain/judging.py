@@ -5,6 +5,7 @@ from __future__ import annotations
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass
+from enum import StrEnum
 
 VERDICT = re.compile(r"\[\[([ABC])\]\]")
 
@@ -27,20 +28,32 @@ def judge_prompt(question: str, answer_a: str, answer_b: str, reference: str | N
     return "\n".join(parts)
 
 
+class Outcome(StrEnum):
+    """A candidate's result on one prompt, over both orders."""
+
+    WIN = "win"
+    TIE = "tie"
+    LOSS = "loss"
+    UNPARSABLE = "unparsable"
+
+
+_FIRST = {"A": Outcome.WIN, "B": Outcome.LOSS, "C": Outcome.TIE}    # candidate shown as A
+_SECOND = {"B": Outcome.WIN, "A": Outcome.LOSS, "C": Outcome.TIE}   # candidate shown as B
+
+
 def parse_verdict(text: str | None) -> str | None:
     """'A' | 'B' | 'C', or None when the judge gave no verdict or several different ones (never guessed)."""
     found = set(VERDICT.findall(text or ""))
     return found.pop() if len(found) == 1 else None
 
 
-def combine(candidate_first: str | None, candidate_second: str | None) -> str:
+def combine(candidate_first: str | None, candidate_second: str | None) -> Outcome:
     """Verdicts from the two orders: (candidate as A, base as B) then (base as A, candidate as B).
     A win or loss counts only when both orders agree; an inconsistent pair is a tie."""
     if candidate_first is None or candidate_second is None:
-        return "unparsable"
-    first = {"A": "win", "B": "loss", "C": "tie"}[candidate_first]
-    second = {"B": "win", "A": "loss", "C": "tie"}[candidate_second]
-    return first if first == second else "tie"
+        return Outcome.UNPARSABLE
+    first, second = _FIRST[candidate_first], _SECOND[candidate_second]
+    return first if first == second else Outcome.TIE
 
 
 @dataclass(frozen=True)
@@ -59,5 +72,6 @@ class Tally:
         return (self.win + 0.5 * self.tie) / self.judged if self.judged else 0.0
 
 
-def tally(outcomes: Sequence[str]) -> Tally:
-    return Tally(*(sum(o == k for o in outcomes) for k in ("win", "tie", "loss", "unparsable")))
+def tally(outcomes: Sequence[Outcome]) -> Tally:
+    return Tally(*(sum(o == k for o in outcomes) for k in (Outcome.WIN, Outcome.TIE, Outcome.LOSS,
+                                                          Outcome.UNPARSABLE)))

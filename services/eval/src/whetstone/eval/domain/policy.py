@@ -5,9 +5,25 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field, fields, replace
-from typing import Any
+from enum import StrEnum
+from typing import Any, TypeVar
 
-STAGES = ("benchmarks", "holdout", "safety", "judge")
+
+class Stage(StrEnum):
+    """The gate's stages, in the order they run; and the names of the results that stand in for them
+    when an evaluation cannot start (artifact, base_model, config) or gave up (evaluation)."""
+
+    BENCHMARKS = "benchmarks"
+    HOLDOUT = "holdout"
+    SAFETY = "safety"
+    JUDGE = "judge"
+    ARTIFACT = "artifact"
+    BASE_MODEL = "base_model"
+    CONFIG = "config"
+    EVALUATION = "evaluation"
+
+
+STAGES = (Stage.BENCHMARKS, Stage.HOLDOUT, Stage.SAFETY, Stage.JUDGE)
 
 
 class PolicyError(ValueError):
@@ -62,11 +78,26 @@ class GatePolicy:
     judge: JudgePolicy = JudgePolicy()
     notes: tuple[str, ...] = ()
 
-    def enabled(self) -> list[str]:
-        return [name for name in STAGES if getattr(self, name).enabled]
+    def section(self, stage: Stage) -> BenchmarkPolicy | HoldoutPolicy | SafetyPolicy | JudgePolicy:
+        match stage:
+            case Stage.BENCHMARKS:
+                return self.benchmarks
+            case Stage.HOLDOUT:
+                return self.holdout
+            case Stage.SAFETY:
+                return self.safety
+            case Stage.JUDGE:
+                return self.judge
+        raise KeyError(f"{stage} is not a stage with settings")
+
+    def enabled(self) -> list[Stage]:
+        return [name for name in STAGES if self.section(name).enabled]
 
 
-def _apply(section: Any, name: str, overrides: Any) -> Any:
+_S = TypeVar("_S", bound=BenchmarkPolicy | HoldoutPolicy | SafetyPolicy | JudgePolicy)
+
+
+def _apply(section: _S, name: str, overrides: Any) -> _S:
     if isinstance(overrides, bool):
         overrides = {"enabled": overrides}
     if not isinstance(overrides, Mapping):
@@ -110,11 +141,11 @@ def _merge(policy: GatePolicy, config: Mapping[str, Any] | None, where: str) -> 
         stages = {name: name in stages for name in STAGES}
     if not isinstance(stages, Mapping):
         raise PolicyError(f"{where}.stages must be an object or a list of stage names")
-    changes = {}
+    changes: dict[str, Any] = {}
     for name, overrides in stages.items():
         if name not in STAGES:
             raise PolicyError(f"{where}.stages.{name} is not a stage (known: {', '.join(STAGES)})")
-        changes[name] = _apply(getattr(policy, name), name, overrides)
+        changes[name] = _apply(policy.section(Stage(name)), name, overrides)
     return replace(policy, **changes)
 
 

@@ -10,11 +10,12 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from whetstone.contracts import EvalStageResult, Metric
+from whetstone.contracts.enums import StageStatus
 from whetstone.graders.rft import reward_gate
 
-from .policy import HoldoutPolicy
+from .policy import HoldoutPolicy, Stage
 
-STAGE = "holdout"
+STAGE = Stage.HOLDOUT
 
 
 @dataclass(frozen=True)
@@ -29,7 +30,7 @@ class RewardScores:
 def decide_reward(s: RewardScores, policy: HoldoutPolicy) -> EvalStageResult:
     n = len(s.candidate)
     if n == 0 or len(s.base) != n:
-        return EvalStageResult(name=STAGE, status="failed", reason=f"no held-out prompts to grade (base {len(s.base)}, "
+        return EvalStageResult(name=STAGE, status=StageStatus.FAILED, reason=f"no held-out prompts to grade (base {len(s.base)}, "
                                                                    f"candidate {n})", details={"metric": "reward"})
     base, cand = statistics.fmean(s.base), statistics.fmean(s.candidate)
     metrics = [Metric(name="holdout_reward", base=base, candidate=cand, higher_is_better=True)]
@@ -37,10 +38,10 @@ def decide_reward(s: RewardScores, policy: HoldoutPolicy) -> EvalStageResult:
                "base_std": statistics.pstdev(s.base), "candidate_std": statistics.pstdev(s.candidate),
                "grader_errors": {"base": s.base_errors, "candidate": s.candidate_errors}}
     if not (math.isfinite(base) and math.isfinite(cand)):
-        return EvalStageResult(name=STAGE, status="failed", metrics=metrics, details=details,
+        return EvalStageResult(name=STAGE, status=StageStatus.FAILED, metrics=metrics, details=details,
                                reason=f"mean reward is not finite (base {base}, candidate {cand})")
     gate = reward_gate(base, cand, policy.min_reward_gain)
     reason = f"grader {s.grader} on {n} held-out prompts: {gate.reason}"
     if s.candidate_errors:
         reason += f"; {s.candidate_errors} candidate completion(s) had grader errors (scored 0)"
-    return EvalStageResult(name=STAGE, status=gate.verdict, metrics=metrics, details=details, reason=reason)
+    return EvalStageResult(name=STAGE, status=StageStatus(gate.verdict), metrics=metrics, details=details, reason=reason)

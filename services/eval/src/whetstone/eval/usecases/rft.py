@@ -15,30 +15,33 @@ import asyncio
 import hashlib
 import json
 from collections.abc import Callable
-from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from pydantic import ValidationError
-from whetstone.contracts import TOLERANT, EvalStageResult, ReinforcementSpec
-from whetstone.graders import AnyGrader, GraderEnvironment, GraderInvalid, GraderSettings, parse_grader, run_grader
+from pydantic import BaseModel, JsonValue, ValidationError
+from whetstone.contracts import EvalStageResult, ReinforcementSpec
+from whetstone.graders import (
+    AnyGrader,
+    GraderEnvironment,
+    GraderInvalid,
+    GraderSettings,
+    RunResult,
+    parse_grader,
+    run_grader,
+)
 from whetstone.graders.rft import RftRecord, RowMessage
 
 from ..adapters.holdout import HoldoutError, read_rows
 from ..domain.policy import HoldoutPolicy
 from ..domain.reward import STAGE, RewardScores, decide_reward
-from ..domain.stages import failed, skipped
+from ..domain.rows import RftRow, Side, Turn
+from ..domain.stages import failed, skipped, with_details
+from .pipeline import GateModels, ScoreCache
 
 
-@dataclass(frozen=True)
-class RftRow:
-    prompt: list[dict[str, str]]  # the conversation the model answers, as chat-template turns (ends with the user's)
-    item: dict[str, Any]          # the whole row, as the grader's `item` sees it
-
-
-@dataclass(frozen=True)
-class BaseSide:
+class BaseSide(BaseModel):
     """The base model's graded completions, as the stage caches them per base SHA."""
+
     answers: list[str]
     rewards: list[float]
     errors: int
@@ -64,7 +67,7 @@ def _row(obj: Any, line_no: int) -> RftRow:
         text = _text(m)
         if text is None:
             raise HoldoutError(f"{where}: messages[{i}] needs a string 'role' and text 'content'")
-        prompt.append({"role": m.role, "content": text})
+        prompt.append(Turn(m.role, text))
     if record.messages[-1].role != "user":
         raise HoldoutError(f"{where}: the last message is {record.messages[-1].role!r}; a reinforcement job's "
                            "held-out prompts end with the user's turn")
@@ -75,11 +78,11 @@ def read_rft_holdout(path: Path, limit: int) -> list[RftRow]:
     return read_rows(path, limit, _row)
 
 
-def grade(grader: AnyGrader, texts: list[str], items: list[dict], settings: GraderSettings | None = None
-          ) -> tuple[list[float], int]:
+def grade(grader: AnyGrader, texts: list[str], items: list[dict[str, JsonValue]],
+          settings: GraderSettings | None = None) -> tuple[list[float], int]:
     """Each completion's reward (a grading error scores 0.0, as in OpenAI's API) and how many erred.
     Runs its own event loop: called from the gate's worker thread."""
-    async def all_of() -> list:
+    async def all_of() -> list[RunResult]:
         env = GraderEnvironment(settings)
         try:
             return list(await asyncio.gather(*(run_grader(grader, t, i, env) for t, i in zip(texts, items))))
@@ -94,18 +97,14 @@ def _digest(value: Any) -> str:
     return hashlib.sha256(json.dumps(value, sort_keys=True, default=str).encode()).hexdigest()[:32]
 
 
-def reward_stage(reinforcement: dict[str, Any], holdout_path: Path | None, missing_reason: str, base_sha: str,
-                 policy: HoldoutPolicy, cache: Any, models: Callable[[], Any],
+def reward_stage(spec: ReinforcementSpec, holdout_path: Path | None, missing_reason: str, base_sha: str,
+                 policy: HoldoutPolicy, cache: ScoreCache, models: Callable[[], GateModels],
                  grader_settings: GraderSettings | None = None) -> EvalStageResult:
-    """The stage's result for the job's recorded reinforcement object (read here as the contract's
-    ReinforcementSpec); the models are loaded only when there is something to grade."""
+    """The stage's result for the job's reinforcement method; the models are loaded only when there is
+    something to grade."""
     if holdout_path is None:
         reason = missing_reason + ": no held-out prompts to grade (never scored on training data)"
         return failed(STAGE, reason) if policy.require_holdout else skipped(STAGE, reason)
-    try:
-        spec = ReinforcementSpec.model_validate(reinforcement, context=TOLERANT)
-    except ValidationError as exc:
-        return failed(STAGE, f"the job's reinforcement object cannot be used: {exc.errors()[0]['msg']}")
     try:
         grader = parse_grader(spec.grader, "reinforcement.grader")
     except GraderInvalid as exc:
@@ -123,22 +122,19 @@ def reward_stage(reinforcement: dict[str, Any], holdout_path: Path | None, missi
     key = (f"reward:{base_sha}:{hashlib.sha256(Path(holdout_path).read_bytes()).hexdigest()}:"
            f"{_digest(spec.grader)}:{policy.max_rows}:{budget}")
     cached = cache.get(key)
-    hit = cached is not None
     if cached is None:
-        answers = m.generate("base", prompts, budget)
-        base = BaseSide(answers, *grade(grader, answers, items, grader_settings))
-        cache.put(key, asdict(base))
+        answers = m.generate(Side.BASE, prompts, budget)
+        rewards, errors = grade(grader, answers, items, grader_settings)
+        base = BaseSide(answers=answers, rewards=rewards, errors=errors)
+        cache.put(key, base.model_dump(mode="json"))
     else:
-        base = BaseSide(**cached)
-    answers = m.generate("candidate", prompts, budget)
+        base = BaseSide.model_validate(cached)
+    answers = m.generate(Side.CANDIDATE, prompts, budget)
     rewards, errors = grade(grader, answers, items, grader_settings)
     result = decide_reward(RewardScores(grader=f"{grader.name} ({grader.type})", base=base.rewards,
                                         candidate=rewards, base_errors=base.errors, candidate_errors=errors),
                            policy)
-    result.details["base_cached"] = hit
-    result.details["completion_budget"] = budget
-    result.details["examples"] = [{"prompt": r.prompt[-1]["content"][:200], "base": b[:200], "candidate": c[:200],
-                                   "base_reward": br, "candidate_reward": cr}
-                                  for r, b, c, br, cr in list(zip(rows, base.answers, answers,
-                                                                  base.rewards, rewards))[:3]]
-    return result
+    examples = [{"prompt": r.question[:200], "base": b[:200], "candidate": c[:200], "base_reward": br,
+                 "candidate_reward": cr}
+                for r, b, c, br, cr in list(zip(rows, base.answers, answers, base.rewards, rewards))[:3]]
+    return with_details(result, base_cached=cached is not None, completion_budget=budget, examples=examples)

@@ -3,15 +3,21 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
-from whetstone.contracts import EvalRequestedV1
-from whetstone.runtime.models import ResolvedModel, UnknownModel, resolve_model, weights_sha256
+from whetstone.contracts import EvalRequestedV1, TrainingSpec
+from whetstone.runtime.models import (
+    ResolvedModel,
+    UnknownModel,
+    resolve_model,
+    weights_sha256,
+)
 from whetstone.runtime.s3 import ObjectStore, parse_uri, tenant_prefix
 
-from ..adapters.repository import Claim
 from ..domain.requests import base_mismatch
+from ..domain.runs import EvalJob, FinalCheckpoint
 
 
 @dataclass(frozen=True)
@@ -22,29 +28,34 @@ class Target:
     base_model: str
     base_model_sha256: str | None
     trace_id: str
-    spec: dict = field(default_factory=dict)   # the job as eval projected it (empty: a job eval never saw)
-    tier: str | None = None
-    eval_config: dict | None = None
+    job: EvalJob | None = None                 # the job as eval projected it (None: a job eval never saw)
+    eval_config: dict[str, Any] | None = None  # the gate settings as the job or the command sent them
     base_model_uri: str | None = None
     request_id: str | None = None              # set for a command: the answer carries it
 
+    @property
+    def spec(self) -> TrainingSpec | None:
+        return self.job.spec if self.job else None
 
-def job_target(job: dict, ckpt: dict) -> Target:
-    spec = job["spec"]
-    return Target(job_id=job["job_id"], checkpoint_uri=ckpt["uri"], manifest_sha256=ckpt["manifest_sha256"],
-                  base_model=spec["base_model"], base_model_sha256=spec.get("base_model_sha256"),
-                  trace_id=ckpt["trace_id"], spec=spec, tier=job.get("tier"), eval_config=spec.get("eval_config"))
+    @property
+    def tier(self) -> str | None:
+        return self.job.tier if self.job else None
 
 
-def request_target(claim: Claim, job: dict | None) -> Target:
+def job_target(job: EvalJob, ckpt: FinalCheckpoint) -> Target:
+    return Target(job_id=job.job_id, checkpoint_uri=ckpt.uri, manifest_sha256=ckpt.manifest_sha256,
+                  base_model=job.spec.base_model, base_model_sha256=job.spec.base_model_sha256,
+                  trace_id=ckpt.trace_id, job=job, eval_config=job.spec.eval_config)
+
+
+def request_target(req: EvalRequestedV1, trace_id: str | None, job: EvalJob | None) -> Target:
     """The command's own fields win; the job projection (same tenant) adds validation data, method, tier and,
     when the command carries none, the job's eval_config."""
-    req = EvalRequestedV1.model_validate(claim.request)
-    spec = job["spec"] if job else {}
     return Target(job_id=req.job_id, checkpoint_uri=req.checkpoint_uri, manifest_sha256=req.manifest_sha256,
                   base_model=req.base_model, base_model_sha256=req.base_model_sha256,
-                  trace_id=claim.trace_id or "", spec=spec, tier=job.get("tier") if job else None,
-                  eval_config=req.eval_config if req.eval_config is not None else spec.get("eval_config"),
+                  trace_id=trace_id or "", job=job,
+                  eval_config=req.eval_config if req.eval_config is not None else
+                  (job.spec.eval_config if job else None),
                   base_model_uri=req.base_model_uri, request_id=req.request_id)
 
 

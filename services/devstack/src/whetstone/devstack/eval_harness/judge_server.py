@@ -14,7 +14,7 @@ import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
-from ..domain.textmetrics import token_f1
+from whetstone.eval.domain.textmetrics import token_f1
 
 _SECTION = re.compile(r"\[The Start of (Reference Answer|Assistant A's Answer|Assistant B's Answer)\]\n(.*?)\n"
                       r"\[The End of", re.S)

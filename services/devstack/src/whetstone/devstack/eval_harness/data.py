@@ -200,4 +200,6 @@ def write_shipped(root: Path) -> None:
 
 
 if __name__ == "__main__":
-    write_shipped(Path(__file__).resolve().parents[1] / "suites")
+    from whetstone.eval.adapters.benchmarks import SHIPPED_TASKS
+
+    write_shipped(SHIPPED_TASKS.parent)

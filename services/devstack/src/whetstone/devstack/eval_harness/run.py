@@ -1,37 +1,63 @@
-"""Run the full gate on planted candidates (bench and the integration test share this)."""
+"""Run the full gate on planted candidates (`bench/eval.py` and the integration test share this)."""
 
 from __future__ import annotations
 
+import hashlib
+import json
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+from pydantic import JsonValue
 from whetstone.contracts import EvalStageResult
+from whetstone.contracts.enums import EvalVerdict, StageStatus
+from whetstone.eval.adapters.judges import EndpointJudge
+from whetstone.eval.domain.policy import GatePolicy
+from whetstone.eval.domain.stages import verdict
+from whetstone.eval.usecases.pipeline import Candidate, GateTools, run_gate
 
-from ..adapters.judges import EndpointJudge
-from ..domain.policy import GatePolicy
-from ..domain.stages import verdict
-from ..pipeline import Candidate, DirCache, GateTools, run_gate
 from . import data, teach
+
+
+class DirCache:
+    """The gate's ScoreCache in JSON files, one per key (bench and tests, single host)."""
+
+    def __init__(self, root: Path) -> None:
+        self.root = Path(root)
+
+    def _path(self, key: str) -> Path:
+        return self.root / (hashlib.sha256(key.encode()).hexdigest() + ".json")
+
+    def get(self, key: str) -> JsonValue | None:
+        p = self._path(key)
+        value: JsonValue = json.loads(p.read_text()) if p.is_file() else None
+        return value
+
+    def put(self, key: str, value: JsonValue) -> None:
+        self.root.mkdir(parents=True, exist_ok=True)
+        tmp = self._path(key).with_suffix(".tmp")
+        tmp.write_text(json.dumps(value))
+        tmp.replace(self._path(key))
 
 
 @dataclass
 class Planted:
     kind: str
     seed: int
-    verdict: str
+    verdict: EvalVerdict
     stages: list[EvalStageResult]
     train_s: float
     eval_s: float
 
     @property
     def blocked(self) -> bool:
-        return self.verdict == "failed"
+        return self.verdict == EvalVerdict.FAILED
 
     @property
     def blocked_by_intended(self) -> bool:
         intended = teach.INTENDED_STAGE.get(self.kind)
-        return intended is not None and any(s.name == intended and s.status == "failed" for s in self.stages)
+        return intended is not None and any(s.name == intended and s.status == StageStatus.FAILED for s in self.stages)
 
     def line(self) -> str:
         marks = " ".join(f"{s.name}={s.status}" for s in self.stages)
@@ -42,7 +68,7 @@ class Planted:
 class Harness:
     """A taught base (cached by recipe hash), a holdout file, a judge endpoint and a score cache."""
 
-    def __init__(self, work: Path, cache_dir: Path, judge_url: str, log=print):
+    def __init__(self, work: Path, cache_dir: Path, judge_url: str, log: Callable[[str], None] = print) -> None:
         self.work = Path(work)
         self.base = teach.build_taught_base(cache_dir, log=log)
         from whetstone.runtime.models import weights_sha256
