@@ -40,7 +40,7 @@ contracts-check: venv
 	$(BIN)/python -m whetstone.contracts.schemas check
 
 # folders that pass `mypy --strict` (mypy.ini); each service adds its domain/ and usecases/ here
-TYPED := contracts/src/whetstone/contracts services/runtime/src/whetstone/runtime services/metering/src/whetstone/metering/domain services/metering/src/whetstone/metering/usecases services/registry/src/whetstone/registry/domain services/registry/src/whetstone/registry/usecases services/trainer-agent/src/whetstone/trainer_agent/domain services/trainer-agent/src/whetstone/trainer_agent/usecases services/scheduler/src/whetstone/scheduler/domain services/scheduler/src/whetstone/scheduler/usecases services/serving/src/whetstone/serving/domain services/serving/src/whetstone/serving/usecases services/ingest/src/whetstone/ingest/domain services/ingest/src/whetstone/ingest/usecases
+TYPED := contracts/src/whetstone/contracts services/runtime/src/whetstone/runtime services/metering/src/whetstone/metering/domain services/metering/src/whetstone/metering/usecases services/registry/src/whetstone/registry/domain services/registry/src/whetstone/registry/usecases services/trainer-agent/src/whetstone/trainer_agent/domain services/trainer-agent/src/whetstone/trainer_agent/usecases services/scheduler/src/whetstone/scheduler/domain services/scheduler/src/whetstone/scheduler/usecases services/serving/src/whetstone/serving/domain services/serving/src/whetstone/serving/usecases services/ingest/src/whetstone/ingest/domain services/ingest/src/whetstone/ingest/usecases services/eval/src/whetstone/eval/domain services/eval/src/whetstone/eval/usecases services/graders/src/whetstone/graders
 
 typecheck: venv
 	$(BIN)/mypy --config-file mypy.ini $(TYPED)
