@@ -162,3 +162,44 @@ def test_a_real_broken_pipe_prints_no_traceback(tmp_path):
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert done.returncode == 141 and "Traceback" not in done.stderr, done.stderr
     assert done.stderr.strip() == "whet: output closed early (broken pipe)"
+
+
+def test_stage_changes_without_a_reason_send_one_the_registry_accepts(monkeypatch, capsys):
+    """`whet models promote|rollback|archive ID` alone: the body carries a default reason that the
+    registry's request models accept (an empty one is a 400)."""
+    import json
+    import threading
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    from whetstone.cli.main import main
+    from whetstone.registry.entrypoints.api import PromoteRequest, ReasonRequest
+
+    bodies: list[tuple[str, bytes]] = []
+
+    class Registry(BaseHTTPRequestHandler):
+        def do_POST(self):  # noqa: N802 - http.server's name
+            bodies.append((self.path, self.rfile.read(int(self.headers["Content-Length"]))))
+            answer = json.dumps({"id": "m1", "object": "model", "created": 0, "owned_by": "demo",
+                                 "stage": "production"}).encode()
+            self.send_response(200)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(answer)))
+            self.end_headers()
+            self.wfile.write(answer)
+
+        def log_message(self, *args):
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Registry)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        monkeypatch.setenv("WHETSTONE_BASE_URL", f"http://127.0.0.1:{server.server_port}/v1")
+        monkeypatch.setenv("WHETSTONE_API_KEY", "sk-test")
+        for action in ("promote", "rollback", "archive"):
+            assert main(["models", action, "m1"]) == 0, capsys.readouterr().err
+    finally:
+        server.shutdown()
+    assert [path for path, _ in bodies] == ["/v1/models/m1/promote", "/v1/models/m1/rollback", "/v1/models/m1/archive"]
+    PromoteRequest.model_validate_json(bodies[0][1])
+    for _, body in bodies[1:]:
+        assert ReasonRequest.model_validate_json(body).reason

@@ -189,13 +189,16 @@ def add_parsers(sub, cmd) -> None:
     mp.add_argument("model_id")
     mp.add_argument("--stage", default="production", choices=STAGES[:3],
                     help="the stage to move to (default: production, the version chat requests by name get)")
-    mp.add_argument("--reason", default="", help="kept in the model's stage history")
+    mp.add_argument("--reason", default="promoted with whet models promote",
+                    help="kept in the model's stage history")
     mr = cmd(mods, "rollback", cmd_models, "put the previous production version of this name back into production")
     mr.add_argument("model_id")
-    mr.add_argument("--reason", default="", help="kept in the model's stage history")
+    mr.add_argument("--reason", default="rolled back with whet models rollback",
+                    help="kept in the model's stage history")
     ma = cmd(mods, "archive", cmd_models, "archive a model (no longer served)")
     ma.add_argument("model_id")
-    ma.add_argument("--reason", default="", help="kept in the model's stage history")
+    ma.add_argument("--reason", default="archived with whet models archive",
+                    help="kept in the model's stage history")
     md = cmd(mods, "download", cmd_models, "download the adapter (safetensors, adapter_config.json, tokenizer, "
                                            "model card), each file checked against its sha256")
     md.add_argument("model_id")
