@@ -22,7 +22,14 @@ from whetstone.modelkit.tiny import build_tiny_model
 from whetstone.runtime.identity import identity_headers
 
 pytestmark = pytest.mark.integration
-H: dict[str, str] = {}   # the tenant's identity, signed with the test's internal secret (set in each test)
+
+
+def h() -> dict[str, str]:
+    """The tenant's identity, signed now with the test's internal secret: a signed identity expires,
+    and these tests run for minutes."""
+    return identity_headers("demo")
+
+
 TINY = {"n_epochs": 1, "batch_size": 4, "max_seq_len": 64, "lora_r": 4, "learning_rate": 2e-3,
         "checkpoint_every_steps": 2}
 
@@ -34,11 +41,11 @@ def rows(n: int) -> bytes:
 
 
 async def job_state(c: httpx.AsyncClient, job_id: str) -> dict:
-    return (await c.get(f"/v1/fine_tuning/jobs/{job_id}", headers=H)).json()
+    return (await c.get(f"/v1/fine_tuning/jobs/{job_id}", headers=h())).json()
 
 
 async def create(c: httpx.AsyncClient, training_file: str, key: str, **hp) -> dict:
-    r = await c.post("/v1/fine_tuning/jobs", headers={**H, "Idempotency-Key": key},
+    r = await c.post("/v1/fine_tuning/jobs", headers={**h(), "Idempotency-Key": key},
                      json={"model": "tiny-llama", "training_file": training_file, "method": "lora",
                            "hyperparameters": {**TINY, **hp}})
     assert r.status_code == 200, r.text
@@ -54,7 +61,7 @@ async def reach(c: httpx.AsyncClient, job_id: str, states: tuple[str, ...], time
 
 
 async def cancel(c: httpx.AsyncClient, job_id: str) -> dict:
-    r = await c.post(f"/v1/fine_tuning/jobs/{job_id}/cancel", headers=H)
+    r = await c.post(f"/v1/fine_tuning/jobs/{job_id}/cancel", headers=h())
     assert r.status_code == 200, r.text
     assert r.json()["status"] == "cancelled"
     return r.json()
@@ -64,7 +71,7 @@ async def closed_usage(m: httpx.AsyncClient, job_id: str, timeout: float = 30) -
     """The job's usage, once closed as cancelled (metering's close grace is 120 s: a cancel must not
     need it; a total closed at the training's completion is corrected when the cancel comes)."""
     async def check():
-        r = await m.get(f"/v1/usage/jobs/{job_id}", headers=H)
+        r = await m.get(f"/v1/usage/jobs/{job_id}", headers=h())
         last.append(r.json())
         return r.json() if r.status_code == 200 and (r.json().get("total") or {}).get("outcome") == "cancelled" \
             else None
@@ -79,12 +86,11 @@ async def closed_usage(m: httpx.AsyncClient, job_id: str, timeout: float = 30) -
 
 
 async def no_model(r: httpx.AsyncClient, job_id: str) -> None:
-    models = (await r.get("/v1/models", params={"job_id": job_id}, headers=H)).json()["data"]
+    models = (await r.get("/v1/models", params={"job_id": job_id}, headers=h())).json()["data"]
     assert all(m.get("stage") == "archived" for m in models), models
 
 
 async def test_cancel_wins_in_every_state_before_succeeded(platform, settings, tmp_path):
-    H.update(identity_headers("demo"))
     await asyncio.to_thread(build_tiny_model, Path(settings.model_catalog) / "tiny-llama")
     small, large = tmp_path / "small.jsonl", tmp_path / "large.jsonl"
     small.write_bytes(rows(24))

@@ -80,6 +80,9 @@ async def files_and_jobs(p, client: openai.AsyncOpenAI, other: openai.AsyncOpenA
     # -- a rejected file: 400 at once with the validation's reasons
     bad = await client.files.create(file=("bad.jsonl", rows(12, "bad") + b"{not json\n"), purpose="fine-tune")
     assert (await processed(client, bad.id)).status == "error"
+    # the files API answers from ingest; the job API from the scheduler, once the verdict reached it
+    verdicts = "SELECT count(*) FROM datasets WHERE dataset_id = $1"
+    await wait_until(lambda: p["scheduler"].pool.fetchval(verdicts, bad.id), 30, "dataset.validated projected")
     body = await refused(client, model, bad.id, "invalid_training_file")
     assert "line 13" in body["message"], body
     assert (await client.fine_tuning.jobs.list()).data == []   # none of the refusals made a job
