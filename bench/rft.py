@@ -51,7 +51,11 @@ def rows(numbers: range) -> list[dict]:
 def held_out_reward(base: Path, adapter: Path | None, prompts: list[dict], max_new_tokens: int) -> float:
     from whetstone.graders import GraderEnvironment, parse_grader
     from whetstone.modelkit.loading import load_model, load_tokenizer
-    from whetstone.trainer_agent.recipes.rewards import GraderReward, mean_reward, prompt_rows
+    from whetstone.trainer_agent.recipes.rewards import (
+        GraderReward,
+        mean_reward,
+        prompt_rows,
+    )
 
     tokenizer = load_tokenizer(base)
     model = load_model(base)
@@ -62,14 +66,15 @@ def held_out_reward(base: Path, adapter: Path | None, prompts: list[dict], max_n
     reward = GraderReward(parse_grader(GRADER), GraderEnvironment())   # the job's real grader, sign +1
     try:
         return mean_reward(model, tokenizer, prompt_rows(list(enumerate(prompts))), reward,
-                           max_new_tokens=max_new_tokens)["validation_reward"]
+                           max_new_tokens=max_new_tokens).reward
     finally:
         reward.close()
 
 
 def train(base: Path, work: Path, train_rows: list[dict], args, reward_sign: float) -> tuple[Path, int, list[float]]:
+    from whetstone.devstack.recipe_harness import run_subprocess, write_jsonl
     from whetstone.graders.rft import parse_method
-    from whetstone.trainer_agent.recipes.harness import run_subprocess, write_jsonl
+    from whetstone.trainer_agent.domain.recipe_io import Checkpoint, Progress
 
     plan = parse_method({"grader": GRADER, "hyperparameters": {
         "n_epochs": args.epochs, "batch_size": args.batch_size, "compute_multiplier": args.generations / 4,
@@ -85,14 +90,14 @@ def train(base: Path, work: Path, train_rows: list[dict], args, reward_sign: flo
     run = run_subprocess(config, work, timeout_s=3600)
     if run.returncode != 0:
         sys.exit(f"{job} failed: {run.last} (stderr: {work / (job + '.stderr.txt')})")
-    rewards = [e["reward"] for e in run.of("progress")]
-    final = Path(run.of("checkpoint")[-1]["path"])
-    return final, run.of("completed")[0]["step"], rewards
+    rewards = [e.reward for e in run.of(Progress)]
+    final = run.of(Checkpoint)[-1].path
+    return final, run.completed.step, rewards
 
 
 def grader_latency() -> dict[str, float]:
     sys.path.insert(0, str(Path(__file__).parent))
-    import graders as latency   # bench/graders.py
+    import graders as latency  # bench/graders.py
 
     out = asyncio.run(latency.measure({"string_check": 100, "text_similarity": 100, "multi": 100, "python": 30},
                                       json.dumps({"answer": "Paris", "explanation": latency.ANSWER})))

@@ -43,7 +43,13 @@ import tempfile
 import time
 from pathlib import Path
 
-from whetstone.trainer_agent.recipes.harness import interrupted_chain, run_in_process, run_subprocess, write_jsonl
+from whetstone.devstack.recipe_harness import (
+    interrupted_chain,
+    run_in_process,
+    run_subprocess,
+    write_jsonl,
+)
+from whetstone.trainer_agent.domain.recipe_io import Checkpoint, ChildEvent, Preempted
 
 WORDS = ("the river mountain forest cloud stone paper garden window music yellow purple apple banana cherry "
          "model data training answer question capital city country water sun east west help please thank "
@@ -107,12 +113,12 @@ def packed_vs_padded(base: Path, data: Path, work: Path, repeats: int, rows: int
             run = run_in_process(config, work)
             if run.returncode != 0:
                 raise SystemExit(f"{name} failed: {run.last}")
-            done = run.last
-            result = {"tokens": done["tokens"], "train_s": done["train_runtime_s"],
-                      "tokens_per_s": done["tokens"] / done["train_runtime_s"],
-                      "non_padding_fraction": done["non_padding_fraction"], "checkpoint_s": done["checkpoint_s"],
-                      "checkpoints": sum(1 for c in run.of("checkpoint") if c["kind"] == "periodic"),
-                      "steps": done["step"], "train_loss": done["train_loss"]}
+            done = run.completed
+            result = {"tokens": done.tokens, "train_s": done.train_runtime_s,
+                      "tokens_per_s": done.tokens / done.train_runtime_s,
+                      "non_padding_fraction": done.outcome.non_padding_fraction, "checkpoint_s": done.checkpoint_s,
+                      "checkpoints": sum(1 for c in run.of(Checkpoint) if c.kind == "periodic"),
+                      "steps": done.step, "train_loss": done.train_loss}
             results[packing].append(result)
             log(f"  {name}: {result['tokens']} real tokens in {result['train_s']:.1f}s = "
                 f"{result['tokens_per_s']:.0f} tokens/s, non-padding {result['non_padding_fraction']:.3f}, "
@@ -139,9 +145,9 @@ def packed_vs_padded(base: Path, data: Path, work: Path, repeats: int, rows: int
 
 
 def sigterm_to_durable(base: Path, data: Path, work: Path) -> dict:
+    from whetstone.devstack.stack import EmbeddedStack
     from whetstone.runtime.checkpoints import upload_checkpoint
     from whetstone.runtime.s3 import ObjectStore
-    from whetstone.devstack.stack import EmbeddedStack
 
     bucket = "whetstone-bench"
     # S3 only: the Kafka and Postgres addresses are never used here
@@ -152,21 +158,21 @@ def sigterm_to_durable(base: Path, data: Path, work: Path) -> dict:
         store = ObjectStore(endpoints.s3_endpoint, endpoints.s3_access_key, endpoints.s3_secret_key, bucket)
         uploaded: dict = {}
 
-        def on_event(event: dict) -> None:
-            if event["event"] == "checkpoint" and event["kind"] == "emergency":
-                up = upload_checkpoint(store, Path(event["path"]), f"bench/checkpoints/step-{event['step']}",
-                                       {"step": event["step"], "kind": "emergency"})
+        def on_event(event: ChildEvent) -> None:
+            if isinstance(event, Checkpoint) and event.kind == "emergency":
+                up = upload_checkpoint(store, event.path, f"bench/checkpoints/step-{event.step}",
+                                       {"step": event.step, "kind": "emergency"})
                 uploaded.update(at=time.time(), uri=up.uri, files=up.files, size_bytes=up.size_bytes)
 
         config = training_config("sigterm", base, data, work / "sigterm", checkpoint_every_steps=0)
         run = run_subprocess(config, work, sigterm_after_step=5, on_event=on_event)
         if run.names()[-1:] != ["preempted"] or "at" not in uploaded:
             raise SystemExit(f"SIGTERM run did not preempt cleanly: {run.names()[-3:]}\n{run.stderr[-2000:]}")
-        preempted = run.last
+        preempted = run.of(Preempted)[-1]
         return {
             "sigterm_to_durable_checkpoint_s": round(uploaded["at"] - run.sigterm_sent_at, 3),
-            "sigterm_to_local_checkpoint_s": preempted["sigterm_to_checkpoint_s"],
-            "emergency_checkpoint_step": preempted["step"],
+            "sigterm_to_local_checkpoint_s": preempted.sigterm_to_checkpoint_s,
+            "emergency_checkpoint_step": preempted.step,
             "emergency_checkpoint_files": uploaded["files"],
             "emergency_checkpoint_bytes": uploaded["size_bytes"],
         }
@@ -211,10 +217,10 @@ def resume_exactness(base: Path, data: Path, work: Path, points: int, seed: int)
 def auto_vs_default(base: Path, work: Path, seed: int, sizes: tuple[int, ...] = (240, 2400)) -> dict:
     sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "examples" / "datasets"))
     from make_chat_demo import generate_rows
-
     from whetstone.modelkit.holdout import holdout_loss
     from whetstone.modelkit.loading import load_model, load_tokenizer
-    from whetstone.scheduler.domain import auto, jobs as rules, resources
+    from whetstone.scheduler.domain import auto, resources
+    from whetstone.scheduler.domain import jobs as rules
     from whetstone.trainer_agent.recipes.data import read_chat_jsonl, tokenize_chat_rows
 
     config = json.loads((base / "config.json").read_text())
@@ -234,10 +240,10 @@ def auto_vs_default(base: Path, work: Path, seed: int, sizes: tuple[int, ...] = 
             raise SystemExit(f"{name} failed: {run.last}")
         from peft import PeftModel
 
-        model = PeftModel.from_pretrained(load_model(base, dtype="float32"), run.of("checkpoint")[-1]["path"]).eval()
+        model = PeftModel.from_pretrained(load_model(base, dtype="float32"), run.of(Checkpoint)[-1].path).eval()
         loss = holdout_loss(model, tokenizer, holdout, max_len=int(hp["max_seq_len"]))["loss"]
         shutil.rmtree(work / name, ignore_errors=True)
-        return loss, run.last["step"]
+        return loss, run.completed.step
 
     base_loss = holdout_loss(load_model(base, dtype="float32").eval(), tokenizer, holdout,
                              max_len=int(defaults["max_seq_len"]))["loss"]

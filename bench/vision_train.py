@@ -2,7 +2,7 @@
 
 The examples are bench/vision.py's generated pictures (a circle, square or triangle in one of 6 colours on a
 noisy background), good ones only. The job runs through the trainer agent's vision recipe as the agent runs
-it (`recipes.harness.run_in_process`: the same CONFIG, events, checkpoints), LoRA on the language model;
+it (`whetstone.devstack.recipe_harness.run_in_process`: the same CONFIG, events, checkpoints), LoRA on the language model;
 then base and candidate answer each held-out picture greedily (the processor lays out the prompt and the
 image), and the first word of the answer is scored against the colour. Text alone cannot solve it: every
 question is the same sentence, so a blind model is at chance (1/6) at best.
@@ -25,9 +25,8 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from vision import COLOURS, QUESTION, data_url, encode, picture  # noqa: E402
-
-from whetstone.trainer_agent.recipes.harness import run_in_process, write_jsonl  # noqa: E402
-
+from whetstone.devstack.recipe_harness import run_in_process, write_jsonl  # noqa: E402
+from whetstone.trainer_agent.domain.recipe_io import Checkpoint, Completed  # noqa: E402
 
 DEBUG = False
 
@@ -47,7 +46,6 @@ def rows(n: int, seed: int) -> list[dict]:
 def accuracy(model, processor, heldout: list[dict]) -> float:
     """Share of held-out pictures whose greedy answer's first word is the colour."""
     import torch
-
     from whetstone.modelkit.vision import open_image
 
     model.eval()
@@ -70,7 +68,6 @@ def accuracy(model, processor, heldout: list[dict]) -> float:
 def train_and_score(work: Path, *, train: int, heldout: int, epochs: int, seed: int,
                     train_vision_tower: bool = False) -> dict:
     from peft import PeftModel
-
     from whetstone.modelkit.tiny_vision import build_tiny_vision_model
     from whetstone.modelkit.vision import load_processor, load_vision_model
 
@@ -86,16 +83,16 @@ def train_and_score(work: Path, *, train: int, heldout: int, epochs: int, seed: 
     t = time.perf_counter()
     run = run_in_process(config, work)
     train_s = time.perf_counter() - t
-    if run.last.get("event") != "completed":
+    if not isinstance(run.last, Completed):
         raise SystemExit(f"training failed: {run.last}")
     processor = load_processor(base)
     accuracy_base = accuracy(load_vision_model(base), processor, held)
-    final = run.of("checkpoint")[-1]["path"]
+    final = run.of(Checkpoint)[-1].path
     candidate = PeftModel.from_pretrained(load_vision_model(base), final)
     losses = run.losses()
     return {"accuracy_base": round(accuracy_base, 4), "accuracy_candidate": round(accuracy(candidate, processor, held), 4),
             "chance": round(1 / len(COLOURS), 4), "train_examples": train, "heldout_examples": heldout,
-            "epochs": epochs, "steps": run.last["step"], "train_s": round(train_s, 1),
+            "epochs": epochs, "steps": run.completed.step, "train_s": round(train_s, 1),
             "first_loss": round(losses[min(losses)], 4), "last_loss": round(losses[max(losses)], 4),
             "vision_tower": "lora" if train_vision_tower else "frozen"}
 

@@ -7,10 +7,11 @@ the scratch workspaces."""
 
 from whetstone.runtime.service import Runtime, Service
 
-from . import handlers
+from .adapters.metrics import event_metrics
 from .adapters.migrations import MIGRATIONS
 from .config import TrainerAgentSettings
 from .context import TrainerAgentContext
+from .entrypoints import handlers, loops
 
 
 async def attach_storage(rt: Runtime[TrainerAgentContext]) -> None:
@@ -26,9 +27,10 @@ def build_service(config: TrainerAgentSettings | None = None) -> Service[Trainer
         subscriptions={"job.assigned": handlers.on_job_assigned, "job.cancelled": handlers.on_job_cancelled,
                        "job.preempt_requested": handlers.on_job_preempt_requested,
                        "node.fenced": handlers.on_node_fenced},
-        background=[handlers.heartbeat, handlers.supervise],
+        background=[loops.heartbeat, loops.supervise],
         on_start=attach_storage,
-        on_stop=handlers.drain,
+        on_stop=loops.drain,
         http_port=config.http_port,
         context=TrainerAgentContext(config=config),
+        event_metrics=event_metrics,
     )

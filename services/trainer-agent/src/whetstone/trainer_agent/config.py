@@ -4,7 +4,6 @@ from typing import Literal
 
 from pydantic import Field
 from pydantic_settings import SettingsConfigDict
-
 from whetstone.runtime.settings import ServiceSettings
 
 

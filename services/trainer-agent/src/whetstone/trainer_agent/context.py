@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from whetstone.contracts.enums import PreemptionReason
 from whetstone.runtime.s3 import ObjectStore
 
 from .adapters.checkpoint_store import S3Checkpoints
@@ -15,7 +16,7 @@ from .adapters.workspace import Workspaces
 from .config import TrainerAgentSettings
 
 if TYPE_CHECKING:
-    from .segments import Segment
+    from .usecases.segments import Segment
 
 
 @dataclass
@@ -24,11 +25,11 @@ class NodeState:
 
     wakeup: asyncio.Event = field(default_factory=asyncio.Event)   # an assignment arrived
     segments: dict[str, Segment] = field(default_factory=dict)     # segment id -> segment running here
-    tasks: set[asyncio.Task] = field(default_factory=set)          # the segments' supervising tasks
+    tasks: set[asyncio.Task[None]] = field(default_factory=set)          # the segments' supervising tasks
     cancelled: set[str] = field(default_factory=set)               # job ids cancelled while running here
-    preempt_reasons: dict[str, str] = field(default_factory=dict)  # job id -> reason of a preempt request
+    preempt_reasons: dict[str, PreemptionReason] = field(default_factory=dict)  # job id -> a preempt request's
     fenced: dict[str, str] = field(default_factory=dict)           # segment id -> why the scheduler fenced it
-    stopping: str | None = None                                    # set by drain: drain | spot_loss
+    stopping: PreemptionReason | None = None                       # set by drain: drain | spot_loss
     recovered: bool = False       # the previous agent's runs were recovered (once per process)
 
     def segments_of(self, job_id: str) -> list[Segment]:

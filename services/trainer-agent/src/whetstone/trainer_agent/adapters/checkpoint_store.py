@@ -7,7 +7,6 @@ never mistaken for a durable one."""
 from __future__ import annotations
 
 import itertools
-import json
 import shutil
 import time
 from collections.abc import Callable, Collection, Mapping
@@ -15,18 +14,37 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from pydantic import BaseModel, ValidationError
 from whetstone.contracts import CheckpointRef
 from whetstone.runtime.checkpoints import (
-    MANIFEST, CorruptCheckpoint, UploadedCheckpoint, download_checkpoint, read_manifest, upload_checkpoint,
+    MANIFEST,
+    CorruptCheckpoint,
+    UploadedCheckpoint,
+    download_checkpoint,
+    read_manifest,
+    upload_checkpoint,
 )
 from whetstone.runtime.delivery import is_transient
 from whetstone.runtime.s3 import ObjectStore, parse_uri
 
 from ..domain.checkpoints import (
-    AttemptFence, StaleAttempt, StoredCheckpoint, checkpoint_ref, checkpoints_in, job_checkpoints_prefix,
-    parse_checkpoint, resume_candidates, to_prune,
+    AttemptFence,
+    StaleAttempt,
+    StoredCheckpoint,
+    checkpoint_ref,
+    checkpoints_in,
+    job_checkpoints_prefix,
+    parse_checkpoint,
+    resume_candidates,
+    to_prune,
 )
 from .processes import snapshot
+
+
+class FenceRecord(BaseModel):
+    """The job's fence.json: the newest attempt that started a segment."""
+
+    attempt: int
 
 
 @dataclass(frozen=True)
@@ -62,8 +80,8 @@ class S3Checkpoints:
         if not self.store.exists(uri):
             return None
         try:
-            return int(json.loads(self.store.get_bytes(uri))["attempt"])
-        except (ValueError, KeyError, TypeError):
+            return FenceRecord.model_validate_json(self.store.get_bytes(uri)).attempt
+        except ValidationError:
             return None
 
     def claim(self, fence: AttemptFence) -> None:
@@ -72,7 +90,7 @@ class S3Checkpoints:
         fenced = self.fenced_attempt(fence)
         fence.check(fenced)
         if fenced != fence.attempt:
-            self.store.put_bytes(fence.key, json.dumps({"attempt": fence.attempt}).encode())
+            self.store.put_bytes(fence.key, FenceRecord(attempt=fence.attempt).model_dump_json().encode())
 
     def check(self, fence: AttemptFence) -> None:
         fence.check(self.fenced_attempt(fence))

@@ -8,7 +8,12 @@ import time
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from whetstone.contracts import JobCompletedV1, JobFailedV1, JobPreemptedV1, JobProgressV1
+from whetstone.contracts import (
+    JobCompletedV1,
+    JobFailedV1,
+    JobPreemptedV1,
+    JobProgressV1,
+)
 from whetstone.runtime.messaging import Published
 from whetstone.runtime.observability import EventMetric, MetricSet
 

@@ -12,16 +12,20 @@ cancelled on arrival and never claimed.
 
 from __future__ import annotations
 
-from typing import Any
+from dataclasses import asdict
 
 import asyncpg
+from pydantic import TypeAdapter
+from whetstone.contracts import TOLERANT, Envelope, JobAssignedV1
 
-from whetstone.contracts import Envelope, JobAssignedV1
+from ..domain.runs import Run, RunUpdate
 
-from ..domain.runs import Run
+_RUN: TypeAdapter[Run] = TypeAdapter(Run)
 
-# columns a supervisor may set on its run
-UPDATABLE = frozenset({"status", "outcome", "finished_at", "latest_checkpoint", "pid", "pid_start"})
+
+def _run(row: asyncpg.Record) -> Run:
+    """A `runs` row as a Run, field by field (the row's other columns are the table's own)."""
+    return _RUN.validate_python(dict(row), context=TOLERANT)
 
 
 class RunStore:
@@ -57,14 +61,14 @@ class RunStore:
         rows = await conn.fetch(
             "UPDATE runs SET status = 'finished', outcome = 'preempted', finished_at = now()"
             " WHERE node_id = $1 AND status = 'assigned' RETURNING *", node_id)
-        return [Run.from_row(r) for r in rows]
+        return [_run(r) for r in rows]
 
     async def cancel_assigned(self, conn: asyncpg.Connection, job_id: str, node_id: str) -> list[int]:
         """Assignments of the job not started yet are dropped; returns their attempts."""
         rows = await conn.fetch(
             "UPDATE runs SET status = 'cancelled', finished_at = now() WHERE job_id = $1 AND node_id = $2"
             " AND status = 'assigned' RETURNING attempt", job_id, node_id)
-        return [r["attempt"] for r in rows]
+        return [int(attempt) for (attempt,) in rows]
 
     async def fence(self, conn: asyncpg.Connection, node_id: str, job_id: str, attempt: int,
                     segment_id: str | None) -> list[Run]:
@@ -74,7 +78,7 @@ class RunStore:
             "UPDATE runs SET status = 'finished', outcome = 'fenced', finished_at = now()"
             " WHERE node_id = $1 AND job_id = $2 AND attempt = $3 AND ($4::text IS NULL OR segment_id = $4)"
             " AND status IN ('assigned', 'running') RETURNING *", node_id, job_id, attempt, segment_id)
-        return [Run.from_row(r) for r in rows]
+        return [_run(r) for r in rows]
 
     async def running_count(self, conn: asyncpg.Connection, job_id: str, node_id: str) -> int:
         return int(await conn.fetchval(
@@ -85,20 +89,20 @@ class RunStore:
         rows = await conn.fetch("UPDATE runs r SET status = 'running', started_at = now()"
                                 " WHERE node_id = $1 AND status = 'assigned' AND NOT EXISTS"
                                 " (SELECT 1 FROM cancelled_jobs c WHERE c.job_id = r.job_id) RETURNING *", node_id)
-        return [Run.from_row(r) for r in rows]
+        return [_run(r) for r in rows]
 
     async def interrupt_running(self, conn: asyncpg.Connection, node_id: str) -> list[Run]:
         """Runs left 'running' by an agent that was killed outright."""
         rows = await conn.fetch("UPDATE runs SET status = 'interrupted', finished_at = now()"
                                 " WHERE node_id = $1 AND status = 'running' RETURNING *", node_id)
-        return [Run.from_row(r) for r in rows]
+        return [_run(r) for r in rows]
 
-    async def update(self, conn: asyncpg.Connection, segment_id: str, columns: dict[str, Any]) -> None:
+    async def update(self, conn: asyncpg.Connection, segment_id: str, change: RunUpdate) -> None:
+        columns = {name: value for name, value in asdict(change).items() if value is not None}
+        if change.latest_checkpoint is not None:
+            columns["latest_checkpoint"] = change.latest_checkpoint.model_dump(mode="json")
         if not columns:
             return
-        unknown = set(columns) - UPDATABLE
-        if unknown:
-            raise ValueError(f"runs: not updatable here: {', '.join(sorted(unknown))}")
         sets = ", ".join(f"{name} = ${i}" for i, name in enumerate(columns, start=2))
         # a fenced run stays fenced: what its segment still records afterwards is dropped
         await conn.execute(f"UPDATE runs SET {sets} WHERE segment_id = $1 AND outcome IS DISTINCT FROM 'fenced'",

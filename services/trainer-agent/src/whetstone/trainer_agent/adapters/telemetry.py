@@ -10,7 +10,6 @@ import shutil
 from typing import Any
 
 import psutil
-
 from whetstone.runtime.logging import get_logger
 
 from ..domain.telemetry import NVIDIA_SMI_ARGS, parse_nvidia_smi, readings_as_fields

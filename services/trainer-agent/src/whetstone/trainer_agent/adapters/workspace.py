@@ -11,14 +11,21 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
+from whetstone.contracts.enums import Method
 from whetstone.runtime.models import UnknownModel, resolve_model
 from whetstone.runtime.s3 import ObjectStore
 
 from ..config import TrainerAgentSettings
 from ..domain.distributed import (
-    DistributedPlan, Topology, deepspeed_config, plan_distributed, requested_zero_stage, training_mode,
+    DistributedPlan,
+    Topology,
+    deepspeed_config,
+    plan_distributed,
+    requested_zero_stage,
+    training_mode,
 )
 from ..domain.launch import LaunchSpec, build_launch, parse_rendezvous
+from ..domain.recipe_io import DistributedSummary, RecipeReinforcement, TrainingConfig
 from ..domain.runs import Run
 from .checkpoint_store import ResumePoint, S3Checkpoints
 from .model_size import param_count
@@ -55,37 +62,36 @@ class Workspaces:
         resume from, write the recipe config and launch. StaleAttempt when a newer attempt started."""
         c, spec, scratch = self.config, run.spec, self.path(run.segment_id)
         scratch.mkdir(parents=True, exist_ok=True)
-        model = resolve_model(spec["base_model"], self.model_catalog)
-        if model.sha256 != spec["base_model_sha256"]:
-            raise UnknownModel(f"base model {spec['base_model']} on this node has sha256 {model.sha256[:12]}…, "
-                               f"job pinned {spec['base_model_sha256'][:12]}…")
-        hyper = spec.get("hyperparameters") or {}
+        model = resolve_model(spec.base_model, self.model_catalog)
+        if model.sha256 != spec.base_model_sha256:
+            raise UnknownModel(f"base model {spec.base_model} on this node has sha256 {model.sha256[:12]}…, "
+                               f"job pinned {spec.base_model_sha256[:12]}…")
+        hyper = spec.hyperparameters
         rendezvous = parse_rendezvous(run.rendezvous, run.segment_id)
         gpu_node = c.gpu_type != "cpu"
         topology = Topology(nodes=rendezvous.nodes if rendezvous else 1, gpus_per_node=max(len(run.gpu_ids), 1),
                             gpu_node=gpu_node, gpu_memory_gb=c.gpu_memory_gb)
-        plan = plan_distributed(training_mode(spec["method"], hyper), param_count(model.location), topology,
+        plan = plan_distributed(training_mode(spec.method, hyper), param_count(model.location), topology,
                                 requested_zero_stage(hyper))
-        train = self.store.download_file(spec["train_uri"], scratch / "data" / "train.jsonl")
-        val = self.store.download_file(spec["validation_uri"], scratch / "data" / "validation.jsonl") \
-            if spec.get("validation_uri") else None
+        train = self.store.download_file(spec.train_uri, scratch / "data" / "train.jsonl")
+        val = self.store.download_file(spec.validation_uri, scratch / "data" / "validation.jsonl") \
+            if spec.validation_uri else None
         self.checkpoints.claim(run.fence)  # from now on, older attempts of the job may not write checkpoints
         resume = self.checkpoints.resume_point(run.tenant_id, run.job_id, run.resume_from, scratch / "resume")
         ds_config = deepspeed_config(plan)
         ds_path = scratch / "deepspeed.json"
         if ds_config:
             ds_path.write_text(json.dumps(ds_config, indent=1))
-        config = {
-            "job_id": run.job_id, "base_model": model.location, "train_file": str(train),
-            "validation_file": str(val) if val else None, "output_dir": str(scratch / "out"),
-            "method": spec["method"], "hyperparameters": hyper, "reinforcement": spec.get("reinforcement"),
-            "resume_from": str(resume.path) if resume.path else None,
-            "deepspeed": str(ds_path) if ds_config else None, "zero_init": plan.zero_init,
-            "distributed": {"world_size": plan.world_size, "zero_stage": plan.zero_stage,
-                            "reasons": list(plan.reasons)},
-        }
+        config = TrainingConfig(
+            job_id=run.job_id, base_model=model.location, train_file=train, validation_file=val,
+            output_dir=scratch / "out", method=Method(spec.method), hyperparameters=hyper,
+            reinforcement=RecipeReinforcement.model_validate(spec.reinforcement.model_dump())
+            if spec.reinforcement else None,
+            resume_from=resume.path, deepspeed=ds_path if ds_config else None, zero_init=plan.zero_init,
+            distributed=DistributedSummary(world_size=plan.world_size, zero_stage=plan.zero_stage,
+                                           reasons=list(plan.reasons)))
         config_path = scratch / "config.json"
-        config_path.write_text(json.dumps(config, indent=1))
+        config_path.write_text(config.model_dump_json(indent=1))
         launch = build_launch(
             python=sys.executable, module=c.recipe_module, config_path=str(config_path), plan=plan,
             gpu_ids=list(run.gpu_ids), gpu_node=gpu_node, key=run.segment_id, rendezvous=rendezvous,

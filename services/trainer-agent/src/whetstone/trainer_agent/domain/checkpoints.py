@@ -2,7 +2,7 @@
 write them. Pure.
 
 A job's checkpoints live under ``tenants/<tenant>/jobs/<job>/checkpoints/step-<8 digits>-<kind>-a<attempt>``
-(names without ``-a<attempt>`` come from agents before fencing). Periodic and emergency
+(a name without ``-a<attempt>`` reads as attempt 0). Periodic and emergency
 checkpoints are resumable trainer states; the final one is the trained artifact (never pruned,
 never resumed from). Newest = highest step, at the same step an emergency checkpoint is newer
 than a periodic one, then the higher attempt.
@@ -33,7 +33,7 @@ class StoredCheckpoint:
     prefix: str      # object key prefix, no trailing slash
     step: int
     kind: str
-    attempt: int = 0  # 0: written before fencing
+    attempt: int = 0  # 0: a name without an attempt
 
     @property
     def resumable(self) -> bool:

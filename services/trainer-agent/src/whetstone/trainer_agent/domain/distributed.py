@@ -64,6 +64,20 @@ class Topology:
 
 
 @dataclass(frozen=True)
+class _Shape:
+    """What every plan for a job on a topology shares."""
+
+    mode: TrainingMode
+    world_size: int
+    zero_init: bool
+
+    def plan(self, zero_stage: int | None, reasons: tuple[str, ...], *, offload_optimizer: bool = False,
+             offload_params: bool = False) -> DistributedPlan:
+        return DistributedPlan(self.mode, self.world_size, zero_stage, self.zero_init, offload_optimizer,
+                               offload_params, reasons)
+
+
+@dataclass(frozen=True)
 class DistributedPlan:
     mode: TrainingMode
     world_size: int
@@ -78,24 +92,26 @@ class DistributedPlan:
         return self.zero_stage is not None
 
 
-def training_mode(method: str, hyperparameters: Mapping[str, Any]) -> TrainingMode:
+# the weights an `adapter` hyperparameter (or a method of the same name) trains
+_MODE_OF: dict[object, TrainingMode] = {"lora": "lora", "qlora": "qlora", "full": "full", "none": "full", None: "full"}
+
+
+def training_mode(method: str, hyperparameters: Mapping[str, object]) -> TrainingMode:
     """Which weights a method trains. DPO/ORPO/CPT train a LoRA adapter unless the job asks
     for `adapter: "none"` (all weights) or `adapter: "qlora"`."""
     if method in ("lora", "qlora", "full"):
-        return method  # type: ignore[return-value]
+        return _MODE_OF[method]
     if method == "reinforcement":   # GRPO on a LoRA adapter
         return "lora"
     if method not in ("dpo", "orpo", "cpt"):
         raise DistributedConfigError(f"unknown training method {method!r}")
     adapter = hyperparameters.get("adapter", "lora")
-    if adapter in ("none", "full", None):
-        return "full"
-    if adapter in ("lora", "qlora"):
-        return adapter
+    if isinstance(adapter, str | None) and adapter in _MODE_OF:
+        return _MODE_OF[adapter]
     raise DistributedConfigError(f"adapter must be 'lora', 'qlora' or 'none', got {adapter!r}")
 
 
-def requested_zero_stage(hyperparameters: Mapping[str, Any]) -> int | None:
+def requested_zero_stage(hyperparameters: Mapping[str, object]) -> int | None:
     stage = hyperparameters.get("zero_stage")
     if stage is None:
         return None
@@ -127,11 +143,11 @@ def plan_distributed(mode: TrainingMode, params: float | None, topology: Topolog
             "QLoRA cannot run with ZeRO-3: ZeRO-3 shards the frozen 4-bit weights, which bitsandbytes' "
             "kernels need whole (cryptic CUDA errors or wrong gradients); use ZeRO-1/2 or LoRA with ZeRO-3")
     zero_init = bool(params and params > ZERO_INIT_ABOVE_PARAMS and topology.gpu_node)
-    base = dict(mode=mode, world_size=topology.world_size, zero_init=zero_init)
+    base = _Shape(mode, topology.world_size, zero_init)
     if not topology.gpu_node:
         if topology.nodes > 1:
             raise DistributedConfigError("multi-node training needs GPU nodes")
-        return DistributedPlan(**base, zero_stage=None, reasons=("CPU node: one plain process",))
+        return base.plan(zero_stage=None, reasons=("CPU node: one plain process",))
     size = params or 0.0
     if requested_stage is not None:
         return _requested(mode, size, topology, requested_stage, base)
@@ -146,65 +162,65 @@ def _gb(x: float) -> str:
     return f"{x / GB:.1f} GB"
 
 
-def _zero_init_reason(base: dict) -> tuple[str, ...]:
-    return ("model above 13B parameters: zero_init, no rank materialises the whole model",) if base["zero_init"] else ()
+def _zero_init_reason(base: _Shape) -> tuple[str, ...]:
+    return ("model above 13B parameters: zero_init, no rank materialises the whole model",) if base.zero_init else ()
 
 
-def _requested(mode: TrainingMode, size: float, t: Topology, stage: int, base: dict) -> DistributedPlan:
+def _requested(mode: TrainingMode, size: float, t: Topology, stage: int, base: _Shape) -> DistributedPlan:
     if t.world_size == 1 and stage in (1, 2):
-        return DistributedPlan(**base, zero_stage=None,
+        return base.plan(zero_stage=None,
                                reasons=(f"ZeRO-{stage} shards nothing on one GPU: plain process",))
     if stage == 0:
         if t.world_size > 1 and bytes_per_gpu(mode, size, 0, t.world_size) > t.budget_bytes:
             raise DistributedConfigError(
                 f"zero_stage 0 needs {_gb(bytes_per_gpu(mode, size, 0, t.world_size))} per GPU, more than the "
                 f"{_gb(t.budget_bytes)} budget: leave zero_stage unset or pick 2 or 3")
-        return DistributedPlan(**base, zero_stage=0 if t.world_size > 1 else None,
+        return base.plan(zero_stage=0 if t.world_size > 1 else None,
                                reasons=("zero_stage 0 requested: data parallel, nothing sharded",))
-    return DistributedPlan(**base, zero_stage=stage,
+    return base.plan(zero_stage=stage,
                            reasons=(f"zero_stage {stage} requested", *_zero_init_reason(base)))
 
 
-def _single_gpu(mode: TrainingMode, size: float, t: Topology, base: dict) -> DistributedPlan:
+def _single_gpu(mode: TrainingMode, size: float, t: Topology, base: _Shape) -> DistributedPlan:
     need = bytes_per_gpu(mode, size, None, 1)
     if need <= t.budget_bytes:
-        return DistributedPlan(**base, zero_stage=None, reasons=("one GPU: plain process",))
+        return base.plan(zero_stage=None, reasons=("one GPU: plain process",))
     if mode != "full":
         raise DistributedConfigError(
             f"the frozen base model alone needs {_gb(need)}, more than one GPU's {_gb(t.budget_bytes)} budget: "
             "ask for more GPUs" + (" or use QLoRA" if mode == "lora" else ""))
-    return DistributedPlan(**base, zero_stage=3, offload_optimizer=True, offload_params=True,
+    return base.plan(zero_stage=3, offload_optimizer=True, offload_params=True,
                            reasons=(f"full fine-tune needs {_gb(need)} > {_gb(t.budget_bytes)} on one GPU: "
                                     "ZeRO-3 with optimizer and parameter CPU offload", *_zero_init_reason(base)))
 
 
-def _full_multi_gpu(size: float, t: Topology, base: dict) -> DistributedPlan:
+def _full_multi_gpu(size: float, t: Topology, base: _Shape) -> DistributedPlan:
     n = t.world_size
     zero2 = bytes_per_gpu("full", size, 2, n)
     if zero2 <= t.budget_bytes:
-        return DistributedPlan(**base, zero_stage=2, reasons=(
+        return base.plan(zero_stage=2, reasons=(
             f"full fine-tune fits ZeRO-2 ({_gb(zero2)} per GPU)", *_zero_init_reason(base)))
     zero3 = bytes_per_gpu("full", size, 3, n)
     why = f"large full fine-tune: ZeRO-2 needs {_gb(zero2)} per GPU > {_gb(t.budget_bytes)}"
     if zero3 <= t.budget_bytes:
-        return DistributedPlan(**base, zero_stage=3, reasons=(f"{why}: ZeRO-3 ({_gb(zero3)})",
+        return base.plan(zero_stage=3, reasons=(f"{why}: ZeRO-3 ({_gb(zero3)})",
                                                               *_zero_init_reason(base)))
-    return DistributedPlan(**base, zero_stage=3, offload_optimizer=True, reasons=(
+    return base.plan(zero_stage=3, offload_optimizer=True, reasons=(
         f"{why}, ZeRO-3 needs {_gb(zero3)}: ZeRO-3 with optimizer CPU offload", *_zero_init_reason(base)))
 
 
-def _adapter_multi_gpu(mode: TrainingMode, size: float, t: Topology, base: dict) -> DistributedPlan:
+def _adapter_multi_gpu(mode: TrainingMode, size: float, t: Topology, base: _Shape) -> DistributedPlan:
     n = t.world_size
     zero2 = bytes_per_gpu(mode, size, 2, n)
     if zero2 <= t.budget_bytes:
-        return DistributedPlan(**base, zero_stage=2, reasons=(
+        return base.plan(zero_stage=2, reasons=(
             f"{mode} adapter: ZeRO-2 shards its gradients and optimizer states, frozen base replicated "
             f"({_gb(zero2)} per GPU)", *_zero_init_reason(base)))
     if mode == "qlora":
         raise DistributedConfigError(
             f"the 4-bit base model needs {_gb(zero2)} per GPU, more than the {_gb(t.budget_bytes)} budget, and "
             "QLoRA cannot shard it with ZeRO-3: use GPUs with more memory, or LoRA (which may use ZeRO-3)")
-    return DistributedPlan(**base, zero_stage=3, reasons=(
+    return base.plan(zero_stage=3, reasons=(
         f"frozen base needs {_gb(zero2)} per GPU > {_gb(t.budget_bytes)}: ZeRO-3 shards it",
         *_zero_init_reason(base)))
 

@@ -17,6 +17,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+from pydantic import BaseModel, ConfigDict, ValidationError
+
 from .distributed import DistributedConfigError, DistributedPlan
 
 Launcher = Literal["process", "torchrun", "deepspeed"]
@@ -58,17 +60,28 @@ def default_master_port(key: str) -> int:
     return PORT_BASE + zlib.crc32(key.encode()) % PORT_SPAN
 
 
+class RendezvousSpec(BaseModel):
+    """The multi-node part of an assignment as the scheduler sends it (JobAssignedV1.rendezvous)."""
+
+    model_config = ConfigDict(extra="ignore", frozen=True)
+    master_addr: str
+    nodes: int
+    node_rank: int = 0
+    master_port: int | None = None   # absent: every node derives the same one from the segment id
+    hosts: tuple[str, ...] = ()
+
+
 def parse_rendezvous(raw: Mapping[str, Any] | None, key: str) -> Rendezvous | None:
     """The multi-node part of an assignment: {master_addr, node_rank, nodes, [master_port], [hosts]}."""
     if not raw:
         return None
     try:
-        nodes, node_rank = int(raw["nodes"]), int(raw.get("node_rank", 0))
-        addr = str(raw["master_addr"])
-        port = int(raw.get("master_port") or default_master_port(key))
-        hosts = tuple(str(h) for h in raw.get("hosts") or ())
-    except (KeyError, TypeError, ValueError) as exc:
-        raise DistributedConfigError(f"malformed rendezvous {dict(raw)!r}: {exc}") from exc
+        spec = RendezvousSpec.model_validate(raw)
+    except ValidationError as exc:
+        raise DistributedConfigError(f"malformed rendezvous {dict(raw)!r}: {exc.errors()[0]['msg']} "
+                                     f"({'.'.join(map(str, exc.errors()[0]['loc']))})") from exc
+    nodes, node_rank, addr, hosts = spec.nodes, spec.node_rank, spec.master_addr, spec.hosts
+    port = spec.master_port or default_master_port(key)
     if nodes < 1 or not 0 <= node_rank < nodes:
         raise DistributedConfigError(f"node_rank {node_rank} is not within {nodes} node(s)")
     if not addr or not 0 < port < 65536:

@@ -2,15 +2,46 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from dataclasses import dataclass
+from datetime import datetime
+from enum import StrEnum
 from typing import Any
 
-from whetstone.contracts import CheckpointRef
+from whetstone.contracts import CheckpointRef, TrainingSpec
+from whetstone.contracts.enums import SpecMethod
 
-from .checkpoints import AttemptFence, checkpoint_ref
+from .checkpoints import AttemptFence
 
-STATUSES = ("assigned", "running", "finished", "cancelled", "interrupted")
+
+class RunStatus(StrEnum):
+    ASSIGNED = "assigned"
+    RUNNING = "running"
+    FINISHED = "finished"
+    CANCELLED = "cancelled"
+    INTERRUPTED = "interrupted"
+
+
+class RunOutcome(StrEnum):
+    """How a finished run ended."""
+
+    COMPLETED = "completed"
+    FAILED = "failed"
+    CANCELLED = "cancelled"
+    PREEMPTED = "preempted"
+    WORKER_DONE = "worker_done"   # a non-zero-rank node's launcher ended cleanly (rank 0 reports)
+    FENCED = "fenced"
+
+
+@dataclass(frozen=True)
+class RunUpdate:
+    """What a segment's supervisor records on its run (None: unchanged)."""
+
+    status: RunStatus | None = None
+    outcome: RunOutcome | None = None
+    finished_at: datetime | None = None
+    latest_checkpoint: CheckpointRef | None = None
+    pid: int | None = None
+    pid_start: int | None = None
 
 
 @dataclass(frozen=True)
@@ -22,25 +53,20 @@ class Run:
     trace_id: str
     attempt: int
     gpu_ids: tuple[int, ...]
-    spec: dict[str, Any]                        # the job's TrainingSpec as JSON
+    spec: TrainingSpec
     resume_from: CheckpointRef | None = None    # what the scheduler asked this segment to resume from
     rendezvous: dict[str, Any] | None = None    # multi-node: master, node rank, nodes
     latest_checkpoint: CheckpointRef | None = None
     pid: int | None = None
     pid_start: int | None = None
 
-    @classmethod
-    def from_row(cls, row: Mapping[str, Any]) -> Run:
-        return cls(
-            segment_id=row["segment_id"], job_id=row["job_id"], node_id=row["node_id"], tenant_id=row["tenant_id"],
-            trace_id=row["trace_id"], attempt=int(row["attempt"]), gpu_ids=tuple(row["gpu_ids"] or ()),
-            spec=dict(row["spec"]), resume_from=checkpoint_ref(row["resume_from"]),
-            rendezvous=row.get("rendezvous"), latest_checkpoint=checkpoint_ref(row.get("latest_checkpoint")),
-            pid=row.get("pid"), pid_start=row.get("pid_start"))
-
     @property
     def fence(self) -> AttemptFence:
         return AttemptFence(self.tenant_id, self.job_id, self.attempt)
+
+    @property
+    def is_merge(self) -> bool:
+        return self.spec.method == SpecMethod.MERGE
 
     @property
     def durable_checkpoint(self) -> CheckpointRef | None:

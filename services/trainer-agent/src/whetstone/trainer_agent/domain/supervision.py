@@ -4,11 +4,16 @@ from __future__ import annotations
 
 import math
 import signal
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Literal
 
-PREEMPT_REASONS = ("spot_loss", "priority", "node_lost", "drain", "signal")
+from whetstone.contracts import JobProgressV1
+from whetstone.contracts.enums import ErrorClass, PreemptionReason
+
+from .recipe_io import Progress
+from .runs import RunOutcome
+
 LOG_TAIL_CHARS = 2000
 
 
@@ -16,11 +21,11 @@ LOG_TAIL_CHARS = 2000
 class ExitReport:
     """The event a training process's end calls for when it sent no terminal event itself."""
 
-    outcome: Literal["failed", "preempted", "worker_done"]
-    error_class: str | None = None
+    outcome: Literal[RunOutcome.FAILED, RunOutcome.PREEMPTED, RunOutcome.WORKER_DONE]
+    error_class: ErrorClass | None = None
     code: str | None = None
     message: str | None = None
-    reason: str | None = None
+    reason: PreemptionReason | None = None
 
 
 def describe_exit(returncode: int | None) -> str:
@@ -34,7 +39,7 @@ def describe_exit(returncode: int | None) -> str:
     return f"exited with code {returncode}"
 
 
-def classify_exit(returncode: int | None, *, cancelled: bool, stopping: str | None, worker_node: bool,
+def classify_exit(returncode: int | None, *, cancelled: bool, stopping: PreemptionReason | None, worker_node: bool,
                   log_tail: str) -> ExitReport:
     """A process that ended without `completed` / `failed` / `preempted`:
     cancelled by the user -> failed (user, cancelled), so metering closes the segment;
@@ -42,36 +47,28 @@ def classify_exit(returncode: int | None, *, cancelled: bool, stopping: str | No
     a non-zero-rank node's launcher that ended cleanly -> nothing to say (rank 0 reports);
     anything else is a crash -> failed (platform) with the log tail. Never silent."""
     if cancelled:
-        return ExitReport("failed", "user", "cancelled", "cancelled by user")
+        return ExitReport(RunOutcome.FAILED, ErrorClass.USER, "cancelled", "cancelled by user")
     if stopping:
-        return ExitReport("preempted", reason=stopping)
+        return ExitReport(RunOutcome.PREEMPTED, reason=stopping)
     if worker_node and returncode == 0:
-        return ExitReport("worker_done")
+        return ExitReport(RunOutcome.WORKER_DONE)
     tail = log_tail[-LOG_TAIL_CHARS:].strip()
-    return ExitReport("failed", "platform", "trainer_crashed",
+    return ExitReport(RunOutcome.FAILED, ErrorClass.PLATFORM, "trainer_crashed",
                       f"training process {describe_exit(returncode)} without reporting a result"
                       + (f"; log tail:\n{tail}" if tail else "; it wrote no log"))
 
 
-def failure_message(message: object, advice: object = None) -> str:
-    """The recipe's message with its suggested changes (JobFailedV1 has no field of its own for them)."""
-    text = str(message or "training failed")
-    if isinstance(advice, list) and advice:
-        text += " Suggested changes: " + "; ".join(map(str, advice)) + "."
-    return text
-
-
-def preempt_reason(stopping: str | None, reported: str | None) -> str:
+def preempt_reason(stopping: PreemptionReason | None, reported: str | None) -> PreemptionReason:
     """Why a segment stopped: the agent's own reason wins (it sent the signal), else the recipe's."""
-    if stopping in PREEMPT_REASONS:
+    if stopping is not None:
         return stopping
-    return reported if reported in PREEMPT_REASONS else "signal"
+    return PreemptionReason(reported) if reported in set(PreemptionReason) else PreemptionReason.SIGNAL
 
 
-def stop_reason(spot: bool) -> str:
+def stop_reason(spot: bool) -> PreemptionReason:
     """The agent is being stopped (SIGTERM to the agent): a spot node is being reclaimed, any
     other node is being drained."""
-    return "spot_loss" if spot else "drain"
+    return PreemptionReason.SPOT_LOSS if spot else PreemptionReason.DRAIN
 
 
 def free_gpu_ids(gpu_count: int, held: Iterable[Iterable[int]], draining: bool) -> list[int]:
@@ -84,23 +81,17 @@ def free_gpu_ids(gpu_count: int, held: Iterable[Iterable[int]], draining: bool) 
 
 # ------------------------------------------------------------------ the recipe's events -> ours
 
-PROGRESS_FIELDS = ("step", "total_steps", "epoch", "loss", "grad_norm", "learning_rate", "tokens_per_s",
-                   "samples_per_s", "peak_memory_mb", "validation_loss", "tokens_seen", "token_accuracy",
-                   "gpu_utilization", "step_time_s", "mfu")
-ENVELOPE_FIELDS = ("event", "job_id", "time")
 
-
-# a checkpoint's own metrics: validation over the whole validation file at that step
-CHECKPOINT_METRICS = ("validation_loss", "validation_mean_token_accuracy")
-
-
-def progress_fields(msg: Mapping[str, Any]) -> dict[str, Any]:
-    """job.progress fields from a recipe `progress` event (absent ones None); the trainer logs its
-    token accuracy as `mean_token_accuracy`."""
-    fields = {k: msg.get(k) for k in PROGRESS_FIELDS}
-    if fields["token_accuracy"] is None:
-        fields["token_accuracy"] = msg.get("mean_token_accuracy")
-    return fields
+def job_progress(p: Progress, *, job_id: str, segment_id: str, attempt: int) -> JobProgressV1:
+    """A recipe `progress` event as job.progress; the trainer logs its token accuracy as
+    `mean_token_accuracy`."""
+    return JobProgressV1(
+        job_id=job_id, segment_id=segment_id, attempt=attempt, step=p.step, total_steps=p.total_steps, epoch=p.epoch,
+        loss=p.loss, grad_norm=p.grad_norm, learning_rate=p.learning_rate, tokens_per_s=p.tokens_per_s,
+        samples_per_s=p.samples_per_s, peak_memory_mb=p.peak_memory_mb,
+        validation_loss=p.validation.loss if p.validation else None, tokens_seen=p.tokens_seen,
+        token_accuracy=p.mean_token_accuracy, gpu_utilization=p.gpu_utilization, step_time_s=p.step_time_s,
+        mfu=p.mfu)
 
 
 @dataclass
@@ -115,30 +106,16 @@ class ProgressCadence:
     stride: int | None = None
     reported: int = 0
 
-    def due(self, msg: Mapping[str, Any]) -> bool:
-        step, total = msg.get("step"), msg.get("total_steps")
-        if not isinstance(step, int):
-            return False
-        step_time = msg.get("step_time_s")
-        timed = isinstance(step_time, (int, float)) and step_time > 0
+    def due(self, p: Progress) -> bool:
+        step_time = p.step_time_s if p.step_time_s is not None and p.step_time_s > 0 else None
         if self.reported == 0:
             due = True
         elif self.stride is None:
-            self.stride = max(1, math.ceil(self.interval_s / step_time)) if timed else 1
+            self.stride = max(1, math.ceil(self.interval_s / step_time)) if step_time else 1
             due = True
         else:
-            while timed and step_time * self.stride * 4 < self.interval_s:
+            while step_time and step_time * self.stride * 4 < self.interval_s:
                 self.stride *= 2
-            due = step % self.stride == 0 or step == total
+            due = p.step % self.stride == 0 or p.step == p.total_steps
         self.reported += due
         return due
-
-
-def completed_metrics(msg: Mapping[str, Any]) -> dict[str, Any]:
-    """Every scalar of the recipe's `completed` event, as the job's metrics."""
-    return {k: v for k, v in msg.items() if k not in ENVELOPE_FIELDS and isinstance(v, (int, float, str, bool))}
-
-
-def reported_advice(msg: Mapping[str, Any]) -> list[str]:
-    advice = msg.get("advice")
-    return [str(a) for a in advice] if isinstance(advice, list) else []

@@ -12,7 +12,7 @@ cleanup; they share components, never a base class):
 Entry point and protocol:
 - main.py           picks the recipe by method; SIGTERM flag, stdout events, OOM retries, exit status
 - protocol.py       the event stream (stdout) and the preemption flag (SIGTERM)
-- spec.py           CONFIG.json (the contract with the agent), resume-dir checks
+- spec.py           CONFIG.json read once (domain/recipe_io.TrainingConfig), resume-dir checks
 
 Components:
 - session.py        the steps every recipe shares: cheap checks, base model and batch plan, the
@@ -28,6 +28,8 @@ Components:
 - validation.py     validation loss per data kind
 - rewards.py        the grader as a reward function, the RFT data gate, mean reward on held-out prompts
 - metrics.py        progress meter, peak memory, GPU utilization, loss curve PNG
-- faults.py         test-only fault injection (WHETSTONE_RECIPE_FAULTS)
-- harness.py        run a recipe as the agent does (tests, benchmarks), resume-exactness chains
+- faults.py         fault injection for tests (WHETSTONE_RECIPE_FAULTS; inert when unset)
+
+The CONFIG.json and event models are shared with the agent: ../domain/recipe_io.py. Tests and benches
+run a recipe as the agent does with whetstone.devstack.recipe_harness.
 """

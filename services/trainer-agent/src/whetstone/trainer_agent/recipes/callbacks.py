@@ -10,7 +10,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .checkpointing import write_checkpoint_state
+from whetstone.contracts.enums import CheckpointKind
+
+from ..domain.recipe_io import Checkpoint, Progress, Started, Validation
+from .checkpointing import CheckpointState, write_checkpoint_state
 from .errors import UserError
 from .hyperparams import Hyperparameters
 from .metrics import ProgressMeter
@@ -64,7 +67,7 @@ class RunState:
     emergency_checkpoint: Path | None = None
     checkpoint_seconds: float = 0.0
     validation_seconds: float = 0.0
-    progress: list[dict[str, Any]] = field(default_factory=list)
+    progress: list[Progress] = field(default_factory=list)
 
 
 @dataclass
@@ -78,7 +81,7 @@ class Cadence:
         return by_steps or by_time
 
 
-Describer = Callable[[Any, str], dict[str, Any]]   # (trainer state, kind) -> whetstone_state.json
+Describer = Callable[[Any, str], CheckpointState]   # (trainer state, kind) -> whetstone_state.json
 
 
 class TrainingMonitor:
@@ -96,7 +99,7 @@ class TrainingMonitor:
         self.meter = ProgressMeter()
         self.stopping = False
         self.last_save = time.monotonic()
-        self.validation: dict[int, dict[str, float]] = {}  # step -> metrics, reported with its checkpoint
+        self.validation: dict[int, Validation] = {}  # step -> metrics, reported with its checkpoint
 
     def train_begin(self, args, state, model=None) -> None:
         self.meter.start(state, model)
@@ -106,9 +109,9 @@ class TrainingMonitor:
                 self.guard.best = min(self.guard.best, entry["loss"])
         if not self.run.announced:
             self.run.announced = True
-            self.events.emit("started", total_steps=state.max_steps, resumed_from_step=state.global_step,
-                             micro_batch_size=args.per_device_train_batch_size,
-                             gradient_accumulation_steps=args.gradient_accumulation_steps)
+            self.events.emit(Started(total_steps=state.max_steps, resumed_from_step=state.global_step,
+                                     micro_batch_size=args.per_device_train_batch_size,
+                                     gradient_accumulation_steps=args.gradient_accumulation_steps))
 
     def step_end(self, state, control, model) -> None:
         if state.global_step >= state.max_steps:
@@ -128,23 +131,25 @@ class TrainingMonitor:
         if not logs or "loss" not in logs:
             return
         reason = self.guard.check(state.global_step, logs["loss"])
-        progress = {**self.meter.measure(args, state, logs), **self.validation.get(state.global_step, {})}
+        progress = self.meter.measure(args, state, logs)
+        if state.global_step in self.validation:
+            progress = progress.model_copy(update={"validation": self.validation[state.global_step]})
         self.run.progress.append(progress)
-        self.events.emit("progress", **progress)
+        self.events.emit(progress)
         if reason is not None:
             raise UserError(reason, code="loss_diverged", advice=divergence_advice(self.learning_rate))
 
     def saved(self, args, state) -> None:
         path = Path(args.output_dir, f"checkpoint-{state.global_step}").resolve()
-        kind = "emergency" if self.stopping else "periodic"
+        kind = CheckpointKind.EMERGENCY if self.stopping else CheckpointKind.PERIODIC
         write_checkpoint_state(path, self.describe(state, kind))
         self.last_save = time.monotonic()
         if self.stopping:
             self.run.emergency_checkpoint = path
         else:
             self.run.last_checkpoint = path
-        self.events.emit("checkpoint", kind=kind, step=state.global_step, path=str(path),
-                         **self.validation.pop(state.global_step, {}))
+        self.events.emit(Checkpoint(kind=kind, step=state.global_step, path=path,
+                                    validation=self.validation.pop(state.global_step, None)))
 
 
 def platform_callback(monitor: TrainingMonitor):

@@ -21,6 +21,9 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
+from pydantic import BaseModel, ValidationError
+
+from ..domain.recipe_io import Progress
 from .hyperparams import Hyperparameters
 
 log = logging.getLogger("whetstone.trainer_agent.recipes")
@@ -32,36 +35,50 @@ FINAL_DIR = "final"
 # ------------------------------------------------------------------ resumable checkpoints
 
 
-def checkpoint_state(state, *, kind: str, method: str, hp: Hyperparameters, examples_per_epoch: int,
-                     train_file: str) -> dict[str, Any]:
-    """whetstone_state.json: where in the data this checkpoint stands, with which batch geometry."""
+class DataPosition(BaseModel):
+    epoch_index: int
+    optimizer_steps_into_epoch: int
+    micro_batches_into_epoch: int
+    examples_into_epoch: int
+    examples_per_epoch: int
+    shuffle_seed: int
+
+
+class CheckpointState(BaseModel):
+    """whetstone_state.json: where in the data a checkpoint stands, with which batch geometry."""
+
+    kind: str
+    step: int
+    epoch: float | None
+    method: str
+    micro_batch_size: int
+    gradient_accumulation_steps: int
+    effective_batch: int
+    data_position: DataPosition
+    tokens_seen: int | None
+    train_file: str
+
+
+def checkpoint_state(state: Any, *, kind: str, method: str, hp: Hyperparameters, examples_per_epoch: int,
+                     train_file: str) -> CheckpointState:
+    """Where in the data the trainer `state` stands, with the geometry of `hp`."""
     n = examples_per_epoch
     micro, accumulation = int(hp.batch_size), hp.gradient_accumulation_steps
     steps_per_epoch = math.ceil(math.ceil(n / micro) / accumulation)
     in_epoch = state.global_step % steps_per_epoch
-    return {
-        "kind": kind,
-        "step": state.global_step,
-        "epoch": state.epoch,
-        "method": method,
-        "micro_batch_size": micro,
-        "gradient_accumulation_steps": accumulation,
-        "effective_batch": micro * accumulation,
-        "data_position": {
-            "epoch_index": state.global_step // steps_per_epoch,
-            "optimizer_steps_into_epoch": in_epoch,
-            "micro_batches_into_epoch": in_epoch * accumulation,
-            "examples_into_epoch": min(n, in_epoch * accumulation * micro),
-            "examples_per_epoch": n,
-            "shuffle_seed": hp.seed,
-        },
-        "tokens_seen": state.num_input_tokens_seen,
-        "train_file": train_file,
-    }
+    return CheckpointState(
+        kind=kind, step=state.global_step, epoch=state.epoch, method=method, micro_batch_size=micro,
+        gradient_accumulation_steps=accumulation, effective_batch=micro * accumulation,
+        data_position=DataPosition(
+            epoch_index=state.global_step // steps_per_epoch, optimizer_steps_into_epoch=in_epoch,
+            micro_batches_into_epoch=in_epoch * accumulation,
+            examples_into_epoch=min(n, in_epoch * accumulation * micro), examples_per_epoch=n,
+            shuffle_seed=hp.seed),
+        tokens_seen=state.num_input_tokens_seen, train_file=train_file)
 
 
-def write_checkpoint_state(checkpoint: Path, info: dict[str, Any]) -> None:
-    (checkpoint / CHECKPOINT_STATE_FILE).write_text(json.dumps(info, indent=1) + "\n")
+def write_checkpoint_state(checkpoint: Path, info: CheckpointState) -> None:
+    (checkpoint / CHECKPOINT_STATE_FILE).write_text(info.model_dump_json(indent=1) + "\n")
 
 
 def checkpoint_geometry(resume: Path | None) -> tuple[int, int] | None:
@@ -70,10 +87,10 @@ def checkpoint_geometry(resume: Path | None) -> tuple[int, int] | None:
     if path is None or not path.is_file():
         return None
     try:
-        state = json.loads(path.read_text())
-        return int(state["micro_batch_size"]), int(state["gradient_accumulation_steps"])
-    except (ValueError, KeyError, TypeError):
+        state = CheckpointState.model_validate_json(path.read_text())
+    except ValidationError:
         return None
+    return state.micro_batch_size, state.gradient_accumulation_steps
 
 
 def checkpoint_step(checkpoint: Path | None) -> int:
@@ -87,7 +104,7 @@ def checkpoint_step(checkpoint: Path | None) -> int:
 
 
 def write_final_artifact(trainer, tokenizer, output_dir: Path, *, summary: dict[str, Any],
-                         progress: list[dict[str, Any]], title: str,
+                         progress: list[Progress], title: str,
                          merge: Callable[[Path, Path], None] | None = None) -> Path:
     """output_dir/final, atomically; `merge(adapter_dir, out_dir)` also writes a merged model."""
     final = output_dir / FINAL_DIR
@@ -116,7 +133,6 @@ def merged_writer(base_model: str, tokenizer, device_map: dict[str, str] | None 
 
     def merge(adapter_dir: Path, out: Path) -> None:
         from peft import PeftModel
-
         from whetstone.modelkit.loading import load_model
 
         from .modeling import compute_dtype
@@ -156,7 +172,7 @@ def mean_train_loss(trainer, train_output) -> float | None:
     return train_output.training_loss if train_output else None
 
 
-def _save_loss_curve(progress: list[dict[str, Any]], path: Path, title: str) -> None:
+def _save_loss_curve(progress: list[Progress], path: Path, title: str) -> None:
     from .metrics import render_loss_curve
 
     try:

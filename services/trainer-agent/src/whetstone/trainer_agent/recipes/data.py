@@ -225,7 +225,6 @@ class Example:
 def tokenize_chat_rows(tokenizer, rows, max_seq_len: int, name: str) -> list[Example]:
     """Platform-masked examples; rows whose trained tokens are all truncated away are dropped."""
     from jinja2 import TemplateError
-
     from whetstone.modelkit.chat import ChatFormatError, tokenize_chat
 
     examples, dropped = [], []

@@ -7,11 +7,15 @@
 
 from __future__ import annotations
 
+from whetstone.contracts.enums import ErrorClass
+
+from ..domain.recipe_io import Failed
+
 
 class RecipeError(Exception):
     """A failure reported to the parent as a `failed` event."""
 
-    error_class = "platform"
+    error_class = ErrorClass.PLATFORM
     default_code = "training_failed"
 
     def __init__(self, message: str, *, code: str | None = None, advice: list[str] | None = None) -> None:
@@ -19,31 +23,28 @@ class RecipeError(Exception):
         self.code = code or self.default_code
         self.advice = list(advice or [])
 
-    def event_fields(self) -> dict:
-        fields = {"error_class": self.error_class, "code": self.code, "message": str(self)}
-        if self.advice:
-            fields["advice"] = self.advice
-        return fields
+    def event(self) -> Failed:
+        return Failed(error_class=self.error_class, code=self.code, message=str(self), advice=self.advice)
 
 
 class UserError(RecipeError):
     """The user's data or hyperparameters are at fault (not retried by the platform)."""
 
-    error_class = "user"
+    error_class = ErrorClass.USER
     default_code = "invalid_input"
 
 
 class PlatformError(RecipeError):
     """The platform is at fault (bad config from the agent, missing files, crashes)."""
 
-    error_class = "platform"
+    error_class = ErrorClass.PLATFORM
     default_code = "platform_error"
 
 
 class AmbiguousError(RecipeError):
     """Neither side is clearly at fault (billing policy decides)."""
 
-    error_class = "ambiguous"
+    error_class = ErrorClass.AMBIGUOUS
     default_code = "ambiguous_failure"
 
 

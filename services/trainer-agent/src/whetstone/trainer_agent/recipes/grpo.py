@@ -29,28 +29,27 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from pydantic import ValidationError
-from whetstone.contracts import TOLERANT, ReinforcementSpec
 from whetstone.graders import GraderEnvironment, GraderSettings, parse_grader
 
+from ..domain.recipe_io import Outcome, Validation
 from .errors import PlatformError
 from .faults import Faults
 from .hyperparams import Hyperparameters
 from .modeling import lora_config
 from .protocol import EventStream, PreemptionFlag
-from .rewards import GraderReward, PromptRow, check_rft_rows, mean_reward, prompt_rows, sub_rewards_callback
+from .rewards import (
+    GraderReward,
+    PromptRow,
+    check_rft_rows,
+    mean_reward,
+    prompt_rows,
+    sub_rewards_callback,
+)
 from .session import TrainingSession
 from .spec import RecipeConfig
 from .trainers import TimedSaveMixin, training_arguments
 
 METHODS = ("reinforcement",)
-
-
-class RecipeReinforcement(ReinforcementSpec):
-    """The recipe config's `reinforcement` object: the job's resolved spec, and `reward_sign` (-1
-    trains against the grader: tests and benches that plant a candidate whose reward was wrong)."""
-
-    reward_sign: float = 1.0
 
 
 class GRPORecipe:
@@ -62,11 +61,7 @@ class GRPORecipe:
             raise PlatformError("method reinforcement needs the job's `reinforcement` object in the recipe config",
                                 code="bad_recipe_config")
         self.session = TrainingSession(cfg, events, preemption, faults, packing=False)
-        try:
-            self.plan = RecipeReinforcement.model_validate(cfg.reinforcement, context=TOLERANT)
-        except ValidationError as exc:
-            raise PlatformError(f"the recipe config's `reinforcement` object is invalid: {exc.errors()[0]['msg']}",
-                                code="bad_recipe_config") from exc
+        self.plan = cfg.reinforcement
         self.grader = parse_grader(self.plan.grader)
         self.reward = GraderReward(self.grader, GraderEnvironment(GraderSettings()), reward_sign=self.plan.reward_sign)
         self.prompts: list[PromptRow] = []
@@ -124,21 +119,21 @@ class GRPORecipe:
                                 peft_config=lora_config(model, hp), callbacks=callbacks)
         session.install(trainer)
 
-    def _validate(self, model) -> dict[str, float]:
+    def _validate(self, model: Any) -> Validation:
         return mean_reward(model, self.session.tokenizer, self.validation_prompts, self.reward,
                            max_new_tokens=self.plan.max_completion_tokens, samples=self.plan.eval_samples,
                            seed=self.session.hp.seed)
 
     # ------------------------------------------------------------------ train (session.train)
 
-    def validation_metrics(self) -> dict[str, Any]:
-        return self._validate(self.session.trainer.model) if self.validation_prompts else {}
+    def validation(self) -> Validation | None:
+        return self._validate(self.session.trainer.model) if self.validation_prompts else None
 
-    def outcome_metrics(self) -> dict[str, Any]:
+    def outcome(self) -> Outcome:
         """What this method adds to the `completed` event: the rewards of the run's logged steps."""
-        rewards = [e["reward"] for e in self.session.run.progress if e.get("reward") is not None]
-        return {"reward_first": rewards[0] if rewards else None, "reward_last": rewards[-1] if rewards else None,
-                "generations": self.plan.generations}
+        rewards = [p.reward for p in self.session.run.progress if p.reward is not None]
+        return Outcome(reward_first=rewards[0] if rewards else None, reward_last=rewards[-1] if rewards else None,
+                       generations=self.plan.generations)
 
     # ------------------------------------------------------------------ save_checkpoint
 

@@ -20,15 +20,17 @@ from collections.abc import Callable
 from dataclasses import dataclass, field, fields, replace
 from typing import Any
 
+from whetstone.contracts.enums import Method
+
 from .errors import UserError
 
 log = logging.getLogger("whetstone.trainer_agent.recipes")
 
-METHODS = ("lora", "qlora", "full", "dpo", "orpo", "cpt", "reinforcement")
-ADAPTER_METHODS = frozenset({"lora", "qlora", "dpo", "orpo", "reinforcement"})  # train a LoRA adapter on a frozen base
-PREFERENCE_METHODS = frozenset({"dpo", "orpo"})
-LEARNING_RATE_BY_METHOD = {"lora": 2e-4, "qlora": 2e-4, "full": 2e-5, "cpt": 2e-5, "dpo": 5e-6, "orpo": 8e-6,
-                           "reinforcement": 1e-5}
+# train a LoRA adapter on a frozen base
+ADAPTER_METHODS = frozenset({Method.LORA, Method.QLORA, Method.DPO, Method.ORPO, Method.REINFORCEMENT})
+PREFERENCE_METHODS = frozenset({Method.DPO, Method.ORPO})
+LEARNING_RATE_BY_METHOD = {Method.LORA: 2e-4, Method.QLORA: 2e-4, Method.FULL: 2e-5, Method.CPT: 2e-5,
+                           Method.DPO: 5e-6, Method.ORPO: 8e-6, Method.REINFORCEMENT: 1e-5}
 RANK_BY_SIZE = ((1e9, 8), (10e9, 16), (40e9, 32))  # (params below, rank); larger models: 64
 AUTO = "auto"
 

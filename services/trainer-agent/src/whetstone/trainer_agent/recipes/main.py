@@ -32,8 +32,18 @@ import os
 import sys
 import time
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Protocol
 
+from whetstone.contracts.enums import ErrorClass, Method
+
+from ..domain.recipe_io import (
+    Completed,
+    Failed,
+    OomRetry,
+    Outcome,
+    Preempted,
+    Validation,
+)
 from .checkpointing import checkpoint_step
 from .errors import AmbiguousError, RecipeError, is_out_of_memory
 from .hyperparams import PREFERENCE_METHODS, Hyperparameters, halved_batch
@@ -53,14 +63,14 @@ class Recipe(Protocol):
     def setup(self) -> None: ...
     def rebuild(self, hp: Hyperparameters) -> None: ...
     def save_checkpoint(self) -> Path: ...
-    def validation_metrics(self) -> dict[str, Any]: ...
-    def outcome_metrics(self) -> dict[str, Any]: ...
+    def validation(self) -> Validation | None: ...
+    def outcome(self) -> Outcome: ...
 
 
 def recipe_for(cfg: RecipeConfig, events: EventStream, preemption: PreemptionFlag) -> Recipe:
     from .faults import Faults
 
-    if cfg.method == "reinforcement":
+    if cfg.method == Method.REINFORCEMENT:
         from .grpo import GRPORecipe
 
         return GRPORecipe(cfg, events, preemption, Faults.from_env())
@@ -91,19 +101,18 @@ def run(cfg: RecipeConfig, events: EventStream, preemption: PreemptionFlag, star
         recipe.setup()
         if preemption.requested:  # SIGTERM during setup: nothing new to checkpoint
             step = checkpoint_step(cfg.resume_from)
-            events.emit("preempted", step=step, checkpoint=str(cfg.resume_from) if cfg.resume_from else None)
+            events.emit(Preempted(step=step, checkpoint=cfg.resume_from))
             return 0
         train_started = time.perf_counter()
         oom_retries = _train_with_oom_retries(recipe, events)
         train_seconds = time.perf_counter() - train_started
         state = session.trainer.state
         if session.run.emergency_checkpoint is not None:
-            events.emit("preempted", step=state.global_step, checkpoint=str(session.run.emergency_checkpoint),
-                        sigterm_to_checkpoint_s=_since(preemption.received_at))
+            events.emit(Preempted(step=state.global_step, checkpoint=session.run.emergency_checkpoint,
+                                  sigterm_to_checkpoint_s=_since(preemption.received_at)))
             return 0
         recipe.save_checkpoint()
-        events.emit(
-            "completed",
+        events.emit(Completed(
             step=state.global_step,
             train_loss=session.train_loss(),
             tokens=state.num_input_tokens_seen,
@@ -114,9 +123,9 @@ def run(cfg: RecipeConfig, events: EventStream, preemption: PreemptionFlag, star
             micro_batch_size=int(session.hp.batch_size),
             gradient_accumulation_steps=session.hp.gradient_accumulation_steps,
             oom_retries=oom_retries,
-            **recipe.outcome_metrics(),
-            **recipe.validation_metrics(),
-        )
+            outcome=recipe.outcome(),
+            validation=recipe.validation(),
+        ))
         return 0
     finally:
         session.cleanup()
@@ -148,9 +157,9 @@ def _train_with_oom_retries(recipe: Recipe, events: EventStream) -> int:
             resume = session.run.last_checkpoint or session.cfg.resume_from
             log.warning("out of memory (%s); retry %d with micro-batch %d x accumulation %d from %s",
                         exc, retries, smaller.batch_size, smaller.gradient_accumulation_steps, resume or "the start")
-            events.emit("oom_retry", attempt=retries, micro_batch_size=smaller.batch_size,
-                        gradient_accumulation_steps=smaller.gradient_accumulation_steps,
-                        resume_step=checkpoint_step(resume), message=str(exc)[:500])
+            events.emit(OomRetry(attempt=retries, micro_batch_size=int(smaller.batch_size),
+                                 gradient_accumulation_steps=smaller.gradient_accumulation_steps,
+                                 resume_step=checkpoint_step(resume), message=str(exc)[:500]))
             recipe.rebuild(smaller)
 
 
@@ -171,13 +180,14 @@ def execute(config_path: Path, events: EventStream, preemption: PreemptionFlag, 
         return run(cfg, events, preemption, started)
     except RecipeError as exc:
         log.error("%s error: %s", exc.error_class, exc)
-        events.emit("failed", **exc.event_fields())
+        events.emit(exc.event())
     except Exception as exc:  # noqa: BLE001 - anything unexpected is the platform's fault
         if is_out_of_memory(exc):
-            events.emit("failed", error_class="ambiguous", code="out_of_memory", message=f"{type(exc).__name__}: {exc}")
+            events.emit(Failed(error_class=ErrorClass.AMBIGUOUS, code="out_of_memory",
+                               message=f"{type(exc).__name__}: {exc}"))
         else:
             log.exception("recipe crashed")
-            events.emit("failed", error_class="platform", code="recipe_crashed", message=f"{type(exc).__name__}: {exc}")
+            events.emit(Failed(code="recipe_crashed", message=f"{type(exc).__name__}: {exc}"))
     return 1
 
 

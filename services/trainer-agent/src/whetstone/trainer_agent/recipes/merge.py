@@ -3,9 +3,7 @@ process like the training recipes (same event protocol on stdout, same SIGTERM f
 
     python -m whetstone.trainer_agent.recipes.merge --config CONFIG.json
 
-CONFIG (written by the agent, see `trainer_agent/merges.py`): job_id, base_model (the local
-directory the agent resolved and checked against the job's pinned sha256), adapter_dir (the
-adapter the agent downloaded and verified against its manifest), output_dir.
+CONFIG: `domain/recipe_io.MergeConfig`, written by the agent (`trainer_agent/usecases/merges.py`).
 
 setup (adapter safetensors only) -> merge (`merge_and_unload` onto the base, the trainer's
 `merged_writer`) -> check the output (safetensors and text files only, never a pickle) -> events
@@ -16,13 +14,24 @@ written: `preempted` (the merge restarts from the beginning). A failure: one `fa
 from __future__ import annotations
 
 import argparse
-import json
 import logging
 import os
 import sys
 import time
 from pathlib import Path
 
+from pydantic import BaseModel, ConfigDict, ValidationError
+from whetstone.contracts import TOLERANT
+from whetstone.contracts.enums import ErrorClass
+
+from ..domain.recipe_io import (
+    Completed,
+    Failed,
+    MergeConfig,
+    Merged,
+    Preempted,
+    Started,
+)
 from .errors import PlatformError, RecipeError, UserError, is_out_of_memory
 from .protocol import EventStream, PreemptionFlag
 
@@ -34,15 +43,21 @@ TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model")
 SAFE_SUFFIXES = (".safetensors", ".json", ".jinja", ".txt", ".model", ".md")
 
 
-def load_config(path: Path) -> dict[str, str]:
+def load_config(path: Path) -> MergeConfig:
     try:
-        raw = json.loads(Path(path).read_text(encoding="utf-8"))
-    except (OSError, ValueError) as exc:
+        return MergeConfig.model_validate_json(Path(path).read_text(encoding="utf-8"), context=TOLERANT)
+    except OSError as exc:
         raise PlatformError(f"cannot read merge config {path}: {exc}", code="bad_recipe_config") from exc
-    missing = [k for k in ("job_id", "base_model", "adapter_dir", "output_dir") if not raw.get(k)]
-    if missing:
-        raise PlatformError(f"merge config {path} is missing: {', '.join(missing)}", code="bad_recipe_config")
-    return raw
+    except ValidationError as exc:
+        where = ", ".join(".".join(map(str, e["loc"])) for e in exc.errors())
+        raise PlatformError(f"merge config {path}: bad or missing {where}", code="bad_recipe_config") from exc
+
+
+class AdapterConfig(BaseModel):
+    """What the merge reads of PEFT's adapter_config.json."""
+
+    model_config = ConfigDict(extra="ignore")
+    peft_type: str | None = None
 
 
 def check_adapter(adapter_dir: Path) -> None:
@@ -52,11 +67,11 @@ def check_adapter(adapter_dir: Path) -> None:
         raise UserError(f"the model's artifact has no {' or '.join(missing)}: only a safetensors LoRA adapter "
                         "can be merged", code="no_safetensors_adapter")
     try:
-        config = json.loads((adapter_dir / "adapter_config.json").read_text())
-    except ValueError as exc:
+        config = AdapterConfig.model_validate_json((adapter_dir / "adapter_config.json").read_text())
+    except ValidationError as exc:
         raise PlatformError(f"adapter_config.json is not JSON: {exc}", code="adapter_corrupted") from exc
-    if config.get("peft_type") != "LORA":
-        raise UserError(f"only LoRA adapters can be merged, not peft_type {config.get('peft_type')!r}",
+    if config.peft_type != "LORA":
+        raise UserError(f"only LoRA adapters can be merged, not peft_type {config.peft_type!r}",
                         code="unsupported_adapter")
 
 
@@ -72,28 +87,28 @@ def check_output(out: Path) -> list[str]:
     return files
 
 
-def run(cfg: dict[str, str], events: EventStream, preemption: PreemptionFlag) -> int:
+def run(cfg: MergeConfig, events: EventStream, preemption: PreemptionFlag) -> int:
     from transformers import AutoTokenizer
 
     from .checkpointing import merged_writer
     from .modeling import _device
 
-    adapter_dir, out = Path(cfg["adapter_dir"]), Path(cfg["output_dir"])
-    events.emit("started", total_steps=1)
+    adapter_dir, out = cfg.adapter_dir, cfg.output_dir
+    events.emit(Started(total_steps=1))
     check_adapter(adapter_dir)
     # the tokenizer the adapter was trained with (its chat template), else the base's
     has_tokenizer = any((adapter_dir / name).is_file() for name in TOKENIZER_FILES)
-    tokenizer = AutoTokenizer.from_pretrained(str(adapter_dir) if has_tokenizer else cfg["base_model"])
+    tokenizer = AutoTokenizer.from_pretrained(str(adapter_dir) if has_tokenizer else cfg.base_model)
     if preemption.requested:
-        events.emit("preempted", step=0, checkpoint=None)
+        events.emit(Preempted(step=0))
         return 0
     began = time.perf_counter()
     device = _device()   # the merge job's own device (a GPU node: the one GPU it was placed on)
-    merged_writer(cfg["base_model"], tokenizer, {"": device} if device != "cpu" else None)(adapter_dir, out)
+    merged_writer(cfg.base_model, tokenizer, {"": device} if device != "cpu" else None)(adapter_dir, out)
     files = check_output(out)
     merge_s = round(time.perf_counter() - began, 3)
-    events.emit("merged", path=str(out), files=len(files), merge_s=merge_s)
-    events.emit("completed", step=1, merge_s=merge_s)
+    events.emit(Merged(path=out, files=len(files), merge_s=merge_s))
+    events.emit(Completed(step=1, merge_s=merge_s))
     return 0
 
 
@@ -101,18 +116,19 @@ def execute(config_path: Path, events: EventStream, preemption: PreemptionFlag) 
     """Every failure becomes ONE `failed` event; returns the exit status."""
     try:
         cfg = load_config(config_path)
-        events.job_id = cfg["job_id"]
+        events.job_id = cfg.job_id
         return run(cfg, events, preemption)
     except RecipeError as exc:
         log.error("%s error: %s", exc.error_class, exc)
-        events.emit("failed", **exc.event_fields())
+        events.emit(exc.event())
     except Exception as exc:
         if is_out_of_memory(exc):
-            events.emit("failed", error_class="ambiguous", code="out_of_memory", message=f"{type(exc).__name__}: {exc}",
-                        advice=["request a device with more memory for the merge"])
+            events.emit(Failed(error_class=ErrorClass.AMBIGUOUS, code="out_of_memory",
+                               message=f"{type(exc).__name__}: {exc}",
+                               advice=["request a device with more memory for the merge"]))
         else:
             log.exception("merge crashed")
-            events.emit("failed", error_class="platform", code="merge_crashed", message=f"{type(exc).__name__}: {exc}")
+            events.emit(Failed(code="merge_crashed", message=f"{type(exc).__name__}: {exc}"))
     return 1
 
 

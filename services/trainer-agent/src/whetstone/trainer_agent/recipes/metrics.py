@@ -1,27 +1,21 @@
-"""Training metrics: per-step progress (throughput), peak memory, GPU utilization, the loss curve as a PNG.
-
-    python -m whetstone.trainer_agent.recipes.metrics EVENTS.jsonl OUT.png
-
-renders the loss curve of a job from its recipe events (or job.progress payloads).
-"""
+"""Training metrics: per-step progress (throughput), peak memory, GPU utilization, the loss curve as a PNG."""
 
 from __future__ import annotations
 
-import argparse
-import json
 import resource
-import sys
 import time
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
+from ..domain.recipe_io import Progress
 from ..domain.telemetry import mfu
 
-
-LOGGED_EXTRAS = ("mean_token_accuracy", "rewards/accuracies", "rewards/margins", "nll_loss", "reward", "reward_std",
-                 "grader_errors")
-LOGGED_PREFIXES = ("sub_reward/",)   # reinforcement: a multi grader's sub-rewards by name
+# what methods log besides the loss, and the Progress field each becomes
+LOGGED_EXTRAS = {"mean_token_accuracy": "mean_token_accuracy", "rewards/accuracies": "rewards_accuracies",
+                 "rewards/margins": "rewards_margins", "nll_loss": "nll_loss", "reward": "reward",
+                 "reward_std": "reward_std", "grader_errors": "grader_errors"}
+SUB_REWARD = "sub_reward/"   # reinforcement: a multi grader's sub-rewards, by name
 
 
 class ProgressMeter:
@@ -40,38 +34,32 @@ class ProgressMeter:
             self.params = sum(getattr(p, "ds_numel", None) or p.numel() for p in model.parameters())
         self.gpu_type = cuda_device_name()
 
-    def measure(self, args, state, logs: Mapping[str, Any]) -> dict[str, Any]:
+    def measure(self, args: Any, state: Any, logs: Mapping[str, Any]) -> Progress:
         now, tokens, step = time.perf_counter(), state.num_input_tokens_seen, state.global_step
         last_time, last_tokens, last_step = self._last
         elapsed = max(now - last_time, 1e-9)
         samples = (step - last_step) * args.per_device_train_batch_size * args.gradient_accumulation_steps
         samples *= max(args.world_size, 1)
         self._last = (now, tokens, step)
-        progress = {
-            "step": step,
-            "total_steps": state.max_steps,
-            "epoch": round(state.epoch or 0.0, 4),
-            "loss": logs["loss"],
-            "grad_norm": logs.get("grad_norm"),
-            "learning_rate": logs.get("learning_rate"),
-            "tokens_per_s": round((tokens - last_tokens) / elapsed, 1),
-            "step_time_s": round(elapsed / (step - last_step), 4) if step > last_step else None,
-            "samples_per_s": round(samples / elapsed, 2),
-            "tokens_seen": tokens,
-            "peak_memory_mb": peak_memory_mb(),
-        }
-        for key in LOGGED_EXTRAS:
-            if key in logs:
-                progress[key.replace("/", "_")] = logs[key]
-        for key in logs:
-            if key.startswith(LOGGED_PREFIXES):
-                progress[key] = logs[key]
-        # tokens seen are summed over the processes: the peak is that of all the job's GPUs
-        progress["mfu"] = mfu(self.params, progress["tokens_per_s"], self.gpu_type, max(args.world_size, 1))
-        utilization = gpu_utilization()
-        if utilization is not None:
-            progress["gpu_utilization"] = utilization
-        return progress
+        tokens_per_s = round((tokens - last_tokens) / elapsed, 1)
+        return Progress(
+            step=step,
+            total_steps=state.max_steps,
+            epoch=round(state.epoch or 0.0, 4),
+            loss=logs["loss"],   # the trainer's log of an optimizer step (the caller checked it has one)
+            grad_norm=logs.get("grad_norm"),
+            learning_rate=logs.get("learning_rate"),
+            tokens_per_s=tokens_per_s,
+            step_time_s=round(elapsed / (step - last_step), 4) if step > last_step else None,
+            samples_per_s=round(samples / elapsed, 2),
+            tokens_seen=tokens,
+            peak_memory_mb=peak_memory_mb(),
+            # tokens seen are summed over the processes: the peak is that of all the job's GPUs
+            mfu=mfu(self.params, tokens_per_s, self.gpu_type, max(args.world_size, 1)),
+            gpu_utilization=gpu_utilization(),
+            sub_rewards={k.removeprefix(SUB_REWARD): float(v) for k, v in logs.items() if k.startswith(SUB_REWARD)},
+            **{field: logs[key] for key, field in LOGGED_EXTRAS.items() if key in logs},
+        )
 
 
 def peak_memory_mb() -> float:
@@ -106,21 +94,19 @@ def gpu_utilization() -> float | None:
         return None
 
 
-def loss_points(events: Iterable[Mapping[str, Any]]) -> tuple[list[tuple[int, float]], list[tuple[int, float]]]:
+def loss_points(progress: Iterable[Progress]) -> tuple[list[tuple[int, float]], list[tuple[int, float]]]:
     """(step, train loss) and (step, validation loss) points, last value per step wins (resumes)."""
     train: dict[int, float] = {}
     validation: dict[int, float] = {}
-    for event in events:
-        if event.get("event", "progress") != "progress" or event.get("step") is None:
-            continue
-        if event.get("loss") is not None:
-            train[int(event["step"])] = float(event["loss"])
-        if event.get("validation_loss") is not None:
-            validation[int(event["step"])] = float(event["validation_loss"])
+    for p in progress:
+        if p.loss is not None:
+            train[p.step] = p.loss
+        if p.validation is not None and p.validation.loss is not None:
+            validation[p.step] = p.validation.loss
     return sorted(train.items()), sorted(validation.items())
 
 
-def render_loss_curve(events: Iterable[Mapping[str, Any]], path: Path, title: str = "loss") -> Path:
+def render_loss_curve(progress: Iterable[Progress], path: Path, title: str = "loss") -> Path:
     """Write the loss curve (train per step, validation at checkpoints) to a PNG file."""
     try:
         import matplotlib
@@ -129,7 +115,7 @@ def render_loss_curve(events: Iterable[Mapping[str, Any]], path: Path, title: st
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    train, validation = loss_points(events)
+    train, validation = loss_points(progress)
     if not train:
         raise ValueError("no progress events with a loss to plot")
     fig, ax = plt.subplots(figsize=(8, 4.5), dpi=100)
@@ -149,17 +135,3 @@ def render_loss_curve(events: Iterable[Mapping[str, Any]], path: Path, title: st
     finally:
         plt.close(fig)
     return path
-
-
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m whetstone.trainer_agent.recipes.metrics")
-    parser.add_argument("events", type=Path, help="JSON lines: recipe events or job.progress payloads")
-    parser.add_argument("out", type=Path, help="PNG to write")
-    args = parser.parse_args(argv)
-    events = [json.loads(line) for line in args.events.read_text().splitlines() if line.strip()]
-    print(render_loss_curve(events, args.out, title=args.events.stem), file=sys.stderr)
-    return 0
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())

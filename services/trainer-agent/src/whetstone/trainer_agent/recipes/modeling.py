@@ -45,7 +45,6 @@ def load_base_tokenizer(ref: str):
 
 def load_base_config(ref: str):
     from transformers import AutoConfig
-
     from whetstone.modelkit.loading import check_local_model_dir, is_local_ref
 
     with _base_model_errors():

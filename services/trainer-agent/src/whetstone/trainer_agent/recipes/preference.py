@@ -13,6 +13,9 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from whetstone.contracts.enums import Method
+
+from ..domain.recipe_io import Outcome, Validation
 from .faults import Faults
 from .hyperparams import Hyperparameters
 from .modeling import lora_config
@@ -49,7 +52,7 @@ class PreferenceRecipe:
         train_rows, validation_rows = session.read_inputs()
         self.train_pairs = [pair for _, pair in train_rows]
         self.validation_pairs = [pair for _, pair in validation_rows or []]
-        if cfg.method == "dpo":
+        if cfg.method == Method.DPO:
             self.ref_log_probs = read_ref_log_probs(cfg.resume_from, cfg.data_fingerprint())
         self._build_trainer(session.load_model([]))
 
@@ -72,7 +75,7 @@ class PreferenceRecipe:
                                            examples_per_epoch=len(self.train_pairs)),
         }
         args = training_arguments(hp, output_dir=cfg.output_dir, deepspeed=cfg.deepspeed)
-        session.install(self._dpo_trainer(args, common) if cfg.method == "dpo" else self._orpo_trainer(args, common))
+        session.install(self._dpo_trainer(args, common) if cfg.method == Method.DPO else self._orpo_trainer(args, common))
 
     def _dpo_trainer(self, args: dict[str, Any], common: dict[str, Any]):
         from trl import DPOConfig
@@ -93,17 +96,17 @@ class PreferenceRecipe:
         hp = self.session.hp
         return orpo_trainer_class()(args=ORPOConfig(**args, beta=hp.beta, max_length=hp.max_seq_len), **common)
 
-    def _validate(self, model) -> dict[str, float]:
+    def _validate(self, model: Any) -> Validation:
         return preference_loss(self.session.trainer, model)
 
     # ------------------------------------------------------------------ train (session.train)
 
-    def validation_metrics(self) -> dict[str, Any]:
-        return self._validate(self.session.trainer.model) if self.validation_pairs else {}
+    def validation(self) -> Validation | None:
+        return self._validate(self.session.trainer.model) if self.validation_pairs else None
 
-    def outcome_metrics(self) -> dict[str, Any]:
+    def outcome(self) -> Outcome:
         """What this method adds to the `completed` event."""
-        return {"ref_log_probs_s": round(getattr(self.session.trainer, "ref_log_probs_seconds", 0.0), 3)}
+        return Outcome(ref_log_probs_s=round(getattr(self.session.trainer, "ref_log_probs_seconds", 0.0), 3))
 
     # ------------------------------------------------------------------ save_checkpoint
 

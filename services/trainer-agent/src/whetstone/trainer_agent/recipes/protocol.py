@@ -8,14 +8,15 @@
 
 from __future__ import annotations
 
-import json
 import logging
-import math
 import os
 import signal
 import sys
 import time
-from typing import Any, TextIO
+from types import FrameType
+from typing import TextIO
+
+from ..domain.recipe_io import ChildEvent
 
 log = logging.getLogger("whetstone.trainer_agent.recipes")
 
@@ -34,28 +35,13 @@ class EventStream:
         os.dup2(2, 1)  # every later write to fd 1 (print, tqdm, C code) lands on stderr
         return cls(os.fdopen(events_fd, "w", buffering=1, encoding="utf-8"))
 
-    def emit(self, event: str, **fields: Any) -> None:
-        payload = {"event": event, **{k: _json_safe(v) for k, v in fields.items()}}
-        if self.job_id is not None:
-            payload.setdefault("job_id", self.job_id)
-        payload["time"] = round(time.time(), 3)
-        try:
-            self._stream.write(json.dumps(payload, allow_nan=False) + "\n")
+    def emit(self, event: ChildEvent) -> None:
+        stamped = event.model_copy(update={"job_id": event.job_id or self.job_id, "time": round(time.time(), 3)})
+        try:  # non-finite floats are written as null: every line is strict JSON
+            self._stream.write(stamped.model_dump_json(exclude_none=True) + "\n")
             self._stream.flush()
         except BrokenPipeError:  # parent went away; keep training, logs still go to stderr
-            log.warning("event stream closed; dropped event %s", event)
-
-
-def _json_safe(value: Any) -> Any:
-    if isinstance(value, float) and not math.isfinite(value):
-        return None
-    if isinstance(value, (list, tuple)):
-        return [_json_safe(v) for v in value]
-    if isinstance(value, dict):
-        return {k: _json_safe(v) for k, v in value.items()}
-    if hasattr(value, "item"):  # 0-d tensors / numpy scalars
-        return _json_safe(value.item())
-    return value
+            log.warning("event stream closed; dropped event %s", event.event)
 
 
 class PreemptionFlag:
@@ -69,7 +55,7 @@ class PreemptionFlag:
         signal.signal(signal.SIGTERM, self._on_sigterm)
         return self
 
-    def _on_sigterm(self, signum, frame) -> None:  # noqa: ARG002
+    def _on_sigterm(self, signum: int, frame: FrameType | None) -> None:  # noqa: ARG002
         if not self.requested:
             self.requested, self.received_at = True, time.time()
             log.warning("SIGTERM received: stopping after the current optimizer step")

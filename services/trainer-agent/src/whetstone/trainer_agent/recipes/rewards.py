@@ -30,6 +30,7 @@ from pydantic import ValidationError
 from whetstone.graders import AnyGrader, GraderEnvironment, RunResult, run_grader
 from whetstone.graders.rft import RftRecord, RowMessage, check_rows
 
+from ..domain.recipe_io import Validation
 from .errors import UserError
 
 
@@ -135,7 +136,7 @@ def sub_rewards_callback(reward: GraderReward):
 
 
 def mean_reward(model, tokenizer, rows: list[PromptRow], reward: GraderReward, *, max_new_tokens: int,
-                samples: int = 1, seed: int = 0) -> dict[str, float]:
+                samples: int = 1, seed: int = 0) -> Validation:
     """Mean and spread of the grader's reward (sign applied) over completions of `rows` (prompt_rows);
     one greedy completion per prompt, or `samples` sampled ones."""
     import torch
@@ -161,5 +162,5 @@ def mean_reward(model, tokenizer, rows: list[PromptRow], reward: GraderReward, *
     finally:
         model.train(was_training)
     mean = statistics.fmean(rewards) if rewards else math.nan
-    return {"validation_reward": mean, "validation_reward_std": statistics.pstdev(rewards) if rewards else math.nan,
-            "validation_samples": len(rewards)}
+    return Validation(reward=mean, reward_std=statistics.pstdev(rewards) if rewards else math.nan,
+                      samples=len(rewards))

@@ -11,8 +11,12 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from whetstone.contracts.enums import CheckpointKind
+
+from ..domain.recipe_io import Checkpoint
 from .callbacks import RunState, TrainingMonitor, platform_callback
 from .checkpointing import (
+    CheckpointState,
     checkpoint_geometry,
     checkpoint_state,
     mean_train_loss,
@@ -95,7 +99,7 @@ class TrainingSession:
         """The platform's monitor (progress, cadence, SIGTERM, divergence) as trainer callbacks."""
         cfg, hp = self.cfg, self.hp
 
-        def describe(state, kind: str) -> dict[str, Any]:
+        def describe(state: Any, kind: str) -> CheckpointState:
             return checkpoint_state(state, kind=kind, method=cfg.method, hp=hp,
                                     examples_per_epoch=examples_per_epoch, train_file=cfg.train_file.name)
 
@@ -128,7 +132,7 @@ class TrainingSession:
         final = write_final_artifact(self.trainer, self.tokenizer, cfg.output_dir, summary=summary,
                                      progress=self.run.progress, title=f"{cfg.job_id} ({cfg.method})",
                                      merge=merged_writer(cfg.base_model, self.tokenizer) if merge else None)
-        self.events.emit("checkpoint", kind="final", step=self.trainer.state.global_step, path=str(final))
+        self.events.emit(Checkpoint(kind=CheckpointKind.FINAL, step=self.trainer.state.global_step, path=final))
         return final
 
     # ------------------------------------------------------------------ cleanup

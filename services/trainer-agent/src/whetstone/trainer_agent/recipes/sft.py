@@ -18,6 +18,9 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from whetstone.contracts.enums import Method
+
+from ..domain.recipe_io import Outcome, Validation
 from .data import (
     PaddedCollator,
     PaddingFreeCollator,
@@ -66,7 +69,7 @@ class SFTRecipe:
 
     def _tokenize(self, rows, name: str) -> list[dict[str, Any]]:
         session = self.session
-        tokenize = tokenize_text_rows if session.cfg.method == "cpt" else tokenize_chat_rows
+        tokenize = tokenize_text_rows if session.cfg.method == Method.CPT else tokenize_chat_rows
         return [e.as_row() for e in tokenize(session.tokenizer, rows, session.hp.max_seq_len, name)]
 
     def _build_trainer(self, model) -> None:
@@ -94,13 +97,14 @@ class SFTRecipe:
 
     # ------------------------------------------------------------------ train (session.train)
 
-    def validation_metrics(self) -> dict[str, Any]:
+    def validation(self) -> Validation | None:
         validate = self._validator()
-        return validate(self.session.trainer.model) if validate else {}
+        return validate(self.session.trainer.model) if validate else None
 
-    def outcome_metrics(self) -> dict[str, Any]:
+    def outcome(self) -> Outcome:
         """What this method adds to the `completed` event."""
-        return {"non_padding_fraction": round(self.counter.non_padding_fraction, 6) if self.counter.computed else None}
+        return Outcome(non_padding_fraction=round(self.counter.non_padding_fraction, 6) if self.counter.computed
+                       else None)
 
     # ------------------------------------------------------------------ save_checkpoint
 

@@ -1,9 +1,6 @@
-"""The recipe's CONFIG.json, written by the trainer agent (a contract with adapters/workspace.py).
-
-Keys: job_id, base_model, train_file, output_dir (required); method (lora|qlora|full|dpo|
-orpo|cpt, default lora), hyperparameters, validation_file, resume_from, and optionally
-deepspeed (a DeepSpeed config dict or the path of one, from the agent's launcher) and
-zero_init (load the model already partitioned: ZeRO-3 models above 13B).
+"""The recipe's side of CONFIG.json (`domain/recipe_io.TrainingConfig`, written by the agent's
+adapters/workspace.py): parsed once, paths resolved, hyperparameters validated, the DeepSpeed config
+read; and the checks of the checkpoint to resume from.
 """
 
 from __future__ import annotations
@@ -14,8 +11,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from pydantic import ValidationError
+from whetstone.contracts import TOLERANT
+from whetstone.contracts.enums import Method
+
+from ..domain.recipe_io import RecipeReinforcement, TrainingConfig
 from .errors import PlatformError, UserError
-from .hyperparams import METHODS, Hyperparameters
+from .hyperparams import Hyperparameters
 from .safe_load import verify_checkpoint_pickles
 
 
@@ -26,45 +28,42 @@ class RecipeConfig:
     train_file: Path
     output_dir: Path
     hyperparameters: Hyperparameters
-    method: str = "lora"
+    method: Method = Method.LORA
     validation_file: Path | None = None
     resume_from: Path | None = None
     deepspeed: dict[str, Any] | None = None
     zero_init: bool = False
-    reinforcement: dict[str, Any] | None = None   # method reinforcement: grader and knobs (ReinforcementSpec)
+    reinforcement: RecipeReinforcement | None = None
 
     @classmethod
     def load(cls, path: Path) -> RecipeConfig:
         try:
-            raw = json.loads(Path(path).read_text(encoding="utf-8"))
-        except (OSError, json.JSONDecodeError) as exc:
+            text = Path(path).read_text(encoding="utf-8")
+        except OSError as exc:
             raise PlatformError(f"cannot read recipe config {path}: {exc}", code="bad_recipe_config") from exc
-        missing = [k for k in ("job_id", "base_model", "train_file", "output_dir") if not raw.get(k)]
-        if missing:
-            raise PlatformError(f"recipe config {path} is missing: {', '.join(missing)}", code="bad_recipe_config")
-        method = raw.get("method") or "lora"
-        if method not in METHODS:
-            raise UserError(f"unsupported method {method!r} (supported: {', '.join(METHODS)})",
-                            code="unsupported_method")
-        optional = {k: Path(raw[k]).resolve() for k in ("validation_file", "resume_from") if raw.get(k)}
+        try:
+            raw = TrainingConfig.model_validate_json(text, context=TOLERANT)
+        except ValidationError as exc:
+            raise config_error(path, exc) from exc
         cfg = cls(
-            job_id=str(raw["job_id"]),
-            base_model=str(raw["base_model"]),
-            train_file=Path(raw["train_file"]).resolve(),
-            output_dir=Path(raw["output_dir"]).resolve(),
-            hyperparameters=Hyperparameters.parse(raw.get("hyperparameters") or {}),
-            method=method,
-            deepspeed=_deepspeed_config(raw.get("deepspeed")),
-            zero_init=bool(raw.get("zero_init")),
-            reinforcement=raw.get("reinforcement"),
-            **optional,
+            job_id=raw.job_id,
+            base_model=raw.base_model,
+            train_file=raw.train_file.resolve(),
+            output_dir=raw.output_dir.resolve(),
+            hyperparameters=Hyperparameters.parse(raw.hyperparameters),
+            method=raw.method,
+            validation_file=raw.validation_file.resolve() if raw.validation_file else None,
+            resume_from=raw.resume_from.resolve() if raw.resume_from else None,
+            deepspeed=_deepspeed_config(raw.deepspeed),
+            zero_init=raw.zero_init,
+            reinforcement=raw.reinforcement,
         )
         cfg.check_distributed()
         return cfg
 
     def check_distributed(self) -> None:
         stage = (self.deepspeed or {}).get("zero_optimization", {}).get("stage")
-        if self.method == "qlora" and stage == 3:
+        if self.method == Method.QLORA and stage == 3:
             raise UserError("QLoRA cannot run with DeepSpeed ZeRO-3 (4-bit weights cannot be sharded); "
                             "use ZeRO-1/2 or method lora", code="qlora_zero3")
 
@@ -77,13 +76,27 @@ class RecipeConfig:
         return h.hexdigest()
 
 
-def _deepspeed_config(value: Any) -> dict[str, Any] | None:
+def config_error(path: Path, exc: ValidationError) -> PlatformError | UserError:
+    """An unknown method is the user's; any other bad field the agent's (named with its value)."""
+    first = exc.errors()[0]
+    where = ".".join(map(str, first["loc"])) or "config"
+    if first["loc"][:1] == ("method",):
+        return UserError(f"unsupported method {first['input']!r} (supported: {', '.join(Method)})",
+                         code="unsupported_method")
+    missing = [".".join(map(str, e["loc"])) for e in exc.errors() if e["type"] == "missing"]
+    if missing:
+        return PlatformError(f"recipe config {path} is missing: {', '.join(missing)}", code="bad_recipe_config")
+    return PlatformError(f"recipe config {path}: {where}: {first['msg']}", code="bad_recipe_config")
+
+
+def _deepspeed_config(value: Path | dict[str, Any] | None) -> dict[str, Any] | None:
     if value is None or isinstance(value, dict):
         return value
     try:
-        return json.loads(Path(value).read_text())
-    except (OSError, TypeError, json.JSONDecodeError) as exc:
-        raise PlatformError(f"cannot read DeepSpeed config {value!r}: {exc}", code="bad_recipe_config") from exc
+        loaded: dict[str, Any] = json.loads(value.read_text())
+    except (OSError, json.JSONDecodeError) as exc:
+        raise PlatformError(f"cannot read DeepSpeed config {value}: {exc}", code="bad_recipe_config") from exc
+    return loaded
 
 
 def read_resume_state(resume: Path | None) -> dict[str, Any] | None:

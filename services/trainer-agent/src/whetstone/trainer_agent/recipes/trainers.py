@@ -14,8 +14,7 @@ from __future__ import annotations
 import json
 import logging
 import time
-from collections.abc import Callable
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 

@@ -35,6 +35,7 @@ from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from ..domain.recipe_io import Outcome, Validation
 from .data import IGNORE_INDEX, Chat, TokenCounter
 from .errors import UserError
 from .faults import Faults
@@ -179,14 +180,14 @@ class VisionSFTRecipe:
 
     # ------------------------------------------------------------------ train (session.train)
 
-    def validation_metrics(self) -> dict[str, Any]:
+    def validation(self) -> Validation | None:
         validate = self._validator()
-        return validate(self.session.trainer.model) if validate else {}
+        return validate(self.session.trainer.model) if validate else None
 
-    def outcome_metrics(self) -> dict[str, Any]:
+    def outcome(self) -> Outcome:
         """What this method adds to the `completed` event."""
-        return {"non_padding_fraction": round(self.counter.non_padding_fraction, 6) if self.counter.computed else None,
-                "images": sum(len(e.images) for e in self.examples)}
+        return Outcome(non_padding_fraction=round(self.counter.non_padding_fraction, 6) if self.counter.computed
+                       else None, images=sum(len(e.images) for e in self.examples))
 
     # ------------------------------------------------------------------ save_checkpoint
 
@@ -308,7 +309,6 @@ class ImageChatCollator:
 
     def __call__(self, features: list[ImageChatExample]) -> dict[str, Any]:
         import torch
-
         from whetstone.modelkit.vision import VisionExample, pixel_values
 
         rows = []
@@ -337,12 +337,12 @@ def vision_validator(examples: list[ImageChatExample], collator: ImageChatCollat
             batch.pop("example_lines")
             yield batch
 
-    def validate(model) -> dict[str, Any]:
+    def validate(model: Any) -> Validation:
         from whetstone.modelkit.holdout import labelled_loss_sums
 
         sums = labelled_loss_sums(model, batches())
-        return {"validation_loss": sums.loss / max(sums.tokens, 1), "validation_tokens": sums.tokens,
-                "validation_mean_token_accuracy": sums.correct / max(sums.tokens, 1)}
+        return Validation(loss=sums.loss / max(sums.tokens, 1), tokens=sums.tokens,
+                          mean_token_accuracy=sums.correct / max(sums.tokens, 1))
 
     return validate
 

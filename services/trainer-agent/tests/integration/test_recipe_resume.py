@@ -13,8 +13,8 @@ import random
 from pathlib import Path
 
 import pytest
-
-from whetstone.trainer_agent.recipes.harness import interrupted_chain
+from whetstone.devstack.recipe_harness import interrupted_chain
+from whetstone.trainer_agent.domain.recipe_io import Checkpoint
 
 pytestmark = pytest.mark.integration
 
@@ -52,16 +52,16 @@ def test_interrupted_five_times_equals_uninterrupted_bit_for_bit(tiny_base, data
     for segment in chain.segments[:-1]:
         assert segment.returncode == 0, segment.stderr[-2000:]
         assert segment.names()[-2:] == ["checkpoint", "preempted"]
-        emergency = segment.of("checkpoint")[-1]
-        assert emergency["kind"] == "emergency"
-        path = Path(emergency["path"])
+        emergency = segment.of(Checkpoint)[-1]
+        assert emergency.kind == "emergency"
+        path = Path(emergency.path)
         state = json.loads((path / "whetstone_state.json").read_text())
         assert state["kind"] == "emergency" and state["data_position"]["micro_batches_into_epoch"] % ACCUMULATION == 0
-        assert segment.last["sigterm_to_checkpoint_s"] >= 0
+        assert segment.last.sigterm_to_checkpoint_s >= 0
     # SIGTERM between micro-steps finished the optimizer step in flight first
     assert chain.emergency_steps == [-(-p // ACCUMULATION) for p in points]
-    assert chain.segments[-1].last["event"] == "completed"
-    assert chain.segments[-1].events[0]["resumed_from_step"] == chain.emergency_steps[-1]
+    assert chain.segments[-1].last.event == "completed"
+    assert chain.segments[-1].events[0].resumed_from_step == chain.emergency_steps[-1]
 
     reference = chain.reference.losses()
     assert sorted(reference) == list(range(1, 2 * STEPS_PER_EPOCH + 1))

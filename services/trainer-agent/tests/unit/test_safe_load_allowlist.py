@@ -36,9 +36,9 @@ def test_only_the_listed_globals_load_and_nothing_is_imported_first(tmp_path, mo
 
 
 def test_deepspeed_zero_state_objects_still_load(tmp_path):
-    import torch
     from collections import OrderedDict
 
+    import torch
     from whetstone.trainer_agent.recipes.safe_load import verify_checkpoint_pickles
 
     loss_scaler = pytest.importorskip("deepspeed.runtime.fp16.loss_scaler")

@@ -1,6 +1,6 @@
-"""Trainer agent: accept assignments for this node; a supervisor runs each segment as a child
-process group (a plain process, torchrun or the deepspeed runner) and turns its JSON-lines
-stdout events into Kafka events.
+"""The trainer agent's message handlers: assignments for this node are recorded for the supervisor
+(entrypoints/loops.py), which runs each segment as a child process group (usecases/segments.py);
+cancels, preempt requests and fences act on the segments running here.
 
 Guarantees: every checkpoint.written names a checkpoint whose manifest is stored; old
 checkpoints are pruned only after that; every segment ends in exactly one of
@@ -10,9 +10,7 @@ checkpoint; an agent killed outright is reported preempted by its successor)."""
 
 from __future__ import annotations
 
-import asyncio
 import signal
-import time
 
 from whetstone.contracts import (
     Envelope,
@@ -22,18 +20,13 @@ from whetstone.contracts import (
     JobPreemptedV1,
     JobPreemptRequestedV1,
     NodeFencedV1,
-    NodeHeartbeatV1,
 )
+from whetstone.contracts.enums import ErrorClass, PreemptionReason
 from whetstone.runtime.messaging import UnitOfWork
 from whetstone.runtime.s3 import within_tenant
 from whetstone.runtime.service import PoisonMessage
 
-from .adapters.processes import kill_orphan
-from .adapters.telemetry import NodeTelemetry
-from .domain.supervision import free_gpu_ids, stop_reason
-from .segments import AgentRuntime, run_segment
-
-# ------------------------------------------------------------------ events in
+from ..usecases.segments import AgentRuntime
 
 
 async def on_job_assigned(rt: AgentRuntime, uow: UnitOfWork, env: Envelope, ev: JobAssignedV1) -> None:
@@ -64,7 +57,7 @@ async def report_unstarted_cancel(rt: AgentRuntime, uow: UnitOfWork, env: Envelo
     """An attempt this node was given but never started ends with job.failed (user, cancelled) and no
     segment: metering then knows the attempt used nothing and closes the job's usage without waiting."""
     await uow.publish(JobFailedV1(job_id=job_id, segment_id=None, node_id=rt.ctx.config.node_id, attempt=attempt,
-                                  stopped_at=rt.clock(), error_class="user", code="cancelled",
+                                  stopped_at=rt.clock(), error_class=ErrorClass.USER, code="cancelled",
                                   message="cancelled by user before the attempt started"),
                       tenant_id=env.tenant_id, trace_id=env.trace_id)
 
@@ -104,7 +97,7 @@ async def on_job_preempt_requested(rt: AgentRuntime, uow: UnitOfWork, env: Envel
         return
     for seg in ctx.node.segments_of(ev.job_id):
         if ev.segment_id in (None, seg.segment_id):
-            ctx.node.preempt_reasons[ev.job_id] = ev.reason
+            ctx.node.preempt_reasons[ev.job_id] = PreemptionReason(ev.reason)
             if seg.signal(signal.SIGTERM):
                 rt.log.info("preempting running segment", job_id=ev.job_id, segment_id=seg.segment_id,
                             reason=ev.reason, for_job=ev.for_job_id)
@@ -129,96 +122,3 @@ async def on_node_fenced(rt: AgentRuntime, uow: UnitOfWork, env: Envelope, ev: N
                        segment_id=run.segment_id, attempt=run.attempt, reason=ev.reason)
         if f"segment-{run.segment_id}" in starting:  # claimed, its task not started: it will run nothing
             ctx.node.fenced.setdefault(run.segment_id, why)
-
-
-# --------------------------------------------------------------- heartbeats
-
-
-async def heartbeat(rt: AgentRuntime) -> None:
-    c, node = rt.ctx.config, rt.ctx.node
-    telemetry = NodeTelemetry()
-    while True:
-        segments = list(node.segments.values())
-        figures = await telemetry.sample()   # outside the transaction: nvidia-smi may take a moment
-        async with rt.uow() as uow:
-            await uow.publish(NodeHeartbeatV1(
-                node_id=c.node_id, gpu_type=c.gpu_type, gpu_count=c.gpu_count, gpu_memory_gb=c.gpu_memory_gb,
-                free_gpu_ids=free_gpu_ids(c.gpu_count, [s.gpu_ids for s in segments], node.stopping is not None),
-                spot=c.spot, interconnect_group=c.interconnect_group,
-                running_jobs=sorted({s.job_id for s in segments}), sent_at=rt.clock(), address=c.address, **figures),
-                tenant_id="platform")
-        await asyncio.sleep(c.heartbeat_s)
-
-
-# --------------------------------------------------------------- supervisor
-
-
-async def recover_interrupted(rt: AgentRuntime) -> None:
-    """Runs left 'running' by an agent that was killed outright (node loss, OOM kill, SIGKILL):
-    their launchers died with it (PDEATHSIG; any survivor is killed here by pid), so report them
-    preempted from their last durable checkpoint: the scheduler re-queues them.
-
-    Once per process, before any segment starts here: a restart of the supervising task (its
-    database went away for a moment) finds this agent's own live segments 'running', and they
-    are not a dead agent's."""
-    ctx = rt.ctx
-    if ctx.node.recovered:
-        return
-    async with rt.uow() as uow:
-        runs = await ctx.runs.interrupt_running(uow.conn, ctx.config.node_id)
-        for run in runs:
-            if kill_orphan(run.pid, run.pid_start):
-                rt.log.warning("killed a training process left by the previous agent", pid=run.pid)
-            await uow.publish(JobPreemptedV1(
-                job_id=run.job_id, segment_id=run.segment_id, node_id=run.node_id, attempt=run.attempt,
-                reason="node_lost", stopped_at=rt.clock(), checkpoint=run.durable_checkpoint),
-                tenant_id=run.tenant_id, trace_id=run.trace_id)
-            rt.log.warning("run interrupted by agent restart; reported preempted", job_id=run.job_id)
-    ctx.node.recovered = True
-    await asyncio.to_thread(ctx.workspaces.remove, [run.segment_id for run in runs])
-
-
-async def supervise(rt: AgentRuntime) -> None:
-    await recover_interrupted(rt)
-    ctx = rt.ctx
-    while True:
-        if ctx.node.stopping is None:
-            async with rt.uow() as uow:
-                runs = await ctx.runs.claim_assigned(uow.conn, ctx.config.node_id)
-            for run in runs:
-                task = asyncio.create_task(run_segment(rt, run), name=f"segment-{run.segment_id}")
-                ctx.node.tasks.add(task)
-                task.add_done_callback(ctx.node.tasks.discard)
-        ctx.node.wakeup.clear()
-        try:
-            await asyncio.wait_for(ctx.node.wakeup.wait(), timeout=1.0)
-        except TimeoutError:
-            pass
-
-
-async def drain(rt: AgentRuntime) -> None:
-    """Agent stop (node drain, spot reclaim): stop advertising capacity, hand back assignments
-    not started yet, SIGTERM every training process group so it writes an emergency checkpoint,
-    wait for the segments to upload it and report job.preempted; SIGKILL what outlives the grace."""
-    ctx = rt.ctx
-    reason = ctx.node.stopping = stop_reason(ctx.config.spot)
-    async with rt.uow() as uow:
-        for run in await ctx.runs.hand_back_all(uow.conn, ctx.config.node_id):
-            await uow.publish(JobPreemptedV1(job_id=run.job_id, segment_id=run.segment_id, node_id=run.node_id,
-                                             attempt=run.attempt, reason=reason, stopped_at=rt.clock(),
-                                             checkpoint=run.resume_from),
-                              tenant_id=run.tenant_id, trace_id=run.trace_id)
-    for seg in list(ctx.node.segments.values()):
-        seg.signal(signal.SIGTERM)
-    tasks = set(ctx.node.tasks)
-    if not tasks:
-        return
-    rt.log.info("draining: waiting for emergency checkpoints", segments=len(tasks), reason=reason)
-    began = time.monotonic()
-    _, pending = await asyncio.wait(tasks, timeout=ctx.config.drain_timeout_s)
-    rt.log.info("drained", seconds=round(time.monotonic() - began, 2), unfinished=len(pending))
-    if pending:
-        rt.log.error("training processes outlived the drain timeout; killing them", segments=len(pending))
-        for seg in list(ctx.node.segments.values()):
-            seg.signal(signal.SIGKILL)
-        await asyncio.wait(pending, timeout=15)

@@ -12,7 +12,6 @@ import sys
 from pathlib import Path
 
 import pytest
-
 from whetstone.trainer_agent.adapters.processes import spawn
 from whetstone.trainer_agent.domain.distributed import DistributedPlan
 from whetstone.trainer_agent.domain.launch import Rendezvous, build_launch

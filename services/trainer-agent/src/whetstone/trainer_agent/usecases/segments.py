@@ -5,48 +5,57 @@ checkpoints uploaded (manifest last) and pruned, and exactly one terminal event 
 from __future__ import annotations
 
 import asyncio
-import json
 import os
 import shutil
 import signal
 from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
-from typing import Any
 
 from whetstone.contracts import (
     CheckpointRef,
     CheckpointWrittenV1,
+    Event,
     JobCompletedV1,
     JobFailedV1,
     JobPreemptedV1,
     JobProgressV1,
     JobStartedV1,
+    ModelMergedV1,
 )
+from whetstone.contracts.enums import CheckpointKind, ErrorClass, PreemptionReason
 from whetstone.runtime.checkpoints import CorruptCheckpoint
 from whetstone.runtime.models import UnknownModel
 from whetstone.runtime.service import Runtime
 
-from . import merges
-from .adapters.checkpoint_store import ResumePoint
-from .adapters.processes import log_tail, signal_group, spawn, start_ticks
-from .adapters.workspace import Prepared
-from .context import TrainerAgentContext
-from .domain.checkpoints import StaleAttempt, checkpoint_prefix
-from .domain.distributed import DistributedConfigError
-from .domain.runs import Run
-from .domain.supervision import (
-    CHECKPOINT_METRICS,
-    classify_exit,
-    completed_metrics,
-    failure_message,
-    preempt_reason,
-    ProgressCadence,
-    progress_fields,
-    reported_advice,
+from ..adapters.checkpoint_store import ResumePoint
+from ..adapters.processes import log_tail, signal_group, spawn, start_ticks
+from ..adapters.workspace import Prepared
+from ..context import TrainerAgentContext
+from ..domain.checkpoints import StaleAttempt, checkpoint_prefix
+from ..domain.distributed import DistributedConfigError
+from ..domain.recipe_io import (
+    TERMINAL,
+    Checkpoint,
+    ChildEvent,
+    Completed,
+    Failed,
+    Merged,
+    OomRetry,
+    Preempted,
+    Progress,
+    Started,
+    parse_event,
 )
+from ..domain.runs import Run, RunOutcome, RunStatus, RunUpdate
+from ..domain.supervision import (
+    ProgressCadence,
+    classify_exit,
+    job_progress,
+    preempt_reason,
+)
+from . import merges
 
-ERROR_CLASSES = ("user", "platform", "ambiguous")
 CANCEL_VOIDS = (JobProgressV1, CheckpointWrittenV1, JobCompletedV1)   # never published for a cancelled job
 
 AgentRuntime = Runtime[TrainerAgentContext]
@@ -69,7 +78,7 @@ class Segment:
     started: bool = False                        # its job.started was published (metering bills from it)
     resumed_prefix: str | None = None            # never pruned while this segment runs
     uploaded_local: list[Path] = field(default_factory=list)
-    outcome: list = field(default_factory=list)  # published with job.completed (a merge job's model.merged)
+    outcome: list[ModelMergedV1] = field(default_factory=list)  # published with job.completed (a merge job's)
 
     def __post_init__(self) -> None:
         self.job_id, self.segment_id, self.tenant_id = self.run.job_id, self.run.segment_id, self.run.tenant_id
@@ -95,7 +104,7 @@ class Segment:
             return False
         return signal_group(self.proc.pid, sig)
 
-    async def publish(self, event, *also, **columns: Any) -> None:
+    async def publish(self, event: Event, *also: Event, change: RunUpdate | None = None) -> None:
         """The event (and `also`) and the run's new state, in one transaction (nothing once the segment
         is fenced; no progress, checkpoint or completion once its job is cancelled)."""
         if self.fenced_by_scheduler:
@@ -107,19 +116,22 @@ class Segment:
         async with self.rt.uow() as uow:
             for ev in (event, *also):
                 await uow.publish(ev, tenant_id=self.tenant_id, trace_id=self.run.trace_id)
-            await self.rt.ctx.runs.update(uow.conn, self.segment_id, columns)
+            if change is not None:
+                await self.rt.ctx.runs.update(uow.conn, self.segment_id, change)
 
-    async def record(self, **columns: Any) -> None:
+    async def record(self, change: RunUpdate) -> None:
         async with self.rt.uow() as uow:
-            await self.rt.ctx.runs.update(uow.conn, self.segment_id, columns)
+            await self.rt.ctx.runs.update(uow.conn, self.segment_id, change)
 
-    async def fail(self, error_class: str, code: str, message: str, advice: list[str] | None = None) -> None:
+    def finished(self, outcome: RunOutcome) -> RunUpdate:
+        return RunUpdate(status=RunStatus.FINISHED, outcome=outcome, finished_at=self.rt.clock())
+
+    async def fail(self, error_class: ErrorClass, code: str, message: str, advice: list[str] | None = None) -> None:
         self.terminal = True
         await self.publish(JobFailedV1(
             job_id=self.job_id, segment_id=self.segment_id, node_id=self.run.node_id, attempt=self.run.attempt,
-            stopped_at=self.rt.clock(), error_class=error_class if error_class in ERROR_CLASSES else "platform",
-            code=code, message=message, advice=advice or []), *merges.failed(self.run, code, message),
-            status="finished", outcome="failed", finished_at=self.rt.clock())
+            stopped_at=self.rt.clock(), error_class=error_class, code=code, message=message, advice=advice or []),
+            *merges.failed(self.run, code, message), change=self.finished(RunOutcome.FAILED))
 
     async def end_cancelled(self) -> None:
         """The job was cancelled: job.failed (user, cancelled). A segment whose job.started was never
@@ -128,17 +140,17 @@ class Segment:
         self.terminal = True
         await self.publish(JobFailedV1(
             job_id=self.job_id, segment_id=self.segment_id if self.started else None, node_id=self.run.node_id,
-            attempt=self.run.attempt, stopped_at=self.rt.clock(), error_class="user", code="cancelled",
+            attempt=self.run.attempt, stopped_at=self.rt.clock(), error_class=ErrorClass.USER, code="cancelled",
             message="cancelled by user"), *merges.failed(self.run, "cancelled", "cancelled by user"),
-            status="finished", outcome="cancelled", finished_at=self.rt.clock())
+            change=self.finished(RunOutcome.CANCELLED))
 
-    async def preempted(self, reason: str) -> None:
+    async def preempted(self, reason: PreemptionReason) -> None:
         self.terminal = True
         await self.publish(JobPreemptedV1(
             job_id=self.job_id, segment_id=self.segment_id, node_id=self.run.node_id, attempt=self.run.attempt,
             reason=reason,
             stopped_at=self.rt.clock(), checkpoint=self.latest, checkpointed_at=self.latest_at),
-            status="finished", outcome="preempted", finished_at=self.rt.clock())
+            change=self.finished(RunOutcome.PREEMPTED))
 
     async def adopt(self, resume: ResumePoint) -> None:
         """Resume from what verified (maybe an older checkpoint than asked, maybe none)."""
@@ -149,7 +161,7 @@ class Segment:
             self.rt.log.error("no durable checkpoint verifies; training restarts from step 0", job_id=self.job_id)
         self.latest = resume.ref()
         self.resumed_prefix = resume.prefix
-        await self.record(latest_checkpoint=self.latest.model_dump() if self.latest else None)
+        await self.record(RunUpdate(latest_checkpoint=self.latest))
 
 
 async def run_segment(rt: AgentRuntime, run: Run) -> None:
@@ -163,25 +175,25 @@ async def run_segment(rt: AgentRuntime, run: Run) -> None:
             await seg.end_cancelled()
             return
         try:
-            if merges.is_merge(run):
+            if run.is_merge:
                 prepared = await asyncio.to_thread(merges.prepare_merge, ctx.workspaces, run)
             else:
                 prepared = await asyncio.to_thread(ctx.workspaces.prepare, run)
         except CorruptCheckpoint as exc:  # a merge job's adapter does not verify against its pinned manifest
-            await seg.fail("platform", "adapter_corrupted", str(exc))
+            await seg.fail(ErrorClass.PLATFORM, "adapter_corrupted", str(exc))
             return
         except DistributedConfigError as exc:
-            await seg.fail("user", "invalid_distributed_config", str(exc))
+            await seg.fail(ErrorClass.USER, "invalid_distributed_config", str(exc))
             return
         except UnknownModel as exc:
-            await seg.fail("platform", "base_model_unavailable", str(exc))
+            await seg.fail(ErrorClass.PLATFORM, "base_model_unavailable", str(exc))
             return
         except StaleAttempt as exc:
-            await seg.fail("platform", "stale_attempt", str(exc))
+            await seg.fail(ErrorClass.PLATFORM, "stale_attempt", str(exc))
             return
         except Exception as exc:
             rt.log.exception("segment setup failed", job_id=seg.job_id)
-            await seg.fail("platform", "setup_failed", f"{type(exc).__name__}: {exc}")
+            await seg.fail(ErrorClass.PLATFORM, "setup_failed", f"{type(exc).__name__}: {exc}")
             return
         await seg.adopt(prepared.resume)
         if seg.fenced_by_scheduler:
@@ -196,7 +208,7 @@ async def run_segment(rt: AgentRuntime, run: Run) -> None:
         rt.log.exception("segment supervision failed", job_id=seg.job_id)
         if not seg.terminal and not seg.fenced_by_scheduler:
             try:
-                await seg.fail("platform", "agent_error", f"trainer agent error: {type(exc).__name__}: {exc}")
+                await seg.fail(ErrorClass.PLATFORM, "agent_error", f"trainer agent error: {type(exc).__name__}: {exc}")
             except Exception:  # database unreachable: the run stays 'running' and is recovered at restart
                 rt.log.exception("could not report the failure", job_id=seg.job_id)
     finally:
@@ -213,18 +225,18 @@ async def watch(rt: AgentRuntime, seg: Segment, prepared: Prepared, scratch: Pat
     log_path = scratch / "train.log"
     started_at = rt.clock()
     proc = seg.proc = await spawn(prepared.launch.argv, prepared.launch.environment(os.environ), log_path)
-    await seg.record(pid=proc.pid, pid_start=start_ticks(proc.pid))
+    await seg.record(RunUpdate(pid=proc.pid, pid_start=start_ticks(proc.pid)))
     if seg.fenced_by_scheduler:  # the fence arrived while the process was being started
         seg.signal(signal.SIGKILL)
     elif seg.cancelled:  # the cancel arrived while the process was being started
         seg.signal(signal.SIGKILL)
     rt.log.info("training process started", job_id=seg.job_id, segment_id=seg.segment_id, pid=proc.pid,
                 launcher=prepared.launch.launcher, zero_stage=prepared.plan.zero_stage)
-    events: asyncio.Queue[dict[str, Any] | None] = asyncio.Queue()
+    events: asyncio.Queue[ChildEvent | None] = asyncio.Queue()
     reader = asyncio.create_task(read_events(proc, events))
     try:
-        while (msg := await events.get()) is not None:
-            await on_child_event(rt, seg, msg, started_at, scratch)
+        while (event := await events.get()) is not None:
+            await on_child_event(rt, seg, event, started_at, scratch)
         if seg.terminal:
             try:
                 await asyncio.wait_for(proc.wait(), timeout=c.exit_grace_s)
@@ -240,8 +252,9 @@ async def watch(rt: AgentRuntime, seg: Segment, prepared: Prepared, scratch: Pat
             await proc.wait()
 
 
-async def read_events(proc: asyncio.subprocess.Process, events: asyncio.Queue) -> None:
-    """Keep the pipe drained while events are handled (uploads take time): one JSON object per line."""
+async def read_events(proc: asyncio.subprocess.Process, events: asyncio.Queue[ChildEvent | None]) -> None:
+    """Keep the pipe drained while events are handled (uploads take time): one event per line, parsed
+    once; a line that is not an event is skipped."""
     assert proc.stdout is not None
     try:
         while True:
@@ -251,12 +264,9 @@ async def read_events(proc: asyncio.subprocess.Process, events: asyncio.Queue) -
                 continue
             if not line:
                 break
-            try:
-                msg = json.loads(line)
-            except ValueError:
-                continue
-            if isinstance(msg, dict):
-                events.put_nowait(msg)
+            event = parse_event(line)
+            if event is not None:
+                events.put_nowait(event)
     finally:
         events.put_nowait(None)
 
@@ -272,77 +282,70 @@ async def report_exit(rt: AgentRuntime, seg: Segment, code: int, prepared: Prepa
     report = classify_exit(code, cancelled=seg.cancelled, stopping=rt.ctx.node.stopping,
                            worker_node=prepared.node_rank > 0, log_tail=log_tail(log_path))
     if seg.fenced:
-        await seg.fail("platform", "stale_attempt", seg.fenced)
-    elif report.outcome == "failed":
+        await seg.fail(ErrorClass.PLATFORM, "stale_attempt", seg.fenced)
+    elif report.outcome == RunOutcome.FAILED:
         rt.log.error("training process ended without a result", job_id=seg.job_id, code=code, reported=report.code)
-        await seg.fail(report.error_class or "platform", report.code or "trainer_crashed", report.message or "")
-    elif report.outcome == "preempted":
-        await seg.preempted(report.reason or "signal")
+        await seg.fail(report.error_class or ErrorClass.PLATFORM, report.code or "trainer_crashed", report.message or "")
+    elif report.outcome == RunOutcome.PREEMPTED:
+        await seg.preempted(report.reason or PreemptionReason.SIGNAL)
     else:
         seg.terminal = True
-        await seg.record(status="finished", outcome="worker_done", finished_at=rt.clock())
+        await seg.record(seg.finished(RunOutcome.WORKER_DONE))
 
 
-async def on_child_event(rt: AgentRuntime, seg: Segment, msg: dict[str, Any], started_at: datetime,
+async def on_child_event(rt: AgentRuntime, seg: Segment, event: ChildEvent, started_at: datetime,
                          scratch: Path) -> None:
     c, node = rt.ctx.config, rt.ctx.node
-    kind = msg.get("event")
     if seg.fenced_by_scheduler:  # what the killed process had already written: not ours to report
         return
-    if seg.cancelled and not seg.terminal and kind in ("completed", "preempted", "failed"):
+    if seg.cancelled and not seg.terminal and isinstance(event, TERMINAL):
         await seg.end_cancelled()   # whatever the process says last, the job's outcome is the cancel
         return
-    if kind == "started":           # published even when cancelled meanwhile: the time it ran is billed
-        seg.started = True
-        await seg.publish(JobStartedV1(
-            job_id=seg.job_id, node_id=c.node_id, segment_id=seg.segment_id, attempt=seg.run.attempt,
-            gpu_type=c.gpu_type, gpu_count=max(1, len(seg.gpu_ids)), spot=c.spot, started_at=started_at,
-            total_steps=msg.get("total_steps"), resumed_from_step=msg.get("resumed_from_step")))
-    elif kind == "progress":
-        seg.cadence = seg.cadence or ProgressCadence(c.progress_interval_s)
-        if not seg.cadence.due(msg):
-            return
-        await seg.publish(JobProgressV1(job_id=seg.job_id, segment_id=seg.segment_id, attempt=seg.run.attempt,
-                                        **progress_fields(msg)))
-    elif kind == "checkpoint":
-        await on_checkpoint(rt, seg, msg, scratch)
-    elif kind == "completed":
-        seg.terminal = True
-        if seg.final is None:
-            await seg.fail("platform", "no_final_checkpoint",
-                           seg.final_error or "training finished without a durable final checkpoint")
-            return
-        await seg.publish(JobCompletedV1(
-            job_id=seg.job_id, segment_id=seg.segment_id, node_id=c.node_id, attempt=seg.run.attempt,
-            stopped_at=rt.clock(), steps=int(msg.get("step", 0)), train_loss=msg.get("train_loss"),
-            tokens=msg.get("tokens"), final_checkpoint=seg.final, metrics=completed_metrics(msg)), *seg.outcome,
-            status="finished", outcome="completed", finished_at=rt.clock())
-    elif kind == "merged":
-        await merges.on_merged(rt, seg, msg, scratch)
-    elif kind == "preempted":
-        rt.log.info("training process stopped for preemption", job_id=seg.job_id, step=msg.get("step"),
-                    sigterm_to_checkpoint_s=msg.get("sigterm_to_checkpoint_s"))
-        requested = node.preempt_reasons.pop(seg.job_id, None)
-        await seg.preempted(requested or preempt_reason(node.stopping, msg.get("reason")))
-    elif kind == "failed":
-        advice = reported_advice(msg)
-        await seg.fail(str(msg.get("error_class", "platform")), str(msg.get("code") or "training_failed"),
-                       failure_message(msg.get("message"), advice), advice)
-    elif kind == "oom_retry":
-        rt.log.warning("training ran out of memory; the recipe retries with a smaller micro-batch",
-                       job_id=seg.job_id, attempt=msg.get("attempt"), micro_batch_size=msg.get("micro_batch_size"))
+    match event:
+        case Started():             # published even when cancelled meanwhile: the time it ran is billed
+            seg.started = True
+            await seg.publish(JobStartedV1(
+                job_id=seg.job_id, node_id=c.node_id, segment_id=seg.segment_id, attempt=seg.run.attempt,
+                gpu_type=c.gpu_type, gpu_count=max(1, len(seg.gpu_ids)), spot=c.spot, started_at=started_at,
+                total_steps=event.total_steps, resumed_from_step=event.resumed_from_step))
+        case Progress():
+            seg.cadence = seg.cadence or ProgressCadence(c.progress_interval_s)
+            if seg.cadence.due(event):
+                await seg.publish(job_progress(event, job_id=seg.job_id, segment_id=seg.segment_id,
+                                               attempt=seg.run.attempt))
+        case Checkpoint():
+            await on_checkpoint(rt, seg, event, scratch)
+        case Completed():
+            seg.terminal = True
+            if seg.final is None:
+                await seg.fail(ErrorClass.PLATFORM, "no_final_checkpoint",
+                               seg.final_error or "training finished without a durable final checkpoint")
+                return
+            await seg.publish(JobCompletedV1(
+                job_id=seg.job_id, segment_id=seg.segment_id, node_id=c.node_id, attempt=seg.run.attempt,
+                stopped_at=rt.clock(), steps=event.step, train_loss=event.train_loss, tokens=event.tokens,
+                final_checkpoint=seg.final, metrics=event.metrics()), *seg.outcome,
+                change=seg.finished(RunOutcome.COMPLETED))
+        case Merged():
+            await merges.on_merged(rt, seg, event, scratch)
+        case Preempted():
+            rt.log.info("training process stopped for preemption", job_id=seg.job_id, step=event.step,
+                        sigterm_to_checkpoint_s=event.sigterm_to_checkpoint_s)
+            requested = node.preempt_reasons.pop(seg.job_id, None)
+            await seg.preempted(requested or preempt_reason(node.stopping, event.reason))
+        case Failed():
+            await seg.fail(event.error_class, event.code, event.full_message(), event.advice)
+        case OomRetry():
+            rt.log.warning("training ran out of memory; the recipe retries with a smaller micro-batch",
+                           job_id=seg.job_id, attempt=event.attempt, micro_batch_size=event.micro_batch_size)
 
 
-async def on_checkpoint(rt: AgentRuntime, seg: Segment, msg: dict[str, Any], scratch: Path) -> None:
+async def on_checkpoint(rt: AgentRuntime, seg: Segment, event: Checkpoint, scratch: Path) -> None:
     """Upload (files, then the manifest), publish checkpoint.written, and only then prune older
     checkpoints in S3 and on local disk. A cancelled job's checkpoints are not kept."""
     ctx = rt.ctx
-    try:
-        step, kind, local = int(msg["step"]), str(msg["kind"]), Path(msg["path"])
-        prefix = checkpoint_prefix(seg.tenant_id, seg.job_id, step, kind, seg.run.attempt)
-    except (KeyError, TypeError, ValueError) as exc:
-        rt.log.error("malformed checkpoint event", job_id=seg.job_id, error=str(exc))
-        return
+    step, kind, local = event.step, event.kind, event.path
+    prefix = checkpoint_prefix(seg.tenant_id, seg.job_id, step, kind, seg.run.attempt)
     if seg.cancelled or seg.fenced_by_scheduler:
         rt.log.info("job cancelled or segment fenced: checkpoint not uploaded", job_id=seg.job_id, step=step)
         return
@@ -356,7 +359,8 @@ async def on_checkpoint(rt: AgentRuntime, seg: Segment, msg: dict[str, Any], scr
     try:
         up = await asyncio.to_thread(ctx.checkpoints.upload_snapshot, local, staged, prefix, meta,
                                      fence=seg.run.fence, attempts=ctx.config.upload_attempts, on_retry=on_retry,
-                                     outage_budget_s=ctx.config.final_upload_outage_s if kind == "final" else 0.0)
+                                     outage_budget_s=ctx.config.final_upload_outage_s
+                                     if kind == CheckpointKind.FINAL else 0.0)
     except StaleAttempt as exc:  # this node lost its job (partitioned, declared lost): stop, write nothing
         rt.log.error("a newer attempt of the job took over; stopping this segment", job_id=seg.job_id, error=str(exc))
         seg.fenced = seg.final_error = str(exc)
@@ -365,26 +369,25 @@ async def on_checkpoint(rt: AgentRuntime, seg: Segment, msg: dict[str, Any], scr
     except Exception as exc:
         rt.log.error("checkpoint not uploaded", job_id=seg.job_id, step=step, kind=kind,
                      error=f"{type(exc).__name__}: {exc}")
-        if kind == "final":
+        if kind == CheckpointKind.FINAL:
             seg.final_error = f"final checkpoint upload failed: {type(exc).__name__}: {exc}"
         return
     finally:
         await asyncio.to_thread(shutil.rmtree, staged, True)
     now = rt.clock()
     checkpoint = CheckpointRef(uri=up.uri, step=step, manifest_sha256=up.manifest_sha256)
-    columns: dict[str, Any] = {}
-    if kind == "final":
+    change = None
+    if kind == CheckpointKind.FINAL:
         seg.final = checkpoint
     else:
         seg.latest, seg.latest_at = checkpoint, now
-        columns["latest_checkpoint"] = checkpoint.model_dump()
+        change = RunUpdate(latest_checkpoint=checkpoint)
     await seg.publish(CheckpointWrittenV1(
         job_id=seg.job_id, segment_id=seg.segment_id, attempt=seg.run.attempt,
         checkpoint_id=f"{seg.job_id}:{step}:{kind}", kind=kind,
         step=step, uri=up.uri, manifest_sha256=up.manifest_sha256, files=up.files, size_bytes=up.size_bytes,
-        written_at=now, metrics={k: float(msg[k]) for k in CHECKPOINT_METRICS if isinstance(msg.get(k), (int, float))}),
-        **columns)
-    if kind != "final":
+        written_at=now, metrics=event.metrics()), change=change)
+    if kind != CheckpointKind.FINAL:
         await prune(rt, seg, prefix, local)
 
 

@@ -14,40 +14,38 @@ billed the same way (job.started, then job.completed or job.failed). What differ
 from __future__ import annotations
 
 import asyncio
-import json
 import shutil
 import signal
 import sys
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from whetstone.contracts import CheckpointRef, MergeSource, ModelMergedV1
+from whetstone.contracts.enums import MergeStatus
 from whetstone.runtime.checkpoints import download_checkpoint, read_manifest
 from whetstone.runtime.models import UnknownModel, resolve_model
 
-from .adapters.checkpoint_store import ResumePoint
-from .adapters.workspace import Prepared, Workspaces
-from .domain.checkpoints import StaleAttempt
-from .domain.distributed import DistributedPlan
-from .domain.launch import build_launch
-from .domain.runs import Run
+from ..adapters.checkpoint_store import ResumePoint
+from ..adapters.workspace import Prepared, Workspaces
+from ..domain.checkpoints import StaleAttempt
+from ..domain.distributed import DistributedPlan
+from ..domain.launch import build_launch
+from ..domain.recipe_io import MergeConfig, Merged
+from ..domain.runs import Run
 
 if TYPE_CHECKING:
     from .segments import AgentRuntime, Segment
 
-MERGE_METHOD = "merge"
 MERGE_RECIPE = "whetstone.trainer_agent.recipes.merge"
 # what the merge needs of the adapter artifact (never a pickle): the adapter, its tokenizer and template
 ADAPTER_INPUTS = ("adapter_model.safetensors", "adapter_config.json", "tokenizer.json", "tokenizer_config.json",
                   "tokenizer.model", "special_tokens_map.json", "chat_template.jinja")
 
 
-def is_merge(run: Run) -> bool:
-    return run.spec.get("method") == MERGE_METHOD
-
-
 def merge_source(run: Run) -> MergeSource:
-    return MergeSource.model_validate(run.spec["merge"])
+    if run.spec.merge is None:
+        raise ValueError(f"merge job {run.job_id}: its spec names no adapter (spec.merge)")
+    return run.spec.merge
 
 
 def merged_prefix(tenant_id: str, model_id: str, segment_id: str) -> str:
@@ -61,20 +59,20 @@ def prepare_merge(ws: Workspaces, run: Run) -> Prepared:
     spec, scratch = run.spec, ws.path(run.segment_id)
     source = merge_source(run)
     scratch.mkdir(parents=True, exist_ok=True)
-    model = resolve_model(spec["base_model"], ws.model_catalog)
-    if model.sha256 != spec["base_model_sha256"]:
-        raise UnknownModel(f"base model {spec['base_model']} on this node has sha256 {model.sha256[:12]}…, "
-                           f"the adapter was trained on {spec['base_model_sha256'][:12]}…")
+    model = resolve_model(spec.base_model, ws.model_catalog)
+    if model.sha256 != spec.base_model_sha256:
+        raise UnknownModel(f"base model {spec.base_model} on this node has sha256 {model.sha256[:12]}…, "
+                           f"the adapter was trained on {spec.base_model_sha256[:12]}…")
     ws.checkpoints.claim(run.fence)
     adapter = scratch / "adapter"
     shutil.rmtree(adapter, ignore_errors=True)
     manifest, _ = read_manifest(ws.store, source.adapter_uri, source.adapter_manifest_sha256)
     wanted = [name for name in ADAPTER_INPUTS if name in manifest["files"]]
     download_checkpoint(ws.store, source.adapter_uri, adapter, manifest=manifest, only=wanted)
-    config = {"job_id": run.job_id, "base_model": model.location, "adapter_dir": str(adapter),
-              "output_dir": str(scratch / "merged"), "merge_id": source.merge_id, "model_id": source.model_id}
+    config = MergeConfig(job_id=run.job_id, base_model=model.location, adapter_dir=adapter,
+                         output_dir=scratch / "merged", merge_id=source.merge_id, model_id=source.model_id)
     config_path = scratch / "config.json"
-    config_path.write_text(json.dumps(config, indent=1))
+    config_path.write_text(config.model_dump_json(indent=1))
     plan = DistributedPlan(mode="lora", world_size=1, zero_stage=None, reasons=("merge: one plain process",))
     gpu_node = ws.config.gpu_type != "cpu"
     launch = build_launch(python=sys.executable, module=MERGE_RECIPE, config_path=str(config_path), plan=plan,
@@ -85,14 +83,14 @@ def prepare_merge(ws: Workspaces, run: Run) -> Prepared:
 
 def failed(run: Run, code: str, message: str) -> list[ModelMergedV1]:
     """The registry's answer when a merge job's segment fails (nothing for a training job)."""
-    if not is_merge(run):
+    if not run.is_merge:
         return []
     source = merge_source(run)
-    return [ModelMergedV1(merge_id=source.merge_id, model_id=source.model_id, status="failed",
+    return [ModelMergedV1(merge_id=source.merge_id, model_id=source.model_id, status=MergeStatus.FAILED,
                           merge_job_id=run.job_id, error=f"{code}: {message}")]
 
 
-async def on_merged(rt: AgentRuntime, seg: Segment, msg: dict[str, Any], scratch: Path) -> None:
+async def on_merged(rt: AgentRuntime, seg: Segment, merged: Merged, scratch: Path) -> None:
     """Upload the merged directory (files, then the manifest), read the manifest back for the
     per-file sha256, and keep `model.merged` for the segment's job.completed. A failed upload
     leaves `seg.final` unset: the `completed` that follows then fails the job."""
@@ -105,7 +103,7 @@ async def on_merged(rt: AgentRuntime, seg: Segment, msg: dict[str, Any], scratch
         return
 
     def upload() -> tuple[str, str, dict[str, str]]:
-        up = ctx.checkpoints.upload_snapshot(Path(msg["path"]), scratch / "uploading" / "merged", prefix, meta,
+        up = ctx.checkpoints.upload_snapshot(merged.path, scratch / "uploading" / "merged", prefix, meta,
                                              fence=run.fence, attempts=ctx.config.upload_attempts,
                                              outage_budget_s=ctx.config.final_upload_outage_s)
         manifest, _ = read_manifest(ctx.checkpoints.store, up.uri, up.manifest_sha256)
@@ -124,7 +122,8 @@ async def on_merged(rt: AgentRuntime, seg: Segment, msg: dict[str, Any], scratch
         return
     finally:
         await asyncio.to_thread(shutil.rmtree, scratch / "uploading", True)
-    seg.final = CheckpointRef(uri=uri, step=int(msg.get("step", 1)), manifest_sha256=digest)
-    seg.outcome = [ModelMergedV1(merge_id=source.merge_id, model_id=source.model_id, status="succeeded", uri=uri,
+    seg.final = CheckpointRef(uri=uri, step=1, manifest_sha256=digest)
+    seg.outcome = [ModelMergedV1(merge_id=source.merge_id, model_id=source.model_id, status=MergeStatus.SUCCEEDED,
+                                 uri=uri,
                                  manifest_sha256=digest, files=files, merge_job_id=seg.job_id)]
     rt.log.info("merged weights stored", job_id=seg.job_id, merge_id=source.merge_id, uri=uri, files=len(files))

@@ -11,8 +11,8 @@ import json
 from pathlib import Path
 
 import pytest
-
-from whetstone.trainer_agent.recipes.harness import run_in_process, same_weights, write_jsonl
+from whetstone.devstack.recipe_harness import run_in_process, same_weights, write_jsonl
+from whetstone.trainer_agent.domain.recipe_io import Checkpoint, OomRetry, Started
 
 pytestmark = pytest.mark.integration
 
@@ -62,21 +62,21 @@ def reference(tiny_llava, image_files, tmp_path_factory):
 
 def test_vision_lora_learns_image_chats_and_checkpoints(reference):
     run = reference
-    assert run.returncode == 0 and run.last["event"] == "completed", run.events[-1]
-    assert run.names()[0] == "started" and run.of("started")[0]["total_steps"] == TOTAL_STEPS
+    assert run.returncode == 0 and run.last.event == "completed", run.events[-1]
+    assert run.names()[0] == "started" and run.of(Started)[0].total_steps == TOTAL_STEPS
     losses = run.losses()
     assert sorted(losses) == list(range(1, TOTAL_STEPS + 1))
     assert losses[TOTAL_STEPS] < 0.5 * losses[1], losses
-    periodic = [e for e in run.of("checkpoint") if e["kind"] == "periodic"]
-    assert [e["step"] for e in periodic] == [4]   # the last step's is the final artifact
-    first = Path(periodic[0]["path"])
+    periodic = [e for e in run.of(Checkpoint) if e.kind == "periodic"]
+    assert [e.step for e in periodic] == [4]   # the last step's is the final artifact
+    first = Path(periodic[0].path)
     state = json.loads((first / "whetstone_state.json").read_text())
     assert state["kind"] == "periodic" and state["step"] == 4 and (first / "adapter_model.safetensors").is_file()
-    assert run.last["validation_loss"] < periodic[0]["validation_loss"]
-    assert run.last["images"] == 16 and run.last["validation_mean_token_accuracy"] > 0
+    assert run.completed.validation.loss < periodic[0].validation.loss
+    assert run.completed.outcome.images == 16 and run.completed.validation.mean_token_accuracy > 0
 
-    final = Path(run.of("checkpoint")[-1]["path"])
-    assert run.of("checkpoint")[-1]["kind"] == "final"
+    final = Path(run.of(Checkpoint)[-1].path)
+    assert run.of(Checkpoint)[-1].kind == "final"
     assert (final / "processor_config.json").is_file() and (final / "tokenizer.json").is_file()
     summary = json.loads((final / "whetstone_training.json").read_text())
     assert summary["hyperparameters"]["packing"] is False   # asked for, but images are never packed
@@ -94,24 +94,24 @@ def test_vision_resume_after_sigterm_equals_uninterrupted(reference, tiny_llava,
     base = config("vision-seg", tiny_llava, image_files, tmp_path / "seg0")
     first = run_in_process(base, tmp_path, faults={"sigterm_after_forward": 3})
     assert first.names()[-2:] == ["checkpoint", "preempted"], first.events[-3:]
-    emergency = first.of("checkpoint")[-1]
-    assert emergency["kind"] == "emergency" and emergency["step"] == 3
+    emergency = first.of(Checkpoint)[-1]
+    assert emergency.kind == "emergency" and emergency.step == 3
 
     second = run_in_process({**base, "job_id": "vision-seg1", "output_dir": str(tmp_path / "seg1"),
-                             "resume_from": emergency["path"]}, tmp_path)
-    assert second.last["event"] == "completed", second.events[-1]
-    assert second.of("started")[0]["resumed_from_step"] == 3
+                             "resume_from": emergency.path}, tmp_path)
+    assert second.last.event == "completed", second.events[-1]
+    assert second.of(Started)[0].resumed_from_step == 3
     assert {**first.losses(), **second.losses()} == reference.losses()
-    assert same_weights(Path(reference.of("checkpoint")[-1]["path"]), Path(second.of("checkpoint")[-1]["path"]))
+    assert same_weights(Path(reference.of(Checkpoint)[-1].path), Path(second.of(Checkpoint)[-1].path))
 
 
 def test_images_with_a_text_only_base_or_another_method_are_refused(tiny_base, tiny_llava, image_files, tmp_path):
     blind = run_in_process(config("vision-blind", tiny_base, image_files, tmp_path / "a"), tmp_path)
     assert blind.returncode == 1
-    assert (blind.last["error_class"], blind.last["code"]) == ("user", "model_cannot_see_images"), blind.last
+    assert (blind.last.error_class, blind.last.code) == ("user", "model_cannot_see_images"), blind.last
 
     full = run_in_process(config("vision-full", tiny_llava, image_files, tmp_path / "b", method="full"), tmp_path)
-    assert (full.last["code"], full.returncode) == ("unsupported_method", 1) and "lora" in full.last["message"]
+    assert (full.last.code, full.returncode) == ("unsupported_method", 1) and "lora" in full.last.message
 
 
 def test_lora_targets_language_model_unless_the_vision_tower_is_trained(tiny_llava):
@@ -133,16 +133,18 @@ def test_vision_out_of_memory_halves_the_micro_batch(tiny_llava, image_files, tm
     hp = {**HYPERPARAMETERS, "n_epochs": 1, "checkpoint_every_steps": 0}
     run = run_in_process(config("vision-oom", tiny_llava, image_files, tmp_path / "out", validation_file=None,
                                 hyperparameters=hp), tmp_path, faults={"oom_forwards": 1})
-    assert run.last["event"] == "completed", run.events[-1]
-    retry = run.of("oom_retry")[0]
-    assert (retry["micro_batch_size"], retry["gradient_accumulation_steps"]) == (2, 2)
-    assert (run.last["micro_batch_size"], run.last["oom_retries"], run.last["step"]) == (2, 1, 4)
+    assert run.last.event == "completed", run.events[-1]
+    retry = run.of(OomRetry)[0]
+    assert (retry.micro_batch_size, retry.gradient_accumulation_steps) == (2, 2)
+    assert (run.last.micro_batch_size, run.last.oom_retries, run.last.step) == (2, 1, 4)
 
 
 def test_qlora_quantizes_the_language_model_only(tiny_llava):
     import bitsandbytes as bnb
-
-    from whetstone.trainer_agent.recipes.modeling import load_base_model, quantization_summary
+    from whetstone.trainer_agent.recipes.modeling import (
+        load_base_model,
+        quantization_summary,
+    )
 
     model = load_base_model(str(tiny_llava), "qlora", packing=False, vision=True)
     quantized = [name for name, module in model.named_modules() if isinstance(module, bnb.nn.Linear4bit)]

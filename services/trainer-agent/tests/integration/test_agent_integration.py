@@ -16,11 +16,16 @@ from typing import Any
 
 import asyncpg
 import pytest
-
-from whetstone.contracts import CheckpointRef, JobAssignedV1, JobCancelledV1, NodeFencedV1, TrainingSpec
+from whetstone.contracts import (
+    CheckpointRef,
+    JobAssignedV1,
+    JobCancelledV1,
+    NodeFencedV1,
+    TrainingSpec,
+)
+from whetstone.devstack.testing import outbox, send_event, wait_until
 from whetstone.runtime.models import resolve_model
 from whetstone.runtime.s3 import ObjectStore
-from whetstone.devstack.testing import outbox, send_event, wait_until
 from whetstone.trainer_agent.adapters.checkpoint_store import S3Checkpoints
 from whetstone.trainer_agent.bootstrap import build_service
 from whetstone.trainer_agent.config import TrainerAgentSettings
@@ -132,7 +137,8 @@ async def test_agent_trains_checkpoints_prunes_and_reports_capacity(platform, se
         async def idle_heartbeat():
             beats = await events(rt, "node.heartbeat")
             return beats and beats[-1]["free_gpu_ids"] == [0] and beats[-1]["running_jobs"] == []
-        await wait_until(idle_heartbeat, timeout=10, what="idle heartbeat")
+        # the segment ends when its process has exited after its last event (interpreter teardown: seconds)
+        await wait_until(idle_heartbeat, timeout=60, what="idle heartbeat")
         assert not (settings.data_dir / "scratch" / NODE / segment).exists()  # local scratch cleaned
 
 
@@ -364,7 +370,7 @@ async def test_a_restarted_supervising_task_leaves_its_own_live_segments_alone(p
     """The supervising task restarts when its database goes away for a moment (chaos: a PostgreSQL
     restart). Its recovery of a dead agent's runs must not take this agent's own live segment for
     one: before the fix it killed the training process and the job failed `trainer_crashed`."""
-    from whetstone.trainer_agent.handlers import recover_interrupted
+    from whetstone.trainer_agent.entrypoints.loops import recover_interrupted
 
     sha = install_model(settings, tiny_base)
     async with platform(agent()) as p:

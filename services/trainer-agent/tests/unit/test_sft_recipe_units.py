@@ -6,7 +6,7 @@ import io
 import json
 
 import pytest
-
+from whetstone.trainer_agent.domain.recipe_io import Completed, Progress, parse_event
 from whetstone.trainer_agent.recipes.data import read_chat_jsonl
 from whetstone.trainer_agent.recipes.errors import PlatformError, UserError
 from whetstone.trainer_agent.recipes.hyperparams import Hyperparameters
@@ -57,10 +57,11 @@ def test_read_chat_jsonl_skips_blank_lines_and_names_bad_ones(tmp_path):
 def test_event_stream_writes_one_strict_json_object_per_line():
     buffer = io.StringIO()
     stream = EventStream(buffer, job_id="job-1")
-    stream.emit("progress", step=1, loss=float("nan"), grad_norm=float("inf"))
-    stream.emit("completed", step=2)
+    stream.emit(Progress(step=1, loss=float("nan"), grad_norm=float("inf")))
+    stream.emit(Completed(step=2))
     lines = buffer.getvalue().splitlines()
     assert len(lines) == 2
     first = json.loads(lines[0])
     assert first["event"] == "progress" and first["job_id"] == "job-1"
     assert first["loss"] is None and first["grad_norm"] is None
+    assert parse_event(lines[1]) == Completed(step=2, job_id="job-1", time=json.loads(lines[1])["time"])

@@ -12,14 +12,18 @@ import sys
 from pathlib import Path
 
 import pytest
+from whetstone.devstack.recipe_harness import parse_line
+from whetstone.modelkit.tiny import TOOL_CHAT_TEMPLATE
+from whetstone.trainer_agent.domain.recipe_io import Completed, Progress, Started
 from whetstone.trainer_agent.recipes.data import (
     IGNORE_INDEX,
     Chat,
     read_rows,
     tokenize_chat_rows,
 )
-from whetstone.modelkit.tiny import TOOL_CHAT_TEMPLATE
 from whetstone.trainer_agent.recipes.errors import UserError
+
+pytestmark = pytest.mark.integration
 
 TOOLS = [{"type": "function", "function": {"name": "lookup", "description": "find a capital",
                                            "parameters": {"type": "object", "properties": {"q": {"type": "string"}}}}}]
@@ -109,7 +113,6 @@ def test_preference_messages_keep_their_extra_keys(tmp_path):
     assert pair["chosen"][2]["weight"] == 1 and pair["rejected"] == [{"role": "assistant", "content": "bad"}]
 
 
-@pytest.mark.integration
 def test_sft_trains_on_tool_rows(tool_base, tmp_path):
     """A couple of real LoRA steps on tool rows (train and validation), as the trainer agent runs it."""
     train = write_rows(tmp_path / "train.jsonl", [tool_row(i) for i in range(4)])
@@ -124,10 +127,9 @@ def test_sft_trains_on_tool_rows(tool_base, tmp_path):
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
     proc = subprocess.run([sys.executable, "-m", "whetstone.trainer_agent.recipes.main", "--config", str(config_path)],
                           capture_output=True, text=True, env=env, timeout=400, check=False)
-    events = [json.loads(line) for line in proc.stdout.splitlines() if line.strip()]
-    names = [e["event"] for e in events]
+    events = [parse_line(line) for line in proc.stdout.splitlines() if line.strip()]
+    names = [e.event for e in events]
     assert proc.returncode == 0 and "failed" not in names, (events[-1:], proc.stderr[-3000:])
-    assert names[0] == "started" and events[0]["total_steps"] == 2 and names[-1] == "completed"
-    assert [e["step"] for e in events if e["event"] == "progress"] == [1, 2]
-    final = next(e for e in events if e["event"] == "checkpoint" and e["kind"] == "final")
-    assert isinstance(final.get("validation_loss"), float) or isinstance(events[-1].get("validation_loss"), float)
+    assert isinstance(events[0], Started) and events[0].total_steps == 2 and isinstance(events[-1], Completed)
+    assert [e.step for e in events if isinstance(e, Progress)] == [1, 2]
+    assert events[-1].validation is not None and isinstance(events[-1].validation.loss, float)

@@ -18,15 +18,23 @@ from pathlib import Path
 
 import pytest
 from botocore.exceptions import EndpointConnectionError
-
 from whetstone.devstack.stack import EmbeddedStack
 from whetstone.runtime.checkpoints import MANIFEST, CorruptCheckpoint
 from whetstone.runtime.delivery import unavailable_dependency
 from whetstone.runtime.s3 import ObjectStore
 from whetstone.trainer_agent.adapters.checkpoint_store import S3Checkpoints
 from whetstone.trainer_agent.adapters.model_size import param_count
-from whetstone.trainer_agent.adapters.processes import kill_orphan, log_tail, snapshot, start_ticks
-from whetstone.trainer_agent.domain.checkpoints import AttemptFence, StaleAttempt, checkpoint_prefix
+from whetstone.trainer_agent.adapters.processes import (
+    kill_orphan,
+    log_tail,
+    snapshot,
+    start_ticks,
+)
+from whetstone.trainer_agent.domain.checkpoints import (
+    AttemptFence,
+    StaleAttempt,
+    checkpoint_prefix,
+)
 
 pytestmark = pytest.mark.integration
 

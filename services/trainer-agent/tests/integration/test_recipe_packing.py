@@ -9,11 +9,15 @@ import json
 import pytest
 import torch
 from torch.nn import functional
-
+from whetstone.devstack.recipe_harness import run_in_process
 from whetstone.trainer_agent.recipes import attention
-from whetstone.trainer_agent.recipes.data import IGNORE_INDEX, PaddedCollator, PaddingFreeCollator, read_chat_jsonl, \
-    tokenize_chat_rows
-from whetstone.trainer_agent.recipes.harness import run_in_process
+from whetstone.trainer_agent.recipes.data import (
+    IGNORE_INDEX,
+    PaddedCollator,
+    PaddingFreeCollator,
+    read_chat_jsonl,
+    tokenize_chat_rows,
+)
 
 pytestmark = pytest.mark.integration
 
@@ -41,17 +45,17 @@ def test_packed_row_losses_equal_one_by_one(tiny_base, examples, implementation)
     alone_model = load_model(tiny_base, dtype="float32").eval()
     packed_model = load_model(tiny_base, dtype="float32", attn_implementation=implementation).eval()
     batch = PaddingFreeCollator()(examples)
-    assert batch["input_ids"].shape == (1, sum(len(e["input_ids"]) for e in examples))  # no padding at all
+    assert batch["input_ids"].shape == (1, sum(len(e.input_ids) for e in examples))  # no padding at all
     with torch.no_grad():
         # use_cache=False as in training: with a KV cache, stock sdpa does not derive the block-diagonal
         # mask from position_ids and packed examples would see each other
         logits = packed_model(input_ids=batch["input_ids"], position_ids=batch["position_ids"],
                               use_cache=False).logits[0]
-        alone = [_masked_mean(alone_model(input_ids=torch.tensor([e["input_ids"]])).logits[0],
-                              torch.tensor(e["labels"])) for e in examples]
+        alone = [_masked_mean(alone_model(input_ids=torch.tensor([e.input_ids])).logits[0],
+                              torch.tensor(e.labels)) for e in examples]
     packed, start = [], 0
     for e in examples:
-        end = start + len(e["input_ids"])
+        end = start + len(e.input_ids)
         packed.append(_masked_mean(logits[start:end], batch["labels"][0, start:end]))
         start = end
     torch.testing.assert_close(torch.stack(packed), torch.stack(alone), rtol=1e-5, atol=1e-6)
@@ -65,9 +69,9 @@ def test_padded_batch_losses_equal_one_by_one(tiny_base, examples):
     assert batch["input_ids"].shape[0] == len(examples)
     with torch.no_grad():
         logits = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits
-        alone = [_masked_mean(model(input_ids=torch.tensor([e["input_ids"]])).logits[0], torch.tensor(e["labels"]))
+        alone = [_masked_mean(model(input_ids=torch.tensor([e.input_ids])).logits[0], torch.tensor(e.labels))
                  for e in examples]
-    padded = [_masked_mean(logits[i, : len(e["input_ids"])], batch["labels"][i, : len(e["input_ids"])])
+    padded = [_masked_mean(logits[i, : len(e.input_ids)], batch["labels"][i, : len(e.input_ids)])
               for i, e in enumerate(examples)]
     torch.testing.assert_close(torch.stack(padded), torch.stack(alone), rtol=1e-5, atol=1e-6)
 
@@ -83,7 +87,7 @@ def test_packed_training_follows_the_padded_loss_curve(tiny_base, data_files, tm
         runs[packing] = run_in_process(config, tmp_path)
         assert runs[packing].returncode == 0, runs[packing].events[-1]
     packed, padded = runs[True], runs[False]
-    assert packed.last["non_padding_fraction"] == 1.0 and padded.last["non_padding_fraction"] < 0.9
+    assert packed.completed.outcome.non_padding_fraction == 1.0 and padded.completed.outcome.non_padding_fraction < 0.9
     steps = sorted(packed.losses())
     assert steps == sorted(padded.losses()) == list(range(1, 11))
     torch.testing.assert_close(torch.tensor([packed.losses()[s] for s in steps]),

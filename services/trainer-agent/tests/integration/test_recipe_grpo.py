@@ -8,9 +8,15 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-
+from whetstone.devstack.recipe_harness import run_in_process, write_jsonl
 from whetstone.graders.rft import parse_method
-from whetstone.trainer_agent.recipes.harness import run_in_process, write_jsonl
+from whetstone.trainer_agent.domain.recipe_io import (
+    Checkpoint,
+    Completed,
+    Failed,
+    Progress,
+    Started,
+)
 
 pytestmark = pytest.mark.integration
 
@@ -41,29 +47,29 @@ def config(base: Path, root: Path, train: list[dict], validation: list[dict] | N
 def test_grpo_trains_with_the_grader_as_reward_and_resumes_exactly(tiny_base, tmp_path):
     run = run_in_process(config(tiny_base, tmp_path, rows(4), rows(2)), tmp_path)
     assert run.returncode == 0, run.last
-    progress = run.of("progress")
-    assert [p["step"] for p in progress] == [1, 2, 3, 4]
+    progress = run.of(Progress)
+    assert [p.step for p in progress] == [1, 2, 3, 4]
     for p in progress:
-        assert 0.0 <= p["reward"] <= 1.0 and p["reward_std"] >= 0.0 and p["grader_errors"] == 0
-        assert p["reward"] == pytest.approx(0.5 * p["sub_reward/close"] + 0.5 * p["sub_reward/short"], abs=1e-6)
-    assert any(p["reward_std"] > 0 for p in progress)   # the reward varies: GRPO has an advantage to follow
-    periodic = [c for c in run.of("checkpoint") if c["kind"] == "periodic"]
-    assert periodic and all(0.0 <= c["validation_reward"] <= 1.0 for c in periodic)
-    final = Path(run.of("checkpoint")[-1]["path"])
+        assert 0.0 <= p.reward <= 1.0 and p.reward_std >= 0.0 and p.grader_errors == 0
+        assert p.reward == pytest.approx(0.5 * p.sub_rewards["close"] + 0.5 * p.sub_rewards["short"], abs=1e-6)
+    assert any(p.reward_std > 0 for p in progress)   # the reward varies: GRPO has an advantage to follow
+    periodic = [c for c in run.of(Checkpoint) if c.kind == "periodic"]
+    assert periodic and all(0.0 <= c.validation.reward <= 1.0 for c in periodic)
+    final = Path(run.of(Checkpoint)[-1].path)
     assert (final / "adapter_config.json").is_file() and (final / "adapter_model.safetensors").is_file()
-    done = run.of("completed")[0]
-    assert done["generations"] == 2 and 0.0 <= done["validation_reward"] <= 1.0
+    done = run.of(Completed)[0]
+    assert done.outcome.generations == 2 and 0.0 <= done.validation.reward <= 1.0
 
     # stopped after step 2 and resumed from that checkpoint, steps 3-4 draw the same prompts and the
     # same completions as the uninterrupted run (trl's seeded sampler, the batches a resumed epoch
     # skips, the RNG states kept in the checkpoint), so their rewards are equal
-    checkpoint = next(c["path"] for c in periodic if c["step"] == 2)
+    checkpoint = next(c.path for c in periodic if c.step == 2)
     resumed = run_in_process({**config(tiny_base, tmp_path / "resumed", rows(4), rows(2)), "resume_from": checkpoint},
                              tmp_path / "resumed")
     assert resumed.returncode == 0, resumed.last
-    after = {p["step"]: p["reward"] for p in resumed.of("progress")}
+    after = {p.step: p.reward for p in resumed.of(Progress)}
     assert sorted(after) == [3, 4]
-    assert after == pytest.approx({p["step"]: p["reward"] for p in progress if p["step"] > 2}, abs=1e-6)
+    assert after == pytest.approx({p.step: p.reward for p in progress if p.step > 2}, abs=1e-6)
 
 
 def test_rft_data_the_grader_cannot_read_is_refused_naming_lines(tiny_base, tmp_path):
@@ -72,9 +78,9 @@ def test_rft_data_the_grader_cannot_read_is_refused_naming_lines(tiny_base, tmp_
                 "target": "yes"}
     del train[2]["target"]
     run = run_in_process(config(tiny_base, tmp_path, train), tmp_path)
-    failed = run.of("failed")[0]
-    assert run.returncode == 1 and failed["code"] == "invalid_rft_data" and failed["error_class"] == "user"
-    assert "line 2: the last message is 'assistant'" in failed["message"]
-    assert "line 3: {{item.target}} is read by the grader" in failed["message"]
-    assert not run.of("started")
+    failed = run.of(Failed)[0]
+    assert run.returncode == 1 and failed.code == "invalid_rft_data" and failed.error_class == "user"
+    assert "line 2: the last message is 'assistant'" in failed.message
+    assert "line 3: {{item.target}} is read by the grader" in failed.message
+    assert not run.of(Started)
 

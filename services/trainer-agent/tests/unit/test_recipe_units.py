@@ -6,16 +6,28 @@ from __future__ import annotations
 import json
 
 import pytest
-
+from whetstone.trainer_agent.domain.recipe_io import Failed, Progress, Validation
 from whetstone.trainer_agent.recipes.attention import segment_bounds
 from whetstone.trainer_agent.recipes.callbacks import Cadence, DivergenceGuard
 from whetstone.trainer_agent.recipes.data import (
-    IGNORE_INDEX, PaddedCollator, PaddingFreeCollator, check_format, row_format,
+    IGNORE_INDEX,
+    PaddedCollator,
+    PaddingFreeCollator,
+    check_format,
+    row_format,
 )
-from whetstone.trainer_agent.recipes.errors import AmbiguousError, UserError, is_out_of_memory
+from whetstone.trainer_agent.recipes.errors import (
+    AmbiguousError,
+    UserError,
+    is_out_of_memory,
+)
 from whetstone.trainer_agent.recipes.faults import Faults
 from whetstone.trainer_agent.recipes.hyperparams import (
-    Hyperparameters, halved_batch, plan_auto_batch, plan_batch, rank_for_size,
+    Hyperparameters,
+    halved_batch,
+    plan_auto_batch,
+    plan_batch,
+    rank_for_size,
 )
 from whetstone.trainer_agent.recipes.metrics import loss_points
 
@@ -96,15 +108,18 @@ def test_checkpoint_state_names_the_data_position_and_reads_back_its_geometry(tm
     from types import SimpleNamespace
 
     from whetstone.trainer_agent.recipes.checkpointing import (
-        checkpoint_geometry, checkpoint_state, write_checkpoint_state,
+        checkpoint_geometry,
+        checkpoint_state,
+        write_checkpoint_state,
     )
 
     hp = Hyperparameters.parse({"batch_size": 2, "gradient_accumulation_steps": 2, "seed": 3})
     state = SimpleNamespace(global_step=13, epoch=1.3, num_input_tokens_seen=999)
     info = checkpoint_state(state, kind="emergency", method="lora", hp=hp, examples_per_epoch=40, train_file="t.jsonl")
-    assert info["kind"] == "emergency" and info["effective_batch"] == 4
-    assert info["data_position"] == {"epoch_index": 1, "optimizer_steps_into_epoch": 3, "micro_batches_into_epoch": 6,
-                                     "examples_into_epoch": 12, "examples_per_epoch": 40, "shuffle_seed": 3}
+    assert info.kind == "emergency" and info.effective_batch == 4
+    assert info.data_position.model_dump() == {"epoch_index": 1, "optimizer_steps_into_epoch": 3,
+                                               "micro_batches_into_epoch": 6, "examples_into_epoch": 12,
+                                               "examples_per_epoch": 40, "shuffle_seed": 3}
     assert checkpoint_geometry(tmp_path) is None
     write_checkpoint_state(tmp_path, info)
     assert checkpoint_geometry(tmp_path) == (2, 2)
@@ -118,9 +133,8 @@ def test_out_of_memory_is_recognised_across_backends():
     assert is_out_of_memory(torch.OutOfMemoryError("CUDA out of memory"))
     assert is_out_of_memory(RuntimeError("DefaultCPUAllocator: can't allocate memory: you tried to allocate 1 GB"))
     assert not is_out_of_memory(RuntimeError("index out of range in self"))
-    failure = AmbiguousError("oom", code="out_of_memory", advice=["lower max_seq_len"]).event_fields()
-    assert failure == {"error_class": "ambiguous", "code": "out_of_memory", "message": "oom",
-                       "advice": ["lower max_seq_len"]}
+    failure = AmbiguousError("oom", code="out_of_memory", advice=["lower max_seq_len"]).event()
+    assert failure == Failed(error_class="ambiguous", code="out_of_memory", message="oom", advice=["lower max_seq_len"])
 
 
 # ------------------------------------------------------------------ data
@@ -191,9 +205,9 @@ def test_faults_are_inert_unless_switched_on(monkeypatch):
 
 
 def test_loss_points_keep_the_last_value_per_step():
-    events = [{"event": "progress", "step": 1, "loss": 3.0}, {"event": "progress", "step": 2, "loss": 2.0,
-              "validation_loss": 2.5}, {"event": "checkpoint", "step": 2}, {"event": "progress", "step": 2, "loss": 1.9}]
-    assert loss_points(events) == ([(1, 3.0), (2, 1.9)], [(2, 2.5)])
+    progress = [Progress(step=1, loss=3.0), Progress(step=2, loss=2.0, validation=Validation(loss=2.5)),
+                Progress(step=2, loss=1.9)]
+    assert loss_points(progress) == ([(1, 3.0), (2, 1.9)], [(2, 2.5)])
 
 
 class _Planted:
@@ -223,7 +237,6 @@ def _hf_checkpoint(root):
 
 def test_resume_pickles_must_load_without_running_code(tmp_path):
     import torch
-
     from whetstone.trainer_agent.recipes.errors import PlatformError
     from whetstone.trainer_agent.recipes.safe_load import verify_checkpoint_pickles
 
@@ -243,7 +256,6 @@ def test_resume_pickles_must_load_without_running_code(tmp_path):
 
 def test_deepspeed_states_admit_deepspeed_objects_but_nothing_else(tmp_path):
     import torch
-
     from whetstone.trainer_agent.recipes.errors import PlatformError
     from whetstone.trainer_agent.recipes.safe_load import verify_checkpoint_pickles
 

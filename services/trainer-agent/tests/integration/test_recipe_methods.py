@@ -9,8 +9,13 @@ from pathlib import Path
 
 import pytest
 import torch
-
-from whetstone.trainer_agent.recipes.harness import preference_rows, run_in_process, text_rows, write_jsonl
+from whetstone.devstack.recipe_harness import (
+    preference_rows,
+    run_in_process,
+    text_rows,
+    write_jsonl,
+)
+from whetstone.trainer_agent.domain.recipe_io import Checkpoint, Progress
 
 pytestmark = pytest.mark.integration
 
@@ -43,9 +48,9 @@ def config_for(method, base, data, out: Path, **hyperparameters) -> dict:
 
 
 def assert_resumable_checkpoint(run, method):
-    periodic = [c for c in run.of("checkpoint") if c["kind"] == "periodic"]
-    assert [c["step"] for c in periodic] == [3]
-    path = Path(periodic[0]["path"])
+    periodic = [c for c in run.of(Checkpoint) if c.kind == "periodic"]
+    assert [c.step for c in periodic] == [3]
+    path = Path(periodic[0].path)
     assert all((path / name).is_file() for name in CHECKPOINT_FILES)
     weights = "model.safetensors" if method in ("full", "cpt") else "adapter_model.safetensors"
     assert (path / weights).is_file()
@@ -53,11 +58,11 @@ def assert_resumable_checkpoint(run, method):
     assert state["kind"] == "periodic" and state["step"] == 3 and state["micro_batch_size"] == 4
     assert state["data_position"]["optimizer_steps_into_epoch"] == 3
     assert state["data_position"]["examples_into_epoch"] == 12
-    assert periodic[0]["validation_loss"] > 0  # validation at each checkpoint ...
-    progress_3 = next(e for e in run.of("progress") if e["step"] == 3)
-    assert progress_3["validation_loss"] == periodic[0]["validation_loss"]  # ... also in the progress event
-    for event in run.of("progress"):
-        assert event["peak_memory_mb"] > 0 and event["tokens_per_s"] > 0 and event["grad_norm"] is not None
+    assert periodic[0].validation.loss > 0  # validation at each checkpoint ...
+    progress_3 = next(e for e in run.of(Progress) if e.step == 3)
+    assert progress_3.validation.loss == periodic[0].validation.loss  # ... also in the progress event
+    for event in run.of(Progress):
+        assert event.peak_memory_mb > 0 and event.tokens_per_s > 0 and event.grad_norm is not None
 
 
 @pytest.mark.parametrize("method", ["qlora", "full", "dpo", "orpo", "cpt"])
@@ -67,9 +72,9 @@ def test_method_trains_and_leaves_a_loadable_artifact(method, tiny_base, method_
     run = run_in_process(config_for(method, tiny_base, method_data, tmp_path / "out"), tmp_path)
     assert run.returncode == 0, run.last
     assert run.names()[0] == "started" and run.names()[-2:] == ["checkpoint", "completed"]
-    assert run.last["step"] == 6 and run.last["validation_loss"] > 0 and run.last["tokens"] > 0
+    assert run.completed.step == 6 and run.completed.validation.loss > 0 and run.completed.tokens > 0
     assert_resumable_checkpoint(run, method)
-    final = Path(run.of("checkpoint")[-1]["path"])
+    final = Path(run.of(Checkpoint)[-1].path)
     for name in ("tokenizer.json", "chat_template.jinja", "whetstone_training.json"):
         assert (final / name).is_file(), name
     assert (final / "loss_curve.png").read_bytes()[:8] == PNG_MAGIC
@@ -100,7 +105,7 @@ def test_qlora_merged_model_matches_base_plus_adapter(tiny_base, method_data, tm
                         checkpoint_every_steps=0)
     run = run_in_process(config, tmp_path)
     assert run.returncode == 0, run.last
-    final = Path(run.of("checkpoint")[-1]["path"])
+    final = Path(run.of(Checkpoint)[-1].path)
     merged = AutoModelForCausalLM.from_pretrained(final / "merged").eval()
     adapted = PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained(tiny_base), final).eval()
     assert (final / "merged" / "chat_template.jinja").is_file()
@@ -115,22 +120,22 @@ def test_batch_size_auto_reaches_the_target_effective_batch(tiny_base, method_da
     run = run_in_process(config, tmp_path)
     assert run.returncode == 0, run.last
     started = run.events[0]
-    assert started["micro_batch_size"] < 8  # the long examples do not fit 8 per micro-batch in 300 tokens
-    assert started["micro_batch_size"] * started["gradient_accumulation_steps"] == 8
-    assert run.last["step"] == 3  # 24 rows / effective batch 8
+    assert started.micro_batch_size < 8  # the long examples do not fit 8 per micro-batch in 300 tokens
+    assert started.micro_batch_size * started.gradient_accumulation_steps == 8
+    assert run.last.step == 3  # 24 rows / effective batch 8
 
 
 def test_dpo_reference_log_probs_are_computed_once_and_reused_on_resume(tiny_base, method_data, tmp_path):
     first = run_in_process(config_for("dpo", tiny_base, method_data, tmp_path / "a"), tmp_path)
-    assert first.returncode == 0 and first.last["ref_log_probs_s"] > 0
-    checkpoint = Path(next(c for c in first.of("checkpoint") if c["kind"] == "periodic")["path"])
+    assert first.returncode == 0 and first.completed.outcome.ref_log_probs_s > 0
+    checkpoint = next(c for c in first.of(Checkpoint) if c.kind == "periodic").path
     stored = json.loads((checkpoint / "ref_log_probs.json").read_text())
     assert len(stored["train"]["chosen"]) == 24 and len(stored["eval"]["rejected"]) == 24
     resumed = run_in_process({**config_for("dpo", tiny_base, method_data, tmp_path / "b"),
                               "job_id": "job-dpo-2", "resume_from": str(checkpoint)}, tmp_path)
     assert resumed.returncode == 0, resumed.last
-    assert resumed.last["ref_log_probs_s"] == 0.0  # reused from the checkpoint, not recomputed
-    assert resumed.events[0]["resumed_from_step"] == 3
+    assert resumed.completed.outcome.ref_log_probs_s == 0.0  # reused from the checkpoint, not recomputed
+    assert resumed.events[0].resumed_from_step == 3
     for step, loss in resumed.losses().items():
         assert loss == first.losses()[step], step
 
@@ -153,8 +158,8 @@ def test_bad_input_is_refused_before_training(tiny_base, method_data, tmp_path, 
     run = run_in_process(config, tmp_path)
     assert run.returncode == 1
     assert run.names() == ["failed"]  # nothing started
-    assert (run.last["error_class"], run.last["code"]) == (error_class, code)
-    assert needle in run.last["message"], run.last["message"]
+    assert (run.last.error_class, run.last.code) == (error_class, code)
+    assert needle in run.last.message, run.last.message
 
 
 def test_unreadable_resume_checkpoint_is_a_platform_error(tiny_base, method_data, tmp_path):
@@ -164,5 +169,5 @@ def test_unreadable_resume_checkpoint_is_a_platform_error(tiny_base, method_data
     config = {**config_for("lora", tiny_base, method_data, tmp_path / "out"), "resume_from": str(broken)}
     run = run_in_process(config, tmp_path)
     assert run.returncode == 1 and run.names() == ["failed"]
-    assert (run.last["error_class"], run.last["code"]) == ("platform", "unreadable_checkpoint")
-    assert "checkpoint-7" in run.last["message"]
+    assert (run.last.error_class, run.last.code) == ("platform", "unreadable_checkpoint")
+    assert "checkpoint-7" in run.last.message

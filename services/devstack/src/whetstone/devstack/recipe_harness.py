@@ -1,9 +1,12 @@
-"""Drive a recipe the way the trainer agent does, for tests and benchmarks.
+"""Drive a training recipe the way the trainer agent does, for tests and benchmarks.
 
-- `run_subprocess`: a real child process (`python -m ...recipes.main`), events read from its
-  stdout; optionally SIGTERM after a given progress step, or test faults via the env var.
+- `run_subprocess`: a real child process (`python -m whetstone.trainer_agent.recipes.main`), its
+  stdout parsed into typed events (`trainer_agent/domain/recipe_io.py`: a line that is not an event
+  fails the run); optionally SIGTERM after a given progress step, or test faults via the env var.
 - `run_in_process`: the same `execute()` in this process (no interpreter start-up: cheap),
   events captured in memory. SIGTERM is routed to the run's flag while it lasts.
+
+Configs are plain JSON-able dicts here: tests write broken ones on purpose.
 """
 
 from __future__ import annotations
@@ -19,43 +22,66 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
-from .faults import ENV as FAULTS_ENV
+from pydantic import TypeAdapter
+from whetstone.trainer_agent.domain.recipe_io import (
+    Checkpoint,
+    ChildEvent,
+    Completed,
+    Preempted,
+    Progress,
+)
+from whetstone.trainer_agent.recipes.faults import ENV as FAULTS_ENV
 
 RECIPE_MODULE = "whetstone.trainer_agent.recipes.main"
+
+
+E = TypeVar("E")
+_EVENT: TypeAdapter[ChildEvent] = TypeAdapter(ChildEvent)
+
+
+def parse_line(line: str) -> ChildEvent:
+    """Strict: stdout must carry nothing but the protocol's events."""
+    return _EVENT.validate_json(line)
 
 
 @dataclass
 class RecipeRun:
     returncode: int
-    events: list[dict[str, Any]] = field(default_factory=list)
+    events: list[ChildEvent] = field(default_factory=list)
     stderr: str = ""
     sigterm_sent_at: float | None = None  # time.time()
 
-    def of(self, name: str) -> list[dict[str, Any]]:
-        return [e for e in self.events if e["event"] == name]
+    def of(self, kind: type[E]) -> list[E]:
+        return [e for e in self.events if isinstance(e, kind)]
 
     def names(self) -> list[str]:
-        return [e["event"] for e in self.events]
+        return [e.event for e in self.events]
 
-    def losses(self) -> dict[int, float]:
-        return {e["step"]: e["loss"] for e in self.of("progress")}
+    def losses(self) -> dict[int, float | None]:
+        return {e.step: e.loss for e in self.of(Progress)}
 
     @property
-    def last(self) -> dict[str, Any]:
-        return self.events[-1] if self.events else {}
+    def last(self) -> ChildEvent | None:
+        return self.events[-1] if self.events else None
+
+    @property
+    def completed(self) -> Completed:
+        """The run's `completed` event (AssertionError naming the last event when there is none)."""
+        assert isinstance(self.last, Completed), self.last
+        return self.last
 
 
 def write_config(config: dict[str, Any], workdir: Path) -> Path:
     workdir.mkdir(parents=True, exist_ok=True)
     path = workdir / f"{config['job_id']}.config.json"
-    path.write_text(json.dumps(config))
+    path.write_text(json.dumps(config, default=str))  # Path values as their text
     return path
 
 
 def run_subprocess(config: dict[str, Any], workdir: Path, *, faults: dict[str, Any] | None = None,
-                   sigterm_after_step: int | None = None, on_event: Callable[[dict[str, Any]], None] | None = None,
+                   sigterm_after_step: int | None = None, on_event: Callable[[ChildEvent], None] | None = None,
                    timeout_s: float = 300) -> RecipeRun:
     config_path = write_config(config, workdir)
     stderr_path = workdir / f"{config['job_id']}.stderr.txt"
@@ -72,12 +98,12 @@ def run_subprocess(config: dict[str, Any], workdir: Path, *, faults: dict[str, A
         events = []
         try:
             for line in proc.stdout:
-                event = json.loads(line)  # stdout must carry nothing but JSON events
+                event = parse_line(line)
                 events.append(event)
                 if on_event is not None:
                     on_event(event)
-                if (sigterm_after_step is not None and sent_at is None and event["event"] == "progress"
-                        and event["step"] >= sigterm_after_step):
+                if (sigterm_after_step is not None and sent_at is None and isinstance(event, Progress)
+                        and event.step >= sigterm_after_step):
                     sent_at = time.time()
                     proc.send_signal(signal.SIGTERM)
             returncode = proc.wait()
@@ -87,8 +113,8 @@ def run_subprocess(config: dict[str, Any], workdir: Path, *, faults: dict[str, A
 
 
 def run_in_process(config: dict[str, Any], workdir: Path, *, faults: dict[str, Any] | None = None) -> RecipeRun:
-    from .protocol import EventStream, PreemptionFlag
-    from .main import execute
+    from whetstone.trainer_agent.recipes.main import execute
+    from whetstone.trainer_agent.recipes.protocol import EventStream, PreemptionFlag
 
     config_path = write_config(config, workdir)
     buffer = io.StringIO()
@@ -104,7 +130,7 @@ def run_in_process(config: dict[str, Any], workdir: Path, *, faults: dict[str, A
         os.environ.pop(FAULTS_ENV, None)
         if previous_faults is not None:
             os.environ[FAULTS_ENV] = previous_faults
-    events = [json.loads(line) for line in buffer.getvalue().splitlines()]
+    events = [parse_line(line) for line in buffer.getvalue().splitlines()]
     return RecipeRun(returncode, events)
 
 
@@ -149,20 +175,20 @@ class Chain:
 
     @property
     def emergency_steps(self) -> list[int]:
-        return [s.of("checkpoint")[-1]["step"] for s in self.segments[:-1] if s.names()[-1:] == ["preempted"]]
+        return [s.of(Checkpoint)[-1].step for s in self.segments[:-1] if s.names()[-1:] == ["preempted"]]
 
-    def chained_losses(self) -> dict[int, float]:
-        losses: dict[int, float] = {}
+    def chained_losses(self) -> dict[int, float | None]:
+        losses: dict[int, float | None] = {}
         for segment in self.segments:
             losses.update(segment.losses())
         return losses
 
     def final_dirs(self) -> tuple[Path, Path]:
-        return Path(self.reference.of("checkpoint")[-1]["path"]), Path(self.segments[-1].of("checkpoint")[-1]["path"])
+        return self.reference.of(Checkpoint)[-1].path, self.segments[-1].of(Checkpoint)[-1].path
 
     def exact(self) -> bool:
         """Same per-step losses and the same final weights, bit for bit."""
-        if self.emergency_steps != self.expected_steps or self.segments[-1].last.get("event") != "completed":
+        if self.emergency_steps != self.expected_steps or not isinstance(self.segments[-1].last, Completed):
             return False
         if self.chained_losses() != self.reference.losses():
             return False
@@ -197,6 +223,7 @@ def interrupted_chain(config: dict[str, Any], workdir: Path, forward_points: lis
             break
         step = -(-forward // accumulation)
         expected.append(step)
-        resume = Path(run.last["checkpoint"])
+        assert isinstance(run.last, Preempted) and run.last.checkpoint is not None, run.last
+        resume = run.last.checkpoint
         done_forwards = step * accumulation
     return Chain(reference, segments, expected)

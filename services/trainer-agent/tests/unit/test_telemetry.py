@@ -1,8 +1,8 @@
 """Node telemetry: the nvidia-smi CSV parser (on an output in the format of
 `nvidia-smi --query-gpu=index,name,utilization.gpu,memory.used,memory.total,power.draw,temperature.gpu
 --format=csv,noheader,nounits`, four GPUs of three types, with the [N/A] and [Not Supported] cells
-nvidia-smi writes for a field it cannot read), MFU and the heartbeat sampler with and without
-an nvidia-smi on the PATH."""
+nvidia-smi writes for a field it cannot read), MFU and the recipe's progress meter. The heartbeat
+sampler itself: integration/test_heartbeat_telemetry.py."""
 
 from __future__ import annotations
 
@@ -10,15 +10,13 @@ import time
 from pathlib import Path
 
 import pytest
-
-from whetstone.contracts import NodeHeartbeatV1
-from whetstone.trainer_agent.adapters.telemetry import NodeTelemetry
 from whetstone.trainer_agent.domain.telemetry import mfu, parse_nvidia_smi, peak_flops
 
-SAMPLE = Path(__file__).parent / "data" / "nvidia-smi-query-gpu.csv"
+pytestmark = pytest.mark.unit
+
+SAMPLE = Path(__file__).parents[1] / "data" / "nvidia-smi-query-gpu.csv"
 
 
-@pytest.mark.unit
 def test_parses_each_gpu_and_leaves_unreadable_fields_empty():
     gpus = parse_nvidia_smi(SAMPLE.read_text())
     assert [g.index for g in gpus] == [0, 1, 2, 3]
@@ -29,7 +27,6 @@ def test_parses_each_gpu_and_leaves_unreadable_fields_empty():
     assert gpus[3].power_w is None and gpus[3].temperature_c is None and gpus[3].memory_used_mb == 2000.0
 
 
-@pytest.mark.unit
 def test_a_line_that_is_not_a_gpu_line_is_named():
     with pytest.raises(ValueError, match="line 1"):
         parse_nvidia_smi("index, name, utilization.gpu [%], memory.used [MiB], memory.total [MiB], power, temp\n")
@@ -40,7 +37,6 @@ def test_a_line_that_is_not_a_gpu_line_is_named():
     assert odd[0].name == "Tesla T4, custom" and odd[0].utilization_pct == 1.0
 
 
-@pytest.mark.unit
 def test_mfu_only_where_the_gpu_is_known():
     assert peak_flops("NVIDIA H100 80GB HBM3") == 989e12
     assert peak_flops("H100") == 989e12 and peak_flops("NVIDIA H100 PCIe") == 756e12
@@ -53,33 +49,6 @@ def test_mfu_only_where_the_gpu_is_known():
     assert mfu(7_000_000_000, 0.0, "H100") is None
 
 
-@pytest.mark.integration
-async def test_heartbeat_figures_without_nvidia_smi_are_cpu_figures():
-    figures = await NodeTelemetry(nvidia_smi="").sample()
-    assert "gpus" not in figures
-    assert 0 <= figures["cpu_percent"] <= 100 and figures["rss_mb"] > 10
-    hb = NodeHeartbeatV1(node_id="n", gpu_type="cpu", gpu_count=1, sent_at="2026-01-01T00:00:00Z", **figures)
-    assert hb.gpus == [] and hb.rss_mb == figures["rss_mb"]
-
-
-@pytest.mark.integration
-async def test_heartbeat_figures_from_an_nvidia_smi_on_the_path(tmp_path: Path):
-    tool = tmp_path / "nvidia-smi"
-    tool.write_text(f"#!/bin/sh\ncase \"$*\" in *--query-gpu=index,name,utilization.gpu*) cat {SAMPLE};; "
-                    "*) exit 9;; esac\n")
-    tool.chmod(0o755)
-    figures = await NodeTelemetry(nvidia_smi=str(tool)).sample()
-    hb = NodeHeartbeatV1(node_id="n", gpu_type="H100", gpu_count=4, sent_at="2026-01-01T00:00:00Z", **figures)
-    assert [g.index for g in hb.gpus] == [0, 1, 2, 3] and hb.gpus[0].utilization_pct == 97.0
-    assert hb.cpu_percent is not None
-    broken = tmp_path / "broken"
-    broken.write_text("#!/bin/sh\necho 'NVIDIA-SMI has failed because it could not communicate' >&2\nexit 9\n")
-    broken.chmod(0o755)
-    telemetry = NodeTelemetry(nvidia_smi=str(broken))
-    assert "gpus" not in await telemetry.sample() and telemetry._failing   # logged once, heartbeat goes on
-
-
-@pytest.mark.unit
 def test_progress_reports_step_time_and_mfu_on_a_known_gpu():
     from types import SimpleNamespace
 
@@ -94,8 +63,8 @@ def test_progress_reports_step_time_and_mfu_on_a_known_gpu():
     state.num_input_tokens_seen, state.global_step = 1_000_000, 4
     time.sleep(0.01)  # four steps take time
     p = meter.measure(args, state, {"loss": 1.0})
-    assert p["step_time_s"] > 0 and p["tokens_per_s"] > 0
-    assert p["mfu"] == pytest.approx(6 * 7e9 * p["tokens_per_s"] / (989e12 * 2), rel=1e-4)
+    assert p.step_time_s > 0 and p.tokens_per_s > 0
+    assert p.mfu == pytest.approx(6 * 7e9 * p.tokens_per_s / (989e12 * 2), rel=1e-4)
     meter.gpu_type = None  # CPU
     state.num_input_tokens_seen, state.global_step = 2_000_000, 8
-    assert meter.measure(args, state, {"loss": 1.0})["mfu"] is None
+    assert meter.measure(args, state, {"loss": 1.0}).mfu is None

@@ -6,23 +6,57 @@ from __future__ import annotations
 import signal
 
 import pytest
-
 from whetstone.contracts import CheckpointRef
+from whetstone.trainer_agent.adapters.runs import _run
 from whetstone.trainer_agent.domain.checkpoints import (
-    AttemptFence, StaleAttempt, StoredCheckpoint, checkpoint_prefix, checkpoint_ref, checkpoints_in, job_checkpoints_prefix, parse_checkpoint, resume_candidates,
+    AttemptFence,
+    StaleAttempt,
+    StoredCheckpoint,
+    checkpoint_prefix,
+    checkpoint_ref,
+    checkpoints_in,
+    job_checkpoints_prefix,
+    parse_checkpoint,
+    resume_candidates,
     to_prune,
 )
 from whetstone.trainer_agent.domain.distributed import (
-    DistributedConfigError, DistributedPlan, Topology, bytes_per_gpu, deepspeed_config, param_count_hint,
-    plan_distributed, requested_zero_stage, training_mode,
+    DistributedConfigError,
+    DistributedPlan,
+    Topology,
+    bytes_per_gpu,
+    deepspeed_config,
+    param_count_hint,
+    plan_distributed,
+    requested_zero_stage,
+    training_mode,
 )
 from whetstone.trainer_agent.domain.launch import (
-    PORT_BASE, PORT_SPAN, RANK_VARIABLES, Rendezvous, build_launch, default_master_port, parse_rendezvous,
+    PORT_BASE,
+    PORT_SPAN,
+    RANK_VARIABLES,
+    Rendezvous,
+    build_launch,
+    default_master_port,
+    parse_rendezvous,
 )
-from whetstone.trainer_agent.domain.runs import Run
+from whetstone.trainer_agent.domain.recipe_io import (
+    Checkpoint,
+    Completed,
+    Failed,
+    Outcome,
+    Progress,
+    Validation,
+    parse_event,
+)
 from whetstone.trainer_agent.domain.supervision import (
-    classify_exit, completed_metrics, describe_exit, failure_message, free_gpu_ids, preempt_reason, ProgressCadence,
-    progress_fields, reported_advice, stop_reason,
+    ProgressCadence,
+    classify_exit,
+    describe_exit,
+    free_gpu_ids,
+    job_progress,
+    preempt_reason,
+    stop_reason,
 )
 
 pytestmark = pytest.mark.unit
@@ -432,9 +466,11 @@ def test_free_gpu_ids_reflect_running_segments_and_drain():
 
 
 def test_failure_message_carries_the_recipes_advice():
-    assert failure_message("loss diverged", ["lower learning_rate", "raise warmup_ratio"]) == (
-        "loss diverged Suggested changes: lower learning_rate; raise warmup_ratio.")
-    assert failure_message(None) == "training failed" and failure_message("x", "not a list") == "x"
+    failed = Failed(message="loss diverged", advice=["lower learning_rate", "raise warmup_ratio"])
+    assert failed.full_message() == "loss diverged Suggested changes: lower learning_rate; raise warmup_ratio."
+    assert parse_event('{"event": "failed"}') == Failed(error_class="platform", code="training_failed",
+                                                         message="training failed")
+    assert Failed(message="x").full_message() == "x"
 
 
 def test_checkpoint_names_carry_the_attempt_and_order_by_it():
@@ -464,37 +500,49 @@ def test_run_from_a_row_and_checkpoint_refs_from_stored_json():
           "manifest_sha256": "a" * 64, "extra": "ignored"}
     assert checkpoint_ref(ck) == CheckpointRef(uri=ck["uri"], step=10, manifest_sha256="a" * 64)
     assert checkpoint_ref(None) is None
+    spec = {"base_model": "m", "base_model_sha256": "0" * 64, "dataset_id": "ds", "dataset_version": "v1",
+            "train_uri": "s3://b/t", "method": "lora", "hyperparameters": {}, "hyperparameters_hash": "h"}
     row = {"segment_id": "j-s2", "job_id": "j", "node_id": "n", "tenant_id": "demo", "trace_id": "t", "attempt": 2,
-           "gpu_ids": [0, 1], "spec": {"method": "lora"}, "resume_from": ck, "rendezvous": None,
+           "gpu_ids": [0, 1], "spec": spec, "resume_from": ck, "rendezvous": None, "status": "running",
            "latest_checkpoint": None, "pid": None, "pid_start": None}
-    run = Run.from_row(row)
+    run = _run(row)
     assert run.gpu_ids == (0, 1) and run.durable_checkpoint == checkpoint_ref(ck)
-    assert run.fence == AttemptFence("demo", "j", 2)
-    later = Run.from_row({**row, "latest_checkpoint": {**ck, "step": 20}})
+    assert run.fence == AttemptFence("demo", "j", 2) and run.spec.method == "lora" and not run.is_merge
+    later = _run({**row, "latest_checkpoint": {**ck, "step": 20}})
     assert later.durable_checkpoint.step == 20
 
 
-def fields_of_accuracy(msg):
-    return progress_fields(msg)["token_accuracy"]
-
-
 def test_child_events_become_job_events():
-    msg = {"event": "progress", "step": 5, "total_steps": 10, "loss": 1.5, "job_id": "j", "time": 1.0, "junk": 1}
-    fields = progress_fields(msg)
-    assert fields["step"] == 5 and fields["loss"] == 1.5 and fields["grad_norm"] is None and "junk" not in fields
-    assert fields_of_accuracy({**msg, "mean_token_accuracy": 0.5}) == 0.5  # the trainer's own name
+    line = '{"event": "progress", "step": 5, "total_steps": 10, "loss": 1.5, "job_id": "j", "time": 1.0, "junk": 1}'
+    progress = parse_event(line)
+    assert isinstance(progress, Progress)   # a field this side does not know is ignored
+    job = job_progress(progress, job_id="j", segment_id="j-s1", attempt=1)
+    assert (job.step, job.total_steps, job.loss, job.grad_norm) == (5, 10, 1.5, None)
+    accurate = progress.model_copy(update={"mean_token_accuracy": 0.5, "validation": Validation(loss=2.0)})
+    job = job_progress(accurate, job_id="j", segment_id="j-s1", attempt=1)
+    assert (job.token_accuracy, job.validation_loss) == (0.5, 2.0)  # the trainer's own name; the checkpoint's
+    assert parse_event("not json") is None and parse_event('{"event": "progress"}') is None   # not events
+    assert parse_event('{"event": "unknown"}') is None
 
 
 def test_progress_is_reported_at_a_steady_step_cadence():
     cadence = ProgressCadence(interval_s=1.0)
     times = {1: 3.0, 2: 0.25, **{s: 0.25 for s in range(3, 41)}}   # a slow first (warm-up) step, then 4 steps/s
-    due = [s for s in range(1, 41) if cadence.due({"step": s, "total_steps": 40, "step_time_s": times[s]})]
+    due = [s for s in range(1, 41) if cadence.due(Progress(step=s, total_steps=40, step_time_s=times[s]))]
     assert due == [1, 2, 4, 8, 12, 16, 20, 24, 28, 32, 36, 40]     # first, second, then every 4th and the last
     fast = ProgressCadence(interval_s=1.0)
-    due = [s for s in range(1, 101) if fast.due({"step": s, "total_steps": 100, "step_time_s": 1.0 if s < 50 else 0.01})]
+    due = [s for s in range(1, 101) if fast.due(Progress(step=s, total_steps=100,
+                                                         step_time_s=1.0 if s < 50 else 0.01))]
     assert due[:4] == [1, 2, 3, 4] and due[-1] == 100
     assert [s for s in due if 50 <= s < 100] == [64, 96]   # 100 steps/s: the stride doubles to 32, same grid
-    done = {"event": "completed", "job_id": "j", "time": 2.0, "step": 10, "train_loss": 0.5, "nested": {"a": 1},
-            "non_padding_fraction": None}
-    assert completed_metrics(done) == {"step": 10, "train_loss": 0.5}
-    assert reported_advice({"advice": ["a", 2]}) == ["a", "2"] and reported_advice({"advice": "x"}) == []
+
+
+
+def test_completed_and_checkpoint_metrics_are_flat_and_measured_only():
+    done = Completed(job_id="j", time=2.0, step=10, train_loss=0.5, outcome=Outcome(images=3),
+                     validation=Validation(loss=1.25, tokens=40))
+    assert done.metrics() == {"step": 10, "train_loss": 0.5, "images": 3, "validation_loss": 1.25,
+                              "validation_tokens": 40}
+    checkpoint = Checkpoint(kind="periodic", step=4, path="/x", validation=Validation(loss=1.0, tokens=9,
+                                                                                    mean_token_accuracy=0.5))
+    assert checkpoint.metrics() == {"validation_loss": 1.0, "validation_mean_token_accuracy": 0.5}

@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import pytest
 import torch
-
-from whetstone.trainer_agent.recipes.harness import run_in_process
+from whetstone.devstack.recipe_harness import run_in_process
+from whetstone.trainer_agent.domain.recipe_io import Checkpoint, OomRetry, Progress
 
 pytestmark = pytest.mark.integration
 
@@ -35,11 +35,11 @@ def test_out_of_memory_halves_the_micro_batch_and_keeps_the_effective_batch(refe
     run = run_in_process(config("job-oom", tiny_base, data_files, tmp_path / "out"), tmp_path,
                          faults={"oom_forwards": 1})
     assert run.returncode == 0, run.last
-    retry = run.of("oom_retry")
-    assert [(r["attempt"], r["micro_batch_size"], r["gradient_accumulation_steps"]) for r in retry] == [(1, 2, 2)]
-    assert retry[0]["resume_step"] == 0
-    assert (run.last["micro_batch_size"], run.last["gradient_accumulation_steps"]) == (2, 2)
-    assert run.last["oom_retries"] == 1 and run.names().count("started") == 1
+    retry = run.of(OomRetry)
+    assert [(r.attempt, r.micro_batch_size, r.gradient_accumulation_steps) for r in retry] == [(1, 2, 2)]
+    assert retry[0].resume_step == 0
+    assert (run.last.micro_batch_size, run.last.gradient_accumulation_steps) == (2, 2)
+    assert run.last.oom_retries == 1 and run.names().count("started") == 1
     steps = sorted(reference.losses())
     assert sorted(run.losses()) == steps == list(range(1, 11))
     torch.testing.assert_close(torch.tensor([run.losses()[s] for s in steps]),
@@ -52,9 +52,9 @@ def test_out_of_memory_retry_goes_on_from_the_segments_last_checkpoint(reference
     run = run_in_process(config("job-oom-late", tiny_base, data_files, tmp_path / "out"), tmp_path,
                          faults={"oom_at_forwards": [6, 9]})
     assert run.returncode == 0, run.last
-    retries = [(r["micro_batch_size"], r["gradient_accumulation_steps"], r["resume_step"]) for r in run.of("oom_retry")]
+    retries = [(r.micro_batch_size, r.gradient_accumulation_steps, r.resume_step) for r in run.of(OomRetry)]
     assert retries == [(2, 2, 4), (1, 4, 4)]
-    assert [e["step"] for e in run.of("progress")] == [1, 2, 3, 4, 5, 5, 5, 6, 7, 8, 9, 10]
+    assert [e.step for e in run.of(Progress)] == [1, 2, 3, 4, 5, 5, 5, 6, 7, 8, 9, 10]
     losses, expected = run.losses(), reference.losses()  # the last value of each step
     torch.testing.assert_close(torch.tensor([losses[s] for s in range(1, 11)]),
                                torch.tensor([expected[s] for s in range(1, 11)]), rtol=1e-4, atol=1e-5)
@@ -66,9 +66,9 @@ def test_out_of_memory_beyond_the_retries_fails_with_advice(tiny_base, data_file
     assert run.returncode == 1
     assert run.names() == ["started", "oom_retry", "failed"]
     failed = run.last
-    assert (failed["error_class"], failed["code"]) == ("ambiguous", "out_of_memory")
-    assert "micro-batch 2" in failed["message"] and "after 1 retries" in failed["message"]
-    assert "lower max_seq_len" in failed["advice"]
+    assert (failed.error_class, failed.code) == ("ambiguous", "out_of_memory")
+    assert "micro-batch 2" in failed.message and "after 1 retries" in failed.message
+    assert "lower max_seq_len" in failed.advice
 
 
 def test_divergence_stops_early_as_a_user_error_with_advice(tiny_base, data_files, tmp_path):
@@ -77,13 +77,13 @@ def test_divergence_stops_early_as_a_user_error_with_advice(tiny_base, data_file
     run = run_in_process(config("job-diverge", tiny_base, data_files, tmp_path / "out", learning_rate=0.99,
                                 divergence_patience=2,
                                 max_grad_norm=0.0, warmup_ratio=0.0) | {"method": "full"}, tmp_path)
-    assert run.returncode == 1, [e.get("loss") for e in run.of("progress")]
+    assert run.returncode == 1, [e.loss for e in run.of(Progress)]
     failed = run.last
-    assert (failed["error_class"], failed["code"]) == ("user", "loss_diverged")
-    assert "running minimum" in failed["message"]
-    assert any("lower learning_rate" in advice for advice in failed["advice"])
-    assert len(run.of("progress")) < 10  # stopped early, not at the end
-    assert not any(e["kind"] == "final" for e in run.of("checkpoint"))
+    assert (failed.error_class, failed.code) == ("user", "loss_diverged")
+    assert "running minimum" in failed.message
+    assert any("lower learning_rate" in advice for advice in failed.advice)
+    assert len(run.of(Progress)) < 10  # stopped early, not at the end
+    assert not any(e.kind == "final" for e in run.of(Checkpoint))
 
 
 def test_bad_example_met_mid_run_is_named(tiny_base, data_files, tmp_path):
@@ -92,7 +92,7 @@ def test_bad_example_met_mid_run_is_named(tiny_base, data_files, tmp_path):
     run = run_in_process(config("job-poison", tiny_base, data_files, tmp_path / "out"), tmp_path,
                          faults={"poison_line": bad_line})
     assert run.returncode == 1
-    assert run.names()[0] == "started" and run.of("progress")  # it was met mid-run, not at setup
+    assert run.names()[0] == "started" and run.of(Progress)  # it was met mid-run, not at setup
     failed = run.last
-    assert (failed["error_class"], failed["code"]) == ("user", "bad_example")
-    assert f"train.jsonl line {bad_line}:" in failed["message"] and "mid-run" in failed["message"]
+    assert (failed.error_class, failed.code) == ("user", "bad_example")
+    assert f"train.jsonl line {bad_line}:" in failed.message and "mid-run" in failed.message
