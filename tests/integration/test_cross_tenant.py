@@ -1,4 +1,4 @@
-"""Cross-tenant attack (issue 20, point 7): no tenant can act as another, on HTTP or on Kafka.
+"""Cross-tenant attack: no tenant can act as another, on HTTP or on Kafka.
 
 One platform (every service and the public gateway). Tenant A fine-tunes a tiny model, so A owns a
 file, a job with checkpoints, a registered model, usage, a template, a webhook, a serving route and
@@ -262,7 +262,8 @@ async def attack(c: httpx.AsyncClient, p, upstreams: dict[str, str], runtimes, s
     ids = {"file_id": f["id"], "job_id": job["id"], "fine_tuning_job_id": job["id"], "model_id": model["model_id"],
            "model_name": done.json()["fine_tuned_model"], "webhook_id": hook["id"], "key_id": a_key["id"], "a_key": a_key["key"],
            "tenant_id": A, "version": "1", "line_id": str(usage.json()["entries"][0]["id"]),
-           "/v1/templates:name": "a-tmpl", "/v1/serving:name": "a-route", "/v1/base_models:name": "tiny-llama"}
+           "/v1/templates:name": "a-tmpl", "/v1/serving:name": "a-route", "/v1/base_models:name": "tiny-llama",
+           "/v1/models:name": "adapter_model.safetensors"}
     revoked = await asyncio.to_thread(create_producer_token, A, base_url=sched)   # A's, revoked at once
     await asyncio.to_thread(operator_call, "POST", f"/v1/keys/{revoked['id']}/revoke", base_url=sched)
     ids["revoked_token"] = revoked["token"]
