@@ -34,7 +34,7 @@ def examples(tiny_base, data_files):
     from whetstone.modelkit.loading import load_tokenizer
 
     rows = read_chat_jsonl(data_files["train"])[:12]
-    return [e.as_row() for e in tokenize_chat_rows(load_tokenizer(tiny_base), rows, 256, "train.jsonl")]
+    return tokenize_chat_rows(load_tokenizer(tiny_base), rows, 256, "train.jsonl")
 
 
 @pytest.mark.parametrize("implementation", [attention.NAME, "sdpa"])
@@ -44,7 +44,7 @@ def test_packed_row_losses_equal_one_by_one(tiny_base, examples, implementation)
     attention.register()
     alone_model = load_model(tiny_base, dtype="float32").eval()
     packed_model = load_model(tiny_base, dtype="float32", attn_implementation=implementation).eval()
-    batch = PaddingFreeCollator()(examples)
+    batch = PaddingFreeCollator()([e.as_row() for e in examples])
     assert batch["input_ids"].shape == (1, sum(len(e.input_ids) for e in examples))  # no padding at all
     with torch.no_grad():
         # use_cache=False as in training: with a KV cache, stock sdpa does not derive the block-diagonal
@@ -65,7 +65,7 @@ def test_padded_batch_losses_equal_one_by_one(tiny_base, examples):
     from whetstone.modelkit.loading import load_model, load_tokenizer
 
     model = load_model(tiny_base, dtype="float32").eval()
-    batch = PaddedCollator(load_tokenizer(tiny_base).pad_token_id)(examples)
+    batch = PaddedCollator(load_tokenizer(tiny_base).pad_token_id)([e.as_row() for e in examples])
     assert batch["input_ids"].shape[0] == len(examples)
     with torch.no_grad():
         logits = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits

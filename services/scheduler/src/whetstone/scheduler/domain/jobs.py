@@ -137,10 +137,10 @@ def check_method_fits_dataset(method: str, purpose: str, schema: str | None = No
     if schema in METHODS_FOR_SCHEMA:
         allowed, holds = METHODS_FOR_SCHEMA[schema], f"{schema} data"
     else:
-        allowed, holds = METHODS_FOR_PURPOSE.get(purpose, frozenset()), f"a {purpose!r} dataset"
+        allowed, holds = METHODS_FOR_PURPOSE.get(purpose, frozenset()), f"a {str(purpose)!r} dataset"
     if method not in allowed:
         return Rejection("method_dataset_mismatch",
-                         f"method {method!r} needs {NEEDS.get(method, 'another kind of data')}; training_file "
+                         f"method {str(method)!r} needs {NEEDS.get(method, 'another kind of data')}; training_file "
                          f"{dataset_id} holds {holds} (fits: {', '.join(sorted(allowed)) or 'nothing: eval-only data'})",
                          param="training_file")
     return None
@@ -158,7 +158,7 @@ def check_hyperparameters(method: str, given: dict[str, Any], hidden_size: int |
     if method not in ADAPTER_METHODS and set_knobs:
         return Rejection("hyperparameter_out_of_range",
                          f"{', '.join(set_knobs)} only apply to adapter methods (lora, qlora, dpo, orpo), "
-                         f"not {method!r}", param=f"hyperparameters.{set_knobs[0]}")
+                         f"not {str(method)!r}", param=f"hyperparameters.{set_knobs[0]}")
     r = given.get("lora_r")
     if r is not None and hidden_size and r > hidden_size:
         return Rejection("hyperparameter_out_of_range",

@@ -101,13 +101,13 @@ def platform_method(body: CreateJob) -> tuple[str, dict[str, Any]]:
     if m.type in ("supervised", "dpo"):
         method = m.whetstone.method if m.whetstone else DEFAULT_FOR[m.type]
         if FAMILY[method] != m.type:
-            raise bad("method.whetstone.method", f"{method!r} is not a {m.type} method "
+            raise bad("method.whetstone.method", f"{str(method)!r} is not a {m.type} method "
                       f"(fits: {', '.join(k for k, v in FAMILY.items() if v == m.type)})")
         config = getattr(m, m.type)
     else:
         method = m.type
         if m.whetstone and m.whetstone.method != method:
-            raise bad("method.whetstone.method", f"{m.whetstone.method!r} contradicts method.type {method!r}")
+            raise bad("method.whetstone.method", f"{str(m.whetstone.method)!r} contradicts method.type {str(method)!r}")
         extra = (m.model_extra or {}).get(method) or getattr(m, FAMILY[method], None)
         try:
             config = MethodConfig.model_validate(extra) if isinstance(extra, dict) else extra

@@ -77,7 +77,7 @@ def job_checkpoints_prefix(tenant_id: str, job_id: str) -> str:
 
 def checkpoint_prefix(tenant_id: str, job_id: str, step: int, kind: str, attempt: int | None = None) -> str:
     if kind not in KINDS:
-        raise ValueError(f"unknown checkpoint kind {kind!r}")
+        raise ValueError(f"unknown checkpoint kind {str(kind)!r}")
     if step < 0:
         raise ValueError(f"negative step {step}")
     if attempt is not None and attempt < 1:

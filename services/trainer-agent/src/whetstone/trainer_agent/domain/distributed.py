@@ -104,7 +104,7 @@ def training_mode(method: str, hyperparameters: Mapping[str, object]) -> Trainin
     if method == "reinforcement":   # GRPO on a LoRA adapter
         return "lora"
     if method not in ("dpo", "orpo", "cpt"):
-        raise DistributedConfigError(f"unknown training method {method!r}")
+        raise DistributedConfigError(f"unknown training method {str(method)!r}")
     adapter = hyperparameters.get("adapter", "lora")
     if isinstance(adapter, str | None) and adapter in _MODE_OF:
         return _MODE_OF[adapter]

@@ -80,7 +80,7 @@ def check_format(rows: list[tuple[int, Any]], method: str, name: str) -> None:
         found = row_format(row)
         if found is not None and found != wanted:
             raise UserError(
-                f"{name} line {line_no}: method {method!r} needs {wanted} rows but this is a {found} row "
+                f"{name} line {line_no}: method '{method}' needs {wanted} rows but this is a {found} row "
                 f"(fits method {METHODS_FOR_FORMAT[found]})", code="method_dataset_mismatch")
 
 

@@ -209,7 +209,7 @@ class VisionSFTRecipe:
 
 def _check_method(cfg: RecipeConfig, hp: Hyperparameters) -> None:
     if cfg.method not in METHODS:
-        raise UserError(f"method {cfg.method!r} does not train on images or vision-language bases yet; "
+        raise UserError(f"method '{cfg.method}' does not train on images or vision-language bases yet; "
                         f"use {' or '.join(METHODS)}", code="unsupported_method")
     if hp.merge_adapter:
         raise UserError("merge_adapter is not supported for vision-language bases yet; load the adapter on the base",
