@@ -53,7 +53,7 @@ def run_demo(dataset: Path, *, keep: bool = False, tenant: str = "demo") -> int:
 
 async def _demo(dataset: Path, tenant: str) -> int:
     from whetstone.modelkit.tiny import build_tiny_model  # noqa: PLC0415
-    from whetstone.runtime.service import resolve_settings  # noqa: PLC0415
+    from whetstone.runtime.settings import resolve_settings  # noqa: PLC0415
 
     from .dev import run_platform  # noqa: PLC0415
 

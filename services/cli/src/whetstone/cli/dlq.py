@@ -109,7 +109,7 @@ async def redrive(bootstrap: str, source_topic: str, letters: list[Letter], *, e
 
 
 def _bootstrap() -> str:
-    from whetstone.runtime.service import resolve_settings  # noqa: PLC0415
+    from whetstone.runtime.settings import resolve_settings  # noqa: PLC0415
 
     bootstrap = resolve_settings().kafka_bootstrap
     assert bootstrap is not None

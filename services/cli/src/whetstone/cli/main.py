@@ -116,7 +116,7 @@ async def submit_dataset(settings, path: Path, tenant_id: str, purpose: str = "s
 
 
 def cmd_datasets_upload(args: argparse.Namespace) -> int:
-    from whetstone.runtime.service import resolve_settings  # noqa: PLC0415
+    from whetstone.runtime.settings import resolve_settings  # noqa: PLC0415
 
     path = Path(args.file)
     if not path.is_file():

@@ -355,7 +355,7 @@ async def trace_job(job_id: str, *, urls: Mapping[str, str], bootstrap: str, sec
 
 def cmd_trace(args: argparse.Namespace) -> int:
     from whetstone.runtime.identity import internal_secret  # noqa: PLC0415
-    from whetstone.runtime.service import load_stack_env  # noqa: PLC0415
+    from whetstone.runtime.settings import load_stack_env  # noqa: PLC0415
     from whetstone.runtime.settings import CommonSettings  # noqa: PLC0415
 
     load_stack_env(CommonSettings().data_dir)

@@ -20,14 +20,11 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import os
-import shlex
 import signal
 import time
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
-from pathlib import Path
 from typing import Any, Generic, TypeVar
 
 import asyncpg
@@ -50,7 +47,7 @@ from .http import BodyLimit, HttpServer, ServiceMetrics, make_app
 from .logging import configure_logging, get_logger
 from .messaging import OutboxRelay, UnitOfWork, current_envelope, decode, parse_payload, unit_of_work
 from .s3 import ObjectStore
-from .settings import CommonSettings, check_credentials
+from .settings import CommonSettings, check_credentials, resolve_settings
 from .kafka_security import broker_security
 from .topics import ensure_topics, while_unreachable
 from .tracing import TraceLog, trace_routes
@@ -100,30 +97,6 @@ class Service(Generic[C]):
     @property
     def schema(self) -> str:
         return self.name.replace("-", "_")
-
-
-def load_stack_env(data_dir: Path) -> None:
-    """Adopt the endpoints `whet stack up` wrote, unless set explicitly already."""
-    env_file = data_dir / "stack.env"
-    if not env_file.exists():
-        return
-    for line in env_file.read_text().splitlines():
-        k, sep, v = line.partition("=")
-        if sep and k.strip().startswith("WHETSTONE_"):
-            value = shlex.split(v)[0] if v.strip() else ""
-            os.environ.setdefault(k.strip(), value)
-
-
-def resolve_settings() -> CommonSettings:
-    settings = CommonSettings()
-    load_stack_env(settings.data_dir)
-    settings = CommonSettings()
-    missing = [n for n in ("kafka_bootstrap", "database_url", "s3_endpoint") if not getattr(settings, n)]
-    if missing:
-        raise SystemExit(
-            f"no {', '.join(missing)} configured: run `whet stack up` (embedded stack) or set "
-            + ", ".join(f"WHETSTONE_{m.upper()}" for m in missing))
-    return settings
 
 
 def kafka_broker(settings: CommonSettings, client_id: str) -> KafkaBroker:

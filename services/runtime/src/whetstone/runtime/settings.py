@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+import shlex
 import ssl
 from pathlib import Path
 from typing import TypedDict
@@ -117,3 +119,27 @@ class ServiceSettings(BaseSettings):
 
     model_config = SettingsConfigDict(extra="ignore")
     http_port: int = 0
+
+
+def load_stack_env(data_dir: Path) -> None:
+    """Adopt the endpoints `whet stack up` wrote, unless set explicitly already."""
+    env_file = data_dir / "stack.env"
+    if not env_file.exists():
+        return
+    for line in env_file.read_text().splitlines():
+        k, sep, v = line.partition("=")
+        if sep and k.strip().startswith("WHETSTONE_"):
+            value = shlex.split(v)[0] if v.strip() else ""
+            os.environ.setdefault(k.strip(), value)
+
+
+def resolve_settings() -> CommonSettings:
+    settings = CommonSettings()
+    load_stack_env(settings.data_dir)
+    settings = CommonSettings()
+    missing = [n for n in ("kafka_bootstrap", "database_url", "s3_endpoint") if not getattr(settings, n)]
+    if missing:
+        raise SystemExit(
+            f"no {', '.join(missing)} configured: run `whet stack up` (embedded stack) or set "
+            + ", ".join(f"WHETSTONE_{m.upper()}" for m in missing))
+    return settings
