@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import json
 import socket
+from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -30,6 +31,28 @@ def delivery_view(row: asyncpg.Record) -> dict[str, Any]:
             "attempts": row["attempts"], "last_status_code": row["last_status_code"], "last_error": row["last_error"],
             "next_attempt_at": int(row["next_attempt_at"].timestamp()) if row["status"] == "pending" else None,
             "created_at": int(row["created_at"].timestamp()), "updated_at": int(row["updated_at"].timestamp())}
+
+
+@dataclass(frozen=True)
+class DueDelivery:
+    """A claimed delivery with its webhook's url and secret: what the sender posts."""
+    delivery_id: int
+    event_id: str
+    event_type: str
+    payload: dict[str, Any]
+    tenant_id: str
+    attempts: int
+    created_at: datetime
+    url: str
+    secret: str
+    webhook_id: str
+
+    @classmethod
+    def of(cls, row: asyncpg.Record) -> DueDelivery:
+        fields = dict(row)
+        if not isinstance(fields["payload"], dict):
+            fields["payload"] = json.loads(fields["payload"])
+        return cls(**fields)
 
 
 class WebhookStore:
@@ -83,15 +106,16 @@ class WebhookStore:
             " ON CONFLICT (webhook_id, event_id) DO NOTHING", tenant_id, event_id, event_type, json.dumps(payload))
         return int(result.split()[-1])
 
-    async def claim(self, now: datetime, lease: timedelta, limit: int) -> list[asyncpg.Record]:
+    async def claim(self, now: datetime, lease: timedelta, limit: int) -> list[DueDelivery]:
         """Due deliveries, pushed `lease` into the future so that no other sender takes them meanwhile."""
-        return await self.conn.fetch(
+        rows = await self.conn.fetch(
             "WITH due AS (SELECT delivery_id FROM webhook_deliveries WHERE status = 'pending'"
             "  AND next_attempt_at <= $1 ORDER BY next_attempt_at LIMIT $3 FOR UPDATE SKIP LOCKED)"
             " UPDATE webhook_deliveries d SET next_attempt_at = $1 + $2, attempts = d.attempts + 1, updated_at = $1"
             " FROM due, webhooks w WHERE d.delivery_id = due.delivery_id AND w.webhook_id = d.webhook_id"
             " RETURNING d.delivery_id, d.event_id, d.event_type, d.payload, d.tenant_id, d.attempts, d.created_at,"
             " w.url, w.secret, w.webhook_id", now, lease, limit)
+        return [DueDelivery.of(r) for r in rows]
 
     async def record(self, delivery_id: int, status: str, status_code: int | None, error: str | None,
                      next_attempt_at: datetime, now: datetime) -> None:

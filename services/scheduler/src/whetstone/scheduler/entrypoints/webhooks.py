@@ -33,7 +33,7 @@ from whetstone.runtime.identity import Caller, require
 from whetstone.runtime.messaging import UnitOfWork
 from whetstone.runtime.service import Handler, Runtime
 
-from ..adapters.webhooks import WebhookStore
+from ..adapters.webhooks import DueDelivery, WebhookStore
 from ..context import Resolver, SchedulerContext
 from ..domain import webhooks as rules
 from ..domain.addresses import Address, AddressError, AllowList, pin
@@ -132,10 +132,10 @@ async def on_model_event(rt: Rt, uow: UnitOfWork, env: Envelope, ev: ModelRegist
 
 # ------------------------------------------------------------------ the sender
 
-def body_of(row: Any) -> bytes:
-    payload = row["payload"] if isinstance(row["payload"], dict) else json.loads(row["payload"])
-    return json.dumps({"id": row["event_id"], "object": "event", "type": row["event_type"],
-                       "created_at": int(row["created_at"].timestamp()), "organization_id": row["tenant_id"],
+def body_of(row: DueDelivery) -> bytes:
+    payload = row.payload
+    return json.dumps({"id": row.event_id, "object": "event", "type": row.event_type,
+                       "created_at": int(row.created_at.timestamp()), "organization_id": row.tenant_id,
                        "data": payload}, separators=(",", ":"), sort_keys=True).encode()
 
 
@@ -155,16 +155,16 @@ async def resolve_pinned(resolve: Resolver, target: rules.Target, allow: AllowLi
         raise rules.WebhookError("url", exc.reason) from exc
 
 
-async def deliver(http: httpx.AsyncClient, row: Any, allow: AllowList, resolve: Resolver,
+async def deliver(http: httpx.AsyncClient, row: DueDelivery, allow: AllowList, resolve: Resolver,
                   deadline_s: float) -> tuple[int | None, str | None]:
     """(status code, the error the tenant sees: a status class or a fixed phrase, never a receiver's text)."""
     body = body_of(row)
     headers = {"Content-Type": "application/json", "User-Agent": "whetstone-webhooks/1",
-               rules.SIGNATURE_HEADER: rules.sign(row["secret"], int(time.time()), body),
-               rules.EVENT_ID_HEADER: row["event_id"], rules.EVENT_TYPE_HEADER: row["event_type"]}
+               rules.SIGNATURE_HEADER: rules.sign(row.secret, int(time.time()), body),
+               rules.EVENT_ID_HEADER: row.event_id, rules.EVENT_TYPE_HEADER: row.event_type}
     try:
         async with asyncio.timeout(deadline_s):
-            target = rules.check_url(row["url"], allow)          # judged again: the allow-list may have changed
+            target = rules.check_url(row.url, allow)          # judged again: the allow-list may have changed
             address = await resolve_pinned(resolve, target, allow, deadline_s)
             extensions = {"sni_hostname": target.host} if target.scheme == "https" else {}
             async with http.stream("POST", target.url_to(address), content=body,   # redirects are never followed
@@ -196,11 +196,11 @@ async def send_due(rt: Rt, http: httpx.AsyncClient) -> int:
         store = WebhookStore(uow.conn)
         for row, (code, error) in zip(rows, results, strict=True):
             now = clock()
-            status = rules.outcome(code, row["attempts"], cfg.webhook_max_attempts)
-            delay = rules.next_delay_s(row["attempts"], cfg.webhook_backoff_s)
-            await store.record(row["delivery_id"], status, code, error, now + timedelta(seconds=delay), now)
-            rt.log.info("webhook delivery", webhook_id=row["webhook_id"], event_id=row["event_id"],
-                        attempt=row["attempts"], status=status, status_code=code, error=error)
+            status = rules.outcome(code, row.attempts, cfg.webhook_max_attempts)
+            delay = rules.next_delay_s(row.attempts, cfg.webhook_backoff_s)
+            await store.record(row.delivery_id, status, code, error, now + timedelta(seconds=delay), now)
+            rt.log.info("webhook delivery", webhook_id=row.webhook_id, event_id=row.event_id,
+                        attempt=row.attempts, status=status, status_code=code, error=error)
     return len(rows)
 
 
