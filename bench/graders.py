@@ -65,11 +65,12 @@ def serve_forever(port: int) -> None:
     import uvicorn
     from fastapi import FastAPI
     from whetstone.runtime.errors import install_error_handlers
+    from whetstone.graders.engine import GraderEnvironment
     from whetstone.scheduler.entrypoints import graders_api
 
     app = FastAPI()
     install_error_handlers(app)
-    app.include_router(graders_api.routes(None))
+    app.include_router(graders_api.router(GraderEnvironment()))
     uvicorn.run(app, host="127.0.0.1", port=port, log_level="warning", lifespan="off")
 
 

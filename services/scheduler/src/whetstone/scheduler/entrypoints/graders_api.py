@@ -58,8 +58,12 @@ def checked(env: GraderEnvironment, data: dict[str, Any]):
 
 
 def routes(rt: Runtime[Any]) -> APIRouter:
+    return router(rt.ctx.graders)   # the environment reinforcement jobs' validation uses too
+
+
+def router(graders: GraderEnvironment) -> APIRouter:
+    """The grader routes over one grader environment (the benchmark serves them alone)."""
     r = APIRouter(prefix="/v1/fine_tuning/alpha/graders")
-    graders: GraderEnvironment = rt.ctx.graders   # shared with reinforcement jobs' validation
 
     @r.post("/validate")
     async def validate_grader(body: ValidateGrader, _: Caller = require("read")) -> dict:
