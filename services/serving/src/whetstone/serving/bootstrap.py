@@ -6,8 +6,8 @@ import asyncio
 from pathlib import Path
 
 from whetstone.runtime.models import resolve_model
-from whetstone.runtime.service import Runtime, Service, load_stack_env
-from whetstone.runtime.settings import CommonSettings
+from whetstone.runtime.service import Runtime, Service
+from whetstone.runtime.settings import CommonSettings, load_stack_env
 
 from .adapters.batcher import Batcher
 from .adapters.engine import LoraEngine
