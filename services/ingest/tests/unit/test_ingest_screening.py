@@ -135,13 +135,13 @@ def test_secret_tokens_match_exactly_as_the_word_boundary_first_pattern():
               "PRIVATE KEY-----", "a", "Z", "0", "_", "-", " ", "\n", ".", "\u00e9", "ABCDEFGHIJKLMNOP",
               "abcdefghij0123456789", "Q" * 12, "k", "r", "s", "=", "/", "risk-", "boxox"]
     matched = 0
-    for _ in range(20_000):
+    for _ in range(4_000):
         text = "".join(rng.choice(pieces) for _ in range(rng.randint(1, 40)))
         want = [m.span() for m in WORD_BOUNDARY_FIRST.finditer(text)]
         got = [m.span() for m in pii._secret_token(text).finditer(text)] if pii._has_hint(text) else []
         assert got == want, text
         matched += bool(want)
-    assert matched > 1000                      # the texts did hold tokens, not only near misses
+    assert matched > 200                       # the texts did hold tokens, not only near misses
 
 
 def test_an_iban_failing_mod_97_is_not_an_iban():
