@@ -1,7 +1,7 @@
 """Reinforcement fine-tuning on the tiny Llama (trl GRPOTrainer + LoRA, in process, CPU): the grader
 is the reward, progress events carry reward mean/std and the multi grader's sub-rewards,
-checkpoints carry the validation reward, a resumed run continues with the same prompts and samples,
-and RFT data the grader cannot read is refused before any model is loaded, naming the lines."""
+checkpoints and every eval_interval steps carry the validation reward, a resumed run continues with
+the same prompts and samples, and RFT data the grader cannot read is refused before any model is loaded, naming the lines."""
 
 from __future__ import annotations
 
@@ -35,7 +35,7 @@ def rows(n: int, **extra) -> list[dict]:
 
 
 def config(base: Path, root: Path, train: list[dict], validation: list[dict] | None = None) -> dict:
-    plan = parse_method({"grader": GRADER, "hyperparameters": {"batch_size": 1, "n_epochs": 1,
+    plan = parse_method({"grader": GRADER, "hyperparameters": {"batch_size": 1, "n_epochs": 1, "eval_interval": 3,
                                                                "compute_multiplier": 0.5}}).record()
     plan.update(max_completion_tokens=8, learning_rate=5e-3)
     return {"job_id": "job-rft", "base_model": str(base), "train_file": str(write_jsonl(train, root / "train.jsonl")),
@@ -53,6 +53,9 @@ def test_grpo_trains_with_the_grader_as_reward_and_resumes_exactly(tiny_base, tm
         assert 0.0 <= p.reward <= 1.0 and p.reward_std >= 0.0 and p.grader_errors == 0
         assert p.reward == pytest.approx(0.5 * p.sub_rewards["close"] + 0.5 * p.sub_rewards["short"], abs=1e-6)
     assert any(p.reward_std > 0 for p in progress)   # the reward varies: GRPO has an advantage to follow
+    # the validation prompts are graded at each checkpoint (step 2) and every eval_interval (3) steps
+    assert [p.step for p in progress if p.validation is not None] == [2, 3]
+    assert 0.0 <= progress[2].validation.reward <= 1.0 and progress[2].validation.samples == 2
     periodic = [c for c in run.of(Checkpoint) if c.kind == "periodic"]
     assert periodic and all(0.0 <= c.validation.reward <= 1.0 for c in periodic)
     final = Path(run.of(Checkpoint)[-1].path)

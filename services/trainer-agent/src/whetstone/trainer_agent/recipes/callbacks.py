@@ -87,11 +87,14 @@ Describer = Callable[[Any, str], CheckpointState]   # (trainer state, kind) -> w
 class TrainingMonitor:
     """What the platform does at each point of the HF training loop (`platform_callback` is its
     adapter): announce the run, stop after the step in flight on SIGTERM, checkpoint on cadence
-    (validating first), report progress, stop a diverging run, mark each saved checkpoint."""
+    (validating first), report progress, stop a diverging run, mark each saved checkpoint.
+    `validate_every`: also validate every that many steps between checkpoints (a reinforcement job's
+    `eval_interval`); that figure rides on the step's progress event."""
 
     def __init__(self, events: EventStream, preemption: PreemptionFlag, run: RunState, hp: Hyperparameters,
-                 validate: Validator | None, describe: Describer) -> None:
+                 validate: Validator | None, describe: Describer, validate_every: int | None = None) -> None:
         self.events, self.preemption, self.run = events, preemption, run
+        self.validate_every = validate_every or 0
         self.cadence = Cadence(hp.checkpoint_every_steps, hp.checkpoint_every_minutes)
         self.guard = DivergenceGuard(hp.divergence_factor, hp.divergence_patience)
         self.learning_rate = hp.learning_rate
@@ -122,10 +125,15 @@ class TrainingMonitor:
             control.should_training_stop = True
         elif self.cadence.due(state.global_step, time.monotonic() - self.last_save):
             control.should_save = True
-            if self.validate is not None:
-                started = time.perf_counter()
-                self.validation[state.global_step] = self.validate(model)
-                self.run.validation_seconds += time.perf_counter() - started
+            self._validate(state.global_step, model)
+        elif self.validate_every and state.global_step % self.validate_every == 0:
+            self._validate(state.global_step, model)
+
+    def _validate(self, step: int, model) -> None:
+        if self.validate is not None:
+            started = time.perf_counter()
+            self.validation[step] = self.validate(model)
+            self.run.validation_seconds += time.perf_counter() - started
 
     def logged(self, args, state, logs) -> None:
         if not logs or "loss" not in logs:

@@ -12,8 +12,10 @@ Data: each row is a prompt (`messages` ending with a user turn) and whatever fie
 (`{{item.x}}`); the RFT data gate refuses the file before any model is loaded, naming the lines.
 
 Progress events carry trl's `reward` (mean) and `reward_std`, the step's `sub_reward/<name>` of a
-multi grader and `grader_errors`; checkpoints carry `validation_reward` on the validation prompts
-(greedy completions, graded). GRPO's loss is not a quality figure, so the divergence guard only
+multi grader and `grader_errors`; every `eval_interval` steps and at each checkpoint the validation
+prompts are graded (`eval_samples` completions each: one greedy, or that many sampled) and the mean
+reward rides on that step's progress event and on the checkpoint. The validation prompts are the
+job's validation file, or the training file's held-out split when none was given (ingest's hash split). GRPO's loss is not a quality figure, so the divergence guard only
 stops on a NaN/Inf loss here.
 
 Resume: HF Trainer checkpoints (adapter, optimiser, scheduler, `rng_state.pth`). trl's sampler
@@ -113,7 +115,8 @@ class GRPORecipe:
         callbacks = [sub_rewards_callback(self.reward),
                      *session.callbacks(self._validate if self.validation_prompts else None,
                                         # trl repeats each prompt once per completion
-                                        examples_per_epoch=len(self.prompts) * self.plan.generations)]
+                                        examples_per_epoch=len(self.prompts) * self.plan.generations,
+                                        validate_every=self.plan.eval_interval)]
         trainer = trainer_class(model=model, reward_funcs=[self.reward], args=config,
                                 train_dataset=Dataset.from_list([p.record() for p in self.prompts]), processing_class=session.tokenizer,
                                 peft_config=lora_config(model, hp), callbacks=callbacks)

@@ -95,15 +95,18 @@ class TrainingSession:
         self.hp = hp
         return load_base_model(self.cfg.base_model, self.cfg.method, packing=self.packing, vision=self.vision)
 
-    def callbacks(self, validate: Validator | None, examples_per_epoch: int) -> list:
-        """The platform's monitor (progress, cadence, SIGTERM, divergence) as trainer callbacks."""
+    def callbacks(self, validate: Validator | None, examples_per_epoch: int,
+                  validate_every: int | None = None) -> list:
+        """The platform's monitor (progress, cadence, SIGTERM, divergence) as trainer callbacks;
+        `validate_every`: steps between validations besides those at checkpoints."""
         cfg, hp = self.cfg, self.hp
 
         def describe(state: Any, kind: str) -> CheckpointState:
             return checkpoint_state(state, kind=kind, method=cfg.method, hp=hp,
                                     examples_per_epoch=examples_per_epoch, train_file=cfg.train_file.name)
 
-        return [platform_callback(TrainingMonitor(self.events, self.preemption, self.run, hp, validate, describe))]
+        return [platform_callback(TrainingMonitor(self.events, self.preemption, self.run, hp, validate, describe,
+                                                  validate_every))]
 
     def install(self, trainer) -> None:
         self.trainer = finish_trainer(trainer, self.faults)
