@@ -2,8 +2,8 @@
 (`WHETSTONE_DEBUG=1` shows it).
 
 Exit codes: 0 done, 1 refused by the API / the job failed / anything else that went wrong,
-2 bad arguments or a missing file (argparse's own), 3 the API or a service could not be reached,
-130 interrupted (Ctrl-C), 141 the output was closed early (a broken pipe, e.g. `| head -1`)."""
+2 bad arguments or a file that cannot be used (argparse's own, BadInput), 3 the API or a service
+could not be reached, 130 interrupted (Ctrl-C), 141 the output was closed early (a broken pipe, e.g. `| head -1`)."""
 
 from __future__ import annotations
 
@@ -15,7 +15,12 @@ import httpx
 
 from .client import ApiFailure
 
-UNREACHABLE, INTERRUPTED, BROKEN_PIPE = 3, 130, 141
+UNREACHABLE, INTERRUPTED, BROKEN_PIPE, BAD_INPUT = 3, 130, 141, 2
+
+
+class BadInput(Exception):
+    """A file or argument the command cannot use (a grader file that is not JSON, a missing file):
+    the message names it; exit code 2, as argparse's own usage errors."""
 
 
 def _say(message: str) -> None:
@@ -68,6 +73,9 @@ def guarded_main(run: Callable[[list[str] | None], int], argv: list[str] | None)
     except ApiFailure as exc:
         _say(f"error: {exc}")
         return 1
+    except BadInput as exc:
+        _say(f"error: {exc}")
+        return BAD_INPUT
     except TimeoutError as exc:
         _say(f"timed out: {exc}")
         return 1

@@ -18,7 +18,9 @@ from .api_objects import (
     RegistryModel,
 )
 from .client import Api, ApiFailure
+from .errors import BadInput
 from .follow import LossCurve, all_events, follow
+from .graders_cli import read_grader, read_json_file
 from .output import add_list_options, list_object, print_result, when
 
 PLATFORM_METHODS = {"lora": "supervised", "qlora": "supervised", "full": "supervised", "cpt": "supervised",
@@ -40,19 +42,44 @@ def job_body(args: argparse.Namespace) -> dict[str, Any]:
         except ValueError:
             hp[k] = v
     method = args.method
+    if method == "reinforcement" or getattr(args, "grader", None):
+        return {"model": args.model, "training_file": args.training_file,
+                "method": reinforcement_method(args, hp), **optional_fields(args)}
     family = {"supervised": "supervised", "dpo": "dpo"}.get(method) or PLATFORM_METHODS.get(method)
     if family is None:
-        raise SystemExit(f"unknown method {method!r}: supervised, dpo, " + ", ".join(PLATFORM_METHODS))
+        raise SystemExit(f"unknown method {method!r}: supervised, dpo, reinforcement, " + ", ".join(PLATFORM_METHODS))
     spec: dict[str, Any] = {"type": family}
     if method not in ("supervised", "dpo"):
         spec["whetstone"] = {"method": method}
     if hp:
         spec[family] = {"hyperparameters": hp}
-    body: dict[str, Any] = {"model": args.model, "training_file": args.training_file, "method": spec}
-    for name in ("validation_file", "suffix", "seed"):
-        if getattr(args, name, None) is not None:
-            body[name] = getattr(args, name)
-    return body
+    return {"model": args.model, "training_file": args.training_file, "method": spec, **optional_fields(args)}
+
+
+def optional_fields(args: argparse.Namespace) -> dict[str, Any]:
+    return {name: getattr(args, name) for name in ("validation_file", "suffix", "seed")
+            if getattr(args, name, None) is not None}
+
+
+def reinforcement_method(args: argparse.Namespace, hp: dict[str, Any]) -> dict[str, Any]:
+    """OpenAI's `{"type": "reinforcement", "reinforcement": {grader, hyperparameters, response_format}}`,
+    the grader read from `--grader FILE` (checked locally first: graders_cli.read_grader)."""
+    if args.method != "reinforcement":
+        raise BadInput(f"--grader is for --method reinforcement, not {args.method!r}")
+    if not args.grader:
+        raise BadInput("--method reinforcement needs --grader FILE (a grader JSON file; "
+                       "try it first with `whet graders run FILE --sample ... --item ...`)")
+    if "learning_rate" in hp:
+        raise BadInput("--learning-rate: a reinforcement job takes --learning-rate-multiplier (OpenAI's knob)")
+    hp.update({k: v for k, v in {"compute_multiplier": args.compute_multiplier, "eval_interval": args.eval_interval,
+                                 "eval_samples": args.eval_samples,
+                                 "reasoning_effort": args.reasoning_effort}.items() if v is not None})
+    config: dict[str, Any] = {"grader": read_grader(args.grader)}
+    if hp:
+        config["hyperparameters"] = hp
+    if args.response_format:
+        config["response_format"] = read_json_file(args.response_format, "response format")
+    return {"type": "reinforcement", "reinforcement": config}
 
 
 def step_text(progress: Progress | None) -> str:
@@ -203,7 +230,17 @@ def add_parser(sub, cmd) -> Any:
                                                            f"Hub id (default: {DEFAULT_MODEL}, the tiny model that "
                                                            f"`whet models create-tiny` builds)")
     cj.add_argument("--method", default="supervised",
-                    help="supervised (LoRA, the default) | dpo | lora | qlora | full | cpt | orpo")
+                    help="supervised (LoRA, the default) | dpo | reinforcement (with --grader) | lora | qlora | "
+                         "full | cpt | orpo")
+    cj.add_argument("--grader", metavar="FILE", help="reinforcement: the grader JSON file (OpenAI's grader object; "
+                                                     "`whet graders validate FILE` checks it)")
+    cj.add_argument("--compute-multiplier", type=float, help="reinforcement: samples per prompt, relative")
+    cj.add_argument("--eval-interval", type=int, help="reinforcement: steps between validation-reward evaluations")
+    cj.add_argument("--eval-samples", type=int, help="reinforcement: completions per validation prompt")
+    cj.add_argument("--reasoning-effort", choices=("default", "low", "medium", "high"),
+                    help="reinforcement: the completion budget (low/default/medium/high)")
+    cj.add_argument("--response-format", metavar="FILE", help="reinforcement: a JSON file with the response_format "
+                                                              "(json_schema) the samples should follow")
     cj.add_argument("--epochs", type=int, help="passes over the training file (n_epochs; default: the method's)")
     cj.add_argument("--learning-rate", type=float,
                     help="an ABSOLUTE learning rate, e.g. 2e-4 (the platform's own hyperparameter)")

@@ -7,6 +7,7 @@
   whet datasets upload FILE     put a dataset in S3 and publish dataset.submitted
   whet datasets check FILE      validate a dataset offline
   whet files|jobs|models|usage  the public API (WHETSTONE_API_KEY, WHETSTONE_BASE_URL; --json)
+  whet graders validate|run    try a reinforcement grader (JSON file) before a job spends GPU time on it
                                 failures: one line on stderr and an exit code (errors.py), no traceback
   whet jobs trace JOB           a job's events across topics and services: lag, handler latency (operators)
   whet demo                     everything above, end to end, then shut down

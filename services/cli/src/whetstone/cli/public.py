@@ -1,6 +1,7 @@
-"""`whet files|jobs|models|usage`: the public API from the command line (WHETSTONE_API_KEY,
+"""`whet files|jobs|graders|models|usage`: the public API from the command line (WHETSTONE_API_KEY,
 WHETSTONE_BASE_URL). `--json` prints the API's objects for scripts (a list: the API's list object);
-the id a command creates is always on its last line. Jobs are in jobs_cli, models and usage in models_cli."""
+the id a command creates is always on its last line. Jobs are in jobs_cli, graders in graders_cli,
+models and usage in models_cli."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from . import jobs_cli, models_cli
+from . import graders_cli, jobs_cli, models_cli
 from .api_objects import ApiFile, FileDeleted, Page
 from .client import Api, ApiFailure, poll_until
 from .follow import TERMINAL
@@ -108,6 +109,7 @@ def add_parsers(sub) -> None:
         "file_id")
 
     jobs_cli.add_parser(sub, cmd)
+    graders_cli.add_parser(sub, cmd)
     models_cli.add_parsers(sub, cmd)
 
 
