@@ -10,8 +10,8 @@ from enum import StrEnum
 
 
 class JobStatus(StrEnum):
-    """A fine-tuning job's status: OpenAI's (validating_files, queued, running, succeeded, failed,
-    cancelled) plus the platform's own steps between them."""
+    """A fine-tuning job's status: OpenAI's (validating_files, queued, running, paused, succeeded,
+    failed, cancelled) plus the platform's own steps between them."""
 
     VALIDATING_FILES = "validating_files"
     QUEUED = "queued"
@@ -20,6 +20,7 @@ class JobStatus(StrEnum):
     CHECKPOINTING = "checkpointing"
     EVALUATING = "evaluating"
     PREEMPTED = "preempted"
+    PAUSED = "paused"            # stopped by its tenant (POST .../pause): off every node, out of the queue
     SUCCEEDED = "succeeded"
     FAILED = "failed"
     CANCELLED = "cancelled"
@@ -145,6 +146,7 @@ class PreemptRequestReason(StrEnum):
     PRIORITY = "priority"
     SPOT_LOSS = "spot_loss"
     DRAIN = "drain"
+    PAUSE = "pause"          # the tenant paused the job: it is parked, not re-queued
 
 
 class PreemptionReason(StrEnum):
@@ -156,6 +158,7 @@ class PreemptionReason(StrEnum):
     DRAIN = "drain"
     SIGNAL = "signal"
     PLATFORM_TIMEOUT = "platform_timeout"
+    PAUSE = "pause"          # the tenant paused the job (POST .../pause)
 
 
 class ReasoningEffort(StrEnum):

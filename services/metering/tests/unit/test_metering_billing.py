@@ -5,6 +5,7 @@ from decimal import Decimal
 
 import pytest
 
+from whetstone.contracts.enums import PreemptionReason
 from whetstone.metering.domain.billing import (
     Anomaly, Charge, Pricing, Start, Stop, bill_segment, pick_start, pick_stop, seconds_between,
 )
@@ -54,6 +55,17 @@ def test_preempted_work_is_billed_at_spot_only_up_to_the_last_checkpoint():
     c = charge(start(spot=False), stop("preempted", hours=1, checkpoint_hours=0.75))
     assert c.gpu_seconds == 7200 and c.billable_gpu_seconds == 5400
     assert c.rate == Decimal("1.20") and c.cost == Decimal("1.800000") and c.charge_class == "charged"
+
+
+def test_a_pause_is_the_tenants_own_stop_charged_in_full_at_the_capacitys_price():
+    """Paused: every GPU-second the segment ran, once, at on-demand on an on-demand node (not the
+    spot rate of a preemption the tenant did not choose, nor only up to an earlier checkpoint)."""
+    paused = Stop("e-stop", "preempted", T0 + timedelta(hours=1), checkpointed_at=T0 + timedelta(minutes=20),
+                  reason=PreemptionReason.PAUSE)
+    c = charge(start(spot=False), paused)
+    assert (c.charge_class, c.gpu_seconds, c.billable_gpu_seconds) == ("charged", 7200, 7200)
+    assert c.rate == Decimal("3.00") and c.cost == Decimal("6.000000") and c.basis.startswith("paused by the tenant")
+    assert charge(start(spot=True), paused).rate == Decimal("1.20")
 
 
 @pytest.mark.parametrize("checkpoint_hours, billable", [(None, 0), (-2.0, 0), (3.0, 7200)])

@@ -10,7 +10,10 @@ never part of it. Rules (see also the refund policy in ledger.py, which is per j
   this segment (the lost work after it is not billed, nor is a segment without one);
 - preempted because the platform lost the node (or timed the segment out on its side): the
   platform's fault, so the whole segment is refunded, with the checkpointed and the lost
-  GPU-seconds named in its basis.
+  GPU-seconds named in its basis;
+- preempted because the tenant paused the job (reason `pause`): the tenant's own stop, after an
+  emergency checkpoint of all its work, so charged in full at the capacity's price, like a
+  completed segment. The job stays open (a pause is no outcome).
 
 Input that cannot be billed honestly is an `Anomaly`, never a silent charge.
 """
@@ -169,7 +172,8 @@ def _price(start: Start, stop: Stop, pricing: Pricing, version: str, capacity_ra
     assert pricing.tier is not None
     gpu_seconds = seconds * start.gpu_count
     capacity = "spot" if start.spot else "on-demand"
-    if stop.kind == StopKind.PREEMPTED:
+    paused = stop.kind == StopKind.PREEMPTED and stop.reason == PreemptionReason.PAUSE
+    if stop.kind == StopKind.PREEMPTED and not paused:
         done = seconds_between(start.started_at, stop.checkpointed_at) if stop.checkpointed_at else Decimal(0)
         saved = min(max(done, Decimal(0)), seconds) * start.gpu_count
         if stop.reason in PLATFORM_LOSSES:  # refunded in full, at the capacity's own price
@@ -181,8 +185,9 @@ def _price(start: Start, stop: Stop, pricing: Pricing, version: str, capacity_ra
             basis = f"preempted ({stop.reason or 'unknown'}): {saved:.0f} of {gpu_seconds:.0f} GPU-s checkpointed, at spot"
     else:
         rate, chargeable = capacity_rate, gpu_seconds
-        basis = f"{stop.kind}" + (f" ({stop.error_class}: {stop.code})" if stop.kind == StopKind.FAILED else "") \
-                + f": {gpu_seconds:.0f} GPU-s at {capacity}"
+        what = "paused by the tenant" if paused else f"{stop.kind}"
+        basis = what + (f" ({stop.error_class}: {stop.code})" if stop.kind == StopKind.FAILED else "") \
+            + f": {gpu_seconds:.0f} GPU-s at {capacity}"
     klass = kinder(own_class(stop), pricing.job_class)
     if klass == ChargeClass.REVIEW and pricing.review_decision:
         klass = ChargeClass.CHARGED if pricing.review_decision == ReviewDecision.CHARGE else ChargeClass.REFUNDED

@@ -24,7 +24,8 @@ from whetstone.contracts.enums import (
 
 from . import jobs as rules
 from .job_data import (
-    AssignedShape, JobError, JobRequest, JobResources, PlacedPart, Progress, QuotaRecord, StoredCheckpoint,
+    AssignedShape, JobError, JobRequest, JobResources, Note, PlacedPart, Progress, QuotaRecord, StoredCheckpoint,
+    Timeouts,
 )
 from .placement import Shape, rendezvous
 from .templates import template_fields
@@ -34,34 +35,10 @@ PUBLIC_STATUS: dict[JobStatus, str] = {
     rules.VALIDATING: "validating_files", rules.QUEUED: "queued", rules.PREEMPTED: "queued",
     rules.PROVISIONING: "running", rules.RUNNING: "running", rules.CHECKPOINTING: "running",
     rules.EVALUATING: "running", rules.SUCCEEDED: "succeeded", rules.FAILED: "failed",
-    rules.CANCELLED: "cancelled",
+    rules.CANCELLED: "cancelled", rules.PAUSED: "paused",
 }
 SEGMENT_ATTEMPT = re.compile(r"-s(\d+)$")
 MAX_TIMEOUT_REQUEUES = 3   # a job whose segments time out this often fails (platform) instead of looping
-
-
-@dataclass(frozen=True)
-class Timeouts:
-    """How long a job may sit in each non-terminal state on the platform's side (seconds)."""
-
-    provisioning: float      # assigned, no job.started / progress yet
-    running: float           # on the node, no progress, start or checkpoint for this long
-    checkpointing: float     # checkpoint-and-stop requested, no job.preempted yet
-    evaluating: float        # training succeeded, no eval.completed yet
-
-    def shortest(self) -> float:
-        return min(self.provisioning, self.running, self.checkpointing, self.evaluating)
-
-
-@dataclass
-class Note:
-    """One line of the job's timeline (shown as a fine_tuning.job.event)."""
-
-    created_at: datetime
-    message: str
-    level: str = "info"
-    type: str = "message"          # "message" | "metrics"
-    data: dict[str, Any] = field(default_factory=dict)
 
 
 @dataclass
@@ -120,7 +97,13 @@ class Job:
 
     @property
     def public_status(self) -> str:
-        return PUBLIC_STATUS.get(self.status, self.status)
+        """OpenAI's status; a job whose pause was accepted shows `paused` while its node checkpoints."""
+        return "paused" if self.pausing else PUBLIC_STATUS.get(self.status, self.status)
+
+    @property
+    def pausing(self) -> bool:
+        """Its tenant paused it while it ran: the node is writing the emergency checkpoint and stopping."""
+        return self.on_node and self.preempt_reason == PreemptRequestReason.PAUSE
 
     @property
     def terminal(self) -> bool:
@@ -242,13 +225,18 @@ class Job:
 
     def queue(self, now: datetime, spec: TrainingSpec, sort_key: float, runtime_s: float, quota: QuotaRecord,
               position: int, cost: dict[str, Any]) -> list[Event]:
-        """Out of validating_files once the dataset is accepted and the estimate fits the quota."""
-        if not self._move(rules.QUEUED, now, "job queued"):
+        """Out of validating_files once the dataset is accepted and the estimate fits the quota; or out
+        of paused (resumed): queued again like a new job (the pause gave up its place), resuming from
+        its latest checkpoint, announced as a re-queue."""
+        resumed = self.status == rules.PAUSED
+        at = self.latest_checkpoint
+        if not self._move(rules.QUEUED, now, "job queued" if not resumed else "Job resumed: re-queued; " + (
+                f"resumes from its checkpoint at step {at.step}" if at else "no checkpoint, starts from the beginning")):
             return []
         self.spec, self.queued_at, self.sort_key = spec, now, sort_key
         self.queued_since = now
         self.estimated_runtime_s, self.quota = runtime_s, quota
-        return [self.queued_event(position, cost)]
+        return [self.queued_event(position, cost, requeued=resumed)]
 
     def assign(self, now: datetime, placement: list[PlacedPart], shape: Shape, spot: bool, backfilled: bool,
                default_runtime_s: float, addresses: Mapping[str, str | None]) -> list[Event]:
@@ -287,9 +275,31 @@ class Job:
         self.note(now, f"{message}: checkpoint and stop requested; the job resumes from its checkpoint when "
                   "capacity frees", level="warning", reason=reason, for_job=for_job)
         known = {r.value for r in PreemptRequestReason}
-        command = PreemptRequestReason(reason) if reason in known else PreemptRequestReason.PRIORITY
-        return [JobPreemptRequestedV1(job_id=self.job_id, node_id=node, segment_id=self.segment_id,
-                                      reason=command, for_job_id=for_job) for node in self.node_ids]
+        return self._stop_commands(PreemptRequestReason(reason) if reason in known else PreemptRequestReason.PRIORITY)
+
+    def _stop_commands(self, reason: PreemptRequestReason) -> list[Event]:
+        return [JobPreemptRequestedV1(job_id=self.job_id, node_id=node, segment_id=self.segment_id, reason=reason,
+                                      for_job_id=self.preempted_for) for node in self.node_ids]
+
+    def pause(self, now: datetime) -> list[Event]:
+        """The tenant pauses the job. Queued: it leaves the queue at once. On a node: the preemption
+        path with reason `pause` (emergency checkpoint, GPUs released); the node's job.preempted then
+        parks it as paused instead of re-queueing it (`preempted`). A stop already under way for
+        another reason is not asked again: it parks too. Paused or pausing already: nothing."""
+        if self.status == rules.QUEUED:
+            since = self.queued_since or self.queued_at
+            self.waited_s += max((now - since).total_seconds(), 0.0) if since else 0.0
+            self.queued_since = None
+            self._move(rules.PAUSED, now, "Job paused: it left the queue; resume it to queue it again")
+            return []
+        if not self.on_node or self.pausing:
+            return []
+        asked = self.preempt_requested_at is not None
+        self.preempt_requested_at = self.preempt_requested_at or now
+        self.preempt_reason, self.preempted_for, self.updated_at = PreemptRequestReason.PAUSE, None, now
+        self.note(now, "Job pause requested: " + ("the node is already stopping it" if asked else
+                  "emergency checkpoint and stop requested"), reason=PreemptRequestReason.PAUSE)
+        return [] if asked else self._stop_commands(PreemptRequestReason.PAUSE)
 
     def give_up_segment(self, now: datetime, reason: PreemptionReason, position: int, node_id: str | None = None,
                         requeue: bool = True) -> list[Event]:
@@ -344,12 +354,20 @@ class Job:
         on_spot = assigned is not None and assigned.spot
         counts_spot = reason == "spot_loss" or (on_spot and reason in ("node_lost", "drain", "signal"))
         counts_priority = reason == "priority" or self.preempt_reason == "priority"
+        paused = self.preempt_reason == PreemptRequestReason.PAUSE
         self._move(rules.PREEMPTED, now, f"preempted ({reason})")
         self.spot_preemptions += int(counts_spot)
         self.priority_preemptions += int(counts_priority)
         self._leave_nodes()
         self.preempt_requested_at = self.preempt_reason = self.preempted_for = None
-        self.last_activity_at = self.queued_since = now
+        self.last_activity_at = now
+        if paused:   # the tenant's pause: parked off the queue until resumed
+            at = self.latest_checkpoint
+            self._move(rules.PAUSED, now, "Job paused: GPUs released; "
+                       + (f"resumes from its checkpoint at step {at.step}" if at else "no checkpoint yet, resumes "
+                          "from the beginning"), checkpoint_step=at.step if at else None)
+            return []
+        self.queued_since = now
         self._move(rules.QUEUED, now, "re-queued; resumes from its latest checkpoint" if self.latest_checkpoint
                    else "re-queued; no checkpoint yet, restarts from the beginning")
         return [self.queued_event(position, requeued=True)]

@@ -1,10 +1,11 @@
 """The typed parts of a job: what was asked (`JobRequest`), the resources admission planned
 (`JobResources`), where a segment runs (`PlacedPart`), its latest checkpoint, progress, error and
-quota record. Pure: pydantic models the job store maps to its JSON columns as they are."""
+quota record (pydantic models the job store maps to its JSON columns as they are); a timeline line
+(`Note`) and the platform-side timeouts (`Timeouts`). Pure."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any, Literal
 
@@ -196,3 +197,27 @@ class CheckpointEntry:
     uri: str
     created_at: datetime
     metrics: dict[str, float]
+
+
+@dataclass(frozen=True)
+class Timeouts:
+    """How long a job may sit in each non-terminal state on the platform's side (seconds)."""
+
+    provisioning: float      # assigned, no job.started / progress yet
+    running: float           # on the node, no progress, start or checkpoint for this long
+    checkpointing: float     # checkpoint-and-stop requested, no job.preempted yet
+    evaluating: float        # training succeeded, no eval.completed yet
+
+    def shortest(self) -> float:
+        return min(self.provisioning, self.running, self.checkpointing, self.evaluating)
+
+
+@dataclass
+class Note:
+    """One line of the job's timeline (shown as a fine_tuning.job.event)."""
+
+    created_at: datetime
+    message: str
+    level: str = "info"
+    type: str = "message"          # "message" | "metrics"
+    data: dict[str, Any] = field(default_factory=dict)

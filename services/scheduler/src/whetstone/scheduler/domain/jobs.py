@@ -17,6 +17,7 @@ RUNNING = JobStatus.RUNNING
 CHECKPOINTING = JobStatus.CHECKPOINTING
 EVALUATING = JobStatus.EVALUATING
 PREEMPTED = JobStatus.PREEMPTED
+PAUSED = JobStatus.PAUSED
 SUCCEEDED = JobStatus.SUCCEEDED
 FAILED = JobStatus.FAILED
 CANCELLED = JobStatus.CANCELLED
@@ -26,11 +27,12 @@ ACTIVE_ON_NODE = frozenset({PROVISIONING, RUNNING, CHECKPOINTING})
 
 TRANSITIONS: dict[JobStatus, frozenset[JobStatus]] = {
     VALIDATING: frozenset({QUEUED, FAILED, CANCELLED}),
-    QUEUED: frozenset({PROVISIONING, FAILED, CANCELLED}),
+    QUEUED: frozenset({PROVISIONING, PAUSED, FAILED, CANCELLED}),
     PROVISIONING: frozenset({RUNNING, EVALUATING, PREEMPTED, FAILED, CANCELLED}),
     RUNNING: frozenset({CHECKPOINTING, EVALUATING, PREEMPTED, FAILED, CANCELLED}),
     CHECKPOINTING: frozenset({RUNNING, EVALUATING, PREEMPTED, FAILED, CANCELLED}),
-    PREEMPTED: frozenset({QUEUED, FAILED, CANCELLED}),
+    PREEMPTED: frozenset({QUEUED, PAUSED, FAILED, CANCELLED}),
+    PAUSED: frozenset({QUEUED, FAILED, CANCELLED}),      # resumed: back in the queue
     EVALUATING: frozenset({SUCCEEDED, FAILED, CANCELLED}),
     SUCCEEDED: frozenset(),
     FAILED: frozenset(),
@@ -132,17 +134,18 @@ def resolve_hyperparameters(method: str, given: dict[str, Any], model_defaults: 
 
 
 def check_method_fits_dataset(method: str, purpose: str, schema: str | None = None,
-                              dataset_id: str = "the training file") -> Rejection | None:
-    """The method against the data: by its detected schema when known, else its declared purpose."""
+                              dataset_id: str = "the training file", param: str = "training_file") -> Rejection | None:
+    """The method against the data (the file named by `param`): by its detected schema when known,
+    else its declared purpose."""
     if schema in METHODS_FOR_SCHEMA:
         allowed, holds = METHODS_FOR_SCHEMA[schema], f"{schema} data"
     else:
         allowed, holds = METHODS_FOR_PURPOSE.get(purpose, frozenset()), f"a {str(purpose)!r} dataset"
     if method not in allowed:
         return Rejection("method_dataset_mismatch",
-                         f"method {str(method)!r} needs {NEEDS.get(method, 'another kind of data')}; training_file "
+                         f"method {str(method)!r} needs {NEEDS.get(method, 'another kind of data')}; {param} "
                          f"{dataset_id} holds {holds} (fits: {', '.join(sorted(allowed)) or 'nothing: eval-only data'})",
-                         param="training_file")
+                         param=param)
     return None
 
 

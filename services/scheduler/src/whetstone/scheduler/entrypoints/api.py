@@ -29,6 +29,7 @@ from ..domain import jobs as rules
 from ..domain.job import Job
 from ..domain.forecast import Forecast
 from ..usecases.cancel import cancel_job
+from ..usecases.pause import PauseConflict, pause_job, resume_job
 from .loop import run_cycle
 from .requests import CreateJob, to_request
 from .views import checkpoint_view, event_view, job_view, parse_event_id
@@ -116,6 +117,34 @@ def routes(rt: Runtime[SchedulerContext]) -> APIRouter:
                 raise ApiError(409, f"job {job_id} is {job.status} and can no longer be cancelled",
                                code="not_cancellable", param="fine_tuning_job_id")
             await cancel_job(rt, store, job)
+            return (await views(store, [job]))[0]
+
+    @r.post("/jobs/{job_id}/pause")
+    async def pause(job_id: str, caller: Caller = require("write")) -> dict:
+        """OpenAI's pause, for every method: answers the job, `paused` (a running job's node is still
+        writing its emergency checkpoint while `state` is not yet `paused`)."""
+        async with rt.uow() as uow:
+            store = JobStore(uow)
+            job = await owned(store, job_id, caller, lock=True)
+            try:
+                await pause_job(rt, store, job)
+            except PauseConflict as exc:
+                raise ApiError(409, str(exc), code="not_pausable", param="fine_tuning_job_id") from exc
+            return (await views(store, [job]))[0]
+
+    @r.post("/jobs/{job_id}/resume")
+    async def resume(job_id: str, caller: Caller = require("write")) -> dict:
+        """OpenAI's resume: a paused job is queued again and resumes from its latest checkpoint."""
+        async with rt.uow() as uow:
+            store = JobStore(uow)
+            job = await owned(store, job_id, caller, lock=True)
+            try:
+                refused = await resume_job(rt, store, job)
+            except PauseConflict as exc:   # still pausing: the SDK's retry may find it paused
+                raise ApiError(409, str(exc), code="not_resumable", param="fine_tuning_job_id",
+                               retry=job.pausing, headers={"Retry-After": "2"} if job.pausing else None) from exc
+            if refused is not None:
+                raise ApiError(429, refused.message, type="rate_limit_error", code=refused.code, retry=False)
             return (await views(store, [job]))[0]
 
     @r.get("/jobs/{job_id}/events", response_model=ListObject[dict[str, Any]])
