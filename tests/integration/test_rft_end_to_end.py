@@ -2,8 +2,8 @@
 client: RFT files uploaded with OpenAI's purpose "fine-tune" (messages ending with a user
 turn, the item's fields beside them) are validated as rft data; the job (`method.type ==
 "reinforcement"`, a text_similarity grader) trains with GRPO on the trainer agent; the eval gate
-grades the held-out prompts (ingest's split of the training file: the scheduler does not pass a job's
-`validation_file` on to the trainer or the gate, for any method) with the job's own grader, candidate
+grades the held-out prompts (ingest's split of the training file, as no `validation_file` is given;
+services/scheduler's test_rft_jobs checks that a given one replaces the split) with the job's own grader, candidate
 vs base, and the registry records the verdict with the reward stage's numbers (a model whose reward
 does not beat the base's is quarantined). A few GRPO steps need not move the greedy answers: the
 test holds the platform to a consistent verdict, not to a gain (services/eval's tests plant both)."""

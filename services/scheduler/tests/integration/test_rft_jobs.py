@@ -5,12 +5,13 @@ object is a 400 naming the field before any job exists."""
 
 from __future__ import annotations
 
+import httpx
 import openai
 import pytest
 
 from whetstone.contracts import DatasetValidatedV1
 from whetstone.devstack.testing import outbox, send_event, wait_until
-from whetstone.runtime.identity import identity_headers
+from whetstone.runtime.identity import IdentityAuth
 from whetstone.scheduler.bootstrap import build_service
 from whetstone.scheduler.config import SchedulerSettings
 
@@ -34,7 +35,7 @@ async def test_reinforcement_jobs_are_accepted_recorded_and_checked(platform, se
     async with platform(lambda: build_service(SchedulerSettings())) as p:
         rt = p["scheduler"]
         api = openai.AsyncOpenAI(base_url=p.url("scheduler") + "/v1", api_key="unused",
-                                 default_headers=identity_headers("demo", ("read", "write")), max_retries=0)
+                                 http_client=httpx.AsyncClient(auth=IdentityAuth("demo", ("read", "write")), timeout=60), max_retries=0)
         await dataset(settings, "file-rft", "rft", None)
         await dataset(settings, "file-chat", "sft", "chat")
         await wait_until(lambda: rt.pool.fetchval("SELECT count(*) = 2 FROM datasets"), 30, "datasets")
@@ -86,4 +87,24 @@ async def test_reinforcement_jobs_are_accepted_recorded_and_checked(platform, se
                 await api.fine_tuning.jobs.create(model=tiny_model, training_file="file-rft", method=bad)
             assert caught.value.body["param"] == param, (bad, caught.value.body)
         assert await rt.pool.fetchval("SELECT count(*) FROM jobs") == 1
+
+        # a validation file: the job waits for its verdict too, then holds out that file's rows (validation
+        # during training, the gate's held-out prompts) instead of the training file's split
+        held = await api.fine_tuning.jobs.create(model=tiny_model, training_file="file-rft", method=method,
+                                                 validation_file="file-rft-val", seed=4)
+        assert held.status == "validating_files"
+        await dataset(settings, "file-rft-val", "rft", None)
+
+        async def both_queued() -> list[dict] | None:
+            queued = await outbox(rt, "job.queued")
+            return queued if len(queued) == 2 else None
+
+        specs = await wait_until(both_queued, 30, "the second job.queued")
+        spec = next(q["payload"]["spec"] for q in specs if q["payload"]["job_id"] == held.id)
+        assert spec["validation_uri"].endswith("/file-rft-val/train.jsonl"), spec
+        # chat data cannot hold out a reinforcement job's prompts: refused, the validation file named
+        with pytest.raises(openai.BadRequestError) as caught:
+            await api.fine_tuning.jobs.create(model=tiny_model, training_file="file-rft", method=method,
+                                              validation_file="file-chat")
+        assert caught.value.body["param"] == "validation_file" and "rft dataset" in caught.value.body["message"]
 

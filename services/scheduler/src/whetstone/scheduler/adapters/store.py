@@ -162,8 +162,10 @@ class JobStore:
         return (_job(row) if found else None), Usage(hours, in_flight)
 
     async def waiting_for(self, tenant_id: str, dataset_id: str) -> list[Job]:
+        """The tenant's jobs waiting for this dataset's verdict (as their training or validation file)."""
         rows = await self.conn.fetch(
-            f"{_SELECT} WHERE tenant_id = $1 AND status = $2 AND request->>'training_file' = $3"
+            f"{_SELECT} WHERE tenant_id = $1 AND status = $2"
+            " AND (request->>'training_file' = $3 OR request->>'validation_file' = $3)"
             " ORDER BY created_at FOR UPDATE", tenant_id, rules.VALIDATING, dataset_id)
         return [_job(r) for r in rows]
 

@@ -158,6 +158,10 @@ async def submit_job(rt: Runtime[SchedulerContext], store: JobStore, tenant_id: 
     if dataset is not None and dataset.accepted and (mismatch := rules.check_method_fits_dataset(
             req.method, dataset.purpose, dataset.data_schema, req.training_file)):
         raise Rejected(mismatch.code, mismatch.message, param=mismatch.param)
+    held_out = await store.dataset(tenant_id, req.validation_file) if req.validation_file else None
+    if held_out is not None and held_out.accepted and (mismatch := rules.check_method_fits_dataset(
+            req.method, held_out.purpose, held_out.data_schema, held_out.dataset_id, param="validation_file")):
+        raise Rejected(mismatch.code, mismatch.message, param=mismatch.param)
     if dataset is not None and dataset.accepted and req.method in auto.METHODS and (
             few := auto.too_few_examples(req.hyperparameters.model_dump(exclude_none=True), dataset.rows_kept)):
         raise Rejected(few.code, few.message, param=few.param)
@@ -207,6 +211,14 @@ async def queue_if_ready(rt: Runtime[SchedulerContext], store: JobStore, job: Jo
         return job.fail(now, mismatch.code, mismatch.message, param=mismatch.param)
     if blind := images_refusal(job.resources.arch.vision, ds.image_rows, job.base_model, ds.dataset_id):
         return job.fail(now, *blind, param="model")
+    validation_uri = ds.validation_uri
+    if req.validation_file:
+        held_out = await validation_rows(store, job, req.validation_file)
+        if held_out is None:
+            return []  # waits for the validation file's dataset.validated
+        if isinstance(held_out, rules.Rejection):
+            return job.fail(now, held_out.code, held_out.message, param=held_out.param)
+        validation_uri = held_out
     tuned = auto_hyperparameters(ctx, job, job.resources.model, ds)
     if isinstance(tuned, rules.Rejection):
         return job.fail(now, tuned.code, tuned.message, param=tuned.param)
@@ -214,13 +226,30 @@ async def queue_if_ready(rt: Runtime[SchedulerContext], store: JobStore, job: Jo
     spec = TrainingSpec(
         base_model=job.base_model, base_model_sha256=job.base_model_sha256,
         dataset_id=ds.dataset_id, dataset_version=ds.version, train_uri=ds.train_uri,
-        validation_uri=ds.validation_uri, method=job.method, hyperparameters=hp, hyperparameters_hash=hp_hash,
+        validation_uri=validation_uri, method=job.method, hyperparameters=hp, hyperparameters_hash=hp_hash,
         eval_config=req.eval_config, reinforcement=req.reinforcement)
     runtime_s, gpu_hours = estimate_job(ctx, job, ds.tokens_total, hp, ds.rows_kept)
     queued = await enter_queue(rt, store, job, spec, runtime_s, gpu_hours, ds.cost_estimate or {}, usage)
     if isinstance(queued, rules.Rejection):
         return job.fail(now, queued.code, queued.message)
     return queued
+
+
+async def validation_rows(store: JobStore, job: Job, file_id: str) -> str | rules.Rejection | None:
+    """The held-out rows of a job given a `validation_file`: that file's rows as ingest validated them
+    (the same gate as the training file: for a reinforcement job, rft rows whose last message is the
+    user's), used for validation during training and the eval gate's held-out stage instead of the
+    training file's split. None while its verdict is unknown; a Rejection naming `validation_file`
+    when it was rejected or holds data the method cannot use."""
+    vds = await store.dataset(job.tenant_id, file_id)
+    if vds is None:
+        return None
+    uri = vds.train_uri or vds.validation_uri   # a file uploaded alone is split by ingest: its kept rows
+    if not vds.accepted or uri is None:
+        return rules.Rejection("invalid_validation_file", f"validation_file {file_id} was rejected: "
+                               f"{rejected_reasons(vds.errors)}", param="validation_file")
+    return rules.check_method_fits_dataset(job.method, vds.purpose, vds.data_schema, file_id,
+                                           param="validation_file") or uri
 
 
 async def enter_queue(rt: Runtime[SchedulerContext], store: JobStore, job: Job, spec: TrainingSpec, runtime_s: float,
