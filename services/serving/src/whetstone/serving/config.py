@@ -1,6 +1,7 @@
 from pydantic import Field
 from pydantic_settings import SettingsConfigDict
 
+from whetstone.modelkit.image_rules import ImageLimits
 from whetstone.runtime.settings import ServiceSettings
 
 
@@ -18,3 +19,15 @@ class ServingSettings(ServiceSettings):
     preload: bool = Field(default=True, description="load adapters when promoted, not only on first request")
     max_lora_rank: int = Field(default=64, ge=1, description="the largest LoRA rank accepted (vLLM: max_lora_rank)")
     fetch_max_wait_ms: int = Field(default=50, ge=1, description="Kafka fetch wait: bounds promotion -> loaded latency")
+    # images in chat requests (a vision-language base): ingest's limits, by default the same values
+    max_image_bytes: int = Field(default=10 * 1024**2, ge=1, description="bytes per image (decoded), as ingest")
+    max_image_pixels: int = Field(default=36_000_000, ge=1, description="pixels per image, read from the header "
+                                  "before decoding, as ingest")
+    max_images_per_request: int = Field(default=10, ge=1, description="images per chat request (ingest: per example)")
+    image_fetch: bool = Field(default=False, description="http(s) image URLs: not fetched by this version (refused "
+                              "with a clear 400 either way); send images as base64 data URLs")
+
+    @property
+    def image_limits(self) -> ImageLimits:
+        return ImageLimits(max_bytes=self.max_image_bytes, max_pixels=self.max_image_pixels,
+                           max_per_example=self.max_images_per_request, allow_fetch=self.image_fetch)

@@ -4,6 +4,13 @@ Generation is iteration-level batching over a left-padded KV cache (`RunningBatc
 between decode steps and leave when they finish. In a mixed batch each row carries its adapter's
 slot and every row gets its own LoRA weights in the same forward pass (see multilora.py); the
 baseline (`mixed=False`) runs one adapter per pass.
+
+A vision-language base (a directory with an image processor, e.g. `whet models create-tiny
+--vision`) is loaded with its processor: a chat's images become the processor's image tokens
+(each expanded to the tokens the processor inserts for it, as in training) and their pixel
+values go into the prefill of their row; decode steps read the KV cache only. LoRA slots cover
+the language model's Linears only (adapters train the language model; the vision tower stays
+the base's).
 """
 
 from __future__ import annotations
@@ -13,8 +20,11 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from whetstone.modelkit.loading import load_model, load_tokenizer
+from whetstone.modelkit.vision import (ImagePart, expand_image_tokens, image_size, image_token_counts,
+                                       load_processor, load_vision_model, pixel_values)
 
 from ..domain.catalog import BASE_ADAPTER
 from .multilora import StackedLora, read_lora
@@ -34,6 +44,7 @@ class GenRow:
     stops: list[str] = field(default_factory=list)
     seed: int | None = None
     stream: bool = True
+    pixel_values: Any = None    # the row's images (a tensor, one per image), fed to its prefill only
     arrived: float = field(default_factory=time.monotonic)
     completion_tokens: int = 0
 
@@ -94,15 +105,20 @@ class LoraEngine:
         torch.set_num_threads(threads)
         self.threads = threads
         self.tokenizer = load_tokenizer(base_dir)
-        base = load_model(base_dir, dtype="float32")
+        self.processor = load_processor(base_dir)   # None: a text-only base
+        base = (load_vision_model(base_dir, dtype="float32") if self.processor is not None
+                else load_model(base_dir, dtype="float32"))
         base.eval()
-        self.context_length = int(getattr(base.config, "max_position_embeddings", 0) or self.tokenizer.model_max_length)
+        text_config = getattr(base.config, "text_config", None) or base.config
+        self.context_length = int(getattr(text_config, "max_position_embeddings", 0)
+                                  or self.tokenizer.model_max_length)
         eos = base.generation_config.eos_token_id if base.generation_config else None
         eos = eos if isinstance(eos, list) else [eos]
         self.eos_ids = {e for e in [*eos, self.tokenizer.eos_token_id] if e is not None}
         self.pad_id = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else 0
         self.model = base
-        self.lora = StackedLora(base, slots=slots, max_rank=max_rank)
+        self.lora = StackedLora(base, slots=slots, max_rank=max_rank,
+                                within="language_model" if self.processor is not None else "")
         self.adapters: dict[str, int] = {}  # loaded adapter name -> slot
         self._free = list(range(slots, 0, -1))
 
@@ -138,6 +154,31 @@ class LoraEngine:
     def render_chat(self, messages: list[dict[str, str]], template: str | None) -> str:
         return self.tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True,
                                                   chat_template=template or self.tokenizer.chat_template)
+
+    @property
+    def sees_images(self) -> bool:
+        return self.processor is not None
+
+    @property
+    def image_token(self) -> str:
+        """What a chat's image is written as before tokenizing ("" for a text-only base)."""
+        return str(self.processor.image_token) if self.processor is not None else ""
+
+    def image_inputs(self, ids: list[int], urls: list[str]) -> tuple[list[int], Any]:
+        """A prompt's image tokens expanded to each image's token count, and the images' pixel values
+        (None without images). ValueError when the prompt's image tokens are not one per image (the
+        text itself holds the image token)."""
+        if self.processor is None:
+            return ids, None
+        image_id = self.tokenizer.convert_tokens_to_ids(self.processor.image_token)
+        if ids.count(image_id) != len(urls):
+            raise ValueError(f"the text of the messages contains the image token {self.processor.image_token!r}; "
+                             "send images as image_url parts only")
+        if not urls:
+            return ids, None
+        counts = image_token_counts(self.processor, [image_size(url) for url in urls])
+        expanded, _ = expand_image_tokens(ids, [0] * len(ids), image_id, counts)
+        return expanded, pixel_values(self.processor, [ImagePart(url) for url in urls])
 
     def encode(self, text: str) -> list[int]:
         backend = getattr(self.tokenizer, "backend_tokenizer", None)
@@ -208,9 +249,11 @@ class RunningBatch:
             attn[i, width - n:] = 1
         positions = (attn.cumsum(-1) - 1).clamp(min=0)
         states = [_RowState(r, engine) for r in rows]
+        pixels = [r.pixel_values for r in rows if r.pixel_values is not None]
+        images = {"pixel_values": torch.cat(pixels)} if pixels else {}
         engine.lora.use(slots)
         with torch.inference_mode():
-            out = engine.model(input_ids=ids, attention_mask=attn, position_ids=positions, use_cache=True)
+            out = engine.model(input_ids=ids, attention_mask=attn, position_ids=positions, use_cache=True, **images)
             chosen = engine._choose(out.logits[:, -1, :], states)
         for state, token in zip(states, chosen.tolist()):
             state.push(token)

@@ -101,12 +101,14 @@ def read_lora(directory: Path) -> tuple[LoraConfig, dict[str, tuple[Any, Any]]]:
 
 
 class StackedLora:
-    def __init__(self, model, *, slots: int, max_rank: int, gather_budget: int = 256 << 20) -> None:
+    def __init__(self, model, *, slots: int, max_rank: int, gather_budget: int = 256 << 20, within: str = "") -> None:
+        """`within`: only Linears whose name holds it get slots (a vision-language base: "language_model",
+        so the vision tower, whose rows are images, never runs a row's LoRA)."""
         import torch
 
         self.torch, self.max_rank, self.slots = torch, max_rank, slots
         self.linears = {name: mod for name, mod in model.named_modules()
-                        if isinstance(mod, torch.nn.Linear) and ".layers." in f".{name}"}
+                        if isinstance(mod, torch.nn.Linear) and ".layers." in f".{name}" and within in name}
         self.A: dict[str, Any] = {}
         self.B: dict[str, Any] = {}
         self.users: dict[str, int] = {}  # resident adapters targeting the module: 0 -> skip the hook

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
@@ -55,13 +55,49 @@ class ContentPart(BaseModel):
     text: str
 
 
+class ImageUrl(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    url: str
+    detail: str = "auto"     # checked by the shared image rules (auto, low, high)
+
+
+class ImageContentPart(BaseModel):
+    """OpenAI's image part: `{"type": "image_url", "image_url": {"url": "data:image/png;base64,...", "detail"?}}`."""
+
+    model_config = ConfigDict(extra="forbid")
+    type: Literal["image_url"]
+    image_url: ImageUrl
+
+
+Part = Annotated[ContentPart | ImageContentPart, Field(discriminator="type")]
+
+
+@dataclass(frozen=True)
+class RequestImage:
+    """One image part of a chat request, where it is (`messages[i].content[j]`, as errors name it)."""
+
+    message: int
+    part: int
+    role: str
+    url: str
+    detail: str
+
+    @property
+    def at(self) -> str:
+        return f"messages[{self.message}].content[{self.part}]"
+
+
 class ChatMessage(BaseModel):
     model_config = ConfigDict(extra="allow")
     role: Literal["system", "developer", "user", "assistant"]
-    content: str | list[ContentPart]
+    content: str | list[Part]
 
-    def as_template_message(self) -> dict[str, str]:
-        text = self.content if isinstance(self.content, str) else "".join(p.text for p in self.content)
+    def as_template_message(self, image_token: str = "") -> dict[str, str]:
+        """The message as a chat template reads it: text, each image written as the model's image token."""
+        if isinstance(self.content, str):
+            text = self.content
+        else:
+            text = "".join(p.text if isinstance(p, ContentPart) else image_token for p in self.content)
         return {"role": "system" if self.role == "developer" else self.role, "content": text}
 
 
@@ -71,6 +107,12 @@ class ChatCompletionRequest(_Request):
 
     def token_limit(self) -> int | None:
         return self.max_completion_tokens or self.max_tokens
+
+    def images(self) -> list[RequestImage]:
+        """The request's image parts, in order."""
+        return [RequestImage(i, j, m.role, p.image_url.url, p.image_url.detail)
+                for i, m in enumerate(self.messages) if not isinstance(m.content, str)
+                for j, p in enumerate(m.content) if isinstance(p, ImageContentPart)]
 
 
 class CompletionRequest(_Request):

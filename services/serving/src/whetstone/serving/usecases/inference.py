@@ -8,6 +8,8 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass
 
 from whetstone.contracts import parse_checkpoint_model
+from whetstone.modelkit.image_reader import check_image_url
+from whetstone.modelkit.image_rules import ImageLimits, ImageProblem
 
 from ..adapters.engine import GenRow
 from ..adapters.pool import Lease
@@ -16,7 +18,8 @@ from ..domain.catalog import (
     ModelNotDeployed, ModelVersion, ServingError, base_version, check_servable_on, checkpoint_version, choose_version,
     completion_budget,
 )
-from ..domain.openai import ChatCompletionRequest, CompletionRequest
+from ..domain.images import ImageRefused, refusal
+from ..domain.openai import ChatCompletionRequest, CompletionRequest, RequestImage
 from ..domain.routing import Route, pick_variant
 
 
@@ -87,12 +90,35 @@ class Generation:
             yield index, delta, finish
 
 
+def read_images(images: list[RequestImage], limits: ImageLimits) -> None:
+    """Every image read as ingest reads it (base64, bytes, format, header pixels, one decode): the
+    first refusal raised as ImageRefused naming its part. Runs in a worker thread."""
+    for image in images:
+        facts = check_image_url(image.url, limits, image.at)
+        if isinstance(facts, ImageProblem):
+            raise ImageRefused.of(facts, image.at + ".image_url.url")
+
+
+async def check_images(ctx: ServingContext, req: ChatCompletionRequest | CompletionRequest) -> list[str]:
+    """The request's image URLs once the shared image rules accept them (ImageRefused otherwise)."""
+    images = req.images() if isinstance(req, ChatCompletionRequest) else []
+    limits = ctx.config.image_limits
+    refused = refusal(images, model=req.model, sees_images=ctx.engine.sees_images, limits=limits)
+    if refused is not None:
+        raise refused
+    if images:
+        await asyncio.to_thread(read_images, images, limits)
+    return [image.url for image in images]
+
+
 async def start(ctx: ServingContext, tenant_id: str, req: ChatCompletionRequest | CompletionRequest) -> Generation:
     version = await resolve(ctx, tenant_id, req.model, req.user)
+    urls = await check_images(ctx, req)
     lease = await ctx.pool.acquire(version)
     try:
+        pixels = None
         if isinstance(req, ChatCompletionRequest):
-            messages = [m.as_template_message() for m in req.messages]
+            messages = [m.as_template_message(ctx.engine.image_token) for m in req.messages]
             try:
                 prompts = [ctx.engine.render_chat(messages, lease.chat_template)]
             except Exception as exc:  # the template refuses the conversation (e.g. an unsupported role)
@@ -101,6 +127,12 @@ async def start(ctx: ServingContext, tenant_id: str, req: ChatCompletionRequest 
         else:
             prompts, param = req.prompts(), "prompt"
         encoded = [ctx.engine.encode(p) or [ctx.engine.pad_id] for p in prompts]
+        if isinstance(req, ChatCompletionRequest) and ctx.engine.sees_images:
+            try:
+                ids, pixels = await asyncio.to_thread(ctx.engine.image_inputs, encoded[0], urls)
+            except ValueError as exc:
+                raise InvalidMessages(str(exc)) from exc
+            encoded = [ids]
         budgets = [completion_budget(len(ids), req.token_limit(), ctx.config.default_max_tokens,
                                      ctx.engine.context_length, param) for ids in encoded]
         loop = asyncio.get_running_loop()
@@ -125,7 +157,7 @@ async def start(ctx: ServingContext, tenant_id: str, req: ChatCompletionRequest 
                 seed = None if req.seed is None else req.seed + index
                 rows.append(GenRow(adapter=version.model_id, prompt_ids=ids, max_tokens=budget, emit=emit,
                                    temperature=req.temperature, top_p=req.top_p, stops=req.stops(), seed=seed,
-                                   stream=bool(req.stream)))
+                                   stream=bool(req.stream), pixel_values=pixels))
     except BaseException:
         lease.release()
         raise
