@@ -177,3 +177,12 @@ MIGRATIONS.append(
         WHERE fine_tuned_model IS NOT NULL;
     """
 )
+
+# 6: a vision adapter's processor and image settings (the trainer's whetstone_training.json "vision"),
+# kept with its final checkpoint and in its lineage
+MIGRATIONS.append(
+    """
+    ALTER TABLE final_checkpoints ADD COLUMN vision jsonb;
+    ALTER TABLE model_lineage ADD COLUMN vision jsonb;
+    """
+)

@@ -39,14 +39,15 @@ class ModelStore:
         """The job's final checkpoint; a newer attempt's replaces an older attempt's (never the reverse)."""
         await self.conn.execute(
             "INSERT INTO final_checkpoints (job_id, tenant_id, uri, manifest_sha256, step, segment_id, files,"
-            " chat_template_sha256, adapter_config, environment, attempt) VALUES ($1,$2,$3,$4,$5,$6,$7,$8,$9,$10,$11)"
+            " chat_template_sha256, adapter_config, environment, attempt, vision)"
+            " VALUES ($1,$2,$3,$4,$5,$6,$7,$8,$9,$10,$11,$12)"
             " ON CONFLICT (job_id) DO UPDATE SET tenant_id = EXCLUDED.tenant_id, uri = EXCLUDED.uri,"
             " manifest_sha256 = EXCLUDED.manifest_sha256, step = EXCLUDED.step, segment_id = EXCLUDED.segment_id,"
             " files = EXCLUDED.files, chat_template_sha256 = EXCLUDED.chat_template_sha256,"
-            " adapter_config = EXCLUDED.adapter_config, environment = EXCLUDED.environment, attempt = EXCLUDED.attempt"
-            " WHERE coalesce(final_checkpoints.attempt, 1) < coalesce(EXCLUDED.attempt, 1)",
+            " adapter_config = EXCLUDED.adapter_config, environment = EXCLUDED.environment, attempt = EXCLUDED.attempt,"
+            " vision = EXCLUDED.vision WHERE coalesce(final_checkpoints.attempt, 1) < coalesce(EXCLUDED.attempt, 1)",
             c.job_id, c.tenant_id, c.uri, c.manifest_sha256, c.step, c.segment_id, c.files, c.chat_template_sha256,
-            c.adapter_config, c.environment, c.attempt)
+            c.adapter_config, c.environment, c.attempt, c.vision.model_dump(mode="json") if c.vision else None)
 
     async def job(self, job_id: str) -> QueuedJob | None:
         row = await self.conn.fetchrow("SELECT job_id, tenant_id, spec, suffix, job_template, job_template_version"
@@ -76,7 +77,7 @@ class ModelStore:
         job = await self.job(job_id)
         row = await self.conn.fetchrow(
             "SELECT job_id, tenant_id, uri, manifest_sha256, step, segment_id, files, chat_template_sha256,"
-            " adapter_config, environment, attempt FROM final_checkpoints WHERE job_id = $1", job_id)
+            " adapter_config, environment, attempt, vision FROM final_checkpoints WHERE job_id = $1", job_id)
         if row is None:
             return job, None, None
         ckpt = FinalCheckpoint(**dict(row))
@@ -104,13 +105,13 @@ class ModelStore:
             "INSERT INTO model_lineage (model_id, job_id, base_model, base_model_sha256, dataset_id, dataset_version,"
             " method, hyperparameters, hyperparameters_hash, training_run, checkpoint_step, job_template,"
             " job_template_version, job_template_missing_reason, environment, environment_sha256, eval_verdict,"
-            " eval_metrics, eval_stages, files, chat_template_sha256, model_card_uri)"
-            " VALUES ($1,$2,$3,$4,$5,$6,$7,$8,$9,$10,$11,$12,$13,$14,$15,$16,$17,$18,$19,$20,$21,$22)",
+            " eval_metrics, eval_stages, files, chat_template_sha256, model_card_uri, vision)"
+            " VALUES ($1,$2,$3,$4,$5,$6,$7,$8,$9,$10,$11,$12,$13,$14,$15,$16,$17,$18,$19,$20,$21,$22,$23)",
             model_id, r.job_id, r.base_model, r.base_model_sha256, r.dataset_id, r.dataset_version, r.method,
             r.hyperparameters, r.hyperparameters_hash, r.training_run, r.checkpoint_step, r.job_template,
             r.job_template_version, r.job_template_missing_reason, r.environment, r.environment_sha256, r.eval_verdict,
             [m.model_dump(mode="json") for m in r.eval_metrics], [st.model_dump(mode="json") for st in r.eval_stages],
-            r.files, r.chat_template_sha256, model_card_uri)
+            r.files, r.chat_template_sha256, model_card_uri, r.vision.model_dump(mode="json") if r.vision else None)
 
     # -- models ------------------------------------------------------------------
     async def get(self, model_id: str, tenant_id: str | None = None, *, for_update: bool = False) -> ModelRecord | None:

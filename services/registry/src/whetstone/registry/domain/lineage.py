@@ -6,10 +6,10 @@ import hashlib
 import json
 import re
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel
+from pydantic import BaseModel, ConfigDict, JsonValue
 from pydantic.dataclasses import dataclass as record
 
 from whetstone.contracts import EvalCompletedV1, EvalStageResult, Lineage, Metric, TrainingSpec
@@ -20,6 +20,52 @@ ADAPTER_FILES = ("adapter_model.safetensors", "adapter_config.json")
 
 
 NO_TEMPLATE = "the job was not created from a job template"
+
+
+class VisionSettings(BaseModel):
+    """The processor and image settings a vision adapter was trained with (a server must feed images the
+    same way), as the trainer's summary `whetstone_training.json` records them under "vision"."""
+
+    model_config = ConfigDict(extra="ignore", frozen=True)
+
+    processor_class: str
+    image_processor_class: str
+    image_token: str | None = None
+    patch_size: int | None = None
+    vision_feature_select_strategy: str | None = None
+    size: JsonValue = None              # the image processor's resize setting, as it wrote it
+    crop_size: JsonValue = None         # {"height", "width"}: the image the vision tower sees
+    tokens_per_image: int | None = None
+    vision_tower: Literal["frozen", "lora"]
+    packing: bool = False
+    images_trained: int | None = None
+
+    @property
+    def image_size(self) -> tuple[int, int] | None:
+        """(height, width) the vision tower sees, from the crop (else the resize) setting."""
+        for setting in (self.crop_size, self.size):
+            if isinstance(setting, dict):
+                height, width = setting.get("height"), setting.get("width")
+                if isinstance(height, int) and isinstance(width, int):
+                    return height, width
+        return None
+
+    def view(self) -> dict[str, Any]:
+        size = self.image_size
+        return {**self.model_dump(mode="json"), "image_size": list(size) if size else None}
+
+
+class TrainingSummary(BaseModel):
+    """`whetstone_training.json` of a final checkpoint, as far as lineage reads it."""
+
+    model_config = ConfigDict(extra="ignore")
+
+    vision: VisionSettings | None = None
+
+
+def training_summary(data: bytes | None) -> TrainingSummary:
+    """The trainer's summary (an empty one when the artifact has none); ValueError when unreadable."""
+    return TrainingSummary() if data is None else TrainingSummary.model_validate_json(data)
 
 
 class IncompleteLineage(Exception):
@@ -53,6 +99,7 @@ class FinalCheckpoint:
     adapter_config: dict[str, Any] | None   # PEFT's adapter_config.json as the trainer wrote it
     environment: dict[str, Any] | None      # the artifact's environment.lock.json
     attempt: int | None
+    vision: VisionSettings | None = None    # a vision adapter's processor and image settings
 
 
 @record(frozen=True)
@@ -89,6 +136,7 @@ class LineageRecord:
     files: dict[str, str]
     chat_template_sha256: str | None = None
     eval_reasons: list[str] = field(default_factory=list)
+    vision: VisionSettings | None = None
 
     def __post_init__(self) -> None:
         required = ("job_id", "base_model", "base_model_sha256", "dataset_id", "dataset_version", "method",
@@ -131,7 +179,8 @@ class StoredLineage:
                 "environment_sha256": r.environment_sha256, "eval_verdict": r.eval_verdict,
                 "eval_metrics": [m.model_dump(mode="json") for m in r.eval_metrics],
                 "eval_stages": [st.model_dump(mode="json") for st in r.eval_stages], "files": r.files,
-                "chat_template_sha256": r.chat_template_sha256, "model_card_uri": self.model_card_uri}
+                "chat_template_sha256": r.chat_template_sha256, "model_card_uri": self.model_card_uri,
+                "vision": r.vision.view() if r.vision else None}
 
 
 def build_lineage(job: QueuedJob, ckpt: FinalCheckpoint, evaluation: EvalCompletedV1,
@@ -148,7 +197,8 @@ def build_lineage(job: QueuedJob, ckpt: FinalCheckpoint, evaluation: EvalComplet
         job_template_missing_reason=None if job.job_template and job.job_template_version else NO_TEMPLATE,
         environment=environment, environment_sha256=environment_sha256(environment),
         eval_verdict=evaluation.verdict, eval_metrics=list(evaluation.metrics), eval_stages=list(evaluation.stages),
-        eval_reasons=list(evaluation.reasons), files=ckpt.files, chat_template_sha256=ckpt.chat_template_sha256)
+        eval_reasons=list(evaluation.reasons), files=ckpt.files, chat_template_sha256=ckpt.chat_template_sha256,
+        vision=ckpt.vision)
 
 
 class _ManifestEntry(BaseModel):
@@ -218,7 +268,8 @@ def model_card(model_id: str, name: str, tenant_id: str, lineage: LineageRecord)
         "base_model_relation": "adapter" if lineage.method in ("lora", "qlora", "dpo", "orpo") else "finetune",
         "library_name": "peft",
         "datasets": [lineage.dataset_id],
-        "tags": ["whetstone", lineage.method],
+        "tags": ["whetstone", lineage.method, *(["vision"] if lineage.vision else [])],
+        **({"pipeline_tag": "image-text-to-text"} if lineage.vision else {}),
         "model-index": [{"name": name, "results": results}],
     }
     lines = ["---", yaml.safe_dump(front, sort_keys=False).rstrip(), "---", "", f"# {name}", "",
@@ -232,7 +283,25 @@ def model_card(model_id: str, name: str, tenant_id: str, lineage: LineageRecord)
                                      else f"none ({lineage.job_template_missing_reason})"),
              f"- environment lockfile sha256 `{lineage.environment_sha256}`",
              f"- chat template sha256: `{lineage.chat_template_sha256 or 'none'}`", "",
+             *(vision_card(lineage.vision) if lineage.vision else []),
              f"## Evaluation: {lineage.eval_verdict}", ""]
     lines += [f"- {r}" for r in lineage.eval_reasons] or ["- (no reasons given)"]
     lines += ["", "## Files (sha256)", ""] + [f"- `{f}`: `{h}`" for f, h in lineage.files.items()]
     return "\n".join(lines) + "\n"
+
+
+def vision_card(v: VisionSettings) -> list[str]:
+    """The model card's section on images: what a server needs to feed them as in training."""
+    size = v.image_size
+    tower = ("frozen (LoRA on the language model only)" if v.vision_tower == "frozen"
+             else "adapted (LoRA on the vision tower and projector too)")
+    return ["## Vision", "",
+            f"- processor: `{v.processor_class}` with image processor `{v.image_processor_class}` (the processor "
+            "config files come with the adapter)",
+            f"- image size: {f'{size[0]} x {size[1]} pixels' if size else 'as the processor resizes'}"
+            + (f"; patch size {v.patch_size}" if v.patch_size else ""),
+            f"- image token: `{v.image_token or 'none'}`; tokens per image: "
+            f"{v.tokens_per_image if v.tokens_per_image is not None else 'as the processor counts'}",
+            f"- vision tower: {tower}",
+            f"- packing: {'on' if v.packing else 'off (examples with images are never packed)'}"
+            + (f"; images trained: {v.images_trained}" if v.images_trained is not None else ""), ""]

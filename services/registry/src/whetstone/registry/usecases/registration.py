@@ -27,7 +27,8 @@ from ..domain.lineage import FinalCheckpoint, IncompleteLineage, QueuedJob, buil
 from ..domain.stages import Transition
 from . import promotion
 
-SMALL_FILES = ("adapter_config.json", "environment.lock.json") + TEMPLATE_FILES
+SUMMARY_FILE = "whetstone_training.json"   # the trainer's summary: a vision adapter's image settings
+SMALL_FILES = ("adapter_config.json", "environment.lock.json", SUMMARY_FILE) + TEMPLATE_FILES
 
 
 def owned_by(uri: str, tenant_id: str) -> bool:
@@ -85,7 +86,8 @@ async def final_checkpoint(rt: Runtime[RegistryContext], uow: UnitOfWork, tenant
             segment_id=ev.segment_id, files=lineage_rules.file_manifest(manifest),
             chat_template_sha256=lineage_rules.chat_template_sha256(chat_template_from(small)),
             adapter_config=_json_file(small, "adapter_config.json"),
-            environment=_json_file(small, "environment.lock.json"), attempt=ev.attempt)
+            environment=_json_file(small, "environment.lock.json"), attempt=ev.attempt,
+            vision=lineage_rules.training_summary(small.get(SUMMARY_FILE)).vision)
     except (ValueError, TypeError) as exc:
         raise PoisonMessage(f"final checkpoint of {ev.job_id}: unreadable artifact metadata ({exc})") from exc
     await store.record_final_checkpoint(checkpoint)
