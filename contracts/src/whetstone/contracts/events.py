@@ -143,6 +143,8 @@ class ReinforcementSpec(Contract):
     reasoning_effort: ReasoningEffort = ReasoningEffort.DEFAULT
     max_completion_tokens: int = Field(ge=1, le=32768, description="completion budget (reasoning_effort)")
     response_format: dict[str, Any] | None = Field(default=None, description="json_schema the samples should follow")
+    base_quantization: Literal["nf4"] | None = Field(
+        default=None, description="QLoRA: the frozen base loaded in 4-bit NF4 (method.whetstone.method 'qlora')")
 
 
 class JobRequestedV1(Event):

@@ -81,6 +81,7 @@ async def test_reinforcement_jobs_are_accepted_recorded_and_checked(platform, se
             (rft(grader={**GRADER["graders"]["exact"], "input": "{{secrets.key}}"}), "method.reinforcement.grader.input"),
             ({"type": "reinforcement"}, "method.reinforcement"),
             ({"type": "reinforcement", "reinforcement": {"grader": GRADER}, "supervised": {}}, "method.supervised"),
+            ({**rft(), "whetstone": {"method": "full"}}, "method.whetstone.method"),
         ]
         for bad, param in cases:
             with pytest.raises(openai.BadRequestError) as caught:
@@ -89,8 +90,10 @@ async def test_reinforcement_jobs_are_accepted_recorded_and_checked(platform, se
         assert await rt.pool.fetchval("SELECT count(*) FROM jobs") == 1
 
         # a validation file: the job waits for its verdict too, then holds out that file's rows (validation
-        # during training, the gate's held-out prompts) instead of the training file's split
-        held = await api.fine_tuning.jobs.create(model=tiny_model, training_file="file-rft", method=method,
+        # during training, the gate's held-out prompts) instead of the training file's split; QLoRA (the
+        # platform's method extension) loads the base in 4-bit NF4
+        held = await api.fine_tuning.jobs.create(model=tiny_model, training_file="file-rft",
+                                                 method={**method, "whetstone": {"method": "qlora"}},
                                                  validation_file="file-rft-val", seed=4)
         assert held.status == "validating_files"
         await dataset(settings, "file-rft-val", "rft", None)
@@ -102,6 +105,9 @@ async def test_reinforcement_jobs_are_accepted_recorded_and_checked(platform, se
         specs = await wait_until(both_queued, 30, "the second job.queued")
         spec = next(q["payload"]["spec"] for q in specs if q["payload"]["job_id"] == held.id)
         assert spec["validation_uri"].endswith("/file-rft-val/train.jsonl"), spec
+        assert spec["reinforcement"]["base_quantization"] == "nf4" and queued[0]["payload"]["spec"]["reinforcement"][
+            "base_quantization"] is None
+        assert (await api.fine_tuning.jobs.retrieve(held.id)).method.whetstone == {"method": "qlora"}
         # chat data cannot hold out a reinforcement job's prompts: refused, the validation file named
         with pytest.raises(openai.BadRequestError) as caught:
             await api.fine_tuning.jobs.create(model=tiny_model, training_file="file-rft", method=method,

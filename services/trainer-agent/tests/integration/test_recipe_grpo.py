@@ -1,10 +1,12 @@
 """Reinforcement fine-tuning on the tiny Llama (trl GRPOTrainer + LoRA, in process, CPU): the grader
 is the reward, progress events carry reward mean/std and the multi grader's sub-rewards,
 checkpoints and every eval_interval steps carry the validation reward, a resumed run continues with
-the same prompts and samples, and RFT data the grader cannot read is refused before any model is loaded, naming the lines."""
+the same prompts and samples, RFT data the grader cannot read is refused before any model is loaded,
+naming the lines, and QLoRA (a 4-bit NF4 base) trains on CPU."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -87,3 +89,20 @@ def test_rft_data_the_grader_cannot_read_is_refused_naming_lines(tiny_base, tmp_
     assert "line 3: {{item.target}} is read by the grader" in failed.message
     assert not run.of(Started)
 
+
+
+def test_grpo_trains_on_a_4bit_base_qlora_on_cpu(tiny_base, tmp_path):
+    """QLoRA for reinforcement (`base_quantization: nf4`): bitsandbytes' NF4 layers run generation and the
+    LoRA backward on CPU, so a CPU node trains it like a GPU node (no pool refuses it)."""
+    cfg = config(tiny_base, tmp_path, rows(2))
+    cfg["reinforcement"]["base_quantization"] = "nf4"
+    cfg["hyperparameters"]["checkpoint_every_steps"] = 100
+    run = run_in_process(cfg, tmp_path)
+    assert run.returncode == 0, run.last
+    progress = run.of(Progress)
+    assert [p.step for p in progress] == [1, 2] and all(0.0 <= p.reward <= 1.0 for p in progress)
+    final = Path(run.of(Checkpoint)[-1].path)
+    summary = json.loads((final / "whetstone_training.json").read_text())
+    assert summary["method"] == "reinforcement" and summary["quantization"]["quant_type"] == ["nf4"]
+    assert summary["quantization"]["layers"] == 14   # every linear layer of the tiny Llama's blocks is 4-bit
+    assert (final / "adapter_model.safetensors").is_file()

@@ -84,6 +84,9 @@ class CreateJob(BaseModel):
     eval_config: Annotated[dict[str, Any], Field(max_length=32), json_at_most(16384)] | None = None
 
 
+RFT_ADAPTERS = ("lora", "qlora")   # method.whetstone.method of a reinforcement job
+
+
 def bad(param: str, message: str, code: str = "invalid_value") -> ApiError:
     return ApiError(400, f"{param}: {message}", code=code, param=param)
 
@@ -94,9 +97,12 @@ def platform_method(body: CreateJob) -> tuple[str, dict[str, Any]]:
     if m is None or isinstance(m, str):
         return m or "lora", {}
     if m.type == "reinforcement":   # its knobs travel in the reinforcement spec (rft.py), not as hyperparameters
-        stray = sorted(set(m.model_extra or {}) | {f for f in ("supervised", "dpo", "whetstone") if getattr(m, f)})
+        stray = sorted(set(m.model_extra or {}) | {f for f in ("supervised", "dpo") if getattr(m, f)})
         if stray:
             raise bad(f"method.{stray[0]}", "unknown field for method.type 'reinforcement'")
+        if m.whetstone and m.whetstone.method not in RFT_ADAPTERS:
+            raise bad("method.whetstone.method", f"{str(m.whetstone.method)!r} does not apply to reinforcement "
+                      f"(it trains a LoRA adapter: {' or '.join(RFT_ADAPTERS)}, QLoRA on a 4-bit base)")
         return "reinforcement", {}
     if m.type in ("supervised", "dpo"):
         method = m.whetstone.method if m.whetstone else DEFAULT_FOR[m.type]
@@ -165,6 +171,8 @@ def to_request(body: CreateJob, job_id: str, key: str, graders: GraderEnvironmen
             raise bad("hyperparameters", "a reinforcement job takes its hyperparameters under "
                       "method.reinforcement.hyperparameters")
         spec = reinforcement_spec(body.method.reinforcement, graders)
+        if body.method.whetstone and body.method.whetstone.method == "qlora":
+            spec = spec.model_copy(update={"base_quantization": "nf4"})
         given.update(n_epochs=spec.n_epochs, learning_rate=spec.learning_rate, batch_size=spec.batch_size)
     return JobRequestedV1(job_id=job_id, idempotency_key=key, model=body.model, training_file=body.training_file,
                           validation_file=body.validation_file, method=method,

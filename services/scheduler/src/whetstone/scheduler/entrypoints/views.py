@@ -67,6 +67,8 @@ def job_view(job: Job, queue: Forecast | None = None) -> dict[str, Any]:
     method = method_view(job.method, hp, given)
     if job.method == Method.REINFORCEMENT:
         method["reinforcement"] = reinforcement_view(req.reinforcement)
+        if req.reinforcement is not None and req.reinforcement.base_quantization == "nf4":
+            method["whetstone"] = {"method": "qlora"}   # as requested: LoRA on a 4-bit base
     estimated_start = None
     if job.status == rules.QUEUED and queue is not None and queue.estimated_start is not None:
         estimated_start = int(queue.estimated_start)

@@ -1,6 +1,8 @@
 """Reinforcement fine-tuning recipe, read top to bottom: setup -> train -> save_checkpoint -> cleanup.
 
-    reinforcement   trl GRPOTrainer on a LoRA adapter; the reward is the job's grader
+    reinforcement   trl GRPOTrainer on a LoRA adapter; the reward is the job's grader (QLoRA: the
+                    base loaded in 4-bit NF4 when the job's `base_quantization` is "nf4"; bitsandbytes
+                    runs it on CPU nodes too, so no pool is refused it)
 
 The job's `reinforcement` object (resolved by the scheduler, `whetstone.graders.rft`) gives the
 grader and the knobs: `batch_size` prompts per optimiser step, `generations` completions sampled
@@ -62,8 +64,9 @@ class GRPORecipe:
         if not cfg.reinforcement:
             raise PlatformError("method reinforcement needs the job's `reinforcement` object in the recipe config",
                                 code="bad_recipe_config")
-        self.session = TrainingSession(cfg, events, preemption, faults, packing=False)
         self.plan = cfg.reinforcement
+        self.session = TrainingSession(cfg, events, preemption, faults, packing=False,
+                                       load_as="qlora" if self.plan.base_quantization == "nf4" else None)
         self.grader = parse_grader(self.plan.grader)
         self.reward = GraderReward(self.grader, GraderEnvironment(GraderSettings()), reward_sign=self.plan.reward_sign)
         self.prompts: list[PromptRow] = []

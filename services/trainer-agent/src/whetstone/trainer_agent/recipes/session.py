@@ -49,8 +49,10 @@ class TrainingSession:
     the current trainer, and what outlives a trainer (`run`: an OOM retry builds a new one)."""
 
     def __init__(self, cfg: RecipeConfig, events: EventStream, preemption: PreemptionFlag,
-                 faults: Faults | None = None, *, packing: bool, vision: bool = False) -> None:
+                 faults: Faults | None = None, *, packing: bool, vision: bool = False,
+                 load_as: str | None = None) -> None:
         self.cfg = cfg
+        self.load_as = load_as or cfg.method   # how the base loads ("qlora": 4-bit NF4), default the method's
         self.hp: Hyperparameters = cfg.hyperparameters
         self.events = events
         self.preemption = preemption
@@ -81,7 +83,7 @@ class TrainingSession:
         """The base model; then the hyperparameters resolved for its size and the batch planned."""
         cfg = self.cfg
         self._zero_init = deepspeed_zero_init(cfg.deepspeed, cfg.zero_init)  # alive while models load
-        model = load_base_model(cfg.base_model, cfg.method, packing=self.packing, vision=self.vision)
+        model = load_base_model(cfg.base_model, self.load_as, packing=self.packing, vision=self.vision)
         self.base = describe_base(model)
         self.hp = plan_batch(self.hp.resolved(cfg.method, self.base.parameters), example_lengths,
                              micro_batch_token_budget(self.hp), checkpoint_geometry(cfg.resume_from))
@@ -93,7 +95,7 @@ class TrainingSession:
         self.trainer = None
         free_memory()
         self.hp = hp
-        return load_base_model(self.cfg.base_model, self.cfg.method, packing=self.packing, vision=self.vision)
+        return load_base_model(self.cfg.base_model, self.load_as, packing=self.packing, vision=self.vision)
 
     def callbacks(self, validate: Validator | None, examples_per_epoch: int,
                   validate_every: int | None = None) -> list:
