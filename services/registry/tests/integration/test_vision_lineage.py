@@ -7,7 +7,9 @@ import json
 import httpx
 import pytest
 
+from whetstone.registry.adapters.store import ModelStore
 from whetstone.registry.bootstrap import build_service
+from whetstone.registry.usecases.handoff import materialise, vision_of
 
 pytestmark = pytest.mark.integration
 VISION = {"processor_class": "LlavaProcessor", "image_processor_class": "CLIPImageProcessor", "image_token": "<image>",
@@ -16,7 +18,7 @@ VISION = {"processor_class": "LlavaProcessor", "image_processor_class": "CLIPIma
           "vision_tower": "frozen", "packing": False, "images_trained": 24, "tokens_per_image": 16}
 
 
-async def test_vision_lineage_download_and_model_card(platform, kit):
+async def test_vision_lineage_download_model_card_and_vllm_handoff(platform, kit, tmp_path):
     processor = json.dumps({"processor_class": "LlavaProcessor", "image_token": "<image>", "patch_size": 8}).encode()
     preprocessor = json.dumps({"image_processor_type": "CLIPImageProcessor", "crop_size": VISION["crop_size"]}).encode()
     summary = json.dumps({"method": "lora", "packing": False, "vision": VISION}).encode()
@@ -45,3 +47,21 @@ async def test_vision_lineage_download_and_model_card(platform, kit):
             assert "tokens per image: 16" in card and "vision tower: frozen" in card
             text_card = (await c.get(f"/v1/models/{text}/files/README.md", auth=kit.auth("demo"))).text
             assert "## Vision" not in text_card and "image-text-to-text" not in text_card
+
+        # the vLLM handoff lays the adapter out with the multimodal settings a server needs
+        rt = p["registry"]
+        for model_id in (vision, text):
+            async with rt.uow() as uow:
+                record = await ModelStore(uow.conn).get(model_id)
+            materialise(rt.ctx.artifacts, record, tmp_path / "loras", await vision_of(rt, model_id))
+        laid = tmp_path / "loras" / vision
+        serve = json.loads((laid / "whetstone_vllm.json").read_text())
+        assert serve["vision"] and serve["limit_mm_per_prompt"] == {"image": 10, "video": 0}
+        assert serve["chat_template"] == str(laid / "chat_template.jinja") and (laid / "chat_template.jinja").is_file()
+        assert (laid / "processor_config.json").read_bytes() == processor
+        assert serve["command"][:3] == ["vllm", "serve", kit.BASE] and "--limit-mm-per-prompt" in serve["command"]
+        assert serve["env"] == {"VLLM_ALLOW_RUNTIME_LORA_UPDATING": "True"}
+        plain = json.loads((tmp_path / "loras" / text / "whetstone_vllm.json").read_text())
+        assert not plain["vision"] and plain["limit_mm_per_prompt"] is None
+        assert "--limit-mm-per-prompt" not in plain["command"] and not (tmp_path / "loras" / text /
+                                                                        "processor_config.json").exists()

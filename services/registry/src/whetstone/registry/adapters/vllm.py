@@ -25,7 +25,8 @@ from typing import Any
 import httpx
 from pydantic import BaseModel, ValidationError
 
-from ..domain.lineage import served_adapter_config
+from ..domain.lineage import VisionSettings, served_adapter_config
+from ..domain.vllm_serve import PROCESSOR_FILES, SERVE_FILE, TEMPLATE_FILE, vllm_serve
 
 
 class VllmError(Exception):
@@ -137,10 +138,13 @@ class VllmFleet:
         return report
 
 
-def lay_out_for_resolver(root: Path, lora_name: str, adapter_dir: Path, served_base: str) -> Path:
+def lay_out_for_resolver(root: Path, lora_name: str, adapter_dir: Path, served_base: str,
+                         vision: VisionSettings | None = None) -> Path:
     """`<root>/<lora_name>/` as vLLM's filesystem resolver loads it (VLLM_PLUGINS=lora_filesystem_resolver,
     VLLM_LORA_RESOLVER_CACHE_DIR=<root>): the safetensors weights and an adapter_config.json with
-    `peft_type: LORA` and `base_model_name_or_path` = the served base. Replaced atomically."""
+    `peft_type: LORA` and `base_model_name_or_path` = the served base, and whetstone_vllm.json naming the
+    `vllm serve` settings the adapter needs (`domain.vllm_serve`: for a vision adapter the multimodal
+    ones, with its chat template and processor config files beside it). Replaced atomically."""
     if "/" in lora_name or lora_name in ("", ".", ".."):
         raise ValueError(f"invalid lora name {lora_name!r}")
     weights = adapter_dir / "adapter_model.safetensors"
@@ -152,6 +156,12 @@ def lay_out_for_resolver(root: Path, lora_name: str, adapter_dir: Path, served_b
     shutil.copyfile(weights, staging / "adapter_model.safetensors")
     (staging / "adapter_config.json").write_text(json.dumps(served_adapter_config(config, served_base), indent=2))
     target = root / lora_name
+    extras = [name for name in (TEMPLATE_FILE, *PROCESSOR_FILES) if vision and (adapter_dir / name).is_file()]
+    for name in extras:
+        shutil.copyfile(adapter_dir / name, staging / name)
+    template = str(target / TEMPLATE_FILE) if TEMPLATE_FILE in extras else None
+    serve = vllm_serve(served_base, config, vision, chat_template=template)
+    (staging / SERVE_FILE).write_text(json.dumps(serve.document(), indent=2))
     old = None
     if target.exists():
         old = root / f".{lora_name}.old"

@@ -11,22 +11,33 @@ from whetstone.contracts.enums import ModelStage
 from whetstone.runtime.service import Runtime
 
 from ..adapters.artifacts import ArtifactStore
+from ..adapters.store import ModelStore
 from ..adapters.vllm import SyncReport, VllmFleet, lay_out_for_resolver
 from ..context import RegistryContext
-from ..domain.lineage import ADAPTER_FILES
+from ..domain.lineage import ADAPTER_FILES, VisionSettings
+from ..domain.vllm_serve import PROCESSOR_FILES, TEMPLATE_FILE
 from ..domain.stages import ModelRecord
 
 
-def materialise(artifacts: ArtifactStore, model: ModelRecord, root: Path) -> Path:
-    """The adapter on the shared disk, verified against its manifest, laid out for vLLM (once)."""
+def materialise(artifacts: ArtifactStore, model: ModelRecord, root: Path, vision: VisionSettings | None = None) -> Path:
+    """The adapter on the shared disk, verified against its manifest, laid out for vLLM (once); a vision
+    adapter with its chat template and processor config and the multimodal settings vLLM needs."""
     target = root / model.model_id
     if (target / "adapter_config.json").is_file():
         return target
     if model.lineage is None:
         raise ValueError(f"model {model.model_id} has no lineage: its base model is unknown")
+    extras = tuple(name for name in (TEMPLATE_FILE, *PROCESSOR_FILES) if vision and name in model.files)
     with tempfile.TemporaryDirectory() as tmp:
-        artifacts.fetch_verified(model.artifact_uri, model.artifact_sha256, ADAPTER_FILES, Path(tmp))
-        return lay_out_for_resolver(root, model.model_id, Path(tmp), model.lineage.base_model)
+        artifacts.fetch_verified(model.artifact_uri, model.artifact_sha256, ADAPTER_FILES + extras, Path(tmp))
+        return lay_out_for_resolver(root, model.model_id, Path(tmp), model.lineage.base_model, vision)
+
+
+async def vision_of(rt: Runtime[RegistryContext], model_id: str) -> VisionSettings | None:
+    """A vision adapter's processor and image settings, from its lineage (None for a text adapter)."""
+    async with rt.uow() as uow:
+        stored = await ModelStore(uow.conn).stored_lineage(model_id)
+    return stored.record.vision if stored else None
 
 
 async def sync_fleet(rt: Runtime[RegistryContext], fleet: VllmFleet, root: Path,
@@ -35,7 +46,8 @@ async def sync_fleet(rt: Runtime[RegistryContext], fleet: VllmFleet, root: Path,
     desired = {}
     for m in models:
         try:
-            path = await asyncio.to_thread(materialise, rt.ctx.artifacts, m, root)
+            vision = None if (root / m.model_id / "adapter_config.json").is_file() else await vision_of(rt, m.model_id)
+            path = await asyncio.to_thread(materialise, rt.ctx.artifacts, m, root, vision)
         except Exception as exc:  # a corrupt or missing artifact is never handed over
             rt.log.error("adapter not handed to vLLM", model_id=m.model_id, error=f"{type(exc).__name__}: {exc}")
             continue
