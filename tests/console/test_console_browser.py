@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import json
 import time
+from datetime import UTC, datetime
 from pathlib import Path
 
 import httpx
@@ -281,4 +282,93 @@ async def test_usage_and_admin_pages(page, console):
     await visit(page, "#/keys")
     text = await page.locator("main").inner_text()
     assert console.keys["demo-read"]["id"] in text and console.keys["acme"]["id"] not in text
+    assert page.errors == []
+
+
+async def test_models_page_shows_ab_routes_with_split_and_counts(page, console):
+    """An A/B route over the trained version: the models page lists it with its traffic split and the
+    requests each version served, counted by serving as the official client's calls go through it."""
+    from openai import AsyncOpenAI
+
+    assert "model_id" in console.state, "needs the job test's promoted model"
+    key = key_for(console, "demo")
+    async with httpx.AsyncClient(base_url=console.url, headers={"Authorization": f"Bearer {key}"}) as c:
+        version = (await c.get(f"/v1/models/{console.state['model_id']}")).json()["model_id"]
+        r = await c.put("/v1/serving/routes/console-ab", json={"variants": [{"model": version, "weight": 3}]})
+        assert r.status_code == 200, r.text
+    client = AsyncOpenAI(base_url=f"{console.url}/v1", api_key=key, max_retries=0)
+    for i in range(2):
+        await client.chat.completions.create(model="console-ab", messages=[{"role": "user", "content": "Hi"}],
+                                             max_tokens=2, user=f"u{i}")
+    await client.close()
+    await sign_in(page, key)
+    await visit(page, "#/models")
+    rows = page.locator("#routes-table tbody tr")
+    assert await rows.count() == 1
+    cells = [await rows.first.locator("td").nth(i).inner_text() for i in range(5)]
+    assert cells[0] == "console-ab" and cells[1] == version and cells[2] == "100.0 %", cells
+    assert cells[3] == "2" and cells[4] == "100.0 %", cells
+    await page.get_by_role("link", name=version).first.click()      # the version's page lists the route too
+    await page.locator("#model-stage").wait_for()
+    assert "console-ab" in await page.locator("#ab-routes").inner_text()
+    # another tenant lists none of it
+    async with httpx.AsyncClient(base_url=console.url, headers={"Authorization": f"Bearer {key_for(console, 'acme')}"}) as c:
+        assert (await c.get("/v1/serving/routes")).json()["data"] == []
+    assert page.errors == []
+
+
+async def test_operator_view_queue_nodes_and_dead_letter_redrive(page, console):
+    """A `platform` admin key sees the queue by tier, the nodes with their GPUs and the dead letters, and
+    redrives a topic's letters; a tenant's admin key gets the API's 403 and the page shows none of it."""
+    from whetstone.cli.keys import create_key
+    from whetstone.contracts import NodeHeartbeatV1
+    from whetstone.devstack.testing import send
+    from whetstone.runtime.delivery import dead_letter
+    from whetstone.runtime.messaging import encode, make_envelope
+    from whetstone.runtime.settings import resolve_settings
+
+    # a tenant's admin: no link, and the page says the API refused it
+    await sign_in(page, key_for(console, "demo-admin"))
+    assert await page.locator("#nav a[href='#/operator']").is_hidden()
+    await visit(page, "#/operator")
+    assert "operator_only" not in await page.locator("main").inner_text()
+    assert "refused" in await page.locator("#operator-denied").inner_text()
+    assert await page.locator("#queue-table, #nodes-table, #dlq-table").count() == 0
+    for path in ("/v1/operator/queue", "/v1/operator/nodes", "/v1/operator/dead_letters"):
+        r = await page.context.request.get(path)
+        assert r.status == 403 and (await r.json())["error"]["code"] == "operator_only", path
+    await page.get_by_role("button", name="Sign out").click()
+
+    # two letters for node.heartbeat as the runtime writes them: a heartbeat (replayable) and a malformed record
+    bootstrap = resolve_settings().kafka_bootstrap
+    beat = make_envelope(NodeHeartbeatV1(node_id="op-test-node", gpu_type="cpu", gpu_count=0,
+                                         sent_at=datetime.now(UTC)), producer="test", tenant_id="platform")
+    for raw in (encode(beat), b"\x00not an envelope"):
+        letter = dead_letter("node.heartbeat", 0, 0, "scheduler", 3, "RuntimeError: test", "op-test-node", raw)
+        await send(bootstrap, "node.heartbeat.dlq", encode(make_envelope(letter, producer="test", tenant_id="platform",
+                                                                          key="op-test-node")), key="op-test-node")
+
+    operator = await asyncio.to_thread(create_key, "platform", name="operator", scopes=["admin"],
+                                       base_url=console.scheduler)
+    await sign_in(page, operator["key"])
+    await page.get_by_role("link", name="Operator").click()
+    await page.locator("#dlq-table").wait_for()
+    tiers = await page.locator("#queue-table tbody tr td:first-child").all_inner_texts()
+    assert tiers[:3] == ["premium", "standard", "free"], tiers
+    nodes = page.locator("#nodes-table tbody tr")
+    assert await nodes.count() >= 1 and " / " in await nodes.first.locator("td").nth(2).inner_text()
+    row = page.locator("#dlq-table tbody tr", has=page.locator("code", has_text="node.heartbeat"))
+    assert [await row.locator("td").nth(i).inner_text() for i in (1, 2)] == ["2", "1"]
+    await page.get_by_role("button", name="Redrive node.heartbeat").click()
+    result = page.locator("#redrive-result")
+    await page.wait_for_function("() => document.querySelector('#redrive-result').textContent !== ''")
+    text = await result.inner_text()
+    assert text.startswith("Redriven 1 letter(s) to node.heartbeat; skipped 1") and "not a valid envelope" in text, text
+    # the redriven heartbeat went through the scheduler's inbox: its node is listed
+    deadline = time.monotonic() + 30
+    while not await page.locator("#nodes-table code", has_text="op-test-node").count():
+        assert time.monotonic() < deadline, "the redriven heartbeat's node never showed"
+        await asyncio.sleep(0.5)
+        await visit(page, "#/jobs")
+        await visit(page, "#/operator")
     assert page.errors == []

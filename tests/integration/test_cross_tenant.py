@@ -81,6 +81,7 @@ OWN_TENANT_ONLY = {
     ("GET", "/v1/templates"): "lists the caller's own templates",
     ("POST", "/v1/templates"): "creates a template in the caller's own tenant",
     ("GET", "/v1/webhooks"): "lists the caller's own webhooks",
+    ("GET", "/v1/serving/routes"): "lists the caller's own A/B routes",
     ("POST", "/v1/webhooks"): "creates a webhook for the caller's own tenant's events",
     ("GET", "/v1/usage"): "the caller's own month",
     ("GET", "/v1/base_models"): "the platform's base-model catalog: shared by design, no tenant object",
@@ -263,7 +264,7 @@ async def attack(c: httpx.AsyncClient, p, upstreams: dict[str, str], runtimes, s
            "model_name": done.json()["fine_tuned_model"], "webhook_id": hook["id"], "key_id": a_key["id"], "a_key": a_key["key"],
            "tenant_id": A, "version": "1", "line_id": str(usage.json()["entries"][0]["id"]),
            "/v1/templates:name": "a-tmpl", "/v1/serving:name": "a-route", "/v1/base_models:name": "tiny-llama",
-           "/v1/models:name": "adapter_model.safetensors"}
+           "/v1/models:name": "adapter_model.safetensors", "/v1/operator:topic": "job.requested"}
     revoked = await asyncio.to_thread(create_producer_token, A, base_url=sched)   # A's, revoked at once
     await asyncio.to_thread(operator_call, "POST", f"/v1/keys/{revoked['id']}/revoke", base_url=sched)
     ids["revoked_token"] = revoked["token"]

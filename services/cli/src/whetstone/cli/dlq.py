@@ -1,4 +1,5 @@
-"""`whet dlq list|show|redrive`: look at dead letters and replay them after a fix.
+"""`whet dlq list|show|redrive`: look at dead letters and replay them after a fix (the reading and the
+replay live in whetstone.runtime.deadletters, shared with the operator routes).
 
 A redriven letter is the original record, unchanged (same event_id), put back on its source topic:
 the consumer handles it through its normal inbox, so replaying a letter twice, or one whose event
@@ -11,101 +12,17 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import uuid
-from dataclasses import dataclass
 from typing import Any
 
-from pydantic import BaseModel, Field
-
-from whetstone.contracts import TOPICS, Envelope
+from whetstone.contracts import TOPICS
 from whetstone.contracts.topics import DLQ_SUFFIX
-
-
-class LetterPayload(BaseModel):
-    """A dead letter's payload (contracts' DeadLetterV1), read leniently: a field it lacks is its default."""
-
-    source_topic: str | None = None
-    key: str | None = None
-    error: str = ""
-    attempts: int = 0
-    value: str = ""
-    value_encoding: str = "utf-8"
-    value_bytes: int | None = None
-    value_truncated: bool = False
-
-
-class LetterEnvelope(BaseModel):
-    payload: LetterPayload = Field(default_factory=LetterPayload)
-
-
-@dataclass(frozen=True)
-class Letter:
-    dlq_topic: str
-    dlq_offset: int
-    source_topic: str
-    key: str | None
-    error: str
-    attempts: int
-    value: str
-    replayable: str | None  # None when it can be redriven, else why not
-    event_id: str | None
-
-    @classmethod
-    def parse(cls, topic: str, offset: int, raw: bytes) -> Letter:
-        p = LetterEnvelope.model_validate_json(raw).payload
-        value = p.value
-        why, event_id = None, None
-        if p.value_truncated:
-            why = f"only the first part of the {p.value_bytes} bytes was kept"
-        elif p.value_encoding != "utf-8":
-            why = "the record was not UTF-8 text"
-        else:
-            try:
-                event_id = str(Envelope.model_validate_json(value, context={"tolerant": True}).event_id)
-            except Exception as exc:  # noqa: BLE001  (any parse error means: not an envelope)
-                why = f"not a valid envelope: {str(exc).splitlines()[0]}"
-        return cls(topic, offset, p.source_topic or topic.removesuffix(DLQ_SUFFIX), p.key, p.error, p.attempts, value,
-                   why, event_id)
-
-
-async def read_letters(bootstrap: str, dlq_topic: str, timeout_s: float = 3.0) -> list[Letter]:
-    from aiokafka import AIOKafkaConsumer  # noqa: PLC0415
-
-    consumer = AIOKafkaConsumer(dlq_topic, bootstrap_servers=bootstrap, group_id=f"whet-dlq-{uuid.uuid4().hex[:8]}",
-                                auto_offset_reset="earliest", enable_auto_commit=False)
-    await consumer.start()
-    out: list[Letter] = []
-    try:
-        while True:
-            batch = await consumer.getmany(timeout_ms=int(timeout_s * 1000))
-            if not batch:
-                break
-            for records in batch.values():
-                out += [Letter.parse(dlq_topic, r.offset, r.value) for r in records if r.value]
-    finally:
-        await consumer.stop()
-    return sorted(out, key=lambda letter: letter.dlq_offset)
+from whetstone.runtime import deadletters
+from whetstone.runtime.deadletters import Letter, read_letters
 
 
 async def redrive(bootstrap: str, source_topic: str, letters: list[Letter], *, event_id: str | None = None) -> dict:
     """Put the replayable letters back on `source_topic`. Returns counts and the skipped reasons."""
-    from aiokafka import AIOKafkaProducer  # noqa: PLC0415
-
-    chosen = [x for x in letters if event_id in (None, x.event_id)]
-    ready = [x for x in chosen if x.replayable is None]
-    seen: set[str] = set()
-    producer = AIOKafkaProducer(bootstrap_servers=bootstrap, acks="all")
-    await producer.start()
-    try:
-        for x in ready:
-            if x.event_id in seen:  # the same event dead-lettered twice: once is enough
-                continue
-            seen.add(x.event_id or "")
-            await producer.send_and_wait(source_topic, x.value.encode(), key=x.key.encode() if x.key else None)
-    finally:
-        await producer.stop()
-    return {"redriven": len(seen), "skipped": [{"dlq_offset": x.dlq_offset, "reason": x.replayable}
-                                                for x in chosen if x.replayable is not None]}
+    return (await deadletters.redrive(bootstrap, source_topic, letters, event_id=event_id)).model_dump()
 
 
 def _bootstrap() -> str:

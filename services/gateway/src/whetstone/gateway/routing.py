@@ -8,6 +8,7 @@ ROUTES: tuple[tuple[str, str], ...] = (
     ("/v1/keys", "scheduler"),
     ("/v1/templates", "scheduler"),
     ("/v1/webhooks", "scheduler"),
+    ("/v1/operator", "scheduler"),
     ("/v1/files", "ingest"),
     ("/v1/base_models", "registry"),
     ("/v1/models", "registry"),

@@ -8,7 +8,7 @@ from datetime import UTC, datetime
 from fastapi import APIRouter
 from whetstone.runtime.service import Runtime, Service
 
-from .entrypoints import api, graders_api, handlers, keys_api, result_files, templates, watchers, webhooks
+from .entrypoints import api, graders_api, handlers, keys_api, operator_api, result_files, templates, watchers, webhooks
 
 from .usecases import merges, rft, training_files
 from .adapters.catalog import ModelCatalog
@@ -26,7 +26,8 @@ def utc_now() -> datetime:
 
 def routes(rt: Runtime[SchedulerContext]) -> APIRouter:
     router = APIRouter()
-    for part in (api.routes, templates.routes, webhooks.routes, keys_api.routes, graders_api.routes):
+    for part in (api.routes, templates.routes, webhooks.routes, keys_api.routes, graders_api.routes,
+                 operator_api.routes):
         router.include_router(part(rt))
     return router
 

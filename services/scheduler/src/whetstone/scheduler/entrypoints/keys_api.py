@@ -3,6 +3,7 @@
 - `POST /internal/keys/verify`: the gateway's question "whose key is this?" (internal secret only).
 - `POST /v1/keys`, `GET /v1/keys`, `POST /v1/keys/{id}/revoke`: an `admin` key manages its own
   tenant's keys; the internal secret (an operator's `whet keys`) manages any tenant's.
+- The `platform` tenant is the operator's: its admin keys reach the operator routes (never a customer's data).
 - `POST /v1/keys/producer_tokens`: a producer token for external `job.requested` producers (same
   rules; listed and revoked like a key, see `producer_tokens.py`).
 """
@@ -16,6 +17,7 @@ from pydantic import BaseModel, ConfigDict, Field, StringConstraints
 from whetstone.runtime.errors import ApiError
 from whetstone.runtime.http import ListObject, list_object, not_found as missing
 from whetstone.runtime.identity import (
+    PLATFORM_TENANT,
     Caller,
     internal_secret,
     require_internal,
@@ -48,7 +50,9 @@ class VerifyKey(BaseModel):
 def routes(rt: Runtime[SchedulerContext]) -> APIRouter:
     assert rt.pool is not None
     keys = KeyStore(rt.pool, rt.ctx.clock)
-    tenants = rt.settings.tenants
+    # the tenants keys are issued for: the customers, and the operator's own `platform` (its admin keys open
+    # the operator routes, see Caller.operator; only the internal secret or a platform admin issues them)
+    tenants = {*rt.settings.tenants, PLATFORM_TENANT}
     r = APIRouter()
 
     def not_found(key_id: str) -> ApiError:

@@ -124,6 +124,11 @@ def routes(rt: Runtime[ServingContext]) -> APIRouter:
                                       caller.key_id)
         return route_view(caller.tenant_id, name)
 
+    @r.get("/v1/serving/routes")
+    async def list_routes(caller: Caller = require("read")) -> dict[str, Any]:
+        return {"object": "list", "data": [{"object": "serving.route", **asdict(v)}
+                                           for v in ab_routes.views(ctx, caller.tenant_id)], "has_more": False}
+
     @r.get("/v1/serving/routes/{name}")
     async def get_route(name: str, caller: Caller = require("read")) -> dict[str, Any]:
         return route_view(caller.tenant_id, name)

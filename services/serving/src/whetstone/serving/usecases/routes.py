@@ -30,6 +30,12 @@ def view(ctx: ServingContext, tenant_id: str, name: str) -> RouteView | None:
                             for v in route.variants])
 
 
+def views(ctx: ServingContext, tenant_id: str) -> list[RouteView]:
+    """Every route of the tenant, by name."""
+    names = sorted(name for (tenant, name), route in ctx.catalog.routes.items() if tenant == tenant_id and route)
+    return [found for name in names if (found := view(ctx, tenant_id, name)) is not None]
+
+
 async def put_route(ctx: ServingContext, tenant_id: str, name: str, variants: list[tuple[str, float]],
                     actor: str) -> Route:
     """Only the tenant's staging and production versions take traffic. Raises ServingError."""

@@ -8,6 +8,7 @@ import * as models from "./pages/models.js";
 import * as usage from "./pages/usage.js";
 import * as playground from "./pages/playground.js";
 import * as keys from "./pages/keys.js";
+import * as operator from "./pages/operator.js";
 
 const main = document.getElementById("main");
 const nav = document.getElementById("nav");
@@ -20,13 +21,14 @@ const ROUTES = [
   [/^\/files$/, files.list], [/^\/files\/([^/]+)$/, files.detail],
   [/^\/jobs$/, jobs.list], [/^\/jobs\/new$/, jobs.create], [/^\/jobs\/([^/]+)$/, job.page],
   [/^\/models$/, models.list], [/^\/models\/([^/]+)$/, models.detail],
-  [/^\/playground$/, playground.page], [/^\/usage$/, usage.page], [/^\/keys$/, keys.page],
+  [/^\/playground$/, playground.page], [/^\/usage$/, usage.page], [/^\/keys$/, keys.page], [/^\/operator$/, operator.page],
 ];
 
 export function context() {
   const scopes = new Set(me ? me.scopes : []);
   return { me, canWrite: scopes.has("write") || scopes.has("admin"),
-           canPromote: scopes.has("models:promote") || scopes.has("admin"), isAdmin: scopes.has("admin") };
+           canPromote: scopes.has("models:promote") || scopes.has("admin"), isAdmin: scopes.has("admin"),
+           isOperator: !!me && me.tenant_id === "platform" && scopes.has("admin") };
 }
 
 function parseHash() {
@@ -71,6 +73,7 @@ async function route() {
 function showSignedIn() {
   nav.hidden = false;
   for (const a of nav.querySelectorAll("[data-admin]")) a.hidden = !context().isAdmin;
+  for (const a of nav.querySelectorAll("[data-operator]")) a.hidden = !context().isOperator;
   clear(who).append(h("span", {}, `tenant ${me.tenant_id} · key ${me.key_id} · ${me.scopes.join(", ")}`),
                     h("button", { class: "secondary", type: "button", id: "sign-out", onclick: signOut }, "Sign out"));
 }

@@ -1,7 +1,8 @@
 // Models: versions by name and stage, one model's lineage and stage history, promote / roll back /
-// archive with a reason (the registry decides what each key may do and says why when it refuses).
+// archive with a reason (the registry decides what each key may do and says why when it refuses); the
+// A/B routes that split a name's traffic between versions, with the requests each version served.
 import { api, query } from "../api.js";
-import { h, when, table, field, notice, jsonBlock } from "../dom.js";
+import { h, append, when, num, table, field, notice, jsonBlock } from "../dom.js";
 
 const STAGES = ["", "dev", "staging", "production", "archived", "quarantined"];
 
@@ -22,6 +23,29 @@ export async function list(main, { params }) {
     m.job_id ? h("a", { href: `#/jobs/${encodeURIComponent(m.job_id)}` }, m.job_id) : "—", when(m.created)]), { props: { id: "models-table" } })
     : h("p", { class: "muted" }, "No models match."));
   if (page.has_more) main.append(h("p", {}, h("a", { href: `#/models${query({ name, stage, after: page.last_id })}` }, "Next page")));
+  main.append(await abRoutes(null));
+}
+
+// The tenant's A/B routes (serving): each route's versions with their share of the traffic and the requests
+// each served (counted by the serving replica since it started). `ids`: only routes sending one of them traffic.
+async function abRoutes(ids) {
+  const box = h("section", { "aria-label": "A/B routes", id: "ab-routes" }, h("h2", {}, "A/B routes"));
+  let routes;
+  try { routes = (await api("/v1/serving/routes")).data; }
+  catch (err) { return append(box, h("p", { class: "muted" }, `A/B routes unavailable: ${err.message}`)); }
+  routes = routes.filter((r) => !ids || r.variants.some((v) => ids.includes(v.model)));
+  if (!routes.length) return append(box, h("p", { class: "muted" }, ids ? "No A/B route sends traffic to this version." :
+    "No A/B routes. Create one with PUT /v1/serving/routes/{name} (a models:promote key)."));
+  const rows = [];
+  for (const r of routes) {
+    const weight = r.variants.reduce((n, v) => n + v.weight, 0) || 1;
+    const served = r.variants.reduce((n, v) => n + v.requests, 0);
+    r.variants.forEach((v, i) => rows.push([i ? "" : h("code", {}, r.name),
+      h("a", { href: `#/models/${encodeURIComponent(v.model)}` }, v.model), `${(100 * v.weight / weight).toFixed(1)} %`,
+      num(v.requests), served ? `${(100 * v.requests / served).toFixed(1)} %` : "—"]));
+  }
+  return append(box, table(["Route", "Version", "Traffic split", "Requests", "Share served"], rows,
+                           { numeric: [2, 3, 4], props: { id: "routes-table" } }));
 }
 
 export async function detail(main, { id }, ctx) {
@@ -36,6 +60,7 @@ export async function detail(main, { id }, ctx) {
     [k, typeof v === "object" && v !== null ? h("details", {}, h("summary", {}, Array.isArray(v) ? `${v.length} items` : "show"),
                                                 h("pre", {}, JSON.stringify(v, null, 1)))
        : String(v ?? "—")])) : h("p", { class: "muted" }, "—"));
+  main.append(await abRoutes([m.id, m.model_id]));
   main.append(h("h2", {}, "Stage history"), table(["From", "To", "Reason", "By", "At"], (m.stage_history || []).map((s) =>
     [s.from_stage ?? "—", s.to_stage ?? s.stage ?? "—", s.reason ?? "", s.actor ?? "", s.at ?? s.created_at ?? ""])));
 
