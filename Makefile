@@ -92,6 +92,12 @@ bench-eval: venv
 bench-vision: venv
 	$(BIN)/python bench/vision.py $(ARGS)
 
+# the web console in headless Debian chromium over the embedded stack with 1,000 jobs; last line JSON
+.PHONY: bench-console
+bench-console: venv
+	sh deploy/tools/ensure-chromium.sh
+	$(BIN)/python bench/console.py $(ARGS)
+
 # LoRA / QLoRA / full fine-tuning of a random ~1.1B Llama on the GPU it finds (tiny on CPU); last line JSON.
 # Needs only torch, transformers, peft (+ bitsandbytes for QLoRA): on a GPU machine `python3 bench/gpu.py`.
 .PHONY: bench-gpu

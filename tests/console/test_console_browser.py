@@ -372,3 +372,15 @@ async def test_operator_view_queue_nodes_and_dead_letter_redrive(page, console):
         await visit(page, "#/jobs")
         await visit(page, "#/operator")
     assert page.errors == []
+
+
+def test_index_preloads_every_module():
+    """index.html names every console module in a modulepreload link (one round of fetches, not one per
+    import level): a module added without its link would load late."""
+    import re
+
+    static = Path(__file__).resolve().parents[2] / "services/gateway/src/whetstone/gateway/console/static"
+    modules = {p.relative_to(static).as_posix() for p in (static / "js").rglob("*.js")} - {"js/app.js"}
+    preloaded = set(re.findall(r'<link rel="modulepreload" href="/console/static/([^"]+)">',
+                               (static / "index.html").read_text()))
+    assert preloaded == modules
