@@ -41,6 +41,13 @@ def test_tiny_vlm_trains_lora_on_image_chats(tmp_path):
     assert image_id not in trained and processor.tokenizer.decode(trained).startswith("red")
     assert tuple(first.pixel_values.shape) == (1, 3, 32, 32)
 
+    # the loader text users share (the eval gate, judges) loads the whole VLM: its language side answers text
+    from whetstone.modelkit.loading import load_model
+
+    whole = load_model(path, dtype="float32")
+    assert vision.is_vision_config(whole.config)
+    assert tuple(whole(input_ids=torch.tensor([[1, 2, 3]])).logits.shape[:2]) == (1, 3)
+
     torch.manual_seed(0)
     model = AutoModelForImageTextToText.from_pretrained(path)
     model = get_peft_model(model, LoraConfig(r=8, lora_alpha=16, target_modules=vision.language_lora_targets()))

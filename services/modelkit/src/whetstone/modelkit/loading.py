@@ -7,6 +7,7 @@ lookup failure for a string that was meant as a path.
 
 from __future__ import annotations
 
+import json
 import os
 from pathlib import Path
 from typing import Any
@@ -76,15 +77,27 @@ def load_tokenizer(ref: str | os.PathLike[str], *, revision: str | None = None, 
     return tokenizer
 
 
+def has_vision_config(model_dir: Path) -> bool:
+    """A local model directory whose config.json describes a vision-language model (a vision tower)."""
+    try:
+        config = json.loads((model_dir / CONFIG_FILE).read_text())
+    except (OSError, ValueError):
+        return False
+    return isinstance(config, dict) and isinstance(config.get("vision_config"), dict)
+
+
 def load_model(ref: str | os.PathLike[str], *, dtype: Any = "auto", revision: str | None = None, **kwargs: Any):
-    """AutoModelForCausalLM for a local dir or Hub id.
+    """AutoModelForCausalLM for a local dir or Hub id. A local vision-language model (LLaVA, ...) loads
+    whole with AutoModelForImageTextToText: it answers text alone with its language model, and the
+    adapters trained on it keep their module names.
 
     `dtype`: a torch dtype, its name ("float32", "bfloat16") or "auto" (the checkpoint's).
     """
     import torch
-    from transformers import AutoModelForCausalLM
+    from transformers import AutoModelForCausalLM, AutoModelForImageTextToText
 
     if isinstance(dtype, str) and dtype != "auto":
         dtype = getattr(torch, dtype)
-    source = str(check_local_model_dir(ref)) if is_local_ref(ref) else str(ref)
-    return AutoModelForCausalLM.from_pretrained(source, dtype=dtype, revision=revision, **kwargs)
+    local = check_local_model_dir(ref) if is_local_ref(ref) else None
+    auto = AutoModelForImageTextToText if local is not None and has_vision_config(local) else AutoModelForCausalLM
+    return auto.from_pretrained(str(local or ref), dtype=dtype, revision=revision, **kwargs)
