@@ -10,7 +10,7 @@
   whet graders validate|run    try a reinforcement grader (JSON file) before a job spends GPU time on it
                                 failures: one line on stderr and an exit code (errors.py), no traceback
   whet jobs trace JOB           a job's events across topics and services: lag, handler latency (operators)
-  whet demo                     everything above, end to end, then shut down
+  whet demo                     everything above, end to end; in a terminal, the console on its data until Ctrl-C
 """
 
 from __future__ import annotations
@@ -141,7 +141,7 @@ def cmd_datasets_check(argv: list[str]) -> int:
 def cmd_demo(args: argparse.Namespace) -> int:
     from .demo import run_demo  # noqa: PLC0415
 
-    return run_demo(Path(args.dataset), keep=args.keep)
+    return run_demo(Path(args.dataset), keep=args.keep, console=args.console)
 
 
 EPILOG = """\
@@ -205,9 +205,12 @@ def build_parser() -> argparse.ArgumentParser:
     add_eval_subcommands(sub.add_parser("eval", help="eval gate tools (import-tasks)")
                          .add_subparsers(dest="action", required=True))
     demo = sub.add_parser("demo", help="the whole platform end to end on a fresh embedded stack, then shut down "
-                                       "(make demo)")
+                                       "(in a terminal, once Ctrl-C ends the console on its data) (make demo)")
     demo.add_argument("--dataset", default="examples/datasets/chat_demo.jsonl", help="training file (JSONL)")
     demo.add_argument("--keep", action="store_true", help="keep the data directory")
+    demo.add_argument("--console", action=argparse.BooleanOptionalAction, default=None,
+                      help="keep the platform up for the web console after the walkthrough, until Ctrl-C "
+                           "(default: when run in a terminal)")
     demo.set_defaults(fn=cmd_demo)
     return p
 
