@@ -2,13 +2,41 @@
 
 from __future__ import annotations
 
+import json
 import uuid
+from dataclasses import dataclass
 from datetime import UTC, datetime
-from typing import Any, ClassVar
+from typing import Annotated, Any, ClassVar
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, model_validator
+from pydantic import BaseModel, ConfigDict, Field, GetCoreSchemaHandler, GetJsonSchemaHandler, ValidationInfo, model_validator
+from pydantic.json_schema import JsonSchemaValue
+from pydantic_core import CoreSchema, core_schema
 
 TOLERANT = {"tolerant": True}
+MAX_JSON_BYTES_KEY = "x-max-json-bytes"
+
+
+@dataclass(frozen=True)
+class JsonAtMost:
+    """`Annotated[dict[str, Any], JsonAtMost(4096)]`: a free-form JSON value of at most `limit` bytes
+    once serialised compactly (what an event then carries). Its JSON Schema says so
+    (`x-max-json-bytes`), so a walker of request schemas sees the bound."""
+
+    limit: int
+
+    def check(self, value: Any) -> Any:
+        data = value.model_dump(mode="json", exclude_none=True) if isinstance(value, BaseModel) else value
+        if data is not None and len(json.dumps(data, separators=(",", ":"), default=str)) > self.limit:
+            raise ValueError(f"at most {self.limit} bytes of JSON")
+        return value
+
+    def __get_pydantic_core_schema__(self, source: Any, handler: GetCoreSchemaHandler) -> CoreSchema:
+        return core_schema.no_info_after_validator_function(self.check, handler(source))
+
+    def __get_pydantic_json_schema__(self, schema: CoreSchema, handler: GetJsonSchemaHandler) -> JsonSchemaValue:
+        out = handler(schema)
+        out[MAX_JSON_BYTES_KEY] = self.limit
+        return out
 
 
 class Contract(BaseModel):
@@ -52,14 +80,15 @@ class Envelope(Contract):
     """The frame of every Kafka message. ``payload`` is the typed event as JSON."""
 
     event_id: uuid.UUID = Field(default_factory=uuid.uuid4)
-    event_type: str
+    event_type: str = Field(max_length=64)
     schema_version: int = 1
     occurred_at: datetime = Field(default_factory=utcnow)
-    producer: str
-    tenant_id: str
-    trace_id: str = Field(default_factory=new_trace_id)
-    key: str
-    payload: dict[str, Any]
+    producer: str = Field(max_length=128)
+    tenant_id: str = Field(max_length=128)
+    trace_id: str = Field(default_factory=new_trace_id, max_length=128)
+    key: str = Field(max_length=256)
+    # its values are the typed event of `event_type`, validated (and bounded) by that model
+    payload: dict[Annotated[str, Field(max_length=64)], Any] = Field(max_length=64)
     # External producers of `job.requested` prove who they publish for with a platform-signed
     # token (`whet keys create-producer TENANT`); services leave it unset on their own events.
     producer_token: str | None = Field(default=None, max_length=512,

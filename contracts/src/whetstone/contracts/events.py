@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 from datetime import datetime
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import Field, field_validator
 
-from .base import Contract, Event
+from .base import Contract, Event, JsonAtMost
 from .enums import (
     CheckpointKind,
     DatasetStatus,
@@ -33,11 +33,11 @@ class ValidationIssue(Contract):
 
 class DatasetSubmittedV1(Event):
     EVENT_TYPE = "dataset.submitted"
-    dataset_id: str = Field(description="content address of the raw upload: ds-<sha256 prefix>")
-    name: str
-    source_uri: str = Field(description="s3://bucket/key of the raw upload, under the tenant's prefix")
+    dataset_id: str = Field(max_length=128, description="content address of the raw upload: ds-<sha256 prefix>")
+    name: str = Field(max_length=512)
+    source_uri: str = Field(max_length=2048, description="s3://bucket/key of the raw upload, under the tenant's prefix")
     purpose: Purpose = Purpose.SFT
-    base_model: str | None = None
+    base_model: str | None = Field(default=None, max_length=256)
     size_bytes: int | None = None
 
 
@@ -106,7 +106,7 @@ class Hyperparameters(Contract):
     checkpoint_every_minutes: float | None = Field(default=None, gt=0)
     target_effective_batch: int | None = Field(default=None, ge=1, le=65536)
     packing: bool | None = None
-    lora_target_modules: list[str] | None = None
+    lora_target_modules: list[Annotated[str, Field(max_length=128)]] | None = Field(default=None, max_length=64)
     merge_adapter: bool | None = None
     precompute_ref_log_probs: bool | None = None
     zero_stage: int | None = Field(default=None, ge=0, le=3)
@@ -123,17 +123,22 @@ class Hyperparameters(Contract):
 class ResourceRequest(Contract):
     """An explicit GPU request for a job; absent means "auto" (derived from model size and method)."""
 
-    gpu_type: str = Field(min_length=1)
+    gpu_type: str = Field(min_length=1, max_length=64)
     gpus_per_node: int = Field(ge=1, le=64)
     nodes: int = Field(1, ge=1, le=64)
+
+
+# a python grader's source may be 256 KiB (whetstone.graders); the grader JSON stays well under the
+# bus's 1 MiB message
+MAX_GRADER_JSON_BYTES = 512 * 1024
 
 
 class ReinforcementSpec(Contract):
     """A reinforcement fine-tuning job's method, resolved (`whetstone.graders.rft`): the grader as
     OpenAI's API defines it and every knob as a number."""
 
-    grader: dict[str, Any] = Field(description="the grader object (string_check, text_similarity, python, "
-                                               "score_model or multi), validated")
+    grader: Annotated[dict[str, Any], JsonAtMost(MAX_GRADER_JSON_BYTES)] = Field(
+        description="the grader object (string_check, text_similarity, python, score_model or multi), validated")
     n_epochs: int = Field(ge=1, le=50)
     batch_size: int = Field(ge=1, le=256, description="prompts per optimiser step")
     learning_rate: float = Field(gt=0, le=1)
@@ -142,25 +147,27 @@ class ReinforcementSpec(Contract):
     eval_samples: int = Field(ge=1, le=16, description="completions per validation prompt at an evaluation")
     reasoning_effort: ReasoningEffort = ReasoningEffort.DEFAULT
     max_completion_tokens: int = Field(ge=1, le=32768, description="completion budget (reasoning_effort)")
-    response_format: dict[str, Any] | None = Field(default=None, description="json_schema the samples should follow")
+    response_format: Annotated[dict[str, Any], JsonAtMost(16384)] | None = Field(
+        default=None, description="json_schema the samples should follow")
     base_quantization: Literal["nf4"] | None = Field(
         default=None, description="QLoRA: the frozen base loaded in 4-bit NF4 (method.whetstone.method 'qlora')")
 
 
 class JobRequestedV1(Event):
     EVENT_TYPE = "job.requested"
-    job_id: str = Field(description="job_id_for(tenant_id, idempotency_key)")
+    job_id: str = Field(max_length=64, description="job_id_for(tenant_id, idempotency_key)")
     idempotency_key: str = Field(min_length=1, max_length=255)
-    model: str = Field(min_length=1, description="base model: registry name, local directory or Hub id")
-    training_file: str = Field(description="dataset_id of a validated dataset")
-    validation_file: str | None = None
+    model: str = Field(min_length=1, max_length=256, description="base model: registry name, local directory or Hub id")
+    training_file: str = Field(max_length=128, description="dataset_id of a validated dataset")
+    validation_file: str | None = Field(default=None, max_length=128)
     method: Method = Method.LORA
     hyperparameters: Hyperparameters = Field(default_factory=Hyperparameters)
     suffix: str | None = Field(default=None, max_length=64)
-    tier: str | None = None
+    tier: str | None = Field(default=None, max_length=32)
     resources: ResourceRequest | None = Field(default=None, description="absent: auto")
-    eval_config: dict[str, Any] | None = Field(
-        default=None, description="per-job eval gate settings (stages, thresholds); absent: tenant defaults")
+    eval_config: Annotated[dict[str, Any], JsonAtMost(16384)] | None = Field(
+        default=None, max_length=32,
+        description="per-job eval gate settings (stages, thresholds); absent: tenant defaults")
     reinforcement: ReinforcementSpec | None = Field(default=None, description="method reinforcement: grader, knobs")
 
 

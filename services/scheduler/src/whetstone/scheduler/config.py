@@ -6,6 +6,7 @@ from pydantic_settings import SettingsConfigDict
 from whetstone.runtime.settings import ServiceSettings
 
 from .domain.admission import DEFAULT_QUOTAS, Quota
+from .domain.eval_bounds import EvalBounds
 from .domain.job import Timeouts
 from .domain.policy import DEFAULT_TIERS, Policy
 
@@ -29,6 +30,8 @@ class SchedulerSettings(ServiceSettings):
     evaluating_timeout_s: float = Field(7200.0, description="training succeeded, no eval.completed within this")
     timeout_check_s: float = Field(5.0, description="how often the timeout watcher looks")
     dataset_wait_s: float = 600.0
+    eval_bounds: EvalBounds = Field(default_factory=EvalBounds,
+                                    description="what a tenant's eval_config may ask of the eval gate (JSON)")
     unknown_dataset_grace_s: float = Field(30.0, description="a training_file never submitted fails after this")
     cycle_interval_s: float = Field(5.0, description="a scheduling cycle runs at least this often (aging, targets)")
     unplaceable_grace_s: float = Field(1800.0, description="a queued job no known node can ever hold fails after this")

@@ -13,6 +13,8 @@ from typing import Any
 
 import asyncpg
 
+from .secret_box import PREFIX, SecretBox, SecretUnreadable
+
 
 async def system_resolve(host: str, port: int) -> list[str]:
     """Every address the system resolver gives for `host` (a name: literals never come here)."""
@@ -35,7 +37,7 @@ def delivery_view(row: asyncpg.Record) -> dict[str, Any]:
 
 @dataclass(frozen=True)
 class DueDelivery:
-    """A claimed delivery with its webhook's url and secret: what the sender posts."""
+    """A claimed delivery with its webhook's url and (opened) secret: what the sender posts."""
     delivery_id: int
     event_id: str
     event_type: str
@@ -44,27 +46,50 @@ class DueDelivery:
     attempts: int
     created_at: datetime
     url: str
-    secret: str
+    secret: str | None   # None: sealed under another key (or altered); nothing is sent
     webhook_id: str
 
     @classmethod
-    def of(cls, row: asyncpg.Record) -> DueDelivery:
+    def of(cls, row: asyncpg.Record, box: SecretBox) -> DueDelivery:
         fields = dict(row)
         if not isinstance(fields["payload"], dict):
             fields["payload"] = json.loads(fields["payload"])
+        try:
+            fields["secret"] = box.open(fields["secret"], fields["webhook_id"])
+        except SecretUnreadable:
+            fields["secret"] = None
         return cls(**fields)
 
 
 class WebhookStore:
-    def __init__(self, conn: asyncpg.Connection) -> None:
-        self.conn = conn
+    """The tenants' webhooks and their deliveries. Signing secrets are stored sealed by `box`
+    (`secret_box.py`): only `add` and `claim` need it."""
+
+    def __init__(self, conn: asyncpg.Connection, box: SecretBox | None = None) -> None:
+        self.conn, self._box = conn, box
+
+    @property
+    def box(self) -> SecretBox:
+        if self._box is None:
+            raise RuntimeError("WebhookStore: signing secrets are read or written only with a SecretBox")
+        return self._box
 
     async def add(self, webhook_id: str, tenant_id: str, url: str, events: list[str], secret: str,
                   description: str, now: datetime) -> dict[str, Any]:
         row = await self.conn.fetchrow(
             "INSERT INTO webhooks (webhook_id, tenant_id, url, events, secret, description, created_at)"
-            " VALUES ($1,$2,$3,$4,$5,$6,$7) RETURNING *", webhook_id, tenant_id, url, events, secret, description, now)
+            " VALUES ($1,$2,$3,$4,$5,$6,$7) RETURNING *", webhook_id, tenant_id, url, events,
+            self.box.seal(secret, webhook_id), description, now)
         return hook_view(row)
+
+    async def reseal_legacy(self) -> int:
+        """Seal the secrets stored in plain text before encryption; returns how many."""
+        rows = await self.conn.fetch("SELECT webhook_id, secret FROM webhooks WHERE secret NOT LIKE $1 || '%'"
+                                     " FOR UPDATE", PREFIX)
+        for r in rows:
+            await self.conn.execute("UPDATE webhooks SET secret = $2 WHERE webhook_id = $1", r["webhook_id"],
+                                    self.box.seal(r["secret"], r["webhook_id"]))
+        return len(rows)
 
     async def count(self, tenant_id: str) -> int:
         """The tenant's live webhooks, read under a lock on the tenant's rows (two creates at once
@@ -115,7 +140,7 @@ class WebhookStore:
             " FROM due, webhooks w WHERE d.delivery_id = due.delivery_id AND w.webhook_id = d.webhook_id"
             " RETURNING d.delivery_id, d.event_id, d.event_type, d.payload, d.tenant_id, d.attempts, d.created_at,"
             " w.url, w.secret, w.webhook_id", now, lease, limit)
-        return [DueDelivery.of(r) for r in rows]
+        return [DueDelivery.of(r, self.box) for r in rows]
 
     async def record(self, delivery_id: int, status: str, status_code: int | None, error: str | None,
                      next_attempt_at: datetime, now: datetime) -> None:

@@ -11,10 +11,12 @@ naming the field. What the grader does when it runs (raises, loops, the judge re
 from __future__ import annotations
 
 import asyncio
-from typing import Any
+from typing import Annotated, Any
 
 from fastapi import APIRouter
 from pydantic import BaseModel, ConfigDict, Field
+from whetstone.contracts.base import JsonAtMost
+from whetstone.contracts.events import MAX_GRADER_JSON_BYTES
 from whetstone.graders import (
     GraderEnvironment,
     GraderInvalid,
@@ -31,16 +33,19 @@ from whetstone.runtime.service import Runtime
 MAX_SAMPLE_CHARS = 1 << 20
 
 
+Grader = Annotated[dict[str, Any], JsonAtMost(MAX_GRADER_JSON_BYTES)]
+
+
 class ValidateGrader(BaseModel):
     model_config = ConfigDict(extra="forbid")
-    grader: dict[str, Any]
+    grader: Grader
 
 
 class RunGrader(BaseModel):
     model_config = ConfigDict(extra="forbid")
-    grader: dict[str, Any]
+    grader: Grader
     model_sample: str = Field(max_length=MAX_SAMPLE_CHARS)
-    item: Any = None
+    item: Annotated[Any, JsonAtMost(MAX_SAMPLE_CHARS)] = None
 
 
 def invalid(exc: GraderInvalid) -> ApiError:

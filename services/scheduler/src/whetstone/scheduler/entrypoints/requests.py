@@ -11,12 +11,13 @@ scales the method's default learning rate."""
 
 from __future__ import annotations
 
-import json
 from typing import Annotated, Any, Literal
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, StringConstraints, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, StringConstraints, ValidationError
 
 from whetstone.contracts import Hyperparameters, JobRequestedV1, ResourceRequest
+from whetstone.contracts.base import JsonAtMost
+from whetstone.contracts.events import MAX_GRADER_JSON_BYTES
 from whetstone.graders import GraderEnvironment
 from whetstone.runtime.errors import ApiError
 
@@ -29,21 +30,12 @@ FAMILY = {"lora": "supervised", "qlora": "supervised", "full": "supervised", "cp
 DEFAULT_FOR = {"supervised": "lora", "dpo": "dpo"}
 
 
-def json_at_most(limit: int):
-    """A free-form JSON field, at most `limit` bytes once serialised (the event carries it)."""
-    def check(value: Any) -> Any:
-        if value is not None and len(json.dumps(value, separators=(",", ":"))) > limit:
-            raise ValueError(f"at most {limit} bytes of JSON")
-        return value
-    return AfterValidator(check)
-
-
 # OpenAI's own limits where it has them (metadata: 16 pairs, keys 64 characters, values 512)
 MetadataKey = Annotated[str, StringConstraints(min_length=1, max_length=64)]
 MetadataValue = Annotated[str, StringConstraints(max_length=512)]
 FileId = Annotated[str, StringConstraints(min_length=1, max_length=128)]
 Hyperparams = Annotated[dict[Annotated[str, StringConstraints(max_length=64)], Any], Field(max_length=40),
-                        json_at_most(4096)]
+                        JsonAtMost(4096)]
 
 
 class MethodConfig(BaseModel):
@@ -61,7 +53,7 @@ class MethodSpec(BaseModel):
     type: Literal["supervised", "dpo", "reinforcement", "lora", "qlora", "full", "cpt", "orpo"]
     supervised: MethodConfig | None = None
     dpo: MethodConfig | None = None
-    reinforcement: dict[str, Any] | None = None   # checked by rft.reinforcement_spec
+    reinforcement: Annotated[dict[str, Any], JsonAtMost(MAX_GRADER_JSON_BYTES + 16384)] | None = None   # rft.py checks it
     whetstone: PlatformMethod | None = None
 
 
@@ -72,16 +64,19 @@ class CreateJob(BaseModel):
     template: str | None = Field(default=None, min_length=1, max_length=80, description="'name' or 'name@version'")
     training_file: FileId
     validation_file: FileId | None = None
-    method: MethodSpec | Literal["lora", "qlora", "full", "cpt", "dpo", "orpo"] | None = None
+    # a platform method's config travels under its own name (extra fields): the whole object is bounded
+    method: Annotated[MethodSpec, JsonAtMost(MAX_GRADER_JSON_BYTES + 32768)] | Literal[
+        "lora", "qlora", "full", "cpt", "dpo", "orpo"] | None = None
     hyperparameters: Hyperparams | None = None
     suffix: str | None = Field(default=None, max_length=64)
     seed: int | None = Field(default=None, ge=0, le=2**31 - 1)
     metadata: dict[MetadataKey, MetadataValue] | None = Field(default=None, max_length=16)
-    integrations: list[Annotated[dict[str, Any], json_at_most(2048)]] | None = Field(default=None, max_length=8)
+    integrations: list[Annotated[dict[str, Any], JsonAtMost(2048)]] | None = Field(default=None, max_length=8)
     tier: str | None = Field(default=None, max_length=32)
     idempotency_key: str | None = Field(default=None, min_length=1, max_length=255)
     resources: Literal["auto"] | ResourceRequest = "auto"
-    eval_config: Annotated[dict[str, Any], Field(max_length=32), json_at_most(16384)] | None = None
+    eval_config: Annotated[dict[Annotated[str, StringConstraints(max_length=64)], Any], Field(max_length=32),
+                           JsonAtMost(16384)] | None = None
 
 
 RFT_ADAPTERS = ("lora", "qlora")   # method.whetstone.method of a reinforcement job

@@ -20,7 +20,7 @@ import json
 import secrets
 import time
 from datetime import timedelta
-from typing import Any
+from typing import Annotated, Any
 
 import asyncpg
 import httpx
@@ -29,10 +29,11 @@ from pydantic import BaseModel, ConfigDict, Field
 from whetstone.contracts import Envelope, ModelPromotedV1, ModelRegisteredV1
 from whetstone.runtime.errors import ApiError
 from whetstone.runtime.http import ListObject, list_object, not_found as missing
-from whetstone.runtime.identity import Caller, require
+from whetstone.runtime.identity import Caller, internal_secret, require
 from whetstone.runtime.messaging import UnitOfWork
 from whetstone.runtime.service import Handler, Runtime
 
+from ..adapters.secret_box import SecretBox
 from ..adapters.webhooks import DueDelivery, WebhookStore
 from ..context import Resolver, SchedulerContext
 from ..domain import webhooks as rules
@@ -44,12 +45,18 @@ Rt = Runtime[SchedulerContext]
 class CreateWebhook(BaseModel):
     model_config = ConfigDict(extra="forbid")
     url: str = Field(min_length=1, max_length=2048)
-    events: list[str] = Field(default_factory=list, max_length=len(rules.EVENT_TYPES))
+    events: list[Annotated[str, Field(max_length=64)]] = Field(default_factory=list, max_length=len(rules.EVENT_TYPES))
     description: str = Field(default="", max_length=500)
+
+
+def secret_box(rt: Rt) -> SecretBox:
+    """What seals the webhooks' signing secrets at rest: a key derived from the internal secret."""
+    return SecretBox.from_internal_secret(internal_secret(rt.settings.data_dir))
 
 
 def routes(rt: Rt) -> APIRouter:
     r = APIRouter(prefix="/v1/webhooks")
+    box = secret_box(rt)
 
     def not_found(webhook_id: str) -> ApiError:
         return missing(f"No webhook found with id {webhook_id!r}", code="webhook_not_found", param="webhook_id")
@@ -66,7 +73,7 @@ def routes(rt: Rt) -> APIRouter:
             raise ApiError(400, exc.message, code="invalid_value", param=exc.param) from exc
         secret = "whsec_" + secrets.token_urlsafe(32)
         async with rt.uow() as uow:
-            store = WebhookStore(uow.conn)
+            store = WebhookStore(uow.conn, box)
             if await store.count(caller.tenant_id) >= cfg.webhook_max_per_tenant:
                 raise ApiError(400, f"a tenant may have at most {cfg.webhook_max_per_tenant} webhooks; delete one "
                                "first", code="webhook_limit_reached", param="url")
@@ -158,6 +165,8 @@ async def resolve_pinned(resolve: Resolver, target: rules.Target, allow: AllowLi
 async def deliver(http: httpx.AsyncClient, row: DueDelivery, allow: AllowList, resolve: Resolver,
                   deadline_s: float) -> tuple[int | None, str | None]:
     """(status code, the error the tenant sees: a status class or a fixed phrase, never a receiver's text)."""
+    if row.secret is None:
+        return None, "the webhook's signing secret is unreadable: delete the webhook and create it again"
     body = body_of(row)
     headers = {"Content-Type": "application/json", "User-Agent": "whetstone-webhooks/1",
                rules.SIGNATURE_HEADER: rules.sign(row.secret, int(time.time()), body),
@@ -181,12 +190,12 @@ async def deliver(http: httpx.AsyncClient, row: DueDelivery, allow: AllowList, r
     return code, rules.status_class(code) + (" (redirects are not followed)" if 300 <= code < 400 else "")
 
 
-async def send_due(rt: Rt, http: httpx.AsyncClient) -> int:
+async def send_due(rt: Rt, http: httpx.AsyncClient, box: SecretBox) -> int:
     """One round: claim due deliveries (short transaction), POST them, record each outcome."""
     cfg, clock = rt.ctx.config, rt.ctx.clock
     lease = timedelta(seconds=cfg.webhook_timeout_s * 4 + 10)
     async with rt.uow() as uow:
-        rows = await WebhookStore(uow.conn).claim(clock(), lease, cfg.webhook_batch)
+        rows = await WebhookStore(uow.conn, box).claim(clock(), lease, cfg.webhook_batch)
     if not rows:
         return 0
     allow = AllowList.parse(cfg.webhook_allow_hosts)
@@ -210,10 +219,14 @@ async def send_webhooks(rt: Rt) -> None:
     timeout = httpx.Timeout(cfg.webhook_timeout_s, connect=min(cfg.webhook_timeout_s, 3.0))
     # no connection is kept: each delivery connects to the address it judged just before
     limits = httpx.Limits(max_keepalive_connections=0)
+    box = secret_box(rt)
+    async with rt.uow() as uow:
+        if resealed := await WebhookStore(uow.conn, box).reseal_legacy():
+            rt.log.info("webhook secrets sealed at rest", count=resealed)
     async with httpx.AsyncClient(follow_redirects=False, timeout=timeout, trust_env=False, limits=limits) as http:
         while True:
             try:
-                sent = await send_due(rt, http)
+                sent = await send_due(rt, http, box)
             except (asyncpg.PostgresError, OSError) as exc:   # the database away for a moment: try again next round
                 rt.log.warning("webhook sender round failed", error=str(exc))
                 sent = 0

@@ -25,6 +25,7 @@ from ..domain import jobs as rules
 from ..domain import resources
 from ..domain.cluster import PoolNode, describe_pool, describe_shapes
 from ..domain.files import DatasetRecord, rejected_reasons
+from ..domain.eval_bounds import check_eval_config
 from ..domain.job import Job, new_job
 from ..domain.job_data import JobRequest, JobResources, TemplateUse
 from ..domain.placement import Node, Shape, could_ever_fit
@@ -133,6 +134,8 @@ async def submit_job(rt: Runtime[SchedulerContext], store: JobStore, tenant_id: 
         raise Rejected(tier.code, tier.message, 403, param="tier")
     if req.job_id != job_id_for(tenant_id, req.idempotency_key):
         raise Rejected("bad_job_id", "job_id must be job_id_for(tenant_id, idempotency_key)", param="job_id")
+    if beyond := check_eval_config(req.eval_config, ctx.config.eval_bounds):
+        raise Rejected("eval_config_out_of_bounds", beyond.message, param=beyond.param)
     request = JobRequest.of(req, metadata, template)
     fingerprint = rules.request_fingerprint(request.model_dump(mode="json", exclude_none=True))
 

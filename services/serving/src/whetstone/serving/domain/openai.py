@@ -11,7 +11,8 @@ import time
 from dataclasses import dataclass
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from whetstone.contracts.base import JsonAtMost
 
 ROLES = ("system", "user", "assistant")
 
@@ -20,17 +21,46 @@ class StreamOptions(BaseModel):
     include_usage: bool = False
 
 
-class _Request(BaseModel):
-    model_config = ConfigDict(extra="allow")  # kept so that `unsupported_parameter` can name them
+# Every field bounded (OpenAI's limits where it states them: 4 stop sequences, 16 prompts); the
+# token limits of the served model are checked after parsing.
+MAX_TEXT_CHARS = 1 << 20            # one message's or prompt's text
+MAX_MESSAGES = 2048
+MAX_PARTS = 256                     # content parts of one message
+MAX_IMAGE_URL_CHARS = 32 << 20      # a data: URL; the configured per-image size (ImageLimits) is checked later
+MAX_FIELDS, MAX_FIELD_NAME = 64, 64
+Text = Annotated[str, Field(max_length=MAX_TEXT_CHARS)]
+Stop = Annotated[str, Field(max_length=256)]
 
-    model: str = Field(min_length=1)
+
+class _KeepsUnknownFields(BaseModel):
+    """Unknown fields are kept, so that `unsupported_parameter` can name them, but bounded: at most
+    64 fields in all, names of at most 64 characters, each unknown value at most 4 KiB of JSON."""
+
+    model_config = ConfigDict(extra="allow", json_schema_extra={"maxProperties": MAX_FIELDS,
+                                                                 "propertyNames": {"maxLength": MAX_FIELD_NAME}})
+    __pydantic_extra__: dict[str, Annotated[Any, JsonAtMost(4096)]] = Field(init=False)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _few_short_fields(cls, data: Any) -> Any:
+        if isinstance(data, dict):
+            if len(data) > MAX_FIELDS:
+                raise ValueError(f"at most {MAX_FIELDS} fields")
+            long = next((k for k in data if isinstance(k, str) and len(k) > MAX_FIELD_NAME), None)
+            if long is not None:
+                raise ValueError(f"field name {long[:MAX_FIELD_NAME]!r}... is over {MAX_FIELD_NAME} characters")
+        return data
+
+
+class _Request(_KeepsUnknownFields):
+    model: str = Field(min_length=1, max_length=256)
     max_tokens: int | None = Field(default=None, ge=1)
     temperature: float = Field(default=1.0, ge=0, le=2)
     top_p: float = Field(default=1.0, gt=0, le=1)
     n: int = Field(default=1, ge=1, le=8)
     stream: bool = False
     stream_options: StreamOptions | None = None
-    stop: str | list[str] | None = None
+    stop: Stop | Annotated[list[Stop], Field(max_length=4)] | None = None
     seed: int | None = None
     user: str | None = Field(default=None, max_length=256)
 
@@ -52,13 +82,13 @@ class _Request(BaseModel):
 class ContentPart(BaseModel):
     model_config = ConfigDict(extra="forbid")
     type: Literal["text"]
-    text: str
+    text: Text
 
 
 class ImageUrl(BaseModel):
     model_config = ConfigDict(extra="forbid")
-    url: str
-    detail: str = "auto"     # checked by the shared image rules (auto, low, high)
+    url: str = Field(max_length=MAX_IMAGE_URL_CHARS)
+    detail: str = Field(default="auto", max_length=16)     # checked by the shared image rules (auto, low, high)
 
 
 class ImageContentPart(BaseModel):
@@ -87,10 +117,9 @@ class RequestImage:
         return f"messages[{self.message}].content[{self.part}]"
 
 
-class ChatMessage(BaseModel):
-    model_config = ConfigDict(extra="allow")
+class ChatMessage(_KeepsUnknownFields):
     role: Literal["system", "developer", "user", "assistant"]
-    content: str | list[Part]
+    content: Text | Annotated[list[Part], Field(max_length=MAX_PARTS)]
 
     def as_template_message(self, image_token: str = "") -> dict[str, str]:
         """The message as a chat template reads it: text, each image written as the model's image token."""
@@ -102,7 +131,7 @@ class ChatMessage(BaseModel):
 
 
 class ChatCompletionRequest(_Request):
-    messages: list[ChatMessage] = Field(min_length=1)
+    messages: list[ChatMessage] = Field(min_length=1, max_length=MAX_MESSAGES)
     max_completion_tokens: int | None = Field(default=None, ge=1)
 
     def token_limit(self) -> int | None:
@@ -116,7 +145,7 @@ class ChatCompletionRequest(_Request):
 
 
 class CompletionRequest(_Request):
-    prompt: str | list[str]
+    prompt: Text | Annotated[list[Text], Field(max_length=16)]
     max_tokens: int | None = Field(default=16, ge=1)  # OpenAI's default for /v1/completions
 
     @field_validator("prompt")
