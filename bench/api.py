@@ -143,7 +143,9 @@ def plan(n: int, tenants: list[str], seed: int) -> list[tuple[str, str | None, b
 
 
 async def load(base: str, headers_for, calls, concurrency: int, body: dict) -> tuple[Tally, float]:
+    """`headers_for(tenant, payload)`: the auth headers of one create (a signature binds the body)."""
     tally = Tally()
+    payload = json.dumps(body).encode()
     queue: asyncio.Queue = asyncio.Queue()
     for c in calls:
         queue.put_nowait(c)
@@ -153,12 +155,12 @@ async def load(base: str, headers_for, calls, concurrency: int, body: dict) -> t
         async def worker() -> None:
             while not queue.empty():
                 tenant, key, _ = queue.get_nowait()
-                headers = headers_for(tenant)
+                headers = {**headers_for(tenant, payload), "Content-Type": "application/json"}
                 if key:
                     headers["Idempotency-Key"] = key
                 began = time.perf_counter()
                 try:
-                    r = await call(client, "POST", "/v1/fine_tuning/jobs", json=body, headers=headers)
+                    r = await call(client, "POST", "/v1/fine_tuning/jobs", data=payload, headers=headers)
                 except (aiohttp.ClientConnectionError, asyncio.TimeoutError):   # the client retries, as SDKs do
                     tally.transport_errors += 1
                     queue.put_nowait((tenant, key, True))
@@ -205,6 +207,7 @@ async def run(args: argparse.Namespace) -> dict:
     from whetstone.devstack.stack import EmbeddedStack
     from whetstone.modelkit.tiny import build_tiny_model
     from whetstone.runtime.identity import identity_headers, internal_secret
+    from whetstone.runtime.signing import Bound
 
     tmp = Path(tempfile.mkdtemp(prefix="bench-api-"))
     tier_names = list(TIERS)
@@ -241,12 +244,14 @@ async def run(args: argparse.Namespace) -> dict:
         base_tenants, gw_tenants = names[: len(names) // 2], names[len(names) // 2:]
         print(f"baseline: {args.baseline_jobs} submissions straight to the scheduler ({len(base_tenants)} tenants)",
               flush=True)
-        b_tally, b_elapsed = await load(sched, lambda t: identity_headers(t, ("read", "write"), secret=secret),
+        b_tally, b_elapsed = await load(sched, lambda t, payload: identity_headers(
+                                            t, ("read", "write"), secret=secret,
+                                            bound=Bound.of("POST", "/v1/fine_tuning/jobs", payload)),
                                         plan(args.baseline_jobs, base_tenants, 1), args.concurrency, body)
         baseline = summary(b_tally, b_elapsed, caps)
         print("baseline " + json.dumps(baseline), flush=True)
         print(f"gateway: {args.jobs} submissions with API keys ({len(gw_tenants)} tenants)", flush=True)
-        g_tally, g_elapsed = await load(gateway, lambda t: {"Authorization": f"Bearer {keys[t]}"},
+        g_tally, g_elapsed = await load(gateway, lambda t, _: {"Authorization": f"Bearer {keys[t]}"},
                                         plan(args.jobs, gw_tenants, 2), args.concurrency, body)
         result = summary(g_tally, g_elapsed, caps)
         if g_tally.wrong:

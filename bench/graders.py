@@ -93,7 +93,7 @@ def serve(port: int):
 async def measure(n: dict[str, int], sample: str) -> dict[str, dict[str, float]]:
     import httpx
     from whetstone.graders import GraderEnvironment, parse_grader, run_grader
-    from whetstone.runtime.identity import identity_headers
+    from whetstone.runtime.identity import IdentityAuth
 
     env = GraderEnvironment()
     port = free_port()
@@ -112,7 +112,7 @@ async def measure(n: dict[str, int], sample: str) -> dict[str, dict[str, float]]
                     began = time.perf_counter()
                     resp = await client.post("/v1/fine_tuning/alpha/graders/run",
                                              json={"grader": data, "model_sample": sample, "item": ITEM},
-                                             headers=identity_headers("bench", ("read", "write")))
+                                             auth=IdentityAuth("bench", ("read", "write")))
                     took_http = (time.perf_counter() - began) * 1000
                     assert resp.status_code == 200, resp.text
                     if i >= 3:

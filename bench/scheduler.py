@@ -167,7 +167,7 @@ async def scheduler_on_stack(prefix: str, config, nodes: int, per_group: int):
 
     from whetstone.contracts import DatasetValidatedV1, NodeHeartbeatV1, all_topic_partitions, topic_for  # noqa: PLC0415
     from whetstone.devstack.stack import EmbeddedStack  # noqa: PLC0415
-    from whetstone.runtime.identity import mint_producer_token  # noqa: PLC0415
+    from whetstone.devstack.testing import producer_token  # noqa: PLC0415
     from whetstone.runtime.messaging import encode, make_envelope  # noqa: PLC0415
     from whetstone.runtime.service import run_services  # noqa: PLC0415
     from whetstone.runtime.settings import CommonSettings  # noqa: PLC0415
@@ -195,10 +195,14 @@ async def scheduler_on_stack(prefix: str, config, nodes: int, per_group: int):
         producer = AIOKafkaProducer(bootstrap_servers=endpoints.kafka_bootstrap, linger_ms=0)
         await producer.start()
         try:
+            tokens: dict[str, str] = {}   # one issued (recorded) producer token per tenant
+
             async def send(event, tenant: str) -> None:
                 env = make_envelope(event, producer="bench", tenant_id=tenant)
                 if event.EVENT_TYPE == "job.requested":   # an external producer: it carries its token
-                    env = env.model_copy(update={"producer_token": mint_producer_token(tenant)})
+                    if tenant not in tokens:
+                        tokens[tenant] = await producer_token(rt, tenant)
+                    env = env.model_copy(update={"producer_token": tokens[tenant]})
                 await producer.send_and_wait(topic_for(event).name, encode(env), key=env.key.encode())
 
             for i in range(nodes):
@@ -300,7 +304,7 @@ async def submission_rate(jobs: int, concurrency: int, label: str) -> dict:
     that runs a scheduling cycle inside the request pays for the whole queue on every call."""
     import httpx  # noqa: PLC0415
 
-    from whetstone.runtime.identity import identity_headers  # noqa: PLC0415
+    from whetstone.runtime.identity import IdentityAuth  # noqa: PLC0415
     from whetstone.scheduler.config import QuotaSettings, SchedulerSettings  # noqa: PLC0415
 
     config = SchedulerSettings(http_port=0, node_timeout_s=3600, cycle_in_request=label == "inline",
@@ -315,9 +319,9 @@ async def submission_rate(jobs: int, concurrency: int, label: str) -> dict:
                                      limits=httpx.Limits(max_connections=concurrency)) as c:
             async def worker() -> None:
                 for i in counter:
-                    headers = identity_headers("demo", ("read", "write")) | {"Idempotency-Key": f"{label}-{i}"}
+                    headers = {"Idempotency-Key": f"{label}-{i}"}
                     t0 = time.perf_counter()
-                    r = await c.post("/v1/fine_tuning/jobs", headers=headers,
+                    r = await c.post("/v1/fine_tuning/jobs", headers=headers, auth=IdentityAuth("demo", ("read", "write")),
                                      json={"model": "tiny-llama", "training_file": "ds-bench"})
                     latencies.append((time.perf_counter() - t0) * 1000)
                     codes[r.status_code] = codes.get(r.status_code, 0) + 1

@@ -48,7 +48,8 @@ from aiokafka import AIOKafkaProducer
 
 from whetstone.contracts import TOPICS, all_topic_partitions
 from whetstone.devstack.stack import EmbeddedStack
-from whetstone.runtime.identity import identity_headers
+from whetstone.runtime.identity import IdentityAuth, identity_headers
+from whetstone.runtime.signing import Bound
 from whetstone.runtime.messaging import encode, make_envelope
 
 BASE = "tiny-llama"
@@ -81,7 +82,7 @@ async def ask(http: httpx.AsyncClient, model: str, max_tokens: int, user: str | 
     if user:
         body["user"] = user
     # signed identity as the gateway forwards it (fresh: it expires after 5 minutes)
-    return await http.post("/v1/chat/completions", json=body, headers=identity_headers("demo", ("read",)))
+    return await http.post("/v1/chat/completions", json=body, auth=IdentityAuth("demo", ("read",)))
 
 
 async def until_served(http: httpx.AsyncClient, model: str, version: str, timeout: float = 30) -> float:
@@ -140,11 +141,11 @@ async def _round(url: str, requests: list[str], max_tokens: int
                  ) -> tuple[int, float, list[str]]:
     # the load generator is aiohttp, one connection per request in flight: httpx costs this 2-core
     # machine about 1.7 ms of CPU per request (see bench/api.py), CPU the server under test then lacks
-    headers = identity_headers("demo", ("read",))  # signed as the gateway forwards it (fresh: 5 min)
-
     async def one(session: aiohttp.ClientSession, model: str) -> dict:
-        body = {"model": model, "messages": MESSAGES, "max_tokens": max_tokens, "temperature": 0}
-        async with session.post("/v1/chat/completions", json=body, headers=headers) as reply:
+        body = json.dumps({"model": model, "messages": MESSAGES, "max_tokens": max_tokens, "temperature": 0}).encode()
+        headers = {"Content-Type": "application/json",   # signed for this request, as the gateway forwards it
+                   **identity_headers("demo", ("read",), bound=Bound.of("POST", "/v1/chat/completions", body))}
+        async with session.post("/v1/chat/completions", data=body, headers=headers) as reply:
             return await reply.json()
 
     connector = aiohttp.TCPConnector(limit=0)

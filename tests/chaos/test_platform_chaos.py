@@ -33,7 +33,7 @@ from whetstone.contracts.topics import DLQ_SUFFIX
 from whetstone.devstack.stack import EmbeddedStack
 from whetstone.devstack.testing import send
 from whetstone.modelkit.tiny import build_tiny_model
-from whetstone.runtime.identity import identity_headers
+from whetstone.runtime.identity import IdentityAuth
 
 from . import invariants as inv
 from .harness import NODES, SCHEMA, SERVICES, Processes, become_subreaper, signal_tree
@@ -132,8 +132,7 @@ class Chaos:
                     dataset_id = await asyncio.wait_for(submit_dataset(self.settings, path, job.tenant, job.purpose), 30)
                 async with httpx.AsyncClient(timeout=15) as c:
                     r = await c.post(url, json={**job.body, "training_file": dataset_id},
-                                     headers={**identity_headers(job.tenant, ("read", "write"), secret=SECRET),
-                                              "Idempotency-Key": job.key})
+                                     auth=IdentityAuth(job.tenant, ("read", "write"), secret=SECRET), headers={"Idempotency-Key": job.key})
                 if r.status_code == 200:
                     self.accepted[job.key] = job
                     log(f"{job.key} ({job.kind}, {job.tenant}) accepted")
@@ -170,7 +169,7 @@ class Chaos:
         url = f"http://127.0.0.1:{self.procs.port('scheduler')}/v1/fine_tuning/jobs"
         try:
             async with httpx.AsyncClient(timeout=15) as c:
-                r = await c.get(url, headers=identity_headers("demo", ("read",), secret=SECRET))
+                r = await c.get(url, auth=IdentityAuth("demo", ("read",), secret=SECRET))
         except httpx.HTTPError as exc:
             log(f"API probe during {what}: {type(exc).__name__}")
             return

@@ -10,7 +10,7 @@ from whetstone.modelkit.tiny import build_tiny_model
 from whetstone.cli.dev import all_service_builders
 from whetstone.cli.main import submit_dataset
 from whetstone.devstack.job_flow import create_and_follow
-from whetstone.runtime.identity import identity_headers
+from whetstone.runtime.identity import IdentityAuth
 from whetstone.runtime.models import resolve_model
 from whetstone.devstack.testing import outbox
 
@@ -62,11 +62,11 @@ async def test_fine_tune_flows_through_all_six_services(platform, settings):
         # the job's events tell its story
         async with httpx.AsyncClient(base_url=p.url("scheduler")) as c:
             events = (await c.get(f"/v1/fine_tuning/jobs/{job['id']}/events", params={"limit": 500},
-                                  headers=identity_headers("demo"))).json()["data"]
+                                  auth=IdentityAuth("demo"))).json()["data"]
             messages = " | ".join(e["message"] for e in events)
             for expected in ("job created", "job queued", "assigned to", "training started",
                              "final checkpoint", "evaluation passed"):
                 assert expected in messages, messages
             # another tenant cannot see it
-            r = await c.get(f"/v1/fine_tuning/jobs/{job['id']}", headers=identity_headers("acme"))
+            r = await c.get(f"/v1/fine_tuning/jobs/{job['id']}", auth=IdentityAuth("acme"))
             assert r.status_code == 404

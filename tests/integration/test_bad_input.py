@@ -8,7 +8,7 @@ import pytest
 
 from whetstone.contracts import DatasetSubmittedV1, JobRequestedV1, dataset_id_for, job_id_for
 from whetstone.ingest.bootstrap import build_service as ingest
-from whetstone.runtime.identity import identity_headers
+from whetstone.runtime.identity import IdentityAuth
 from whetstone.devstack.testing import outbox, producer_token, send_event, wait_until
 from whetstone.scheduler.bootstrap import build_service as scheduler
 from whetstone.scheduler.config import SchedulerSettings
@@ -44,7 +44,7 @@ async def test_broken_dataset_is_rejected_with_line_numbers_and_its_job_fails(pl
         sub = await upload(p, "demo", data)
         async with httpx.AsyncClient(base_url=p.url("scheduler")) as c:
             r = await c.post("/v1/fine_tuning/jobs", json={"model": fake_model, "training_file": sub.dataset_id},
-                             headers=identity_headers("demo") | {"Idempotency-Key": "bad-data"})
+                             auth=IdentityAuth("demo"), headers={"Idempotency-Key": "bad-data"})
             job_id = r.json()["id"]
             await send_event(settings.kafka_bootstrap, sub, "demo")
             v = await verdict(p, sub.dataset_id)
@@ -53,7 +53,7 @@ async def test_broken_dataset_is_rejected_with_line_numbers_and_its_job_fails(pl
             assert by_line[12] == "invalid_json" and by_line[13] == "role_order"
 
             async def failed():
-                j = (await c.get(f"/v1/fine_tuning/jobs/{job_id}", headers=identity_headers("demo"))).json()
+                j = (await c.get(f"/v1/fine_tuning/jobs/{job_id}", auth=IdentityAuth("demo"))).json()
                 return j if j["status"] == "failed" else None
             job = await wait_until(failed, 30, "job failed")
             assert job["error"]["code"] == "invalid_training_file" and "line 12" in job["error"]["message"]
@@ -77,11 +77,11 @@ async def test_job_for_a_dataset_that_never_arrives_fails_with_a_reason(platform
     async with platform(lambda: scheduler(SchedulerSettings(dataset_wait_s=2.0, unknown_dataset_grace_s=1.0))) as p:
         async with httpx.AsyncClient(base_url=p.url("scheduler")) as c:
             r = await c.post("/v1/fine_tuning/jobs", json={"model": fake_model, "training_file": "ds-missing"},
-                             headers=identity_headers("demo") | {"Idempotency-Key": "k"})
+                             auth=IdentityAuth("demo"), headers={"Idempotency-Key": "k"})
             job_id = r.json()["id"]
 
             async def failed():
-                j = (await c.get(f"/v1/fine_tuning/jobs/{job_id}", headers=identity_headers("demo"))).json()
+                j = (await c.get(f"/v1/fine_tuning/jobs/{job_id}", auth=IdentityAuth("demo"))).json()
                 return j if j["status"] == "failed" else None
             job = await wait_until(failed, 30, "expiry")
             assert job["error"]["code"] == "unknown_training_file" and "ds-missing" in job["error"]["message"]
@@ -91,10 +91,10 @@ async def test_job_requests_over_kafka_from_unknown_tenants_or_for_unknown_model
     b = settings.kafka_bootstrap
     async with platform(scheduler) as p:
         await send_event(b, JobRequestedV1(job_id=job_id_for("nobody", "k"), idempotency_key="k", model="m",
-                                           training_file="ds-1"), "nobody", producer_token=producer_token("nobody"))
+                                           training_file="ds-1"), "nobody", producer_token=await producer_token(p["scheduler"], "nobody"))
         await send_event(b, JobRequestedV1(job_id=job_id_for("demo", "k2"), idempotency_key="k2",
                                            model="no-such-model", training_file="ds-1"), "demo",
-                         producer_token=producer_token("demo"))
+                         producer_token=await producer_token(p["scheduler"], "demo"))
 
         async def failures():
             got = {e["payload"]["code"] for e in await outbox(p["scheduler"], "job.failed")}
@@ -104,15 +104,15 @@ async def test_job_requests_over_kafka_from_unknown_tenants_or_for_unknown_model
 
 async def test_idempotency_same_key_same_job_different_params_conflict(platform, settings, fake_model):
     async with platform(scheduler) as p:
-        h = identity_headers("demo") | {"Idempotency-Key": "same"}
+        h, auth = {"Idempotency-Key": "same"}, IdentityAuth("demo")
         async with httpx.AsyncClient(base_url=p.url("scheduler")) as c:
-            a = await c.post("/v1/fine_tuning/jobs", json={"model": fake_model, "training_file": "ds-1"}, headers=h)
-            b = await c.post("/v1/fine_tuning/jobs", json={"model": fake_model, "training_file": "ds-1"}, headers=h)
+            a = await c.post("/v1/fine_tuning/jobs", json={"model": fake_model, "training_file": "ds-1"}, headers=h, auth=auth)
+            b = await c.post("/v1/fine_tuning/jobs", json={"model": fake_model, "training_file": "ds-1"}, headers=h, auth=auth)
             assert a.status_code == b.status_code == 200 and a.json()["id"] == b.json()["id"]
-            c3 = await c.post("/v1/fine_tuning/jobs", json={"model": fake_model, "training_file": "ds-2"}, headers=h)
+            c3 = await c.post("/v1/fine_tuning/jobs", json={"model": fake_model, "training_file": "ds-2"}, headers=h, auth=auth)
             assert c3.status_code == 409 and "different parameters" in c3.text
             bad = await c.post("/v1/fine_tuning/jobs", json={"model": fake_model, "training_file": "ds-1",
                                                              "hyperparameters": {"learning_rate": -1}},
-                               headers=identity_headers("demo") | {"Idempotency-Key": "neg"})
+                               auth=IdentityAuth("demo"), headers={"Idempotency-Key": "neg"})
             assert bad.status_code == 400 and "learning_rate" in bad.text
         assert await p["scheduler"].pool.fetchval("SELECT count(*) FROM jobs") == 1

@@ -19,15 +19,14 @@ from whetstone.cli.main import submit_dataset
 from whetstone.contracts import JobAssignedV1, JobCancelledV1, TrainingSpec
 from whetstone.devstack.testing import outbox, send_event, wait_until
 from whetstone.modelkit.tiny import build_tiny_model
-from whetstone.runtime.identity import identity_headers
+from whetstone.runtime.identity import IdentityAuth
 
 pytestmark = pytest.mark.integration
 
 
-def h() -> dict[str, str]:
-    """The tenant's identity, signed now with the test's internal secret: a signed identity expires,
-    and these tests run for minutes."""
-    return identity_headers("demo")
+def h() -> IdentityAuth:
+    """The tenant's identity: each request signed as it is sent, with the test's internal secret."""
+    return IdentityAuth("demo")
 
 
 TINY = {"n_epochs": 1, "batch_size": 4, "max_seq_len": 64, "lora_r": 4, "learning_rate": 2e-3,
@@ -41,11 +40,11 @@ def rows(n: int) -> bytes:
 
 
 async def job_state(c: httpx.AsyncClient, job_id: str) -> dict:
-    return (await c.get(f"/v1/fine_tuning/jobs/{job_id}", headers=h())).json()
+    return (await c.get(f"/v1/fine_tuning/jobs/{job_id}", auth=h())).json()
 
 
 async def create(c: httpx.AsyncClient, training_file: str, key: str, **hp) -> dict:
-    r = await c.post("/v1/fine_tuning/jobs", headers={**h(), "Idempotency-Key": key},
+    r = await c.post("/v1/fine_tuning/jobs", auth=h(), headers={"Idempotency-Key": key},
                      json={"model": "tiny-llama", "training_file": training_file, "method": "lora",
                            "hyperparameters": {**TINY, **hp}})
     assert r.status_code == 200, r.text
@@ -61,7 +60,7 @@ async def reach(c: httpx.AsyncClient, job_id: str, states: tuple[str, ...], time
 
 
 async def cancel(c: httpx.AsyncClient, job_id: str) -> dict:
-    r = await c.post(f"/v1/fine_tuning/jobs/{job_id}/cancel", headers=h())
+    r = await c.post(f"/v1/fine_tuning/jobs/{job_id}/cancel", auth=h())
     assert r.status_code == 200, r.text
     assert r.json()["status"] == "cancelled"
     return r.json()
@@ -71,7 +70,7 @@ async def closed_usage(m: httpx.AsyncClient, job_id: str, timeout: float = 30) -
     """The job's usage, once closed as cancelled (metering's close grace is 120 s: a cancel must not
     need it; a total closed at the training's completion is corrected when the cancel comes)."""
     async def check():
-        r = await m.get(f"/v1/usage/jobs/{job_id}", headers=h())
+        r = await m.get(f"/v1/usage/jobs/{job_id}", auth=h())
         last.append(r.json())
         return r.json() if r.status_code == 200 and (r.json().get("total") or {}).get("outcome") == "cancelled" \
             else None
@@ -86,7 +85,7 @@ async def closed_usage(m: httpx.AsyncClient, job_id: str, timeout: float = 30) -
 
 
 async def no_model(r: httpx.AsyncClient, job_id: str) -> None:
-    models = (await r.get("/v1/models", params={"job_id": job_id}, headers=h())).json()["data"]
+    models = (await r.get("/v1/models", params={"job_id": job_id}, auth=h())).json()["data"]
     assert all(m.get("stage") == "archived" for m in models), models
 
 

@@ -53,7 +53,8 @@ from whetstone.gateway.server import start_gateway
 from whetstone.runtime.identity import (
     INTERNAL_HEADER,
     SCOPES,
-    identity_headers,
+    IdentityAuth,
+    internal_secret,
     mint_producer_token,
 )
 from whetstone.runtime.messaging import encode, make_envelope
@@ -294,9 +295,9 @@ async def attack(c: httpx.AsyncClient, p, upstreams: dict[str, str], runtimes, s
         if (method, path) == ("POST", "/v1/files"):
             kw = {"files": {"file": ("b.jsonl", sft_file(100))}, "data": {"purpose": "fine-tune"}}
         # (b) a forged identity (and a forged internal header) on the service's own port
-        forged = identity_headers(A, SCOPES, secret=FORGED_SECRET) | {INTERNAL_HEADER: f"{int(time.time())}:00",
-                                                                     "X-Tenant-Id": A}
-        r = await c.request(method, upstreams[service] + url, headers=forged, **kw)
+        forged = {INTERNAL_HEADER: f"{int(time.time())}:00", "X-Tenant-Id": A}
+        r = await c.request(method, upstreams[service] + url, headers=forged,
+                            auth=IdentityAuth(A, SCOPES, secret=FORGED_SECRET), **kw)
         tally.check(r.status_code == 401 and is_openai_error(r), f"(b) forged identity {method} {url}: {r.status_code}")
         if internal:
             continue  # the gateway never routes /internal/*
@@ -409,12 +410,15 @@ async def forge_events(p, runtimes, settings, ids, model) -> list[tuple[str, str
         await send(boot, TOPICS[topic].name, encode(forged), forged.key)
         sent += [(s, topic, str(forged.event_id), "tenant_mismatch") for s in services]
     # job.requested: A's job by a producer without a valid token for A
-    valid = producer_token(A)
+    valid = await producer_token(p["scheduler"], A)
     tampered = valid[:-1] + ("0" if valid[-1] != "0" else "1")   # one MAC digit changed, never left as it was
     for token, reason in ((None, "producer_token_missing"), (mint_producer_token(A, FORGED_SECRET), "producer_token_forged"),
                           (ids["revoked_token"], "producer_token_revoked"),
-                          (producer_token(B), "producer_token_tenant_mismatch"), (tampered, "producer_token_forged"),
-                          ("whp_" + "0" * 16 + f".{A}." + "0" * 32, "producer_token_forged")):
+                          (await producer_token(p["scheduler"], B), "producer_token_tenant_mismatch"),
+                          (tampered, "producer_token_forged"),
+                          ("whp_" + "0" * 16 + f".{A}.9999999999." + "0" * 32, "producer_token_forged"),
+                          (mint_producer_token(A, internal_secret(settings.data_dir)), "producer_token_unknown"),
+                          (await producer_token(p["scheduler"], A, expires_in_s=-1), "producer_token_expired")):
         req = JobRequestedV1(job_id=job_id_for(A, f"attack-{uuid.uuid4().hex[:6]}"), idempotency_key="attack",
                              model="tiny-llama", training_file=ids["file_id"])
         env = make_envelope(req, producer="attacker", tenant_id=A).model_copy(update={"producer_token": token})
@@ -423,7 +427,8 @@ async def forge_events(p, runtimes, settings, ids, model) -> list[tuple[str, str
     # the pre-claim: B's own valid token, B's envelope, the job id A's next request with key "a-next" will have
     req = JobRequestedV1(job_id=job_id_for(A, "a-next"), idempotency_key="a-next", model="tiny-llama",
                          training_file=ids["file_id"])
-    env = make_envelope(req, producer="attacker", tenant_id=B).model_copy(update={"producer_token": producer_token(B)})
+    env = make_envelope(req, producer="attacker", tenant_id=B).model_copy(
+        update={"producer_token": await producer_token(p["scheduler"], B)})
     await send(boot, "job.requested", encode(env), env.key)
     sent += [(s, "job.requested", str(env.event_id), "tenant_mismatch") for s in consumers["job.requested"]]
     return sent

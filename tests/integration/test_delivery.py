@@ -16,7 +16,7 @@ from whetstone.metering.bootstrap import build_service as metering
 from whetstone.registry.bootstrap import build_service as registry
 from whetstone.runtime.checkpoints import upload_checkpoint
 from whetstone.runtime.service import Service
-from whetstone.runtime.identity import identity_headers
+from whetstone.runtime.identity import IdentityAuth
 from whetstone.devstack.testing import consume_all, outbox, send, send_event, wait_until
 from whetstone.scheduler.bootstrap import build_service as scheduler
 
@@ -48,7 +48,7 @@ async def settle(rt, topic: str, delivered: int = 3) -> None:
 async def create_job(p, model: str, key: str = "k1", training_file: str = "ds-1") -> dict:
     async with httpx.AsyncClient(base_url=p.url("scheduler")) as c:
         r = await c.post("/v1/fine_tuning/jobs", json={"model": model, "training_file": training_file},
-                         headers=identity_headers(T) | {"Idempotency-Key": key})
+                         auth=IdentityAuth(T), headers={"Idempotency-Key": key})
         assert r.status_code == 200, r.text
         return r.json()
 

@@ -33,7 +33,7 @@ from whetstone.modelkit.tiny import build_tiny_model
 from whetstone.registry.bootstrap import build_service as build_registry
 from whetstone.registry.domain.stages import model_id_for
 from whetstone.runtime.checkpoints import upload_checkpoint
-from whetstone.runtime.identity import identity_headers
+from whetstone.runtime.identity import IdentityAuth
 from whetstone.runtime.models import resolve_model
 from whetstone.scheduler.bootstrap import build_service as build_scheduler
 from whetstone.scheduler.domain.job import new_job
@@ -110,7 +110,7 @@ async def test_merged_weights_through_the_queue_cached_billed_and_failing_on_a_c
     expected = logits(base, adapter)        # the in-process merge_and_unload of the same adapter
     assert not (expected - logits(base)).abs().max() < 1e-4, "the adapter must change the model"
     agent = TrainerAgentSettings(node_id="node-merge", heartbeat_s=0.3, progress_interval_s=0.2)
-    headers = identity_headers(TENANT, ("read", "write"))   # signed with this stack's secret
+    signed = IdentityAuth(TENANT, ("read", "write"))   # each request signed with this stack's secret
 
     async with platform(build_registry, build_scheduler, lambda: build_agent(agent), build_metering) as p:
         good = await register(p, "ftjob-merge-good", adapter, sha)
@@ -120,12 +120,12 @@ async def test_merged_weights_through_the_queue_cached_billed_and_failing_on_a_c
                                       "adapter_model.safetensors", b"not the adapter")
 
         async with httpx.AsyncClient(base_url=p.url("registry"), timeout=30) as reg:
-            first = (await reg.post(f"/v1/models/{good}/merged", headers=headers)).json()
+            first = (await reg.post(f"/v1/models/{good}/merged", auth=signed)).json()
             assert first.get("status") == "requested", first
-            assert (await reg.post(f"/v1/models/{bad}/merged", headers=headers)).json()["status"] == "requested"
+            assert (await reg.post(f"/v1/models/{bad}/merged", auth=signed)).json()["status"] == "requested"
 
             async def answered(model_id: str):
-                view = (await reg.get(f"/v1/models/{model_id}/merged", headers=headers)).json()
+                view = (await reg.get(f"/v1/models/{model_id}/merged", auth=signed)).json()
                 return view if view["status"] != "requested" else None
 
             done = await wait_until(lambda: answered(good), 180, "merge succeeded")  # a child process importing torch
@@ -134,7 +134,7 @@ async def test_merged_weights_through_the_queue_cached_billed_and_failing_on_a_c
             assert done["merge_job_id"] == merge_job
 
             # cached: a second request answers the same merge, no second command, no second job
-            again = (await reg.post(f"/v1/models/{good}/merged", headers=headers)).json()
+            again = (await reg.post(f"/v1/models/{good}/merged", auth=signed)).json()
             assert again["id"] == done["id"] and again["status"] == "succeeded" and again["merge_job_id"] == merge_job
             commands = [e for e in await outbox(p["registry"], "model.merge_requested")
                         if e["payload"]["model_id"] == good]
@@ -169,16 +169,16 @@ async def test_merged_weights_through_the_queue_cached_billed_and_failing_on_a_c
             assert failed["status"] == "failed" and "adapter_corrupted" in failed["error"], failed
             assert "does not match its sha256" in failed["error"] and failed["files"] == []
             # asked again after the failure: a new merge under a new id (so a new job), not the failed answer
-            retried = (await reg.post(f"/v1/models/{bad}/merged", headers=headers)).json()
+            retried = (await reg.post(f"/v1/models/{bad}/merged", auth=signed)).json()
             assert retried["status"] == "requested" and retried["id"] == f"merge-{bad}~2", retried
             commands = [e["payload"]["merge_id"] for e in await outbox(p["registry"], "model.merge_requested")
                         if e["payload"]["model_id"] == bad]
             assert sorted(commands) == [f"merge-{bad}", f"merge-{bad}~2"]
 
         async with httpx.AsyncClient(base_url=p.url("scheduler"), timeout=30) as sch:
-            job = (await sch.get(f"/v1/fine_tuning/jobs/{merge_job}", headers=headers)).json()
+            job = (await sch.get(f"/v1/fine_tuning/jobs/{merge_job}", auth=signed)).json()
             assert job["status"] == "succeeded" and job["method"]["whetstone"]["method"] == "merge", job
-            bad_job = (await sch.get(f"/v1/fine_tuning/jobs/{failed['merge_job_id']}", headers=headers)).json()
+            bad_job = (await sch.get(f"/v1/fine_tuning/jobs/{failed['merge_job_id']}", auth=signed)).json()
             assert bad_job["status"] == "failed" and bad_job["error"]["code"] == "adapter_corrupted", bad_job
             assert bad_job["error"]["error_class"] == "platform"
 

@@ -10,7 +10,7 @@ import pytest
 
 from whetstone.contracts import CheckpointRef, JobFailedV1, JobPreemptedV1, JobStartedV1, UsageMeteredV1
 from whetstone.metering.bootstrap import build_service as metering
-from whetstone.runtime.identity import identity_headers
+from whetstone.runtime.identity import IdentityAuth
 from whetstone.devstack.testing import consume_all, send_event, wait_until
 from whetstone.scheduler.bootstrap import build_service as scheduler
 
@@ -63,7 +63,7 @@ async def test_quota_usage_follows_the_ledger_through_segments_totals_and_later_
 
         # the operator charges it after the job closed: reversals and new charges reach the quota too
         r = await c.post(f"/v1/usage/jobs/{job}/review", json={"decision": "charge", "note": "user OOM"},
-                         headers=identity_headers("platform", ("admin",), key_id="ops"))
+                         auth=IdentityAuth("platform", ("admin",), key_id="ops"))
         assert r.status_code == 200, r.text
         charged = await ledger_sums(meter)
         assert charged[1] > held[1] and charged[0] == 30 * 60 + 2 * 3600

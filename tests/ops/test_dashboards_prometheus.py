@@ -28,7 +28,7 @@ from whetstone.devstack.job_flow import create_and_follow
 from whetstone.contracts import DatasetSubmittedV1
 from whetstone.devstack.testing import send, send_event, wait_until
 from whetstone.modelkit.tiny import build_tiny_model
-from whetstone.runtime.identity import identity_headers
+from whetstone.runtime.identity import IdentityAuth
 
 pytestmark = pytest.mark.integration
 ROOT = Path(__file__).resolve().parents[2]
@@ -182,7 +182,7 @@ async def test_every_dashboard_panel_has_data_from_a_real_workload(settings, whe
         await send(bootstrap, "dataset.submitted", b"{not json", key="poison")
         async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{ports['scheduler']}", timeout=30) as c:
             r = await c.post("/v1/fine_tuning/jobs", json={"model": "no-such-model", "training_file": "ds-missing"},
-                             headers={**identity_headers("demo"), "Idempotency-Key": "refused-1"})
+                             auth=IdentityAuth("demo"), headers={"Idempotency-Key": "refused-1"})
             assert 400 <= r.status_code < 500, r.text
         body = {"model": "tiny-llama", "training_file": dataset_id, "method": "lora",
                 "hyperparameters": {"n_epochs": 1, "learning_rate": 2e-3, "batch_size": 8, "max_seq_len": 256,

@@ -2,6 +2,7 @@
 cross-topic reordering, refunds as append-only corrections, reviews, anomalies,
 tenant usage, metrics and audit."""
 
+import time
 from datetime import UTC, datetime, timedelta
 from decimal import Decimal
 
@@ -17,7 +18,7 @@ from whetstone.metering.bootstrap import build_service
 from whetstone.metering.domain.billing import Charge
 from whetstone.metering.domain.kinds import EntryKind, Outcome
 from whetstone.metering.domain.ledger import Entry
-from whetstone.runtime.identity import identity_headers
+from whetstone.runtime.identity import IdentityAuth
 from whetstone.devstack.testing import outbox, send, send_event, wait_until
 
 pytestmark = pytest.mark.integration
@@ -97,23 +98,24 @@ async def test_a_preempted_and_resumed_job_is_billed_once_per_segment_and_once_i
         assert await rt.pool.fetchval("SELECT count(*) FROM inbox") == 5
 
         async with httpx.AsyncClient(base_url=p.url("metering")) as c:
-            usage = (await c.get(f"/v1/usage/jobs/{job}", headers=identity_headers(T))).json()
+            usage = (await c.get(f"/v1/usage/jobs/{job}", auth=IdentityAuth(T))).json()
             assert usage["total"]["cost"] == pytest.approx(7.8) and usage["total"]["charge_class"] == "charged"
             assert usage["total"]["billable_gpu_seconds"] == 45 * 60 * 2 + 7200 and len(usage["lines"]) == 2
-            assert (await c.get(f"/v1/usage/jobs/{job}", headers=identity_headers("acme"))).status_code == 404
+            assert (await c.get(f"/v1/usage/jobs/{job}", auth=IdentityAuth("acme"))).status_code == 404
             # only a signed identity counts: a tenant header or a forged signature is refused
             assert (await c.get(f"/v1/usage/jobs/{job}", headers={"X-Tenant-Id": T})).status_code == 401
-            forged = {**identity_headers(T), "X-Whetstone-Signature": "0" * 64}
+            forged = {"X-Whetstone-Identity": f"tenant={T};key=k;scopes=read;ts={int(time.time())}",
+                      "X-Whetstone-Signature": "0" * 64}
             refused = await c.get(f"/v1/usage/jobs/{job}", headers=forged)
             assert refused.status_code == 401 and refused.json()["error"]["code"] == "invalid_identity"
-            assert (await c.get("/v1/usage/anomalies", headers=identity_headers(T))).status_code == 403
-            audit = (await c.get(f"/v1/usage/lines/{s1['id']}/events", headers=identity_headers(T))).json()
+            assert (await c.get("/v1/usage/anomalies", auth=IdentityAuth(T))).status_code == 403
+            audit = (await c.get(f"/v1/usage/lines/{s1['id']}/events", auth=IdentityAuth(T))).json()
             assert [e["event_type"] for e in audit["events"]] == ["job.started", "job.preempted"]
-            audit = (await c.get(f"/v1/usage/lines/{total['id']}/events", headers=identity_headers(T))).json()
+            audit = (await c.get(f"/v1/usage/lines/{total['id']}/events", auth=IdentityAuth(T))).json()
             assert sorted(e["event_type"] for e in audit["events"]) == [
                 "job.completed", "job.preempted", "job.queued", "job.started", "job.started"]
             month = (await c.get(f"/v1/usage/tenants/{T}", params={"month": "2026-11"},
-                                 headers=identity_headers(T))).json()
+                                 auth=IdentityAuth(T))).json()
             assert (month["jobs"], month["succeeded"], month["success_rate"]) == (1, 1, 1.0)
             assert month["spend"] == pytest.approx(7.8) and month["gpu_hours"] == pytest.approx(4.0)
             assert month["by_gpu_type"][0]["gpu_type"] == "A100"
@@ -167,22 +169,22 @@ async def test_an_ambiguous_failure_is_held_for_review_until_an_operator_decides
         await send_event(b, failed(job, "s1", T0 + timedelta(hours=2), "ambiguous"), T)
         await wait_until(lambda: closed(rt, job), 30, "the job total")
         async with httpx.AsyncClient(base_url=p.url("metering")) as c:
-            usage = (await c.get(f"/v1/usage/jobs/{job}", headers=identity_headers(T))).json()
+            usage = (await c.get(f"/v1/usage/jobs/{job}", auth=IdentityAuth(T))).json()
             assert usage["total"]["charge_class"] == "review" and usage["total"]["cost"] == 0
             assert usage["total"]["list_cost"] == pytest.approx(10.0)
-            held = (await c.get("/v1/usage/reviews", headers=identity_headers("platform", ("admin",), key_id="ops"))).json()["data"]
+            held = (await c.get("/v1/usage/reviews", auth=IdentityAuth("platform", ("admin",), key_id="ops"))).json()["data"]
             assert held == [{"job_id": job, "tenant_id": T, "segments": 1, "held_usd": 10.0}]
             r = await c.post(f"/v1/usage/jobs/{job}/review", json={"decision": "charge", "note": "user OOM"},
-                             headers=identity_headers("platform", ("admin",), key_id="ops"))
+                             auth=IdentityAuth("platform", ("admin",), key_id="ops"))
             assert r.status_code == 200, r.text
             again = await c.post(f"/v1/usage/jobs/{job}/review", json={"decision": "refund"},
-                                 headers=identity_headers("platform", ("admin",), key_id="ops"))
+                                 auth=IdentityAuth("platform", ("admin",), key_id="ops"))
             assert again.status_code == 409
-            usage = (await c.get(f"/v1/usage/jobs/{job}", headers=identity_headers(T))).json()
+            usage = (await c.get(f"/v1/usage/jobs/{job}", auth=IdentityAuth(T))).json()
             assert usage["total"]["charge_class"] == "charged" and usage["total"]["cost"] == pytest.approx(10.0)
             assert usage["total"]["corrected_after_close"] is True
             line = usage["lines"][0]
-            audit = (await c.get(f"/v1/usage/lines/{line['id']}/events", headers=identity_headers(T))).json()
+            audit = (await c.get(f"/v1/usage/lines/{line['id']}/events", auth=IdentityAuth(T))).json()
             assert [e["event_type"] for e in audit["events"]][-1] == "usage.reviewed"
 
 
@@ -223,7 +225,7 @@ async def test_bad_input_is_an_anomaly_never_a_charge_and_never_stops_the_consum
         cost = await rt.pool.fetchval("SELECT sum(cost) FROM ledger WHERE job_id = 'j-unknown' AND scope = 'segment'")
         assert float(cost) == pytest.approx(0.8)
         async with httpx.AsyncClient(base_url=p.url("metering")) as c:
-            listed = (await c.get("/v1/usage/anomalies", headers=identity_headers("platform", ("admin",), key_id="ops"))).json()["data"]
+            listed = (await c.get("/v1/usage/anomalies", auth=IdentityAuth("platform", ("admin",), key_id="ops"))).json()["data"]
             assert {a["code"] for a in listed} == set(found.values()) - {"unknown_job"}
 
 
@@ -255,7 +257,7 @@ async def test_a_node_lost_segment_is_a_refund_with_its_basis_and_a_forged_tenan
             "whetstone_refused_total", {"service": "metering", "reason": "tenant_mismatch"}) == 1
         async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{rt.http.port}") as c:
             month = (await c.get(f"/v1/usage/tenants/{T}", params={"month": "2026-11"},
-                                 headers=identity_headers(T))).json()
+                                 auth=IdentityAuth(T))).json()
         assert month["refunded"] == pytest.approx(float(s1["list_cost"])) and month["spend"] == 0
 
 

@@ -16,15 +16,16 @@ from whetstone.contracts import CheckpointWrittenV1, EvalCompletedV1, JobQueuedV
 from whetstone.devstack.testing import send_event, wait_until
 from whetstone.registry.domain.stages import model_id_for
 from whetstone.runtime.checkpoints import upload_checkpoint
-from whetstone.runtime.identity import identity_headers
+from whetstone.runtime.identity import IdentityAuth
 
 BASE = "tiny-llama"
 BASE_SHA = "a" * 64
 CHAT_TEMPLATE = "{% for m in messages %}<|{{ m.role }}|>{{ m.content }}{% endfor %}"
 
 
-def headers(tenant: str = "demo", *scopes: str) -> dict[str, str]:
-    return identity_headers(tenant, scopes or ("read", "write"))
+def auth(tenant: str = "demo", *scopes: str) -> IdentityAuth:
+    """Each request signed as the gateway signs it for `tenant` with `scopes` (default read + write)."""
+    return IdentityAuth(tenant, scopes or ("read", "write"))
 
 
 def upload_artifact(store, tenant: str, job_id: str, extra: dict[str, bytes] | None = None,

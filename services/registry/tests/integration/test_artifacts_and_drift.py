@@ -26,7 +26,7 @@ async def test_download_verifies_every_file_and_merged_weights_come_from_a_job(p
         model = await kit.register(p, "ftjob-dl", extra={"training_args.bin": b"pickle!",
                                                          "processor_config.json": processor})
         async with httpx.AsyncClient(base_url=p.url("registry")) as c:
-            r = await c.get(f"/v1/models/{model}/content", headers=kit.headers("demo"))
+            r = await c.get(f"/v1/models/{model}/content", auth=kit.auth("demo"))
             assert r.status_code == 200, r.text
             body = r.json()
             names = [f["name"] for f in body["files"]]
@@ -46,16 +46,16 @@ async def test_download_verifies_every_file_and_merged_weights_come_from_a_job(p
                         assert config["base_model_name_or_path"] == kit.BASE and config["peft_type"] == "LORA"
             # someone overwrites the adapter in S3: nothing is served
             rt.store.put_bytes("tenants/demo/jobs/ftjob-dl/checkpoints/final/adapter_model.safetensors", b"evil")
-            r = await c.get(f"/v1/models/{model}/download", headers=kit.headers("demo"))
+            r = await c.get(f"/v1/models/{model}/download", auth=kit.auth("demo"))
             assert r.status_code == 409 and r.json()["error"]["code"] == "artifact_corrupted"
             assert "adapter_model.safetensors" in r.json()["error"]["message"]
 
             # merged weights: recorded, asked of the queue, served once a merge job answered
-            r = await c.get(f"/v1/models/{model}/merged", headers=kit.headers("demo"))
+            r = await c.get(f"/v1/models/{model}/merged", auth=kit.auth("demo"))
             assert r.status_code == 404 and r.json()["error"]["code"] == "merge_not_requested"
-            r = await c.post(f"/v1/models/{model}/merged", headers=kit.headers("demo"))
+            r = await c.post(f"/v1/models/{model}/merged", auth=kit.auth("demo"))
             assert r.status_code == 200 and r.json()["status"] == "requested"
-            again = await c.post(f"/v1/models/{model}/merged", headers=kit.headers("demo"))
+            again = await c.post(f"/v1/models/{model}/merged", auth=kit.auth("demo"))
             assert again.json()["id"] == r.json()["id"]
             requested = await outbox(rt, "model.merge_requested")
             assert len(requested) == 1 and requested[0]["payload"]["model_id"] == model
@@ -69,7 +69,7 @@ async def test_download_verifies_every_file_and_merged_weights_come_from_a_job(p
                        "config.json": hashlib.sha256(b"{}").hexdigest()}, merge_job_id="ftjob-merge-1"), "demo")
 
             async def merged():
-                v = (await c.get(f"/v1/models/{model}/merged", headers=kit.headers("demo"))).json()
+                v = (await c.get(f"/v1/models/{model}/merged", auth=kit.auth("demo"))).json()
                 return v if v["status"] == "succeeded" else None
             view = await wait_until(merged, 30, "merge answer")
             assert view["merge_job_id"] == "ftjob-merge-1"
@@ -102,27 +102,27 @@ async def test_new_base_sha_requires_reeval_before_the_fleet_moves(platform, kit
         rt = p["registry"]
         prod = await kit.register(p, "ftjob-prod")
         other = await kit.register(p, "ftjob-acme", tenant="acme", suffix="x")
-        admin = kit.headers("platform", "admin")
+        admin = kit.auth("platform", "admin")
         async with httpx.AsyncClient(base_url=p.url("registry")) as c:
             r = await c.post(f"/v1/models/{prod}/promote", json={"stage": "production", "reason": "go"},
-                             headers=kit.headers("demo", *PROMOTER))
+                             auth=kit.auth("demo", *PROMOTER))
             assert r.status_code == 200
-            catalog = (await c.get(f"/v1/base_models/{kit.BASE}", headers=admin)).json()
+            catalog = (await c.get(f"/v1/base_models/{kit.BASE}", auth=admin)).json()
             assert catalog["sha256"] == kit.BASE_SHA and len(catalog["versions"]) == 1
-            check = (await c.get(f"/v1/base_models/{kit.BASE}/rollout-check", headers=admin)).json()
+            check = (await c.get(f"/v1/base_models/{kit.BASE}/rollout-check", auth=admin)).json()
             assert check["may_roll_out"] and check["checked"] == 0
 
             new_sha = "b" * 64
             r = await c.post(f"/v1/base_models/{kit.BASE}/versions", json={"sha256": new_sha, "reason": "upstream fix"},
-                             headers=kit.headers("demo", *PROMOTER))
+                             auth=kit.auth("demo", *PROMOTER))
             assert r.status_code == 403
-            r = await c.post(f"/v1/base_models/{kit.BASE}/versions", json={"sha256": "nope"}, headers=admin)
+            r = await c.post(f"/v1/base_models/{kit.BASE}/versions", json={"sha256": "nope"}, auth=admin)
             assert r.status_code == 400 and r.json()["error"]["param"] == "sha256"
             r = await c.post(f"/v1/base_models/{kit.BASE}/versions", json={"sha256": new_sha, "reason": "upstream fix"},
-                             headers=admin)
+                             auth=admin)
             assert r.status_code == 200, r.text
             assert sorted(r.json()["needs_reeval"]) == sorted([prod, other])
-            r = await c.post(f"/v1/base_models/{kit.BASE}/versions", json={"sha256": new_sha}, headers=admin)
+            r = await c.post(f"/v1/base_models/{kit.BASE}/versions", json={"sha256": new_sha}, auth=admin)
             assert r.status_code == 409 and r.json()["error"]["code"] == "already_current"
 
             updated = await outbox(rt, "base_model.updated")
@@ -132,16 +132,16 @@ async def test_new_base_sha_requires_reeval_before_the_fleet_moves(platform, kit
             assert set(asks) == {prod, other} and asks[other]["tenant_id"] == "acme"
             assert asks[prod]["payload"]["base_model_sha256"] == new_sha
 
-            view = (await c.get(f"/v1/models/{prod}", headers=kit.headers("demo"))).json()
+            view = (await c.get(f"/v1/models/{prod}", auth=kit.auth("demo"))).json()
             assert view["needs_reeval"] and view["stage"] == "production"
             r = await c.post(f"/v1/models/{other}/promote", json={"stage": "production", "reason": "x"},
-                             headers=kit.headers("acme", *PROMOTER))
+                             auth=kit.auth("acme", *PROMOTER))
             assert r.status_code == 409 and r.json()["error"]["code"] == "needs_reeval"
-            check = (await c.get(f"/v1/base_models/{kit.BASE}/rollout-check", headers=admin)).json()
+            check = (await c.get(f"/v1/base_models/{kit.BASE}/rollout-check", auth=admin)).json()
             assert not check["may_roll_out"] and [b["model_id"] for b in check["blockers"]] == [prod]
             assert check["blockers"][0]["reeval_status"] == "requested"
             assert (await c.get(f"/v1/base_models/{kit.BASE}/rollout-check",
-                                headers=kit.headers("demo", *PROMOTER))).status_code == 403
+                                auth=kit.auth("demo", *PROMOTER))).status_code == 403
 
             # eval answers the command: a failure keeps blocking, a pass unblocks
             ask = asks[prod]["payload"]
@@ -150,9 +150,9 @@ async def test_new_base_sha_requires_reeval_before_the_fleet_moves(platform, kit
                 metrics=[], request_id=ask["request_id"], base_model_sha256=new_sha), "demo", times=2)
 
             async def unblocked():
-                return (await c.get(f"/v1/base_models/{kit.BASE}/rollout-check", headers=admin)).json()["may_roll_out"]
+                return (await c.get(f"/v1/base_models/{kit.BASE}/rollout-check", auth=admin)).json()["may_roll_out"]
             await wait_until(unblocked, 30, "rollout check to pass")
-            assert not (await c.get(f"/v1/models/{prod}", headers=kit.headers("demo"))).json()["needs_reeval"]
+            assert not (await c.get(f"/v1/models/{prod}", auth=kit.auth("demo"))).json()["needs_reeval"]
 
 
 async def test_downloads_through_the_public_api_when_the_object_store_is_out_of_reach(platform, kit, monkeypatch):
@@ -164,18 +164,18 @@ async def test_downloads_through_the_public_api_when_the_object_store_is_out_of_
         rt = p["registry"]
         model = await kit.register(p, "ftjob-public-dl")
         async with httpx.AsyncClient(base_url=p.url("registry")) as c:
-            body = (await c.get(f"/v1/models/{model}/content", headers=kit.headers("demo"))).json()
+            body = (await c.get(f"/v1/models/{model}/content", auth=kit.auth("demo"))).json()
             assert {f["name"] for f in body["files"]} >= {"adapter_model.safetensors", "adapter_config.json"}
             for f in body["files"]:
                 assert f["url"] == f"{public}/v1/models/{model}/files/{f['name']}", f["url"]
                 path = f["url"].removeprefix(public)
-                r = await c.get(path, headers=kit.headers("demo"))
+                r = await c.get(path, auth=kit.auth("demo"))
                 assert r.status_code == 200 and hashlib.sha256(r.content).hexdigest() == f["sha256"], f["name"]
             weights = f"/v1/models/{model}/files/adapter_model.safetensors"
             assert (await c.get(weights)).status_code == 401                          # a key is required
-            assert (await c.get(weights, headers=kit.headers("acme"))).status_code == 404   # another tenant's
-            r = await c.get(f"/v1/models/{model}/files/training_args.bin", headers=kit.headers("demo"))
+            assert (await c.get(weights, auth=kit.auth("acme"))).status_code == 404   # another tenant's
+            r = await c.get(f"/v1/models/{model}/files/training_args.bin", auth=kit.auth("demo"))
             assert r.status_code == 404 and r.json()["error"]["code"] == "file_not_found"
             rt.store.put_bytes("tenants/demo/jobs/ftjob-public-dl/checkpoints/final/adapter_model.safetensors", b"evil")
-            r = await c.get(weights, headers=kit.headers("demo"))
+            r = await c.get(weights, auth=kit.auth("demo"))
             assert r.status_code == 409 and r.json()["error"]["code"] == "artifact_corrupted"

@@ -28,8 +28,8 @@ async def test_lifecycle_promote_replace_rollback_archive(platform, kit):
         bad = await kit.register(p, "ftjob-bad", verdict="failed")
         alone = await kit.register(p, "ftjob-alone", suffix="other")
         async with httpx.AsyncClient(base_url=p.url("registry")) as c:
-            writer, promoter = kit.headers("demo"), kit.headers("demo", *PROMOTER)
-            view = (await c.get(f"/v1/models/{v1}", headers=writer)).json()
+            writer, promoter = kit.auth("demo"), kit.auth("demo", *PROMOTER)
+            view = (await c.get(f"/v1/models/{v1}", auth=writer)).json()
             assert view["object"] == "model" and view["owned_by"] == "demo" and view["stage"] == "staging"
             assert [h["to_stage"] for h in view["stage_history"]] == ["dev", "staging"]
             lineage = view["lineage"]
@@ -47,48 +47,48 @@ async def test_lifecycle_promote_replace_rollback_archive(platform, kit):
             assert lock["packages"] == lineage["environment"]["packages"]
 
             # production needs an approval: a writer with thin eval margins is refused
-            r = await c.post(f"/v1/models/{v1}/promote", json={"stage": "production", "reason": "go"}, headers=writer)
+            r = await c.post(f"/v1/models/{v1}/promote", json={"stage": "production", "reason": "go"}, auth=writer)
             assert r.status_code == 403 and r.json()["error"]["code"] == "approval_required"
-            reader = kit.headers("demo", "read")
-            r = await c.post(f"/v1/models/{v1}/promote", json={"stage": "production", "reason": "go"}, headers=reader)
+            reader = kit.auth("demo", "read")
+            r = await c.post(f"/v1/models/{v1}/promote", json={"stage": "production", "reason": "go"}, auth=reader)
             assert r.status_code == 403 and "models:promote" in r.json()["error"]["message"], r.json()
             # the models:promote scope alone is enough
-            only_promote = kit.headers("demo", "models:promote")
+            only_promote = kit.auth("demo", "models:promote")
             r = await c.post(f"/v1/models/{v1}/promote", json={"stage": "production", "reason": "go"},
-                             headers=only_promote)
+                             auth=only_promote)
             assert r.status_code == 200 and r.json()["stage"] == "production", r.json()
             assert r.json()["stage_history"][-1]["approval"] == "manual"
             # v2 replaces v1 in the same transaction
-            r = await c.post(f"/v1/models/{v2}/promote", json={"stage": "production", "reason": "v2"}, headers=promoter)
+            r = await c.post(f"/v1/models/{v2}/promote", json={"stage": "production", "reason": "v2"}, auth=promoter)
             assert r.status_code == 200
             stages = dict(await rt.pool.fetch("SELECT model_id, stage FROM models WHERE model_id = ANY($1)", [v1, v2]))
             assert stages == {v1: "archived", v2: "production"}
             # rollback: v1 back, v2 archived, in one step
-            r = await c.post(f"/v1/models/{v2}/rollback", json={"reason": "bad answers"}, headers=promoter)
+            r = await c.post(f"/v1/models/{v2}/rollback", json={"reason": "bad answers"}, auth=promoter)
             assert r.status_code == 200 and (r.json()["model_id"], r.json()["stage"]) == (v1, "production")
-            assert (await c.get(f"/v1/models/{v2}", headers=writer)).json()["stage"] == "archived"
+            assert (await c.get(f"/v1/models/{v2}", auth=writer)).json()["stage"] == "archived"
             # bad input
-            r = await c.post(f"/v1/models/{v1}/rollback", json={"reason": "x"}, headers=writer)
+            r = await c.post(f"/v1/models/{v1}/rollback", json={"reason": "x"}, auth=writer)
             assert r.status_code == 403 and r.json()["error"]["code"] == "insufficient_scope"
-            r = await c.post(f"/v1/models/{alone}/promote", json={"stage": "production", "reason": "x"}, headers=promoter)
-            r = await c.post(f"/v1/models/{alone}/rollback", json={"reason": "x"}, headers=promoter)
+            r = await c.post(f"/v1/models/{alone}/promote", json={"stage": "production", "reason": "x"}, auth=promoter)
+            r = await c.post(f"/v1/models/{alone}/rollback", json={"reason": "x"}, auth=promoter)
             assert r.status_code == 409 and r.json()["error"]["code"] == "no_previous_version"
             assert r.headers["x-should-retry"] == "false"
-            r = await c.post(f"/v1/models/{bad}/promote", json={"stage": "production", "reason": "x"}, headers=promoter)
+            r = await c.post(f"/v1/models/{bad}/promote", json={"stage": "production", "reason": "x"}, auth=promoter)
             assert r.status_code == 409 and r.json()["error"]["code"] == "model_quarantined"
-            r = await c.post(f"/v1/models/{v1}/promote", json={"stage": "prod", "reason": "x"}, headers=promoter)
+            r = await c.post(f"/v1/models/{v1}/promote", json={"stage": "prod", "reason": "x"}, auth=promoter)
             assert r.status_code == 400 and r.json()["error"]["param"] == "stage"
             for path in (f"/v1/models/{v1}", f"/v1/models/{v1}/content"):
-                r = await c.get(path, headers=kit.headers("acme", *PROMOTER))
+                r = await c.get(path, auth=kit.auth("acme", *PROMOTER))
                 assert r.status_code == 404 and r.json()["error"]["code"] == "model_not_found"
             r = await c.post(f"/v1/models/{v1}/promote", json={"stage": "archived", "reason": "x"},
-                             headers=kit.headers("acme", *PROMOTER))
+                             auth=kit.auth("acme", *PROMOTER))
             assert r.status_code == 404
             assert (await c.get("/v1/models")).status_code == 401
             # archiving production needs the promote scope
-            r = await c.post(f"/v1/models/{v1}/archive", json={"reason": "x"}, headers=writer)
+            r = await c.post(f"/v1/models/{v1}/archive", json={"reason": "x"}, auth=writer)
             assert r.status_code == 403
-            r = await c.post(f"/v1/models/{bad}/archive", json={"reason": "cleanup"}, headers=writer)
+            r = await c.post(f"/v1/models/{bad}/archive", json={"reason": "cleanup"}, auth=writer)
             assert r.status_code == 200 and r.json()["stage"] == "archived"
 
         # history rows == events, and the history is insert-only
@@ -118,13 +118,13 @@ async def test_auto_promotion_openai_client_and_a_promotion_race(platform, kit):
         async with httpx.AsyncClient(base_url=p.url("registry")) as c:
             # a writer without the promote scope: the auto-promotion policy approves wide margins
             r = await c.post(f"/v1/models/{auto}/promote", json={"stage": "production", "reason": "auto"},
-                             headers=kit.headers("demo"))
+                             auth=kit.auth("demo"))
             assert r.status_code == 200, r.text
             assert r.json()["stage_history"][-1]["approval"] == "auto"
 
             async def go(model_id):
                 return await c.post(f"/v1/models/{model_id}/promote", json={"stage": "production", "reason": "race"},
-                                    headers=kit.headers("demo", *PROMOTER))
+                                    auth=kit.auth("demo", *PROMOTER))
             results = await asyncio.gather(go(first), go(second), go(second))
         codes = sorted(r.status_code for r in results)
         assert codes == [200, 200, 409], [r.text for r in results]
@@ -132,7 +132,7 @@ async def test_auto_promotion_openai_client_and_a_promotion_race(platform, kit):
                                       " AND name = 'ft:tiny-llama:demo:support'") == 1
 
         client = AsyncOpenAI(base_url=p.url("registry") + "/v1", api_key="unused",
-                             default_headers=kit.headers("demo", *PROMOTER), max_retries=0)
+                             http_client=httpx.AsyncClient(auth=kit.auth("demo", *PROMOTER), timeout=60), max_retries=0)
         # OpenAI's ids: a version is listed, retrieved and deleted by its job's `fine_tuned_model`; the
         # internal id stays a field (and still resolves); the platform's bases follow the tenant's models
         listed = await client.models.list()

@@ -151,20 +151,20 @@ async def test_registry_hands_promotions_and_rollbacks_to_the_fleet(platform, ki
             "SELECT approval FROM stage_history WHERE model_id = $1 AND to_stage = 'production'", auto)
         assert approval == "auto"
         await wait_until(lambda: _loaded(vllm_server, "ft:tiny-llama:demo:auto", auto), 30, "auto-promoted in vLLM")
-        promoter = kit.headers("demo", "read", "write", "models:promote")
+        promoter = kit.auth("demo", "read", "write", "models:promote")
         name = "ft:tiny-llama:demo:support"
 
         async def serving(model_id):
             path = vllm_server.loaded.get(name)
             return path is not None and path.endswith(model_id)
         async with httpx.AsyncClient(base_url=p.url("registry")) as c:
-            await c.post(f"/v1/models/{v1}/promote", json={"stage": "production", "reason": "go"}, headers=promoter)
+            await c.post(f"/v1/models/{v1}/promote", json={"stage": "production", "reason": "go"}, auth=promoter)
             await wait_until(lambda: serving(v1), 30, "v1 loaded in vLLM")
             config = json.loads((tmp_path / "loras" / v1 / "adapter_config.json").read_text())
             assert config["base_model_name_or_path"] == kit.BASE and config["peft_type"] == "LORA"
-            await c.post(f"/v1/models/{v2}/promote", json={"stage": "production", "reason": "go"}, headers=promoter)
+            await c.post(f"/v1/models/{v2}/promote", json={"stage": "production", "reason": "go"}, auth=promoter)
             await wait_until(lambda: serving(v2), 30, "v2 swapped in")
-            await c.post(f"/v1/models/{v2}/rollback", json={"reason": "bad"}, headers=promoter)
+            await c.post(f"/v1/models/{v2}/rollback", json={"reason": "bad"}, auth=promoter)
             await wait_until(lambda: serving(v1), 30, "rollback in vLLM")
 
 

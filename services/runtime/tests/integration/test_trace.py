@@ -10,7 +10,7 @@ import pytest
 
 from whetstone.contracts import JobProgressV1, ModelPromotedV1
 from whetstone.devstack.testing import send, send_event, wait_until
-from whetstone.runtime.identity import identity_headers, internal_headers
+from whetstone.runtime.identity import IdentityAuth, InternalAuth
 from whetstone.runtime.service import Service
 
 pytestmark = pytest.mark.integration
@@ -43,7 +43,7 @@ async def test_each_service_answers_its_deliveries_of_a_job(settings, platform):
 
         async with httpx.AsyncClient(timeout=10) as c:
             async def rows(svc: str, n: int, **params):
-                r = await c.get(p.url(svc) + "/internal/trace", params=params, headers=internal_headers())
+                r = await c.get(p.url(svc) + "/internal/trace", params=params, auth=InternalAuth())
                 assert r.status_code == 200, r.text
                 data = r.json()["data"]
                 return data if len(data) >= n else None
@@ -63,19 +63,19 @@ async def test_each_service_answers_its_deliveries_of_a_job(settings, platform):
 
             # a tenant's admin sees its own deliveries only
             r = await c.get(p.url("one") + "/internal/trace", params={"job_id": "ftjob-" + "b" * 24},
-                            headers=identity_headers("demo", ("admin",)))
+                            auth=IdentityAuth("demo", ("admin",)))
             assert r.status_code == 200 and r.json()["data"] == []
             r = await c.get(p.url("one") + "/internal/trace", params={"job_id": "ftjob-" + "b" * 24},
-                            headers=identity_headers("other", ("admin",)))
+                            auth=IdentityAuth("other", ("admin",)))
             assert [d["tenant_id"] for d in r.json()["data"]] == ["other"]
             # bad queries
-            r = await c.get(p.url("one") + "/internal/trace", headers=internal_headers())
+            r = await c.get(p.url("one") + "/internal/trace", auth=InternalAuth())
             assert r.status_code == 400 and r.json()["error"]["param"] == "job_id"
             r = await c.get(p.url("one") + "/internal/trace", params={"job_id": JOB},
-                            headers=identity_headers("demo", ("read", "write")))
+                            auth=IdentityAuth("demo", ("read", "write")))
             assert r.status_code == 403
             r = await c.get(p.url("one") + "/internal/trace", params={"job_id": JOB})
             assert r.status_code == 401
             r = await c.get(p.url("one") + "/internal/trace", params={"job_id": "x" * 500},
-                            headers=internal_headers())
+                            auth=InternalAuth())
             assert 400 <= r.status_code < 500 and "job_id" in r.text

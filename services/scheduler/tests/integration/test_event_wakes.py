@@ -10,7 +10,7 @@ import openai
 import pytest
 from whetstone.contracts import DatasetValidatedV1
 from whetstone.devstack.testing import send_event, wait_until
-from whetstone.runtime.identity import identity_headers
+from whetstone.runtime.identity import IdentityAuth
 from whetstone.scheduler.entrypoints.api import STREAM_FALLBACK_S
 from whetstone.scheduler.bootstrap import build_service
 
@@ -26,11 +26,11 @@ async def test_a_cancel_wakes_the_open_stream_at_once(platform, settings, tiny_m
             train_uri="s3://whetstone/tenants/demo/datasets/file-sft/train.jsonl"), "demo")
         await wait_until(lambda: rt.pool.fetchval("SELECT count(*) = 1 FROM datasets"), 30, "dataset")
         api = openai.AsyncOpenAI(base_url=p.url("scheduler") + "/v1", api_key="unused", max_retries=0,
-                                 default_headers=identity_headers("demo", ("read", "write")))
+                                 http_client=httpx.AsyncClient(auth=IdentityAuth("demo", ("read", "write")), timeout=60))
         job = await api.fine_tuning.jobs.create(model=tiny_model, training_file="file-sft")
         async with httpx.AsyncClient(base_url=p.url("scheduler"), timeout=30) as c, c.stream(
                 "GET", f"/v1/fine_tuning/jobs/{job.id}/events", params={"stream": "true"},
-                headers=identity_headers("demo")) as r:
+                auth=IdentityAuth("demo")) as r:
             lines = r.aiter_lines()
             while not (await anext(lines)).startswith("data: "):   # the stream's first look is done
                 pass

@@ -16,7 +16,7 @@ from whetstone.contracts import (
 )
 from whetstone.devstack.testing import consume_all, outbox, send_event, wait_until
 from whetstone.metering.bootstrap import build_service as metering
-from whetstone.runtime.identity import identity_headers as ident
+from whetstone.runtime.identity import IdentityAuth
 from whetstone.scheduler.adapters.probes import PROBES
 from whetstone.scheduler.adapters.store import JobStore
 
@@ -245,7 +245,7 @@ async def test_admission_refuses_what_it_can_know_and_fits_defaults_to_the_model
         view = await wait_until(failed, 30, "mismatch failure")
         assert view["error"]["param"] == "training_file" and view["error"]["code"] == "method_dataset_mismatch"
         assert not [e for e in await outbox(rt, "job.assigned") if e["payload"]["job_id"] == later["id"]]
-        assert (await c.get(f"/v1/fine_tuning/jobs/{later['id']}", headers=ident("demo"))).status_code == 200
+        assert (await c.get(f"/v1/fine_tuning/jobs/{later['id']}", auth=IdentityAuth("demo"))).status_code == 200
 
 
 async def test_a_job_whose_dataset_verdict_landed_unseen_is_queued_not_failed_as_the_users_error(platform, settings,

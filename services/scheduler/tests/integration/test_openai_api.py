@@ -15,7 +15,7 @@ from whetstone.contracts import (
     JobProgressV1, JobStartedV1, Lineage, ModelRegisteredV1, NodeHeartbeatV1,
 )
 from whetstone.devstack.testing import outbox, send_event, wait_until
-from whetstone.runtime.identity import identity_headers
+from whetstone.runtime.identity import IdentityAuth
 from whetstone.scheduler.bootstrap import build_service
 from whetstone.scheduler.config import SchedulerSettings
 
@@ -24,7 +24,7 @@ pytestmark = pytest.mark.integration
 
 def client(p, tenant: str) -> openai.AsyncOpenAI:
     return openai.AsyncOpenAI(base_url=p.url("scheduler") + "/v1", api_key="unused-on-a-service-port",
-                              default_headers=identity_headers(tenant, ("read", "write")), max_retries=0)
+                              http_client=httpx.AsyncClient(auth=IdentityAuth(tenant, ("read", "write")), timeout=60), max_retries=0)
 
 
 async def dataset(settings, dataset_id: str, purpose: str) -> None:
@@ -122,7 +122,7 @@ async def test_the_openai_client_drives_jobs_events_checkpoints_and_cancel(platf
         # live events as server-sent events, ending once the job is over
         async with httpx.AsyncClient(base_url=p.url("scheduler"), timeout=30) as c:
             async with c.stream("GET", f"/v1/fine_tuning/jobs/{sft.id}/events", params={"stream": "true"},
-                                headers=identity_headers("demo")) as r:
+                                auth=IdentityAuth("demo")) as r:
                 lines = [line async for line in r.aiter_lines() if line.startswith("data: ")]
         assert lines[-1] == "data: [DONE]" and json.loads(lines[0][6:])["message"].startswith("job created")
 

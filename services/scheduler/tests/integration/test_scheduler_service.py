@@ -13,7 +13,7 @@ from whetstone.contracts import (
     JobRequestedV1, JobStartedV1, NodeHeartbeatV1, ResourceRequest, UsageMeteredV1, job_id_for,
 )
 from whetstone.devstack.testing import outbox, producer_token, send_event, wait_until
-from whetstone.runtime.identity import identity_headers as ident
+from whetstone.runtime.identity import IdentityAuth
 from whetstone.scheduler.bootstrap import build_service
 from whetstone.scheduler.config import QuotaSettings, SchedulerSettings
 
@@ -45,12 +45,12 @@ async def node_and_dataset(settings, rt, node_id="n1", tenant="demo"):
 
 async def post(c, tenant, key, trace_id=None, **body):
     body = {"model": "tiny-llama", "training_file": "ds-1", **body}
-    headers = ident(tenant) | {"Idempotency-Key": key} | ({"X-Trace-Id": trace_id} if trace_id else {})
-    return await c.post("/v1/fine_tuning/jobs", json=body, headers=headers)
+    headers = {"Idempotency-Key": key} | ({"X-Trace-Id": trace_id} if trace_id else {})
+    return await c.post("/v1/fine_tuning/jobs", json=body, headers=headers, auth=IdentityAuth(tenant))
 
 
 async def get(c, tenant, job_id):
-    return (await c.get(f"/v1/fine_tuning/jobs/{job_id}", headers=ident(tenant))).json()
+    return (await c.get(f"/v1/fine_tuning/jobs/{job_id}", auth=IdentityAuth(tenant))).json()
 
 
 async def status_is(c, tenant, job_id, state):
@@ -93,7 +93,7 @@ async def test_tiny_job_on_the_cpu_node_queue_view_cancel_isolation_idempotency(
         # the estimated start comes from the scheduling loop's forecast, moments after the create
         b = await wait_until(lambda: _with_start(c, b["id"]), 30, "estimated start")
         assert b["queue_position"] == 1 and time.time() - 5 <= b["estimated_start_at"] <= time.time() + 120
-        events = (await c.get(f"/v1/fine_tuning/jobs/{a['id']}/events", headers=ident("demo"))).json()
+        events = (await c.get(f"/v1/fine_tuning/jobs/{a['id']}/events", auth=IdentityAuth("demo"))).json()
         assert any("assigned to cpu-1" in e["message"] for e in events["data"])
 
         # Stripe idempotency: same key same job; same key, other parameters: an error that says so
@@ -103,20 +103,20 @@ async def test_tiny_job_on_the_cpu_node_queue_view_cancel_isolation_idempotency(
         assert clash.status_code == 409 and "different parameters" in clash.json()["error"]["message"]
 
         # tenants see only their own jobs
-        assert (await c.get(f"/v1/fine_tuning/jobs/{a['id']}", headers=ident("acme"))).status_code == 404
-        assert (await c.get("/v1/fine_tuning/jobs", headers=ident("acme"))).json()["data"] == []
-        page1 = (await c.get("/v1/fine_tuning/jobs", params={"limit": 1}, headers=ident("demo"))).json()
+        assert (await c.get(f"/v1/fine_tuning/jobs/{a['id']}", auth=IdentityAuth("acme"))).status_code == 404
+        assert (await c.get("/v1/fine_tuning/jobs", auth=IdentityAuth("acme"))).json()["data"] == []
+        page1 = (await c.get("/v1/fine_tuning/jobs", params={"limit": 1}, auth=IdentityAuth("demo"))).json()
         page2 = (await c.get("/v1/fine_tuning/jobs", params={"limit": 1, "after": page1["last_id"]},
-                             headers=ident("demo"))).json()
+                             auth=IdentityAuth("demo"))).json()
         assert page1["has_more"] and not page2["has_more"]
         assert {page1["data"][0]["id"], page2["data"][0]["id"]} == {a["id"], b["id"]}
-        other = await c.post(f"/v1/fine_tuning/jobs/{b['id']}/cancel", headers=ident("acme"))
+        other = await c.post(f"/v1/fine_tuning/jobs/{b['id']}/cancel", auth=IdentityAuth("acme"))
         assert other.status_code == 404
 
-        cancelled = await c.post(f"/v1/fine_tuning/jobs/{b['id']}/cancel", headers=ident("demo"))
+        cancelled = await c.post(f"/v1/fine_tuning/jobs/{b['id']}/cancel", auth=IdentityAuth("demo"))
         assert cancelled.json()["status"] == "cancelled"
         assert (await c.post(f"/v1/fine_tuning/jobs/{b['id']}/cancel",
-                             headers=ident("demo"))).status_code == 409
+                             auth=IdentityAuth("demo"))).status_code == 409
 
         # a failed job (user error) is never re-queued, even with its node free
         await send_event(settings.kafka_bootstrap, JobFailedV1(
@@ -139,7 +139,7 @@ async def test_bad_input_is_rejected_at_admission_and_gangs_stay_in_one_group(pl
         rt = p["scheduler"]
         # admitted while no node is known yet; once the pool turns out to be one CPU node, it fails
         await validated(settings, "acme")
-        early = await c.post("/v1/fine_tuning/jobs", headers=ident("acme") | {"Idempotency-Key": "early"},
+        early = await c.post("/v1/fine_tuning/jobs", auth=IdentityAuth("acme"), headers={"Idempotency-Key": "early"},
                              json={"model": big_model, "training_file": "ds-1"})
         assert early.status_code == 200, early.text
         await wait_until(lambda: status_is(c, "acme", early.json()["id"], "queued"), 30, "queued")
@@ -154,6 +154,9 @@ async def test_bad_input_is_rejected_at_admission_and_gangs_stay_in_one_group(pl
 
         assert "no-such-model" in (await refused(400, "unknown_base_model", model="no-such-model"))["message"]
         assert "'standard'" in (await refused(403, "tier_not_allowed", tier="premium"))["message"]
+        lowered = await refused(400, "floor", eval_config={"stages": {"safety": {"refusal_floor": 0.1}}})
+        assert lowered["code"] == "eval_config_out_of_bounds"
+        assert lowered["param"] == "eval_config.stages.safety.refusal_floor", lowered
         r = await post(c, "demo", "bad-lr", hyperparameters={"learning_rate": 5})
         assert r.status_code == 400 and r.json()["error"]["param"] == "hyperparameters.learning_rate"
         assert "only apply to adapter methods" in (await refused(400, "hp", method="full",
@@ -168,7 +171,7 @@ async def test_bad_input_is_rejected_at_admission_and_gangs_stay_in_one_group(pl
         # the same checks on the Kafka entry point answer with job.failed
         await send_event(settings.kafka_bootstrap, JobRequestedV1(
             job_id=job_id_for("demo", "kafka-1"), idempotency_key="kafka-1", model="no-such-model",
-            training_file="ds-1"), "demo", producer_token=producer_token("demo"))
+            training_file="ds-1"), "demo", producer_token=await producer_token(rt, "demo"))
         async def kafka_failure():
             return [e["payload"] for e in await outbox(rt, "job.failed")
                     if e["payload"]["job_id"] == job_id_for("demo", "kafka-1")]
@@ -177,7 +180,7 @@ async def test_bad_input_is_rejected_at_admission_and_gangs_stay_in_one_group(pl
         # an explicit resource request travels on Kafka too
         await send_event(settings.kafka_bootstrap, JobRequestedV1(
             job_id=job_id_for("demo", "kafka-2"), idempotency_key="kafka-2", model=big_model, training_file="ds-1",
-            resources=ResourceRequest(gpu_type="cpu", gpus_per_node=1)), "demo", producer_token=producer_token("demo"))
+            resources=ResourceRequest(gpu_type="cpu", gpus_per_node=1)), "demo", producer_token=await producer_token(rt, "demo"))
 
         async def kafka_failure_2():
             return [e["payload"] for e in await outbox(rt, "job.failed")
@@ -194,7 +197,7 @@ async def test_bad_input_is_rejected_at_admission_and_gangs_stay_in_one_group(pl
         for node, group, address in (("a1", "ib-a", None), ("b1", "ib-b", "10.1.0.1"), ("b2", "ib-b", None)):
             await heartbeat(settings, node, "NVIDIA-A100-SXM4-80GB", 8, group=group, memory=80, address=address)
         await wait_until(lambda: rt.pool.fetchval("SELECT count(*) = 4 FROM nodes"), 30, "nodes")
-        gang = await c.post("/v1/fine_tuning/jobs", headers=ident("acme") | {"Idempotency-Key": "gang"}, json={
+        gang = await c.post("/v1/fine_tuning/jobs", auth=IdentityAuth("acme"), headers={"Idempotency-Key": "gang"}, json={
             "model": tiny_model, "training_file": "ds-1", "resources": {"gpu_type": "A100", "gpus_per_node": 8,
                                                                          "nodes": 2}})
         assert gang.status_code == 200, gang.text
@@ -239,7 +242,7 @@ async def test_concurrent_submissions_never_over_admit_and_quotas_come_from_usag
                                                   soft["id"]), 30, "queued")
         view = await get(c, "acme", soft["id"])
         assert view["quota"]["over_soft_quota"] is True
-        events = (await c.get(f"/v1/fine_tuning/jobs/{soft['id']}/events", headers=ident("acme"))).json()
+        events = (await c.get(f"/v1/fine_tuning/jobs/{soft['id']}/events", auth=IdentityAuth("acme"))).json()
         assert any(e["level"] == "warning" and "soft" in e["message"] for e in events["data"])
 
 
@@ -254,7 +257,7 @@ async def test_premium_preempts_the_free_job_which_resumes_from_its_checkpoint(p
         await validated(settings, "acme")
         await wait_until(lambda: rt.pool.fetchval("SELECT count(*) = 2 FROM datasets"), 30, "datasets")
         whole_node = {"gpu_type": "A100", "gpus_per_node": 8, "nodes": 1}
-        free = (await c.post("/v1/fine_tuning/jobs", headers=ident("hobbyist") | {"Idempotency-Key": "f"},
+        free = (await c.post("/v1/fine_tuning/jobs", auth=IdentityAuth("hobbyist"), headers={"Idempotency-Key": "f"},
                              json={"model": big_model, "training_file": "ds-1", "resources": whole_node})).json()
         (seg1,) = await assigned(rt, free["id"])
         await send_event(b, JobStartedV1(job_id=free["id"], node_id="gpu-1", segment_id=seg1["segment_id"], attempt=1,
@@ -267,7 +270,7 @@ async def test_premium_preempts_the_free_job_which_resumes_from_its_checkpoint(p
             "hobbyist")
         await wait_until(lambda: status_is(c, "hobbyist", free["id"], "running"), 30, "running")
 
-        prem = (await c.post("/v1/fine_tuning/jobs", headers=ident("acme") | {"Idempotency-Key": "p"},
+        prem = (await c.post("/v1/fine_tuning/jobs", auth=IdentityAuth("acme"), headers={"Idempotency-Key": "p"},
                              json={"model": tiny_model, "training_file": "ds-1", "resources": whole_node})).json()
         victim = await wait_until(lambda: _preemption(c, free["id"]), 30, "preemption request")
         assert victim["reason"] == "priority" and victim["for_job"] == prem["id"]
@@ -353,5 +356,5 @@ async def test_kubernetes_inventory_places_and_preempts_before_a_spot_node_disap
 
 
 async def _preemption_of(c, job_id):
-    events = (await c.get(f"/v1/fine_tuning/jobs/{job_id}/events", headers=ident("demo"))).json()["data"]
+    events = (await c.get(f"/v1/fine_tuning/jobs/{job_id}/events", auth=IdentityAuth("demo"))).json()["data"]
     return next((e["data"] for e in events if e["data"].get("reason") == "spot_loss"), None)

@@ -7,12 +7,13 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import httpx
 import openai
 import pytest
 
 from whetstone.contracts import DatasetValidatedV1
 from whetstone.devstack.testing import outbox, send_event, wait_until
-from whetstone.runtime.identity import identity_headers
+from whetstone.runtime.identity import IdentityAuth
 from whetstone.scheduler.bootstrap import build_service
 from whetstone.scheduler.config import SchedulerSettings
 
@@ -45,7 +46,7 @@ async def test_images_need_a_base_that_sees(platform, settings, tiny_model):
     async with platform(lambda: build_service(SchedulerSettings())) as p:
         rt = p["scheduler"]
         api = openai.AsyncOpenAI(base_url=p.url("scheduler") + "/v1", api_key="unused",
-                                 default_headers=identity_headers("demo", ("read", "write")), max_retries=0)
+                                 http_client=httpx.AsyncClient(auth=IdentityAuth("demo", ("read", "write")), timeout=60), max_retries=0)
         await dataset(settings, "file-img", 20)
         await dataset(settings, "file-txt", 0)
         await wait_until(lambda: rt.pool.fetchval("SELECT count(*) = 2 FROM datasets"), 30, "datasets")

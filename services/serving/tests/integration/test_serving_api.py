@@ -9,7 +9,7 @@ import pytest
 
 from whetstone.devstack.serving_samples import promoted, registered, store_adapter
 from whetstone.devstack.testing import send_event, wait_until
-from whetstone.runtime.identity import identity_headers
+from whetstone.runtime.identity import IdentityAuth
 from whetstone.runtime.models import weights_sha256
 from whetstone.serving.bootstrap import build_service
 from whetstone.serving.config import ServingSettings
@@ -44,7 +44,7 @@ def link_base(settings, tiny_base):
 
 def client(p, tenant: str, scopes=("read",)) -> openai.AsyncOpenAI:
     return openai.AsyncOpenAI(base_url=p.url("serving") + "/v1", api_key="unused", max_retries=0,
-                              default_headers=identity_headers(tenant, scopes))
+                              http_client=httpx.AsyncClient(auth=IdentityAuth(tenant, scopes), timeout=60))
 
 
 async def test_openai_chat_completions_stream_ab_routes_and_tenancy(platform, settings, tiny_base, sample_adapters):
@@ -132,14 +132,14 @@ async def test_openai_chat_completions_stream_ab_routes_and_tenancy(platform, se
         await wait_until(lambda: _resident(rt, "wsm-v2"), 30, "v2 preloaded on promotion")
         async with httpx.AsyncClient(base_url=p.url("serving")) as h:
             body = {"variants": [{"model": "wsm-v1", "weight": 90}, {"model": "wsm-v2", "weight": 10}]}
-            denied = await h.put(f"/v1/serving/routes/{name}", json=body, headers=identity_headers("demo", ("read",)))
+            denied = await h.put(f"/v1/serving/routes/{name}", json=body, auth=IdentityAuth("demo", ("read",)))
             assert denied.status_code == 403
             put = await h.put(f"/v1/serving/routes/{name}", json=body,
-                              headers=identity_headers("demo", ("models:promote",)))
+                              auth=IdentityAuth("demo", ("models:promote",)))
             assert put.status_code == 200, put.text
             before = {v["model"]: v["requests"] for v in put.json()["variants"]}
             bad = await h.put(f"/v1/serving/routes/{name}", json={"variants": [{"model": "wsm-acme", "weight": 1}]},
-                              headers=identity_headers("demo", ("models:promote",)))
+                              auth=IdentityAuth("demo", ("models:promote",)))
             assert bad.status_code == 404 and bad.json()["error"]["param"] == "variants.0.model"
         seen: dict[str, str] = {}
         for i in range(40):
@@ -150,7 +150,7 @@ async def test_openai_chat_completions_stream_ab_routes_and_tenancy(platform, se
         assert set(seen.values()) <= {"wsm-v1", "wsm-v2"}
         assert sum(v == "wsm-v1" for v in seen.values()) >= 12  # ~90% of 20 users
         async with httpx.AsyncClient(base_url=p.url("serving")) as h:
-            view = (await h.get(f"/v1/serving/routes/{name}", headers=identity_headers("demo", ("read",)))).json()
+            view = (await h.get(f"/v1/serving/routes/{name}", auth=IdentityAuth("demo", ("read",)))).json()
             counts = {v["model"]: v["requests"] - before[v["model"]] for v in view["variants"]}
             assert sum(counts.values()) == 40  # every request counted once, on the version that served it
             assert counts["wsm-v1"] == 2 * sum(v == "wsm-v1" for v in seen.values())

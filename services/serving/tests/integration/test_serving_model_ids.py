@@ -6,13 +6,14 @@ base model to its catalog name (the base alone, no adapter)."""
 import asyncio
 from datetime import UTC, datetime
 
+import httpx
 import openai
 import pytest
 
 from whetstone.contracts import CheckpointWrittenV1, checkpoint_model_for
 from whetstone.devstack.serving_samples import promoted, registered, store_adapter
 from whetstone.devstack.testing import send_event, wait_until
-from whetstone.runtime.identity import identity_headers
+from whetstone.runtime.identity import IdentityAuth
 from whetstone.runtime.models import weights_sha256
 from whetstone.runtime.s3 import ObjectStore
 from whetstone.serving.bootstrap import build_service
@@ -68,7 +69,7 @@ async def test_public_ids_checkpoints_and_the_base_model(platform, settings, tin
     async with platform(lambda: build_service(config)) as p:
         rt = p["serving"]
         demo, acme = (openai.AsyncOpenAI(base_url=p.url("serving") + "/v1", api_key="unused", max_retries=0,
-                                         default_headers=identity_headers(t, ("read",))) for t in ("demo", "acme"))
+                                         http_client=httpx.AsyncClient(auth=IdentityAuth(t, ("read",)), timeout=60)) for t in ("demo", "acme"))
 
         async def answer(client, model: str) -> str:
             c = await client.chat.completions.create(model=model, messages=MESSAGES, max_tokens=8, temperature=0)

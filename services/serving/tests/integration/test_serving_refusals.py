@@ -4,13 +4,14 @@ another base SHA, archived models; and the LRU budget with cold loads on demand.
 import dataclasses
 import shutil
 
+import httpx
 import openai
 import pytest
 
 from whetstone.devstack.serving_samples import promoted, registered, store_adapter
 from whetstone.devstack.testing import send_event, wait_until
 from whetstone.modelkit.tiny import CHAT_TEMPLATE
-from whetstone.runtime.identity import identity_headers
+from whetstone.runtime.identity import IdentityAuth
 from whetstone.runtime.models import weights_sha256
 from whetstone.runtime.s3 import ObjectStore
 from whetstone.serving.bootstrap import build_service
@@ -51,7 +52,7 @@ async def test_refusals_and_lru_budget(platform, settings, tiny_base, sample_ada
     async with platform(lambda: build_service(config)) as p:
         rt = p["serving"]
         demo = openai.AsyncOpenAI(base_url=p.url("serving") + "/v1", api_key="unused", max_retries=0,
-                                  default_headers=identity_headers("demo", ("read",)))
+                                  http_client=httpx.AsyncClient(auth=IdentityAuth("demo", ("read",)), timeout=60))
         await wait_until(lambda: _staging(rt, 7), 30, "projection in memory")
 
         async def refusal(model: str) -> openai.APIStatusError:

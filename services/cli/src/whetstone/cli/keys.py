@@ -27,13 +27,13 @@ def scheduler_url() -> str:
 def operator_call(method: str, path: str, body: dict | None = None, params: dict | None = None,
                   base_url: str | None = None) -> Any:
     """A call to the scheduler signed with the internal secret (never a tenant's key)."""
-    from whetstone.runtime.identity import internal_headers, internal_secret
+    from whetstone.runtime.identity import InternalAuth, internal_secret
     from whetstone.runtime.settings import CommonSettings
 
     secret = internal_secret(CommonSettings().data_dir)
     try:
         r = httpx.request(method, (base_url or scheduler_url()) + path, json=body, params=params,
-                          headers=internal_headers(secret), timeout=30)
+                          auth=InternalAuth(secret), timeout=30)
     except httpx.HTTPError as exc:
         raise SystemExit(f"scheduler not reachable at {base_url or scheduler_url()} ({type(exc).__name__}): "
                          "is `whet dev` running? (set WHETSTONE_SCHEDULER_URL)") from exc

@@ -234,7 +234,7 @@ async def fetch_deliveries(urls: Mapping[str, str], job_id: str, trace_ids: Iter
     """Every service's deliveries of the job's events, and the services that did not answer (why)."""
     import httpx  # noqa: PLC0415
 
-    from whetstone.runtime.identity import internal_headers  # noqa: PLC0415
+    from whetstone.runtime.identity import InternalAuth  # noqa: PLC0415
 
     queries = [{"job_id": job_id, **({"trace_id": t} if t else {})} for t in (sorted({t for t in trace_ids if t})
                                                                               or [None])]
@@ -244,7 +244,7 @@ async def fetch_deliveries(urls: Mapping[str, str], job_id: str, trace_ids: Iter
     async def one(c: httpx.AsyncClient, name: str, url: str) -> None:
         for params in queries:
             try:
-                r = await c.get(url + "/internal/trace", params=params, headers=internal_headers(secret))
+                r = await c.get(url + "/internal/trace", params=params, auth=InternalAuth(secret))
             except httpx.HTTPError as exc:
                 failed[name] = f"unreachable at {url} ({type(exc).__name__})"
                 return

@@ -11,7 +11,7 @@ from typing import Any
 
 import httpx
 
-from whetstone.runtime.identity import identity_headers
+from whetstone.runtime.identity import IdentityAuth
 
 TERMINAL = ("succeeded", "failed", "cancelled")
 
@@ -37,17 +37,14 @@ async def create_and_follow(ports: dict[str, int], tenant_id: str, body: dict[st
     def url(svc: str) -> str:
         return f"http://127.0.0.1:{ports[svc]}"
 
-    def signed() -> dict[str, str]:
-        return identity_headers(tenant_id, ("read", "write"))
-
-    async with httpx.AsyncClient(timeout=30) as c:
+    async with httpx.AsyncClient(timeout=30, auth=IdentityAuth(tenant_id, ("read", "write"))) as c:
         r = await c.post(url("scheduler") + "/v1/fine_tuning/jobs", json=body,
-                         headers={**signed(), "Idempotency-Key": key})
+                         headers={"Idempotency-Key": key})
         if r.status_code != 200:
             raise SystemExit(f"job rejected ({r.status_code}): {r.text}")
         job_id, deadline = r.json()["id"], time.monotonic() + timeout_s
         while True:
-            job = (await c.get(url("scheduler") + f"/v1/fine_tuning/jobs/{job_id}", headers=signed())).json()
+            job = (await c.get(url("scheduler") + f"/v1/fine_tuning/jobs/{job_id}")).json()
             if job["status"] in TERMINAL:
                 break
             if time.monotonic() > deadline:
@@ -55,9 +52,7 @@ async def create_and_follow(ports: dict[str, int], tenant_id: str, body: dict[st
             await asyncio.sleep(0.5)
         result: dict[str, Any] = {"job": job}
         if job["status"] == "succeeded":
-            models = await wait_for(lambda: c.get(url("registry") + "/v1/models", params={"job_id": job_id},
-                                                  headers=signed()), "model")
+            models = await wait_for(lambda: c.get(url("registry") + "/v1/models", params={"job_id": job_id}), "model")
             result["model"] = models["data"][0]
-        result["usage"] = await wait_for(lambda: c.get(url("metering") + f"/v1/usage/jobs/{job_id}",
-                                                       headers=signed()), "usage")
+        result["usage"] = await wait_for(lambda: c.get(url("metering") + f"/v1/usage/jobs/{job_id}"), "usage")
     return result

@@ -181,12 +181,16 @@ async def send_event(bootstrap: str, event: Event, tenant_id: str, times: int = 
     return env
 
 
-def producer_token(tenant_id: str) -> str:
-    """A producer token for `tenant_id`, signed with this machine's internal secret (the one the
-    services under test read): what an external `job.requested` producer must send."""
-    from whetstone.runtime.identity import mint_producer_token  # noqa: PLC0415
+async def producer_token(scheduler: Any, tenant_id: str, *, expires_in_s: int | None = None) -> str:
+    """A producer token for `tenant_id`, issued as `whet keys create-producer` issues one: signed with
+    the internal secret of the scheduler runtime `scheduler` and recorded in its key table (the
+    scheduler refuses a token it has no record of). What an external `job.requested` producer sends."""
+    from whetstone.runtime.identity import internal_secret  # noqa: PLC0415
+    from whetstone.scheduler.adapters.keys import KeyStore  # noqa: PLC0415
 
-    return mint_producer_token(tenant_id)
+    _, token = await KeyStore(scheduler.pool).create_producer(
+        tenant_id, internal_secret(scheduler.settings.data_dir), expires_in_s=expires_in_s)
+    return token
 
 
 async def until(fetch: Callable[[], Awaitable[Any]], done: Callable[[Any], bool], timeout: float, what: str) -> Any:

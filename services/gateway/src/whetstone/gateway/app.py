@@ -22,6 +22,8 @@ from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, H
 
 from whetstone.runtime.errors import ApiError, install_error_handlers
 from whetstone.runtime.identity import UNTRUSTED_HEADERS, identity_headers, internal_secret
+from whetstone.runtime.signing import Bound, target_of
+from yarl import URL
 
 from .auth import KeysUnavailable, KeyVerifier, Verdict
 from .config import GatewaySettings
@@ -172,11 +174,9 @@ class Gateway:
                       verdict: Verdict) -> None:
         out = [(k.decode("latin-1"), v.decode("latin-1")) for k, v in raw
                if k.decode("latin-1").lower() not in DROP_REQUEST]
-        out += list(identity_headers(verdict.tenant_id, verdict.scopes, key_id=verdict.key_id,
-                                     secret=self.secret).items())
-        query = scope.get("query_string", b"").decode("latin-1")
-        path = (scope.get("raw_path") or scope["path"].encode()).decode("latin-1")  # as sent: %-escapes kept
-        url = base + path + (f"?{query}" if query else "")
+        # the request target as sent (%-escapes kept): what the service receives and the signature binds
+        target = target_of(scope.get("raw_path") or scope["path"], scope.get("query_string", b""))
+        url = URL(base + target, encoded=True)
         length = headers.get("content-length")
         data: Any = None
         chunked = "transfer-encoding" in headers
@@ -191,6 +191,10 @@ class Gateway:
             except BodyTooLarge as exc:
                 await send_error(send, self.refused(service, "body_too_large", exc.error()))
                 return
+        # signed for this method, target and body (a streamed upload: UNSIGNED-PAYLOAD, see runtime.signing)
+        bound = Bound.of(scope["method"], target, None if isinstance(data, AsyncIterator) else (data or b""))
+        out += list(identity_headers(verdict.tenant_id, verdict.scopes, bound=bound, key_id=verdict.key_id,
+                                     secret=self.secret).items())
         stream = wants_stream(scope["path"], scope.get("query_string", b""), headers,
                               data if isinstance(data, bytes) else None)
         ticket = await self.fair.enter(verdict.key_id, verdict.tenant_id, stream)   # before any upstream work
@@ -203,7 +207,7 @@ class Gateway:
         finally:
             ticket.release()
 
-    async def relay(self, method: str, url: str, out: list, data: Any, send, service: str, stream: bool) -> None:
+    async def relay(self, method: str, url: URL, out: list, data: Any, send, service: str, stream: bool) -> None:
         """The request to the service, and its answer back as it arrives."""
         client = self.stream_session() if stream else self.session()
         began = time.perf_counter()
@@ -234,12 +238,14 @@ class Gateway:
             resp.release()
 
     async def health(self) -> tuple[int, dict]:
+        """Which upstream answers, never why one does not (a status or an error's name is the operator's,
+        in the services' own logs and metrics: this route is public)."""
         async def probe(name: str, base: str) -> tuple[str, str]:
             try:
                 async with self.session().get(f"{base}/healthz", timeout=aiohttp.ClientTimeout(total=3)) as r:
-                    return name, "ok" if r.status == 200 else f"status {r.status}"
-            except (aiohttp.ClientError, asyncio.TimeoutError, OSError) as exc:
-                return name, f"error: {type(exc).__name__}"
+                    return name, "ok" if r.status == 200 else "unavailable"
+            except (aiohttp.ClientError, asyncio.TimeoutError, OSError):
+                return name, "unavailable"
 
         results = dict(await asyncio.gather(*(probe(n, b) for n, b in sorted(self.upstreams.items()))))
         ok = results.get("scheduler") == "ok"  # without the key service nothing can be authenticated

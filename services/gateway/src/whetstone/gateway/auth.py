@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
+import json
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -16,6 +17,8 @@ import aiohttp
 from pydantic import BaseModel, ValidationError
 
 from whetstone.runtime.identity import internal_headers
+from whetstone.runtime.signing import Bound
+from yarl import URL
 
 
 class KeysUnavailable(Exception):
@@ -54,6 +57,7 @@ class KeyVerifier:
                  secret: bytes | None = None, clock: Callable[[], float] = time.monotonic,
                  max_entries: int = 100_000) -> None:
         self.session, self.verify_url, self.ttl_s, self.secret = session, verify_url, ttl_s, secret
+        self.verify_target = URL(verify_url).raw_path_qs if verify_url else ""   # what the signature binds
         self.clock, self.max_entries = clock, max_entries
         self.cache: dict[str, tuple[float, Verdict | None]] = {}
         self.pending: dict[str, asyncio.Future] = {}
@@ -89,7 +93,10 @@ class KeyVerifier:
         if not self.verify_url:
             raise KeysUnavailable("no key service (scheduler) configured")
         try:
-            async with self.session().post(self.verify_url, json={"key": key}, headers=internal_headers(self.secret),
+            body = json.dumps({"key": key}).encode()
+            signed = internal_headers(Bound.of("POST", self.verify_target, body), self.secret)
+            async with self.session().post(self.verify_url, data=body,
+                                           headers={"Content-Type": "application/json", **signed},
                                            timeout=aiohttp.ClientTimeout(total=5.0)) as r:
                 status, body = r.status, await r.read()
         except (aiohttp.ClientError, asyncio.TimeoutError, OSError) as exc:

@@ -1,14 +1,18 @@
 """Who is calling: the tenant identity that the public gateway vouches for.
 
 The gateway (the only component that sees API keys) authenticates `Authorization: Bearer
-<key>`, then forwards the request to the owning service with two headers:
+<key>`, then forwards the request to the owning service with three headers:
 
     X-Whetstone-Identity: tenant=<id>;key=<key id>;scopes=<a,b>;ts=<unix seconds>
-    X-Whetstone-Signature: hex(HMAC-SHA256(internal secret, identity header value))
+    X-Whetstone-Content-Sha256: hex(sha256(body)), or UNSIGNED-PAYLOAD for a streamed body
+    X-Whetstone-Signature: hex(HMAC-SHA256(internal secret, identity + method + target + body hash))
 
-A service trusts a tenant only when the signature verifies with the platform's internal secret
-and the timestamp is recent; any other header a caller sends (`X-Tenant-Id`, a forged identity)
-is refused with 401. Routes declare what they need with `Depends(require("write"))`.
+(the canonical text is in `signing.py`). A service trusts a tenant only when the signature verifies
+with the platform's internal secret for THIS request (method, path and query, body) and the
+timestamp is within 60 s; any other header a caller sends (`X-Tenant-Id`, a forged identity, a
+signature made for another request) is refused with 401. Routes declare what they need with
+`Depends(require("write"))`. Clients that call a service port directly (the CLI's operator calls,
+tests) sign each request as it is sent with `IdentityAuth` / `InternalAuth` (httpx auth).
 """
 
 from __future__ import annotations
@@ -27,16 +31,17 @@ from typing import Any
 from fastapi import Depends, Request
 
 from .errors import ApiError
+from .signing import CONTENT_HASH_HEADER, Bound, SignedAuth, bound_of, mac, within_window
 
 IDENTITY_HEADER = "X-Whetstone-Identity"
 SIGNATURE_HEADER = "X-Whetstone-Signature"
 # Platform-internal calls (the gateway asking the scheduler to verify a key, `whet keys` run by an
-# operator who holds the internal secret): `<unix seconds>:hex(HMAC(secret, "internal:<ts>"))`.
+# operator who holds the internal secret): `<unix seconds>:<mac>`, the mac binding the timestamp to
+# the request (`signing.mac("internal", ts, ...)`).
 INTERNAL_HEADER = "X-Whetstone-Internal"
 # What the gateway never forwards from a caller: identity can only be added by the gateway itself.
 UNTRUSTED_HEADERS = frozenset(h.lower() for h in (IDENTITY_HEADER, SIGNATURE_HEADER, INTERNAL_HEADER,
-                                                  "X-Tenant-Id"))
-MAX_AGE_S = 300
+                                                  CONTENT_HASH_HEADER, "X-Tenant-Id"))
 SCOPES = ("read", "write", "models:promote", "admin")
 PLATFORM_TENANT = "platform"   # not a customer: the operator's identity for platform-wide routes
 
@@ -92,78 +97,125 @@ def sign(identity: str, secret: bytes) -> str:
     return hmac.new(secret, identity.encode(), hashlib.sha256).hexdigest()
 
 
-def identity_headers(tenant_id: str, scopes: tuple[str, ...] | frozenset[str] = ("read", "write"), *,
+def identity_headers(tenant_id: str, scopes: tuple[str, ...] | frozenset[str] = ("read", "write"), *, bound: Bound,
                      key_id: str = "internal", secret: bytes | None = None, now: float | None = None) -> dict[str, str]:
-    """The headers the gateway adds after authenticating a key (tests use it to call a service port)."""
+    """The headers the gateway adds after authenticating a key, for the request `bound` describes."""
     ts = int(now if now is not None else time.time())
     identity = f"tenant={tenant_id};key={key_id};scopes={','.join(sorted(scopes))};ts={ts}"
-    return {IDENTITY_HEADER: identity, SIGNATURE_HEADER: sign(identity, secret or internal_secret())}
+    return {IDENTITY_HEADER: identity, CONTENT_HASH_HEADER: bound.content_sha256,
+            SIGNATURE_HEADER: mac("identity", identity, bound, secret or internal_secret())}
 
 
-def internal_headers(secret: bytes | None = None, *, now: float | None = None) -> dict[str, str]:
-    """Headers of a platform-internal call (the gateway, an operator's `whet keys`)."""
-    ts = int(now if now is not None else time.time())
-    return {INTERNAL_HEADER: f"{ts}:{sign(f'internal:{ts}', secret or internal_secret())}"}
+def internal_headers(bound: Bound, secret: bytes | None = None, *, now: float | None = None) -> dict[str, str]:
+    """Headers of a platform-internal call (the gateway, an operator's `whet keys`) for one request."""
+    ts = str(int(now if now is not None else time.time()))
+    return {INTERNAL_HEADER: f"{ts}:{mac('internal', ts, bound, secret or internal_secret())}",
+            CONTENT_HASH_HEADER: bound.content_sha256}
 
 
-def verify_internal(value: str | None, secret: bytes, *, now: float | None = None) -> bool:
-    ts, _, mac = (value or "").partition(":")
-    if not ts.isdigit() or not mac:
+class IdentityAuth(SignedAuth):
+    """httpx auth: each request signed as the gateway would sign it for this tenant and scopes."""
+
+    def __init__(self, tenant_id: str, scopes: tuple[str, ...] | frozenset[str] = ("read", "write"), *,
+                 key_id: str = "internal", secret: bytes | None = None) -> None:
+        self.tenant_id, self.scopes, self.key_id, self.secret = tenant_id, scopes, key_id, secret
+
+    def headers_for(self, bound: Bound) -> dict[str, str]:
+        return identity_headers(self.tenant_id, self.scopes, bound=bound, key_id=self.key_id, secret=self.secret)
+
+
+class InternalAuth(SignedAuth):
+    """httpx auth: each request signed with the internal secret (operators, the platform itself)."""
+
+    def __init__(self, secret: bytes | None = None) -> None:
+        self.secret = secret
+
+    def headers_for(self, bound: Bound) -> dict[str, str]:
+        return internal_headers(bound, self.secret)
+
+
+def verify_internal(value: str | None, secret: bytes, bound: Bound | None, *, now: float | None = None) -> bool:
+    ts, _, sent = (value or "").partition(":")
+    if bound is None or not ts.isdigit() or not sent:
         return False
-    if abs((now if now is not None else time.time()) - int(ts)) > MAX_AGE_S:
+    if not within_window(int(ts), now if now is not None else time.time()):
         return False
-    return hmac.compare_digest(sign(f"internal:{ts}", secret), mac)
+    return hmac.compare_digest(mac("internal", ts, bound, secret), sent)
 
 
 # Producer tokens: what an external producer of `job.requested` puts in the envelope's
-# `producer_token` to prove which tenant it publishes for. `whp_<token id>.<tenant>.<mac>`, where the
-# mac is hex(HMAC-SHA256(internal secret, "producer-token:v1:<token id>:<tenant>"))[:32]: only the
-# platform can mint one, and the tenant cannot be edited without breaking it. Revocation is stored
-# by the scheduler (its `api_keys` table), which checks it on every message.
+# `producer_token` to prove which tenant it publishes for. `whp_<token id>.<tenant>.<expires>.<mac>`,
+# where <expires> is the unix second the token stops being valid and the mac is
+# hex(HMAC-SHA256(internal secret, "producer-token:v2:<token id>:<tenant>:<expires>"))[:32]: only the
+# platform can mint one, and neither the tenant nor the expiry can be edited without breaking it.
+# The scheduler also requires the token id to be one it issued and has not revoked (its `api_keys`
+# table, read on every message): a signed token it has no record of is refused (fail closed).
 PRODUCER_TOKEN_PREFIX = "whp_"
-_PRODUCER_TOKEN = re.compile(r"whp_([0-9a-f]{16})\.([A-Za-z0-9_.:-]{1,128})\.([0-9a-f]{32})")
+PRODUCER_TOKEN_TTL_S = 90 * 86400
+PRODUCER_TOKEN_MAX_TTL_S = 366 * 86400
+_PRODUCER_TOKEN = re.compile(r"whp_([0-9a-f]{16})\.([A-Za-z0-9_.:-]{1,128})\.([0-9]{1,12})\.([0-9a-f]{32})")
 
 
-def _producer_mac(token_id: str, tenant_id: str, secret: bytes) -> str:
-    return sign(f"producer-token:v1:{token_id}:{tenant_id}", secret)[:32]
+@dataclass(frozen=True)
+class ProducerToken:
+    token_id: str
+    tenant_id: str
+    expires_at: int   # unix seconds
+
+    def expired(self, now: float) -> bool:
+        return now >= self.expires_at
 
 
-def mint_producer_token(tenant_id: str, secret: bytes | None = None, *, token_id: str | None = None) -> str:
-    """A producer token for `tenant_id` (the scheduler records issued ones so they can be revoked)."""
+def _producer_mac(token_id: str, tenant_id: str, expires_at: int, secret: bytes) -> str:
+    return sign(f"producer-token:v2:{token_id}:{tenant_id}:{expires_at}", secret)[:32]
+
+
+def mint_producer_token(tenant_id: str, secret: bytes | None = None, *, token_id: str | None = None,
+                        expires_at: int | None = None, now: float | None = None) -> str:
+    """A producer token for `tenant_id`, valid until `expires_at` (default: 90 days from now). It is
+    usable only once the scheduler has recorded its id (`KeyStore.create_producer` does both)."""
     token_id = token_id or secrets.token_hex(8)
-    token = f"{PRODUCER_TOKEN_PREFIX}{token_id}.{tenant_id}.{_producer_mac(token_id, tenant_id, secret or internal_secret())}"
+    exp = expires_at if expires_at is not None else int((now if now is not None else time.time()) + PRODUCER_TOKEN_TTL_S)
+    token = (f"{PRODUCER_TOKEN_PREFIX}{token_id}.{tenant_id}.{exp}."
+             f"{_producer_mac(token_id, tenant_id, exp, secret or internal_secret())}")
     if not _PRODUCER_TOKEN.fullmatch(token):
         raise ValueError(f"cannot mint a producer token for tenant {tenant_id!r}")
     return token
 
 
-def verify_producer_token(token: str, secret: bytes) -> tuple[str, str] | None:
-    """(token id, tenant) of a token the platform signed, or None (malformed or forged)."""
+def verify_producer_token(token: str, secret: bytes) -> ProducerToken | None:
+    """The claims of a token the platform signed, or None (malformed or forged). Its expiry and
+    whether it was issued and not revoked are the caller's to check."""
     m = _PRODUCER_TOKEN.fullmatch(token.strip())
     if m is None:
         return None
-    token_id, tenant, mac = m.groups()
-    return (token_id, tenant) if hmac.compare_digest(_producer_mac(token_id, tenant, secret), mac) else None
+    token_id, tenant, exp, sent = m.groups()
+    if not hmac.compare_digest(_producer_mac(token_id, tenant, int(exp), secret), sent):
+        return None
+    return ProducerToken(token_id, tenant, int(exp))
 
 
 def _secret_of(request: Request) -> bytes:
     return getattr(request.app.state, "internal_secret", None) or internal_secret()
 
 
-def verify(identity: str | None, signature: str | None, secret: bytes, *, now: float | None = None) -> Caller:
+def verify(identity: str | None, signature: str | None, secret: bytes, bound: Bound | None, *,
+           now: float | None = None) -> Caller:
+    """The caller `identity` names, when `signature` is the platform's for it AND for the request
+    `bound` describes (None: the request's body does not match its declared hash)."""
     if not identity or not signature:
         raise ApiError(401, "Missing or invalid API key: send `Authorization: Bearer <key>` to the public API.",
                        type="invalid_request_error", code="invalid_api_key")
-    if not hmac.compare_digest(sign(identity, secret), signature):
-        raise ApiError(401, "The caller's identity could not be verified.", type="invalid_request_error",
-                       code="invalid_identity")
+    if bound is None or not hmac.compare_digest(mac("identity", identity, bound, secret), signature):
+        raise ApiError(401, "The caller's identity could not be verified for this request.",
+                       type="invalid_request_error", code="invalid_identity")
     fields = dict(part.partition("=")[::2] for part in identity.split(";"))
     try:
         ts = int(fields["ts"])
         tenant = fields["tenant"]
     except (KeyError, ValueError):
         raise ApiError(401, "Malformed identity header.", type="invalid_request_error", code="invalid_identity")
-    if abs((now if now is not None else time.time()) - ts) > MAX_AGE_S:
+    if not within_window(ts, now if now is not None else time.time()):
         raise ApiError(401, "The caller's identity has expired.", type="invalid_request_error", code="invalid_identity")
     scopes = frozenset(s for s in fields.get("scopes", "").split(",") if s)
     return Caller(tenant_id=tenant, key_id=fields.get("key", ""), scopes=scopes)
@@ -171,7 +223,8 @@ def verify(identity: str | None, signature: str | None, secret: bytes, *, now: f
 
 def _caller_with(scope: str) -> Callable[[Request], Awaitable[Caller]]:
     async def caller(request: Request) -> Caller:
-        who = verify(request.headers.get(IDENTITY_HEADER), request.headers.get(SIGNATURE_HEADER), _secret_of(request))
+        who = verify(request.headers.get(IDENTITY_HEADER), request.headers.get(SIGNATURE_HEADER), _secret_of(request),
+                     await bound_of(request))
         if not who.allows(scope):
             raise ApiError(403, f"This API key lacks the `{scope}` scope.", type="invalid_request_error",
                            code="insufficient_scope")
@@ -195,7 +248,7 @@ def require_internal() -> Any:
     """FastAPI dependency: only a caller holding the internal secret (never a tenant's key)."""
 
     async def internal(request: Request) -> Caller:
-        if not verify_internal(request.headers.get(INTERNAL_HEADER), _secret_of(request)):
+        if not verify_internal(request.headers.get(INTERNAL_HEADER), _secret_of(request), await bound_of(request)):
             raise ApiError(401, "This route is internal to the platform.", code="invalid_internal_auth")
         return PLATFORM
 
@@ -208,7 +261,7 @@ def require_or_internal(scope: str) -> Any:
 
     async def caller(request: Request) -> Caller:
         if request.headers.get(INTERNAL_HEADER) and verify_internal(request.headers.get(INTERNAL_HEADER),
-                                                                    _secret_of(request)):
+                                                                    _secret_of(request), await bound_of(request)):
             return PLATFORM
         return await inner(request)
 

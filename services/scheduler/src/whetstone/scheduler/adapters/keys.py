@@ -90,10 +90,14 @@ class KeyStore:
             key_id, tenant_id, name[:200], list(chosen), hash_secret(secret), self.clock(), rate_limit_per_s)
         return _row(row), f"wsk-{key_id}-{secret}"
 
-    async def create_producer(self, tenant_id: str, secret: bytes, *, name: str = "") -> tuple[ApiKey, str]:
-        """A producer token for `tenant_id`; returns (its record, the token: shown once)."""
+    async def create_producer(self, tenant_id: str, secret: bytes, *, name: str = "",
+                              expires_in_s: int | None = None) -> tuple[ApiKey, str]:
+        """A producer token for `tenant_id`, valid for `expires_in_s` (default: the token's default
+        lifetime); returns (its record, the token: shown once)."""
         token_id = secrets.token_hex(8)
-        token = mint_producer_token(tenant_id, secret, token_id=token_id)
+        expires_at = int(self.clock().timestamp()) + expires_in_s if expires_in_s is not None else None
+        token = mint_producer_token(tenant_id, secret, token_id=token_id, expires_at=expires_at,
+                                    now=self.clock().timestamp())
         row = await self.pool.fetchrow(
             "INSERT INTO api_keys (key_id, tenant_id, name, scopes, secret_hash, created_at)"
             " VALUES ($1, $2, $3, $4, $5, $6) RETURNING *",
@@ -131,8 +135,9 @@ class KeyStore:
         return _row(row)
 
 
-async def producer_token_revoked(conn: asyncpg.Connection, token_id: str) -> bool:
-    """Whether the producer token `token_id` was revoked (read in the handler's transaction, so a
-    revocation applies to the next message)."""
-    return bool(await conn.fetchval(
-        "SELECT revoked_at IS NOT NULL FROM api_keys WHERE key_id = $1 AND $2 = ANY(scopes)", token_id, PRODUCER_SCOPE))
+async def producer_token_status(conn: asyncpg.Connection, token_id: str) -> str:
+    """`active`, `revoked`, or `unknown` (never issued here) for the producer token `token_id` (read in
+    the handler's transaction, so a revocation applies to the next message)."""
+    revoked = await conn.fetchval(
+        "SELECT revoked_at IS NOT NULL FROM api_keys WHERE key_id = $1 AND $2 = ANY(scopes)", token_id, PRODUCER_SCOPE)
+    return "unknown" if revoked is None else "revoked" if revoked else "active"

@@ -18,6 +18,7 @@ from whetstone.runtime.errors import ApiError
 from whetstone.runtime.http import ListObject, list_object, not_found as missing
 from whetstone.runtime.identity import (
     PLATFORM_TENANT,
+    PRODUCER_TOKEN_MAX_TTL_S,
     Caller,
     internal_secret,
     require_internal,
@@ -41,6 +42,8 @@ class CreateProducerToken(BaseModel):
     model_config = ConfigDict(extra="forbid")
     tenant_id: str | None = Field(default=None, max_length=64, description="default: the caller's tenant")
     name: str = Field(default="", max_length=200)
+    expires_in: int | None = Field(default=None, ge=60, le=PRODUCER_TOKEN_MAX_TTL_S,
+                                   description="seconds the token stays valid (default 90 days)")
 
 
 class VerifyKey(BaseModel):
@@ -92,7 +95,8 @@ def routes(rt: Runtime[SchedulerContext]) -> APIRouter:
     async def create_producer(body: CreateProducerToken, caller: Caller = require_or_internal("admin")) -> dict:
         tenant = tenant_for(caller, body.tenant_id)
         try:
-            record, token = await keys.create_producer(tenant, internal_secret(rt.settings.data_dir), name=body.name)
+            record, token = await keys.create_producer(tenant, internal_secret(rt.settings.data_dir), name=body.name,
+                                                        expires_in_s=body.expires_in)
         except ValueError as exc:
             raise ApiError(400, str(exc), code="invalid_tenant", param="tenant_id") from exc
         return {**record.view(), "token": token}
