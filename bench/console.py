@@ -118,6 +118,7 @@ async def copy_jobs(scheduler, template_id: str, n: int) -> None:
     from datetime import timedelta
 
     from whetstone.contracts import job_id_for
+    from whetstone.contracts.enums import JobStatus
     from whetstone.scheduler.adapters.store import JobStore
 
     async with scheduler.uow() as uow:
@@ -127,7 +128,7 @@ async def copy_jobs(scheduler, template_id: str, n: int) -> None:
         now = datetime.now(UTC)
         for i in range(n):
             created = now - timedelta(hours=n - i)
-            done = "cancelled" if i % 5 == 4 else "succeeded"
+            done = JobStatus.CANCELLED if i % 5 == 4 else JobStatus.SUCCEEDED
             await store.add(dataclasses.replace(
                 template, job_id=job_id_for(TENANT, f"bench-history-{i}"), idempotency_key=f"bench-history-{i}",
                 request=template.request.model_copy(update={"suffix": f"history-{i:04d}"}), status=done,
