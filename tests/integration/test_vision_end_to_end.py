@@ -78,6 +78,9 @@ async def test_openai_client_trains_a_vision_adapter_and_chats_with_an_image(pla
             question = [{"role": "user", "content": [{"type": "text", "text": "Picture 99: which colour?"},
                                                      picture(COLOURS["red"])]}]
             assert model.model_extra["stage"] in ("staging", "production"), model.model_extra["lineage"]["eval_stages"]
+            # the download lists the processor the adapter was trained with beside it
+            listing = await client.get(f"/models/{model.id}/content", cast_to=object)
+            assert "processor_config.json" in {f["name"] for f in listing["files"]}, listing["files"]
 
             async def answer() -> object:
                 try:
