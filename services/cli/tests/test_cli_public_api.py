@@ -70,6 +70,18 @@ async def test_cli_over_the_public_api(platform, settings, monkeypatch, capsys):
             code, out = await asyncio.to_thread(run, "jobs", "list", "--json")
             listed = json.loads("\n".join(out))   # the API's list object
             assert listed["object"] == "list" and [j["id"] for j in listed["data"]] == [job_id]
+            # pause and resume: no node here, so the job waits in the queue; paused it leaves it
+            for _ in range(60):
+                code, out = await asyncio.to_thread(run, "jobs", "get", job_id, "--json")
+                if json.loads("\n".join(out))["status"] != "validating_files":
+                    break
+                await asyncio.sleep(0.5)
+            code, out = await asyncio.to_thread(run, "jobs", "pause", job_id, "--json")
+            assert code == 0 and json.loads("\n".join(out))["status"] == "paused", out
+            code, out = await asyncio.to_thread(run, "jobs", "resume", job_id, "--json")
+            assert code == 0 and json.loads("\n".join(out))["status"] == "queued", out
+            code, out = await asyncio.to_thread(run, "jobs", "resume", job_id)
+            assert code != 0 and "not_resumable" in out[-1] and "not paused" in out[-1], out
             code, out = await asyncio.to_thread(run, "jobs", "cancel", job_id, "--json")
             assert code == 0 and json.loads("\n".join(out))["status"] in ("cancelled", "queued", "running")
             code, out = await asyncio.to_thread(run, "jobs", "events", job_id)

@@ -1,4 +1,4 @@
-"""`whet jobs create|list|get|cancel|follow|events|checkpoints`: fine-tuning jobs over the public API."""
+"""`whet jobs create|list|get|cancel|pause|resume|follow|events|checkpoints`: fine-tuning jobs over the public API."""
 
 from __future__ import annotations
 
@@ -193,8 +193,8 @@ def cmd_jobs(args: argparse.Namespace) -> int:
             job = Job.from_api(raw)
             print_result(args, raw, describe_job(job, None if args.json else model_stages(api).get(job.id)))
             return 0
-        if args.action == "cancel":
-            raw = api.post(f"/fine_tuning/jobs/{args.job_id}/cancel")
+        if args.action in ("cancel", "pause", "resume"):
+            raw = api.post(f"/fine_tuning/jobs/{args.job_id}/{args.action}")
             print_result(args, raw, describe_job(Job.from_api(raw)))
             return 0
         if args.action == "follow":
@@ -219,7 +219,8 @@ def cmd_jobs(args: argparse.Namespace) -> int:
 
 
 def add_parser(sub, cmd) -> Any:
-    jobs = sub.add_parser("jobs", help="fine-tuning jobs: create, follow, list, cancel, events, checkpoints, trace",
+    jobs = sub.add_parser("jobs", help="fine-tuning jobs: create, follow, list, cancel, pause, resume, events, "
+                                       "checkpoints, trace",
                           description="Fine-tuning jobs over the public API (WHETSTONE_BASE_URL, WHETSTONE_API_KEY).")
     acts = jobs.add_subparsers(dest="action", required=True, metavar="ACTION")
     cj = cmd(acts, "create", cmd_jobs, "create a fine-tuning job; its id on the last line")
@@ -258,6 +259,9 @@ def add_parser(sub, cmd) -> Any:
                                                  "model stage"), "jobs")
     cmd(acts, "get", cmd_jobs, "one job, with its eval verdict and why").add_argument("job_id")
     cmd(acts, "cancel", cmd_jobs, "cancel a job that has not finished").add_argument("job_id")
+    cmd(acts, "pause", cmd_jobs, "pause a queued or running job (emergency checkpoint, GPUs released; "
+                                 "billed for the time it ran)").add_argument("job_id")
+    cmd(acts, "resume", cmd_jobs, "queue a paused job again; it resumes from its checkpoint").add_argument("job_id")
     jf = cmd(acts, "follow", cmd_jobs, "progress (step, loss, ETA) until the job ends")
     jf.add_argument("job_id")
     jf.add_argument("--loss-png", metavar="FILE", help="write the training loss curve to this PNG at the end")
