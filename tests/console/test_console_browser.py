@@ -320,7 +320,7 @@ async def test_models_page_shows_ab_routes_with_split_and_counts(page, console):
 async def test_operator_view_queue_nodes_and_dead_letter_redrive(page, console):
     """A `platform` admin key sees the queue by tier, the nodes with their GPUs and the dead letters, and
     redrives a topic's letters; a tenant's admin key gets the API's 403 and the page shows none of it."""
-    from whetstone.cli.keys import create_key
+    from whetstone.cli.keys import create_key, operator_call
     from whetstone.contracts import NodeHeartbeatV1
     from whetstone.devstack.testing import send
     from whetstone.runtime.delivery import dead_letter
@@ -372,6 +372,9 @@ async def test_operator_view_queue_nodes_and_dead_letter_redrive(page, console):
         await visit(page, "#/jobs")
         await visit(page, "#/operator")
     assert page.errors == []
+    # the internal secret reads the same routes on the scheduler's own port (an operator's script)
+    queue = await asyncio.to_thread(operator_call, "GET", "/v1/operator/queue", base_url=console.scheduler)
+    assert [t["tier"] for t in queue["tiers"]][:3] == ["premium", "standard", "free"]
 
 
 def test_index_preloads_every_module():
