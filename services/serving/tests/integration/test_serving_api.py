@@ -107,6 +107,12 @@ async def test_openai_chat_completions_stream_ab_routes_and_tenancy(platform, se
         assert [c.choices[0].finish_reason for c in chunks if c.choices and c.choices[0].finish_reason]
         assert chunks[-1].usage and chunks[-1].usage.completion_tokens > 0
 
+        # an image part for a text-only base: a 400 naming the part, nothing decoded
+        with pytest.raises(openai.BadRequestError) as err:
+            await demo.chat.completions.create(model=name, max_tokens=2, messages=[{"role": "user", "content": [
+                {"type": "image_url", "image_url": {"url": "data:image/png;base64,iVBORw0KGgo="}}]}])
+        assert (err.value.code, err.value.body["param"]) == ("model_cannot_see_images", "messages[0].content[0]")
+
         # legacy completions, plain and streamed
         done = await demo.completions.create(model=name, prompt="The capital of France is", max_tokens=5,
                                              temperature=0)
