@@ -132,7 +132,8 @@ class Chaos:
                     dataset_id = await asyncio.wait_for(submit_dataset(self.settings, path, job.tenant, job.purpose), 30)
                 async with httpx.AsyncClient(timeout=15) as c:
                     r = await c.post(url, json={**job.body, "training_file": dataset_id},
-                                     auth=IdentityAuth(job.tenant, ("read", "write"), secret=SECRET), headers={"Idempotency-Key": job.key})
+                                     auth=IdentityAuth(job.tenant, ("read", "write"), secret=SECRET),
+                                     headers={"Idempotency-Key": job.key})
                 if r.status_code == 200:
                     self.accepted[job.key] = job
                     log(f"{job.key} ({job.kind}, {job.tenant}) accepted")

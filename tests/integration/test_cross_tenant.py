@@ -269,6 +269,9 @@ async def attack(c: httpx.AsyncClient, p, upstreams: dict[str, str], runtimes, s
     revoked = await asyncio.to_thread(create_producer_token, A, base_url=sched)   # A's, revoked at once
     await asyncio.to_thread(operator_call, "POST", f"/v1/keys/{revoked['id']}/revoke", base_url=sched)
     ids["revoked_token"] = revoked["token"]
+    # A's tokens for the bus half, issued before A's objects are read (a token is listed with A's keys)
+    ids["valid_token"] = await producer_token(p["scheduler"], A)
+    ids["expired_token"] = await producer_token(p["scheduler"], A, expires_in_s=-1)
     await asyncio.sleep(2)   # let A's own last events settle before the reference snapshot
     before = await snapshot(c, a_key["key"], ids)
 
@@ -410,7 +413,7 @@ async def forge_events(p, runtimes, settings, ids, model) -> list[tuple[str, str
         await send(boot, TOPICS[topic].name, encode(forged), forged.key)
         sent += [(s, topic, str(forged.event_id), "tenant_mismatch") for s in services]
     # job.requested: A's job by a producer without a valid token for A
-    valid = await producer_token(p["scheduler"], A)
+    valid = ids["valid_token"]
     tampered = valid[:-1] + ("0" if valid[-1] != "0" else "1")   # one MAC digit changed, never left as it was
     for token, reason in ((None, "producer_token_missing"), (mint_producer_token(A, FORGED_SECRET), "producer_token_forged"),
                           (ids["revoked_token"], "producer_token_revoked"),
@@ -418,7 +421,7 @@ async def forge_events(p, runtimes, settings, ids, model) -> list[tuple[str, str
                           (tampered, "producer_token_forged"),
                           ("whp_" + "0" * 16 + f".{A}.9999999999." + "0" * 32, "producer_token_forged"),
                           (mint_producer_token(A, internal_secret(settings.data_dir)), "producer_token_unknown"),
-                          (await producer_token(p["scheduler"], A, expires_in_s=-1), "producer_token_expired")):
+                          (ids["expired_token"], "producer_token_expired")):
         req = JobRequestedV1(job_id=job_id_for(A, f"attack-{uuid.uuid4().hex[:6]}"), idempotency_key="attack",
                              model="tiny-llama", training_file=ids["file_id"])
         env = make_envelope(req, producer="attacker", tenant_id=A).model_copy(update={"producer_token": token})

@@ -56,7 +56,8 @@ async def test_results_file_made_once_from_progress_events(platform, settings):
         assert env["tenant_id"] == "demo" and env["payload"]["purpose"] == "fine-tune-results"
 
         client, other = (openai.AsyncOpenAI(base_url=p.url("ingest") + "/v1", api_key="unused", max_retries=0,
-                                            http_client=httpx.AsyncClient(auth=IdentityAuth(t, ("read",)), timeout=60)) for t in ("demo", "acme"))
+                                            http_client=httpx.AsyncClient(auth=IdentityAuth(t, ("read",)), timeout=60))
+                         for t in ("demo", "acme"))
         f = await client.files.retrieve(file_id)
         assert (f.purpose, f.status, f.filename) == ("fine-tune-results", "processed", f"{job}-results.csv")
         # topics are not ordered with each other: a step read after the end of training rewrites the file
