@@ -87,6 +87,21 @@ def test_a_pausing_job_whose_node_is_lost_is_parked_too():
     assert job.status == rules.PAUSED and job.fenced_attempt == 1
 
 
+def test_a_job_paused_before_its_training_began_is_stopped_and_parked_at_once():
+    """Provisioning: no process may be there to take a SIGTERM yet, and nothing new to checkpoint: the
+    attempt is fenced (the node stops it without reporting) and the job parked, not left to a timeout."""
+    job = queued()
+    job.assign(T0, [PlacedPart(node_id="n1", gpu_ids=[0])], Shape("A100", 1), False, False, 3600.0, {})
+    events = job.pause(T0 + timedelta(seconds=3))
+    assert [e.EVENT_TYPE for e in events] == ["job.preempted", "node.fenced"]
+    assert events[0].reason == "pause" and events[0].checkpoint is None
+    assert job.status == rules.PAUSED and job.fenced_attempt == 1 and job.node_ids == []
+    job.queue(T0 + timedelta(minutes=1), SPEC, 200.0, 600.0, QuotaRecord(), 0, {})
+    [assigned] = job.assign(T0 + timedelta(minutes=2), [PlacedPart(node_id="n1", gpu_ids=[0])], Shape("A100", 1),
+                            False, False, 3600.0, {})
+    assert assigned.attempt == 2 and assigned.resume_from is None
+
+
 def test_cancel_wins_over_a_paused_job():
     job = running()
     job.pause(T0)

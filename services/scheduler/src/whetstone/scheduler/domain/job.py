@@ -282,10 +282,11 @@ class Job:
                                       for_job_id=self.preempted_for) for node in self.node_ids]
 
     def pause(self, now: datetime) -> list[Event]:
-        """The tenant pauses the job. Queued: it leaves the queue at once. On a node: the preemption
+        """The tenant pauses the job. Queued: it leaves the queue at once. Training: the preemption
         path with reason `pause` (emergency checkpoint, GPUs released); the node's job.preempted then
-        parks it as paused instead of re-queueing it (`preempted`). A stop already under way for
-        another reason is not asked again: it parks too. Paused or pausing already: nothing."""
+        parks it as paused instead of re-queueing it (`preempted`); a stop already under way is not
+        asked again. Provisioning (no training reported yet, so nothing new to checkpoint): the attempt
+        is given up (fenced) and parked at once. Paused or pausing already: nothing."""
         if self.status == rules.QUEUED:
             since = self.queued_since or self.queued_at
             self.waited_s += max((now - since).total_seconds(), 0.0) if since else 0.0
@@ -297,6 +298,8 @@ class Job:
         asked = self.preempt_requested_at is not None
         self.preempt_requested_at = self.preempt_requested_at or now
         self.preempt_reason, self.preempted_for, self.updated_at = PreemptRequestReason.PAUSE, None, now
+        if self.status == rules.PROVISIONING:
+            return self.give_up_segment(now, PreemptionReason.PAUSE, 0)
         self.note(now, "Job pause requested: " + ("the node is already stopping it" if asked else
                   "emergency checkpoint and stop requested"), reason=PreemptRequestReason.PAUSE)
         return [] if asked else self._stop_commands(PreemptRequestReason.PAUSE)
