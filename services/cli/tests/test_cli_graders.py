@@ -112,7 +112,7 @@ async def test_graders_and_reinforcement_jobs_from_the_cli(platform, settings, m
                                        "--compute-multiplier", "1.5", "--eval-interval", "3",
                                        "--reasoning-effort", "low", "--seed", "7")
             assert code == 0 and out.splitlines()[-1].startswith("ftjob-"), err
-            assert "method reinforcement" in out, out
+            assert '"reasoning_effort": "low"' in out and "\n  grader reward (multi)\n" in out, out
             code, out, _ = await run("jobs", "get", out.splitlines()[-1], "--json")
             job = json.loads(out)
             assert job["method"]["type"] == "reinforcement" and job["seed"] == 7

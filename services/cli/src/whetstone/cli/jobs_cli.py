@@ -114,6 +114,8 @@ def describe_job(j: Job, stage: str | None = None) -> str:
         platform = j.method.whetstone or PlatformMethod()
         lines.append(f"  method {j.method.type} ({platform.method})  "
                      f"hyperparameters {json.dumps(j.hyperparameters.to_dict() if j.hyperparameters else None)}")
+        if (rl := j.method.reinforcement) is not None and rl.grader is not None:
+            lines.append(f"  grader {rl.grader.name} ({rl.grader.type})")
     if j.error is not None and any(j.error.to_dict().values()):
         lines.append(f"  error  {j.error.code}: {j.error.message}")
     ev = j.eval
