@@ -358,7 +358,7 @@ class Job:
         counts_spot = reason == "spot_loss" or (on_spot and reason in ("node_lost", "drain", "signal"))
         counts_priority = reason == "priority" or self.preempt_reason == "priority"
         paused = self.preempt_reason == PreemptRequestReason.PAUSE
-        self._move(rules.PREEMPTED, now, f"preempted ({reason})")
+        self._move(rules.PREEMPTED, now, f"stopped on its node ({reason})" if paused else f"preempted ({reason})")
         self.spot_preemptions += int(counts_spot)
         self.priority_preemptions += int(counts_priority)
         self._leave_nodes()
