@@ -31,7 +31,9 @@ async def dataset(settings, dataset_id: str, purpose: str, schema: str | None) -
         train_uri=f"s3://whetstone/tenants/demo/datasets/{dataset_id}/train.jsonl"), "demo")
 
 
-async def test_reinforcement_jobs_are_accepted_recorded_and_checked(platform, settings, tiny_model):
+async def test_reinforcement_jobs_are_accepted_recorded_and_checked(platform, settings, tiny_model, monkeypatch):
+    monkeypatch.setenv("WHETSTONE_SCHEDULER_UNKNOWN_DATASET_GRACE_S", "1")
+    monkeypatch.setenv("WHETSTONE_SCHEDULER_DATASET_WAIT_S", "10")   # a validation file never validated
     async with platform(lambda: build_service(SchedulerSettings())) as p:
         rt = p["scheduler"]
         api = openai.AsyncOpenAI(base_url=p.url("scheduler") + "/v1", api_key="unused",
@@ -55,6 +57,9 @@ async def test_reinforcement_jobs_are_accepted_recorded_and_checked(platform, se
             "exact"
         assert spec["reinforcement"]["generations"] == 6 and spec["reinforcement"]["max_completion_tokens"] == 128
         assert spec["reinforcement"]["response_format"]["type"] == "json_schema"
+        # a validation file nobody uploads: the job fails after dataset_wait_s naming it (checked at the end)
+        orphan = await api.fine_tuning.jobs.create(model=tiny_model, training_file="file-rft", method=method,
+                                                   validation_file="file-never")
         fetched = await api.fine_tuning.jobs.retrieve(job.id)
         assert fetched.method.reinforcement.hyperparameters.n_epochs == 2 and fetched.seed == 3
 
@@ -87,7 +92,7 @@ async def test_reinforcement_jobs_are_accepted_recorded_and_checked(platform, se
             with pytest.raises(openai.BadRequestError) as caught:
                 await api.fine_tuning.jobs.create(model=tiny_model, training_file="file-rft", method=bad)
             assert caught.value.body["param"] == param, (bad, caught.value.body)
-        assert await rt.pool.fetchval("SELECT count(*) FROM jobs") == 1
+        assert await rt.pool.fetchval("SELECT count(*) FROM jobs") == 2
 
         # a validation file: the job waits for its verdict too, then holds out that file's rows (validation
         # during training, the gate's held-out prompts) instead of the training file's split; QLoRA (the
@@ -114,3 +119,10 @@ async def test_reinforcement_jobs_are_accepted_recorded_and_checked(platform, se
                                               validation_file="file-chat")
         assert caught.value.body["param"] == "validation_file" and "rft dataset" in caught.value.body["message"]
 
+        async def orphan_failed():
+            found = await api.fine_tuning.jobs.retrieve(orphan.id)
+            return found if found.status == "failed" else None
+
+        failed = await wait_until(orphan_failed, 30, "the job waiting for a validation file to fail")
+        assert failed.error.code == "validation_file_not_validated" and failed.error.param == "validation_file"
+        assert "'file-never'" in failed.error.message

@@ -13,6 +13,7 @@ from whetstone.runtime.service import Runtime
 from ..usecases.admission import larger_than_pool, nodes_of, try_queue
 from ..adapters.store import JobStore, NodeFacts
 from ..context import SchedulerContext
+from ..domain import jobs as rules
 from ..domain.placement import could_ever_fit
 from .loop import request_preemption
 
@@ -85,7 +86,8 @@ async def watch_timeouts(rt: Rt) -> None:
 
 async def expire_waiting_jobs(rt: Rt) -> None:
     """A job whose training file never gets validated fails with a clear reason instead of hanging:
-    quickly when nobody ever submitted that dataset, after ``dataset_wait_s`` when validation stalls."""
+    quickly when nobody ever submitted that dataset, after ``dataset_wait_s`` when validation stalls.
+    A job still waiting for its validation file's verdict fails after ``dataset_wait_s`` too."""
     cfg = rt.ctx.config
     while True:
         await asyncio.sleep(min(2.0, cfg.unknown_dataset_grace_s / 2, cfg.dataset_wait_s / 2))
@@ -98,8 +100,14 @@ async def expire_waiting_jobs(rt: Rt) -> None:
                     # the verdict committed while this job was being created, so neither saw the other
                     # (found by the chaos suite): queue it (or fail it with the verdict's reason) now
                     await try_queue(rt, store, job)
-                    continue
-                if not submitted:
+                    if job.status != rules.VALIDATING or job.created_at >= now - timedelta(seconds=cfg.dataset_wait_s):
+                        continue   # queued (or failed with the verdict's reason), or still within the wait
+                    events = job.fail(now, "validation_file_not_validated",
+                                      f"validation_file {job.request.validation_file!r} has no validation verdict "
+                                      f"after {cfg.dataset_wait_s:.0f}s: upload it (POST /v1/files or whet files "
+                                      "upload) and use the file id it returns, or leave validation_file out",
+                                      param="validation_file")
+                elif not submitted:
                     events = job.fail(now, "unknown_training_file",
                                       f"training_file {name!r} is not a file this tenant uploaded: upload it first "
                                       "(POST /v1/files or whet files upload) and use the file id it returns")
