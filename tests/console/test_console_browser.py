@@ -171,6 +171,14 @@ async def test_second_tenant_sees_nothing(page, console):
     assert "No files yet." in await page.locator("main").inner_text()
     await visit(page, "#/jobs")
     assert "No jobs yet." in await page.locator("main").inner_text()
+    # opened afresh with its session, the page's data is asked for once, while the session is still checked
+    await page.reload()
+    await page.locator("main > .view[data-ready]").wait_for()
+    session, listed = await page.evaluate("""() => [
+        performance.getEntriesByType('resource').filter((e) => e.name.endsWith('/console/session')).map((e) => e.responseEnd),
+        performance.getEntriesByType('resource').filter((e) => e.name.includes('/v1/fine_tuning/jobs?')).map((e) => e.startTime)]""")
+    assert len(session) == 1 and len(listed) == 1 and listed[0] < session[0], (session, listed)
+    assert "No jobs yet." in await page.locator("main").inner_text()
     await visit(page, "#/models")   # the shared base models are listed for every tenant; demo's model is not
     text = await page.locator("main").inner_text()
     assert "ft:" not in text and console.state.get("model_id", "ft:") not in text and ":demo:" not in text, text

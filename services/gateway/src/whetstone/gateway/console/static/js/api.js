@@ -27,7 +27,32 @@ function signedOut(err) {
   window.dispatchEvent(new CustomEvent("whet:signed-out", { detail: err.message }));
 }
 
-export async function api(path, { method = "GET", body, signal } = {}) {
+// GET answers asked for while the session check is still under way (the first page's data, see
+// app.js): the page's own call for the same path takes the answer instead of asking again. Used once,
+// and only while fresh; a failed early answer is asked again, as if never asked.
+const early = new Map();   // path -> { at, answer }
+const EARLY_FRESH_MS = 5000;
+
+export function prefetch(path) {
+  if (!early.has(path)) early.set(path, { at: performance.now(), answer: request(path, {}).catch((err) => err) });
+}
+
+export async function api(path, options = {}) {
+  const held = early.get(path);
+  if (held && (options.method || "GET") === "GET") {
+    early.delete(path);
+    const answer = await held.answer;
+    if (!(answer instanceof Error) && performance.now() - held.at < EARLY_FRESH_MS) return answer;
+  }
+  try {
+    return await request(path, options);
+  } catch (err) {
+    if (err instanceof ApiError && err.status === 401 && !path.startsWith("/console/session")) signedOut(err);
+    throw err;
+  }
+}
+
+async function request(path, { method = "GET", body, signal }) {
   const headers = { Accept: "application/json" };
   if (body !== undefined) headers["Content-Type"] = "application/json";
   if (!["GET", "HEAD"].includes(method)) headers["X-CSRF-Token"] = csrfToken();
@@ -36,11 +61,7 @@ export async function api(path, { method = "GET", body, signal } = {}) {
   if (r.status === 204) return null;
   let data = null;
   try { data = await r.json(); } catch { data = null; }
-  if (!r.ok) {
-    const err = new ApiError(r.status, data);
-    if (r.status === 401 && !path.startsWith("/console/session")) signedOut(err);
-    throw err;
-  }
+  if (!r.ok) throw new ApiError(r.status, data);
   return data;
 }
 

@@ -1,5 +1,5 @@
 // The console's shell: sign-in, navigation (hash routes), and the page in view.
-import { api, ApiError, csrfToken } from "./api.js";
+import { api, ApiError, csrfToken, prefetch } from "./api.js";
 import { h, clear, field, notice } from "./dom.js";
 import * as files from "./pages/files.js";
 import * as jobs from "./pages/jobs.js";
@@ -116,8 +116,18 @@ window.addEventListener("whet:signed-out", (e) => showSignIn(`Your session ended
 window.addEventListener("hashchange", () => { if (me) route(); });
 window.addEventListener("whet:reload", () => { if (me) route(); });
 
+// The first page's data is asked for while the session is checked (one round trip instead of two
+// before the page shows); a refused early answer is simply asked again by the page.
+function prefetchFirstPage() {
+  const { path, params } = parseHash();
+  let m;
+  if (path === "/jobs") prefetch(jobs.listPath(params));
+  else if ((m = path.match(/^\/jobs\/([^/]+)$/)) && m[1] !== "new") prefetch(job.jobPath(decodeURIComponent(m[1])));
+}
+
 (async () => {
   try {
+    if (csrfToken()) prefetchFirstPage();
     me = csrfToken() ? await api("/console/session") : null;
   } catch { me = null; }
   if (me) { showSignedIn(); route(); } else showSignIn();

@@ -39,8 +39,13 @@ function metricTable(metrics) {
     m.name, num(m.candidate), num(m.base), num(m.last_accepted), m.higher_is_better ? "higher" : "lower"]), { numeric: [1, 2, 3] });
 }
 
+// The job's own path, also asked for early by app.js while the session is being checked.
+export function jobPath(id) {
+  return `/v1/fine_tuning/jobs/${encodeURIComponent(id)}`;
+}
+
 export async function page(main, { id }, ctx) {
-  let job = await api(`/v1/fine_tuning/jobs/${encodeURIComponent(id)}`);
+  let job = await api(jobPath(id));
   const head = h("div");
   const chart = new LossChart();
   const events = h("ol", { id: "events", reversed: true, "aria-label": "Events, newest first" });

@@ -20,6 +20,11 @@ const KNOBS = [   // [name, label, type, step, applies to]
   ["beta", "Beta (DPO) / lambda (ORPO)", "number", "any", ["dpo", "orpo"]],
 ];
 
+// The list's first request, also asked for early by app.js while the session is being checked.
+export function listPath(params) {
+  return `/v1/fine_tuning/jobs${query({ limit: 50, after: params.get("after") })}`;
+}
+
 export async function list(main, { params }, ctx) {
   const status = params.get("status") || "";
   const text = params.get("q") || "";
@@ -35,7 +40,7 @@ export async function list(main, { params }, ctx) {
     location.hash = `#/jobs${query({ status: statusSel.value, q: search.value.trim() })}`;
   });
   main.append(filter);
-  const page = await api(`/v1/fine_tuning/jobs${query({ limit: 50, after })}`);
+  const page = await api(listPath(params));
   const needle = text.toLowerCase();
   const shown = page.data.filter((j) => (!status || j.status === status) &&
     (!needle || [j.id, j.model, j.user_provided_suffix].some((v) => String(v || "").toLowerCase().includes(needle))));
