@@ -110,12 +110,13 @@ async def test_graders_and_reinforcement_jobs_from_the_cli(platform, settings, m
             code, out, err = await run("jobs", "create", "--training-file", "file-rft", "--method", "reinforcement",
                                        "--grader", grader, "--epochs", "2", "--batch-size", "4",
                                        "--compute-multiplier", "1.5", "--eval-interval", "3",
-                                       "--reasoning-effort", "low", "--seed", "7")
+                                       "--reasoning-effort", "low", "--seed", "7", "--qlora")
             assert code == 0 and out.splitlines()[-1].startswith("ftjob-"), err
             assert '"reasoning_effort": "low"' in out and "\n  grader reward (multi)\n" in out, out
             code, out, _ = await run("jobs", "get", out.splitlines()[-1], "--json")
             job = json.loads(out)
             assert job["method"]["type"] == "reinforcement" and job["seed"] == 7
+            assert job["method"]["whetstone"] == {"method": "qlora"}
             assert job["method"]["reinforcement"]["grader"]["graders"]["exact"]["reference"] == "{{item.answer}}"
             hp = job["method"]["reinforcement"]["hyperparameters"]
             assert (hp["n_epochs"], hp["batch_size"], hp["compute_multiplier"], hp["eval_interval"],
@@ -123,6 +124,8 @@ async def test_graders_and_reinforcement_jobs_from_the_cli(platform, settings, m
             # refused before any request: a grader without the method, the method without a grader
             code, _, err = await run("jobs", "create", "--training-file", "file-rft", "--grader", grader)
             assert code == 2 and "--grader is for --method reinforcement" in err, err
+            code, _, err = await run("jobs", "create", "--training-file", "file-rft", "--qlora")
+            assert code == 2 and "--qlora is for --method reinforcement" in err, err
             code, _, err = await run("jobs", "create", "--training-file", "file-rft", "--method", "reinforcement")
             assert code == 2 and "needs --grader FILE" in err, err
             # the API's own refusal of a knob, the field named

@@ -42,6 +42,8 @@ def job_body(args: argparse.Namespace) -> dict[str, Any]:
         except ValueError:
             hp[k] = v
     method = args.method
+    if getattr(args, "qlora", False) and method != "reinforcement":
+        raise BadInput("--qlora is for --method reinforcement (supervised QLoRA is --method qlora)")
     if method == "reinforcement" or getattr(args, "grader", None):
         return {"model": args.model, "training_file": args.training_file,
                 "method": reinforcement_method(args, hp), **optional_fields(args)}
@@ -79,7 +81,10 @@ def reinforcement_method(args: argparse.Namespace, hp: dict[str, Any]) -> dict[s
         config["hyperparameters"] = hp
     if args.response_format:
         config["response_format"] = read_json_file(args.response_format, "response format")
-    return {"type": "reinforcement", "reinforcement": config}
+    method: dict[str, Any] = {"type": "reinforcement", "reinforcement": config}
+    if args.qlora:
+        method["whetstone"] = {"method": "qlora"}   # the platform's extension: LoRA on a 4-bit NF4 base
+    return method
 
 
 def step_text(progress: Progress | None) -> str:
@@ -242,6 +247,8 @@ def add_parser(sub, cmd) -> Any:
     cj.add_argument("--eval-samples", type=int, help="reinforcement: completions per validation prompt")
     cj.add_argument("--reasoning-effort", choices=("default", "low", "medium", "high"),
                     help="reinforcement: the completion budget (low/default/medium/high)")
+    cj.add_argument("--qlora", action="store_true", help="reinforcement: train the LoRA adapter on a 4-bit NF4 "
+                                                          "base (QLoRA; less memory)")
     cj.add_argument("--response-format", metavar="FILE", help="reinforcement: a JSON file with the response_format "
                                                               "(json_schema) the samples should follow")
     cj.add_argument("--epochs", type=int, help="passes over the training file (n_epochs; default: the method's)")
