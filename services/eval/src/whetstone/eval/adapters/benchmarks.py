@@ -199,21 +199,51 @@ class _LmEvalRun(BaseModel):
     n_samples: dict[str, _Samples] = Field(default_factory=dict, alias="n-samples")
 
 
+def is_vision_base(base_dir: str) -> bool:
+    """A local vision-language base: its text benchmarks run on its language side."""
+    from whetstone.modelkit.loading import has_vision_config, is_local_ref
+
+    return is_local_ref(base_dir) and has_vision_config(Path(base_dir))
+
+
+def _language_side(base_dir: str, adapter_dir: str | None, batch_size: int) -> Any:
+    """lm-eval's HFLM over a vision-language base loaded whole (modelkit's `load_model`), the adapter
+    merged in: text benchmarks only ever give it token ids, so its language model answers them (lm-eval's
+    own loader uses AutoModelForCausalLM, which refuses a LLaVA config)."""
+    from lm_eval.models.huggingface import HFLM
+    from whetstone.modelkit.loading import load_model, load_tokenizer
+
+    model = load_model(base_dir, dtype="float32")
+    if adapter_dir:
+        from peft import PeftModel
+
+        model = PeftModel.from_pretrained(model, adapter_dir).merge_and_unload()
+    model.eval()
+    return HFLM(pretrained=model, tokenizer=load_tokenizer(base_dir), backend="causal", batch_size=batch_size)
+
+
 def run_lm_eval(base_dir: str, adapter_dir: str | None, suites: list[Suite], *, batch_size: int = 32,
                 limit: int | None = None) -> dict[str, SuiteScore]:
-    """Accuracy per suite for the base model, or base + LoRA adapter (`peft=`)."""
+    """Accuracy per suite for the base model, or base + LoRA adapter (`peft=`). A vision-language base is
+    scored on its language side (`_language_side`)."""
     os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     import lm_eval
     from lm_eval.tasks import TaskManager
 
+    vision = is_vision_base(base_dir)
     with tempfile.TemporaryDirectory(prefix="eval-tasks-") as tmp:
         include = stage_include_dir(suites, Path(tmp))
-        args = f"pretrained={base_dir},dtype=float32" + (f",peft={adapter_dir}" if adapter_dir else "")
-        out = lm_eval.simple_evaluate(model="hf", model_args=args, tasks=[s.name for s in suites],
-                                      task_manager=TaskManager(include_path=str(include), include_defaults=False),
-                                      device="cpu", batch_size=batch_size, limit=limit, log_samples=False,
-                                      verbosity="ERROR")
+        tasks = TaskManager(include_path=str(include), include_defaults=False)
+        if vision:
+            out = lm_eval.simple_evaluate(model=_language_side(base_dir, adapter_dir, batch_size),
+                                          tasks=[s.name for s in suites], task_manager=tasks, limit=limit,
+                                          log_samples=False, verbosity="ERROR")
+        else:
+            args = f"pretrained={base_dir},dtype=float32" + (f",peft={adapter_dir}" if adapter_dir else "")
+            out = lm_eval.simple_evaluate(model="hf", model_args=args, tasks=[s.name for s in suites],
+                                          task_manager=tasks, device="cpu", batch_size=batch_size, limit=limit,
+                                          log_samples=False, verbosity="ERROR")
     run = _LmEvalRun.model_validate(out)
     scores = {}
     for s in suites:

@@ -1,4 +1,9 @@
-"""Loading base + adapters once per evaluation, greedy generation, holdout loss (torch lives here)."""
+"""Loading base + adapters once per evaluation, greedy generation, holdout loss (torch lives here).
+
+A vision-language base (a model directory with an image processor) loads whole with its processor:
+chats with images are rendered with the processor's image token, each expanded to its image's token
+count and fed with the images' pixel values (modelkit's vision building blocks, as training and
+serving use them); text-only chats go through the language model as for a text base."""
 
 from __future__ import annotations
 
@@ -6,7 +11,7 @@ from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any
 
-from ..domain.rows import Conversation, Side
+from ..domain.rows import Conversation, ImageRef, Side, Turn
 
 END_OF_TURN_TOKENS = ("<|end|>", "<|eot_id|>", "<|im_end|>", "<end_of_turn>")
 
@@ -19,9 +24,11 @@ class Models:
     def __init__(self, base_dir: str, candidate_dir: str | None = None, last_dir: str | None = None):
         import torch
         from whetstone.modelkit.loading import load_model, load_tokenizer
+        from whetstone.modelkit.vision import load_processor
 
         torch.manual_seed(0)
         self.tokenizer = load_tokenizer(base_dir)
+        self.processor = load_processor(base_dir)   # None for a text-only base
         self.base = load_model(base_dir, dtype="float32")
         self.base.eval()
         self.model = self.base
@@ -59,11 +66,13 @@ class Models:
         stop_ids = sorted({i for i in (tok.eos_token_id, *(vocab[t] for t in END_OF_TURN_TOKENS if t in vocab))
                            if isinstance(i, int)})
         pad = tok.pad_token_id if tok.pad_token_id is not None else 0
-        texts = [tok.apply_chat_template(_chat(c), tokenize=False, add_generation_prompt=True) for c in conversations]
+        prompts = [self._prompt(c) for c in conversations]
         out: list[str] = []
         with self.use(which) as model, torch.no_grad():
-            for i in range(0, len(texts), batch_size):
-                encoded = [tok(t, add_special_tokens=False)["input_ids"] for t in texts[i:i + batch_size]]
+            for i in range(0, len(prompts), batch_size):
+                encoded = [ids for ids, _ in prompts[i:i + batch_size]]
+                pixels = [p for _, p in prompts[i:i + batch_size] if p is not None]
+                images = {"pixel_values": torch.cat(pixels)} if pixels else {}
                 width = max(len(e) for e in encoded)
                 ids = torch.full((len(encoded), width), pad, dtype=torch.long)
                 mask = torch.zeros((len(encoded), width), dtype=torch.long)
@@ -71,19 +80,65 @@ class Models:
                     ids[row, width - len(e):] = torch.tensor(e)
                     mask[row, width - len(e):] = 1
                 gen = model.generate(input_ids=ids, attention_mask=mask, max_new_tokens=max_new_tokens,
-                                     do_sample=False, eos_token_id=stop_ids or None, pad_token_id=pad)
+                                     do_sample=False, eos_token_id=stop_ids or None, pad_token_id=pad, **images)
                 for row in gen[:, width:]:
                     out.append(tok.decode(row, skip_special_tokens=True).strip())
         return out
 
+    def _prompt(self, conversation: Conversation) -> tuple[list[int], Any]:
+        """The generation prompt's token ids (image tokens expanded) and its images' pixel values (or None)."""
+        from whetstone.modelkit.vision import (
+            ImagePart,
+            expand_image_tokens,
+            image_size,
+            image_token_counts,
+            pixel_values,
+            text_messages,
+        )
+
+        tok = self.tokenizer
+        images = [image for turn in conversation for image in turn.images]
+        if not images:
+            text = tok.apply_chat_template(_chat(conversation), tokenize=False, add_generation_prompt=True)
+            return list(tok(text, add_special_tokens=False)["input_ids"]), None
+        if self.processor is None:
+            raise ValueError("the held-out rows hold images but the base model has no image processor")
+        token = self.processor.image_token
+        text = tok.apply_chat_template(text_messages(_chat(conversation), token), tokenize=False,
+                                       add_generation_prompt=True)
+        ids = list(tok(text, add_special_tokens=False)["input_ids"])
+        counts = image_token_counts(self.processor, [image_size(i.url) for i in images])
+        ids, _ = expand_image_tokens(ids, [0] * len(ids), tok.convert_tokens_to_ids(token), counts)
+        return ids, pixel_values(self.processor, [ImagePart(i.url, i.detail) for i in images])
+
     def loss(self, which: Side, rows: Sequence[Conversation], max_len: int = 512) -> float:
-        """Token-weighted mean next-token loss on the rows' assistant turns."""
-        from whetstone.modelkit.holdout import holdout_loss
+        """Token-weighted mean next-token loss on the rows' assistant turns (for rows with images: their
+        text tokens, the images fed as pixel values, as training feeds them)."""
+        from whetstone.modelkit.holdout import holdout_loss, labelled_loss_sums
 
+        chats = [_chat(r) for r in rows]
         with self.use(which) as model:
-            return float(holdout_loss(model, self.tokenizer, [_chat(r) for r in rows], max_len=max_len)["loss"])
+            if self.processor is None or not any(t.parts for r in rows for t in r):
+                return float(holdout_loss(model, self.tokenizer, chats, max_len=max_len)["loss"])
+            from whetstone.modelkit.vision import VisionCollator, vision_example
+
+            examples = [vision_example(self.processor, chat, max_len) for chat in chats]
+            pad = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else 0
+            collate = VisionCollator(pad)
+            sums = labelled_loss_sums(model, (collate(examples[i:i + 8]) for i in range(0, len(examples), 8)))
+            if sums.tokens == 0:
+                raise ValueError("no trained tokens in the holdout rows")
+            return sums.loss / sums.tokens
 
 
-def _chat(conversation: Conversation) -> list[dict[str, str]]:
-    """The messages as a chat template (and modelkit's tokenizer) reads them."""
-    return [{"role": t.role, "content": t.content} for t in conversation]
+def _content(turn: Turn) -> str | list[dict[str, Any]]:
+    if not turn.parts:
+        return str(turn.content)
+    return [{"type": "image_url", "image_url": {"url": p.url, "detail": p.detail}} if isinstance(p, ImageRef)
+            else {"type": "text", "text": p} for p in turn.parts]
+
+
+def _chat(conversation: Conversation) -> list[dict[str, Any]]:
+    """The messages as a chat template (and modelkit's tokenizer) reads them; a message with images keeps
+    OpenAI's content parts (modelkit's vision helpers render them)."""
+    return [{"role": t.role, "content": _content(t)} for t in conversation]

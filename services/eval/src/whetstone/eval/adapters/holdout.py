@@ -9,8 +9,10 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from pydantic import BaseModel, ConfigDict, ValidationError
+from whetstone.modelkit.image_reader import check_image_url
+from whetstone.modelkit.image_rules import ImageLimits, ImageProblem
 
-from ..domain.rows import HarmfulPrompt, HoldoutRow, Turn
+from ..domain.rows import HarmfulPrompt, HoldoutRow, ImageRef, Turn
 
 T = TypeVar("T")
 SHIPPED_SAFETY = Path(__file__).resolve().parents[1] / "suites" / "safety" / "harmful_prompts.jsonl"
@@ -23,7 +25,48 @@ class HoldoutError(ValueError):
 class _Turn(BaseModel):
     model_config = ConfigDict(strict=True)
     role: str
-    content: str
+    content: str | list[Any]
+
+
+class _ImageUrl(BaseModel):
+    model_config = ConfigDict(strict=True)
+    url: str
+    detail: str = "auto"
+
+
+class _Part(BaseModel):
+    """One content part of a message with images: `{"type": "text", "text"}` or
+    `{"type": "image_url", "image_url": {"url", "detail"?}}`."""
+
+    model_config = ConfigDict(strict=True)
+    type: str
+    text: str | None = None
+    image_url: _ImageUrl | None = None
+
+
+def _parts(turn: _Turn, content: list[Any], at: str) -> tuple[str | ImageRef, ...]:
+    """A content list's parts in order; every image checked as ingest checks it (format, size, pixels)."""
+    if turn.role == "assistant":
+        raise HoldoutError(f"{at}: images are only allowed in user messages, not in the assistant's answer")
+    parts: list[str | ImageRef] = []
+    for j, raw in enumerate(content):
+        where = f"{at}.content[{j}]"
+        try:
+            part = _Part.model_validate(raw)
+        except ValidationError:
+            raise HoldoutError(f"{where}: expected a text part or an image_url part with a string url") from None
+        if part.type == "text" and part.text is not None:
+            parts.append(part.text)
+        elif part.type == "image_url" and part.image_url is not None:
+            checked = check_image_url(part.image_url.url, ImageLimits(), where)
+            if isinstance(checked, ImageProblem):
+                raise HoldoutError(checked.message)
+            parts.append(ImageRef(part.image_url.url, part.image_url.detail))
+        elif part.type in ("text", "image_url"):
+            raise HoldoutError(f"{where}: the {part.type} part needs its '{part.type}' field")
+        else:
+            raise HoldoutError(f"{where}: part type {part.type!r} is not supported (text or image_url)")
+    return tuple(parts)
 
 
 class _ChatRow(BaseModel):
@@ -48,9 +91,15 @@ def _turns(value: Any, name: str, line_no: int, min_len: int = 1) -> list[Turn]:
         try:
             turn = _Turn.model_validate(m)
         except ValidationError:
-            raise HoldoutError(f"validation file line {line_no}: {name}[{i}] needs string 'role' and 'content'") \
-                from None
-        turns.append(Turn(turn.role, turn.content))
+            raise HoldoutError(f"validation file line {line_no}: {name}[{i}] needs string 'role' and 'content' "
+                               "(a string or a list of content parts)") from None
+        if isinstance(turn.content, str):
+            turns.append(Turn(turn.role, turn.content))
+            continue
+        parts = _parts(turn, turn.content, f"validation file line {line_no}: {name}[{i}]")
+        text = "".join(p for p in parts if isinstance(p, str))
+        turns.append(Turn(turn.role, text, parts) if any(isinstance(p, ImageRef) for p in parts)
+                     else Turn(turn.role, text))
     return turns
 
 

@@ -18,11 +18,25 @@ class Side(StrEnum):
 
 
 @dataclass(frozen=True)
+class ImageRef:
+    """One image of a held-out chat: OpenAI's `image_url` part (a `data:` URL, checked when read)."""
+
+    url: str
+    detail: str = "auto"
+
+
+@dataclass(frozen=True)
 class Turn:
-    """One chat message, as a chat template reads it."""
+    """One chat message, as a chat template reads it. A message with images keeps its content parts in
+    order (`parts`: text as str, images as ImageRef); `content` is then its text alone."""
 
     role: str
     content: str
+    parts: tuple[str | ImageRef, ...] = ()
+
+    @property
+    def images(self) -> tuple[ImageRef, ...]:
+        return tuple(p for p in self.parts if isinstance(p, ImageRef))
 
 
 Conversation = Sequence[Turn]
@@ -33,6 +47,10 @@ class HoldoutRow:
     prompt: list[Turn]          # the conversation up to the answer
     reference: str              # the expected final assistant answer
     messages: list[Turn]        # the whole conversation (for the loss)
+
+    @property
+    def has_images(self) -> bool:
+        return any(t.parts for t in self.messages)
 
 
 @dataclass(frozen=True)

@@ -149,7 +149,10 @@ class _Run:
             base = {k: SuiteScore(*v) for k, v in BenchBase.model_validate(cached).root.items()}
         cand = benchmarks.run_lm_eval(self.c.base_dir, self.c.adapter_dir, suites,
                                       batch_size=self.tools.lm_eval_batch_size)
-        return with_details(decide_benchmarks(base, cand, self.policy.benchmarks), base_cached=cached is not None)
+        result = with_details(decide_benchmarks(base, cand, self.policy.benchmarks), base_cached=cached is not None)
+        if benchmarks.is_vision_base(self.c.base_dir):
+            result = with_details(result, scored_on="the language side of the vision-language base (text only)")
+        return result
 
     # ----------------------------------------------------------- stage 2
     def holdout_stage(self) -> EvalStageResult:
