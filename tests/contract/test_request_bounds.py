@@ -10,6 +10,8 @@ route without a bound fails here. Pure: the routers are built over a stand-in ru
 from __future__ import annotations
 
 import importlib
+import tempfile
+from pathlib import Path
 from typing import Any
 from unittest.mock import MagicMock
 
@@ -78,11 +80,14 @@ def unbounded(schema: dict[str, Any], defs: dict[str, Any], where: str, seen: se
 def request_bodies() -> list[tuple[str, dict[str, Any], dict[str, Any]]]:
     """(where, schema, its definitions) of every JSON request body of every service's routes."""
     found = []
+    data_dir = Path(tempfile.mkdtemp(prefix="request-bounds-"))   # where a router may read the internal secret
     for name in SERVICES_WITH_API:
         bootstrap = importlib.import_module(f"whetstone.{name}.bootstrap")
         routes = getattr(bootstrap, "routes", None) or bootstrap.build_service().routes
+        runtime = MagicMock(name=f"{name} runtime")
+        runtime.settings.data_dir = data_dir
         app = FastAPI()
-        app.include_router(routes(MagicMock(name=f"{name} runtime")))
+        app.include_router(routes(runtime))
         doc = app.openapi()
         defs = doc.get("components", {}).get("schemas", {})
         for path, operations in doc["paths"].items():
