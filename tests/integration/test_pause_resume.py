@@ -141,10 +141,11 @@ async def test_pause_checkpoints_frees_the_slot_and_resume_finishes_where_it_sto
             [completed] = sent["job.completed"]
             steps = {seg: [e["step"] for e in sent["job.progress"] if e["segment_id"] == seg]
                      for seg in (first["segment_id"], second["segment_id"])}
-            assert max(steps[first["segment_id"]]) <= checkpoint["step"] < min(steps[second["segment_id"]])
-            assert steps[second["segment_id"]][0] == checkpoint["step"] + 1
-            everything = steps[first["segment_id"]] + steps[second["segment_id"]]
-            assert sorted(everything) == list(range(1, completed["steps"] + 1)), steps
+            # (the agent reports a segment's first steps and its last, and every k-th between: a sample)
+            before, after = steps[first["segment_id"]], steps[second["segment_id"]]
+            assert before[0] == 1 and max(before) <= checkpoint["step"], steps
+            assert after[0] == checkpoint["step"] + 1 and after[-1] == completed["steps"], steps
+            assert after == sorted(set(after)), steps
             assert completed["steps"] == first["total_steps"] == second["total_steps"] > checkpoint["step"]
 
             # one job, its two segments each billed once (the paused one in full: the tenant's own stop)
