@@ -82,7 +82,8 @@ class Models:
                 gen = model.generate(input_ids=ids, attention_mask=mask, max_new_tokens=max_new_tokens,
                                      do_sample=False, eos_token_id=stop_ids or None, pad_token_id=pad, **images)
                 for row in gen[:, width:]:
-                    out.append(tok.decode(row, skip_special_tokens=True).strip())
+                    # U+0000 dropped: Postgres text and JSONB cannot hold it, and an untrained base emits it
+                    out.append(tok.decode(row, skip_special_tokens=True).replace("\x00", "").strip())
         return out
 
     def _prompt(self, conversation: Conversation) -> tuple[list[int], Any]:
