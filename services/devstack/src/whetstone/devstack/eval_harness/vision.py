@@ -32,7 +32,7 @@ def colour_rows(n: int, seed: int = 0) -> list[dict]:
         name = list(COLOURS)[i % len(COLOURS)]
         rgb = tuple(max(0, min(255, c + rng.randint(-20, 20))) for c in COLOURS[name])
         rows.append({"messages": [
-            {"role": "user", "content": [{"type": "text", "text": "Which colour?"}, picture(rgb)]},  # type: ignore[arg-type]
+            {"role": "user", "content": [{"type": "text", "text": "Which colour?"}, picture(rgb)]},
             {"role": "assistant", "content": name}]})
     return rows
 
