@@ -13,17 +13,13 @@ import pytest
 from openai.types.fine_tuning.alpha import GraderRunResponse
 from whetstone.cli.main import main
 from whetstone.contracts import DatasetValidatedV1
+from whetstone.devstack.grader_samples import EXACT_OR_CLOSE as GRADER
 from whetstone.devstack.testing import send_event, wait_until
 from whetstone.gateway.config import GatewaySettings
 from whetstone.gateway.server import start_gateway
 
 pytestmark = pytest.mark.integration
 
-GRADER = {"type": "multi", "name": "reward", "calculate_output": "0.8 * exact + 0.2 * close", "graders": {
-    "exact": {"type": "string_check", "name": "exact", "input": "{{sample.output_text}}",
-              "reference": "{{item.answer}}", "operation": "eq"},
-    "close": {"type": "text_similarity", "name": "close", "input": "{{sample.output_text}}",
-              "reference": "{{item.answer}}", "evaluation_metric": "fuzzy_match"}}}
 TINY = {"model_type": "llama", "hidden_size": 64, "num_hidden_layers": 2, "intermediate_size": 128,
         "vocab_size": 1536, "num_attention_heads": 4, "max_position_embeddings": 512}
 

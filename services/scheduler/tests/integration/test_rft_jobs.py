@@ -10,6 +10,7 @@ import openai
 import pytest
 
 from whetstone.contracts import DatasetValidatedV1
+from whetstone.devstack.grader_samples import EXACT_OR_CLOSE as GRADER
 from whetstone.devstack.testing import outbox, send_event, wait_until
 from whetstone.runtime.identity import IdentityAuth
 from whetstone.scheduler.bootstrap import build_service
@@ -17,11 +18,6 @@ from whetstone.scheduler.config import SchedulerSettings
 
 pytestmark = pytest.mark.integration
 
-GRADER = {"type": "multi", "name": "reward", "calculate_output": "0.8 * exact + 0.2 * close", "graders": {
-    "exact": {"type": "string_check", "name": "exact", "input": "{{sample.output_text}}",
-              "reference": "{{item.answer}}", "operation": "eq"},
-    "close": {"type": "text_similarity", "name": "close", "input": "{{sample.output_text}}",
-              "reference": "{{item.answer}}", "evaluation_metric": "fuzzy_match"}}}
 
 
 async def dataset(settings, dataset_id: str, purpose: str, schema: str | None) -> None:
