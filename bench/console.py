@@ -198,16 +198,23 @@ class Node:
         await self.producer.stop()
 
 
-async def load_page(browser, base: str, key: str, hash_: str) -> dict:
-    """One cold load of a console page in a fresh context, signed in (the session cookie set first)."""
+async def open_page(browser, base: str, key: str, hash_: str):
+    """A fresh browser context signed in (the session cookie set first) and the console page `hash_`
+    opened in it with the timing script, once the page says it is ready. Answers (context, page)."""
     context = await browser.new_context(base_url=base, viewport={"width": 1280, "height": 900})
+    r = await context.request.post("/console/session", data={"api_key": key})
+    assert r.ok, await r.text()
+    page = await context.new_page()
+    await page.add_init_script(TIMING_SCRIPT)
+    await page.goto(f"{base}/{hash_}")
+    await page.wait_for_function("() => window.__ready !== null", timeout=30_000)
+    return context, page
+
+
+async def load_page(browser, base: str, key: str, hash_: str) -> dict:
+    """One cold load of a console page in a fresh context, signed in."""
+    context, page = await open_page(browser, base, key, hash_)
     try:
-        r = await context.request.post("/console/session", data={"api_key": key})
-        assert r.ok, await r.text()
-        page = await context.new_page()
-        await page.add_init_script(TIMING_SCRIPT)
-        await page.goto(f"{base}/{hash_}")
-        await page.wait_for_function("() => window.__ready !== null", timeout=30_000)
         await asyncio.sleep(0.3)   # let late resources land in the timeline
         return await page.evaluate(PAGE_FIGURES)
     finally:
@@ -218,14 +225,8 @@ async def bus_to_chart(browser, base: str, key: str, node: Node, job: tuple[str,
     from whetstone.contracts import JobProgressV1
 
     job_id, segment_id, attempt = job
-    context = await browser.new_context(base_url=base, viewport={"width": 1280, "height": 900})
+    context, page = await open_page(browser, base, key, f"#/jobs/{job_id}")
     try:
-        r = await context.request.post("/console/session", data={"api_key": key})
-        assert r.ok, await r.text()
-        page = await context.new_page()
-        await page.add_init_script(TIMING_SCRIPT)
-        await page.goto(f"{base}/#/jobs/{job_id}")
-        await page.wait_for_function("() => window.__ready !== null", timeout=30_000)
         await asyncio.sleep(1.0)   # the event stream open
         delays = []
         for step in range(1, points + 1):
