@@ -10,7 +10,8 @@ from whetstone.contracts import (
     NodeFencedV1, TrainingSpec,
 )
 from whetstone.scheduler.domain import jobs as rules
-from whetstone.scheduler.domain.job import Job, Timeouts, new_job
+from whetstone.scheduler.domain.job import Job, new_job
+from whetstone.scheduler.domain.timeouts import Timeouts, overdue
 from whetstone.scheduler.domain.job_data import (
     AssignedShape, JobRequest, JobResources, MemoryGb, PlacedPart, Progress, QuotaRecord,
 )
@@ -214,19 +215,19 @@ def test_each_platform_side_state_has_a_timeout():
     limits = Timeouts(provisioning=10, running=20, checkpointing=30, evaluating=40)
     job = queued()
     job.assign(T0, [part("a", [0])], Shape("A100", 1), False, False, 60.0, {})
-    assert job.overdue(T0 + timedelta(seconds=9), limits) is None
-    assert job.overdue(T0 + timedelta(seconds=11), limits) == "provisioning"
+    assert overdue(job, T0 + timedelta(seconds=9), limits) is None
+    assert overdue(job, T0 + timedelta(seconds=11), limits) == "provisioning"
     job.progressed(T0 + timedelta(seconds=5), Progress(step=1))
-    assert job.overdue(T0 + timedelta(seconds=24), limits) is None
-    assert job.overdue(T0 + timedelta(seconds=26), limits) == "running"
+    assert overdue(job, T0 + timedelta(seconds=24), limits) is None
+    assert overdue(job, T0 + timedelta(seconds=26), limits) == "running"
     job.request_preemption(T0 + timedelta(seconds=20), "priority", "for another job")
-    assert job.overdue(T0 + timedelta(seconds=49), limits) is None
-    assert job.overdue(T0 + timedelta(seconds=51), limits) == "checkpointing"
+    assert overdue(job, T0 + timedelta(seconds=49), limits) is None
+    assert overdue(job, T0 + timedelta(seconds=51), limits) == "checkpointing"
     events = job.time_out(T0 + timedelta(seconds=51), "checkpointing", 30, 1)
     assert events[0].reason == "platform_timeout" and job.status == rules.QUEUED and job.timeouts == 1
     job.assign(T0, [part("a", [0])], Shape("A100", 1), False, False, 60.0, {})
     job.training_completed(T0 + timedelta(seconds=60), 4, None, CK)
-    assert job.overdue(T0 + timedelta(seconds=101), limits) == "evaluating"
+    assert overdue(job, T0 + timedelta(seconds=101), limits) == "evaluating"
     (failed,) = job.time_out(T0 + timedelta(seconds=101), "evaluating", 40, 1)
     assert isinstance(failed, JobFailedV1) and failed.error_class == "platform" and failed.code == "evaluating_timeout"
 

@@ -2,13 +2,12 @@ from datetime import timedelta
 
 from pydantic import BaseModel, Field
 from pydantic_settings import SettingsConfigDict
-
 from whetstone.runtime.settings import ServiceSettings
 
 from .domain.admission import DEFAULT_QUOTAS, Quota
 from .domain.eval_bounds import EvalBounds
-from .domain.job import Timeouts
 from .domain.policy import DEFAULT_TIERS, Policy
+from .domain.timeouts import Timeouts
 
 
 class QuotaSettings(BaseModel):

@@ -8,24 +8,49 @@ re-queueing, which checkpoint to resume from, OFF-node fields."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
 
 from whetstone.contracts import (
-    CheckpointRef, EvalCompletedV1, Event, JobAssignedV1, JobCancelledV1, JobFailedV1, JobPreemptedV1,
-    JobPreemptRequestedV1, JobQueuedV1, ModelMergedV1, NodeFencedV1, Resources, TrainingSpec,
+    CheckpointRef,
+    EvalCompletedV1,
+    Event,
+    JobAssignedV1,
+    JobCancelledV1,
+    JobFailedV1,
+    JobPreemptedV1,
+    JobPreemptRequestedV1,
+    JobQueuedV1,
+    ModelMergedV1,
+    NodeFencedV1,
+    Resources,
+    TrainingSpec,
 )
 from whetstone.contracts.enums import (
-    CheckpointKind, ErrorClass, JobStatus, MergeStatus, PreemptionReason, PreemptRequestReason, SpecMethod, StageStatus,
+    CheckpointKind,
+    ErrorClass,
+    JobStatus,
+    MergeStatus,
+    PreemptionReason,
+    PreemptRequestReason,
+    SpecMethod,
+    StageStatus,
 )
 
 from . import jobs as rules
 from .job_data import (
-    AssignedShape, JobError, JobRequest, JobResources, Note, PlacedPart, Progress, QuotaRecord, StoredCheckpoint,
-    Timeouts,
+    AssignedShape,
+    JobError,
+    JobRequest,
+    JobResources,
+    Note,
+    PlacedPart,
+    Progress,
+    QuotaRecord,
+    StoredCheckpoint,
 )
 from .placement import Shape, rendezvous
 from .templates import template_fields
@@ -158,24 +183,6 @@ class Job:
         if seen < self.attempt and not stop_report:
             return f"attempt {seen} of job {self.job_id} is older than its current attempt {self.attempt}"
         return None
-
-    def overdue(self, now: datetime, limits: Timeouts) -> str | None:
-        """The state whose platform-side timeout has passed (provisioning, running, checkpointing,
-        evaluating), or None."""
-        since = self.last_activity_at or self.updated_at
-        if self.on_node and self.preempt_requested_at is not None:
-            waited, state, limit = now - self.preempt_requested_at, "checkpointing", limits.checkpointing
-        elif self.status == rules.CHECKPOINTING:
-            waited, state, limit = now - since, "checkpointing", limits.checkpointing
-        elif self.status == rules.PROVISIONING:
-            waited, state, limit = now - since, "provisioning", limits.provisioning
-        elif self.status == rules.RUNNING:
-            waited, state, limit = now - since, "running", limits.running
-        elif self.status == rules.EVALUATING:
-            waited, state, limit = now - since, "evaluating", limits.evaluating
-        else:
-            return None
-        return state if waited > timedelta(seconds=limit) else None
 
     # ------------------------------------------------------------ helpers
 

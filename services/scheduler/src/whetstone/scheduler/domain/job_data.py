@@ -1,7 +1,7 @@
 """The typed parts of a job: what was asked (`JobRequest`), the resources admission planned
 (`JobResources`), where a segment runs (`PlacedPart`), its latest checkpoint, progress, error and
-quota record (pydantic models the job store maps to its JSON columns as they are); a timeline line
-(`Note`) and the platform-side timeouts (`Timeouts`). Pure."""
+quota record (pydantic models the job store maps to its JSON columns as they are) and a timeline
+line (`Note`). Pure."""
 
 from __future__ import annotations
 
@@ -10,8 +10,12 @@ from datetime import datetime
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
-
-from whetstone.contracts import CheckpointRef, JobRequestedV1, MergeSource, ResourceRequest
+from whetstone.contracts import (
+    CheckpointRef,
+    JobRequestedV1,
+    MergeSource,
+    ResourceRequest,
+)
 from whetstone.contracts.enums import CheckpointKind, ErrorClass, SpecMethod
 
 from .placement import Shape
@@ -198,18 +202,6 @@ class CheckpointEntry:
     created_at: datetime
     metrics: dict[str, float]
 
-
-@dataclass(frozen=True)
-class Timeouts:
-    """How long a job may sit in each non-terminal state on the platform's side (seconds)."""
-
-    provisioning: float      # assigned, no job.started / progress yet
-    running: float           # on the node, no progress, start or checkpoint for this long
-    checkpointing: float     # checkpoint-and-stop requested, no job.preempted yet
-    evaluating: float        # training succeeded, no eval.completed yet
-
-    def shortest(self) -> float:
-        return min(self.provisioning, self.running, self.checkpointing, self.evaluating)
 
 
 @dataclass

@@ -10,11 +10,12 @@ from typing import Any
 
 from whetstone.runtime.service import Runtime
 
-from ..usecases.admission import larger_than_pool, nodes_of, try_queue
 from ..adapters.store import JobStore, NodeFacts
 from ..context import SchedulerContext
 from ..domain import jobs as rules
 from ..domain.placement import could_ever_fit
+from ..domain.timeouts import overdue
+from ..usecases.admission import larger_than_pool, nodes_of, try_queue
 from .loop import request_preemption
 
 Rt = Runtime[SchedulerContext]
@@ -72,7 +73,7 @@ async def watch_timeouts(rt: Rt) -> None:
             store = JobStore(uow)
             now = rt.ctx.clock()
             for job in await store.quiet_since(now - timedelta(seconds=limits.shortest())):
-                state = job.overdue(now, limits)
+                state = overdue(job, now, limits)
                 if state is None:
                     continue
                 events = job.time_out(now, state, getattr(limits, state),
