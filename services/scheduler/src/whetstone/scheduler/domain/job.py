@@ -15,42 +15,16 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from whetstone.contracts import (
-    CheckpointRef,
-    EvalCompletedV1,
-    Event,
-    JobAssignedV1,
-    JobCancelledV1,
-    JobFailedV1,
-    JobPreemptedV1,
-    JobPreemptRequestedV1,
-    JobQueuedV1,
-    ModelMergedV1,
-    NodeFencedV1,
-    Resources,
-    TrainingSpec,
+    CheckpointRef, EvalCompletedV1, Event, JobAssignedV1, JobCancelledV1, JobFailedV1, JobPreemptedV1,
+    JobPreemptRequestedV1, JobQueuedV1, ModelMergedV1, NodeFencedV1, Resources, TrainingSpec,
 )
 from whetstone.contracts.enums import (
-    CheckpointKind,
-    ErrorClass,
-    JobStatus,
-    MergeStatus,
-    PreemptionReason,
-    PreemptRequestReason,
-    SpecMethod,
-    StageStatus,
+    CheckpointKind, ErrorClass, JobStatus, MergeStatus, PreemptionReason, PreemptRequestReason, SpecMethod, StageStatus,
 )
 
 from . import jobs as rules
 from .job_data import (
-    AssignedShape,
-    JobError,
-    JobRequest,
-    JobResources,
-    Note,
-    PlacedPart,
-    Progress,
-    QuotaRecord,
-    StoredCheckpoint,
+    AssignedShape, JobError, JobRequest, JobResources, Note, PlacedPart, Progress, QuotaRecord, StoredCheckpoint,
 )
 from .placement import Shape, rendezvous
 from .templates import template_fields

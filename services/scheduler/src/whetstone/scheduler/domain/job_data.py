@@ -10,12 +10,8 @@ from datetime import datetime
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
-from whetstone.contracts import (
-    CheckpointRef,
-    JobRequestedV1,
-    MergeSource,
-    ResourceRequest,
-)
+
+from whetstone.contracts import CheckpointRef, JobRequestedV1, MergeSource, ResourceRequest
 from whetstone.contracts.enums import CheckpointKind, ErrorClass, SpecMethod
 
 from .placement import Shape
