@@ -5,10 +5,12 @@ checkpoints hold everything a resume needs, and bad input is refused before trai
 from __future__ import annotations
 
 import json
+import platform
 from pathlib import Path
 
 import pytest
 import torch
+from peft import __version__ as peft_version
 from whetstone.devstack.recipe_harness import (
     preference_rows,
     run_in_process,
@@ -80,6 +82,11 @@ def test_method_trains_and_leaves_a_loadable_artifact(method, tiny_base, method_
     assert (final / "loss_curve.png").read_bytes()[:8] == PNG_MAGIC
     summary = json.loads((final / "whetstone_training.json").read_text())
     assert summary["method"] == method
+    # the lockfile is the training process's own: every package it imports, at the version it ran
+    lock = json.loads((final / "environment.lock.json").read_text())
+    assert lock["source"] == "trainer" and lock["python"] == platform.python_version()
+    assert lock["packages"]["torch"] == torch.__version__ and lock["packages"]["peft"] == peft_version
+    assert lock["platform_commit"] and lock["commit_source"]   # this checkout's HEAD here
     if method == "qlora":  # 4-bit NF4 with double quantization, read back from the loaded layers
         assert summary["quantization"]["quant_type"] == ["nf4"] and summary["quantization"]["double_quant"] is True
         assert summary["quantization"]["layers"] == 14

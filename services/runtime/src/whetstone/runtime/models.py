@@ -48,6 +48,10 @@ def weights_sha256(directory: Path) -> str:
     return _weights_sha256(str(directory), fingerprint)
 
 
+def is_hub_id(ref: str) -> bool:
+    return bool(_HUB_ID.match(ref))
+
+
 def resolve_model(ref: str, catalog: Path | None = None) -> ResolvedModel:
     """Catalog name -> local dir -> Hub id, in that order; UnknownModel with the reason otherwise."""
     candidates = []

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from whetstone.contracts.enums import Method
-from whetstone.runtime.models import UnknownModel, resolve_model
+from whetstone.runtime.models import ResolvedModel, UnknownModel, is_hub_id, resolve_model
 from whetstone.runtime.s3 import ObjectStore
 
 from ..config import TrainerAgentSettings
@@ -39,6 +39,27 @@ class Prepared:
     node_rank: int
 
 
+def pinned_base(ref: str, sha256: str, catalog: Path) -> ResolvedModel:
+    """The base model exactly as admission pinned it. A catalog model or local directory: its weights
+    must still hash to `sha256`. A Hub id: `sha256` is the Hub commit recorded at admission, and the
+    child loads that commit's snapshot directory (downloaded once into the Hugging Face cache, or
+    found there offline), never the repository's current head. UnknownModel names what is missing."""
+    local = catalog / ref if not ref.startswith(("/", ".")) else Path(ref)
+    if (local / "config.json").is_file() or not is_hub_id(ref):
+        model = resolve_model(ref, catalog)
+        if model.sha256 != sha256:
+            raise UnknownModel(f"base model {ref} on this node has sha256 {model.sha256[:12]}…, "
+                               f"job pinned {sha256[:12]}…")
+        return model
+    from huggingface_hub import snapshot_download  # noqa: PLC0415
+    try:
+        snapshot = snapshot_download(ref, revision=sha256)
+    except Exception as exc:   # the revision is gone (force-push, deleted repo), or the Hub is unreachable
+        raise UnknownModel(f"model: Hub base {ref!r} at the revision pinned at admission ({sha256}) cannot be "
+                           f"fetched ({type(exc).__name__}: {str(exc)[:200]})") from exc
+    return ResolvedModel(ref, snapshot, sha256, True)
+
+
 class Workspaces:
     """Scratch directories under `<scratch_root>/<segment id>`."""
 
@@ -62,10 +83,7 @@ class Workspaces:
         resume from, write the recipe config and launch. StaleAttempt when a newer attempt started."""
         c, spec, scratch = self.config, run.spec, self.path(run.segment_id)
         scratch.mkdir(parents=True, exist_ok=True)
-        model = resolve_model(spec.base_model, self.model_catalog)
-        if model.sha256 != spec.base_model_sha256:
-            raise UnknownModel(f"base model {spec.base_model} on this node has sha256 {model.sha256[:12]}…, "
-                               f"job pinned {spec.base_model_sha256[:12]}…")
+        model = pinned_base(spec.base_model, spec.base_model_sha256, self.model_catalog)
         hyper = spec.hyperparameters
         rendezvous = parse_rendezvous(run.rendezvous, run.segment_id)
         gpu_node = c.gpu_type != "cpu"

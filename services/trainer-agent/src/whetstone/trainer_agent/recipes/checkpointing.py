@@ -6,7 +6,8 @@
   resume (a segment may have halved its micro-batch after running out of memory).
 - The final artifact is written to `output_dir/final` atomically (staged, then renamed):
   adapter (or weights), tokenizer and chat template, optionally a merged model, the training
-  summary and the loss curve. Never a pickle.
+  summary, the loss curve and `environment.lock.json` (this child process's own packages, the
+  platform's commit and the image digest: the environment the weights were made in). Never a pickle.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from pydantic import BaseModel, ValidationError
+from whetstone.runtime.environment import capture_environment
 
 from ..domain.recipe_io import Progress
 from .hyperparams import Hyperparameters
@@ -117,6 +119,7 @@ def write_final_artifact(trainer, tokenizer, output_dir: Path, *, summary: dict[
     if merge is not None:
         merge(staging, staging / "merged")
     (staging / "whetstone_training.json").write_text(json.dumps(summary, indent=2) + "\n")
+    capture_environment("trainer").write(staging)
     _save_loss_curve(progress, staging / "loss_curve.png", title)
     shutil.rmtree(final, ignore_errors=True)
     os.replace(staging, final)
