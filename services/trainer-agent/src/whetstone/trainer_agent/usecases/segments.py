@@ -33,7 +33,9 @@ from ..adapters.processes import log_tail, signal_group, spawn, start_ticks
 from ..adapters.workspace import Prepared
 from ..context import TrainerAgentContext
 from ..domain.checkpoints import StaleAttempt, checkpoint_prefix
+from ..domain.child_env import child_environment
 from ..domain.distributed import DistributedConfigError
+from ..domain.launch import gang_devices
 from ..domain.recipe_io import (
     TERMINAL,
     Checkpoint,
@@ -224,7 +226,9 @@ async def watch(rt: AgentRuntime, seg: Segment, prepared: Prepared, scratch: Pat
     c = rt.ctx.config
     log_path = scratch / "train.log"
     started_at = rt.clock()
-    proc = seg.proc = await spawn(prepared.launch.argv, prepared.launch.environment(os.environ), log_path)
+    # the child sees an allow-listed environment: none of the agent's credentials (domain/child_env.py)
+    proc = seg.proc = await spawn(prepared.launch.argv, prepared.launch.environment(child_environment(os.environ)),
+                                  log_path)
     await seg.record(RunUpdate(pid=proc.pid, pid_start=start_ticks(proc.pid)))
     if seg.fenced_by_scheduler:  # the fence arrived while the process was being started
         seg.signal(signal.SIGKILL)
@@ -306,7 +310,8 @@ async def on_child_event(rt: AgentRuntime, seg: Segment, event: ChildEvent, star
             seg.started = True
             await seg.publish(JobStartedV1(
                 job_id=seg.job_id, node_id=c.node_id, segment_id=seg.segment_id, attempt=seg.run.attempt,
-                gpu_type=c.gpu_type, gpu_count=max(1, len(seg.gpu_ids)), spot=c.spot, started_at=started_at,
+                gpu_type=c.gpu_type, gpu_count=gang_devices(seg.run.rendezvous, len(seg.gpu_ids)), spot=c.spot,
+                started_at=started_at,
                 total_steps=event.total_steps, resumed_from_step=event.resumed_from_step))
         case Progress():
             seg.cadence = seg.cadence or ProgressCadence(c.progress_interval_s)
