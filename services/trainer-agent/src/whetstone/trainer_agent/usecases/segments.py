@@ -35,7 +35,6 @@ from ..context import TrainerAgentContext
 from ..domain.checkpoints import StaleAttempt, checkpoint_prefix
 from ..domain.child_env import child_environment
 from ..domain.distributed import DistributedConfigError
-from ..domain.launch import gang_devices
 from ..domain.recipe_io import (
     TERMINAL,
     Checkpoint,
@@ -310,8 +309,7 @@ async def on_child_event(rt: AgentRuntime, seg: Segment, event: ChildEvent, star
             seg.started = True
             await seg.publish(JobStartedV1(
                 job_id=seg.job_id, node_id=c.node_id, segment_id=seg.segment_id, attempt=seg.run.attempt,
-                gpu_type=c.gpu_type, gpu_count=gang_devices(seg.run.rendezvous, len(seg.gpu_ids)), spot=c.spot,
-                started_at=started_at,
+                gpu_type=c.gpu_type, gpu_count=max(1, len(seg.gpu_ids)), spot=c.spot, started_at=started_at,
                 total_steps=event.total_steps, resumed_from_step=event.resumed_from_step))
         case Progress():
             seg.cadence = seg.cadence or ProgressCadence(c.progress_interval_s)
