@@ -9,6 +9,11 @@ as root the grader also runs under an unprivileged uid of its own (one per slot 
 process limit counts only that grader's processes; the parent kills the whole process group when
 the wall-time limit passes. Only the standard library is importable (`python -I -S`).
 
+Start-up cost: the runner imports only built-in modules (marshal, math) before the grader runs; the
+platform sends the call as marshal data (JSON-like values it wrote itself) and the reward comes back
+as one JSON line; json and traceback are imported only to reply with an error. The reply is read as
+strict JSON (never unmarshalled: the tenant's code writes it).
+
 If bwrap is missing or cannot create its namespaces on this machine, python graders are refused
 (`SandboxUnavailable`), unless the operator chose mode `unsafe` explicitly: then the grader runs in
 a plain child process with the same limits and empty environment but without namespaces (it can
@@ -19,7 +24,7 @@ from __future__ import annotations
 
 import asyncio
 import itertools
-import json
+import marshal
 import os
 import resource
 import shutil
@@ -34,13 +39,15 @@ from pydantic import BaseModel, ConfigDict, JsonValue
 from .settings import PythonSandboxSettings
 
 MAX_OUTPUT = 256 * 1024
+MARSHAL_VERSION = 4   # JSON-like values only (dict, list, str, number, bool, None): read alike by every python 3
 RUNNER = r"""
-import json, math, os, sys, traceback
-data = json.loads(sys.stdin.buffer.read())
+import marshal, math, os, sys
+data = marshal.loads(sys.stdin.buffer.read())
 out = os.dup(1)
 null = os.open(os.devnull, os.O_WRONLY)
 os.dup2(null, 1); os.dup2(null, 2)
 def reply(obj):
+    import json
     os.write(out, (json.dumps(obj) + "\n").encode())
 try:
     scope = {"__name__": "grader"}
@@ -54,9 +61,10 @@ try:
     elif not math.isfinite(value):
         reply({"error": "grade() returned %r, expected a finite number" % value})
     else:
-        reply({"reward": float(value)})
+        os.write(out, b'{"reward": %s}\n' % repr(float(value)).encode())
 except BaseException as exc:
     try:
+        import traceback
         frames = [f for f in traceback.extract_tb(exc.__traceback__) if f.filename == "grader.py"]
         where = "".join(traceback.format_list(frames[-5:]))
         text = "".join(traceback.format_exception_only(type(exc), exc)).strip()
@@ -206,7 +214,7 @@ class PythonSandbox:
             return await self._run(source, sample, item)
 
     async def _run(self, source: str, sample: dict[str, JsonValue], item: object) -> PythonOutcome:
-        payload = json.dumps({"source": source, "sample": sample, "item": item}).encode()
+        payload = marshal.dumps({"source": source, "sample": sample, "item": item}, MARSHAL_VERSION)
         uid = self._uid()
         if uid is not None:
             nproc = self.settings.max_processes
