@@ -30,8 +30,12 @@ class IngestSettings(ServiceSettings):
                                   "decoding (decompression bombs)")
     max_images_per_example: int = Field(default=10, ge=1, description="images per example, as OpenAI")
     max_image_examples: int = Field(default=50_000, ge=0, description="examples with images per file, as OpenAI")
-    image_fetch: bool = Field(default=False, description="https:// image URLs: not fetched by this version (refused "
-                              "with a clear error either way); embed images as base64 data URLs")
+    image_fetch: bool = Field(default=False, description="http(s) image URLs fetched at validation (public "
+                              "addresses only; the row is rewritten to a data URL of what was fetched, so training "
+                              "never fetches); off: refused, embed images as base64 data URLs")
+    image_fetch_allow_hosts: list[str] = Field(default_factory=list, description="non-public hosts image URLs may "
+                                               "reach (host, address or CIDR, optionally :port), e.g. a test server")
+    image_fetch_timeout_s: float = Field(default=10.0, gt=0, description="one image fetch, resolution included")
     workers: int = Field(default=1, ge=1, description="processes for the gate's pure per-row work (1, the default:"
                          " no pool; measured on 2 cores, the pool cost 20-50 % more CPU per row than it saved);"
                          " results are identical either way")
@@ -57,7 +61,8 @@ class IngestSettings(ServiceSettings):
     @property
     def image_limits(self) -> ImageLimits:
         return ImageLimits(self.max_image_bytes, self.max_image_pixels, self.max_images_per_example,
-                           self.max_image_examples, self.image_fetch)
+                           self.max_image_examples, self.image_fetch, tuple(self.image_fetch_allow_hosts),
+                           self.image_fetch_timeout_s)
 
     @property
     def max_record_bytes(self) -> int:

@@ -27,8 +27,8 @@ import warnings
 import numpy as np
 from PIL import Image, UnidentifiedImageError
 
-from .image_rules import (ImageFacts, ImageLimits, ImageProblem, bytes_problem, judge, parse_data_url,
-                          pixels_problem, sniff_format, url_problem)
+from .image_rules import (MEDIA_TYPES, FetchImage, ImageFacts, ImageLimits, ImageProblem, bytes_problem, is_fetched_url, judge,
+                          parse_data_url, pixels_problem, sniff_format, url_problem)
 
 _HASH_W, _HASH_H = 9, 8
 
@@ -99,16 +99,39 @@ def inspect_bytes(data: bytes, media_type: str, limits: ImageLimits, at: str) ->
     return ImageFacts(fmt, facts.mode, width, height, len(data), hashlib.sha256(data).hexdigest(), bits)
 
 
-def check_image_url(url: object, limits: ImageLimits, at: str) -> ImageFacts | ImageProblem:
+def check_image_url(url: object, limits: ImageLimits, at: str, fetch: FetchImage | None = None
+                    ) -> ImageFacts | ImageProblem:
     """One image part's URL checked end to end: the URL, its data URL, its base64, its bytes."""
+    read = read_image_url(url, limits, at, fetch)
+    return read if isinstance(read, ImageProblem) else read[0]
+
+
+def read_image_url(url: object, limits: ImageLimits, at: str, fetch: FetchImage | None = None
+                   ) -> tuple[ImageFacts, str] | ImageProblem:
+    """`check_image_url`, and the URL the image is read from from now on: the URL itself, or for an
+    http(s) URL (where the operator allows fetching and `fetch` is given) a data URL of the fetched bytes."""
     problem = url_problem(url, limits, at)
     if problem is not None:
         return problem
     assert isinstance(url, str)     # url_problem refuses anything else
+    if is_fetched_url(url):
+        if fetch is None:
+            return ImageProblem("image_url_refused", f"{at}: image URLs are not fetched here; embed the image as a "
+                                "base64 data URL (data:image/png;base64,...)")
+        got = fetch(url)
+        if isinstance(got, str):
+            return ImageProblem("image_fetch_refused", f"{at}: the image URL was not fetched: {got}")
+        data = got[0]
+        facts = inspect_bytes(data, "", limits, at)      # the format by content: a server's Content-Type is not trusted
+        if isinstance(facts, ImageProblem):
+            return facts
+        media = next(m for m, f in MEDIA_TYPES.items() if f == facts.format)
+        return facts, f"data:{media};base64,{base64.b64encode(data).decode()}"
     parsed = parse_data_url(url)
     if isinstance(parsed, str):
         return ImageProblem("image_url_refused", f"{at}: {parsed}")
     data = decode_base64(parsed[1], limits, at)
     if isinstance(data, ImageProblem):
         return data
-    return inspect_bytes(data, parsed[0], limits, at)
+    facts = inspect_bytes(data, parsed[0], limits, at)
+    return facts if isinstance(facts, ImageProblem) else (facts, url)

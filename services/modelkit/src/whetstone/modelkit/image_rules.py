@@ -4,9 +4,10 @@ An image part is OpenAI's `{"type": "image_url", "image_url": {"url": "data:imag
 "detail": "auto|low|high"}}`. What is accepted (OpenAI's vision rules, with the platform's choices
 where OpenAI says nothing):
 
-- url: a `data:<media type>;base64,<data>` URL. `https://` URLs are refused unless the operator
-  allows fetching (`ImageLimits.allow_fetch`), which this version does not implement: they are
-  refused with a message saying so either way;
+- url: a `data:<media type>;base64,<data>` URL. `http(s)://` URLs are refused unless the operator
+  allows fetching (`ImageLimits.allow_fetch`); then the caller's fetcher (`whetstone.runtime.url_fetch`:
+  public addresses only, or hosts in `fetch_allow_hosts`; the resolved address pinned; bytes and
+  time capped) fetches them and the fetched bytes are checked as a data URL's are;
 - format by content (the bytes' signature, then Pillow's parser), never by name: JPEG, PNG, WEBP.
   GIF, SVG, BMP, TIFF, ICO, AVIF, HEIC and anything unrecognised are refused, and so is an
   animated PNG or WEBP (more than one frame). A data URL whose media type names another format
@@ -25,7 +26,11 @@ Each refusal is an `ImageProblem` (a code and a message naming the part, e.g.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
+
+# fetches an http(s) image URL: (bytes, the media type the server named), or the reason it was not fetched
+FetchImage = Callable[[str], "tuple[bytes, str] | str"]
 
 FORMATS = ("JPEG", "PNG", "WEBP")
 MEDIA_TYPES = {"image/jpeg": "JPEG", "image/jpg": "JPEG", "image/pjpeg": "JPEG", "image/png": "PNG",
@@ -41,7 +46,9 @@ class ImageLimits:
     max_pixels: int = 36_000_000                 # e.g. 6000 x 6000; checked from the header
     max_per_example: int = 10
     max_examples: int = 50_000
-    allow_fetch: bool = False                    # https:// URLs: refused unless the operator allows (not built)
+    allow_fetch: bool = False                    # http(s):// URLs: refused unless the operator allows fetching
+    fetch_allow_hosts: tuple[str, ...] = ()      # non-public hosts that may be fetched (AllowList entries; tests)
+    fetch_timeout_s: float = 10.0
 
     @property
     def max_base64_chars(self) -> int:
@@ -95,6 +102,10 @@ def sniff_format(data: bytes) -> str | None:
     return None
 
 
+def is_fetched_url(url: object) -> bool:
+    return isinstance(url, str) and url[:8].lower().startswith(("https://", "http://"))
+
+
 def parse_data_url(url: str) -> tuple[str, str] | str:
     """`data:<media type>[;params];base64,<data>` -> (media type, base64 text), or why not."""
     head, comma, body = url.partition(",")
@@ -115,10 +126,10 @@ def url_problem(url: object, limits: ImageLimits, at: str) -> ImageProblem | Non
     if low.startswith("data:"):
         return None
     if low.startswith(("https://", "http://")):
-        why = ("fetching image URLs is not enabled on this platform" if not limits.allow_fetch
-               else "image URLs are not fetched by this version")
-        return ImageProblem("image_url_refused", f"{at}: {why}; embed the image as a base64 data URL "
-                            "(data:image/png;base64,...)")
+        if limits.allow_fetch:
+            return None                     # the caller fetches it (FetchImage)
+        return ImageProblem("image_url_refused", f"{at}: fetching image URLs is not enabled on this platform; "
+                            "embed the image as a base64 data URL (data:image/png;base64,...)")
     return ImageProblem("image_url_refused", f"{at}: the image URL must be a base64 data URL "
                         f"(data:image/jpeg;base64,...), not {url[:24]!r}")
 

@@ -13,9 +13,12 @@ says nothing):
 
 - where: user messages only (OpenAI's system content is text only; assistant output cannot be an
   image; tool results are text), and only in the OpenAI chat layout (`messages`);
-- url: a `data:<media type>;base64,<data>` URL. `https://` URLs are refused unless the operator
-  allows fetching (`IngestSettings.image_fetch`), which this version does not implement: they are
-  refused with a message saying so (training must never fetch);
+- url: a `data:<media type>;base64,<data>` URL. `http(s)://` URLs are refused unless the operator
+  allows fetching (`IngestSettings.image_fetch`); then each is fetched once, at validation
+  (`whetstone.runtime.url_fetch`: public addresses only unless `image_fetch_allow_hosts` names the
+  host, the resolved address pinned, bytes and time capped), checked as a data URL's bytes are, and
+  the row is rewritten to a data URL of the fetched bytes: the dataset version (content-addressed
+  in S3) holds the image itself, so training never fetches;
 - format by content (the bytes' signature, then Pillow's parser), never by name: JPEG, PNG, WEBP.
   GIF, SVG, BMP, TIFF, ICO, AVIF, HEIC and anything unrecognised are refused, and so is an
   animated PNG or WEBP (more than one frame). A data URL whose media type names another format
@@ -72,6 +75,7 @@ class RowImages:
 
     facts: list[ImageFacts] = field(default_factory=list)
     details: list[str] = field(default_factory=list)
+    fetched: int = 0           # images fetched from http(s) URLs (their parts now hold data URLs)
 
     @property
     def count(self) -> int:

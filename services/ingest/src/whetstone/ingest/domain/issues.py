@@ -55,7 +55,9 @@ ERROR_CODES: dict[str, str] = {
     "image_role": "an image part in a system, assistant or tool message (images go in user messages)",
     "image_part_invalid": "an image_url part without an {url} object",
     "image_detail_invalid": "an image's detail other than auto, low or high",
-    "image_url_refused": "an image URL that is not a base64 data URL (https:// fetching is off)",
+    "image_url_refused": "an image URL that is not a base64 data URL (http(s):// fetching is off)",
+    "image_fetch_refused": "an http(s) image URL not fetched: a non-public address, a redirect, an error status, "
+                           "over the bytes or time cap",
     "image_bad_base64": "an image data URL whose base64 is invalid",
     "image_too_large": "an image over the bytes limit (10 MB)",
     "image_format_unsupported": "an image that is not JPEG, PNG or WEBP by its content (GIF, SVG, BMP, animated...)",

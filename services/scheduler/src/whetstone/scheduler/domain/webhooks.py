@@ -1,15 +1,17 @@
 """Tenant webhooks, pure: which URLs and event types are allowed, the signature a receiver checks,
-and when a failed delivery is tried again. Where a URL may point is `addresses`' rule."""
+and when a failed delivery is tried again. Where a URL may point is `addresses`' rule; a checked URL
+is an `addresses.Target` (the sender connects to its pinned address)."""
 
 from __future__ import annotations
 
 import hashlib
 import hmac
-import ipaddress
-from dataclasses import dataclass
 from urllib.parse import urlsplit
 
-from .addresses import Address, AddressError, AllowList, check_host
+from whetstone.runtime.addresses import AddressError, AllowList, Target, check_host
+
+__all__ = ["Target", "WebhookError", "check_url", "check_events", "sign", "verify", "next_delay_s", "outcome",
+           "status_class"]
 
 EVENT_TYPES = ("job.succeeded", "job.failed", "job.cancelled", "model.registered", "model.promoted")
 SIGNATURE_HEADER = "Whetstone-Signature"
@@ -21,27 +23,6 @@ class WebhookError(ValueError):
     def __init__(self, param: str, message: str) -> None:
         super().__init__(f"{param}: {message}")
         self.param, self.message = param, message
-
-
-@dataclass(frozen=True)
-class Target:
-    """A checked webhook URL. The sender connects to a pinned address (`url_to`) and names the
-    host in the Host header (and TLS SNI) itself, so the name is resolved once per delivery."""
-
-    scheme: str
-    host: str                    # as written, lower case, IPv6 without brackets
-    port: int
-    path: str                    # path and query
-    address: Address | None      # the address a literal host names; None for a name
-
-    @property
-    def host_header(self) -> str:
-        host = f"[{self.host}]" if ":" in self.host else self.host
-        return host if self.port == (443 if self.scheme == "https" else 80) else f"{host}:{self.port}"
-
-    def url_to(self, address: Address) -> str:
-        where = f"[{address}]" if isinstance(address, ipaddress.IPv6Address) else str(address)
-        return f"{self.scheme}://{where}:{self.port}{self.path}"
 
 
 def check_url(url: str, allow: AllowList = AllowList()) -> Target:

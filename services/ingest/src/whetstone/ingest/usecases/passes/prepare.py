@@ -147,7 +147,8 @@ def prepare_record(rec: Record, layouts: LayoutGate, ctx: PrepareContext) -> tup
         return prepared, None
     prepared.tools = "tools" in redacted or ("messages" in redacted and uses_tools(redacted["messages"]))
     # the JSONL line itself is written when the row needed no change (the common case: no re-encoding)
-    unchanged = redacted is out and out.keys() == row.keys() and all(out[k] is row[k] for k in out)
+    unchanged = redacted is out and out.keys() == row.keys() and all(out[k] is row[k] for k in out) and not (
+        images is not None and images.fetched)        # a fetched image's part now holds its data URL
     payload = rec.raw if rec.raw is not None and unchanged else json.dumps(
         redacted, ensure_ascii=False).encode("utf-8", "surrogatepass")
     roles = role_counts(redacted)
