@@ -52,6 +52,36 @@ async def test_a_full_queue_or_a_long_wait_is_a_429_and_leaves_nothing():
     assert "b" not in fair.tenant_requests.slots and "k" not in fair.key_requests.slots
 
 
+async def test_a_freed_service_place_goes_to_the_tenant_with_fewest_inside():
+    """B floods: it never has more than the service's 2 places, and when one frees, A's request
+    (nothing inside) goes before B's six that waited longer."""
+    fair = Fairness(GatewaySettings(max_in_flight_per_service=2, max_in_flight_per_key=100,
+                                    max_in_flight_per_tenant=100, queue_wait_s=5))
+    b_inside = [await fair.enter("kb", "b", stream=False, service="scheduler") for _ in range(2)]
+    assert all(isinstance(t, Ticket) for t in b_inside)
+    b_waiting = [asyncio.create_task(fair.enter("kb", "b", stream=False, service="scheduler")) for _ in range(6)]
+    await asyncio.sleep(0.01)
+    assert not any(t.done() for t in b_waiting)                  # B is held at the edge, not in the service
+    a = asyncio.create_task(fair.enter("ka", "a", stream=False, service="scheduler"))
+    await asyncio.sleep(0.01)
+    b_inside.pop().release()
+    await asyncio.sleep(0.01)
+    assert a.done() and isinstance(a.result(), Ticket) and not any(t.done() for t in b_waiting)
+    other = await fair.enter("kb", "b", stream=False, service="ingest")   # another service: its own places
+    assert isinstance(other, Ticket)
+    a.result().release()                                         # A leaves: B's oldest waiter goes in
+    await asyncio.sleep(0.01)
+    assert [t.done() for t in b_waiting] == [True, False, False, False, False, False]
+    for t in [*b_inside, other, b_waiting[0].result()]:
+        t.release()
+    for t in b_waiting[1:]:
+        t.cancel()
+    await asyncio.gather(*b_waiting[1:], return_exceptions=True)
+    await asyncio.sleep(0.01)
+    shared = fair.services["scheduler"]
+    assert shared.waiting == {} and sum(shared.inside.values()) == shared.active
+
+
 async def test_streams_have_their_own_cap_per_key_and_tenant():
     fair = Fairness(GatewaySettings(max_streams_per_key=1, max_streams_per_tenant=2, max_in_flight_per_tenant=1))
     first = await fair.enter("k1", "b", stream=True)

@@ -197,7 +197,7 @@ class Gateway:
                                      secret=self.secret).items())
         stream = wants_stream(scope["path"], scope.get("query_string", b""), headers,
                               data if isinstance(data, bytes) else None)
-        ticket = await self.fair.enter(verdict.key_id, verdict.tenant_id, stream)   # before any upstream work
+        ticket = await self.fair.enter(verdict.key_id, verdict.tenant_id, stream, service)   # before any upstream work
         if isinstance(ticket, ApiError):
             await send_error(send, self.refused(service, "stream_limit" if stream else "concurrency_limit", ticket))
             return

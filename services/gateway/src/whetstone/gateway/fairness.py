@@ -1,7 +1,7 @@
 """Fair sharing of the edge: one tenant's load must not raise another's latency.
 
-Three budgets, each per API key and per tenant (all keys of a tenant together), decided in memory
-before any upstream work, so a refusal costs microseconds:
+Budgets per API key and per tenant (all keys of a tenant together), and one per service shared by
+all tenants, decided in memory before any upstream work, so a refusal costs microseconds:
 
 - requests in flight towards the services: over the cap a request waits its turn in a short queue
   of its own tenant's (so a burst is smoothed, not failed), and is refused (429, `Retry-After`) only
@@ -9,7 +9,12 @@ before any upstream work, so a refusal costs microseconds:
   at most `max_in_flight_per_tenant` requests inside the services at any moment, whatever it sends;
 - server-sent-event streams held open: counted apart from requests (a stream lasts minutes), never
   queued: the stream past the cap is a 429 at once, while another tenant's stream still opens;
-- a request rate per tenant (`TenantRates`), beside the per-key rate of `ratelimit.py`.
+- a request rate per tenant (`rate_refusal`), beside the per-key rate of `ratelimit.py`;
+- requests in flight inside each service, all tenants together (`SharedSlots`,
+  `max_in_flight_per_service`, kept below the service's database pool): a tenant's admitted
+  requests wait here, at the edge, rather than inside the service where every tenant's request
+  queues for the same event loop and pool connections; a freed place goes to the waiting tenant
+  with the fewest requests inside, so another tenant's request is next through the door.
 
 The counts live in this process: with N gateway replicas behind a load balancer each replica
 holds 1/N of every tenant budget (`replicas`). Exact shared budgets would move the token buckets
@@ -22,7 +27,7 @@ import asyncio
 import contextlib
 import json
 import math
-from collections import deque
+from collections import Counter, deque
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from urllib.parse import parse_qs
@@ -104,6 +109,65 @@ class Slots:
         return self.active == 0 and not self.waiters
 
 
+@dataclass
+class SharedSlots:
+    """One service's requests in flight, shared by every tenant. A freed slot goes to the waiting
+    tenant with the fewest requests inside the service (then the one waiting longest among equals),
+    so a tenant that floods keeps its own queue and another tenant's request is next through the door."""
+
+    limit: int
+    active: int = 0
+    inside: Counter[str] = field(default_factory=Counter)
+    waiting: dict[str, deque[asyncio.Future[None]]] = field(default_factory=dict)
+
+    async def take(self, tenant: str, wait_s: float) -> bool:
+        if self.active < self.limit and not self.waiting:
+            self.active += 1
+            self.inside[tenant] += 1
+            return True
+        if wait_s <= 0:
+            return False
+        fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self.waiting.setdefault(tenant, deque()).append(fut)
+        handed = False
+        try:
+            async with asyncio.timeout(wait_s):
+                await fut
+            handed = True
+            return True
+        except TimeoutError:
+            return False
+        finally:
+            if not handed:
+                if fut.done() and not fut.cancelled():
+                    self.give(tenant)    # handed over just as we gave up: pass it on
+                else:
+                    fut.cancel()
+                    queue = self.waiting.get(tenant)
+                    with contextlib.suppress(ValueError):
+                        if queue is not None:
+                            queue.remove(fut)
+                    if queue is not None and not queue:
+                        del self.waiting[tenant]
+
+    def give(self, tenant: str) -> None:
+        self.inside[tenant] -= 1
+        if self.inside[tenant] <= 0:
+            del self.inside[tenant]
+        while self.waiting:
+            # the first tenant (in order of waiting) among those with the fewest requests inside
+            nxt = min(self.waiting, key=lambda t: self.inside.get(t, 0))
+            queue = self.waiting[nxt]
+            fut = queue.popleft()
+            if not queue:
+                del self.waiting[nxt]
+            if not fut.done():
+                self.inside[nxt] += 1
+                fut.set_result(None)   # the slot passes straight on: active unchanged
+                return
+        self.active -= 1
+
+
 class Budgets:
     """Slots by name (a key id or a tenant id), created on first use, dropped when idle."""
 
@@ -147,6 +211,7 @@ class Fairness:
         self.key_streams = Budgets(lambda: max(1, settings.max_streams_per_key // share))
         self.tenant_streams = Budgets(lambda: max(1, settings.max_streams_per_tenant // share))
         self.tenant_rates = RateLimiter(burst_s=settings.rate_limit_burst_s)
+        self.services: dict[str, SharedSlots] = {}   # by service name, kept (a handful)
 
     def tenant_rate(self, tenant_id: str) -> float:
         rate = self.s.tenant_rate_limits.get(tenant_id, self.s.tenant_rate_limit_per_s)
@@ -163,8 +228,17 @@ class Fairness:
                         retry=True, headers={"Retry-After": retry_after_header(wait),
                                              "x-ratelimit-limit-requests": f"{rate:g}/s"})
 
-    async def enter(self, key_id: str, tenant_id: str, stream: bool) -> Ticket | ApiError:
-        """A ticket for one request (or stream), or the 429 that refuses it."""
+    def service_slots(self, service: str) -> SharedSlots:
+        slots = self.services.get(service)
+        if slots is None:
+            limit = max(1, self.s.max_in_flight_per_service // max(1, self.s.replicas))
+            slots = self.services[service] = SharedSlots(limit)
+        return slots
+
+    async def enter(self, key_id: str, tenant_id: str, stream: bool, service: str = "") -> Ticket | ApiError:
+        """A ticket for one request (or stream), or the 429 that refuses it. A request holds, in
+        order, a slot of its key, of its tenant and of its service (`SharedSlots`: a tenant past its
+        fair share of the service waits at the edge, where its wait costs the others nothing)."""
         if stream:
             return self._enter_stream(key_id, tenant_id)
         waiting, wait_s = self.s.max_queued_per_tenant, self.s.queue_wait_s
@@ -177,8 +251,20 @@ class Fairness:
             self.key_requests.release(key_id)
             self._drop_if_idle(self.tenant_requests, tenant_id)
             return self._busy("this organization", tenant_slots.limit)
+        shared = self.service_slots(service)
+        try:
+            admitted = await shared.take(tenant_id, wait_s)
+        except asyncio.CancelledError:   # the caller left while waiting: its other places go back
+            self.tenant_requests.release(tenant_id)
+            self.key_requests.release(key_id)
+            raise
+        if not admitted:
+            self.tenant_requests.release(tenant_id)
+            self.key_requests.release(key_id)
+            return self._busy(f"the {service or 'upstream'} service", shared.limit)
 
         def done() -> None:
+            shared.give(tenant_id)
             self.tenant_requests.release(tenant_id)
             self.key_requests.release(key_id)
         return Ticket(done, stream=False)
