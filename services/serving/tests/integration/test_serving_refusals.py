@@ -1,6 +1,7 @@
 """What serving refuses, on the real embedded stack: corrupted adapter objects, adapters trained on
 another base SHA, archived models; and the LRU budget with cold loads on demand."""
 
+import asyncio
 import dataclasses
 import shutil
 
@@ -48,7 +49,8 @@ async def test_refusals_and_lru_budget(platform, settings, tiny_base, sample_ada
                         (mismatched, sha)]:
         await send_event(b, registered(a, base_model=BASE, base_sha256=base_sha), "demo")
         await send_event(b, promoted(a, "dev", "staging", base_model=BASE, base_sha256=base_sha, sequence=1), "demo")
-    config = ServingSettings(http_port=0, max_resident_adapters=2, preload=False)
+    config = ServingSettings(http_port=0, max_resident_adapters=2, preload=False, max_prompt_chars=2000,
+                             max_queued_per_tenant=1)
     async with platform(lambda: build_service(config)) as p:
         rt = p["serving"]
         demo = openai.AsyncOpenAI(base_url=p.url("serving") + "/v1", api_key="unused", max_retries=0,
@@ -75,6 +77,23 @@ async def test_refusals_and_lru_budget(platform, settings, tiny_base, sample_ada
         assert len(rt.ctx.pool.cold_load_ms) == 4  # g0, g1, g2 (evicts g0), g0 again (evicts g1)
         assert rt.ctx.pool.resident("wsm-g0") and rt.ctx.pool.resident("wsm-g2")
         assert len(rt.ctx.engine.adapters) == 2  # the evicted one left the engine's slots too
+
+        # fair sharing: a prompt over the cap is refused before it is tokenised; a tenant with its one
+        # pending request gets 429s for the rest of its burst while another tenant is still served
+        with pytest.raises(openai.BadRequestError) as too_long:
+            await demo.chat.completions.create(model=good[0].name, max_tokens=2,
+                                               messages=[{"role": "user", "content": "x" * 1500}] * 2)
+        assert (too_long.value.code, too_long.value.param) == ("prompt_too_long", "messages")
+        acme = openai.AsyncOpenAI(base_url=p.url("serving") + "/v1", api_key="unused", max_retries=0,
+                                  http_client=httpx.AsyncClient(auth=IdentityAuth("acme", ("read",)), timeout=60))
+        burst = [demo.chat.completions.create(model=good[0].name, messages=MESSAGES, max_tokens=16, temperature=0)
+                 for _ in range(4)]
+        answers = await asyncio.gather(*burst, acme.chat.completions.create(model=BASE, messages=MESSAGES,
+                                                                            max_tokens=2), return_exceptions=True)
+        busy = [a for a in answers[:4] if isinstance(a, openai.RateLimitError)]
+        assert busy and all(a.code == "too_many_pending_requests" for a in busy), answers
+        assert not isinstance(answers[4], BaseException), answers[4]   # the other tenant was served
+        assert rt.ctx.pending == {}                                    # every admitted request left
 
         # the chat template of training is the one serving renders with, and a recorded template
         # that does not match the artifact's is refused

@@ -8,18 +8,22 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass
 
 from whetstone.contracts import parse_checkpoint_model
-from whetstone.modelkit.image_reader import check_image_url
+from whetstone.modelkit.image_reader import read_image_url
 from whetstone.modelkit.image_rules import ImageLimits, ImageProblem
+from whetstone.runtime.addresses import AllowList
+from whetstone.runtime.url_fetch import FetchPolicy, fetch_port
 
-from ..adapters.engine import GenRow
+from ..adapters.engine import GenRow, LoraEngine
+from ..adapters.full_models import FullLease
 from ..adapters.pool import Lease
 from ..context import ServingContext
 from ..domain.catalog import (
-    ModelNotDeployed, ModelVersion, ServingError, base_version, check_servable_on, checkpoint_version, choose_version,
-    completion_budget,
+    BASE_ADAPTER, ModelNotDeployed, ModelVersion, ServingError, base_version, check_servable_on, checkpoint_version,
+    choose_version, completion_budget,
 )
+from ..domain.full_models import is_full_weights
 from ..domain.images import ImageRefused, refusal
-from ..domain.openai import ChatCompletionRequest, CompletionRequest, RequestImage
+from ..domain.openai import ChatCompletionRequest, CompletionRequest, ContentPart, RequestImage
 from ..domain.routing import Route, pick_variant
 
 
@@ -32,6 +36,67 @@ class InvalidMessages(ServingError):
 
 class GenerationFailed(ServingError):
     status, code = 500, "generation_failed"
+
+
+class PromptTooLong(ServingError):
+    status, code = 400, "prompt_too_long"
+
+
+class TenantBusy(ServingError):
+    """The tenant already has `max_queued_per_tenant` requests in the batcher (queued or generating)."""
+
+    status, code = 429, "too_many_pending_requests"
+
+
+def prompt_chars(req: ChatCompletionRequest | CompletionRequest) -> int:
+    """Characters of the request's whole prompt (every message's text, or every prompt), counted
+    before anything is rendered or tokenised."""
+    if isinstance(req, ChatCompletionRequest):
+        return sum(len(m.content) if isinstance(m.content, str) else
+                   sum(len(p.text) for p in m.content if isinstance(p, ContentPart)) for m in req.messages)
+    return sum(len(p) for p in req.prompts())
+
+
+def check_prompt(req: ChatCompletionRequest | CompletionRequest, limit: int) -> None:
+    chars = prompt_chars(req)
+    if chars > limit:
+        param = "messages" if isinstance(req, ChatCompletionRequest) else "prompt"
+        raise PromptTooLong(f"The prompt is {chars} characters; this deployment takes at most {limit} per request "
+                            f"(all of `{param}` together).", param=param)
+
+
+def admit(ctx: ServingContext, tenant_id: str) -> None:
+    """One more of the tenant's requests in the batcher, or TenantBusy: a tenant's pending requests
+    are capped, so one tenant's burst cannot fill the batcher's queue ahead of everyone else's."""
+    held = ctx.pending.get(tenant_id, 0)
+    if held >= ctx.config.max_queued_per_tenant:
+        raise TenantBusy(f"This organization already has {held} completion requests pending on this replica "
+                         f"({ctx.config.max_queued_per_tenant} at most); retry when one has finished.")
+    ctx.pending[tenant_id] = held + 1
+
+
+def leave(ctx: ServingContext, tenant_id: str) -> None:
+    left = ctx.pending.get(tenant_id, 0) - 1
+    if left > 0:
+        ctx.pending[tenant_id] = left
+    else:
+        ctx.pending.pop(tenant_id, None)
+
+
+def tokenize(engine: LoraEngine, req: ChatCompletionRequest | CompletionRequest,
+             chat_template: str | None) -> tuple[list[list[int]], str]:
+    """(prompt token ids, the request field they came from); runs in a worker thread, so a long
+    prompt never holds the event loop that every other tenant's requests wait on."""
+    if isinstance(req, ChatCompletionRequest):
+        messages = [m.as_template_message(engine.image_token) for m in req.messages]
+        try:
+            prompts = [engine.render_chat(messages, chat_template)]
+        except Exception as exc:  # the template refuses the conversation (e.g. an unsupported role)
+            raise InvalidMessages(f"messages cannot be rendered with the model's chat template: {exc}") from exc
+        param = "messages"
+    else:
+        prompts, param = req.prompts(), "prompt"
+    return [engine.encode(p) or [engine.pad_id] for p in prompts], param
 
 
 async def resolve(ctx: ServingContext, tenant_id: str, requested: str, user: str | None) -> ModelVersion:
@@ -61,7 +126,7 @@ async def resolve(ctx: ServingContext, tenant_id: str, requested: str, user: str
 class Generation:
     requested: str
     version: ModelVersion
-    lease: Lease
+    lease: Lease | FullLease
     rows: list[GenRow]
     events: asyncio.Queue[ChoiceEvent]
     prompt_tokens: int
@@ -90,51 +155,64 @@ class Generation:
             yield index, delta, finish
 
 
-def read_images(images: list[RequestImage], limits: ImageLimits) -> None:
+def read_images(images: list[RequestImage], limits: ImageLimits) -> list[str]:
     """Every image read as ingest reads it (base64, bytes, format, header pixels, one decode): the
-    first refusal raised as ImageRefused naming its part. Runs in a worker thread."""
+    first refusal raised as ImageRefused naming its part. An http(s) URL, where the operator allows
+    fetching, is fetched under ingest's address rules (`whetstone.runtime.url_fetch`) and read as a
+    data URL of the fetched bytes. The URLs to hand the model, in order. Runs in a worker thread."""
+    fetch = fetch_port(FetchPolicy(AllowList.parse(limits.fetch_allow_hosts), limits.max_bytes,
+                                   limits.fetch_timeout_s)) if limits.allow_fetch else None
+    urls = []
     for image in images:
-        facts = check_image_url(image.url, limits, image.at)
-        if isinstance(facts, ImageProblem):
-            raise ImageRefused.of(facts, image.at + ".image_url.url")
+        read = read_image_url(image.url, limits, image.at, fetch)
+        if isinstance(read, ImageProblem):
+            raise ImageRefused.of(read, image.at + ".image_url.url")
+        urls.append(read[1])
+    return urls
 
 
 async def check_images(ctx: ServingContext, req: ChatCompletionRequest | CompletionRequest) -> list[str]:
-    """The request's image URLs once the shared image rules accept them (ImageRefused otherwise)."""
+    """The request's image URLs (as data URLs) once the shared image rules accept them (ImageRefused otherwise)."""
     images = req.images() if isinstance(req, ChatCompletionRequest) else []
     limits = ctx.config.image_limits
     refused = refusal(images, model=req.model, sees_images=ctx.engine.sees_images, limits=limits)
     if refused is not None:
         raise refused
-    if images:
-        await asyncio.to_thread(read_images, images, limits)
-    return [image.url for image in images]
+    return await asyncio.to_thread(read_images, images, limits) if images else []
 
 
 async def start(ctx: ServingContext, tenant_id: str, req: ChatCompletionRequest | CompletionRequest) -> Generation:
+    check_prompt(req, ctx.config.max_prompt_chars)
     version = await resolve(ctx, tenant_id, req.model, req.user)
     urls = await check_images(ctx, req)
-    lease = await ctx.pool.acquire(version)
+    admit(ctx, tenant_id)
+    engine, batcher, adapter = ctx.engine, ctx.batcher, version.model_id
+    lease: Lease | FullLease
+    try:
+        if is_full_weights(version):   # its own weights: its own engine, the model alone (slot 0)
+            lease = await ctx.full_models.acquire(version)
+            engine, batcher, adapter = lease.engine, lease.batcher, BASE_ADAPTER
+        else:
+            lease = await ctx.pool.acquire(version)
+    except BaseException:
+        leave(ctx, tenant_id)
+        raise
+
+    def done() -> None:   # once: every row finished, or the request failed before its rows were submitted
+        lease.release()
+        leave(ctx, tenant_id)
+
     try:
         pixels = None
-        if isinstance(req, ChatCompletionRequest):
-            messages = [m.as_template_message(ctx.engine.image_token) for m in req.messages]
+        encoded, param = await asyncio.to_thread(tokenize, engine, req, lease.chat_template)
+        if isinstance(req, ChatCompletionRequest) and engine.sees_images:
             try:
-                prompts = [ctx.engine.render_chat(messages, lease.chat_template)]
-            except Exception as exc:  # the template refuses the conversation (e.g. an unsupported role)
-                raise InvalidMessages(f"messages cannot be rendered with the model's chat template: {exc}") from exc
-            param = "messages"
-        else:
-            prompts, param = req.prompts(), "prompt"
-        encoded = [ctx.engine.encode(p) or [ctx.engine.pad_id] for p in prompts]
-        if isinstance(req, ChatCompletionRequest) and ctx.engine.sees_images:
-            try:
-                ids, pixels = await asyncio.to_thread(ctx.engine.image_inputs, encoded[0], urls)
+                ids, pixels = await asyncio.to_thread(engine.image_inputs, encoded[0], urls)
             except ValueError as exc:
                 raise InvalidMessages(str(exc)) from exc
             encoded = [ids]
         budgets = [completion_budget(len(ids), req.token_limit(), ctx.config.default_max_tokens,
-                                     ctx.engine.context_length, param) for ids in encoded]
+                                     engine.context_length, param) for ids in encoded]
         loop = asyncio.get_running_loop()
         events: asyncio.Queue[ChoiceEvent] = asyncio.Queue()
         rows: list[GenRow] = []
@@ -145,24 +223,24 @@ async def start(ctx: ServingContext, tenant_id: str, req: ChatCompletionRequest 
             if finish:
                 unfinished[0] -= 1
                 if unfinished[0] == 0:
-                    lease.release()  # the adapter may be evicted only once no row of ours needs it
+                    done()  # the adapter may be evicted only once no row of ours needs it
 
         for ids, budget in zip(encoded, budgets):
             for _ in range(req.n):
                 index = len(rows)
 
                 def emit(delta: str, finish: str | None, index: int = index) -> None:  # worker thread
-                    ctx.batcher.post(loop, deliver, index, delta, finish)
+                    batcher.post(loop, deliver, index, delta, finish)
 
                 seed = None if req.seed is None else req.seed + index
-                rows.append(GenRow(adapter=version.model_id, prompt_ids=ids, max_tokens=budget, emit=emit,
+                rows.append(GenRow(adapter=adapter, prompt_ids=ids, max_tokens=budget, emit=emit,
                                    temperature=req.temperature, top_p=req.top_p, stops=req.stops(), seed=seed,
                                    stream=bool(req.stream), pixel_values=pixels))
     except BaseException:
-        lease.release()
+        done()
         raise
     for row in rows:
-        ctx.batcher.submit(row)
+        batcher.submit(row)
     key = (tenant_id, req.model, version.model_id)
     ctx.served[key] = ctx.served.get(key, 0) + 1
     ctx.metrics.requests.labels(tenant=tenant_id, model=req.model, version=version.model_id, outcome="served").inc()
