@@ -128,3 +128,16 @@ def fetch(url: str, policy: FetchPolicy, resolve: Resolve = system_resolve,
     except httpx.HTTPError as exc:
         raise FetchRefused(f"the connection failed ({type(exc).__name__})") from exc
     return Fetched(bytes(body), media)
+
+
+def fetch_port(policy: FetchPolicy, resolve: Resolve = system_resolve) -> Callable[[str], tuple[bytes, str] | str]:
+    """`fetch` as the image reader's port (`modelkit.image_rules.FetchImage`): (bytes, media type), or the
+    reason it was not fetched."""
+    def get(url: str) -> tuple[bytes, str] | str:
+        try:
+            got = fetch(url, policy, resolve)
+        except FetchRefused as exc:
+            return exc.reason
+        return got.data, got.media_type
+
+    return get

@@ -11,7 +11,7 @@ from functools import lru_cache
 from whetstone.modelkit.image_reader import read_image_url
 from whetstone.modelkit.image_rules import FetchImage
 from whetstone.runtime.addresses import AllowList
-from whetstone.runtime.url_fetch import FetchPolicy, FetchRefused, fetch
+from whetstone.runtime.url_fetch import FetchPolicy, fetch_port
 
 from ..domain.chat import row_images
 from ..domain.images import ImageLimits, ImageProblem, RowImages
@@ -23,16 +23,7 @@ def image_fetcher(limits: ImageLimits) -> FetchImage | None:
     """The fetcher the operator's setting allows (None: fetching is off)."""
     if not limits.allow_fetch:
         return None
-    policy = FetchPolicy(AllowList.parse(limits.fetch_allow_hosts), limits.max_bytes, limits.fetch_timeout_s)
-
-    def get(url: str) -> tuple[bytes, str] | str:
-        try:
-            got = fetch(url, policy)
-        except FetchRefused as exc:
-            return exc.reason
-        return got.data, got.media_type
-
-    return get
+    return fetch_port(FetchPolicy(AllowList.parse(limits.fetch_allow_hosts), limits.max_bytes, limits.fetch_timeout_s))
 
 
 def check_images(messages: list[dict], line: int, limits: ImageLimits) -> tuple[list[Issue], RowImages]:
