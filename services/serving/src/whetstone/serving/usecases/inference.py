@@ -8,20 +8,16 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass
 
 from whetstone.contracts import parse_checkpoint_model
-from whetstone.modelkit.image_reader import read_image_url
+from whetstone.modelkit.image_reader import check_image_url
 from whetstone.modelkit.image_rules import ImageLimits, ImageProblem
-from whetstone.runtime.addresses import AllowList
-from whetstone.runtime.url_fetch import FetchPolicy, fetch_port
 
 from ..adapters.engine import GenRow, LoraEngine
-from ..adapters.full_models import FullLease
 from ..adapters.pool import Lease
 from ..context import ServingContext
 from ..domain.catalog import (
-    BASE_ADAPTER, ModelNotDeployed, ModelVersion, ServingError, base_version, check_servable_on, checkpoint_version,
-    choose_version, completion_budget,
+    ModelNotDeployed, ModelVersion, ServingError, base_version, check_servable_on, checkpoint_version, choose_version,
+    completion_budget,
 )
-from ..domain.full_models import is_full_weights
 from ..domain.images import ImageRefused, refusal
 from ..domain.openai import ChatCompletionRequest, CompletionRequest, ContentPart, RequestImage
 from ..domain.routing import Route, pick_variant
@@ -126,7 +122,7 @@ async def resolve(ctx: ServingContext, tenant_id: str, requested: str, user: str
 class Generation:
     requested: str
     version: ModelVersion
-    lease: Lease | FullLease
+    lease: Lease
     rows: list[GenRow]
     events: asyncio.Queue[ChoiceEvent]
     prompt_tokens: int
@@ -155,30 +151,25 @@ class Generation:
             yield index, delta, finish
 
 
-def read_images(images: list[RequestImage], limits: ImageLimits) -> list[str]:
+def read_images(images: list[RequestImage], limits: ImageLimits) -> None:
     """Every image read as ingest reads it (base64, bytes, format, header pixels, one decode): the
-    first refusal raised as ImageRefused naming its part. An http(s) URL, where the operator allows
-    fetching, is fetched under ingest's address rules (`whetstone.runtime.url_fetch`) and read as a
-    data URL of the fetched bytes. The URLs to hand the model, in order. Runs in a worker thread."""
-    fetch = fetch_port(FetchPolicy(AllowList.parse(limits.fetch_allow_hosts), limits.max_bytes,
-                                   limits.fetch_timeout_s)) if limits.allow_fetch else None
-    urls = []
+    first refusal raised as ImageRefused naming its part. Runs in a worker thread."""
     for image in images:
-        read = read_image_url(image.url, limits, image.at, fetch)
-        if isinstance(read, ImageProblem):
-            raise ImageRefused.of(read, image.at + ".image_url.url")
-        urls.append(read[1])
-    return urls
+        facts = check_image_url(image.url, limits, image.at)
+        if isinstance(facts, ImageProblem):
+            raise ImageRefused.of(facts, image.at + ".image_url.url")
 
 
 async def check_images(ctx: ServingContext, req: ChatCompletionRequest | CompletionRequest) -> list[str]:
-    """The request's image URLs (as data URLs) once the shared image rules accept them (ImageRefused otherwise)."""
+    """The request's image URLs once the shared image rules accept them (ImageRefused otherwise)."""
     images = req.images() if isinstance(req, ChatCompletionRequest) else []
     limits = ctx.config.image_limits
     refused = refusal(images, model=req.model, sees_images=ctx.engine.sees_images, limits=limits)
     if refused is not None:
         raise refused
-    return await asyncio.to_thread(read_images, images, limits) if images else []
+    if images:
+        await asyncio.to_thread(read_images, images, limits)
+    return [image.url for image in images]
 
 
 async def start(ctx: ServingContext, tenant_id: str, req: ChatCompletionRequest | CompletionRequest) -> Generation:
@@ -186,14 +177,8 @@ async def start(ctx: ServingContext, tenant_id: str, req: ChatCompletionRequest 
     version = await resolve(ctx, tenant_id, req.model, req.user)
     urls = await check_images(ctx, req)
     admit(ctx, tenant_id)
-    engine, batcher, adapter = ctx.engine, ctx.batcher, version.model_id
-    lease: Lease | FullLease
     try:
-        if is_full_weights(version):   # its own weights: its own engine, the model alone (slot 0)
-            lease = await ctx.full_models.acquire(version)
-            engine, batcher, adapter = lease.engine, lease.batcher, BASE_ADAPTER
-        else:
-            lease = await ctx.pool.acquire(version)
+        lease = await ctx.pool.acquire(version)
     except BaseException:
         leave(ctx, tenant_id)
         raise
@@ -204,15 +189,15 @@ async def start(ctx: ServingContext, tenant_id: str, req: ChatCompletionRequest 
 
     try:
         pixels = None
-        encoded, param = await asyncio.to_thread(tokenize, engine, req, lease.chat_template)
-        if isinstance(req, ChatCompletionRequest) and engine.sees_images:
+        encoded, param = await asyncio.to_thread(tokenize, ctx.engine, req, lease.chat_template)
+        if isinstance(req, ChatCompletionRequest) and ctx.engine.sees_images:
             try:
-                ids, pixels = await asyncio.to_thread(engine.image_inputs, encoded[0], urls)
+                ids, pixels = await asyncio.to_thread(ctx.engine.image_inputs, encoded[0], urls)
             except ValueError as exc:
                 raise InvalidMessages(str(exc)) from exc
             encoded = [ids]
         budgets = [completion_budget(len(ids), req.token_limit(), ctx.config.default_max_tokens,
-                                     engine.context_length, param) for ids in encoded]
+                                     ctx.engine.context_length, param) for ids in encoded]
         loop = asyncio.get_running_loop()
         events: asyncio.Queue[ChoiceEvent] = asyncio.Queue()
         rows: list[GenRow] = []
@@ -230,17 +215,17 @@ async def start(ctx: ServingContext, tenant_id: str, req: ChatCompletionRequest 
                 index = len(rows)
 
                 def emit(delta: str, finish: str | None, index: int = index) -> None:  # worker thread
-                    batcher.post(loop, deliver, index, delta, finish)
+                    ctx.batcher.post(loop, deliver, index, delta, finish)
 
                 seed = None if req.seed is None else req.seed + index
-                rows.append(GenRow(adapter=adapter, prompt_ids=ids, max_tokens=budget, emit=emit,
+                rows.append(GenRow(adapter=version.model_id, prompt_ids=ids, max_tokens=budget, emit=emit,
                                    temperature=req.temperature, top_p=req.top_p, stops=req.stops(), seed=seed,
                                    stream=bool(req.stream), pixel_values=pixels))
     except BaseException:
         done()
         raise
     for row in rows:
-        batcher.submit(row)
+        ctx.batcher.submit(row)
     key = (tenant_id, req.model, version.model_id)
     ctx.served[key] = ctx.served.get(key, 0) + 1
     ctx.metrics.requests.labels(tenant=tenant_id, model=req.model, version=version.model_id, outcome="served").inc()
