@@ -29,10 +29,15 @@ class ServingSettings(ServiceSettings):
     max_image_pixels: int = Field(default=36_000_000, ge=1, description="pixels per image, read from the header "
                                   "before decoding, as ingest")
     max_images_per_request: int = Field(default=10, ge=1, description="images per chat request (ingest: per example)")
-    image_fetch: bool = Field(default=False, description="http(s) image URLs: not fetched by this version (refused "
-                              "with a clear 400 either way); send images as base64 data URLs")
+    image_fetch: bool = Field(default=False, description="http(s) image URLs fetched per request (public addresses "
+                              "only, as ingest); off: refused with a 400, send images as base64 data URLs")
+    image_fetch_allow_hosts: list[str] = Field(default_factory=list, description="non-public hosts image URLs may "
+                                               "reach (host, address or CIDR, optionally :port), e.g. a test server")
+    image_fetch_timeout_s: float = Field(default=10.0, gt=0, description="one image fetch, resolution included")
 
     @property
     def image_limits(self) -> ImageLimits:
         return ImageLimits(max_bytes=self.max_image_bytes, max_pixels=self.max_image_pixels,
-                           max_per_example=self.max_images_per_request, allow_fetch=self.image_fetch)
+                           max_per_example=self.max_images_per_request, allow_fetch=self.image_fetch,
+                           fetch_allow_hosts=tuple(self.image_fetch_allow_hosts),
+                           fetch_timeout_s=self.image_fetch_timeout_s)

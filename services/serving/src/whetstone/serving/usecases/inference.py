@@ -8,8 +8,10 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass
 
 from whetstone.contracts import parse_checkpoint_model
-from whetstone.modelkit.image_reader import check_image_url
+from whetstone.modelkit.image_reader import read_image_url
 from whetstone.modelkit.image_rules import ImageLimits, ImageProblem
+from whetstone.runtime.addresses import AllowList
+from whetstone.runtime.url_fetch import FetchPolicy, fetch_port
 
 from ..adapters.engine import GenRow, LoraEngine
 from ..adapters.pool import Lease
@@ -151,25 +153,30 @@ class Generation:
             yield index, delta, finish
 
 
-def read_images(images: list[RequestImage], limits: ImageLimits) -> None:
+def read_images(images: list[RequestImage], limits: ImageLimits) -> list[str]:
     """Every image read as ingest reads it (base64, bytes, format, header pixels, one decode): the
-    first refusal raised as ImageRefused naming its part. Runs in a worker thread."""
+    first refusal raised as ImageRefused naming its part. An http(s) URL, where the operator allows
+    fetching, is fetched under ingest's address rules (`whetstone.runtime.url_fetch`) and read as a
+    data URL of the fetched bytes. The URLs to hand the model, in order. Runs in a worker thread."""
+    fetch = fetch_port(FetchPolicy(AllowList.parse(limits.fetch_allow_hosts), limits.max_bytes,
+                                   limits.fetch_timeout_s)) if limits.allow_fetch else None
+    urls = []
     for image in images:
-        facts = check_image_url(image.url, limits, image.at)
-        if isinstance(facts, ImageProblem):
-            raise ImageRefused.of(facts, image.at + ".image_url.url")
+        read = read_image_url(image.url, limits, image.at, fetch)
+        if isinstance(read, ImageProblem):
+            raise ImageRefused.of(read, image.at + ".image_url.url")
+        urls.append(read[1])
+    return urls
 
 
 async def check_images(ctx: ServingContext, req: ChatCompletionRequest | CompletionRequest) -> list[str]:
-    """The request's image URLs once the shared image rules accept them (ImageRefused otherwise)."""
+    """The request's image URLs (as data URLs) once the shared image rules accept them (ImageRefused otherwise)."""
     images = req.images() if isinstance(req, ChatCompletionRequest) else []
     limits = ctx.config.image_limits
     refused = refusal(images, model=req.model, sees_images=ctx.engine.sees_images, limits=limits)
     if refused is not None:
         raise refused
-    if images:
-        await asyncio.to_thread(read_images, images, limits)
-    return [image.url for image in images]
+    return await asyncio.to_thread(read_images, images, limits) if images else []
 
 
 async def start(ctx: ServingContext, tenant_id: str, req: ChatCompletionRequest | CompletionRequest) -> Generation:
