@@ -96,3 +96,21 @@ def test_no_sandbox_refuses_python_graders_unless_unsafe_is_chosen():
     unsafe = GraderEnvironment(GraderSettings(python_sandbox="unsafe", python_timeout_s=2.0))
     validate(grader, unsafe.settings, unsafe.sandbox)
     assert grade("def grade(s, i):\n    return 0.5", env=unsafe).reward == 0.5
+
+
+@needs_bwrap
+def test_the_grader_runs_under_its_own_uid_and_limits_however_it_is_launched():
+    """The setpriv + prlimit launcher (no hook in the child) and the preexec hook confine alike."""
+    probe = ("import os, resource\ndef grade(s, i):\n"
+             "    return float(os.getuid() * 1000 + len(os.getgroups()) * 100\n"
+             "                 + (resource.getrlimit(resource.RLIMIT_AS)[1] == 256 * 1024 * 1024) * 10\n"
+             "                 + (resource.getrlimit(resource.RLIMIT_CPU)[1] == 2))")
+    hooked = GraderEnvironment(SETTINGS)
+    hooked.sandbox._tools = (None, None)   # as on a machine without util-linux's setpriv and prlimit
+    uid_base = SETTINGS.sandbox().uid_base
+    assert ENV.sandbox.launcher(None, 1) is not None and hooked.sandbox.launcher(None, 1) is None
+    for env in (ENV, hooked):
+        value = grade(probe, env=env).reward
+        uid = int(value // 1000)
+        assert uid >= uid_base if os.getuid() == 0 and uid_base is not None else uid == os.getuid(), value
+        assert value % 1000 == 11, value   # no supplementary groups; memory and CPU limits as configured

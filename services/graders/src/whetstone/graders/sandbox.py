@@ -7,7 +7,10 @@ private tmpfs /tmp, and resource limits set before bwrap starts (inherited by th
 space (memory), CPU seconds, file size, no core files, and a process count. When the service runs
 as root the grader also runs under an unprivileged uid of its own (one per slot of a range), so the
 process limit counts only that grader's processes; the parent kills the whole process group when
-the wall-time limit passes. Only the standard library is importable (`python -I -S`).
+the wall-time limit passes. The uid switch and the limits are done by util-linux's setpriv and
+prlimit exec'd in front of bwrap, so the service's own (large) process is vforked, not forked; where
+either tool is missing, by subprocess's user/group and a hook in the forked child. Only the standard
+library is importable (`python -I -S`).
 
 Start-up cost: the runner imports only built-in modules (marshal, math) before the grader runs; the
 platform sends the call as marshal data (JSON-like values it wrote itself) and the reward comes back
@@ -153,6 +156,7 @@ class PythonSandbox:
         self._mode: str | None = None
         self._slots = itertools.cycle(range(settings.uid_count))
         self._gate = asyncio.Semaphore(settings.concurrency)
+        self._tools = (shutil.which("setpriv"), shutil.which("prlimit"))
 
     # -- which confinement this machine offers --------------------------------------------------
     def mode(self) -> str:
@@ -208,6 +212,20 @@ class PythonSandbox:
                 resource.setrlimit(resource.RLIMIT_NPROC, (nproc, nproc))
         return apply
 
+    def launcher(self, uid: int | None, nproc: int | None) -> list[str] | None:
+        """The same uid switch and limits as `_limits` and subprocess's user/group, done by util-linux's
+        setpriv and prlimit exec'd in front of the sandbox: the child needs no Python hook, so the
+        service's (large) process is vforked rather than forked. None when either tool is missing."""
+        setpriv, prlimit = self._tools
+        if prlimit is None or (uid is not None and setpriv is None):
+            return None
+        s = self.settings
+        memory = s.memory_mb * 1024 * 1024
+        limits = [prlimit, f"--as={memory}", f"--cpu={s.cpu_s}:{s.cpu_s + 1}", "--core=0", f"--fsize={16 << 20}",
+                  "--nofile=64"] + ([] if nproc is None else [f"--nproc={nproc}"])
+        switch = [] if uid is None else [str(setpriv), f"--reuid={uid}", f"--regid={uid}", "--clear-groups"]
+        return [*switch, *limits, "--"]
+
     async def run(self, source: str, sample: dict[str, JsonValue], item: object) -> PythonOutcome:
         self.require()
         async with self._gate:
@@ -222,10 +240,17 @@ class PythonSandbox:
             nproc = own_tasks() + self.settings.max_processes
         argv = bwrap_args(self.exe, self.prefix) if self.mode() == "bwrap" else [self.exe, "-I", "-S", "-c", RUNNER]
         began = time.perf_counter()
-        proc = await asyncio.create_subprocess_exec(
-            *argv, stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.DEVNULL,
-            env={"PATH": "/usr/bin:/bin"}, cwd="/", start_new_session=True, preexec_fn=self._limits(nproc),
-            user=uid, group=uid, extra_groups=None if uid is None else [])
+        pipe, devnull = asyncio.subprocess.PIPE, asyncio.subprocess.DEVNULL
+        launcher = self.launcher(uid, nproc)
+        if launcher is not None:   # no hook in the child: the service's process is not forked (vfork)
+            proc = await asyncio.create_subprocess_exec(
+                *launcher, *argv, stdin=pipe, stdout=pipe, stderr=devnull, env={"PATH": "/usr/bin:/bin"}, cwd="/",
+                start_new_session=True)
+        else:
+            proc = await asyncio.create_subprocess_exec(
+                *argv, stdin=pipe, stdout=pipe, stderr=devnull, env={"PATH": "/usr/bin:/bin"}, cwd="/",
+                start_new_session=True, preexec_fn=self._limits(nproc), user=uid, group=uid,
+                extra_groups=None if uid is None else [])
         try:
             out = await asyncio.wait_for(self._exchange(proc, payload), timeout=self.settings.timeout_s)
         except TimeoutError:
