@@ -222,10 +222,21 @@ def _language_side(base_dir: str, adapter_dir: str | None, batch_size: int) -> A
     return HFLM(pretrained=model, tokenizer=load_tokenizer(base_dir), backend="causal", batch_size=batch_size)
 
 
+def _hf_model_args(base_dir: str, candidate_dir: str | None) -> str:
+    """lm-eval's `hf` model_args: the base, the base + a LoRA adapter (`peft=`), or a full-weight candidate
+    (a full fine-tune or continued pre-training) loaded as the model itself with the base's tokenizer."""
+    from .generation import holds_full_weights
+
+    if candidate_dir and holds_full_weights(candidate_dir):
+        return f"pretrained={candidate_dir},tokenizer={base_dir},dtype=float32"
+    return f"pretrained={base_dir},dtype=float32" + (f",peft={candidate_dir}" if candidate_dir else "")
+
+
 def run_lm_eval(base_dir: str, adapter_dir: str | None, suites: list[Suite], *, batch_size: int = 32,
                 limit: int | None = None) -> dict[str, SuiteScore]:
-    """Accuracy per suite for the base model, or base + LoRA adapter (`peft=`). A vision-language base is
-    scored on its language side (`_language_side`)."""
+    """Accuracy per suite for the base model, or base + LoRA adapter (`peft=`), or full weights in
+    `adapter_dir` (see `_hf_model_args`). A vision-language base is scored on its language side
+    (`_language_side`)."""
     os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     import lm_eval
@@ -240,7 +251,7 @@ def run_lm_eval(base_dir: str, adapter_dir: str | None, suites: list[Suite], *, 
                                           tasks=[s.name for s in suites], task_manager=tasks, limit=limit,
                                           log_samples=False, verbosity="ERROR")
         else:
-            args = f"pretrained={base_dir},dtype=float32" + (f",peft={adapter_dir}" if adapter_dir else "")
+            args = _hf_model_args(base_dir, adapter_dir)
             out = lm_eval.simple_evaluate(model="hf", model_args=args, tasks=[s.name for s in suites],
                                           task_manager=tasks, device="cpu", batch_size=batch_size, limit=limit,
                                           log_samples=False, verbosity="ERROR")

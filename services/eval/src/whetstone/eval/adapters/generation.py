@@ -16,8 +16,18 @@ from ..domain.rows import Conversation, ImageRef, Side, Turn
 END_OF_TURN_TOKENS = ("<|end|>", "<|eot_id|>", "<|im_end|>", "<end_of_turn>")
 
 
+def holds_full_weights(directory: str | None) -> bool:
+    """A full fine-tune's or continued pre-training's artifact (its own weights), not a PEFT adapter."""
+    from pathlib import Path
+
+    from whetstone.runtime.weights import holds_full_weights as full
+
+    return bool(directory) and full(p.name for p in Path(str(directory)).iterdir() if p.is_file())
+
+
 class Models:
-    """The base model with the candidate (and optionally the last accepted) adapter attached.
+    """The base model with the candidate (and optionally the last accepted) adapter attached; a
+    full-weight candidate (or last accepted model) is loaded as a model of its own beside the base.
 
     `use(side)` selects which one answers."""
 
@@ -33,18 +43,27 @@ class Models:
         self.base.eval()
         self.model = self.base
         self.names: set[Side] = set()
+        self.whole: dict[Side, Any] = {}   # full-weight models by side: no adapter to switch
+        for side, directory in ((Side.CANDIDATE, candidate_dir), (Side.LAST, last_dir)):
+            if holds_full_weights(directory):
+                self.whole[side] = load_model(str(directory), dtype="float32").eval()
+        if Side.CANDIDATE in self.whole:
+            return
         if candidate_dir:
             from peft import PeftModel
 
             self.model = PeftModel.from_pretrained(self.base, candidate_dir, adapter_name="candidate")
             self.names.add(Side.CANDIDATE)
-            if last_dir:
+            if last_dir and Side.LAST not in self.whole:
                 self.model.load_adapter(last_dir, adapter_name="last")
                 self.names.add(Side.LAST)
             self.model.eval()
 
     @contextmanager
     def use(self, which: Side) -> Iterator[Any]:
+        if which in self.whole:
+            yield self.whole[which]
+            return
         if which == Side.BASE:
             if self.names:
                 with self.model.disable_adapter():
@@ -111,6 +130,23 @@ class Models:
         counts = image_token_counts(self.processor, [image_size(i.url) for i in images])
         ids, _ = expand_image_tokens(ids, [0] * len(ids), tok.convert_tokens_to_ids(token), counts)
         return ids, pixel_values(self.processor, [ImagePart(i.url, i.detail) for i in images])
+
+    def text_loss(self, which: Side, texts: Sequence[str], max_len: int = 512) -> tuple[float, int]:
+        """(token-weighted mean next-token loss, tokens scored) over whole documents, every token trained
+        as continued pre-training trains them (the tokenizer's own special tokens added)."""
+        from whetstone.modelkit.holdout import examples_loss
+
+        examples = []
+        for text in texts:
+            ids = list(self.tokenizer(text, add_special_tokens=True)["input_ids"])[:max_len]
+            if len(ids) > 1:
+                examples.append({"input_ids": ids, "labels": ids})
+        if not examples:
+            raise ValueError("no document of the holdout has two tokens to score")
+        pad = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else 0
+        with self.use(which) as model:
+            scored = examples_loss(model, examples, pad_id=pad)
+        return float(scored["loss"]), int(scored["tokens"])
 
     def loss(self, which: Side, rows: Sequence[Conversation], max_len: int = 512) -> float:
         """Token-weighted mean next-token loss on the rows' assistant turns (for rows with images: their

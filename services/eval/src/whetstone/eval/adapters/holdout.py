@@ -140,6 +140,20 @@ def read_holdout(path: Path, limit: int) -> list[HoldoutRow]:
     return read_rows(path, limit, _row)
 
 
+def _text_row(obj: Any, line_no: int) -> str:
+    text = obj.get("text") if isinstance(obj, dict) else None
+    if not isinstance(text, str) or not text.strip():
+        keys = sorted(obj)[:6] if isinstance(obj, dict) else type(obj).__name__
+        raise HoldoutError(f"validation file line {line_no}: a continued pre-training holdout row needs a non-empty "
+                           f"'text' string; got {keys}")
+    return text
+
+
+def read_text_holdout(path: Path, limit: int) -> list[str]:
+    """The documents of a continued pre-training validation file (`{"text": ...}` per line)."""
+    return read_rows(path, limit, _text_row)
+
+
 def _csv_prompt(row: dict[str, str]) -> HarmfulPrompt | None:
     """AdvBench (`goal`), HarmBench (`Behavior`, `SemanticCategory`) or our own (`prompt`, `category`) columns."""
     prompt = row.get("prompt") or row.get("goal") or row.get("Behavior")

@@ -131,6 +131,25 @@ def decide_holdout(s: HoldoutScores, policy: HoldoutPolicy, *, alpha: float = 0.
     return EvalStageResult(name=Stage.HOLDOUT, status=PASSED, metrics=metrics, details=details, reason=summary)
 
 
+def decide_perplexity(base_loss: float, candidate_loss: float, n: int, tokens: int,
+                      policy: HoldoutPolicy) -> EvalStageResult:
+    """Continued pre-training's holdout: perplexity on the held-out documents (every token) must drop by
+    `min_relative_improvement` against the base."""
+    base_ppl, cand_ppl = math.exp(min(base_loss, 700)), math.exp(min(candidate_loss, 700))
+    metrics = [Metric(name="holdout_loss", base=base_loss, candidate=candidate_loss),
+               Metric(name="holdout_perplexity", base=base_ppl, candidate=cand_ppl)]
+    details: dict[str, Any] = {"metric": "perplexity", "rows": n, "tokens": tokens}
+    if not math.isfinite(candidate_loss):
+        return EvalStageResult(name=Stage.HOLDOUT, status=FAILED, metrics=metrics, details=details,
+                               reason=f"holdout loss is not finite ({candidate_loss})")
+    limit = base_ppl * (1 - policy.min_relative_improvement)
+    summary = f"held-out perplexity {cand_ppl:.3f} vs base {base_ppl:.3f} on {n} documents ({tokens} tokens)"
+    if cand_ppl > limit:
+        return EvalStageResult(name=Stage.HOLDOUT, status=FAILED, metrics=metrics, details=details,
+                               reason=f"{summary}: needs <= {limit:.3f} ({policy.min_relative_improvement:.0%} lower)")
+    return EvalStageResult(name=Stage.HOLDOUT, status=PASSED, metrics=metrics, details=details, reason=summary)
+
+
 # ------------------------------------------------------------------ stage 3: safety
 def decide_safety(base_rate: float, candidate_rate: float, n: int, policy: SafetyPolicy,
                   by_category: Mapping[str, tuple[float, float]] | None = None, classifier: str = "prefix") -> EvalStageResult:

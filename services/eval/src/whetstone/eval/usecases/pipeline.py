@@ -20,7 +20,7 @@ from whetstone.contracts import EvalStageResult, ReinforcementSpec
 from whetstone.graders import GraderSettings
 
 from ..adapters import benchmarks
-from ..adapters.holdout import HoldoutError, read_harmful_prompts, read_holdout
+from ..adapters.holdout import HoldoutError, read_harmful_prompts, read_holdout, read_text_holdout
 from ..adapters.judges import Judge, JudgeUnavailable, ModelSafetyClassifier
 from ..domain import judging, textmetrics
 from ..domain.judging import Outcome
@@ -33,6 +33,7 @@ from ..domain.stages import (
     decide_benchmarks,
     decide_holdout,
     decide_judge,
+    decide_perplexity,
     decide_safety,
     failed,
     skipped,
@@ -55,6 +56,8 @@ class GateModels(Protocol):
                  batch_size: int = 16) -> list[str]: ...
 
     def loss(self, which: Side, rows: Sequence[Conversation], max_len: int = 512) -> float: ...
+
+    def text_loss(self, which: Side, texts: Sequence[str], max_len: int = 512) -> tuple[float, int]: ...
 
 
 @dataclass
@@ -98,6 +101,11 @@ class BenchBase(RootModel[dict[str, tuple[float, int, float]]]):
 class HoldoutBase(BaseModel):
     answers: list[str]
     loss: float
+
+
+class PerplexityBase(BaseModel):
+    loss: float
+    tokens: int
 
 
 class SafetyBase(BaseModel):
@@ -165,6 +173,8 @@ class _Run:
         if self.c.holdout_path is None:
             reason = self.c.holdout_missing_reason + " (never scored on training data)"
             return failed(Stage.HOLDOUT, reason) if p.require_holdout else skipped(Stage.HOLDOUT, reason)
+        if not self.c.chat:
+            return self.perplexity(self.c.holdout_path)
         try:
             rows = self.holdout(self.c.holdout_path)
         except (HoldoutError, UnicodeDecodeError) as exc:
@@ -201,6 +211,28 @@ class _Run:
         examples = [{"reference": r.reference, "base": b, "candidate": c}
                     for r, b, c in list(zip(rows, base.answers, candidate))[:3]]
         return with_details(decide_holdout(scores, p), examples=examples)
+
+    def perplexity(self, path: Path) -> EvalStageResult:
+        """Continued pre-training: held-out perplexity over every token of the validation documents."""
+        p = self.policy.holdout
+        try:
+            texts = read_text_holdout(path, p.max_rows)
+        except (HoldoutError, UnicodeDecodeError) as exc:
+            return failed(Stage.HOLDOUT, f"validation file unusable: {exc}")
+        if not texts:
+            reason = "validation file is empty: nothing to score"
+            return failed(Stage.HOLDOUT, reason) if p.require_holdout else skipped(Stage.HOLDOUT, reason)
+        m = self.models()
+        key = f"perplexity:{self.c.base_sha}:{_sha_file(path)}:{p.max_rows}:{self.tools.max_len}"
+        cached = self.tools.cache.get(key)
+        if cached is None:
+            loss, tokens = m.text_loss(Side.BASE, texts, self.tools.max_len)
+            base = PerplexityBase(loss=loss, tokens=tokens)
+            self.tools.cache.put(key, base.model_dump(mode="json"))
+        else:
+            base = PerplexityBase.model_validate(cached)
+        candidate_loss, tokens = m.text_loss(Side.CANDIDATE, texts, self.tools.max_len)
+        return decide_perplexity(base.loss, candidate_loss, len(texts), tokens, p)
 
     # ----------------------------------------------------------- stage 3
     def safety(self) -> EvalStageResult:
@@ -266,11 +298,14 @@ class _Run:
         base_answers, cand_answers = self.answers[Side.BASE], self.answers[Side.CANDIDATE]
         outcomes: list[Outcome] = []
         raw: list[str] = []
+        with_images = 0
         for r, base, cand in zip(rows, base_answers, cand_answers):
             question = r.prompt[-1].content
+            images = [image.url for turn in r.prompt for image in turn.images]   # shown where the judge sees
+            with_images += bool(images)
             try:
-                first = judge(judging.judge_prompt(question, cand, base, r.reference))
-                second = judge(judging.judge_prompt(question, base, cand, r.reference))
+                first = judge(judging.judge_prompt(question, cand, base, r.reference), images)
+                second = judge(judging.judge_prompt(question, base, cand, r.reference), images)
             except JudgeUnavailable as exc:
                 return failed(Stage.JUDGE, str(exc), judge=judge.name, judged_before_error=len(outcomes))
             outcomes.append(judging.combine(judging.parse_verdict(first), judging.parse_verdict(second)))
@@ -280,6 +315,8 @@ class _Run:
         lengths: dict[str, float] = {Side.BASE: sum(map(len, base_answers[:n])) / n,
                    Side.CANDIDATE: sum(map(len, cand_answers[:n])) / n}
         result = decide_judge(judging.tally(outcomes), p, judge=judge.name, lengths=lengths)
+        if with_images:
+            result = with_details(result, rows_with_images=with_images, images_shown_to_judge=judge.sees_images)
         return with_details(result, unparsable_examples=raw) if raw else result
 
 
