@@ -119,6 +119,12 @@ async def test_refusals_and_lru_budget(platform, settings, tiny_base, sample_ada
         await wait_until(lambda: rt.pool.fetchval("SELECT count(*) > 0 FROM outbox WHERE topic = 'model.promoted.dlq'"),
                          30, "dead letter")
         assert await rt.pool.fetchval("SELECT stage FROM model_versions WHERE model_id = 'wsm-g0'") == "staging"
+        # an event of demo's naming weights under acme's prefix is dead-lettered (tenant_mismatch), never projected
+        theirs = store_adapter(store, sample_adapters[2], "acme", "wsm-theirs", "ft:tiny-llama:demo:theirs")
+        await send_event(b, registered(theirs, base_model=BASE, base_sha256=sha), "demo")
+        await wait_until(lambda: rt.pool.fetchval(
+            "SELECT count(*) > 0 FROM outbox WHERE topic = 'model.registered.dlq'"), 30, "dead letter")
+        assert await rt.pool.fetchval("SELECT count(*) FROM model_versions WHERE model_id = 'wsm-theirs'") == 0
 
 
 async def _staging(rt, n: int) -> bool:

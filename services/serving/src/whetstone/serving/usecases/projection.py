@@ -14,6 +14,7 @@ from whetstone.contracts import CheckpointWrittenV1, ModelPromotedV1, ModelRegis
 from whetstone.contracts.enums import ModelStage
 from whetstone.runtime.delivery import PoisonMessage
 from whetstone.runtime.messaging import UnitOfWork
+from whetstone.runtime.s3 import within_tenant
 from whetstone.runtime.service import Runtime
 
 from ..adapters.repository import AsyncpgServingRepository
@@ -26,6 +27,7 @@ PAGE = 500   # projection changes read per round trip
 async def model_registered(rt: Runtime[ServingContext], uow: UnitOfWork, tenant_id: str,
                            ev: ModelRegisteredV1) -> None:
     await _same_owner(uow, ev.model_id, tenant_id)
+    _own_uri(rt, ev.artifact_uri, tenant_id, "artifact_uri")
     lineage = ev.lineage
     await rt.ctx.repo.record_registered(uow.conn, ModelVersion(
         model_id=ev.model_id, tenant_id=tenant_id, name=ev.name, stage=ev.stage, artifact_uri=ev.artifact_uri,
@@ -38,6 +40,7 @@ async def model_registered(rt: Runtime[ServingContext], uow: UnitOfWork, tenant_
 
 async def model_promoted(rt: Runtime[ServingContext], uow: UnitOfWork, tenant_id: str, ev: ModelPromotedV1) -> None:
     await _same_owner(uow, ev.model_id, tenant_id)
+    _own_uri(rt, ev.artifact_uri, tenant_id, "artifact_uri")
     applied = await rt.ctx.repo.record_promoted(uow.conn, ModelVersion(
         model_id=ev.model_id, tenant_id=tenant_id, name=ev.name or "", stage=ModelStage(ev.to_stage),
         artifact_uri=ev.artifact_uri, artifact_sha256=ev.artifact_sha256, files=dict(ev.files),
@@ -51,8 +54,17 @@ async def model_promoted(rt: Runtime[ServingContext], uow: UnitOfWork, tenant_id
 async def checkpoint_written(rt: Runtime[ServingContext], uow: UnitOfWork, tenant_id: str,
                              ev: CheckpointWrittenV1) -> None:
     """Every durable checkpoint, so `<fine_tuned_model>:ckpt-step-<N>` can be served (see catalog.checkpoint_version)."""
+    _own_uri(rt, ev.uri, tenant_id, "uri")
     await rt.ctx.repo.record_checkpoint(uow.conn, tenant_id, ev.job_id, ev.step, ev.uri, ev.manifest_sha256,
                                         ev.attempt)
+
+
+def _own_uri(rt: Runtime[ServingContext], uri: str, tenant_id: str, field: str) -> None:
+    """Serving loads only weights under the event tenant's own prefix of the platform's bucket: an
+    event naming another tenant's artifact (or another bucket) is dead-lettered, never loaded."""
+    if not within_tenant(uri, tenant_id, rt.settings.bucket):
+        raise PoisonMessage(f"{field} {uri!r} is not under tenant {tenant_id}'s prefix "
+                            f"s3://{rt.settings.bucket}/tenants/{tenant_id}/", reason="tenant_mismatch")
 
 
 async def _same_owner(uow: UnitOfWork, model_id: str, tenant_id: str) -> None:
