@@ -59,10 +59,11 @@ async def checkpoint_written(rt: Runtime[ServingContext], uow: UnitOfWork, tenan
                                         ev.attempt)
 
 
-def _own_uri(rt: Runtime[ServingContext], uri: str, tenant_id: str, field: str) -> None:
+def _own_uri(rt: Runtime[ServingContext], uri: str | None, tenant_id: str, field: str) -> None:
     """Serving loads only weights under the event tenant's own prefix of the platform's bucket: an
-    event naming another tenant's artifact (or another bucket) is dead-lettered, never loaded."""
-    if not within_tenant(uri, tenant_id, rt.settings.bucket):
+    event naming another tenant's artifact (or another bucket) is dead-lettered, never loaded. An
+    event without one (a promotion that names no artifact) has nothing to check."""
+    if uri is not None and not within_tenant(uri, tenant_id, rt.settings.bucket):
         raise PoisonMessage(f"{field} {uri!r} is not under tenant {tenant_id}'s prefix "
                             f"s3://{rt.settings.bucket}/tenants/{tenant_id}/", reason="tenant_mismatch")
 
