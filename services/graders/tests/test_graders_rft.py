@@ -24,6 +24,8 @@ def test_auto_and_numbers_resolve():
     assert plan.generations == 8 and plan.eval_interval == 5 and plan.eval_samples == 2
     assert plan.max_completion_tokens == 512 and plan.response_format["type"] == "json_schema"
     assert plan.record()["grader"]["name"] == "exact"
+    fast = parse_method({"grader": GRADER, "hyperparameters": {"learning_rate_multiplier": 10_000}})
+    assert fast.learning_rate == pytest.approx(0.1)   # a tiny model's step (bench/rft.py); any rate <= 1 is allowed
     assert generation_tokens(prompt_tokens=1000, rows=10, plan=plan) == 3 * (1000 * 8 + 10 * 8 * 512)
 
 
@@ -32,6 +34,12 @@ def test_auto_and_numbers_resolve():
     ({"grader": GRADER, "hyperparameters": {"n_epochs": 1.5}}, "method.reinforcement.hyperparameters.n_epochs"),
     ({"grader": GRADER, "hyperparameters": {"compute_multiplier": 0}},
      "method.reinforcement.hyperparameters.compute_multiplier"),
+    ({"grader": GRADER, "hyperparameters": {"compute_multiplier": 11}},
+     "method.reinforcement.hyperparameters.compute_multiplier"),
+    ({"grader": GRADER, "hyperparameters": {"learning_rate_multiplier": 0}},
+     "method.reinforcement.hyperparameters.learning_rate_multiplier"),
+    ({"grader": GRADER, "hyperparameters": {"learning_rate_multiplier": 100_001}},   # a learning rate over 1
+     "method.reinforcement.hyperparameters.learning_rate_multiplier"),
     ({"grader": GRADER, "hyperparameters": {"reasoning_effort": "extreme"}},
      "method.reinforcement.hyperparameters.reasoning_effort"),
     ({"grader": GRADER, "hyperparameters": {"beta": 0.1}}, "method.reinforcement.hyperparameters.beta"),

@@ -10,7 +10,7 @@ Every hyperparameter is "auto" or a number; "auto" takes the platform's default:
 |---------------------------|-------|---------------------------------------------------------------|
 | n_epochs                  | 1     | passes over the prompts                                       |
 | batch_size                | 8     | prompts per optimiser step (x generations completions)        |
-| learning_rate_multiplier  | 1.0   | x the method's default learning rate (1e-5)                   |
+| learning_rate_multiplier  | 1.0   | x the method's default learning rate (1e-5), up to rate 1     |
 | compute_multiplier        | 1.0   | completions sampled per prompt: round(4 x multiplier), 2..64  |
 | eval_interval             | 10    | optimiser steps between evaluations on the validation prompts |
 | eval_samples              | 1     | completions sampled per validation prompt at each evaluation  |
@@ -73,11 +73,20 @@ class ReinforcementHyperparameters(BaseModel):
             raise ValueError(f"must be 'auto' or a whole number from {low} to {high}")
         return value
 
-    @field_validator("learning_rate_multiplier", "compute_multiplier")
+    @field_validator("compute_multiplier")
     @classmethod
     def multiplier(cls, value: Any) -> Any:
         if isinstance(value, int | float) and not 0 < value <= 10:
             raise ValueError("must be 'auto' or a number > 0 and <= 10")
+        return value
+
+    @field_validator("learning_rate_multiplier")
+    @classmethod
+    def rate(cls, value: Any) -> Any:
+        """As for every method: any multiple of the default whose learning rate stays <= 1."""
+        if isinstance(value, int | float) and not 0 < value * DEFAULT_LEARNING_RATE <= 1:
+            raise ValueError(f"must be 'auto' or a number > 0 and <= {1 / DEFAULT_LEARNING_RATE:g} "
+                             f"(a learning rate of at most 1)")
         return value
 
 
