@@ -137,6 +137,19 @@ def test_reference_judge_over_http_both_orders(tiny):
     assert "adjusted win rate" in r.reason and set(r.details["mean_length"]) == {"base", "candidate"}
 
 
+def test_a_judge_that_sees_images_gets_the_rows_images_and_a_text_judge_does_not():
+    from whetstone.eval.domain.judging import judge_prompt, parse_verdict
+
+    image = "data:image/png;base64,iVBORw0KGgo="
+    prompt = judge_prompt("What colour is the shape?", "red", "blue", "red")
+    with JudgeServer() as server:
+        seeing = EndpointJudge(server.base_url, "judge", "k", sees_images=True)
+        assert parse_verdict(seeing(prompt, [image, image])) == "A" and server.images_seen == 2
+        blind = EndpointJudge(server.base_url, "judge", "k")
+        assert parse_verdict(blind(prompt, [image])) == "A" and server.images_seen == 2
+        assert server.requests == 2
+
+
 def test_no_judge_configured_is_skipped_unless_required(tiny):
     assert _gate(tiny, ["judge"])["judge"].status == "skipped"
     assert _gate(tiny, {"judge": {"required": True}})["judge"].status == "failed"

@@ -15,7 +15,8 @@ from .entrypoints.worker import eval_worker
 def build_context(config: EvalSettings) -> EvalContext:
     judge = None
     if config.judge_url:
-        judge = EndpointJudge(config.judge_url, config.judge_model, config.judge_api_key, config.judge_timeout_s)
+        judge = EndpointJudge(config.judge_url, config.judge_model, config.judge_api_key, config.judge_timeout_s,
+                              sees_images=config.judge_sees_images)
     elif config.judge_local_model:
         judge = LocalModelJudge(config.judge_local_model)
     classifier = ModelSafetyClassifier(config.safety_classifier_model) if config.safety_classifier_model else None

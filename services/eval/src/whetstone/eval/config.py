@@ -23,6 +23,7 @@ class EvalSettings(ServiceSettings):
     judge_model: str = ""
     judge_local_model: str | None = None
     judge_timeout_s: float = 30.0
+    judge_sees_images: bool = False     # the judge endpoint is a vision model: held-out images are shown to it
     # gate policy: per-tenant defaults in eval_config shape, and tiers allowed to switch safety off
     tenant_defaults: dict[str, dict[str, Any]] = {}
     tiers_may_skip_safety: list[str] = []

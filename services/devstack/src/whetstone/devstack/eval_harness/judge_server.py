@@ -37,6 +37,7 @@ def grade(prompt: str) -> str:
 class JudgeServer:
     def __init__(self, mode: str = "reference", delay_s: float = 0.0):
         self.mode, self.delay_s, self.requests = mode, delay_s, 0
+        self.images_seen = 0          # image parts received (a judge that sees images)
         server = self
 
         class Handler(BaseHTTPRequestHandler):
@@ -53,6 +54,9 @@ class JudgeServer:
                 if server.mode == "slow":
                     time.sleep(server.delay_s)
                 prompt = body.get("messages", [{}])[-1].get("content", "")
+                if isinstance(prompt, list):    # a judge that sees images: text part, then image parts
+                    server.images_seen += sum(part.get("type") == "image_url" for part in prompt)
+                    prompt = "".join(part.get("text", "") for part in prompt if part.get("type") == "text")
                 text = "Both answers have merits; hard to say." if server.mode == "garbage" else grade(prompt)
                 self._send(200, {"id": "chatcmpl-judge", "object": "chat.completion", "created": int(time.time()),
                                  "model": body.get("model", "judge"),

@@ -1,8 +1,14 @@
 """Stage 4 judges (an OpenAI-compatible chat endpoint or a local HF model) and stage 3's optional
-model classifier. A judge returns the raw text; parsing is the domain's (strict, never guessed)."""
+model classifier. A judge returns the raw text; parsing is the domain's (strict, never guessed).
+
+A held-out row's images go to the judge only where it can see them (`sees_images`): an endpoint the
+operator declares a vision model (`WHETSTONE_EVAL_JUDGE_SEES_IMAGES`) gets them as OpenAI image parts
+after the judge prompt; a text-only judge (the default, and every local judge: a causal LM has no
+processor) is asked on the text alone, which the stage's details say."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Protocol
 
 import httpx
@@ -17,8 +23,9 @@ class JudgeUnavailable(RuntimeError):
 
 class Judge(Protocol):
     name: str
+    sees_images: bool
 
-    def __call__(self, prompt: str) -> str: ...
+    def __call__(self, prompt: str, images: Sequence[str] = ()) -> str: ...
 
 
 class _Message(BaseModel):
@@ -38,15 +45,20 @@ class _Completion(BaseModel):
 class EndpointJudge:
     """POST {base_url}/chat/completions, OpenAI's wire format; temperature 0."""
 
-    def __init__(self, base_url: str, model: str, api_key: str = "", timeout_s: float = 30.0):
+    def __init__(self, base_url: str, model: str, api_key: str = "", timeout_s: float = 30.0,
+                 sees_images: bool = False):
         self.name = f"{model}@{base_url}"
-        self.model = model
+        self.model, self.sees_images = model, sees_images
         headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
         self.client = httpx.Client(base_url=base_url.rstrip("/"), headers=headers, timeout=timeout_s)
 
-    def __call__(self, prompt: str) -> str:
+    def __call__(self, prompt: str, images: Sequence[str] = ()) -> str:
+        content: object = prompt
+        if images and self.sees_images:      # the row's images (data URLs) after the judge prompt
+            content = [{"type": "text", "text": prompt},
+                       *({"type": "image_url", "image_url": {"url": url}} for url in images)]
         body = {"model": self.model, "temperature": 0, "max_tokens": 512,
-                "messages": [{"role": "system", "content": JUDGE_SYSTEM}, {"role": "user", "content": prompt}]}
+                "messages": [{"role": "system", "content": JUDGE_SYSTEM}, {"role": "user", "content": content}]}
         try:
             r = self.client.post("/chat/completions", json=body)
         except httpx.TimeoutException as exc:
@@ -67,7 +79,9 @@ class EndpointJudge:
 
 
 class LocalModelJudge:
-    """Any local HF causal LM with a chat template, greedy."""
+    """Any local HF causal LM with a chat template, greedy. Text only: it never sees images."""
+
+    sees_images = False
 
     def __init__(self, model_dir: str, max_new_tokens: int = 64):
         from whetstone.modelkit.loading import load_model, load_tokenizer
@@ -78,7 +92,7 @@ class LocalModelJudge:
         self.model.eval()
         self.max_new_tokens = max_new_tokens
 
-    def __call__(self, prompt: str) -> str:
+    def __call__(self, prompt: str, images: Sequence[str] = ()) -> str:
         import torch
 
         messages = [{"role": "system", "content": JUDGE_SYSTEM}, {"role": "user", "content": prompt}]
