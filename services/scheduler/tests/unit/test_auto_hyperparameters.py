@@ -34,9 +34,13 @@ def test_batch_grows_with_the_data_within_8_and_256():
 
 def test_rank_and_alpha_follow_the_base_size_and_learning_rate_the_method():
     hp, chosen = resolve()
-    assert (hp["lora_r"], hp["lora_alpha"], hp["learning_rate"]) == (16, 32, 2e-4)
+    assert (hp["lora_r"], hp["lora_alpha"]) == (16, 32)
+    assert hp["learning_rate"] == 2e-3             # 2e-4 for a 2048-wide base, x10 (the cap) for a 64-wide one
     hp7, _ = resolve(res=SEVEN_B, shapes=(Shape("A100", 1),))
-    assert (hp7["lora_r"], hp7["lora_alpha"]) == (16, 32)
+    assert (hp7["lora_r"], hp7["lora_alpha"], hp7["learning_rate"]) == (16, 32, 2e-4)
+    assert [auto.auto_learning_rate("lora", 2e-4, h) for h in (896, 2048, 8192, None)] == [4.57e-4, 2e-4, 2e-4, 2e-4]
+    given, _ = resolve(given={"learning_rate": 1e-4})
+    assert given["learning_rate"] == 1e-4          # a rate the user gave (or a multiplier of it) always wins
     assert [auto.rank_for_size(p) for p in (5e8, 13e9, 70e9)] == [16, 32, 64]
     full, chosen_full = resolve("full")
     assert "lora_r" not in full and full["learning_rate"] == 2e-5 and "lora_r" not in chosen_full
