@@ -1,8 +1,10 @@
 """Downloads by presigned URL (verified, never a pickle), merged weights, and the base-model SHA
 drift guard — against the real embedded stack."""
 
+import asyncio
 import hashlib
 import json
+import socket
 import tempfile
 from datetime import UTC, datetime
 from pathlib import Path
@@ -155,14 +157,55 @@ async def test_new_base_sha_requires_reeval_before_the_fleet_moves(platform, kit
             assert not (await c.get(f"/v1/models/{prod}", auth=kit.auth("demo"))).json()["needs_reeval"]
 
 
-async def test_downloads_through_the_public_api_when_the_object_store_is_out_of_reach(platform, kit, monkeypatch):
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+async def cli_download(p, monkeypatch, capsys, model: str, out: Path, port: int | None = None) -> dict:
+    """`whet models download MODEL --json` through a real gateway (a key of tenant demo): the listing it
+    printed, after checking every file it wrote against the listing's sha256."""
+    from whetstone.cli.dev import upstreams_of
+    from whetstone.cli.keys import create_key
+    from whetstone.cli.main import main
+    from whetstone.gateway.config import GatewaySettings
+    from whetstone.gateway.server import start_gateway
+
+    gw = await start_gateway(GatewaySettings(), upstreams_of(p.runtimes.values()), port=port or 0)
+    try:
+        key = (await asyncio.to_thread(create_key, "demo", base_url=p.url("scheduler")))["key"]
+        monkeypatch.setenv("WHETSTONE_BASE_URL", f"{gw.url}/v1")
+        monkeypatch.setenv("WHETSTONE_API_KEY", key)
+        capsys.readouterr()
+        code = await asyncio.to_thread(main, ["models", "download", model, "--out", str(out), "--json"])
+        printed = capsys.readouterr()
+        assert code == 0, printed.err
+        listing = json.loads(printed.out)
+    finally:
+        await gw.stop()
+    for f in listing["files"]:
+        assert hashlib.sha256((out / f["name"]).read_bytes()).hexdigest() == f["sha256"], f["name"]
+    return listing
+
+
+async def test_downloads_through_the_public_api_when_the_object_store_is_out_of_reach(platform, kit, monkeypatch,
+                                                                                       capsys, tmp_path):
     """With `public_base_url` set, the listing points at the API: each file is streamed by the
-    registry to a caller with a read key, verified first; no presigned object-store URL is handed out."""
-    public = "https://whetstone.example.test"
+    registry to a caller with a read key, verified first; no presigned object-store URL is handed out.
+    `whet models download` works both ways through the gateway: from the API with the key, and (the
+    setting unset, services restarted) from presigned object-store URLs without it."""
+    from whetstone.scheduler.bootstrap import build_service as scheduler
+
+    port = free_port()
+    public = f"http://127.0.0.1:{port}"
     monkeypatch.setenv("WHETSTONE_REGISTRY_PUBLIC_BASE_URL", public + "/")
-    async with platform(build_service) as p:
+    async with platform(build_service, scheduler) as p:
         rt = p["registry"]
         model = await kit.register(p, "ftjob-public-dl")
+        listing = await cli_download(p, monkeypatch, capsys, model, tmp_path / "via-api", port)
+        assert {f["name"] for f in listing["files"]} >= {"adapter_model.safetensors", "adapter_config.json"}
+        assert all(f["url"].startswith(f"{public}/v1/models/{model}/files/") for f in listing["files"]), listing
         async with httpx.AsyncClient(base_url=p.url("registry")) as c:
             body = (await c.get(f"/v1/models/{model}/content", auth=kit.auth("demo"))).json()
             assert {f["name"] for f in body["files"]} >= {"adapter_model.safetensors", "adapter_config.json"}
@@ -179,3 +222,10 @@ async def test_downloads_through_the_public_api_when_the_object_store_is_out_of_
             rt.store.put_bytes("tenants/demo/jobs/ftjob-public-dl/checkpoints/final/adapter_model.safetensors", b"evil")
             r = await c.get(weights, auth=kit.auth("demo"))
             assert r.status_code == 409 and r.json()["error"]["code"] == "artifact_corrupted"
+
+    monkeypatch.delenv("WHETSTONE_REGISTRY_PUBLIC_BASE_URL")
+    async with platform(build_service, scheduler) as p:
+        model = await kit.register(p, "ftjob-presigned-dl")
+        listing = await cli_download(p, monkeypatch, capsys, model, tmp_path / "presigned")
+        s3 = p.settings.s3_endpoint.rstrip("/")
+        assert all(f["url"].startswith(s3 + "/") for f in listing["files"]), (s3, listing)
