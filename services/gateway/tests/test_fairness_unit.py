@@ -55,7 +55,7 @@ async def test_a_full_queue_or_a_long_wait_is_a_429_and_leaves_nothing():
 async def test_a_freed_service_place_goes_to_the_tenant_with_fewest_inside():
     """B floods: it never has more than the service's 2 places, and when one frees, A's request
     (nothing inside) goes before B's six that waited longer."""
-    fair = Fairness(GatewaySettings(max_in_flight_per_service=2, max_in_flight_per_key=100,
+    fair = Fairness(GatewaySettings(max_in_flight_per_service={"scheduler": 2}, max_in_flight_per_key=100,
                                     max_in_flight_per_tenant=100, queue_wait_s=5))
     b_inside = [await fair.enter("kb", "b", stream=False, service="scheduler") for _ in range(2)]
     assert all(isinstance(t, Ticket) for t in b_inside)
@@ -67,7 +67,7 @@ async def test_a_freed_service_place_goes_to_the_tenant_with_fewest_inside():
     b_inside.pop().release()
     await asyncio.sleep(0.01)
     assert a.done() and isinstance(a.result(), Ticket) and not any(t.done() for t in b_waiting)
-    other = await fair.enter("kb", "b", stream=False, service="ingest")   # another service: its own places
+    other = await fair.enter("kb", "b", stream=False, service="ingest")   # a service without a shared cap
     assert isinstance(other, Ticket)
     a.result().release()                                         # A leaves: B's oldest waiter goes in
     await asyncio.sleep(0.01)

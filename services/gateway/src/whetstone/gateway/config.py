@@ -38,9 +38,12 @@ class GatewaySettings(BaseSettings):
                                        "at once; more wait their turn (max_queued_per_tenant, queue_wait_s)")
     max_in_flight_per_tenant: int = Field(default=8, ge=1, description="requests of all a tenant's keys inside "
                                           "the services at once")
-    max_in_flight_per_service: int = Field(default=4, ge=1, description="requests of all tenants inside one "
-                                           "service at once (below its database pool); a freed place goes to the "
-                                           "waiting tenant with the fewest requests inside (fairness.SharedSlots)")
+    max_in_flight_per_service: dict[str, int] = Field(
+        default_factory=lambda: {"scheduler": 4, "registry": 4, "metering": 4},
+        description="requests of all tenants inside a service at once (below its database pool of 5); a freed "
+                    "place goes to the waiting tenant with the fewest requests inside (fairness.SharedSlots). A "
+                    "service not named has no shared cap: ingest streams long uploads, serving batches completions "
+                    "and caps each tenant's pending requests itself")
     max_queued_per_tenant: int = Field(default=64, ge=0, description="requests waiting for a slot; past it: 429")
     queue_wait_s: float = Field(default=10.0, ge=0, description="longest wait for a slot before a 429")
     max_streams_per_key: int = Field(default=8, ge=1, description="server-sent-event streams open per key")

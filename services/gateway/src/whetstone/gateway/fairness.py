@@ -10,8 +10,8 @@ all tenants, decided in memory before any upstream work, so a refusal costs micr
 - server-sent-event streams held open: counted apart from requests (a stream lasts minutes), never
   queued: the stream past the cap is a 429 at once, while another tenant's stream still opens;
 - a request rate per tenant (`rate_refusal`), beside the per-key rate of `ratelimit.py`;
-- requests in flight inside each service, all tenants together (`SharedSlots`,
-  `max_in_flight_per_service`, kept below the service's database pool): a tenant's admitted
+- requests in flight inside the scheduler, registry and metering, all tenants together
+  (`SharedSlots`, `max_in_flight_per_service`, kept below each one's database pool): a tenant's admitted
   requests wait here, at the edge, rather than inside the service where every tenant's request
   queues for the same event loop and pool connections; a freed place goes to the waiting tenant
   with the fewest requests inside, so another tenant's request is next through the door.
@@ -228,10 +228,11 @@ class Fairness:
                         retry=True, headers={"Retry-After": retry_after_header(wait),
                                              "x-ratelimit-limit-requests": f"{rate:g}/s"})
 
-    def service_slots(self, service: str) -> SharedSlots:
+    def service_slots(self, service: str) -> SharedSlots | None:
+        """The service's shared budget; None for a service without one (`max_in_flight_per_service`)."""
         slots = self.services.get(service)
-        if slots is None:
-            limit = max(1, self.s.max_in_flight_per_service // max(1, self.s.replicas))
+        if slots is None and service in self.s.max_in_flight_per_service:
+            limit = max(1, self.s.max_in_flight_per_service[service] // max(1, self.s.replicas))
             slots = self.services[service] = SharedSlots(limit)
         return slots
 
@@ -253,18 +254,20 @@ class Fairness:
             return self._busy("this organization", tenant_slots.limit)
         shared = self.service_slots(service)
         try:
-            admitted = await shared.take(tenant_id, wait_s)
+            admitted = shared is None or await shared.take(tenant_id, wait_s)
         except asyncio.CancelledError:   # the caller left while waiting: its other places go back
             self.tenant_requests.release(tenant_id)
             self.key_requests.release(key_id)
             raise
         if not admitted:
+            assert shared is not None
             self.tenant_requests.release(tenant_id)
             self.key_requests.release(key_id)
-            return self._busy(f"the {service or 'upstream'} service", shared.limit)
+            return self._busy(f"the {service} service", shared.limit)
 
         def done() -> None:
-            shared.give(tenant_id)
+            if shared is not None:
+                shared.give(tenant_id)
             self.tenant_requests.release(tenant_id)
             self.key_requests.release(key_id)
         return Ticket(done, stream=False)
