@@ -36,13 +36,19 @@ AGENT_ENV = {
     "OMP_NUM_THREADS": "2",
     "WHETSTONE_RECIPE_FAULTS": '{"oom_forwards": 1}',
     "WHETSTONE_GIT_COMMIT": "abc123",
+    # a reinforcement child grades: the graders' settings, and the judge key they name
+    "WHETSTONE_GRADERS_PYTHON_SANDBOX": "unsafe",
+    "WHETSTONE_GRADERS_JUDGES": '{"judge-small": {"base_url": "http://127.0.0.1:9/v1", "api_key_env": "JUDGE_KEY"}}',
+    "JUDGE_KEY": "judge-secret",
+    "OPENAI_API_KEY": "not-named-by-any-grader",
 }
 
 
 def test_allow_list_keeps_runtime_variables_and_drops_credentials() -> None:
     env = child_environment(AGENT_ENV)
     assert set(env) == {"HF_HOME", "HF_HUB_OFFLINE", "NCCL_DEBUG", "LC_ALL", "OMP_NUM_THREADS",
-                        "WHETSTONE_RECIPE_FAULTS", "WHETSTONE_GIT_COMMIT"}
+                        "WHETSTONE_RECIPE_FAULTS", "WHETSTONE_GIT_COMMIT", "WHETSTONE_GRADERS_PYTHON_SANDBOX",
+                        "WHETSTONE_GRADERS_JUDGES", "JUDGE_KEY"}
     assert child_environment({"TOKENIZERS_PARALLELISM": "false", "PATH": "/bin"}) == {
         "TOKENIZERS_PARALLELISM": "false", "PATH": "/bin"}
 
