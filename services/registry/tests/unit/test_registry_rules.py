@@ -77,6 +77,11 @@ def test_model_card_front_matter():
     assert front["base_model"] == "tiny" and front["datasets"] == ["ds-1"]
     result = front["model-index"][0]["results"][0]
     assert result["task"]["name"] == "holdout" and result["metrics"][0]["value"] == 1.5
+    assert (front["library_name"], front["base_model_relation"]) == ("peft", "adapter")
+    full = lineage.model_card("wsm-2", "ft:tiny:acme:y", "acme", record(
+        method="full", files={"config.json": "c" * 64, "model.safetensors": "d" * 64}))
+    front = yaml.safe_load(full.split("---")[1])
+    assert (front["library_name"], front["base_model_relation"]) == ("transformers", "finetune")
 
 
 def test_served_adapter_config_names_the_served_base():

@@ -28,3 +28,25 @@ def test_vision_adapter_names_the_multimodal_settings():
     assert doc["command"][:2] == ["vllm", "serve"] and doc["image_token"] == "<image>"
     assert doc["processor_class"] == "LlavaProcessor" and doc["vision"] is True
     assert VISION.image_size == (32, 32) and VISION.view()["image_size"] == [32, 32]
+
+
+def test_a_full_weight_model_is_laid_out_for_a_vllm_server_of_its_own(tmp_path):
+    import json
+
+    from whetstone.registry.adapters.vllm import lay_out_full_model
+    from whetstone.registry.domain.vllm_serve import SERVE_FILE
+
+    source = tmp_path / "src"
+    source.mkdir()
+    for name in ("config.json", "model-00001-of-00002.safetensors", "model-00002-of-00002.safetensors",
+                 "model.safetensors.index.json", "tokenizer.json"):
+        (source / name).write_text("{}")
+    target = lay_out_full_model(tmp_path / "models", "wsm-1", source, "ft:tiny-llama:t:full:abc", "tiny-llama")
+    doc = json.loads((target / SERVE_FILE).read_text())
+    assert doc["command"] == ["vllm", "serve", str(target), "--served-model-name", "ft:tiny-llama:t:full:abc"]
+    assert doc["full_weights"] is True and doc["enable_lora"] is False and doc["fine_tuned_from"] == "tiny-llama"
+    assert (target / "model-00002-of-00002.safetensors").is_file() and (target / "config.json").is_file()
+    (source / "model-00001-of-00002.safetensors").unlink()
+    (source / "model-00002-of-00002.safetensors").unlink()
+    with pytest.raises(ValueError, match="no safetensors"):
+        lay_out_full_model(tmp_path / "models", "wsm-2", source, "x", "tiny-llama")

@@ -26,7 +26,7 @@ import httpx
 from pydantic import BaseModel, ValidationError
 
 from ..domain.lineage import VisionSettings, served_adapter_config
-from ..domain.vllm_serve import PROCESSOR_FILES, SERVE_FILE, TEMPLATE_FILE, vllm_serve
+from ..domain.vllm_serve import PROCESSOR_FILES, SERVE_FILE, TEMPLATE_FILE, VllmServeFull, vllm_serve
 
 
 class VllmError(Exception):
@@ -165,6 +165,33 @@ def lay_out_for_resolver(root: Path, lora_name: str, adapter_dir: Path, served_b
     old = None
     if target.exists():
         old = root / f".{lora_name}.old"
+        shutil.rmtree(old, ignore_errors=True)
+        os.replace(target, old)
+    os.replace(staging, target)
+    if old is not None:
+        shutil.rmtree(old, ignore_errors=True)
+    return target
+
+
+def lay_out_full_model(root: Path, name: str, model_dir: Path, served_name: str, base_model: str) -> Path:
+    """`<root>/<name>/`: a full-weight model's safetensors shards, config and tokenizer as `vllm serve <dir>`
+    loads them, with whetstone_vllm.json naming that command (`domain.vllm_serve.VllmServeFull`).
+    Replaced atomically."""
+    if "/" in name or name in ("", ".", ".."):
+        raise ValueError(f"invalid model directory name {name!r}")
+    if not any(p.name.endswith(".safetensors") for p in model_dir.iterdir()):
+        raise ValueError(f"{model_dir} holds no safetensors weights (pickles are never laid out)")
+    root.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=f".{name}.", dir=root))
+    for f in model_dir.iterdir():
+        if f.is_file():
+            shutil.copyfile(f, staging / f.name)
+    target = root / name
+    serve = VllmServeFull(model_dir=str(target), served_model_name=served_name, base_model=base_model)
+    (staging / SERVE_FILE).write_text(json.dumps(serve.document(), indent=2))
+    old = None
+    if target.exists():
+        old = root / f".{name}.old"
         shutil.rmtree(old, ignore_errors=True)
         os.replace(target, old)
     os.replace(staging, target)

@@ -13,6 +13,7 @@ from pydantic import BaseModel, ConfigDict, JsonValue
 from pydantic.dataclasses import dataclass as record
 
 from whetstone.contracts import EvalCompletedV1, EvalStageResult, Lineage, Metric, TrainingSpec
+from whetstone.runtime.weights import holds_full_weights
 
 # never served: pickles execute code on load
 PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".pkl", ".pickle", ".ckpt")
@@ -251,7 +252,9 @@ def environment_sha256(environment: dict[str, Any]) -> str:
 
 
 def model_card(model_id: str, name: str, tenant_id: str, lineage: LineageRecord) -> str:
-    """A Hugging Face model card: YAML front matter (base_model, datasets, model-index) + prose."""
+    """A Hugging Face model card: YAML front matter (base_model, datasets, model-index) + prose. A full-weight
+    model (full fine-tune, continued pre-training) is a `transformers` fine-tune of its base, an adapter a `peft` one."""
+    full = holds_full_weights(lineage.files)
     results = []
     measured = [(s.name, s.metrics) for s in lineage.eval_stages] or [("gate", lineage.eval_metrics)]
     for stage_name, stage_metrics in measured:
@@ -265,8 +268,8 @@ def model_card(model_id: str, name: str, tenant_id: str, lineage: LineageRecord)
                             "metrics": metrics})
     front = {
         "base_model": lineage.base_model,
-        "base_model_relation": "adapter" if lineage.method in ("lora", "qlora", "dpo", "orpo") else "finetune",
-        "library_name": "peft",
+        "base_model_relation": "finetune" if full else "adapter",
+        "library_name": "transformers" if full else "peft",
         "datasets": [lineage.dataset_id],
         "tags": ["whetstone", lineage.method, *(["vision"] if lineage.vision else [])],
         **({"pipeline_tag": "image-text-to-text"} if lineage.vision else {}),

@@ -75,3 +75,22 @@ def vllm_serve(base_model: str, adapter_config: dict[str, Any], vision: VisionSe
     return VllmServe(base_model=base_model, max_lora_rank=rank, vision=True,
                      limit_mm_per_prompt={"image": images_per_prompt, "video": 0}, chat_template=chat_template,
                      image_token=vision.image_token, processor_class=vision.processor_class)
+
+
+@dataclass(frozen=True)
+class VllmServeFull:
+    """`vllm serve` settings for a full-weight model (a full fine-tune or continued pre-training): a server
+    of its own that loads the laid-out directory as its model (vLLM swaps LoRA adapters at runtime, never
+    whole models), under the model's public name."""
+
+    model_dir: str
+    served_model_name: str
+    base_model: str
+
+    def args(self) -> list[str]:
+        return [self.model_dir, "--served-model-name", self.served_model_name]
+
+    def document(self) -> dict[str, Any]:
+        return {"command": ["vllm", "serve", *self.args()], "env": {}, "full_weights": True,
+                "model_dir": self.model_dir, "served_model_name": self.served_model_name,
+                "fine_tuned_from": self.base_model, "enable_lora": False}

@@ -12,6 +12,7 @@ from typing import Any
 from whetstone.runtime.errors import ApiError
 from whetstone.runtime.http import not_found
 from whetstone.runtime.service import Runtime
+from whetstone.runtime.weights import full_model_files, holds_full_weights
 
 from ..adapters.artifacts import ArtifactMissing, ArtifactStore
 from ..adapters.store import ModelStore
@@ -112,6 +113,10 @@ class FileLink:
 async def adapter_download(rt: Runtime[RegistryContext], tenant_id: str, model_id: str) -> dict[str, Any]:
     model = await _load(rt, tenant_id, model_id)
     files = model.files
+    if holds_full_weights(files):   # a full fine-tune or continued pre-training: the weights themselves
+        from .full_weights import weights_download
+
+        return await weights_download(rt, model)
     if "adapter_model.safetensors" not in files or "adapter_config.json" not in files:
         unsafe = lineage_rules.pickles(files)
         raise ApiError(409, f"model '{model_id}' has no safetensors adapter to download"
@@ -202,7 +207,8 @@ async def adapter_file(rt: Runtime[RegistryContext], tenant_id: str, model_id: s
     model = await _load(rt, tenant_id, model_id)
     if name in ("adapter_config.json", "README.md"):
         uri = served_uri(rt, model, name)
-    elif name in ("adapter_model.safetensors", *ADAPTER_EXTRAS) and name in model.files:
+    elif name in model.files and (name in ("adapter_model.safetensors", *ADAPTER_EXTRAS)
+                                  or (holds_full_weights(model.files) and name in full_model_files(model.files))):
         await verify(rt, model, {name: model.files[name]})
         uri = rt.ctx.artifacts.file_uri(model.artifact_uri, name)
     else:
