@@ -11,6 +11,7 @@ from whetstone.runtime.settings import CommonSettings, load_stack_env
 
 from .adapters.batcher import Batcher
 from .adapters.engine import LoraEngine
+from .adapters.full_models import FullModelPool
 from .adapters.metrics import ServingMetrics
 from .adapters.migrations import MIGRATIONS
 from .adapters.pool import AdapterPool
@@ -33,12 +34,14 @@ def build_context(config: ServingSettings, common: CommonSettings) -> ServingCon
     metrics = ServingMetrics()
     pool.on_cold_load = lambda ms: metrics.cold_load.observe(ms / 1000)
     return ServingContext(config=config, base_model=config.base_model, base_sha256=base.sha256, engine=engine,
-                          batcher=batcher, pool=pool, repo=AsyncpgServingRepository(), metrics=metrics)
+                          batcher=batcher, pool=pool, repo=AsyncpgServingRepository(), metrics=metrics,
+                          full_models=FullModelPool(config, Path(common.data_dir) / "serving" / "full-models"))
 
 
 async def on_start(rt: Runtime[ServingContext]) -> None:
     rt.ctx.repo.bind(rt.pool)
     rt.ctx.pool.bind(rt.store)  # the runtime's S3 client, not a second one
+    rt.ctx.full_models.bind(rt.store)
     rt.ctx.metrics.register(rt.metrics.registry)
     rt.ctx.batcher.start()
     await sync_projection(rt, act=False)  # the catalog is complete before the API opens
@@ -46,6 +49,7 @@ async def on_start(rt: Runtime[ServingContext]) -> None:
 
 async def on_stop(rt: Runtime[ServingContext]) -> None:
     await asyncio.to_thread(rt.ctx.batcher.stop)
+    await rt.ctx.full_models.stop()
 
 
 def build_service(config: ServingSettings | None = None,

@@ -23,6 +23,11 @@ class ServingSettings(ServiceSettings):
                                "(left to the event loop that feeds the engine)")
     preload: bool = Field(default=True, description="load adapters when promoted, not only on first request")
     max_lora_rank: int = Field(default=64, ge=1, description="the largest LoRA rank accepted (vLLM: max_lora_rank)")
+    full_model_budget_mb: int = Field(default=4096, ge=0, description="memory for full-weight models (full "
+                                      "fine-tunes, continued pre-training) served beside the base, each as a base of "
+                                      "its own: the safetensors bytes of those resident at once; a model larger "
+                                      "than this is refused with 409 model_exceeds_serving_budget (serve it with "
+                                      "vLLM); 0: none are served here")
     fetch_max_wait_ms: int = Field(default=50, ge=1, description="Kafka fetch wait: bounds promotion -> loaded latency")
     # images in chat requests (a vision-language base): ingest's limits, by default the same values
     max_image_bytes: int = Field(default=10 * 1024**2, ge=1, description="bytes per image (decoded), as ingest")

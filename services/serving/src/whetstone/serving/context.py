@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 
 from .adapters.batcher import Batcher
 from .adapters.engine import LoraEngine
+from .adapters.full_models import FullModelPool
 from .adapters.metrics import ServingMetrics
 from .adapters.pool import AdapterPool
 from .adapters.repository import AsyncpgServingRepository
@@ -25,6 +26,7 @@ class ServingContext:
     pool: AdapterPool
     repo: AsyncpgServingRepository
     metrics: ServingMetrics
+    full_models: FullModelPool
     random: random.Random = field(default_factory=random.Random)
     projection_changed: asyncio.Event = field(default_factory=asyncio.Event)
     # per (tenant, requested name, model_id): requests served since start (the A/B view)

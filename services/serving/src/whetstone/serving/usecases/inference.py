@@ -14,12 +14,14 @@ from whetstone.runtime.addresses import AllowList
 from whetstone.runtime.url_fetch import FetchPolicy, fetch_port
 
 from ..adapters.engine import GenRow, LoraEngine
+from ..adapters.full_models import FullLease
 from ..adapters.pool import Lease
 from ..context import ServingContext
 from ..domain.catalog import (
-    ModelNotDeployed, ModelVersion, ServingError, base_version, check_servable_on, checkpoint_version, choose_version,
-    completion_budget,
+    BASE_ADAPTER, ModelNotDeployed, ModelVersion, ServingError, base_version, check_servable_on, checkpoint_version,
+    choose_version, completion_budget,
 )
+from ..domain.full_models import is_full_weights
 from ..domain.images import ImageRefused, refusal
 from ..domain.openai import ChatCompletionRequest, CompletionRequest, ContentPart, RequestImage
 from ..domain.routing import Route, pick_variant
@@ -124,7 +126,7 @@ async def resolve(ctx: ServingContext, tenant_id: str, requested: str, user: str
 class Generation:
     requested: str
     version: ModelVersion
-    lease: Lease
+    lease: Lease | FullLease
     rows: list[GenRow]
     events: asyncio.Queue[ChoiceEvent]
     prompt_tokens: int
@@ -184,8 +186,14 @@ async def start(ctx: ServingContext, tenant_id: str, req: ChatCompletionRequest 
     version = await resolve(ctx, tenant_id, req.model, req.user)
     urls = await check_images(ctx, req)
     admit(ctx, tenant_id)
+    engine, batcher, adapter = ctx.engine, ctx.batcher, version.model_id
+    lease: Lease | FullLease
     try:
-        lease = await ctx.pool.acquire(version)
+        if is_full_weights(version):   # its own weights: its own engine, the model alone (slot 0)
+            lease = await ctx.full_models.acquire(version)
+            engine, batcher, adapter = lease.engine, lease.batcher, BASE_ADAPTER
+        else:
+            lease = await ctx.pool.acquire(version)
     except BaseException:
         leave(ctx, tenant_id)
         raise
@@ -196,15 +204,15 @@ async def start(ctx: ServingContext, tenant_id: str, req: ChatCompletionRequest 
 
     try:
         pixels = None
-        encoded, param = await asyncio.to_thread(tokenize, ctx.engine, req, lease.chat_template)
-        if isinstance(req, ChatCompletionRequest) and ctx.engine.sees_images:
+        encoded, param = await asyncio.to_thread(tokenize, engine, req, lease.chat_template)
+        if isinstance(req, ChatCompletionRequest) and engine.sees_images:
             try:
-                ids, pixels = await asyncio.to_thread(ctx.engine.image_inputs, encoded[0], urls)
+                ids, pixels = await asyncio.to_thread(engine.image_inputs, encoded[0], urls)
             except ValueError as exc:
                 raise InvalidMessages(str(exc)) from exc
             encoded = [ids]
         budgets = [completion_budget(len(ids), req.token_limit(), ctx.config.default_max_tokens,
-                                     ctx.engine.context_length, param) for ids in encoded]
+                                     engine.context_length, param) for ids in encoded]
         loop = asyncio.get_running_loop()
         events: asyncio.Queue[ChoiceEvent] = asyncio.Queue()
         rows: list[GenRow] = []
@@ -222,17 +230,17 @@ async def start(ctx: ServingContext, tenant_id: str, req: ChatCompletionRequest 
                 index = len(rows)
 
                 def emit(delta: str, finish: str | None, index: int = index) -> None:  # worker thread
-                    ctx.batcher.post(loop, deliver, index, delta, finish)
+                    batcher.post(loop, deliver, index, delta, finish)
 
                 seed = None if req.seed is None else req.seed + index
-                rows.append(GenRow(adapter=version.model_id, prompt_ids=ids, max_tokens=budget, emit=emit,
+                rows.append(GenRow(adapter=adapter, prompt_ids=ids, max_tokens=budget, emit=emit,
                                    temperature=req.temperature, top_p=req.top_p, stops=req.stops(), seed=seed,
                                    stream=bool(req.stream), pixel_values=pixels))
     except BaseException:
         done()
         raise
     for row in rows:
-        ctx.batcher.submit(row)
+        batcher.submit(row)
     key = (tenant_id, req.model, version.model_id)
     ctx.served[key] = ctx.served.get(key, 0) + 1
     ctx.metrics.requests.labels(tenant=tenant_id, model=req.model, version=version.model_id, outcome="served").inc()

@@ -20,6 +20,7 @@ from whetstone.runtime.service import Runtime
 from ..adapters.repository import AsyncpgServingRepository
 from ..context import ServingContext
 from ..domain.catalog import ModelVersion, check_servable_on
+from ..domain.full_models import is_full_weights
 
 PAGE = 500   # projection changes read per round trip
 
@@ -86,7 +87,10 @@ async def sync_projection(rt: Runtime[ServingContext], *, act: bool) -> int:
             ctx.catalog.put(version)
             if not act:
                 continue
-            if not version.servable:
+            if is_full_weights(version):   # a base of its own: loaded on its first request, within its budget
+                if not version.servable:
+                    await ctx.full_models.unload(version.model_id)
+            elif not version.servable:
                 await ctx.pool.unload(version.model_id)
             elif ctx.config.preload:
                 task = asyncio.create_task(_preload(rt, version))
