@@ -109,6 +109,10 @@ NEEDS = {"dpo": "a preference dataset (chosen/rejected or preferred_output/non_p
          "cpt": "plain text rows", "lora": "chat, prompt/completion or instruction rows",
          "qlora": "chat, prompt/completion or instruction rows", "full": "chat, prompt/completion or instruction rows",
          "reinforcement": "an rft dataset (rows whose messages end with a user turn, with the fields the grader reads)"}
+# what a file's rows look like, by the schema ingest detected from its first line (the file's rows share it)
+ROW_SHAPES = {"chat": 'rows of {"messages": [...]}', "prompt_completion": 'rows of {"prompt", "completion"}',
+              "instruction": 'rows of {"instruction", "output"}', "text": 'rows of {"text": ...} documents',
+              "preference": "rows of preferred/non-preferred pairs"}
 DEFAULT_MAX_SEQ_LEN = 2048
 
 
@@ -138,7 +142,7 @@ def check_method_fits_dataset(method: str, purpose: str, schema: str | None = No
     """The method against the data (the file named by `param`): by its detected schema when known,
     else its declared purpose."""
     if schema in METHODS_FOR_SCHEMA:
-        allowed, holds = METHODS_FOR_SCHEMA[schema], f"{schema} data"
+        allowed, holds = METHODS_FOR_SCHEMA[schema], f"{schema} data (from line 1 on, {ROW_SHAPES[schema]})"
     else:
         allowed, holds = METHODS_FOR_PURPOSE.get(purpose, frozenset()), f"a {str(purpose)!r} dataset"
     if method not in allowed:
