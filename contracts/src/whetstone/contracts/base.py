@@ -39,6 +39,10 @@ class JsonAtMost:
         return out
 
 
+# the field names and aliases each contract model accepts (Contract._forbid_unknown_fields)
+_KNOWN_FIELDS: dict[type, frozenset[str]] = {}
+
+
 class Contract(BaseModel):
     """Every wire model.
 
@@ -53,8 +57,10 @@ class Contract(BaseModel):
     @classmethod
     def _forbid_unknown_fields(cls, data: Any, info: ValidationInfo) -> Any:
         if isinstance(data, dict) and not (info.context or {}).get("tolerant"):
-            known = set(cls.model_fields)
-            known |= {f.alias for f in cls.model_fields.values() if f.alias}
+            known = _KNOWN_FIELDS.get(cls)
+            if known is None:  # made once per model: hot paths build thousands of envelopes
+                known = _KNOWN_FIELDS[cls] = frozenset(cls.model_fields) | {
+                    f.alias for f in cls.model_fields.values() if f.alias}
             unknown = sorted(k for k in data if k not in known)
             if unknown:
                 raise ValueError(f"unknown field(s) for {cls.__name__}: {', '.join(unknown)}")

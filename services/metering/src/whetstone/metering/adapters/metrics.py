@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from datetime import datetime
+from typing import Any
 
 import asyncpg
 from prometheus_client import CollectorRegistry, Gauge
@@ -91,17 +92,26 @@ def event_metrics(m: MetricSet) -> Mapping[str, EventMetric]:
                         ["tier", "gpu_type", "charge_class"])
     cost = m.counter("whetstone_usage_cost_total", "Cost metered, in its currency", ["tier", "charge_class", "currency"])
 
+    # the labelled children per label set, looked up once: prometheus_client's labels() takes a lock and
+    # checks its arguments on every call, and a settle publishes hundreds of events over a few label sets
+    children: dict[tuple[str, str, str, str], tuple[str, Any, Any]] = {}
+
     def usage_metered(published: Published) -> None:
         # The payload as usage_payload wrote it: a settle publishes hundreds of these, and parsing
         # each into UsageMeteredV1 again would cost about as much as building it did.
         p = published.envelope.payload
         if p["scope"] != UsageScope.SEGMENT:  # the job total repeats its segments
             return
-        tier, charge = m.tier_of(published.envelope.tenant_id), m.cap("charge_class", p["charge_class"])
+        key = (m.tier_of(published.envelope.tenant_id), str(p["charge_class"]), str(p["gpu_type"]), str(p["currency"]))
+        found = children.get(key)
+        if found is None:
+            tier, charge = key[0], m.cap("charge_class", key[1])
+            found = children[key] = (
+                charge, seconds.labels(tier=tier, gpu_type=m.cap("gpu_type", key[2]), charge_class=charge),
+                cost.labels(tier=tier, charge_class=charge, currency=m.cap("currency", key[3])))
+        charge, seconds_child, cost_child = found
         figure = p["billable_gpu_seconds"] if charge == ChargeClass.CHARGED else p["gpu_seconds"]
-        seconds.labels(tier=tier, gpu_type=m.cap("gpu_type", p["gpu_type"]),
-                       charge_class=charge).inc(max(float(figure or 0), 0.0))
-        cost.labels(tier=tier, charge_class=charge, currency=m.cap("currency", p["currency"])).inc(
-            max(float(p["cost"] or 0), 0.0))
+        seconds_child.inc(max(float(figure or 0), 0.0))
+        cost_child.inc(max(float(p["cost"] or 0), 0.0))
 
     return {UsageMeteredV1.EVENT_TYPE: usage_metered}

@@ -120,6 +120,11 @@ def seconds_between(start: datetime, stop: datetime) -> Decimal:
     return Decimal((stop - start) // timedelta(microseconds=1)).scaleb(-6)
 
 
+def billing_month(at: datetime) -> str:
+    """The month a charge belongs to, as strftime("%Y-%m") writes it, at a fraction of its cost (once per charge)."""
+    return f"{at.year}-{at.month:02d}"
+
+
 def usd(billable_gpu_seconds: Decimal, rate: Decimal) -> Decimal:
     return (billable_gpu_seconds * rate / 3600).quantize(MICRO_USD, rounding=ROUND_HALF_UP)
 
@@ -198,4 +203,4 @@ def _price(start: Start, stop: Stop, pricing: Pricing, version: str, capacity_ra
     billable, cost = (chargeable, list_cost) if klass == ChargeClass.CHARGED else (Decimal(0), Decimal(0))
     basis += f", {pricing.tier} tier, {rate}/GPU-h ({version})"
     return Charge(klass, gpu_seconds, billable, rate, cost, list_cost, version, pricing.tier,
-                  stop.stopped_at.strftime("%Y-%m"), basis)
+                  billing_month(stop.stopped_at), basis)

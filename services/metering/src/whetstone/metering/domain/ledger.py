@@ -31,7 +31,7 @@ from decimal import Decimal
 
 from whetstone.contracts.enums import ChargeClass, ErrorClass, UsageScope
 
-from .billing import Anomaly, Charge, Pricing, Start, Stop, bill_segment, pick_start, pick_stop
+from .billing import Anomaly, Charge, Pricing, Start, Stop, bill_segment, billing_month, pick_start, pick_stop
 from .kinds import EntryKind, Outcome, ReviewDecision, TerminalKind
 from .prices import PRICE_BOOK, PriceBook
 
@@ -331,7 +331,7 @@ def job_total(job: JobState, segments: list[SegmentState], policy: Policy) -> En
         sum((c.billable_gpu_seconds for c in charges), Decimal(0)), Decimal(0),
         sum((c.cost for c in charges), Decimal(0)), sum((c.list_cost for c in charges), Decimal(0)),
         "+".join(versions), "+".join(sorted({c.tier for c in charges})) or (pricing_tier(job, policy) or "none"),
-        job.terminal.at.strftime("%Y-%m"),
+        billing_month(job.terminal.at),
         f"job {job.terminal.outcome}: {len(charges)} segment(s)")
     events = [e for s in segments for e in s.events] + [e for e in job.events if e]
     return Entry(job.job_id, job.tenant_id, UsageScope.JOB, "", EntryKind.CHARGE, 0, total,
