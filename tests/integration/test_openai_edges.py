@@ -77,6 +77,10 @@ async def test_chat_parameters_unknown_routes_and_refusal_counts(platform, setti
                     body = r.json()
                     assert "detail" not in body and set(body["error"]) == {"message", "type", "param", "code"}, body
                     assert body["error"]["code"] in ("unknown_url", "method_not_allowed"), body
+                # ... and on each service's own port (every service app installs the runtime's error handlers)
+                for name, url in upstreams.items():
+                    r = await c.get(f"{url}/v1/nothing-here")
+                    assert r.status_code == 404 and r.json()["error"]["code"] == "unknown_url", (name, r.text)
                 # -- a service's own 403 (a read-only key creating a job) is counted with the edge's refusals
                 before = refused_total((await c.get("/metrics")).text, "forbidden")
                 r = await c.post("/v1/fine_tuning/jobs", json={"model": "tiny-llama", "training_file": "ds-x"},
