@@ -27,8 +27,7 @@ if TYPE_CHECKING:
     from .client import Api
 
 SERVICES = ("ingest", "scheduler", "trainer_agent", "eval", "registry", "metering", "serving")
-DEMO_HYPERPARAMETERS = {"n_epochs": 2, "learning_rate": 2e-3, "batch_size": 8, "max_seq_len": 256,
-                        "checkpoint_every_steps": 20, "lora_r": 8}
+QUESTION = "What is 3 + 4?"   # asked of the demo's model once it is served
 
 
 @dataclass(frozen=True)
@@ -193,9 +192,9 @@ def user_session(api_url: str, scheduler_url: str, dataset: Path, tenant: str, t
         say("[file] " + describe_file(checked).replace("\n", "\n       "))
         if checked.status != "processed":
             return DemoRun(1)
+        # the README's first job: no hyperparameters, every one "auto" (resolved from the data and the base)
         body = {"model": "tiny-llama", "training_file": checked.id, "suffix": "demo",
-                "method": {"type": "supervised", "whetstone": {"method": "lora"},
-                           "supervised": {"hyperparameters": DEMO_HYPERPARAMETERS}}}
+                "method": {"type": "supervised", "whetstone": {"method": "lora"}}}
         created = Job.from_api(api.post("/fine_tuning/jobs", body, headers={"Idempotency-Key": f"demo-{checked.id}"}))
         say(f"[job] POST /v1/fine_tuning/jobs -> {created.id} ({created.status})")
         job, _ = follow(api, created.id, stream=terminal)   # progress on the terminal, not the services' log
@@ -220,9 +219,29 @@ def user_session(api_url: str, scheduler_url: str, dataset: Path, tenant: str, t
                 say(f"[lineage] base={lin.base_model}@sha256:{str(lin.base_model_sha256)[:16]}…  "
                     f"dataset={lin.dataset_id}@{str(lin.dataset_version)[:16]}…  "
                     f"method={lin.method}")
+            if model.stage in ("staging", "production"):
+                say(f"[chat] POST /v1/chat/completions model={job.fine_tuned_model or model.id} {QUESTION!r} -> "
+                    f"{_answer(api, job.fine_tuned_model or model.id)!r}")
         usage = poll_until(lambda: _usage(api, job.id), "usage")
         say(f"[usage] {usage_text(usage)}")
     return DemoRun(0 if job.status == "succeeded" else 1, job.id, key.key)
+
+
+def _answer(api: Api, model: str) -> str:
+    """The served model's answer to QUESTION (serving loads the model once the registry announced it)."""
+    from .client import ApiFailure, poll_until  # noqa: PLC0415
+
+    def ask() -> str | None:
+        try:
+            answer = api.post("/chat/completions", {"model": model, "max_tokens": 16, "temperature": 0,
+                                                    "messages": [{"role": "user", "content": QUESTION}]})
+        except ApiFailure as exc:
+            if exc.status == 404:
+                return None
+            raise
+        return str(answer["choices"][0]["message"]["content"]) or "(an empty answer)"
+
+    return str(poll_until(ask, f"an answer from {model}", timeout_s=60))
 
 
 def _usage(api: Api, job_id: str) -> JobUsage | None:
