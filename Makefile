@@ -24,6 +24,11 @@ $(VENV)/.installed: constraints.txt requirements-dev.txt $(wildcard contracts/py
 demo: venv
 	$(BIN)/whet demo
 
+# the README's "Interactive use" commands end to end against `whet stack up` + `whet dev` (exit non-zero on a failure)
+.PHONY: walkthrough
+walkthrough: venv
+	bash deploy/tools/walkthrough.sh
+
 test: venv
 	sh deploy/tools/ensure-prometheus.sh  # prometheus + promtool for tests/ops (Debian package)
 	sh deploy/tools/ensure-bubblewrap.sh  # bwrap, the sandbox of python graders (Debian package)
