@@ -7,7 +7,6 @@ from decimal import Decimal
 
 import pytest
 from prometheus_client import CollectorRegistry
-
 from whetstone.contracts import UsageMeteredV1
 from whetstone.metering.adapters.metrics import event_metrics
 from whetstone.metering.domain.billing import Charge
@@ -21,7 +20,7 @@ pytestmark = pytest.mark.unit
 
 def entry(job: str, tenant: str, klass: str, gpu: str, seconds: str, billable: str, cost: str, scope: str = "segment"
           ) -> Entry:
-    c = Charge(klass, Decimal(seconds), Decimal(billable), Decimal("2"), Decimal(cost), Decimal(cost), "v1", "std",
+    c = Charge(klass, Decimal(seconds), Decimal(billable), Decimal(2), Decimal(cost), Decimal(cost), "v1", "std",
                "2026-11", "basis")
     return Entry(job, tenant, scope, "" if scope == "job" else f"{job}-s", "charge", 0, c, gpu, 1, False, ())
 
@@ -38,9 +37,9 @@ def test_usage_counters_per_label_set() -> None:
                entry("j1", "acme", "charged", "H100", "110", "100", "1.75", scope="job")]
     for e in entries:
         update(Published(usage_envelope(e, "metering", None)))
-    seconds = lambda tier, gpu, klass: registry.get_sample_value(  # noqa: E731
+    seconds = lambda tier, gpu, klass: registry.get_sample_value(
         "whetstone_usage_gpu_seconds_total", {"tier": tier, "gpu_type": gpu, "charge_class": klass})
-    cost = lambda tier, klass: registry.get_sample_value(  # noqa: E731
+    cost = lambda tier, klass: registry.get_sample_value(
         "whetstone_usage_cost_total", {"tier": tier, "charge_class": klass, "currency": "USD"})
     assert seconds("premium", "H100", "charged") == 100.0  # billable seconds, the job total not again
     assert seconds("premium", "H100", "refunded") == 40.0  # full seconds of a refund

@@ -23,7 +23,6 @@ def segment_bounds(position_ids) -> list[int] | None:
 
 
 def varlen_sdpa(module, query, key, value, attention_mask, dropout=0.0, scaling=None, is_causal=None, **kwargs):
-    import torch
     from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
     position_ids = kwargs.get("position_ids")
@@ -34,13 +33,25 @@ def varlen_sdpa(module, query, key, value, attention_mask, dropout=0.0, scaling=
     if bounds is None or len(bounds) <= 2:
         return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout,
                                       scaling=scaling, is_causal=is_causal, **kwargs)
-    outputs = []
-    for start, end in zip(bounds, bounds[1:]):
-        out, _ = sdpa_attention_forward(module, query[:, :, start:end], key[:, :, start:end],
-                                        value[:, :, start:end], None, dropout=dropout, scaling=scaling,
-                                        is_causal=True)
-        outputs.append(out)
-    return torch.cat(outputs, dim=1), None  # (batch, seq, heads, head_dim)
+    return _per_example(module, query, key, value, bounds, dropout, scaling)
+
+
+def _per_example(module, query, key, value, bounds: list[int], dropout: float, scaling) -> tuple:
+    """Causal sdpa on each example's slice of the row, straight through torch: the grouped key/value
+    heads repeated and the output laid out (batch, seq, heads, head_dim) once per row (transformers'
+    sdpa wrapper, called per example, did both once per example)."""
+    from itertools import pairwise
+
+    import torch
+
+    groups = getattr(module, "num_key_value_groups", 1)
+    if groups > 1:
+        key = key.repeat_interleave(groups, dim=1)
+        value = value.repeat_interleave(groups, dim=1)
+    sdpa = torch.nn.functional.scaled_dot_product_attention
+    outputs = [sdpa(query[:, :, start:end], key[:, :, start:end], value[:, :, start:end], dropout_p=dropout,
+                    scale=scaling, is_causal=True) for start, end in pairwise(bounds)]
+    return torch.cat(outputs, dim=2).transpose(1, 2).contiguous(), None  # (batch, seq, heads, head_dim)
 
 
 def register() -> str:
