@@ -6,7 +6,7 @@ import pytest
 
 from whetstone.contracts.enums import ModelStage
 from whetstone.runtime.weights import full_model_files, holds_full_weights, weight_shards
-from whetstone.serving.domain.catalog import ModelVersion
+from whetstone.serving.domain.catalog import ModelNotDeployed, ModelVersion, StoredCheckpoint, checkpoint_version
 from whetstone.serving.domain.full_models import MIB, is_full_weights, over_budget, to_evict
 
 pytestmark = pytest.mark.unit
@@ -52,3 +52,9 @@ def test_room_is_made_least_recently_used_first_and_never_from_a_model_in_use():
     assert to_evict(resident, set(), 30, 100) == ["a"]
     assert to_evict(resident, {"a"}, 30, 100) == ["b"]
     assert to_evict(resident, {"a", "b"}, 60, 100) is None   # only c may go: still no room
+
+
+def test_a_checkpoint_of_a_full_weight_model_is_refused_naming_the_model_to_call():
+    parent = version(["config.json", "model.safetensors"])
+    with pytest.raises(ModelNotDeployed, match="full-weight model `ft:tiny-llama:t:full:abc`: .*final weights only"):
+        checkpoint_version(parent, "ft:tiny-llama:t:full:abc:ckpt-step-5", 5, StoredCheckpoint("s3://b/c", "0" * 64))

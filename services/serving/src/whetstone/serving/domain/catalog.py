@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING
 from pydantic.dataclasses import dataclass as record
 
 from whetstone.contracts.enums import ModelStage
+from whetstone.runtime.weights import holds_full_weights
 
 if TYPE_CHECKING:
     from .routing import Route
@@ -126,6 +127,10 @@ def checkpoint_version(parent: ModelVersion | None, requested: str, step: int,
         raise ModelNotDeployed(f"The checkpoint `{requested}` belongs to `{parent.fine_tuned_model}`, which is "
                                f"{parent.stage}: checkpoints of a job are served only while its model is staging or "
                                "production.")
+    if holds_full_weights(parent.files):
+        raise ModelNotDeployed(f"`{requested}` is a checkpoint of the full-weight model `{parent.fine_tuned_model}`: "
+                               "this server serves a full-weight model's final weights only (its checkpoints hold "
+                               f"optimizer state beside the weights); call `{parent.fine_tuned_model}`.")
     if stored is None:
         raise ModelNotFound(f"The job of `{parent.fine_tuned_model}` wrote no checkpoint at step {step}.")
     return ModelVersion(model_id=requested, tenant_id=parent.tenant_id, name=requested, stage=parent.stage,
