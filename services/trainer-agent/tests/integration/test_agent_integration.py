@@ -204,14 +204,13 @@ async def test_agent_reports_cancel_crash_recipe_failure_and_rejected_plans(plat
         await assign(settings, "job-cancel", spec(sha, uri, **long_run))
         await assign(settings, "job-kill", spec(sha, uri, **long_run))
         await assign(settings, "job-broken", spec(sha, uri, model="tiny-no-tokenizer"))
-        await assign(settings, "job-2nodes", spec(sha, uri),
-                     extra_payload={"rendezvous": {"master_addr": "10.0.0.1", "nodes": 2, "node_rank": 0}})
+        await assign(settings, "job-zero7", spec(sha, uri, zero_stage=7))
 
         # a plan no rule allows is rejected before anything runs, as the user's error
-        topic, rejected = await terminal(rt, "job-2nodes")
+        topic, rejected = await terminal(rt, "job-zero7")
         assert (topic, rejected["error_class"], rejected["code"]) == ("job.failed", "user",
                                                                       "invalid_distributed_config")
-        assert "multi-node" in rejected["message"]
+        assert "zero_stage" in rejected["message"]
 
         # the recipe itself reports its failure: passed through, not mistaken for a crash
         topic, broken_failed = await terminal(rt, "job-broken")

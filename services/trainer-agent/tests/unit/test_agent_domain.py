@@ -92,9 +92,20 @@ def test_cpu_node_is_one_plain_process_without_deepspeed():
     assert deepspeed_config(plan) is None
 
 
-def test_cpu_nodes_cannot_train_across_nodes():
-    with pytest.raises(DistributedConfigError, match="multi-node"):
-        plan_distributed("lora", 1e6, Topology(nodes=2, gpu_node=False))
+def test_cpu_nodes_train_across_nodes_with_plain_ddp():
+    plan = plan_distributed("lora", 1e6, Topology(nodes=2, gpu_node=False))
+    assert (plan.world_size, plan.zero_stage, plan.uses_deepspeed) == (2, None, False)
+    assert "gloo" in plan.reasons[0]
+
+
+def test_cpu_nodes_launch_torchrun_with_one_worker_each_whatever_the_launcher_setting():
+    rdzv = Rendezvous("127.0.0.1", 29999, node_rank=1, nodes=2)
+    plan = DistributedPlan(mode="lora", world_size=2, zero_stage=None)
+    for launcher in ("torchrun", "deepspeed"):
+        spec = launch(plan=plan, gpu_node=False, rendezvous=rdzv, launcher=launcher)
+        assert spec.launcher == "torchrun" and "--nproc-per-node=1" in spec.argv and "--node-rank=1" in spec.argv
+        assert "CUDA_VISIBLE_DEVICES" not in spec.env
+        assert (spec.env["WORLD_SIZE"], spec.env["MASTER_PORT"], spec.env["NODE_RANK"]) == ("2", "29999", "1")
 
 
 def test_one_gpu_that_fits_is_a_plain_process():
@@ -546,3 +557,27 @@ def test_completed_and_checkpoint_metrics_are_flat_and_measured_only():
     checkpoint = Checkpoint(kind="periodic", step=4, path="/x", validation=Validation(loss=1.0, tokens=9,
                                                                                     mean_token_accuracy=0.5))
     assert checkpoint.metrics() == {"validation_loss": 1.0, "validation_mean_token_accuracy": 0.5}
+
+
+# ------------------------------------------------------------------ gangs (several nodes)
+
+
+def test_rank_zero_reports_the_devices_of_the_whole_gang():
+    from whetstone.trainer_agent.domain.launch import gang_devices, gang_nodes
+
+    assert gang_devices({"master_addr": "a", "nodes": 2, "node_rank": 0}, 1) == 2
+    assert gang_devices({"master_addr": "a", "nodes": 3}, 4) == 12
+    assert gang_devices(None, 2) == 2 and gang_devices(None, 0) == 1
+    assert gang_nodes({"nodes": "2"}) == 1   # malformed: counted as one node, never multiplied
+
+
+def test_a_gang_rank_whose_peer_vanished_is_a_lost_node_not_a_failed_job():
+    from whetstone.contracts.enums import ErrorClass
+    from whetstone.trainer_agent.domain.supervision import gang_peer_lost
+
+    closed = "RuntimeError: [gloo/transport/tcp/pair.cc:534] Connection closed by peer [127.0.0.1]:41234"
+    timed_out = "RuntimeError: [gloo/transport/tcp/unbound_buffer.cc:81] Timed out waiting 30000ms for recv"
+    assert gang_peer_lost(2, ErrorClass.PLATFORM, closed) and gang_peer_lost(2, None, timed_out)
+    assert not gang_peer_lost(1, ErrorClass.PLATFORM, closed)              # one node: a real crash
+    assert not gang_peer_lost(2, ErrorClass.USER, closed)                  # the job's own error stays its own
+    assert not gang_peer_lost(2, ErrorClass.PLATFORM, "ValueError: bad tensor shape")

@@ -19,6 +19,7 @@ from ..adapters.store import JobStore, NodeFacts
 from ..context import SchedulerContext
 from ..domain import admission as quotas
 from ..domain import jobs as rules
+from ..domain.gang import peers_to_stop
 from ..domain.job import Job
 from ..domain.job_data import Progress
 from ..usecases.producer_tokens import check_producer_token
@@ -158,10 +159,11 @@ async def on_checkpoint_written(rt: Rt, uow: UnitOfWork, env: Envelope, ev: Chec
 async def on_job_preempted(rt: Rt, uow: UnitOfWork, env: Envelope, ev: JobPreemptedV1) -> None:
     store = JobStore(uow)
     if job := await lifecycle_job(rt, store, env, ev, stop_report=True):
+        peers = peers_to_stop(job, ev.node_id, ev.segment_id)
         events = job.preempted(rt.ctx.clock(), ev.reason, ev.checkpoint,
                                await store.queue_position(job.sort_key, job.job_id))
         await store.save(job)
-        await store.publish(job, events)
+        await store.publish(job, [*events, *(peers if events else [])])
         await store.wake_scheduler()
 
 
@@ -176,8 +178,10 @@ async def on_job_completed(rt: Rt, uow: UnitOfWork, env: Envelope, ev: JobComple
 async def on_job_failed(rt: Rt, uow: UnitOfWork, env: Envelope, ev: JobFailedV1) -> None:
     store = JobStore(uow)
     job = await lifecycle_job(rt, store, env, ev)
+    peers = peers_to_stop(job, ev.node_id, ev.segment_id) if job else []
     if job and job.training_failed(rt.ctx.clock(), ev.code, ev.message, ev.error_class):
         await store.save(job)
+        await store.publish(job, peers)   # a gang's other ranks stop now, not at their own timeout
         await store.wake_scheduler()
 
 

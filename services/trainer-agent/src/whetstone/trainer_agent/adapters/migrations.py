@@ -34,4 +34,9 @@ MIGRATIONS = [
         cancelled_at timestamptz NOT NULL DEFAULT now()
     );
     """,
+    """
+    -- a gang's nodes run the same segment: a run is one node's part of it
+    ALTER TABLE runs DROP CONSTRAINT runs_pkey;
+    ALTER TABLE runs ADD PRIMARY KEY (segment_id, node_id);
+    """,
 ]

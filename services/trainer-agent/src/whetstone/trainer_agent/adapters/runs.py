@@ -51,11 +51,12 @@ class RunStore:
         await conn.execute("INSERT INTO cancelled_jobs (job_id, tenant_id, attempt) VALUES ($1, $2, $3)"
                            " ON CONFLICT (job_id) DO NOTHING", job_id, tenant_id, attempt)
 
-    async def hand_back(self, conn: asyncpg.Connection, segment_id: str) -> bool:
+    async def hand_back(self, conn: asyncpg.Connection, segment_id: str, node_id: str) -> bool:
         """An assignment not started yet ends as preempted; False when it had started (or ended)."""
         return bool(await conn.fetchval(
             "UPDATE runs SET status = 'finished', outcome = 'preempted', finished_at = now()"
-            " WHERE segment_id = $1 AND status = 'assigned' RETURNING segment_id", segment_id))
+            " WHERE segment_id = $1 AND node_id = $2 AND status = 'assigned' RETURNING segment_id", segment_id,
+            node_id))
 
     async def hand_back_all(self, conn: asyncpg.Connection, node_id: str) -> list[Run]:
         rows = await conn.fetch(
@@ -97,13 +98,14 @@ class RunStore:
                                 " WHERE node_id = $1 AND status = 'running' RETURNING *", node_id)
         return [_run(r) for r in rows]
 
-    async def update(self, conn: asyncpg.Connection, segment_id: str, change: RunUpdate) -> None:
+    async def update(self, conn: asyncpg.Connection, segment_id: str, node_id: str, change: RunUpdate) -> None:
+        """This node's run of the segment (a gang's nodes each run the same segment id)."""
         columns = {name: value for name, value in asdict(change).items() if value is not None}
         if change.latest_checkpoint is not None:
             columns["latest_checkpoint"] = change.latest_checkpoint.model_dump(mode="json")
         if not columns:
             return
-        sets = ", ".join(f"{name} = ${i}" for i, name in enumerate(columns, start=2))
+        sets = ", ".join(f"{name} = ${i}" for i, name in enumerate(columns, start=3))
         # a fenced run stays fenced: what its segment still records afterwards is dropped
-        await conn.execute(f"UPDATE runs SET {sets} WHERE segment_id = $1 AND outcome IS DISTINCT FROM 'fenced'",
-                           segment_id, *columns.values())
+        await conn.execute(f"UPDATE runs SET {sets} WHERE segment_id = $1 AND node_id = $2"
+                           " AND outcome IS DISTINCT FROM 'fenced'", segment_id, node_id, *columns.values())

@@ -4,7 +4,8 @@ The rules, in the order `plan_distributed` applies them:
 
 | situation                                   | decision                                        |
 |---------------------------------------------|-------------------------------------------------|
-| CPU node                                    | one plain process, no DeepSpeed (1 node only)   |
+| CPU node                                    | one plain process, no DeepSpeed                 |
+| several CPU nodes (one process each)        | DDP over gloo, no DeepSpeed                     |
 | QLoRA and ZeRO-3 (asked or needed)          | rejected: ZeRO-3 shards the 4-bit weights that  |
 |                                             | bitsandbytes kernels need whole                 |
 | one GPU, model state fits                   | one plain process, no DeepSpeed                 |
@@ -145,8 +146,9 @@ def plan_distributed(mode: TrainingMode, params: float | None, topology: Topolog
     zero_init = bool(params and params > ZERO_INIT_ABOVE_PARAMS and topology.gpu_node)
     base = _Shape(mode, topology.world_size, zero_init)
     if not topology.gpu_node:
-        if topology.nodes > 1:
-            raise DistributedConfigError("multi-node training needs GPU nodes")
+        if topology.nodes > 1:   # each CPU node runs one process; the nodes' gradients meet over gloo
+            return base.plan(zero_stage=None, reasons=(f"{topology.nodes} CPU nodes: DDP over gloo, one process "
+                                                       "per node, no DeepSpeed",))
         return base.plan(zero_stage=None, reasons=("CPU node: one plain process",))
     size = params or 0.0
     if requested_stage is not None:

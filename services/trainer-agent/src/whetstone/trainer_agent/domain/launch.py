@@ -1,7 +1,9 @@
 """The command line and environment of a segment's training process. Pure.
 
-- one device and no DeepSpeed (every CPU node): ONE plain process, `python -m <recipe>`;
+- one device and no DeepSpeed (a CPU node alone): ONE plain process, `python -m <recipe>`;
   inherited rank variables are removed so the trainer does not try to join a process group;
+- several CPU nodes: `torchrun`, one worker per node, DDP over gloo (the deepspeed runner is not
+  used on CPU nodes: their plan has no DeepSpeed);
 - several GPUs, or DeepSpeed: `torchrun` (torch.distributed.run; the default) or the
   `deepspeed` runner, one launcher per node, with the rendezvous of the assignment:
   MASTER_ADDR/MASTER_PORT of node rank 0, WORLD_SIZE = nodes x GPUs per node, NODE_RANK.
@@ -91,6 +93,18 @@ def parse_rendezvous(raw: Mapping[str, Any] | None, key: str) -> Rendezvous | No
     return Rendezvous(addr, port, node_rank, nodes, hosts)
 
 
+def gang_nodes(raw: Mapping[str, Any] | None) -> int:
+    """How many nodes a segment's rendezvous spans (1 without one)."""
+    nodes = raw.get("nodes") if raw else None
+    return nodes if isinstance(nodes, int) and nodes > 1 else 1
+
+
+def gang_devices(raw: Mapping[str, Any] | None, gpus_per_node: int) -> int:
+    """Devices a segment holds across its whole gang (every node's): what rank 0 reports in job.started,
+    so metering bills each node's GPU-seconds once (the other nodes report no start of their own)."""
+    return max(gpus_per_node, 1) * gang_nodes(raw)
+
+
 def build_launch(*, python: str, module: str, config_path: str, plan: DistributedPlan, gpu_ids: Sequence[int],
                  gpu_node: bool, key: str, rendezvous: Rendezvous | None = None, launcher: str = "torchrun",
                  shutdown_timeout_s: int = 60, hostfile_path: str | None = None,
@@ -99,8 +113,6 @@ def build_launch(*, python: str, module: str, config_path: str, plan: Distribute
     long a launcher lets its workers finish an emergency checkpoint after SIGTERM."""
     recipe = ("-m", module, "--config", config_path)
     rdzv = rendezvous or Rendezvous("127.0.0.1", default_master_port(key))
-    if rdzv.nodes > 1 and not gpu_node:
-        raise DistributedConfigError("multi-node training needs GPU nodes")
     gpus = max(len(gpu_ids), 1)
     visible = {"CUDA_VISIBLE_DEVICES": ",".join(map(str, gpu_ids))} if gpu_node and gpu_ids else {}
     env = {**(extra_env or {})}
@@ -111,7 +123,7 @@ def build_launch(*, python: str, module: str, config_path: str, plan: Distribute
     ranks = {"MASTER_ADDR": rdzv.master_addr, "MASTER_PORT": str(rdzv.master_port),
              "WORLD_SIZE": str(rdzv.nodes * gpus), "NODE_RANK": str(rdzv.node_rank)}
     unset = tuple(v for v in RANK_VARIABLES if v not in ranks)
-    if launcher == "torchrun":
+    if launcher == "torchrun" or not gpu_node:
         argv = (python, "-m", "torch.distributed.run", f"--nnodes={rdzv.nodes}", f"--nproc-per-node={gpus}",
                 f"--node-rank={rdzv.node_rank}", f"--master-addr={rdzv.master_addr}",
                 f"--master-port={rdzv.master_port}", "--max-restarts=0", f"--shutdown-timeout={shutdown_timeout_s}",

@@ -58,6 +58,21 @@ def classify_exit(returncode: int | None, *, cancelled: bool, stopping: Preempti
                       + (f"; log tail:\n{tail}" if tail else "; it wrote no log"))
 
 
+# what a rank's error says when the collective's other side went away or stopped answering (gloo, NCCL,
+# torch's TCP store): a node of the gang was lost, not a fault of this node or of the job
+PEER_LOST_SIGNS = ("connection closed by peer", "connection reset by peer", "broken pipe", "distnetworkerror",
+                   "distbackenderror", "timed out waiting", "watchdog caught collective operation timeout",
+                   "nccl communicator was aborted", "socket timeout", "connection refused")
+
+
+def gang_peer_lost(nodes: int, error_class: ErrorClass | None, message: str) -> bool:
+    """A multi-node segment's platform failure that is another node vanishing or hanging (its rank's
+    collective broke or timed out): the segment is preempted (node_lost) from its last durable
+    checkpoint, and the scheduler re-queues the gang, instead of the job failing."""
+    text = message.lower()
+    return nodes > 1 and error_class in (ErrorClass.PLATFORM, None) and any(s in text for s in PEER_LOST_SIGNS)
+
+
 def preempt_reason(stopping: PreemptionReason | None, reported: str | None) -> PreemptionReason:
     """Why a segment stopped: the agent's own reason wins (it sent the signal), else the recipe's."""
     if stopping is not None:

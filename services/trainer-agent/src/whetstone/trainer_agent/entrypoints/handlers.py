@@ -43,7 +43,7 @@ async def on_job_assigned(rt: AgentRuntime, uow: UnitOfWork, env: Envelope, ev: 
         await report_unstarted_cancel(rt, uow, env, ev.job_id, ev.attempt)
         return
     if ctx.node.stopping:  # arrived while draining: hand it straight back to the scheduler
-        if await ctx.runs.hand_back(uow.conn, ev.segment_id):
+        if await ctx.runs.hand_back(uow.conn, ev.segment_id, ev.node_id):
             await uow.publish(JobPreemptedV1(job_id=ev.job_id, segment_id=ev.segment_id, node_id=ev.node_id,
                                              attempt=ev.attempt, reason=ctx.node.stopping, stopped_at=rt.clock(),
                                              checkpoint=ev.resume_from), tenant_id=env.tenant_id,

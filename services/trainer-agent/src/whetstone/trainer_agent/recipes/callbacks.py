@@ -119,7 +119,7 @@ class TrainingMonitor:
     def step_end(self, state, control, model) -> None:
         if state.global_step >= state.max_steps:
             return  # the final artifact follows
-        if self.preemption.requested:
+        if any_rank(self.preemption.requested):   # every rank of a gang stops after the same step
             self.stopping = True
             control.should_save = True
             control.should_training_stop = True
@@ -158,6 +158,21 @@ class TrainingMonitor:
             self.run.last_checkpoint = path
         self.events.emit(Checkpoint(kind=kind, step=state.global_step, path=path,
                                     validation=self.validation.pop(state.global_step, None)))
+
+
+def any_rank(flag: bool) -> bool:
+    """Whether `flag` is set on any rank of the job's process group (itself without one). Every rank
+    calls it after the same optimizer step: a SIGTERM that reached one node's ranks stops them all
+    there, so none waits in a collective for a rank that left to write the emergency checkpoint."""
+    import torch
+    import torch.distributed as dist
+
+    if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() < 2:
+        return flag
+    device = torch.device("cuda", torch.cuda.current_device()) if dist.get_backend() == "nccl" else None
+    agreed = torch.tensor([int(flag)], device=device)
+    dist.all_reduce(agreed, op=dist.ReduceOp.MAX)
+    return bool(agreed.item())
 
 
 def platform_callback(monitor: TrainingMonitor):

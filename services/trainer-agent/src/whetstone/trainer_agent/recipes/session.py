@@ -130,6 +130,11 @@ class TrainingSession:
         """output_dir/final: adapter (or weights), tokenizer (or processor), optionally merged, summary
         (`extra_summary` added to it), loss curve."""
         cfg = self.cfg
+        if not self.trainer.is_world_process_zero():
+            # another node's rank: it joins save_model's collectives (ZeRO-3 gathers the weights) and
+            # writes nothing; rank 0 writes the artifact and reports it
+            self.trainer.save_model(str(cfg.output_dir / "final.rank-local"))
+            return cfg.output_dir
         summary = training_summary(
             job_id=cfg.job_id, base_model=cfg.base_model, method=cfg.method, hp=self.hp,
             base_parameters=self.base.parameters, quantization=self.base.quantization, trainer=self.trainer,

@@ -35,6 +35,7 @@ from ..context import TrainerAgentContext
 from ..domain.checkpoints import StaleAttempt, checkpoint_prefix
 from ..domain.child_env import child_environment
 from ..domain.distributed import DistributedConfigError
+from ..domain.launch import gang_devices, gang_nodes
 from ..domain.recipe_io import (
     TERMINAL,
     Checkpoint,
@@ -52,6 +53,7 @@ from ..domain.runs import Run, RunOutcome, RunStatus, RunUpdate
 from ..domain.supervision import (
     ProgressCadence,
     classify_exit,
+    gang_peer_lost,
     job_progress,
     preempt_reason,
 )
@@ -118,11 +120,11 @@ class Segment:
             for ev in (event, *also):
                 await uow.publish(ev, tenant_id=self.tenant_id, trace_id=self.run.trace_id)
             if change is not None:
-                await self.rt.ctx.runs.update(uow.conn, self.segment_id, change)
+                await self.rt.ctx.runs.update(uow.conn, self.segment_id, self.run.node_id, change)
 
     async def record(self, change: RunUpdate) -> None:
         async with self.rt.uow() as uow:
-            await self.rt.ctx.runs.update(uow.conn, self.segment_id, change)
+            await self.rt.ctx.runs.update(uow.conn, self.segment_id, self.run.node_id, change)
 
     def finished(self, outcome: RunOutcome) -> RunUpdate:
         return RunUpdate(status=RunStatus.FINISHED, outcome=outcome, finished_at=self.rt.clock())
@@ -286,6 +288,10 @@ async def report_exit(rt: AgentRuntime, seg: Segment, code: int, prepared: Prepa
                            worker_node=prepared.node_rank > 0, log_tail=log_tail(log_path))
     if seg.fenced:
         await seg.fail(ErrorClass.PLATFORM, "stale_attempt", seg.fenced)
+    elif report.outcome == RunOutcome.FAILED and gang_peer_lost(gang_nodes(seg.run.rendezvous), report.error_class,
+                                                                report.message or ""):
+        rt.log.error("a node of the gang was lost: segment preempted (node_lost)", job_id=seg.job_id, code=code)
+        await seg.preempted(PreemptionReason.NODE_LOST)
     elif report.outcome == RunOutcome.FAILED:
         rt.log.error("training process ended without a result", job_id=seg.job_id, code=code, reported=report.code)
         await seg.fail(report.error_class or ErrorClass.PLATFORM, report.code or "trainer_crashed", report.message or "")
@@ -309,7 +315,8 @@ async def on_child_event(rt: AgentRuntime, seg: Segment, event: ChildEvent, star
             seg.started = True
             await seg.publish(JobStartedV1(
                 job_id=seg.job_id, node_id=c.node_id, segment_id=seg.segment_id, attempt=seg.run.attempt,
-                gpu_type=c.gpu_type, gpu_count=max(1, len(seg.gpu_ids)), spot=c.spot, started_at=started_at,
+                gpu_type=c.gpu_type, gpu_count=gang_devices(seg.run.rendezvous, len(seg.gpu_ids)), spot=c.spot,
+                started_at=started_at,
                 total_steps=event.total_steps, resumed_from_step=event.resumed_from_step))
         case Progress():
             seg.cadence = seg.cadence or ProgressCadence(c.progress_interval_s)
@@ -336,6 +343,10 @@ async def on_child_event(rt: AgentRuntime, seg: Segment, event: ChildEvent, star
                         sigterm_to_checkpoint_s=event.sigterm_to_checkpoint_s)
             requested = node.preempt_reasons.pop(seg.job_id, None)
             await seg.preempted(requested or preempt_reason(node.stopping, event.reason))
+        case Failed() if gang_peer_lost(gang_nodes(seg.run.rendezvous), event.error_class, event.full_message()):
+            rt.log.error("a node of the gang was lost or stopped answering: segment preempted (node_lost)",
+                         job_id=seg.job_id, error=event.full_message()[-500:])
+            await seg.preempted(PreemptionReason.NODE_LOST)
         case Failed():
             await seg.fail(event.error_class, event.code, event.full_message(), event.advice)
         case OomRetry():
