@@ -1,28 +1,38 @@
-"""Reinforcement fine-tuning on this CPU, with the recipe the trainer agent runs.
+"""Reinforcement fine-tuning on this CPU, through the real platform (bench/rft_platform.py).
 
 Task: answer any prompt with the row's `target` ("the the the the the the the the"). Grader: a
 multi grader, 0.8 x `fuzzy_match` + 0.2 x `rouge_1` between `{{sample.output_text}}` and
 `{{item.target}}`. Why it has reward variance from the first step: fuzzy_match is a continuous
 character-level score, so the completions a random tiny model samples for one prompt already differ
 in reward (a binary check would give most groups zero variance, hence zero advantage and no
-gradient); rouge_1 pays for the word itself once the model produces it. What the tiny model learns
-in 20 steps (measured 2026-11-28): a near miss character by character, greedy " Athe Athe Athe ..."
-(fuzzy_match ~0.87, rouge_1 0): held-out reward 0.1648 -> 0.6986. The exact word (" the", one
-token, reward 0.99) is rarely sampled from a random model, so the weight is on the continuous part,
-where the policy moves within a few CPU minutes. With 0.5/0.5 weights and learning rate 0.1 the
-same 20 steps settled on " to to to ..." (fuzzy_match 0.55, held-out reward 0.276).
+gradient); rouge_1 pays for the word itself once the model produces it.
 
-Steps: a tiny random Llama (cached on disk) -> base reward on held-out prompts (greedy completions,
-graded) -> GRPO + LoRA with the grader as reward (`recipes/grpo.py` in a child process, as the agent
-launches it) -> candidate reward on the same held-out prompts -> `reward_gate` (margin 0.05). Then
-a planted candidate trained against the inverted reward (-grader) is judged by the same gate under
-the real grader, as a job whose reward was wrong would be. Last line JSON: reward_base,
-reward_candidate, steps, wall_s, gate_verdict, inverted_gate_verdict, grader_run_ms_p99.
+Path, as a tenant's code takes it with the official `openai` client through the gateway: the
+training prompts (40) and held-out prompts (16, other numbers) uploaded with the files API (ingest
+validates them as rft data) -> `fine_tuning.jobs.create(method={"type": "reinforcement", ...})` (the
+scheduler checks the grader and queues the job) -> the trainer agent runs the GRPO child (LoRA, the
+grader as reward) -> the eval gate grades greedy completions of the held-out prompts from the base
+and the candidate with the job's grader (holdout stage, margin 0.05; safety runs as for every job)
+-> the registry records the model with the verdict. reward_base and reward_candidate are the gate's
+own numbers (the holdout stage's `holdout_reward` metric in the registered model's lineage).
 
-Not the whole platform: the job is run by the recipe harness (no upload, scheduler or agent);
-tests/integration/test_rft_end_to_end.py is the path through the services.
+The planted candidate: a second job, same data, whose grader is the inverted reward (a multi grader
+with `calculate_output = 1 - (0.8 * close + 0.2 * words)`), trained through the same path. Its own
+gate judges it under that inverted grader; then its adapter is judged under the real grader: the
+bench puts an `eval.requested` command on the bus (as the registry does for a re-evaluation) naming
+the graded job (its grader, held-out prompts, base SHA and gate settings) and the planted model's
+artifact; `inverted_gate_verdict` is the eval service's answer (`eval.completed` with the request id).
 
-    python bench/rft.py [--prompts 48] [--epochs 2] [--cache DIR]
+Grader latency: `client.fine_tuning.alpha.graders.run` through the gateway on the running platform
+(one request at a time, after training; the graders of bench/graders.py). Last line JSON: reward_base,
+reward_candidate, steps, wall_s, gate_verdict, inverted_gate_verdict, grader_run_ms_p99 per type.
+
+Knobs as a tenant sets them: learning_rate_multiplier 10000 (rate 0.1: the default 1e-5 suits real
+models, a random tiny one needs a large step), compute_multiplier 2 (8 completions per prompt),
+batch_size 2, reasoning_effort low (a 128-token completion budget in training); the gate's
+completion budget is its `reward_max_new_tokens` setting (8 here).
+
+    python bench/rft.py [--prompts 40] [--held-out 16] [--epochs 1] [--keep DIR]
 """
 
 from __future__ import annotations
@@ -31,20 +41,30 @@ import argparse
 import asyncio
 import json
 import os
+import shutil
+import statistics
 import sys
+import tempfile
 import time
+import uuid
 from pathlib import Path
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
 os.environ.setdefault("TQDM_DISABLE", "1")
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-GRADER = {"type": "multi", "name": "reward", "calculate_output": "0.8 * close + 0.2 * words", "graders": {
-    "close": {"type": "text_similarity", "name": "close", "input": "{{sample.output_text}}",
-              "reference": "{{item.target}}", "evaluation_metric": "fuzzy_match"},
-    "words": {"type": "text_similarity", "name": "words", "input": "{{sample.output_text}}",
-              "reference": "{{item.target}}", "evaluation_metric": "rouge_1"}}}
+from rft_platform import RunningPlatform, jsonl, running_platform
+
 TARGET = " ".join(["the"] * 8)
+PARTS = {"close": {"type": "text_similarity", "name": "close", "input": "{{sample.output_text}}",
+                   "reference": "{{item.target}}", "evaluation_metric": "fuzzy_match"},
+         "words": {"type": "text_similarity", "name": "words", "input": "{{sample.output_text}}",
+                   "reference": "{{item.target}}", "evaluation_metric": "rouge_1"}}
+GRADER = {"type": "multi", "name": "reward", "calculate_output": "0.8 * close + 0.2 * words", "graders": PARTS}
+INVERTED = {"type": "multi", "name": "inverted", "calculate_output": "1 - (0.8 * close + 0.2 * words)",
+            "graders": PARTS}
+TERMINAL = ("succeeded", "failed", "cancelled")
 
 
 def rows(numbers: range) -> list[dict]:
@@ -52,115 +72,175 @@ def rows(numbers: range) -> list[dict]:
             for i in numbers]
 
 
-def held_out_reward(base: Path, adapter: Path | None, prompts: list[dict], max_new_tokens: int) -> float:
-    from whetstone.graders import GraderEnvironment, parse_grader
-    from whetstone.modelkit.loading import load_model, load_tokenizer
-    from whetstone.trainer_agent.recipes.rewards import (
-        GraderReward,
-        mean_reward,
-        prompt_rows,
-    )
-
-    tokenizer = load_tokenizer(base)
-    model = load_model(base)
-    if adapter is not None:
-        from peft import PeftModel
-
-        model = PeftModel.from_pretrained(model, str(adapter))
-    reward = GraderReward(parse_grader(GRADER), GraderEnvironment())   # the job's real grader, sign +1
-    try:
-        return mean_reward(model, tokenizer, prompt_rows(list(enumerate(prompts))), reward,
-                           max_new_tokens=max_new_tokens).reward
-    finally:
-        reward.close()
+def eval_config(args: argparse.Namespace) -> dict:
+    """The gate: the reward stage on the held-out prompts (greedy, `max_new_tokens` each), safety as always;
+    the benchmark suites and the pairwise judge say nothing about a random tiny model, so they are off."""
+    return {"stages": {"holdout": {"min_reward_gain": args.margin, "reward_max_new_tokens": args.max_new_tokens,
+                                   "max_rows": args.held_out}, "benchmarks": False, "judge": False}}
 
 
-def train(base: Path, work: Path, train_rows: list[dict], args, reward_sign: float) -> tuple[Path, int, list[float]]:
-    from whetstone.devstack.recipe_harness import run_subprocess, write_jsonl
-    from whetstone.graders.rft import parse_method
-    from whetstone.trainer_agent.domain.recipe_io import Checkpoint, Progress
-
-    plan = parse_method({"grader": GRADER, "hyperparameters": {
-        "n_epochs": args.epochs, "batch_size": args.batch_size, "compute_multiplier": args.generations / 4,
-        "reasoning_effort": "low"}}).record()
-    # the platform's default learning rate (1e-5) suits real models; a random tiny one needs a large step
-    plan.update(max_completion_tokens=args.max_new_tokens, learning_rate=args.learning_rate, reward_sign=reward_sign)
-    job = f"bench-rft-{'inverted' if reward_sign < 0 else 'graded'}"
-    config = {"job_id": job, "base_model": str(base),
-              "train_file": str(write_jsonl(train_rows, work / f"{job}.jsonl")), "output_dir": str(work / job),
-              "method": "reinforcement", "reinforcement": plan,
-              "hyperparameters": {"seed": 0, "checkpoint_every_steps": 10_000, "max_seq_len": 128,
-                                  "warmup_ratio": 0.0}}
-    run = run_subprocess(config, work, timeout_s=3600)
-    if run.returncode != 0:
-        sys.exit(f"{job} failed: {run.last} (stderr: {work / (job + '.stderr.txt')})")
-    rewards = [e.reward for e in run.of(Progress)]
-    final = run.of(Checkpoint)[-1].path
-    return final, run.completed.step, rewards
+async def poll(fetch, done, timeout_s: float, what: str):
+    deadline = time.monotonic() + timeout_s
+    while True:
+        value = await fetch()
+        if done(value):
+            return value
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"timed out waiting for {what}: {value}")
+        await asyncio.sleep(1.0)
 
 
-def grader_latency() -> dict[str, float]:
-    sys.path.insert(0, str(Path(__file__).parent))
-    import graders as latency  # bench/graders.py
+async def upload(client, name: str, data: bytes) -> str:
+    f = await client.files.create(file=(name, data), purpose="fine-tune")
+    f = await poll(lambda: client.files.retrieve(f.id), lambda x: x.status != "uploaded", 300, f"validation of {name}")
+    if f.status != "processed":
+        sys.exit(f"{name} not accepted: {f.status} {f.model_extra}")
+    return f.id
 
-    out = asyncio.run(latency.measure({"string_check": 100, "text_similarity": 100, "multi": 100, "python": 30},
-                                      json.dumps({"answer": "Paris", "explanation": latency.ANSWER})))
-    return {k: round(v["http_p99"], 2) for k, v in out.items()}
+
+async def create_job(client, train: str, held_out: str, grader: dict, args: argparse.Namespace, suffix: str):
+    return await client.fine_tuning.jobs.create(
+        model="tiny-llama", training_file=train, validation_file=held_out, seed=0, suffix=suffix,
+        method={"type": "reinforcement", "reinforcement": {"grader": grader, "hyperparameters": {
+            "n_epochs": args.epochs, "batch_size": args.batch_size, "compute_multiplier": args.generations / 4,
+            "learning_rate_multiplier": args.learning_rate_multiplier, "eval_interval": args.eval_interval,
+            "reasoning_effort": "low"}}},
+        extra_body={"eval_config": eval_config(args)})
+
+
+async def finished(client, job_id: str, timeout_s: float) -> dict:
+    """The job once terminal, with its registered model (lineage included) and its last step."""
+    seen: list[str] = []
+
+    def done(j) -> bool:
+        if not seen or seen[-1] != j.status:
+            seen.append(j.status)
+            print(f"  {job_id}: {j.status}", flush=True)
+        return j.status in TERMINAL
+
+    job = await poll(lambda: client.fine_tuning.jobs.retrieve(job_id), done, timeout_s, f"job {job_id}")
+    if job.status != "succeeded":
+        sys.exit(f"job {job_id} {job.status}: {job.error}")
+    models = await poll(lambda: client.models.list(extra_query={"job_id": job_id}), lambda page: page.data, 120,
+                        f"the model of {job_id}")
+    model = (await client.models.retrieve(models.data[0].id)).model_extra
+    checkpoints = await client.fine_tuning.jobs.checkpoints.list(job_id)
+    return {"job": job, "model": model, "steps": max((c.step_number for c in checkpoints.data), default=0)}
+
+
+def reward_stage(stages: list[dict]) -> tuple[str, float, float, str]:
+    """(status, base, candidate, reason) of the gate's reward stage."""
+    holdout = next(s for s in stages if s["name"] == "holdout")
+    metric = next(m for m in holdout["metrics"] if m["name"] == "holdout_reward")
+    return holdout["status"], metric["base"], metric["candidate"], holdout["reason"]
+
+
+async def judge_under_real_grader(p: RunningPlatform, graded: dict, planted: dict, args) -> dict:
+    """The planted model's adapter through the graded job's gate (its grader and held-out prompts)."""
+    from whetstone.contracts import EvalRequestedV1
+    from whetstone.contracts.enums import EvalReason
+
+    lineage = graded["model"]["lineage"]
+    answer = await p.eval_request(EvalRequestedV1(
+        request_id=f"bench-rft-{uuid.uuid4().hex[:12]}", job_id=graded["job"].id,
+        model_id=planted["model"]["model_id"], checkpoint_uri=planted["model"]["artifact_uri"],
+        manifest_sha256=planted["model"]["artifact_sha256"], base_model="tiny-llama",
+        base_model_sha256=lineage["base_model_sha256"], reason=EvalReason.MANUAL, eval_config=eval_config(args)),
+        timeout_s=900)
+    stages = [s.model_dump(mode="json") for s in answer.stages]
+    status, base, candidate, reason = reward_stage(stages)
+    return {"verdict": str(answer.verdict), "reward_stage": status, "base": base, "candidate": candidate,
+            "reason": reason}
+
+
+def percentile(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, round(q / 100 * (len(ordered) - 1)))]
+
+
+async def grader_latency(client) -> dict[str, float]:
+    """p99 of `graders.run` through the gateway, per type (3 warm-up calls each are not counted)."""
+    import graders as samples  # bench/graders.py
+
+    sample = json.dumps({"answer": "Paris", "explanation": samples.ANSWER})
+    counts = {"string_check": 100, "text_similarity": 100, "multi": 100, "python": 30}
+    out = {}
+    for kind, defs in samples.graders().items():
+        took = []
+        for i in range(counts[kind] + 3):
+            began = time.perf_counter()
+            result = await client.fine_tuning.alpha.graders.run(grader=defs[i % len(defs)], model_sample=sample,
+                                                                item=samples.ITEM)
+            if i >= 3:
+                took.append((time.perf_counter() - began) * 1000)
+            errors = result.metadata.errors.model_dump(exclude_none=True)
+            if any(v for v in errors.values() if v is not None and v is not False):
+                sys.exit(f"{kind} grader erred: {errors}")
+        out[kind] = round(percentile(took, 99), 2)
+        print(f"graders.run {kind:16s} n={len(took)} p50 {statistics.median(took):7.2f} ms  p99 {out[kind]:7.2f} ms",
+              flush=True)
+    return out
+
+
+async def run(args: argparse.Namespace, root: Path) -> dict:
+    began = time.perf_counter()
+    async with running_platform(root) as p:
+        print(f"platform up after {time.perf_counter() - began:.0f} s", flush=True)
+        c = p.client
+        train = await upload(c, "rft-train.jsonl", jsonl(rows(range(args.prompts))))
+        held_out = await upload(c, "rft-held-out.jsonl", jsonl(rows(range(1000, 1000 + args.held_out))))
+        graded_job = await create_job(c, train, held_out, GRADER, args, "graded")
+        planted_job = await create_job(c, train, held_out, INVERTED, args, "inverted")
+        print(f"jobs {graded_job.id} (grader) and {planted_job.id} (inverted grader) created", flush=True)
+        graded = await finished(c, graded_job.id, args.timeout)
+        status, reward_base, reward_candidate, reason = reward_stage(graded["model"]["lineage"]["eval_stages"])
+        verdict = graded["model"]["lineage"]["eval_verdict"]
+        print(f"graded job: {graded['steps']} steps; gate {verdict} (model {graded['model']['stage']}); reward stage "
+              f"{status}: {reason}", flush=True)
+        planted = await finished(c, planted_job.id, args.timeout)
+        own = reward_stage(planted["model"]["lineage"]["eval_stages"])
+        print(f"inverted job: {planted['steps']} steps; its own gate (inverted grader) "
+              f"{planted['model']['lineage']['eval_verdict']}: {own[3]}", flush=True)
+        judged = await judge_under_real_grader(p, graded, planted, args)
+        print(f"inverted job's adapter under the real grader: gate {judged['verdict']}: {judged['reason']}",
+              flush=True)
+        latency = await grader_latency(c)
+    return {
+        "reward_base": round(reward_base, 4), "reward_candidate": round(reward_candidate, 4),
+        "reward_inverted_candidate": round(judged["candidate"], 4), "steps": graded["steps"],
+        "wall_s": round(time.perf_counter() - began, 1), "gate_verdict": verdict,
+        "inverted_gate_verdict": judged["verdict"], "inverted_own_gate_verdict": planted["model"]["lineage"]["eval_verdict"],
+        "grader": "multi: 0.8 fuzzy_match + 0.2 rouge_1 vs item.target", "grader_run_ms_p99": latency,
+        "jobs": [graded_job.id, planted_job.id],
+        "targets_met": {"gain_0.25": reward_candidate >= reward_base + 0.25, "gate": verdict == "passed",
+                        "inverted": judged["verdict"] == "failed",
+                        "p99": all(v <= (500 if k == "python" else 50) for k, v in latency.items())}}
 
 
 def main(argv: list[str] | None = None) -> int:
-    import torch
-
-    torch.set_num_threads(max(1, min(2, os.cpu_count() or 1)))
-    from whetstone.graders.rft import reward_gate
-    from whetstone.modelkit.tiny import build_tiny_model
-
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--prompts", type=int, default=40)
     p.add_argument("--held-out", type=int, default=16)
     p.add_argument("--epochs", type=int, default=1)
     p.add_argument("--batch-size", type=int, default=2, help="prompts per optimiser step")
-    p.add_argument("--generations", type=int, default=8, help="completions per prompt")
-    p.add_argument("--max-new-tokens", type=int, default=8)
-    p.add_argument("--learning-rate", type=float, default=0.1,
-                   help="LoRA learning rate (default 0.1: a random tiny model needs a large step; 5e-2 gained "
-                        "half as much in the same 20 steps)")
+    p.add_argument("--generations", type=int, default=8, help="completions per prompt (compute_multiplier x 4)")
+    p.add_argument("--learning-rate-multiplier", type=float, default=10_000.0,
+                   help="x 1e-5 (default: rate 0.1, as a random tiny model needs; 5e-2 gained half as much)")
+    p.add_argument("--eval-interval", type=int, default=1000,
+                   help="steps between the trainer's validation passes (default: none within the 20 steps; "
+                        "the gate grades the held-out prompts anyway)")
+    p.add_argument("--max-new-tokens", type=int, default=8, help="the gate's completion budget per held-out prompt")
     p.add_argument("--margin", type=float, default=0.05)
-    p.add_argument("--cache", type=Path, default=Path(".whetstone/bench-rft"))
+    p.add_argument("--timeout", type=float, default=3600, help="seconds per job")
+    p.add_argument("--keep", type=Path, default=None, help="keep the platform's data here (default: a temp dir)")
     args = p.parse_args(argv)
-
-    began = time.perf_counter()
-    work = args.cache.resolve()
-    base = work / "tiny-llama"
-    if not (base / "config.json").is_file():
-        build_tiny_model(base, seed=0)
-    train_rows, held_out = rows(range(args.prompts)), rows(range(1000, 1000 + args.held_out))
-    reward_base = held_out_reward(base, None, held_out, args.max_new_tokens)
-    print(f"base reward on {len(held_out)} held-out prompts: {reward_base:.4f}", flush=True)
-
-    trained_at = time.perf_counter()
-    adapter, steps, curve = train(base, work, train_rows, args, reward_sign=1.0)
-    train_s = time.perf_counter() - trained_at
-    reward_candidate = held_out_reward(base, adapter, held_out, args.max_new_tokens)
-    gate = reward_gate(reward_base, reward_candidate, args.margin)
-    print(f"candidate: {steps} steps in {train_s:.0f} s, train reward {curve[0]:.3f} -> {curve[-1]:.3f}; "
-          f"held-out {reward_candidate:.4f}; gate {gate.verdict}: {gate.reason}", flush=True)
-
-    inverted_adapter, inverted_steps, inverted_curve = train(base, work, train_rows, args, reward_sign=-1.0)
-    reward_inverted = held_out_reward(base, inverted_adapter, held_out, args.max_new_tokens)
-    inverted = reward_gate(reward_base, reward_inverted, args.margin)
-    print(f"inverted-reward candidate: {inverted_steps} steps, held-out {reward_inverted:.4f}; "
-          f"gate {inverted.verdict}: {inverted.reason}", flush=True)
-
-    latency = grader_latency()
-    print(json.dumps({
-        "reward_base": round(reward_base, 4), "reward_candidate": round(reward_candidate, 4),
-        "reward_inverted_candidate": round(reward_inverted, 4), "steps": steps, "train_s": round(train_s, 1),
-        "wall_s": round(time.perf_counter() - began, 1), "gate_verdict": gate.verdict,
-        "inverted_gate_verdict": inverted.verdict, "grader": "multi: 0.8 fuzzy_match + 0.2 rouge_1 vs item.target",
-        "train_reward_first_last": [round(curve[0], 4), round(curve[-1], 4)], "grader_run_ms_p99": latency,
-        "targets_met": {"gain_0.25": reward_candidate >= reward_base + 0.25, "gate": gate.verdict == "passed",
-                        "inverted": inverted.verdict == "failed"}}))
+    root = Path(tempfile.mkdtemp(prefix="bench-rft-")) if args.keep is None else args.keep.resolve()
+    root.mkdir(parents=True, exist_ok=True)
+    try:
+        print(json.dumps(asyncio.run(run(args, root))))
+    finally:
+        if args.keep is None:
+            shutil.rmtree(root, ignore_errors=True)
     return 0
 
 
