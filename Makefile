@@ -97,6 +97,11 @@ bench-eval: venv
 bench-vision: venv
 	$(BIN)/python bench/vision.py $(ARGS)
 
+# one gang job across two trainer-agent processes (DDP over gloo) and its one-node twin; last line JSON
+.PHONY: bench-multinode
+bench-multinode: venv
+	$(BIN)/python bench/multinode.py $(ARGS)
+
 # the web console in headless Debian chromium over the embedded stack with 1,000 jobs; last line JSON
 .PHONY: bench-console
 bench-console: venv

@@ -5,7 +5,9 @@ single-device segment) on the same data, seed and hyperparameters, its micro-bat
 effective batch (nodes x the gang's per-rank batch). DDP keeps the gang's data order (the seeded
 sampler's permutation does not depend on the world size; rank r takes the r-th micro-batch of each
 global batch), averages the ranks' gradients, and the Trainer logs the mean of the ranks' losses: the
-two curves are the same computation, reduced in a different order.
+two curves are the same computation, reduced in a different order. Only without dropout
+(`lora_dropout` 0): each rank draws its own dropout masks, which one process cannot repeat (the
+platform's default 0.05 put the curves 1.7e-2 apart by the fourth step).
 
 `LOSS_TOLERANCE`: fp32 sums of the same terms in another order differ by a few ulp (about 1e-7
 relative); a few Adam steps on a tiny model carry that through without amplifying it much (measured
