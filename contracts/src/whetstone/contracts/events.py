@@ -111,6 +111,8 @@ class Hyperparameters(Contract):
     precompute_ref_log_probs: bool | None = None
     zero_stage: int | None = Field(default=None, ge=0, le=3)
     beta: float | None = Field(default=None, gt=0, le=10, description="DPO beta / ORPO lambda")
+    gradient_checkpointing: bool | None = Field(default=None, description="recompute activations (less memory); "
+                                                "absent: admission decides from the GPU's memory")
 
     @field_validator("batch_size")
     @classmethod
@@ -169,6 +171,10 @@ class JobRequestedV1(Event):
         default=None, max_length=32,
         description="per-job eval gate settings (stages, thresholds); absent: tenant defaults")
     reinforcement: ReinforcementSpec | None = Field(default=None, description="method reinforcement: grader, knobs")
+    base_model_sha256: str | None = Field(
+        default=None, max_length=64, pattern=r"^([0-9a-f]{40}|[0-9a-f]{64})$",
+        description="pin (`whet jobs reproduce`): the sha256 of a catalog base's weights, or the Hub commit, the job"
+                    " must train on; a catalog base that no longer hashes to it is refused; absent: the base as it is now")
 
 
 class MergeSource(Contract):

@@ -41,6 +41,14 @@ def test_bad_method_and_hyperparameters_name_the_field():
     assert refused(hyperparameters={"n_epochs": 2},
                    method={"type": "supervised", "supervised": {"hyperparameters": {"n_epochs": 3}}}).param \
         == "hyperparameters"
-    assert refused(integrations=[{"type": "wandb"}]).param == "integrations"
+    # integrations: OpenAI's shape checked field by field; W&B itself is not offered (no key store, no logging)
+    assert refused(integrations=[{"type": "mlflow", "mlflow": {}}]).param == "integrations[0].type"
+    assert refused(integrations=[{"type": "wandb"}]).param == "integrations[0].wandb"
+    assert refused(integrations=[{"type": "wandb", "wandb": {"name": "x"}}]).param == "integrations[0].wandb.project"
+    assert refused(integrations=[{"type": "wandb", "wandb": {"project": "p", "tags": [""]}}]).param \
+        == "integrations[0].wandb.tags.0"
+    assert refused(integrations=[{"type": "wandb", "wandb": {"project": "p"}, "x": 1}]).param == "integrations[0].x"
+    unconfigured = refused(integrations=[{"type": "wandb", "wandb": {"project": "p", "tags": ["a"]}}])
+    assert (unconfigured.param, unconfigured.code) == ("integrations[0].wandb", "integration_not_configured")
     # reinforcement needs its object (the whole method is checked in tests/integration/test_rft_jobs.py)
     assert refused(method={"type": "reinforcement"}).param == "method.reinforcement"

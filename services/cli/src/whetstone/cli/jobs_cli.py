@@ -1,4 +1,5 @@
-"""`whet jobs create|list|get|cancel|pause|resume|follow|events|checkpoints`: fine-tuning jobs over the public API."""
+"""`whet jobs create|reproduce|list|get|cancel|pause|resume|follow|events|checkpoints`: fine-tuning jobs over the
+public API."""
 
 from __future__ import annotations
 
@@ -22,6 +23,7 @@ from .errors import BadInput
 from .follow import LossCurve, all_events, follow
 from .graders_cli import read_grader, read_json_file
 from .output import add_list_options, list_object, print_result, when
+from .reproduce import reproduce_body
 
 PLATFORM_METHODS = {"lora": "supervised", "qlora": "supervised", "full": "supervised", "cpt": "supervised",
                     "dpo": "dpo", "orpo": "dpo"}
@@ -189,6 +191,15 @@ def cmd_jobs(args: argparse.Namespace) -> int:
             if not args.json:
                 print(job.id)
             return 0 if job.status != "failed" else 1
+        if args.action == "reproduce":
+            body = reproduce_body(api.get(f"/fine_tuning/jobs/{args.job_id}"))
+            job = Job.from_api(raw := api.post("/fine_tuning/jobs", body))
+            if args.follow:
+                job, raw = follow_job(api, job.id, quiet=args.json)
+            print_result(args, raw, describe_job(job))
+            if not args.json:
+                print(job.id)
+            return 0 if job.status != "failed" else 1
         if args.action == "list":
             raw = list_object(api, "/fine_tuning/jobs", args.limit, args.all)
             stages = {} if args.json else model_stages(api)
@@ -226,8 +237,8 @@ def cmd_jobs(args: argparse.Namespace) -> int:
 
 
 def add_parser(sub, cmd) -> Any:
-    jobs = sub.add_parser("jobs", help="fine-tuning jobs: create, follow, list, cancel, pause, resume, events, "
-                                       "checkpoints, trace",
+    jobs = sub.add_parser("jobs", help="fine-tuning jobs: create, reproduce, follow, list, cancel, pause, resume, "
+                                       "events, checkpoints, trace",
                           description="Fine-tuning jobs over the public API (WHETSTONE_BASE_URL, WHETSTONE_API_KEY).")
     acts = jobs.add_subparsers(dest="action", required=True, metavar="ACTION")
     cj = cmd(acts, "create", cmd_jobs, "create a fine-tuning job; its id on the last line")
@@ -264,6 +275,11 @@ def add_parser(sub, cmd) -> Any:
     cj.add_argument("--idempotency-key", help="retries with the same key and body return the same job")
     cj.add_argument("--follow", action="store_true", help="show progress until the job ends")
     cj.add_argument("--loss-png", metavar="FILE", help="with --follow: write the training loss curve to this PNG")
+    jr = cmd(acts, "reproduce", cmd_jobs, "train a job again with everything pinned (same files, base model "
+                                          "sha256 / Hub commit, resolved hyperparameters and seed); its id on the "
+                                          "last line")
+    jr.add_argument("job_id")
+    jr.add_argument("--follow", action="store_true", help="show progress until the job ends")
     add_list_options(cmd(acts, "list", cmd_jobs, "the key's tenant's jobs, newest first: status, step, eval verdict, "
                                                  "model stage"), "jobs")
     cmd(acts, "get", cmd_jobs, "one job, with its eval verdict and why").add_argument("job_id")

@@ -77,9 +77,47 @@ class CreateJob(BaseModel):
     resources: Literal["auto"] | ResourceRequest = "auto"
     eval_config: Annotated[dict[Annotated[str, StringConstraints(max_length=64)], Any], Field(max_length=32),
                            JsonAtMost(16384)] | None = None
+    # the pin `whet jobs reproduce` sends: a catalog base's weights sha256, or a Hub commit
+    base_model_sha256: str | None = Field(default=None, max_length=64, pattern=r"^([0-9a-f]{40}|[0-9a-f]{64})$")
 
 
 RFT_ADAPTERS = ("lora", "qlora")   # method.whetstone.method of a reinforcement job
+INTEGRATION_TYPES = ("wandb",)     # OpenAI's
+
+
+class WandbSettings(BaseModel):
+    """OpenAI's `integrations[i].wandb`."""
+
+    model_config = ConfigDict(extra="forbid")
+    project: str = Field(min_length=1, max_length=128)
+    entity: str | None = Field(default=None, max_length=128)
+    name: str | None = Field(default=None, max_length=128)
+    tags: list[Annotated[str, StringConstraints(min_length=1, max_length=64)]] = Field(default_factory=list,
+                                                                                      max_length=50)
+
+
+def check_integrations(items: list[dict[str, Any]]) -> None:
+    """OpenAI's `integrations`, checked field by field (each error names `integrations[i]...`). A well-formed
+    W&B block is still refused: this platform stores no tenant W&B key and runs no W&B logging yet."""
+    for i, item in enumerate(items):
+        where = f"integrations[{i}]"
+        kind = item.get("type")
+        if kind not in INTEGRATION_TYPES:
+            raise bad(f"{where}.type", f"unknown integration type {str(kind)[:64]!r} (supported: "
+                      f"{', '.join(INTEGRATION_TYPES)})", code="unsupported_integration")
+        if stray := sorted(set(item) - {"type", kind}):
+            raise bad(f"{where}.{stray[0][:64]}", "unknown field")
+        if kind not in item:
+            raise bad(f"{where}.{kind}", "Field required", code="missing_required_parameter")
+        try:
+            WandbSettings.model_validate(item[kind])
+        except ValidationError as exc:
+            first = exc.errors()[0]
+            field = ".".join(str(p) for p in first["loc"])
+            raise bad(f"{where}.{kind}" + (f".{field}" if field else ""), first["msg"]) from exc
+        raise bad(f"{where}.{kind}", "no Weights & Biases API key is stored for this tenant and the platform "
+                  "does not run W&B logging yet; leave integrations out (metrics: the job's events, checkpoints "
+                  "and result_files)", code="integration_not_configured")
 
 
 def bad(param: str, message: str, code: str = "invalid_value") -> ApiError:
@@ -158,8 +196,7 @@ def to_request(body: CreateJob, job_id: str, key: str, graders: GraderEnvironmen
             raise bad("seed", "contradicts hyperparameters.seed")
         given["seed"] = body.seed
     if body.integrations:
-        raise bad("integrations", "no integrations are supported on this platform; send [] or leave it out",
-                  code="unsupported_integration")
+        check_integrations(body.integrations)
     spec = None
     if method == "reinforcement":
         if body.hyperparameters:
@@ -173,4 +210,4 @@ def to_request(body: CreateJob, job_id: str, key: str, graders: GraderEnvironmen
                           validation_file=body.validation_file, method=method,
                           hyperparameters=hyperparameters(method, given, param), suffix=body.suffix, tier=body.tier,
                           resources=body.resources if isinstance(body.resources, ResourceRequest) else None,
-                          eval_config=body.eval_config, reinforcement=spec)
+                          eval_config=body.eval_config, reinforcement=spec, base_model_sha256=body.base_model_sha256)

@@ -5,6 +5,7 @@ runs a scheduling cycle itself."""
 from __future__ import annotations
 
 import uuid
+from dataclasses import replace
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -121,6 +122,23 @@ async def plan_resources(ctx: SchedulerContext, store: JobStore, req: JobRequest
     return JobResources.planned(explicit, shapes, plan.memory, arch, sees_images(model))
 
 
+def pinned_base(model: BaseModelFacts, req: JobRequestedV1) -> BaseModelFacts:
+    """The base as the request pins it (`base_model_sha256`, sent by `whet jobs reproduce`): a Hub base
+    trains on the pinned commit whatever the repository's head is now (the trainer fetches that
+    commit's snapshot); a catalog base must still hash to the pin, else the job is refused (409)."""
+    pin = req.base_model_sha256
+    if pin is None or pin == model.model.sha256:
+        return model
+    if model.model.local:
+        raise Rejected("base_model_changed", f"base model {req.model!r} has changed since the pinned version: "
+                       f"its weights are now sha256 {model.model.sha256[:12]}…, base_model_sha256 pins {pin[:12]}…", 409,
+                       param="base_model_sha256")
+    if len(pin) != 40:
+        raise Rejected("invalid_value", f"base model {req.model!r} is a Hub model: base_model_sha256 pins it by its "
+                       "40-hex commit", param="base_model_sha256")
+    return replace(model, model=replace(model.model, sha256=pin))
+
+
 async def submit_job(rt: Runtime[SchedulerContext], store: JobStore, tenant_id: str, req: JobRequestedV1,
                      trace_id: str | None = None, metadata: dict[str, str] | None = None,
                      template: TemplateUse | None = None) -> tuple[Job, bool]:
@@ -156,6 +174,7 @@ async def submit_job(rt: Runtime[SchedulerContext], store: JobStore, tenant_id: 
         model = await ctx.models.resolve(req.model, rt.settings.model_catalog)
     except UnknownModel as exc:
         raise Rejected("unknown_base_model", str(exc), param="model") from exc
+    model = pinned_base(model, req)
     planned = await plan_resources(ctx, store, req, model)
     dataset = await store.dataset(tenant_id, req.training_file)
     if dataset is not None and dataset.accepted and (mismatch := rules.check_method_fits_dataset(

@@ -1,0 +1,36 @@
+"""`whet jobs reproduce`: the create body that pins everything of a job (pure; the end-to-end run, equal
+losses included, is tests/integration/test_openai_models.py)."""
+
+import pytest
+
+from whetstone.cli.errors import BadInput
+from whetstone.cli.reproduce import reproduce_body
+
+pytestmark = pytest.mark.unit
+
+JOB = {"id": "ftjob-1", "state": "succeeded", "model": "tiny-llama", "training_file": "file-t",
+       "validation_file": "file-v", "user_provided_suffix": "s", "eval_config": {"stages": ["holdout"]},
+       "metadata": {"team": "a"}, "tier": "standard", "integrations": [], "base_model_sha256": "ab" * 32,
+       "method": {"type": "supervised", "supervised": {"hyperparameters": {"n_epochs": 3}},
+                  "whetstone": {"method": "qlora"}},
+       "resolved_hyperparameters": {"n_epochs": 3, "batch_size": 4, "gradient_accumulation_steps": 2,
+                                    "gradient_checkpointing": False, "learning_rate": 2e-4, "seed": 42,
+                                    "lora_r": 16, "lora_alpha": 32, "not_an_api_knob": 1}}
+
+
+def test_every_resolved_knob_the_base_pin_and_the_files_are_sent():
+    body = reproduce_body(JOB)
+    hp = body["method"]["supervised"]["hyperparameters"]
+    assert hp == {k: v for k, v in JOB["resolved_hyperparameters"].items() if k != "not_an_api_knob"}
+    assert body["method"]["whetstone"] == {"method": "qlora"} and body["method"]["type"] == "supervised"
+    assert (body["model"], body["training_file"], body["validation_file"], body["base_model_sha256"]) == (
+        "tiny-llama", "file-t", "file-v", "ab" * 32)
+    assert body["metadata"] == {"team": "a", "reproduces": "ftjob-1"} and body["suffix"] == "s"
+    assert "integrations" not in body
+
+
+def test_a_job_never_admitted_or_of_another_method_is_refused_by_name():
+    with pytest.raises(BadInput, match="never admitted"):
+        reproduce_body({**JOB, "resolved_hyperparameters": None, "state": "failed"})
+    with pytest.raises(BadInput, match="reinforcement"):
+        reproduce_body({**JOB, "method": {"type": "reinforcement"}})
