@@ -19,9 +19,11 @@ share of planted bad ones.
 Targets: ingest_images_per_s >= 500, bad_images_refused == bad_images_planted,
 good_images_refused == 0, peak_rss_mb <= 1024 (the gate's process and its largest worker).
 3. the training half (bench/vision_train.py, skipped with --no-train): the tiny LLaVA is trained on
-   generated pictures of the same task through the trainer agent's vision recipe (LoRA on the language
-   model, vision tower frozen), and base and candidate answer held-out pictures greedily:
-   accuracy_base, accuracy_candidate (target >= 0.9, the base near chance).
+   generated pictures of the same task through the real platform on the embedded stack (the official
+   openai client uploads a training and a held-out file and creates a supervised job on `tiny-llava`;
+   LoRA on the language model, vision tower and projector frozen), and the job's eval gate scores base and
+   candidate greedily on the held-out pictures: accuracy_base, accuracy_candidate are its holdout label
+   accuracy (target >= 0.9, the base near chance).
 Last line: JSON.
 """
 
@@ -238,11 +240,14 @@ def main(argv: list[str] | None = None) -> int:
     if not args.no_train:
         from vision_train import train_and_score  # noqa: PLC0415 - torch only when training
 
-        trained = train_and_score(work / "train", train=args.train_examples, heldout=120, epochs=3,
-                                  seed=args.seed)
+        try:
+            trained = train_and_score(work / "train", train=args.train_examples, heldout=120, epochs=3,
+                                      seed=args.seed)
+        except SystemExit as exc:        # the platform run failed: the ingest half's figures still print
+            trained = {"error": str(exc), "accuracy_base": None, "accuracy_candidate": None}
         out["training"] = trained
         out["accuracy_base"], out["accuracy_candidate"] = trained["accuracy_base"], trained["accuracy_candidate"]
-        out["targets_met"]["accuracy_candidate"] = trained["accuracy_candidate"] >= 0.9
+        out["targets_met"]["accuracy_candidate"] = (trained["accuracy_candidate"] or 0.0) >= 0.9
     if args.keep is None:
         import shutil  # noqa: PLC0415
 
