@@ -7,9 +7,12 @@
   (`fine_tuned_model_checkpoint`) do once the model is live;
 - `"auto"` epochs, batch size, learning rate and LoRA rank are resolved from the data and the base and
   echoed in `method.supervised.hyperparameters`; `"auto"` epochs on 5 examples is refused naming the field;
-- the job's `result_files` holds a CSV in OpenAI's columns, read with `files.content`."""
+- the job's `result_files` holds a CSV in OpenAI's columns, read with `files.content`;
+- `whet jobs reproduce JOB` trains it again with everything pinned (files, base sha256, resolved
+  hyperparameters and seed): the same loss at every step; a base pin that no longer holds is a 409."""
 
 import asyncio
+import contextlib
 import csv
 import io
 import json
@@ -41,7 +44,7 @@ async def test_model_ids_auto_hyperparameters_and_result_files(platform, setting
     await asyncio.to_thread(build_tiny_model, Path(settings.model_catalog) / "tiny-llama")
     async with platform(*all_service_builders()) as p:
         async with openai_clients(upstreams_of(p.runtimes.values())) as (client, other):
-            await run(client, other)
+            await run(client, other, monkeypatch)
 
 
 async def processed(client: openai.AsyncOpenAI, data: bytes, name: str):
@@ -51,7 +54,7 @@ async def processed(client: openai.AsyncOpenAI, data: bytes, name: str):
     return f
 
 
-async def run(client: openai.AsyncOpenAI, other: openai.AsyncOpenAI) -> None:
+async def run(client: openai.AsyncOpenAI, other: openai.AsyncOpenAI, monkeypatch) -> None:
     # the platform's base, listed for every tenant and answering chat completions
     listed = await client.models.list()
     assert [(m.id, m.owned_by) for m in listed.data] == [("tiny-llama", "whetstone")]
@@ -61,11 +64,9 @@ async def run(client: openai.AsyncOpenAI, other: openai.AsyncOpenAI) -> None:
     train, few = await asyncio.gather(processed(client, sft_rows(40), "train.jsonl"),
                                       processed(client, sft_rows(5), "few.jsonl"))
     auto = {"n_epochs": "auto", "batch_size": "auto", "learning_rate_multiplier": "auto"}
-    # "auto" epochs cannot be chosen for 5 examples: refused at once, naming the field
-    with pytest.raises(openai.BadRequestError) as refused:
-        await client.fine_tuning.jobs.create(model="tiny-llama", training_file=few.id,
-                                             method={"type": "supervised", "supervised": {"hyperparameters": auto}})
-    assert refused.value.body["param"] == "hyperparameters.n_epochs" and "at least 10" in refused.value.body["message"]
+    # "auto" epochs cannot be chosen for 5 examples: refused naming the field; at once where the scheduler
+    # has the file's verdict, else (its projection of dataset.validated still behind ingest) the job fails so
+    await refused_for_too_few(client, few.id, auto)
 
     # epochs, batch size and LoRA rank "auto"; the learning rate the user's (a tiny random base learns
     # this data in the gate's eyes only at the demo's rate); the gate's holdout stage only, to keep it short
@@ -126,10 +127,65 @@ async def run(client: openai.AsyncOpenAI, other: openai.AsyncOpenAI) -> None:
     with pytest.raises(openai.NotFoundError):
         await other.files.content(result_id)
 
+    # reproduced by the CLI with everything pinned: same files, base, resolved hyperparameters (seed
+    # included), and the same loss at every step (CPU training is deterministic for a given seed and data order)
+    copy_id = await reproduce_with_cli(client, job.id, monkeypatch)
+    copy = await until(lambda: client.fine_tuning.jobs.retrieve(copy_id), lambda j: j.status in TERMINAL, 900,
+                       "the reproduced job")
+    assert copy.status == "succeeded" and copy.metadata == {"reproduces": job.id}, copy
+    assert (copy.model_extra["resolved_hyperparameters"], copy.model_extra["base_model_sha256"]) == (
+        job.model_extra["resolved_hyperparameters"], job.model_extra["base_model_sha256"])
+    assert (copy.training_file, copy.model_extra["dataset_version"]) == (job.training_file,
+                                                                           job.model_extra["dataset_version"])
+    copy = await until(lambda: client.fine_tuning.jobs.retrieve(copy.id), lambda j: j.result_files, 60,
+                       "the copy's result_files")
+    again = list(csv.DictReader(io.StringIO((await client.files.content(copy.result_files[0])).text)))
+    # the agent reports a sample of the steps (its stride follows the measured step time): compared on the
+    # steps both reported (the first one always)
+    first, second = ({r["step"]: r["train_loss"] for r in x} for x in (rows, again))
+    common = sorted(set(first) & set(second), key=int)
+    assert len(common) >= 2 and common[0] == str(steps[0]), (common, steps)
+    assert [first[s] for s in common] == [second[s] for s in common], (rows, again)
+    # a pin that no longer holds (the catalog base changed since): refused, nothing created
+    with pytest.raises(openai.ConflictError) as changed:
+        await client.with_options(max_retries=0).fine_tuning.jobs.create(
+            model="tiny-llama", training_file=train.id, extra_body={"base_model_sha256": "0" * 64})
+    assert (changed.value.body["param"], changed.value.body["code"]) == ("base_model_sha256", "base_model_changed")
+
     # delete = archive: the id stays, out of serving
     deleted = await client.models.delete(ftm)
     assert deleted.deleted and deleted.id == ftm
     assert (await client.models.retrieve(ftm)).model_extra["stage"] == "archived"
+
+
+async def refused_for_too_few(client: openai.AsyncOpenAI, file_id: str, auto: dict) -> None:
+    try:
+        job = await client.fine_tuning.jobs.create(model="tiny-llama", training_file=file_id, method={
+            "type": "supervised", "supervised": {"hyperparameters": auto}})
+    except openai.BadRequestError as refused:
+        error = refused.body
+    else:
+        job = await until(lambda: client.fine_tuning.jobs.retrieve(job.id), lambda j: j.status in TERMINAL, 120,
+                          "the 5-example job's refusal")
+        assert job.status == "failed", job
+        error = job.error.model_dump()
+    assert error["param"] == "hyperparameters.n_epochs" and "at least 10" in error["message"], error
+
+
+async def reproduce_with_cli(client: openai.AsyncOpenAI, job_id: str, monkeypatch) -> str:
+    """`whet jobs reproduce JOB` against the gateway; the new job's id (its last line)."""
+    from whetstone.cli.main import main
+
+    monkeypatch.setenv("WHETSTONE_BASE_URL", str(client.base_url).rstrip("/"))
+    monkeypatch.setenv("WHETSTONE_API_KEY", client.api_key)
+    out = io.StringIO()
+
+    def whet() -> int:
+        with contextlib.redirect_stdout(out):
+            return main(["jobs", "reproduce", job_id])
+
+    assert await asyncio.to_thread(whet) == 0, out.getvalue()
+    return out.getvalue().strip().splitlines()[-1]
 
 
 async def answered(client: openai.AsyncOpenAI, model: str):
