@@ -25,7 +25,7 @@ import pytest
 from whetstone.cli.dev import all_service_builders, upstreams_of
 from whetstone.devstack.testing import until
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(1200)]  # two jobs through the whole platform
 TERMINAL = ("succeeded", "failed", "cancelled")
 HELLO = [{"role": "user", "content": "What is 2 + 3?"}]
 
