@@ -162,15 +162,7 @@ def lay_out_for_resolver(root: Path, lora_name: str, adapter_dir: Path, served_b
     template = str(target / TEMPLATE_FILE) if TEMPLATE_FILE in extras else None
     serve = vllm_serve(served_base, config, vision, chat_template=template)
     (staging / SERVE_FILE).write_text(json.dumps(serve.document(), indent=2))
-    old = None
-    if target.exists():
-        old = root / f".{lora_name}.old"
-        shutil.rmtree(old, ignore_errors=True)
-        os.replace(target, old)
-    os.replace(staging, target)
-    if old is not None:
-        shutil.rmtree(old, ignore_errors=True)
-    return target
+    return _swap_in(staging, target)
 
 
 def lay_out_full_model(root: Path, name: str, model_dir: Path, served_name: str, base_model: str) -> Path:
@@ -189,9 +181,14 @@ def lay_out_full_model(root: Path, name: str, model_dir: Path, served_name: str,
     target = root / name
     serve = VllmServeFull(model_dir=str(target), served_model_name=served_name, base_model=base_model)
     (staging / SERVE_FILE).write_text(json.dumps(serve.document(), indent=2))
+    return _swap_in(staging, target)
+
+
+def _swap_in(staging: Path, target: Path) -> Path:
+    """Puts the finished `staging` directory at `target`, replacing what was there by renames only."""
     old = None
     if target.exists():
-        old = root / f".{name}.old"
+        old = target.with_name(f".{target.name}.old")
         shutil.rmtree(old, ignore_errors=True)
         os.replace(target, old)
     os.replace(staging, target)
