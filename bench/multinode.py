@@ -19,8 +19,6 @@ import argparse
 import asyncio
 import json
 import os
-import subprocess
-import sys
 import tempfile
 import time
 from pathlib import Path
@@ -28,7 +26,6 @@ from typing import Any
 
 import httpx
 
-SERVICES = ("INGEST", "SCHEDULER", "TRAINER_AGENT", "EVAL", "REGISTRY", "METERING")
 NO_GATE = {"stages": {"benchmarks": False, "holdout": False, "safety": False, "judge": False}}
 
 
@@ -74,78 +71,26 @@ async def run_job(client, file_id: str, hp: dict[str, Any], resources: dict[str,
 
 
 async def bench(root: Path, n_rows: int, batch: int) -> dict[str, Any]:
-    import openai
-    from whetstone.cli.dev import core_service_builders, upstreams_of
-    from whetstone.cli.keys import create_key
-    from whetstone.contracts import all_topic_partitions
     from whetstone.devstack.multinode import LOSS_TOLERANCE, max_rel_diff
-    from whetstone.devstack.stack import EmbeddedStack
-    from whetstone.gateway.config import GatewaySettings
-    from whetstone.gateway.server import start_gateway
-    from whetstone.modelkit.tiny import build_tiny_model
-    from whetstone.runtime.service import run_services
-    from whetstone.runtime.settings import CommonSettings
+    from whole_platform import running_platform
 
-    stack = EmbeddedStack(root / "stack", topics=all_topic_partitions(), buckets=["whetstone"], log=lambda m: None)
-    endpoints = await asyncio.to_thread(stack.start)
-    agents: list[subprocess.Popen] = []
-    try:
-        os.environ.update({**endpoints.as_env(), "WHETSTONE_DATA_DIR": str(root), "HF_HUB_OFFLINE": "1",
-                           "WHETSTONE_LOG_LEVEL": os.environ.get("WHETSTONE_LOG_LEVEL", "WARNING"),
-                           "WHETSTONE_EVAL_TIERS_MAY_SKIP_SAFETY": '["standard"]',
-                           "WHETSTONE_SCHEDULER_NODE_TIMEOUT_S": "120",   # a loaded machine's slow agent is no lost node
-                           **{f"WHETSTONE_{s}_HTTP_PORT": "0" for s in SERVICES},
-                           **{f"WHETSTONE_TRAINER_AGENT_{k}": v for k, v in {
-                               "ADDRESS": "127.0.0.1", "PROGRESS_INTERVAL_S": "0.01",
-                               "HEARTBEAT_S": "0.5"}.items()}})
-        settings = CommonSettings(log_json=True)
-        await asyncio.to_thread(build_tiny_model, Path(settings.model_catalog) / "tiny-llama", seed=0)
-        for node in ("node-a", "node-b"):
-            agents.append(subprocess.Popen([sys.executable, "-m", "whetstone.trainer_agent"],
-                                           stdout=(root / f"{node}.log").open("wb"), stderr=subprocess.STDOUT,
-                                           env={**os.environ, "WHETSTONE_TRAINER_AGENT_NODE_ID": node}))
-        builders = [b for b in core_service_builders() if not b.__module__.startswith("whetstone.trainer_agent")]
-        stop = asyncio.Event()
-        started: asyncio.Future = asyncio.get_running_loop().create_future()
-        task = asyncio.create_task(run_services([b() for b in builders], settings,
-                                                started.set_result, stop, handle_signals=False))
-        try:
-            await asyncio.wait((task, started), return_when=asyncio.FIRST_COMPLETED)
-            if not started.done():
-                task.result()
-            runtimes = {rt.name: rt for rt in started.result()}
-            upstreams = upstreams_of(runtimes.values())
-            gateway = await start_gateway(GatewaySettings(), upstreams, port=0)
-            try:
-                key = (await asyncio.to_thread(create_key, "demo", name="bench-multinode", scopes=["read", "write"],
-                                               base_url=upstreams["scheduler"]))["key"]
-                client = openai.AsyncOpenAI(base_url=f"{gateway.url}/v1", api_key=key, max_retries=2, timeout=120)
-                pool = runtimes["scheduler"].pool
-                await wait_for(lambda: pool.fetchval("SELECT count(*) FROM scheduler.nodes"), lambda n: n == 2, 120,
-                               "both nodes heartbeating")
-                training = await client.files.create(file=("train.jsonl", rows(n_rows)), purpose="fine-tune")
-                await wait_for(lambda: client.files.retrieve(training.id), lambda f: f.status != "uploaded", 120,
-                               "file validation")
-                # lora_dropout 0: each rank draws its own dropout masks, which a one-process run cannot repeat
-                hp = {"n_epochs": 1, "batch_size": batch, "max_seq_len": 48, "lora_r": 4, "seed": 0,
-                      "learning_rate_multiplier": 2, "checkpoint_every_steps": 1000, "lora_dropout": 0.0}
-                gang = await run_job(client, training.id, hp, {"gpu_type": "cpu", "gpus_per_node": 1, "nodes": 2},
-                                     900)
-                single = await run_job(client, training.id, {**hp, "batch_size": 2 * batch}, None, 900)
-            finally:
-                await gateway.stop()
-        finally:
-            stop.set()
-            await task
-    finally:
-        for agent in agents:
-            agent.terminate()
-        for agent in agents:
-            try:
-                agent.wait(timeout=60)
-            except subprocess.TimeoutExpired:
-                agent.kill()
-        await asyncio.to_thread(stack.stop, discard=True)
+    env = {"WHETSTONE_EVAL_TIERS_MAY_SKIP_SAFETY": '["standard"]',
+           "WHETSTONE_SCHEDULER_NODE_TIMEOUT_S": "120",   # a loaded machine's slow agent is no lost node
+           **{f"WHETSTONE_TRAINER_AGENT_{k}": v for k, v in {
+               "ADDRESS": "127.0.0.1", "PROGRESS_INTERVAL_S": "0.01", "HEARTBEAT_S": "0.5"}.items()}}
+    async with running_platform(root, env=env, agent_nodes=("node-a", "node-b")) as p:
+        client = p.client
+        pool = p.runtimes["scheduler"].pool
+        await wait_for(lambda: pool.fetchval("SELECT count(*) FROM scheduler.nodes"), lambda n: n == 2, 120,
+                       "both nodes heartbeating")
+        training = await client.files.create(file=("train.jsonl", rows(n_rows)), purpose="fine-tune")
+        await wait_for(lambda: client.files.retrieve(training.id), lambda f: f.status != "uploaded", 120,
+                       "file validation")
+        # lora_dropout 0: each rank draws its own dropout masks, which a one-process run cannot repeat
+        hp = {"n_epochs": 1, "batch_size": batch, "max_seq_len": 48, "lora_r": 4, "seed": 0,
+              "learning_rate_multiplier": 2, "checkpoint_every_steps": 1000, "lora_dropout": 0.0}
+        gang = await run_job(client, training.id, hp, {"gpu_type": "cpu", "gpus_per_node": 1, "nodes": 2}, 900)
+        single = await run_job(client, training.id, {**hp, "batch_size": 2 * batch}, None, 900)
     charged = [s for s in gang["segments"] if s["entry"] == "charge"]
     return {"gang": gang, "single": single, "nodes": 2, "status": gang["status"],
             "loss_max_rel_diff": max_rel_diff(gang["losses"], single["losses"]), "tolerance": LOSS_TOLERANCE,

@@ -1,4 +1,4 @@
-"""Reinforcement fine-tuning on this CPU, through the real platform (bench/rft_platform.py).
+"""Reinforcement fine-tuning on this CPU, through the real platform (bench/whole_platform.py).
 
 Task: answer any prompt with the row's `target` ("the the the the the the the the"). Grader: a
 multi grader, 0.8 x `fuzzy_match` + 0.2 x `rouge_1` between `{{sample.output_text}}` and
@@ -54,7 +54,7 @@ os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
 os.environ.setdefault("TQDM_DISABLE", "1")
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from rft_platform import RunningPlatform, jsonl, running_platform
+from whole_platform import RunningPlatform, jsonl, running_platform
 
 TARGET = " ".join(["the"] * 8)
 PARTS = {"close": {"type": "text_similarity", "name": "close", "input": "{{sample.output_text}}",
