@@ -10,7 +10,8 @@ reference asks for one node with micro-batch 2B. The loss curves come from each 
 
 Last line JSON: nodes, status, loss_max_rel_diff, tolerance, billed_node_segments (node segments metering
 billed for the gang job: its segment lines' gpu_count / gpus_per_node, each line a charge), plus
-steps, wall times and the load average.
+steps_within_tolerance and rel_diff_by_step (the two curves step by step), rows_kept (the training rows
+ingest kept), steps, wall times and the load average.
 """
 
 from __future__ import annotations
@@ -84,16 +85,20 @@ async def bench(root: Path, n_rows: int, batch: int) -> dict[str, Any]:
         await wait_for(lambda: pool.fetchval("SELECT count(*) FROM scheduler.nodes"), lambda n: n == 2, 120,
                        "both nodes heartbeating")
         training = await client.files.create(file=("train.jsonl", rows(n_rows)), purpose="fine-tune")
-        await wait_for(lambda: client.files.retrieve(training.id), lambda f: f.status != "uploaded", 120,
-                       "file validation")
+        checked = await wait_for(lambda: client.files.retrieve(training.id), lambda f: f.status != "uploaded", 120,
+                                 "file validation")
+        kept = int((checked.model_extra or {}).get("validation", {}).get("rows_kept") or n_rows)
         # lora_dropout 0: each rank draws its own dropout masks, which a one-process run cannot repeat
         hp = {"n_epochs": 1, "batch_size": batch, "max_seq_len": 48, "lora_r": 4, "seed": 0,
               "learning_rate_multiplier": 2, "checkpoint_every_steps": 1000, "lora_dropout": 0.0}
         gang = await run_job(client, training.id, hp, {"gpu_type": "cpu", "gpus_per_node": 1, "nodes": 2}, 900)
         single = await run_job(client, training.id, {**hp, "batch_size": 2 * batch}, None, 900)
+    per_step = [max_rel_diff([a], [b]) for a, b in zip(gang["losses"], single["losses"], strict=False)]
     charged = [s for s in gang["segments"] if s["entry"] == "charge"]
     return {"gang": gang, "single": single, "nodes": 2, "status": gang["status"],
             "loss_max_rel_diff": max_rel_diff(gang["losses"], single["losses"]), "tolerance": LOSS_TOLERANCE,
+            "steps_within_tolerance": sum(d <= LOSS_TOLERANCE for d in per_step),
+            "rel_diff_by_step": [float(f"{d:.2g}") for d in per_step], "rows_kept": kept,
             "billed_node_segments": sum(s["gpu_count"] for s in charged),
             "steps": len(gang["losses"]), "gang_wall_s": gang["wall_s"], "single_wall_s": single["wall_s"],
             "load_avg": round(os.getloadavg()[0], 2)}
