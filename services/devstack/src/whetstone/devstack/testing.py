@@ -38,20 +38,6 @@ def pytest_configure(config: pytest.Config) -> None:
         config._whetstone_temp_root = root  # type: ignore[attr-defined]
 
 
-def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Groups for pytest-xdist (`make test` runs two workers with `--dist loadgroup`): the
-    whole-platform tests of `tests/integration` and `tests/e2e` form one group that runs on one worker,
-    one after another, while the other worker takes the rest, a module at a time (so that a module's
-    own fixtures, such as a trained model or a browser, are built once)."""
-    root = Path(str(config.rootpath))
-    platform = (root / "tests" / "integration", root / "tests" / "e2e")
-    for item in items:
-        path = Path(str(item.path))
-        group = "platform" if path.is_relative_to(platform[0]) or path.is_relative_to(platform[1]) \
-            else str(path.relative_to(root)) if path.is_relative_to(root) else str(path)
-        item.add_marker(pytest.mark.xdist_group(group))
-
-
 def pytest_unconfigure(config: pytest.Config) -> None:
     root = getattr(config, "_whetstone_temp_root", None)
     if root is not None:
