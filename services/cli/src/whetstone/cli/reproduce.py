@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from pydantic import BaseModel, ConfigDict
 from whetstone.contracts import Hyperparameters
 
 from .errors import BadInput
@@ -17,31 +18,52 @@ from .errors import BadInput
 METADATA_LIMIT = 16   # OpenAI's: pairs per job
 
 
-def reproduce_body(job: dict[str, Any]) -> dict[str, Any]:
-    job_id = job.get("id")
-    resolved = job.get("resolved_hyperparameters")
-    if not resolved or not job.get("base_model_sha256"):
-        raise BadInput(f"job {job_id} was never admitted (state {job.get('state')!r}): it has no resolved "
+class _Method(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+    type: str | None = None
+    whetstone: dict[str, Any] | None = None     # {"method": <the platform's own method name>}
+
+
+class _JobAnswer(BaseModel):
+    """The fields of the API's job object that a reproduction pins (the rest is ignored)."""
+    model_config = ConfigDict(extra="ignore")
+    id: str
+    state: str | None = None
+    model: str
+    training_file: str
+    validation_file: str | None = None
+    user_provided_suffix: str | None = None
+    method: _Method = _Method()
+    resolved_hyperparameters: dict[str, Any] | None = None
+    base_model_sha256: str | None = None
+    metadata: dict[str, str] | None = None
+    eval_config: dict[str, Any] | None = None
+    tier: str | None = None
+    integrations: list[dict[str, Any]] | None = None
+
+
+def reproduce_body(answer: dict[str, Any]) -> dict[str, Any]:
+    job = _JobAnswer.model_validate(answer)
+    resolved = job.resolved_hyperparameters
+    if not resolved or not job.base_model_sha256:
+        raise BadInput(f"job {job.id} was never admitted (state {job.state!r}): it has no resolved "
                        "hyperparameters or pinned base model to reproduce")
-    method = job.get("method") or {}
-    family = method.get("type")
+    family = job.method.type
     if family not in ("supervised", "dpo"):
-        raise BadInput(f"job {job_id}: reproduce covers supervised and dpo jobs, not method {family!r}")
-    platform = (method.get("whetstone") or {}).get("method")
+        raise BadInput(f"job {job.id}: reproduce covers supervised and dpo jobs, not method {family!r}")
+    platform = (job.method.whetstone or {}).get("method")
     # the knobs the API takes, as admission resolved them (gradient checkpointing and the batch geometry included)
     hp = {k: v for k, v in resolved.items() if k in Hyperparameters.model_fields and v is not None}
     spec: dict[str, Any] = {"type": family, family: {"hyperparameters": hp}}
     if platform:
         spec["whetstone"] = {"method": platform}
-    metadata = dict(job.get("metadata") or {})
-    metadata["reproduces"] = str(job_id)
+    metadata = {**(job.metadata or {}), "reproduces": job.id}
     if len(metadata) > METADATA_LIMIT:
-        raise BadInput(f"job {job_id} has {len(metadata) - 1} metadata pairs: no room for 'reproduces' "
+        raise BadInput(f"job {job.id} has {len(metadata) - 1} metadata pairs: no room for 'reproduces' "
                        f"(at most {METADATA_LIMIT})")
-    body: dict[str, Any] = {"model": job["model"], "training_file": job["training_file"], "method": spec,
-                            "base_model_sha256": job["base_model_sha256"], "metadata": metadata}
-    optional = {"validation_file": job.get("validation_file"), "suffix": job.get("user_provided_suffix"),
-                "eval_config": job.get("eval_config"), "tier": job.get("tier"),
-                "integrations": job.get("integrations") or None}
+    body: dict[str, Any] = {"model": job.model, "training_file": job.training_file, "method": spec,
+                            "base_model_sha256": job.base_model_sha256, "metadata": metadata}
+    optional = {"validation_file": job.validation_file, "suffix": job.user_provided_suffix,
+                "eval_config": job.eval_config, "tier": job.tier, "integrations": job.integrations or None}
     body.update({k: v for k, v in optional.items() if v is not None})
     return body
