@@ -33,7 +33,8 @@ test: venv
 	sh deploy/tools/ensure-prometheus.sh  # prometheus + promtool for tests/ops (Debian package)
 	sh deploy/tools/ensure-bubblewrap.sh  # bwrap, the sandbox of python graders (Debian package)
 	sh deploy/tools/ensure-chromium.sh    # headless chromium for tests/console (Debian package)
-	$(BIN)/python -m pytest --durations=30
+	# two workers; a module's tests (and its module-scoped fixtures) stay on one worker
+	$(BIN)/python -m pytest -n 2 --dist loadscope --durations=30
 
 test-unit: venv
 	$(BIN)/python -m pytest -m unit

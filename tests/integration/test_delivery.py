@@ -96,7 +96,11 @@ async def test_job_preempted_thrice_requeues_once(platform, settings, fake_model
         await settle(rt, "job.preempted")
         requeued = [e for e in await outbox(rt, "job.queued") if e["payload"]["requeued"]]
         assert len(requeued) == 1
-        assigned = await wait_until(lambda: outbox(rt, "job.assigned"), 10)
+        async def resume_placed() -> list[dict] | None:
+            found = await outbox(rt, "job.assigned")
+            return found if len(found) >= 2 else None
+
+        assigned = await wait_until(resume_placed, 30, "the resume placement")
         assert len(assigned) == 2  # first placement + exactly one resume placement
         second = assigned[1]["payload"]
         assert second["attempt"] == 2 and second["resume_from"]["step"] == 10

@@ -25,7 +25,7 @@ def read_rows(path: Path) -> list[list[dict]]:
 
 
 def run_recipe(config: dict, workdir: Path, *, sigterm_after_step: int | None = None) -> RecipeRun:
-    return run_subprocess(config, workdir, sigterm_after_step=sigterm_after_step, timeout_s=120)
+    return run_subprocess(config, workdir, sigterm_after_step=sigterm_after_step, timeout_s=600)
 
 
 # --------------------------------------------------------------------------- tests

@@ -10,6 +10,7 @@ import concurrent.futures
 import importlib.util
 import os
 import queue
+import random
 import shutil
 import signal
 import socket
@@ -207,13 +208,24 @@ def _tail(path: Path, lines: int = LOG_TAIL_LINES) -> str:
 # --- helpers --------------------------------------------------------------------------------------
 
 
+# Below Linux's default ephemeral range (32768-60999): the kernel never hands these to an outgoing
+# connection, so a child restarted on its old port (S3, PostgreSQL, the broker) finds it still free
+# while other stacks, tests or pytest workers on the machine open connections in the meantime.
+_STACK_PORTS = range(20000, 32768)
+_PORT_CHOICE = random.SystemRandom()  # independent of any seed a test or a library sets
+
+
 def _free_ports(count: int) -> list[int]:
-    """`count` distinct TCP ports that are free on 127.0.0.1 right now."""
+    """`count` distinct TCP ports, chosen at random outside the ephemeral range, free on 127.0.0.1 now."""
     sockets: list[socket.socket] = []
     try:
-        for _ in range(count):
+        while len(sockets) < count:
             sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-            sock.bind(("127.0.0.1", 0))
+            try:
+                sock.bind(("127.0.0.1", _PORT_CHOICE.choice(_STACK_PORTS)))
+            except OSError:
+                sock.close()
+                continue
             sockets.append(sock)
         return [sock.getsockname()[1] for sock in sockets]
     finally:
