@@ -33,8 +33,9 @@ test: venv
 	sh deploy/tools/ensure-prometheus.sh  # prometheus + promtool for tests/ops (Debian package)
 	sh deploy/tools/ensure-bubblewrap.sh  # bwrap, the sandbox of python graders (Debian package)
 	sh deploy/tools/ensure-chromium.sh    # headless chromium for tests/console (Debian package)
-	# two workers; a module's tests (and its module-scoped fixtures) stay on one worker
-	$(BIN)/python -m pytest -n 2 --dist loadscope --durations=30
+	# two workers; a module's tests (and its module-scoped fixtures) stay on one worker; one torch thread per
+	# process, since two workers' intra-op threads oversubscribing the cores make each step wait on a descheduled peer
+	OMP_NUM_THREADS=1 MKL_NUM_THREADS=1 $(BIN)/python -m pytest -n 2 --dist loadscope --durations=30
 
 test-unit: venv
 	$(BIN)/python -m pytest -m unit
