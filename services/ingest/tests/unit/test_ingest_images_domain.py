@@ -7,6 +7,7 @@ import pytest
 from whetstone.ingest.domain.chat import check_messages, normalize_messages, row_images
 from whetstone.ingest.domain.images import (ImageFacts, ImageLimits, ImagePart, image_similarity, judge,
                                             openai_image_tokens, parse_data_url, sniff_format)
+from whetstone.ingest.domain.normal import ChatRow
 from whetstone.ingest.domain.rows import apply_pii
 from whetstone.ingest.domain.schemas import canonical_text
 
@@ -81,7 +82,7 @@ def test_normalised_image_rows_keep_their_parts_and_text_checks_see_marks():
     assert canonical_text({"messages": messages}) == "look\n<image>\nok"
     # PII is scanned and redacted in text parts only, never in the image data
     messages[0]["content"][0]["text"] = "mail me at jane.doe@example.com"
-    found = apply_pii({"messages": messages}, "redact")
+    found = apply_pii(ChatRow(messages), "redact")
     assert found.counts == {"email": 1}
-    redacted = found.row["messages"][0]["content"]
+    redacted = found.row.messages[0]["content"]
     assert "jane.doe" not in redacted[0]["text"] and redacted[1]["image_url"]["url"] == URL

@@ -7,6 +7,7 @@ import pytest
 from whetstone.ingest.domain.chat import check_messages
 from whetstone.ingest.domain.issues import ERROR_CODES, WARNING_CODES, Issue, IssueLog
 from whetstone.ingest.domain.layouts import LAYOUTS, RowFacts, choose, key_issues
+from whetstone.ingest.domain.normal import ChatRow, PreferenceRow, TextRow
 from whetstone.ingest.domain.rows import LayoutGate, apply_pii, map_contents, parse_json_line, role_counts
 from whetstone.ingest.domain.schemas import canonical_text, default_purpose, normalize_preference, row_messages
 from whetstone.ingest.domain.suggest import closest, edit_distance
@@ -132,8 +133,8 @@ def test_purpose_decides_between_layouts_that_both_fit():
     default = choose(ultra, None, None)
     assert default.layout.name == "openai_chat" and default.alternatives == ("trl_preference",)
     gate, got = read(ultra, "dpo")
-    assert got.out == {"prompt": [{"role": "user", "content": "q"}], "chosen": [A],
-                       "rejected": [{**A, "content": "no"}]}  # the sides no longer repeat the prompt
+    assert got.out == PreferenceRow(prompt=[{"role": "user", "content": "q"}], chosen=[A],
+                                    rejected=[{**A, "content": "no"}])  # the sides no longer repeat the prompt
     assert gate.facts.ignored == {"messages": 1, "prompt_id": 1, "score_chosen": 1}
 
 
@@ -181,7 +182,7 @@ def test_layout_errors(row, layout, expected):
 
 def test_normalized_rows():
     def norm(row, layout):
-        return LAYOUTS[layout].normalize(row)
+        return LAYOUTS[layout].normalize(row).as_json()
     assert norm({"prompt": "p", "completion": "c"}, "prompt_completion") == {
         "messages": [{"role": "user", "content": "p"}, {"role": "assistant", "content": "c"}]}
     assert norm({"instruction": "Do", "input": "this", "output": "ok"}, "alpaca")["messages"][0] == \
@@ -193,7 +194,7 @@ def test_normalized_rows():
     assert pref == {"prompt": [{"role": "user", "content": "q"}], "chosen": [{"role": "assistant", "content": "a"}],
                     "rejected": [{"role": "assistant", "content": "b"}]}
     implicit = normalize_preference(None, [U, A], [U, {"role": "assistant", "content": "no"}])
-    assert implicit["prompt"] == [U] and implicit["chosen"] == [A]
+    assert implicit.prompt == [U] and implicit.chosen == [A]
     assert norm({"text": "t"}, "text") == {"text": "t"}
     two = [{"type": "text", "text": "a"}, {"type": "text", "text": "b"}]
     parts = norm({"messages": [{"role": "user", "content": two},
@@ -215,8 +216,8 @@ def test_layout_gate_fixes_the_schema_and_rejects_mixed_rows():
     assert gate.read({"messages": [U, A]}, 1).issues == []
     assert gate.purpose == "sft"
     share = gate.read({"conversations": [{"from": "human", "value": "q"}, {"from": "gpt", "value": "a"}]}, 2)
-    assert share.issues == [] and share.out == {"messages": [{"role": "user", "content": "q"},
-                                                              {"role": "assistant", "content": "a"}]}
+    assert share.issues == [] and share.out == ChatRow([{"role": "user", "content": "q"},
+                                                         {"role": "assistant", "content": "a"}])
     issues = gate.read({"prompt": "p", "completion": "c"}, 3).issues
     assert codes(issues) == ["mixed_schema"] and "line 1" in issues[0].message
     assert codes(gate.read({"nothing": 1}, 4).issues) == ["unknown_schema"]
@@ -240,21 +241,21 @@ def test_key_issues_count_ignored_keys():
 
 def test_text_and_roles_of_rows():
     pref = normalize_preference("q", "a", "b")
-    assert canonical_text(pref) == "q\na\nb"
+    assert canonical_text(pref.as_json()) == "q\na\nb"
     assert [m["role"] for m in row_messages(pref)] == ["user", "assistant", "assistant"]
-    assert role_counts({"messages": [S, U, A, U, A]}) == {"system": 1, "user": 2, "assistant": 2}
-    assert role_counts({"text": "x"}) == {"text": 1}
-    assert map_contents({"text": "ab"}, str.upper) == {"text": "AB"}
+    assert role_counts(ChatRow([S, U, A, U, A])) == {"system": 1, "user": 2, "assistant": 2}
+    assert role_counts(TextRow("x")) == {"text": 1}
+    assert map_contents(TextRow("ab"), str.upper) == TextRow("AB")
     call = {"messages": [U, {"role": "assistant", "content": "", "tool_calls": [
         {"type": "function", "function": {"name": "f", "arguments": '{"a": 1}'}}]}]}
     assert canonical_text(call) == 'hi\nf({"a": 1})'  # tool calls count for dedup and screening
 
 
 def test_pii_redaction_keeps_weights_and_other_keys():
-    out = {"messages": [U, {"role": "assistant", "content": "mail bob@example.com", "weight": 1}]}
+    out = ChatRow([U, {"role": "assistant", "content": "mail bob@example.com", "weight": 1}])
     result = apply_pii(out, "redact")
     assert result.counts == {"email": 1}
-    assert result.row["messages"][1] == {"role": "assistant", "content": "mail [EMAIL]", "weight": 1}
+    assert result.row.messages[1] == {"role": "assistant", "content": "mail [EMAIL]", "weight": 1}
     assert apply_pii(out, "warn").row is out
 
 
@@ -280,10 +281,10 @@ def test_llama_factory_function_calling_sharegpt():
            "tools": json.dumps([{"name": "get_weather", "parameters": {"type": "object"}}])}
     gate, got = read(row)
     assert got.issues == []
-    assert got.out["messages"][1] == {"role": "assistant", "content": "", "tool_calls": [
+    assert got.out.messages[1] == {"role": "assistant", "content": "", "tool_calls": [
         {"type": "function", "function": {"name": "get_weather", "arguments": '{"city": "Paris"}'}}]}
-    assert got.out["messages"][2] == {"role": "tool", "content": "18C"}
-    assert got.out["tools"] == [{"type": "function", "function": {"name": "get_weather",
+    assert got.out.messages[2] == {"role": "tool", "content": "18C"}
+    assert got.out.tools == [{"type": "function", "function": {"name": "get_weather",
                                                                   "parameters": {"type": "object"}}}]
     assert gate.role_mapping()["sharegpt"] == {"human": "user", "function_call": "assistant", "observation": "tool",
                                                "gpt": "assistant"}

@@ -18,9 +18,8 @@ import json
 import struct
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
-
 from ..domain.chat import uses_tools
+from ..domain.normal import ChatRow, NormalRow, PreferenceRow
 
 DEFAULT_MAX_SEQ_LEN = 4096
 _IGNORE = -100
@@ -53,7 +52,7 @@ class Tokenized:
     tokens: int                  # tokens kept (after truncation), both sequences for a preference pair
     longest: int                 # the longest single sequence (what max_seq_len limits)
     trained: int                 # tokens with a label
-    record: dict[str, Any]       # input_ids / labels (truncated when asked)
+    record: dict[str, list[int]]     # input_ids / labels (truncated when asked)
 
 
 def tokenizer_fingerprint(tok) -> str:
@@ -207,19 +206,18 @@ class BaseModelTokenizer:
             ids.append(self.tok.eos_token_id)
         return {"input_ids": ids, "labels": list(ids)}
 
-    def tokenize(self, out: dict, max_len: int | None = None) -> Tokenized:
+    def tokenize(self, out: NormalRow, max_len: int | None = None) -> Tokenized:
         """Token ids and labels of a normalized row; sequences cut to `max_len` when given.
         Raises ValueError (or the template's own error) when the row cannot be rendered."""
-        tools = out.get("tools")
-        if "messages" in out:
-            seqs = {"": self._chat(out["messages"], tools)}
-        elif "chosen" in out:
-            seqs = {"chosen_": self._chat(out["prompt"] + out["chosen"], tools),
-                    "rejected_": self._chat(out["prompt"] + out["rejected"], tools)}
+        if isinstance(out, ChatRow):
+            seqs = {"": self._chat(out.messages, out.tools)}
+        elif isinstance(out, PreferenceRow):
+            seqs = {"chosen_": self._chat(out.prompt + out.chosen, out.tools),
+                    "rejected_": self._chat(out.prompt + out.rejected, out.tools)}
         else:
-            seqs = {"": self._text(out["text"])}
+            seqs = {"": self._text(out.text)}
         longest = max(len(s["input_ids"]) for s in seqs.values())
-        record: dict[str, Any] = {}
+        record: dict[str, list[int]] = {}
         tokens = trained = 0
         for prefix, s in seqs.items():
             ids, labels = s["input_ids"][:max_len], s["labels"][:max_len]
@@ -228,13 +226,13 @@ class BaseModelTokenizer:
             trained += sum(1 for x in labels if x != _IGNORE)
         return Tokenized(tokens, longest, trained, record)
 
-    def preview(self, out: dict) -> str:
+    def preview(self, out: NormalRow) -> str:
         """The row rendered with the chat template, trained tokens wrapped in [[ ]]."""
         from whetstone.modelkit.chat import mask_preview  # noqa: PLC0415
 
-        kwargs = {"tools": out["tools"]} if out.get("tools") else {}
-        if "messages" in out:
-            return mask_preview(self.tok, self._vision_messages(out["messages"])[0], **kwargs)
-        if "chosen" in out:
-            return mask_preview(self.tok, out["prompt"] + out["chosen"], **kwargs)
-        return f"[[{out['text']}]]"
+        kwargs = {"tools": out.tools} if out.tools else {}
+        if isinstance(out, ChatRow):
+            return mask_preview(self.tok, self._vision_messages(out.messages)[0], **kwargs)
+        if isinstance(out, PreferenceRow):
+            return mask_preview(self.tok, out.prompt + out.chosen, **kwargs)
+        return f"[[{out.text}]]"

@@ -28,12 +28,13 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from .chat import check_messages, check_tools, normalize_messages, normalize_tools
 from .issues import Issue
 from .jsontypes import JsonObject
+from .normal import ChatRow, NormalRow, TextRow
 from .schemas import PURPOSE_SCHEMAS, Schema, normalize_preference
 from .suggest import closest
 
@@ -58,7 +59,7 @@ class RowFacts:
 
 
 Validator = Callable[[JsonObject, int, RowFacts], list[Issue]]
-Normaliser = Callable[[JsonObject], JsonObject]
+Normaliser = Callable[[JsonObject], NormalRow]
 
 
 @dataclass(frozen=True)
@@ -107,11 +108,10 @@ def _check_tools_key(row: JsonObject, line: int, path: str = "tools") -> list[Is
     return check_tools(tools, line, path) if tools not in (None, [], "") else []
 
 
-def _with_tools(out: JsonObject, row: JsonObject) -> JsonObject:
+def _normal_tools(row: JsonObject) -> list[Any] | None:
+    """The row's tool definitions in OpenAI's shape; None when it declares none."""
     tools = _tools_of(row.get("tools"))
-    if tools:
-        out["tools"] = normalize_tools(tools)
-    return out
+    return normalize_tools(tools) if tools else None
 
 
 # ------------------------------------------------------------------------ openai chat
@@ -121,8 +121,8 @@ def _v_chat(row: JsonObject, line: int, facts: RowFacts) -> list[Issue]:
     return check_messages(row["messages"], line, ignore=facts.ignore, images=True) + _check_tools_key(row, line)
 
 
-def _n_chat(row: JsonObject) -> JsonObject:
-    return _with_tools({"messages": normalize_messages(row["messages"])}, row)
+def _n_chat(row: JsonObject) -> NormalRow:
+    return ChatRow(normalize_messages(row["messages"]), _normal_tools(row))
 
 
 # ------------------------------------------------------------------- openai rft
@@ -142,8 +142,8 @@ def _v_rft(row: JsonObject, line: int, facts: RowFacts) -> list[Issue]:
     return issues
 
 
-def _n_rft(row: JsonObject) -> JsonObject:
-    return {**row, "messages": normalize_messages(row["messages"])}
+def _n_rft(row: JsonObject) -> NormalRow:
+    return ChatRow(normalize_messages(row["messages"]), row.get("tools") or None, item=row)
 
 
 def ends_with_user(row: JsonObject) -> bool:
@@ -227,8 +227,8 @@ def _v_sharegpt(row: JsonObject, line: int, facts: RowFacts) -> list[Issue]:
     return check_messages(_sharegpt_messages(row), line, "conversations", ignore=facts.ignore)
 
 
-def _n_sharegpt(row: JsonObject) -> JsonObject:
-    return _with_tools({"messages": normalize_messages(_sharegpt_messages(row))}, row)
+def _n_sharegpt(row: JsonObject) -> NormalRow:
+    return ChatRow(normalize_messages(_sharegpt_messages(row)), _normal_tools(row))
 
 
 # ------------------------------------------------------------------------- preference
@@ -252,9 +252,9 @@ def _v_preference_sides(prompt: Any, chosen: Any, rejected: Any, line: int, fact
     if prompt is None and not (isinstance(chosen, list) and isinstance(rejected, list)):
         return [Issue("missing_key", f"missing `{p_name}` (text answers need a prompt)", line, p_name)]
     pair = normalize_preference(prompt, chosen, rejected)
-    if pair["chosen"] == pair["rejected"]:
+    if pair.chosen == pair.rejected:
         return [Issue("chosen_equals_rejected", f"{c_name} and {r_name} are identical", line)]
-    if not pair["prompt"]:
+    if not pair.prompt:
         return [Issue("missing_key", f"{c_name} and {r_name} share no prompt", line, p_name)]
     return []
 
@@ -264,9 +264,8 @@ def _v_trl(row: JsonObject, line: int, facts: RowFacts) -> list[Issue]:
                                ("prompt", "chosen", "rejected"))
 
 
-def _n_trl(row: JsonObject) -> JsonObject:
-    pair = normalize_preference(row.get("prompt"), row["chosen"], row["rejected"])
-    return {side: normalize_messages(messages) for side, messages in pair.items()}
+def _n_trl(row: JsonObject) -> NormalRow:
+    return normalize_preference(row.get("prompt"), row["chosen"], row["rejected"]).map_messages(normalize_messages)
 
 
 def _v_openai_dpo(row: JsonObject, line: int, facts: RowFacts) -> list[Issue]:
@@ -284,10 +283,10 @@ def _v_openai_dpo(row: JsonObject, line: int, facts: RowFacts) -> list[Issue]:
                                          line, facts, ("input.messages", "preferred_output", "non_preferred_output"))
 
 
-def _n_openai_dpo(row: JsonObject) -> JsonObject:
-    pair = normalize_preference(row["input"]["messages"], row["preferred_output"], row["non_preferred_output"])
-    pair = {side: normalize_messages(messages) for side, messages in pair.items()}
-    return _with_tools(pair, row["input"])
+def _n_openai_dpo(row: JsonObject) -> NormalRow:
+    source = row["input"]
+    pair = normalize_preference(source["messages"], row["preferred_output"], row["non_preferred_output"])
+    return replace(pair.map_messages(normalize_messages), tools=_normal_tools(source))
 
 
 # ----------------------------------------------------------------- alpaca and prompt/completion
@@ -304,29 +303,28 @@ def _v_alpaca(row: JsonObject, line: int, facts: RowFacts) -> list[Issue]:
     return issues
 
 
-def _n_alpaca(row: JsonObject) -> JsonObject:
+def _n_alpaca(row: JsonObject) -> NormalRow:
     messages = [{"role": "system", "content": row["system"]}] if (row.get("system") or "").strip() else []
     for question, answer in row.get("history") or ():
         messages += [{"role": "user", "content": question}, {"role": "assistant", "content": answer}]
     user = row["instruction"] if not row.get("input") else f"{row['instruction']}\n\n{row['input']}"
-    return {"messages": [*messages, {"role": "user", "content": user}, {"role": "assistant", "content": row["output"]}]}
+    return ChatRow([*messages, {"role": "user", "content": user}, {"role": "assistant", "content": row["output"]}])
 
 
 def _v_prompt_completion(row: JsonObject, line: int, facts: RowFacts) -> list[Issue]:
     return _text(row, "prompt", line) + _text(row, "completion", line)
 
 
-def _n_prompt_completion(row: JsonObject) -> JsonObject:
-    return {"messages": [{"role": "user", "content": row["prompt"]},
-                         {"role": "assistant", "content": row["completion"]}]}
+def _n_prompt_completion(row: JsonObject) -> NormalRow:
+    return ChatRow([{"role": "user", "content": row["prompt"]}, {"role": "assistant", "content": row["completion"]}])
 
 
 def _v_text(row: JsonObject, line: int, facts: RowFacts) -> list[Issue]:
     return _text(row, "text", line)
 
 
-def _n_text(row: JsonObject) -> JsonObject:
-    return {"text": row["text"]}
+def _n_text(row: JsonObject) -> NormalRow:
+    return TextRow(row["text"])
 
 
 def _f(*keys: str) -> frozenset[str]:

@@ -12,6 +12,7 @@ from .chat import part_text
 from .issues import Issue
 from .jsontypes import JsonObject
 from .layouts import LAYOUTS, Layout, RowFacts, choose, key_issues
+from .normal import NormalRow, TextRow
 from .schemas import PURPOSE_SCHEMAS, default_purpose
 
 BOM = b"\xef\xbb\xbf"
@@ -71,7 +72,7 @@ class Read:
 
     layout: Layout | None
     issues: list[Issue]
-    out: JsonObject | None = None
+    out: NormalRow | None = None
 
 
 @dataclass
@@ -150,21 +151,17 @@ def _map_message(m: JsonObject, fn: Callable[[str], str]) -> JsonObject:
     return out
 
 
-def map_contents(out: JsonObject, fn: Callable[[str], str]) -> JsonObject:
+def map_contents(out: NormalRow, fn: Callable[[str], str]) -> NormalRow:
     """A normalized row with `fn` applied to every message content and tool-call arguments (or the text)."""
-    def msgs(ms: list[JsonObject]) -> list[JsonObject]:
-        return [_map_message(m, fn) for m in ms]
-    if "messages" in out:
-        return {**out, "messages": msgs(out["messages"])}
-    if "chosen" in out:
-        return {**out, "prompt": msgs(out["prompt"]), "chosen": msgs(out["chosen"]), "rejected": msgs(out["rejected"])}
-    return {"text": fn(out["text"])}
+    if isinstance(out, TextRow):
+        return TextRow(fn(out.text))
+    return out.map_messages(lambda ms: [_map_message(m, fn) for m in ms])
 
 
-def contents(out: JsonObject) -> list[str]:
-    if "text" in out:
-        return [out["text"]]
-    messages = out["messages"] if "messages" in out else [m for s in ("prompt", "chosen", "rejected") for m in out[s]]
+def contents(out: NormalRow) -> list[str]:
+    if isinstance(out, TextRow):
+        return [out.text]
+    messages = out.all_messages()
     texts = [m["content"] if type(m["content"]) is str else part_text(m["content"]) for m in messages]
     for m in messages:
         texts += [c["function"]["arguments"] for c in m.get("tool_calls") or ()]
@@ -173,11 +170,11 @@ def contents(out: JsonObject) -> list[str]:
 
 @dataclass
 class PiiResult:
-    row: JsonObject
+    row: NormalRow
     counts: dict[str, int]
 
 
-def apply_pii(out: JsonObject, policy: str) -> PiiResult:
+def apply_pii(out: NormalRow, policy: str) -> PiiResult:
     """Scan every content; with policy 'redact' the returned row has placeholders instead."""
     counts: dict[str, int] = {}
     found: dict[str, list[pii.PiiMatch]] = {}
@@ -196,11 +193,10 @@ def apply_pii(out: JsonObject, policy: str) -> PiiResult:
     return PiiResult(out, counts)
 
 
-def role_counts(out: JsonObject) -> dict[str, int]:
-    counts: dict[str, int] = {}
-    if "text" in out:
+def role_counts(out: NormalRow) -> dict[str, int]:
+    if isinstance(out, TextRow):
         return {"text": 1}
-    for side in ("messages", "prompt", "chosen", "rejected"):
-        for m in out.get(side, ()):
-            counts[m["role"]] = counts.get(m["role"], 0) + 1
+    counts: dict[str, int] = {}
+    for m in out.all_messages():
+        counts[m["role"]] = counts.get(m["role"], 0) + 1
     return counts

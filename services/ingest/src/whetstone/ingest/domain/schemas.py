@@ -23,6 +23,7 @@ from whetstone.contracts import Purpose
 
 from .chat import message_text
 from .jsontypes import JsonObject
+from .normal import NormalRow, PreferenceRow, TextRow, written_row
 
 
 class Schema(StrEnum):
@@ -58,7 +59,7 @@ def _as_messages(value: str | list[Any], role: str) -> list[JsonObject]:
 
 
 def normalize_preference(prompt: str | list[Any] | None, chosen: str | list[Any],
-                         rejected: str | list[Any]) -> JsonObject:
+                         rejected: str | list[Any]) -> PreferenceRow:
     """Explicit conversational form: prompt, chosen and rejected as message lists.
 
     Without a prompt, the two conversations' longest common prefix is the prompt (TRL's
@@ -70,24 +71,21 @@ def normalize_preference(prompt: str | list[Any] | None, chosen: str | list[Any]
         n = len(head)
         if chosen[:n] == head and rejected[:n] == head and len(chosen) > n and len(rejected) > n:
             chosen, rejected = chosen[n:], rejected[n:]
-        return {"prompt": head, "chosen": chosen, "rejected": rejected}
+        return PreferenceRow(head, chosen, rejected)
     shared = 0
     while shared < min(len(chosen), len(rejected)) and chosen[shared] == rejected[shared]:
         shared += 1
-    return {"prompt": chosen[:shared], "chosen": chosen[shared:], "rejected": rejected[shared:]}
+    return PreferenceRow(chosen[:shared], chosen[shared:], rejected[shared:])
 
 
-def row_messages(out: JsonObject) -> list[JsonObject]:
+def row_messages(out: NormalRow) -> list[JsonObject]:
     """Every message of a normalized row, in order (a text row is one message)."""
-    if "messages" in out:
-        messages: list[JsonObject] = out["messages"]
-        return messages
-    if "chosen" in out:
-        return [*out["prompt"], *out["chosen"], *out["rejected"]]
-    return [{"role": "text", "content": out["text"]}]
+    if isinstance(out, TextRow):
+        return [{"role": "text", "content": out.text}]
+    return out.all_messages()
 
 
-def text_messages(out: JsonObject) -> list[JsonObject]:
+def text_messages(out: NormalRow) -> list[JsonObject]:
     """`row_messages` with each message's tool calls folded into its content and its images as `<image>`
     marks (what dedup reads)."""
     messages = row_messages(out)
@@ -96,6 +94,6 @@ def text_messages(out: JsonObject) -> list[JsonObject]:
     return messages
 
 
-def canonical_text(out: JsonObject) -> str:
-    """The text the duplicate, contamination and toxicity checks look at."""
-    return "\n".join(m["content"] for m in text_messages(out))
+def canonical_text(line: JsonObject) -> str:
+    """The text the duplicate, contamination and toxicity checks look at, of a row as written."""
+    return "\n".join(m["content"] for m in text_messages(written_row(line)))

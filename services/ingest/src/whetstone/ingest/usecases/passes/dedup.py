@@ -26,6 +26,7 @@ from ...domain.images import image_similarity
 from ...domain.hashing import HashSet64
 from ...domain.minhash import (LshParams, block_jaccards, candidate_pairs, clusters, exact_jaccard, shingle_sets,
                               verify_pairs)
+from ...domain.normal import written_row
 from ...domain.report import NearDupReport
 from ...domain.schemas import text_messages
 from ...domain.text import digest_key, fingerprint
@@ -155,7 +156,7 @@ def stored_jaccards(path: str, offsets_path: str, part: np.ndarray, threshold: f
 
 
 def _normalized(row: Stored) -> str:
-    return fingerprint(text_messages(json.loads(row.payload)))[0]
+    return fingerprint(text_messages(written_row(json.loads(row.payload))))[0]
 
 
 def _best_partner(edges: np.ndarray, scores: np.ndarray) -> dict[int, tuple[float, int]]:

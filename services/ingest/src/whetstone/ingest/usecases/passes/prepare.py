@@ -43,6 +43,7 @@ from ...domain.images import ImageLimits, RowImages, openai_image_tokens
 from ...domain.issues import Issue
 from ...domain.layouts import MAX_IGNORED_KEYS, RowFacts
 from ...domain.minhash import MinHasher
+from ...domain.normal import ChatRow
 from ...domain.rows import LayoutGate, apply_pii, parse_json_line, role_counts
 from ...domain.schemas import text_messages
 from ...domain.text import fingerprint
@@ -133,8 +134,8 @@ def prepare_record(rec: Record, layouts: LayoutGate, ctx: PrepareContext) -> tup
     if read.issues or out is None:
         return Prepared(rec.line, read.issues), None
     images = None
-    if "messages" in out and any(type(m["content"]) is list for m in out["messages"]):
-        issues, images = check_images(out["messages"], rec.line, ctx.images)
+    if isinstance(out, ChatRow) and any(type(m["content"]) is list for m in out.messages):
+        issues, images = check_images(out.messages, rec.line, ctx.images)
         if issues:
             return Prepared(rec.line, issues), None
     found = apply_pii(out, ctx.pii_policy)
@@ -145,12 +146,13 @@ def prepare_record(rec: Record, layouts: LayoutGate, ctx: PrepareContext) -> tup
     if len(text) > ctx.max_line_bytes:
         prepared.too_long = True
         return prepared, None
-    prepared.tools = "tools" in redacted or ("messages" in redacted and uses_tools(redacted["messages"]))
+    prepared.tools = redacted.tools is not None or (isinstance(redacted, ChatRow) and uses_tools(redacted.messages))
     # the JSONL line itself is written when the row needed no change (the common case: no re-encoding)
-    unchanged = redacted is out and out.keys() == row.keys() and all(out[k] is row[k] for k in out) and not (
-        images is not None and images.fetched)        # a fetched image's part now holds its data URL
+    written = redacted.as_json()
+    unchanged = redacted is out and written.keys() == row.keys() and all(written[k] is row[k] for k in written) \
+        and not (images is not None and images.fetched)        # a fetched image's part now holds its data URL
     payload = rec.raw if rec.raw is not None and unchanged else json.dumps(
-        redacted, ensure_ascii=False).encode("utf-8", "surrogatepass")
+        written, ensure_ascii=False).encode("utf-8", "surrogatepass")
     roles = role_counts(redacted)
     norm, digest = fingerprint(messages)
     estimate = (len(text) + 3) // 4 + 4 * sum(roles.values())

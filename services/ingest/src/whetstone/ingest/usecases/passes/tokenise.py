@@ -7,13 +7,13 @@ import hashlib
 import json
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Protocol
 
 import numpy as np
 
 from ...adapters.tokenizer import ImagesUnsupported, Tokenized, ToolsUnsupported
 from ...domain.actions import keeps_row
-from ...domain.jsontypes import JsonObject
+from ...domain.normal import NormalRow, written_row
 from ...domain.report import TokenizationReport
 from .findings import Findings
 
@@ -25,8 +25,8 @@ class TokenizerPort(Protocol):
     hash: str
 
     def max_seq_len(self, policy_value: int | None) -> int: ...
-    def tokenize(self, out: JsonObject, max_len: int | None = None) -> Tokenized: ...
-    def preview(self, out: JsonObject) -> str: ...
+    def tokenize(self, out: NormalRow, max_len: int | None = None) -> Tokenized: ...
+    def preview(self, out: NormalRow) -> str: ...
 
 
 @dataclass
@@ -62,7 +62,7 @@ def token_fingerprint(tokenizer_hash: str, pii: str, max_len: int, over_length: 
 class Tokenised:
     tokens: int
     trained: int
-    record: dict[str, Any] | None      # input_ids/labels; None when the counts came from the cache
+    record: dict[str, list[int]] | None      # input_ids/labels; None when the counts came from the cache
 
 
 class Tokenise:
@@ -75,13 +75,13 @@ class Tokenise:
     def row(self, payload: bytes, line: int, k: int) -> Tokenised | None:
         """The `k`-th kept row (index into the cached counts); None when dropped or rejected."""
         max_len, cached = self.report.max_seq_len, self.cached
-        out: JsonObject | None = None
+        out: NormalRow | None = None
         try:
             if cached:
                 tokens, longest, trained = int(cached.tokens[k]), int(cached.longest[k]), int(cached.trained[k])
                 record = None
             else:
-                out = json.loads(payload)
+                out = written_row(json.loads(payload))
                 t = self.tok.tokenize(out)
                 tokens, longest, trained, record = t.tokens, t.longest, t.trained, t.record
             if longest > max_len:
@@ -100,7 +100,7 @@ class Tokenise:
                     tokens, trained, record = t.tokens, t.trained, t.record
             if len(self.report.mask_preview) < PREVIEWS:
                 self.report.mask_preview.append({"line": line, "rendered": self.tok.preview(
-                    out or json.loads(payload))[:4000]})
+                    out or written_row(json.loads(payload)))[:4000]})
         except ToolsUnsupported as exc:
             self.findings.log.error("tools_unsupported", str(exc), line)
             return None
