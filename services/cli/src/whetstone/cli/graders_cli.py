@@ -16,8 +16,10 @@ import json
 from pathlib import Path
 from typing import Any
 
+from pydantic import BaseModel, ConfigDict
 from whetstone.graders import GraderInvalid, parse_grader, references
 from whetstone.graders.engine import RunResult
+from whetstone.graders.models import Grader, MultiGrader
 
 from .client import Api
 from .errors import BadInput
@@ -61,15 +63,19 @@ def read_sample(args: argparse.Namespace) -> str:
     return text.removesuffix("\n")
 
 
+class _Validated(BaseModel):
+    """The API's answer to a validation: the grader as the deployment accepted it."""
+    model_config = ConfigDict(extra="ignore")
+    grader: Grader
+
+
 def describe_validated(raw: dict[str, Any]) -> str:
-    grader = raw.get("grader") or {}
-    lines = [f"valid: {grader.get('name')} ({grader.get('type')})"]
-    for name, sub in (grader.get("graders") or {}).items():
-        lines.append(f"  {name:<20} {sub.get('type')}")
-    if grader.get("calculate_output"):
-        lines.append(f"  reward = {grader['calculate_output']}")
-    fields = sorted({".".join(ref.path) for _, ref in references(parse_grader(grader), "grader")
-                     if ref.namespace == "item"})
+    grader = _Validated.model_validate(raw).grader
+    lines = [f"valid: {grader.name} ({grader.type})"]
+    if isinstance(grader, MultiGrader):
+        lines += [f"  {name:<20} {sub.type}" for name, sub in grader.graders.items()]
+        lines.append(f"  reward = {grader.calculate_output}")
+    fields = sorted({".".join(ref.path) for _, ref in references(grader, "grader") if ref.namespace == "item"})
     lines.append("  reads item fields: " + (", ".join(fields) if fields else "none"))
     return "\n".join(lines)
 

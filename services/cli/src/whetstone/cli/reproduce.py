@@ -18,10 +18,16 @@ from .errors import BadInput
 METADATA_LIMIT = 16   # OpenAI's: pairs per job
 
 
+class _Extension(BaseModel):
+    """The platform's extension of OpenAI's method object."""
+    model_config = ConfigDict(extra="ignore")
+    method: str | None = None       # the platform's own method name (lora, qlora, full, cpt, orpo, ...)
+
+
 class _Method(BaseModel):
     model_config = ConfigDict(extra="ignore")
     type: str | None = None
-    whetstone: dict[str, Any] | None = None     # {"method": <the platform's own method name>}
+    whetstone: _Extension | None = None
 
 
 class _JobAnswer(BaseModel):
@@ -51,7 +57,7 @@ def reproduce_body(answer: dict[str, Any]) -> dict[str, Any]:
     family = job.method.type
     if family not in ("supervised", "dpo"):
         raise BadInput(f"job {job.id}: reproduce covers supervised and dpo jobs, not method {family!r}")
-    platform = (job.method.whetstone or {}).get("method")
+    platform = job.method.whetstone.method if job.method.whetstone else None
     # the knobs the API takes, as admission resolved them (gradient checkpointing and the batch geometry included)
     hp = {k: v for k, v in resolved.items() if k in Hyperparameters.model_fields and v is not None}
     spec: dict[str, Any] = {"type": family, family: {"hyperparameters": hp}}
