@@ -5,7 +5,10 @@ from __future__ import annotations
 import math
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from torch import Tensor
 
 from whetstone.modelkit.chat import IGNORE_INDEX, tokenize_chat
 
@@ -40,7 +43,7 @@ class LossSums:
     correct: int
 
 
-def labelled_loss_sums(model, batches: Iterable[dict[str, Any]]) -> LossSums:
+def labelled_loss_sums(model, batches: Iterable[dict[str, Tensor]]) -> LossSums:
     """`LossSums` over batches of model inputs with `labels` (-100 where not trained): eval mode, no
     grad, the model's training mode restored after. Each batch's other tensors are the model's keyword
     arguments."""
@@ -73,7 +76,7 @@ def labelled_loss_sums(model, batches: Iterable[dict[str, Any]]) -> LossSums:
 
 
 def _padded_batches(examples: Sequence[Mapping[str, Sequence[int]]], pad_id: int, batch_size: int
-                    ) -> Iterator[dict[str, Any]]:
+                    ) -> Iterator[dict[str, Tensor]]:
     import torch
 
     for i in range(0, len(examples), batch_size):

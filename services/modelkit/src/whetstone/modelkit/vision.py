@@ -19,7 +19,10 @@ import io
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from torch import Tensor
 
 IGNORE_INDEX = -100
 PROCESSOR_FILES = ("processor_config.json", "preprocessor_config.json")
@@ -229,7 +232,7 @@ class VisionCollator:
     def __init__(self, pad_id: int) -> None:
         self.pad_id = pad_id
 
-    def __call__(self, examples: Sequence[VisionExample]) -> dict[str, Any]:
+    def __call__(self, examples: Sequence[VisionExample]) -> dict[str, Tensor]:
         import torch  # noqa: PLC0415
 
         width = max(len(e.input_ids) for e in examples)

@@ -13,7 +13,10 @@ from __future__ import annotations
 
 import math
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from torch import Tensor
 
 from pydantic import BaseModel, JsonValue
 
@@ -86,8 +89,8 @@ def read_lora(directory: Path) -> tuple[LoraConfig, dict[str, tuple[Any, Any]]]:
         tensors = load_file(str(weights_file))
     except Exception as exc:
         raise AdapterIncompatible(f"adapter_model.safetensors unreadable: {exc}") from exc
-    down: dict[str, Any] = {}   # module -> lora_A weight
-    up: dict[str, Any] = {}     # module -> lora_B weight
+    down: dict[str, Tensor] = {}   # module -> lora_A weight
+    up: dict[str, Tensor] = {}     # module -> lora_B weight
     for key, tensor in tensors.items():
         for part, found in ((".lora_A.weight", down), (".lora_B.weight", up)):
             if key.endswith(part):
@@ -109,15 +112,15 @@ class StackedLora:
         self.torch, self.max_rank, self.slots = torch, max_rank, slots
         self.linears = {name: mod for name, mod in model.named_modules()
                         if isinstance(mod, torch.nn.Linear) and ".layers." in f".{name}" and within in name}
-        self.A: dict[str, Any] = {}
-        self.B: dict[str, Any] = {}
+        self.A: dict[str, Tensor] = {}     # module -> stacked lora_A weights, one slot per resident adapter
+        self.B: dict[str, Tensor] = {}
         self.users: dict[str, int] = {}  # resident adapters targeting the module: 0 -> skip the hook
         self.slot_modules: dict[int, list[str]] = {}
         self.row_slots = None  # (batch,) long tensor, set before every forward
         self.row_rank = max_rank  # the largest rank among the batch's slots: padding beyond it is skipped
         self.slot_rank: dict[int, int] = {}
         self._slots_key: tuple[int, ...] | None = None  # the rows `_gather` was built for
-        self._gather: dict[str, tuple[Any, Any]] = {}
+        self._gather: dict[str, tuple[Tensor, Tensor]] = {}
         self._gather_bytes = 0
         self.gather_budget = gather_budget
         for name, mod in self.linears.items():
