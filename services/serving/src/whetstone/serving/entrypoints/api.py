@@ -7,14 +7,14 @@ import time
 import uuid
 from collections.abc import AsyncIterator, Iterator
 from contextlib import contextmanager
-from dataclasses import asdict
-from typing import Any
+from typing import Any, Literal
 
 from fastapi import APIRouter, Response
 from fastapi.responses import JSONResponse, StreamingResponse
 from pydantic import BaseModel, ConfigDict, Field
 
 from whetstone.runtime.errors import ApiError
+from whetstone.runtime.http import ListObject, list_object
 from whetstone.runtime.identity import Caller, require
 from whetstone.runtime.service import Runtime
 
@@ -36,6 +36,27 @@ class VariantBody(BaseModel):
 class RouteBody(BaseModel):
     model_config = ConfigDict(extra="forbid")
     variants: list[VariantBody] = Field(min_length=1, max_length=16)
+
+
+class VariantAnswer(BaseModel):
+    model_config = ConfigDict(from_attributes=True)
+    model: str
+    weight: float
+    requests: int = Field(description="requests served through the route since this replica started")
+
+
+class RouteAnswer(BaseModel):
+    """An A/B route as the API shows it (read from the use case's `RouteView`)."""
+    model_config = ConfigDict(from_attributes=True)
+    object: Literal["serving.route"] = "serving.route"
+    name: str
+    variants: list[VariantAnswer]
+
+
+class RouteDeleted(BaseModel):
+    object: Literal["serving.route.deleted"] = "serving.route.deleted"
+    name: str
+    deleted: bool
 
 
 def routes(rt: Runtime[ServingContext]) -> APIRouter:
@@ -111,33 +132,32 @@ def routes(rt: Runtime[ServingContext]) -> APIRouter:
         return await complete(body, caller)
 
     # -- A/B routes ------------------------------------------------------------------
-    def route_view(tenant_id: str, name: str) -> dict[str, Any]:
+    def route_view(tenant_id: str, name: str) -> RouteAnswer:
         found = ab_routes.view(ctx, tenant_id, name)
         if found is None:
             raise ApiError(404, f"No route named `{name}`.", code="route_not_found", param="name")
-        return {"object": "serving.route", **asdict(found)}
+        return RouteAnswer.model_validate(found)
 
     @r.put("/v1/serving/routes/{name}")
-    async def put_route(name: str, body: RouteBody, caller: Caller = require("models:promote")) -> dict[str, Any]:
+    async def put_route(name: str, body: RouteBody, caller: Caller = require("models:promote")) -> RouteAnswer:
         with refusals():
             await ab_routes.put_route(ctx, caller.tenant_id, name, [(v.model, v.weight) for v in body.variants],
                                       caller.key_id)
         return route_view(caller.tenant_id, name)
 
     @r.get("/v1/serving/routes")
-    async def list_routes(caller: Caller = require("read")) -> dict[str, Any]:
-        return {"object": "list", "data": [{"object": "serving.route", **asdict(v)}
-                                           for v in ab_routes.views(ctx, caller.tenant_id)], "has_more": False}
+    async def list_routes(caller: Caller = require("read")) -> ListObject[RouteAnswer]:
+        return list_object([RouteAnswer.model_validate(v) for v in ab_routes.views(ctx, caller.tenant_id)])
 
     @r.get("/v1/serving/routes/{name}")
-    async def get_route(name: str, caller: Caller = require("read")) -> dict[str, Any]:
+    async def get_route(name: str, caller: Caller = require("read")) -> RouteAnswer:
         return route_view(caller.tenant_id, name)
 
     @r.delete("/v1/serving/routes/{name}")
-    async def delete_route(name: str, caller: Caller = require("models:promote")) -> dict[str, Any]:
+    async def delete_route(name: str, caller: Caller = require("models:promote")) -> RouteDeleted:
         if not await ab_routes.delete_route(ctx, caller.tenant_id, name, caller.key_id):
             raise ApiError(404, f"No route named `{name}`.", code="route_not_found", param="name")
-        return {"object": "serving.route.deleted", "name": name, "deleted": True}
+        return RouteDeleted(name=name, deleted=True)
 
     return r
 
