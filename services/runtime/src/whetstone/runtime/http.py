@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import json
 from collections.abc import Awaitable, Callable, Collection, Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any, Generic, Literal, Protocol, TypeVar, runtime_checkable
 
 import uvicorn
@@ -127,6 +128,14 @@ async def drain(receive: Receive, message: Message) -> None:
         pass
 
 
+@dataclass
+class _BodyCount:
+    """One request's body as BodyLimit watches it."""
+    seen: int = 0               # bytes received so far
+    refused: bool = False       # answered 413 here: the app's own answer is dropped
+    started: bool = False       # the app began its answer: too late to answer 413
+
+
 class BodyLimit:
     """ASGI: a request whose body is larger than `limit` bytes is answered 413 in OpenAI's shape.
     A Content-Length over the limit is refused before one byte is read; a body without one
@@ -158,30 +167,30 @@ class BodyLimit:
             if int(length) > self.limit:
                 await self.refuse(send)
                 return
-        state = {"seen": 0, "refused": False, "started": False}
+        state = _BodyCount()
 
         async def counted() -> Message:
             message = await receive()
             if message["type"] == "http.request":
-                state["seen"] += len(message.get("body", b""))
-                if state["seen"] > self.limit:
+                state.seen += len(message.get("body", b""))
+                if state.seen > self.limit:
                     await drain(receive, message)   # a little more first, so a client still sending reads the 413
-                    if not state["started"]:
-                        state["refused"] = True
+                    if not state.started:
+                        state.refused = True
                         await self.refuse(send)
                     return {"type": "http.disconnect"}     # the app stops reading: its own answer is dropped
             return message
 
         async def guarded(message: Message) -> None:
-            if state["refused"]:
+            if state.refused:
                 return
-            state["started"] = True
+            state.started = True
             await send(message)
 
         try:
             await self.app(scope, counted, guarded)
         except Exception:
-            if not state["refused"]:
+            if not state.refused:
                 raise
 
 
