@@ -39,6 +39,30 @@ class RowCounts:
     toxic: int = 0
 
 
+@dataclass(frozen=True)
+class DuplicateCluster:
+    """A listed near-duplicate cluster: the line kept and (the first of) the lines removed as its copies."""
+    kept_line: int
+    duplicate_lines: list[int]
+    size: int
+    max_jaccard: float
+
+
+@dataclass(frozen=True)
+class ContaminatedExample:
+    """A listed row found in a reference set: the fraction of its 13-grams there, and which set."""
+    line: int
+    fraction: float
+    reference: str | None
+
+
+@dataclass(frozen=True)
+class MaskPreview:
+    """A row rendered with the chat template, its trained tokens wrapped in [[ ]]."""
+    line: int
+    rendered: str
+
+
 @dataclass
 class NearDupReport:
     threshold: float
@@ -46,7 +70,7 @@ class NearDupReport:
     bands: int
     rows: int
     candidate_pairs: int = 0
-    clusters: list[dict[str, Any]] = field(default_factory=list)
+    clusters: list[DuplicateCluster] = field(default_factory=list)
     shingle: str = "char 5-grams"
 
 
@@ -54,7 +78,7 @@ class NearDupReport:
 class ContaminationReport:
     threshold: float
     references: dict[str, dict[str, int]] = field(default_factory=dict)
-    examples: list[dict[str, Any]] = field(default_factory=list)
+    examples: list[ContaminatedExample] = field(default_factory=list)
     ngram: int = 13
 
 
@@ -83,7 +107,7 @@ class TokenizationReport:
     over_length: int = 0
     truncated: int = 0
     dropped: int = 0
-    mask_preview: list[dict[str, Any]] = field(default_factory=list)
+    mask_preview: list[MaskPreview] = field(default_factory=list)
     tokenized_uri: str | None = None       # set by the service once stored
     tokenized_cache: str | None = None     # "written" or "hit"
 

@@ -97,8 +97,8 @@ def _event_stats(report: GateReport, size: int, extra: dict[str, Any]) -> dict[s
         "error_counts": report.error_counts, "warning_counts": report.warning_counts,
         "tokens": stats.tokens, "token_histogram": stats.token_histogram, "roles": stats.roles,
         "turns": stats.turns, "trained_tokens": stats.trained_tokens,
-        "near_dup_clusters": report.near_dup.clusters[:EVENT_LIST_LIMIT],
-        "contamination_examples": report.contamination.examples[:EVENT_LIST_LIMIT],
+        "near_dup_clusters": [asdict(c) for c in report.near_dup.clusters[:EVENT_LIST_LIMIT]],
+        "contamination_examples": [asdict(e) for e in report.contamination.examples[:EVENT_LIST_LIMIT]],
         "references": report.contamination.references, "pii_by_kind": report.pii.by_kind,
         "tokenization": asdict(report.tokenization), "timings": report.timings,
         # images of the rows written: the scheduler refuses a job whose base cannot see them

@@ -27,7 +27,7 @@ from ...domain.hashing import HashSet64
 from ...domain.minhash import (LshParams, block_jaccards, candidate_pairs, clusters, exact_jaccard, shingle_sets,
                               verify_pairs)
 from ...domain.normal import written_row
-from ...domain.report import NearDupReport
+from ...domain.report import DuplicateCluster, NearDupReport
 from ...domain.schemas import text_messages
 from ...domain.text import digest_key, fingerprint
 from .findings import Findings
@@ -132,8 +132,7 @@ class NearDedup:
                 best[k] = max(best[k], score)
         for k, members in enumerate(listed):
             lines = [read(i).line for i in members[:CLUSTER_LINES_LISTED]]
-            self.report.clusters.append({"kept_line": lines[0], "duplicate_lines": lines[1:], "size": len(members),
-                                         "max_jaccard": round(best[k], 4)})
+            self.report.clusters.append(DuplicateCluster(lines[0], lines[1:], len(members), round(best[k], 4)))
 
 
 def stored_jaccards(path: str, offsets_path: str, part: np.ndarray, threshold: float = 0.0) -> list[float]:

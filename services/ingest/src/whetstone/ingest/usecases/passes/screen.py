@@ -9,7 +9,7 @@ import numpy as np
 
 from ...domain.actions import keeps_row
 from ...domain.contamination import ReferenceIndex, is_contaminated
-from ...domain.report import ContaminationReport, ToxicityReport
+from ...domain.report import ContaminatedExample, ContaminationReport, ToxicityReport
 from ...domain.toxicity import ToxicityClassifier
 from .findings import Findings
 from .rows import Candidate
@@ -33,7 +33,7 @@ class Contamination:
                 fraction=round(fraction, 4), reference=name)
             keep[i] = keeps_row(action)
             if len(self.report.examples) < self.max_listed:
-                self.report.examples.append({"line": p.line, "fraction": round(fraction, 3), "reference": name})
+                self.report.examples.append(ContaminatedExample(p.line, round(fraction, 3), name))
         return rows if keep.all() else [p for p, k in zip(rows, keep) if k]
 
 

@@ -14,7 +14,7 @@ import numpy as np
 from ...adapters.tokenizer import ImagesUnsupported, Tokenized, ToolsUnsupported
 from ...domain.actions import keeps_row
 from ...domain.normal import NormalRow, written_row
-from ...domain.report import TokenizationReport
+from ...domain.report import MaskPreview, TokenizationReport
 from .findings import Findings
 
 PREVIEWS = 3
@@ -99,8 +99,8 @@ class Tokenise:
                     t = self.tok.tokenize(out, max_len)
                     tokens, trained, record = t.tokens, t.trained, t.record
             if len(self.report.mask_preview) < PREVIEWS:
-                self.report.mask_preview.append({"line": line, "rendered": self.tok.preview(
-                    out or written_row(json.loads(payload)))[:4000]})
+                self.report.mask_preview.append(MaskPreview(line, self.tok.preview(
+                    out or written_row(json.loads(payload)))[:4000]))
         except ToolsUnsupported as exc:
             self.findings.log.error("tools_unsupported", str(exc), line)
             return None
