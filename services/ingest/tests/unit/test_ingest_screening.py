@@ -11,7 +11,7 @@ from whetstone.ingest.domain import pii
 from whetstone.ingest.domain.contamination import NgramHasher, ReferenceIndex, is_contaminated, words
 from whetstone.ingest.domain.cost import METHODS_FOR_PURPOSE, estimate_cost
 from whetstone.ingest.domain.policies import Policies, PolicyError
-from whetstone.ingest.domain.stats import DatasetStats, histogram
+from whetstone.ingest.domain.stats import Bucket, DatasetStats, histogram
 from whetstone.ingest.domain.text import normalize_text
 from whetstone.ingest.domain.toxicity import WordlistToxicity
 
@@ -197,7 +197,7 @@ def test_toxicity_from_shared_word_hashes_equals_scoring_each_text(extra):
 
 def test_histogram_and_summary():
     h = histogram(np.array([0, 5, 40, 40, 300]))
-    assert [b["count"] for b in h] == [2, 2, 0, 0, 1] and h[-1] == {"min": 256, "max": 512, "count": 1}
+    assert [b.count for b in h] == [2, 2, 0, 0, 1] and h[-1] == Bucket(min=256, max=512, count=1)
     stats = DatasetStats()
     for n in [10, 12, 11, 13, 500]:
         stats.add(n, {"user": 1, "assistant": 1}, trained=n // 2)

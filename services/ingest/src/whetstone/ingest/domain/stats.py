@@ -6,7 +6,6 @@ Lengths are kept as compact int32 chunks (4 bytes per row) so percentiles are ex
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
 
 import numpy as np
 
@@ -14,15 +13,23 @@ TOKEN_EDGES = (0, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384, 32768, 6
 OUTLIER_FACTOR = 8
 
 
-def histogram(lengths: np.ndarray, edges: tuple[int, ...] = TOKEN_EDGES) -> list[dict[str, Any]]:
+@dataclass(frozen=True)
+class Bucket:
+    """Rows whose token length is in [min, max); `max` None: the open-ended last bucket."""
+    min: int
+    max: int | None
+    count: int
+
+
+def histogram(lengths: np.ndarray, edges: tuple[int, ...] = TOKEN_EDGES) -> list[Bucket]:
     """Buckets [lo, hi) with their counts; the last bucket is open-ended."""
     idx = np.searchsorted(np.asarray(edges), lengths, side="right") - 1
     counts = np.bincount(idx, minlength=len(edges))
     last = int(idx.max()) if idx.size else 0
-    out = []
+    out: list[Bucket] = []
     for i, lo in enumerate(edges[: last + 1]):
         hi = edges[i + 1] if i + 1 < len(edges) else None
-        out.append({"min": lo, "max": hi, "count": int(counts[i])})
+        out.append(Bucket(lo, hi, int(counts[i])))
     return out
 
 
@@ -36,7 +43,7 @@ class StatsSummary:
     messages per role, rows per number of turns, tokens trained on, rows over 8x the median length."""
 
     tokens: dict[str, int | float]
-    token_histogram: list[dict[str, Any]]
+    token_histogram: list[Bucket]
     roles: dict[str, int]
     turns: dict[str, int]
     trained_tokens: int

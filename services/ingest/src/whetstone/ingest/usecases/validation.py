@@ -95,7 +95,7 @@ def _event_stats(report: GateReport, size: int, extra: dict[str, Any]) -> dict[s
         "layout": report.layout, "layout_counts": report.layout_counts, "role_mapping": report.role_mapping,
         "ignored_keys": report.ignored_keys,
         "error_counts": report.error_counts, "warning_counts": report.warning_counts,
-        "tokens": stats.tokens, "token_histogram": stats.token_histogram, "roles": stats.roles,
+        "tokens": stats.tokens, "token_histogram": [asdict(b) for b in stats.token_histogram], "roles": stats.roles,
         "turns": stats.turns, "trained_tokens": stats.trained_tokens,
         "near_dup_clusters": [asdict(c) for c in report.near_dup.clusters[:EVENT_LIST_LIMIT]],
         "contamination_examples": [asdict(e) for e in report.contamination.examples[:EVENT_LIST_LIMIT]],
