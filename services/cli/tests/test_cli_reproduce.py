@@ -27,6 +27,12 @@ def test_every_resolved_knob_the_base_pin_and_the_files_are_sent():
         "tiny-llama", "file-t", "file-v", "ab" * 32)
     assert body["metadata"] == {"team": "a", "reproduces": "ftjob-1"} and body["suffix"] == "s"
     assert "integrations" not in body
+    assert "image" not in body   # a job pinned to no image is reproduced on any
+
+
+def test_the_trainer_image_a_template_pinned_is_kept():
+    pin = "ghcr.io/whetstone/trainer@sha256:" + "c" * 64
+    assert reproduce_body({**JOB, "image": pin})["image"] == pin
 
 
 def test_a_job_never_admitted_or_of_another_method_is_refused_by_name():

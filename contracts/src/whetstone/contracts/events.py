@@ -133,6 +133,8 @@ class ResourceRequest(Contract):
 # a python grader's source may be 256 KiB (whetstone.graders); the grader JSON stays well under the
 # bus's 1 MiB message
 MAX_GRADER_JSON_BYTES = 512 * 1024
+# a container image by digest, as a job pins its trainer image: name@sha256:<64 hex> (a tag is mutable)
+IMAGE_PIN = r"^[a-z0-9][a-z0-9._/:-]*@sha256:[0-9a-f]{64}$"
 
 
 class ReinforcementSpec(Contract):
@@ -175,6 +177,10 @@ class JobRequestedV1(Event):
         default=None, max_length=64, pattern=r"^([0-9a-f]{40}|[0-9a-f]{64})$",
         description="pin (`whet jobs reproduce`): the sha256 of a catalog base's weights, or the Hub commit, the job"
                     " must train on; a catalog base that no longer hashes to it is refused; absent: the base as it is now")
+    image: str | None = Field(
+        default=None, max_length=300, pattern=IMAGE_PIN,
+        description="pin (a job template's, kept by `whet jobs reproduce`): the trainer image by digest, "
+                    "name@sha256:<64 hex>; only a trainer agent running that digest trains the job; absent: any")
 
 
 class MergeSource(Contract):
@@ -202,6 +208,8 @@ class TrainingSpec(Contract):
     eval_config: dict[str, Any] | None = Field(default=None, description="the job's eval gate settings, as requested")
     merge: MergeSource | None = Field(default=None, description="method merge: the adapter to merge into the base")
     reinforcement: ReinforcementSpec | None = Field(default=None, description="method reinforcement: grader, knobs")
+    image: str | None = Field(default=None, max_length=300, pattern=IMAGE_PIN,
+                              description="the trainer image the job is pinned to (name@sha256:<64 hex>); absent: any")
 
 
 class Resources(Contract):

@@ -87,11 +87,30 @@ async def test_templates_versions_overrides_pins_and_isolation(platform, setting
             assert old["eval_config"] == {"stages": ["holdout"]} and view["eval_config"] is None
             assert old["user_provided_suffix"] == "house"
 
+            # a template pins the trainer image by digest: the job shows it and its spec carries it to the
+            # agent (which trains it only where that digest runs); a tag is refused naming the field
+            pin = "ghcr.io/whetstone/trainer@sha256:" + "7" * 64
+            img = await http.post("/v1/templates", auth=DEMO, json={"name": "sft-img", "model": tiny_model,
+                                                                    "image": pin})
+            assert img.status_code == 200 and img.json()["template"]["image"] == pin, img.text
+            imaged = (await http.post("/v1/fine_tuning/jobs", auth=DEMO, json={
+                "template": "sft-img", "training_file": "file-t"})).json()
+            assert imaged["image"] == pin and view["image"] is None, imaged
+            for where, body in (("/v1/templates", {"name": "sft-tag", "model": tiny_model,
+                                                   "image": "ghcr.io/whetstone/trainer:latest"}),
+                                ("/v1/fine_tuning/jobs", {"template": "sft-img", "training_file": "file-t",
+                                                          "image": "ghcr.io/whetstone/trainer:v3"})):
+                tagged = await http.post(where, auth=DEMO, json=body)
+                assert tagged.status_code == 400, tagged.text
+                error = tagged.json()["error"]
+                assert error["param"] == "image" and "is a tag" in error["message"], error
+
             # job.queued carries the template for the registry's lineage
             async def queued() -> list[dict]:
                 rows = [e["payload"] for e in await outbox(rt, "job.queued")]
-                return rows if len(rows) == 2 else None
-            events = {e["job_id"]: e for e in await wait_until(queued, 30, "job.queued x2")}
+                return rows if len(rows) == 3 else None
+            events = {e["job_id"]: e for e in await wait_until(queued, 30, "job.queued x3")}
+            assert events[imaged["id"]]["spec"]["image"] == pin and events[view["id"]]["spec"].get("image") is None
             assert events[view["id"]]["job_template"] == "sft-base"
             assert events[view["id"]]["job_template_version"] == "2"
             assert events[old["id"]]["job_template_version"] == "1"

@@ -44,6 +44,17 @@ def test_a_template_body_holds_how_to_train_never_what_on():
     assert templates.template_fields(None) == {}
 
 
+def test_a_template_pins_its_trainer_image_by_digest_never_by_tag():
+    pin = "ghcr.io/whetstone/trainer@sha256:" + "a" * 64
+    assert templates.split_body({"name": "t", "model": "m", "image": pin}) == ("t", {"model": "m", "image": pin})
+    assert templates.image_problem(pin) is None
+    assert templates.image_problem("registry.local:5000/trainer@sha256:" + "0" * 64) is None
+    tag = templates.image_problem("ghcr.io/whetstone/trainer:latest")
+    assert tag is not None and "':latest' is a tag" in tag and "name@sha256:<64 hex>" in tag
+    assert "not pinned by digest" in (templates.image_problem("trainer") or "")
+    assert "64 lowercase hex" in (templates.image_problem("trainer@sha256:abc") or "")
+
+
 def test_urls_and_event_filters():
     assert webhooks.check_url("https://example.com/hook").host == "example.com"
     for bad in ("ftp://example.com", "file:///etc/passwd", "https://user:pw@example.com/", "http:///nohost"):

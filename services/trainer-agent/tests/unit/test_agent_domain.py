@@ -581,3 +581,18 @@ def test_a_gang_rank_whose_peer_vanished_is_a_lost_node_not_a_failed_job():
     assert not gang_peer_lost(1, ErrorClass.PLATFORM, closed)              # one node: a real crash
     assert not gang_peer_lost(2, ErrorClass.USER, closed)                  # the job's own error stays its own
     assert not gang_peer_lost(2, ErrorClass.PLATFORM, "ValueError: bad tensor shape")
+
+
+def test_a_job_pinned_to_a_trainer_image_trains_only_where_that_digest_runs():
+    from whetstone.trainer_agent.domain.runs import image_pin_problem
+
+    digest = "sha256:" + "d" * 64
+    pin = f"ghcr.io/whetstone/trainer@{digest}"
+    assert image_pin_problem(None, None) is None   # no pin: any agent
+    assert image_pin_problem(pin, pin) is None
+    assert image_pin_problem(pin, f"registry.local:5000/mirror/trainer@{digest}") is None   # same bytes
+    assert image_pin_problem(pin, digest) is None   # the agent knows only its digest
+    other = image_pin_problem(pin, "ghcr.io/whetstone/trainer@sha256:" + "e" * 64)
+    assert other is not None and pin in other and "(image)" in other and "e" * 64 in other
+    unknown = image_pin_problem(pin, None)
+    assert unknown is not None and "WHETSTONE_IMAGE_DIGEST" in unknown

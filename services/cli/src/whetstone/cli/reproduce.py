@@ -3,7 +3,8 @@
 Pinned: the same files (their ids: a file's content never changes under its id), the base model by
 the sha256 / Hub commit admission recorded (`base_model_sha256`: a catalog base that changed since is
 refused, a Hub base trains on that commit), every hyperparameter as admission resolved it ("auto"
-no longer: the same numbers, the seed included), the method, the eval settings and the suffix.
+no longer: the same numbers, the seed included), the method, the eval settings, the suffix and the
+trainer image the job was pinned to (`image`, a template's digest pin).
 The new job's metadata names the job it reproduces. A job never admitted has nothing to pin."""
 
 from __future__ import annotations
@@ -46,6 +47,7 @@ class _JobAnswer(BaseModel):
     eval_config: dict[str, Any] | None = None
     tier: str | None = None
     integrations: list[dict[str, Any]] | None = None
+    image: str | None = None
 
 
 def reproduce_body(answer: dict[str, Any]) -> dict[str, Any]:
@@ -70,6 +72,6 @@ def reproduce_body(answer: dict[str, Any]) -> dict[str, Any]:
     body: dict[str, Any] = {"model": job.model, "training_file": job.training_file, "method": spec,
                             "base_model_sha256": job.base_model_sha256, "metadata": metadata}
     optional = {"validation_file": job.validation_file, "suffix": job.user_provided_suffix,
-                "eval_config": job.eval_config, "tier": job.tier, "integrations": job.integrations or None}
+                "eval_config": job.eval_config, "tier": job.tier, "integrations": job.integrations or None, "image": job.image}
     body.update({k: v for k, v in optional.items() if v is not None})
     return body

@@ -8,12 +8,31 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
+from whetstone.contracts.events import IMAGE_PIN
+
 from .job_data import TemplateUse
 
 NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
 # what a template may set: the job create's fields that describe *how* to train, not *what* on
-FIELDS = ("model", "method", "hyperparameters", "resources", "eval_config", "suffix", "seed", "tier")
+FIELDS = ("model", "method", "hyperparameters", "resources", "eval_config", "suffix", "seed", "tier", "image")
 SPEC_FIELDS = ("training_file", "validation_file", "metadata", "integrations", "idempotency_key")
+
+
+DIGEST = re.compile(IMAGE_PIN)
+
+
+def image_problem(image: str) -> str | None:
+    """Why `image` cannot pin a trainer image (None: it can). Only a digest pins: a tag (`:latest`,
+    `:v3`) can be moved to other bytes after the template is written, so it is refused rather than
+    resolved (no container registry is asked at template creation)."""
+    if DIGEST.fullmatch(image):
+        return None
+    name, at, digest = image.partition("@")
+    if at and digest.startswith("sha256:"):
+        return f"{image!r}: the digest after '@sha256:' must be 64 lowercase hex characters"
+    tag = f" (':{name.rsplit(':', 1)[1]}' is a tag, which can move)" if ":" in name.rsplit("/", 1)[-1] else ""
+    return (f"{image!r} is not pinned by digest{tag}: give the trainer image as name@sha256:<64 hex>, "
+            "e.g. the digest `docker buildx imagetools inspect` or the registry reports")
 
 
 class TemplateError(ValueError):

@@ -22,6 +22,7 @@ from whetstone.graders import GraderEnvironment
 from whetstone.runtime.errors import ApiError
 
 from ..domain import jobs as rules
+from ..domain.templates import image_problem
 from ..usecases.rft import reinforcement_spec
 
 PLATFORM_METHODS = ("lora", "qlora", "full", "cpt", "dpo", "orpo")
@@ -79,6 +80,8 @@ class CreateJob(BaseModel):
                            JsonAtMost(16384)] | None = None
     # the pin `whet jobs reproduce` sends: a catalog base's weights sha256, or a Hub commit
     base_model_sha256: str | None = Field(default=None, max_length=64, pattern=r"^([0-9a-f]{40}|[0-9a-f]{64})$")
+    # the trainer image by digest (a template's pin, kept by `whet jobs reproduce`); checked in to_request
+    image: str | None = Field(default=None, min_length=1, max_length=300)
 
 
 RFT_ADAPTERS = ("lora", "qlora")   # method.whetstone.method of a reinforcement job
@@ -197,6 +200,8 @@ def to_request(body: CreateJob, job_id: str, key: str, graders: GraderEnvironmen
         given["seed"] = body.seed
     if body.integrations:
         check_integrations(body.integrations)
+    if body.image is not None and (problem := image_problem(body.image)):
+        raise bad("image", problem)
     spec = None
     if method == "reinforcement":
         if body.hyperparameters:
@@ -210,4 +215,5 @@ def to_request(body: CreateJob, job_id: str, key: str, graders: GraderEnvironmen
                           validation_file=body.validation_file, method=method,
                           hyperparameters=hyperparameters(method, given, param), suffix=body.suffix, tier=body.tier,
                           resources=body.resources if isinstance(body.resources, ResourceRequest) else None,
-                          eval_config=body.eval_config, reinforcement=spec, base_model_sha256=body.base_model_sha256)
+                          eval_config=body.eval_config, reinforcement=spec, base_model_sha256=body.base_model_sha256,
+                          image=body.image)

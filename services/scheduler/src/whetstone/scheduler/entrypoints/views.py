@@ -92,7 +92,7 @@ def job_view(job: Job, queue: Forecast | None = None) -> dict[str, Any]:
         "state": job.status, "tier": job.tier, "tenant_id": job.tenant_id,
         "resolved_hyperparameters": spec.hyperparameters if spec is not None else None,
         "base_model_sha256": job.base_model_sha256, "dataset_version": spec.dataset_version if spec is not None else None,
-        "eval_config": req.eval_config,
+        "eval_config": req.eval_config, "image": req.image,
         "progress": job.progress.model_dump(exclude_none=True),
         "latest_checkpoint": job.latest_checkpoint.model_dump(mode="json", exclude_none=True)
         if job.latest_checkpoint is not None else None,

@@ -249,7 +249,7 @@ async def queue_if_ready(rt: Runtime[SchedulerContext], store: JobStore, job: Jo
         base_model=job.base_model, base_model_sha256=job.base_model_sha256,
         dataset_id=ds.dataset_id, dataset_version=ds.version, train_uri=ds.train_uri,
         validation_uri=validation_uri, method=job.method, hyperparameters=hp, hyperparameters_hash=hp_hash,
-        eval_config=req.eval_config, reinforcement=req.reinforcement)
+        eval_config=req.eval_config, reinforcement=req.reinforcement, image=req.image)
     runtime_s, gpu_hours = estimate_job(ctx, job, ds.tokens_total, hp, ds.rows_kept)
     queued = await enter_queue(rt, store, job, spec, runtime_s, gpu_hours, ds.cost_estimate or {}, usage)
     if isinstance(queued, rules.Rejection):

@@ -72,3 +72,19 @@ class Run:
     def durable_checkpoint(self) -> CheckpointRef | None:
         """Where the job can go on from: the newest checkpoint this run stored, else its own start."""
         return self.latest_checkpoint or self.resume_from
+
+
+def image_pin_problem(pinned: str | None, running: str | None) -> str | None:
+    """Why this agent may not train a job pinned to the trainer image `pinned` (name@sha256:<hex>)
+    when it runs `running` (its WHETSTONE_IMAGE_DIGEST, a digest or a name@digest; None: unknown);
+    None when it may. The digests decide: the same bytes under another registry name still match."""
+    if pinned is None:
+        return None
+    want = pinned.rsplit("@", 1)[-1]
+    if running is None:
+        return (f"the job pins trainer image {pinned} (image) and this node does not know its own image "
+                "(WHETSTONE_IMAGE_DIGEST is unset): a pinned job trains only where the digest is known")
+    have = running.rsplit("@", 1)[-1]
+    if have != want:
+        return f"the job pins trainer image {pinned} (image); this node runs {running}"
+    return None

@@ -25,6 +25,7 @@ from whetstone.contracts import (
 )
 from whetstone.contracts.enums import CheckpointKind, ErrorClass, PreemptionReason
 from whetstone.runtime.checkpoints import CorruptCheckpoint
+from whetstone.runtime.environment import image_digest
 from whetstone.runtime.models import UnknownModel
 from whetstone.runtime.service import Runtime
 
@@ -49,7 +50,7 @@ from ..domain.recipe_io import (
     Started,
     parse_event,
 )
-from ..domain.runs import Run, RunOutcome, RunStatus, RunUpdate
+from ..domain.runs import Run, RunOutcome, RunStatus, RunUpdate, image_pin_problem
 from ..domain.supervision import (
     ProgressCadence,
     classify_exit,
@@ -176,6 +177,9 @@ async def run_segment(rt: AgentRuntime, run: Run) -> None:
             return
         if seg.cancelled:            # cancelled between its claim and now: nothing is prepared or launched
             await seg.end_cancelled()
+            return
+        if problem := image_pin_problem(run.spec.image, image_digest()):   # before anything is downloaded
+            await seg.fail(ErrorClass.PLATFORM, "image_mismatch", problem)
             return
         try:
             if run.is_merge:
