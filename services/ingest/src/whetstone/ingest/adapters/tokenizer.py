@@ -47,6 +47,13 @@ _PROBE_TOOLS = [{"type": "function", "function": {"name": _PROBE_TOOL, "descript
                                                   "parameters": {"type": "object", "properties": {}}}}]
 
 
+@dataclass(frozen=True)
+class TokenSequence:
+    """One rendered sequence: token ids and their labels (-100 where not trained)."""
+    input_ids: list[int]
+    labels: list[int]
+
+
 @dataclass
 class Tokenized:
     tokens: int                  # tokens kept (after truncation), both sequences for a preference pair
@@ -188,23 +195,23 @@ class BaseModelTokenizer:
         sizes = [vision.image_size(url) for url in vision.image_urls(messages)]
         return vision.text_messages(messages, self.image_token), self._image_counts(sizes)
 
-    def _chat(self, messages: list[dict], tools: list | None = None) -> dict[str, list[int]]:
+    def _chat(self, messages: list[dict], tools: list | None = None) -> TokenSequence:
         from whetstone.modelkit.chat import tokenize_chat  # noqa: PLC0415
         from whetstone.modelkit.vision import expand_image_tokens  # noqa: PLC0415
 
         messages, counts = self._vision_messages(messages)
         self._check_tools(messages, tools)
         out = tokenize_chat(self.tok, messages, **({"tools": tools} if tools else {}))
+        ids, labels = out["input_ids"], out["labels"]
         if counts:
-            out["input_ids"], out["labels"] = expand_image_tokens(out["input_ids"], out["labels"],
-                                                                  self.image_token_id, counts)
-        return out
+            ids, labels = expand_image_tokens(ids, labels, self.image_token_id, counts)
+        return TokenSequence(ids, labels)
 
-    def _text(self, text: str) -> dict[str, list[int]]:
-        ids = list(self.tok(text, add_special_tokens=True)["input_ids"])
+    def _text(self, text: str) -> TokenSequence:
+        ids = list(self.tok(text, add_special_tokens=True).input_ids)
         if self.tok.eos_token_id is not None and (not ids or ids[-1] != self.tok.eos_token_id):
             ids.append(self.tok.eos_token_id)
-        return {"input_ids": ids, "labels": list(ids)}
+        return TokenSequence(ids, list(ids))
 
     def tokenize(self, out: NormalRow, max_len: int | None = None) -> Tokenized:
         """Token ids and labels of a normalized row; sequences cut to `max_len` when given.
@@ -216,11 +223,11 @@ class BaseModelTokenizer:
                     "rejected_": self._chat(out.prompt + out.rejected, out.tools)}
         else:
             seqs = {"": self._text(out.text)}
-        longest = max(len(s["input_ids"]) for s in seqs.values())
+        longest = max(len(s.input_ids) for s in seqs.values())
         record: dict[str, list[int]] = {}
         tokens = trained = 0
         for prefix, s in seqs.items():
-            ids, labels = s["input_ids"][:max_len], s["labels"][:max_len]
+            ids, labels = s.input_ids[:max_len], s.labels[:max_len]
             record[prefix + "input_ids"], record[prefix + "labels"] = ids, labels
             tokens += len(ids)
             trained += sum(1 for x in labels if x != _IGNORE)
