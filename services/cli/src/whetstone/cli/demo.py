@@ -20,9 +20,11 @@ import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import IO, TYPE_CHECKING, Any
+from typing import IO, TYPE_CHECKING
 
 if TYPE_CHECKING:
+    from whetstone.gateway.server import RunningGateway
+
     from .api_objects import JobUsage
     from .client import Api
 
@@ -119,6 +121,13 @@ def run_demo(dataset: Path, *, keep: bool = False, tenant: str = "demo", console
     return run.code
 
 
+@dataclass(frozen=True)
+class _Started:
+    """What the platform reports once every service answers."""
+    upstreams: dict[str, str]       # service -> its URL
+    gateway: RunningGateway
+
+
 async def _demo(dataset: Path, tenant: str, terminal: IO[str], console_dir: Path | None, began: float) -> DemoRun:
     from whetstone.modelkit.tiny import build_tiny_model  # noqa: PLC0415
     from whetstone.runtime.settings import resolve_settings  # noqa: PLC0415
@@ -129,20 +138,21 @@ async def _demo(dataset: Path, tenant: str, terminal: IO[str], console_dir: Path
     model_dir = await asyncio.to_thread(build_tiny_model, settings.model_catalog / "tiny-llama")
     say(f"[model] tiny random Llama + BPE tokenizer at {model_dir}")
     stop = asyncio.Event()
-    ready: dict[str, Any] = {}
+    ready: list[_Started] = []
     platform = asyncio.create_task(run_platform(settings, api_port=0, stop=stop,
-                                                ready=lambda up, gw: ready.update(upstreams=up, gateway=gw)))
+                                                ready=lambda up, gw: ready.append(_Started(up, gw))))
     try:
         while not ready:
             if platform.done():
                 platform.result()
                 return DemoRun(1)
             await asyncio.sleep(0.1)
-        say("[services] " + "  ".join(f"{k}:{v.rsplit(':', 1)[1]}" for k, v in ready["upstreams"].items()))
-        url = ready["gateway"].url
+        started = ready[0]
+        say("[services] " + "  ".join(f"{k}:{v.rsplit(':', 1)[1]}" for k, v in started.upstreams.items()))
+        url = started.gateway.url
         say(f"[api] public API on {url}/v1")
         # the user's side runs in a thread, with the CLI's own (blocking) client
-        run = await asyncio.to_thread(user_session, url, ready["upstreams"]["scheduler"], dataset, tenant, terminal)
+        run = await asyncio.to_thread(user_session, url, started.upstreams["scheduler"], dataset, tenant, terminal)
         if console_dir is not None and run.code == 0 and run.key:
             await serve_console(url, console_dir, run, began)
         return run
@@ -229,6 +239,8 @@ def user_session(api_url: str, scheduler_url: str, dataset: Path, tenant: str, t
 
 def _answer(api: Api, model: str) -> str:
     """The served model's answer to QUESTION (serving loads the model once the registry announced it)."""
+    from openai.types.chat import ChatCompletion  # noqa: PLC0415
+
     from .client import ApiFailure, poll_until  # noqa: PLC0415
 
     def ask() -> str | None:
@@ -239,7 +251,7 @@ def _answer(api: Api, model: str) -> str:
             if exc.status == 404:
                 return None
             raise
-        return str(answer["choices"][0]["message"]["content"]) or "(an empty answer)"
+        return str(ChatCompletion.model_validate(answer).choices[0].message.content) or "(an empty answer)"
 
     return str(poll_until(ask, f"an answer from {model}", timeout_s=60))
 
