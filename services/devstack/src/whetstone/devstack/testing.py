@@ -16,11 +16,15 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pytest
 
 from whetstone.contracts import TOPICS, Envelope, Event, all_topic_partitions
+
+if TYPE_CHECKING:
+    from whetstone.runtime.service import Runtime
+    from whetstone.runtime.settings import CommonSettings
 
 SERVICE_ENV = ("INGEST", "SCHEDULER", "TRAINER_AGENT", "EVAL", "REGISTRY", "METERING", "SERVING")
 
@@ -101,7 +105,7 @@ def stack(_spare_stacks: _SpareStacks):
         shutil.rmtree(s.data_dir, ignore_errors=True)
 
 
-def use_stack(env: pytest.MonkeyPatch, endpoints: dict[str, str], data_dir: Path):
+def use_stack(env: pytest.MonkeyPatch, endpoints: dict[str, str], data_dir: Path) -> CommonSettings:
     """Point every service at the embedded stack's endpoints and `data_dir`, on free HTTP ports,
     offline; the common settings that follow."""
     from whetstone.runtime.settings import CommonSettings  # noqa: PLC0415
@@ -122,13 +126,13 @@ def settings(stack, tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
 
 @dataclass
 class Platform:
-    runtimes: dict[str, Any]
-    settings: Any
+    runtimes: dict[str, Runtime[Any]]     # by service name
+    settings: CommonSettings
 
     def url(self, service: str) -> str:
         return f"http://127.0.0.1:{self.runtimes[service].http.port}"
 
-    def __getitem__(self, service: str):
+    def __getitem__(self, service: str) -> Runtime[Any]:
         return self.runtimes[service]
 
 
@@ -140,7 +144,7 @@ def platform(settings) -> Callable[..., Any]:
     @asynccontextmanager
     async def run(*builders: Callable[[], Any]) -> AsyncIterator[Platform]:
         stop = asyncio.Event()
-        ready: dict[str, Any] = {}
+        ready: dict[str, Runtime[Any]] = {}
         task = asyncio.create_task(run_services([b() for b in builders], settings,
                                                 lambda rts: ready.update({r.name: r for r in rts}), stop,
                                                 handle_signals=False))
