@@ -5,8 +5,10 @@ upload to a served answer through the real platform, with the official `openai` 
   fine-tune scored on held-out chats (loss) and harmful prompts, CPT by held-out perplexity (every token)
   and a benchmark suite run by lm-eval on the candidate's own weights;
 - the registry lists the weights (safetensors shards, config, tokenizer, model card) with a sha256 each
-  and a presigned URL per file; the files downloaded that way load with transformers and answer exactly
-  as the platform's serving does (greedy), which serves each model as a base of its own;
+  and a presigned URL per file: the operator's shard size (300 kB) splits the ~875 kB tiny model into
+  several shards and their index; the files downloaded that way load with transformers (the shards
+  reassembled through the index) and answer exactly as the platform's serving does (greedy), which
+  serves each model as a base of its own from the same shards;
 - a CPT file sent for supervised training is refused at once with a 400 naming the file and its rows."""
 
 import asyncio
@@ -25,6 +27,7 @@ from whetstone.devstack.testing import until
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(1200)]  # two jobs through the whole platform
 TERMINAL = ("succeeded", "failed", "cancelled")
 HELLO = [{"role": "user", "content": "What is 3 + 5?"}]
+SHARD_BYTES = 300_000   # the tiny model's weights are ~875 kB: three shards or more
 SUITE = Path(__file__).resolve().parents[2] / "services/eval/src/whetstone/eval/suites/benchmarks"
 
 
@@ -58,6 +61,7 @@ async def test_full_fine_tune_and_cpt_from_upload_to_a_served_answer(platform, s
 
     monkeypatch.setenv("WHETSTONE_INGEST_MIN_EXAMPLES", "3")
     monkeypatch.setenv("WHETSTONE_TRAINER_AGENT_GPU_COUNT", "2")   # two slots: both jobs train at once
+    monkeypatch.setenv("WHETSTONE_TRAINER_AGENT_FULL_WEIGHTS_MAX_SHARD_BYTES", str(SHARD_BYTES))
     monkeypatch.setenv("WHETSTONE_EVAL_TASK_DIR", str(small_benchmark(tmp_path / "bench")))
     await asyncio.to_thread(build_tiny_model, Path(settings.model_catalog) / "tiny-llama")
     async with platform(*all_service_builders()) as p:
@@ -134,7 +138,11 @@ async def run(client: openai.AsyncOpenAI, tmp: Path) -> None:
         listing = (await client.get(f"/models/{ftm}/content", cast_to=httpx.Response)).json()
         assert listing["format"] == "safetensors-full-weights" and listing["shards"], listing
         names = [f["name"] for f in listing["files"]]
-        assert {"config.json", "README.md", *listing["shards"]} <= set(names), names
+        assert {"config.json", "README.md", "model.safetensors.index.json", *listing["shards"]} <= set(names), names
+        shards = [f for f in listing["files"] if f["name"] in listing["shards"]]
+        assert len(shards) >= 2 and "model.safetensors" not in names, listing["shards"]
+        assert all(f["url"] and len(f["sha256"]) == 64 and f["size"] <= SHARD_BYTES for f in shards), shards
+        assert len({f["url"] for f in shards}) == len(shards), "one presigned URL per shard"
         assert not any(n.endswith((".bin", ".pt", ".pkl")) or n.startswith("optimizer") for n in names), names
         local = tmp / method
         local.mkdir()
@@ -143,6 +151,8 @@ async def run(client: openai.AsyncOpenAI, tmp: Path) -> None:
                 data = (await anon.get(f["url"])).content
                 assert hashlib.sha256(data).hexdigest() == f["sha256"] == listing["manifest"][f["name"]]
                 (local / f["name"]).write_bytes(data)
+        index = json.loads((local / "model.safetensors.index.json").read_text())
+        assert set(index["weight_map"].values()) == set(listing["shards"]), index   # every shard, all in use
         card = (local / "README.md").read_text()
         assert "library_name: transformers" in card and f"method: {method}" in card, card[:600]
 

@@ -275,3 +275,38 @@ def test_deepspeed_states_admit_deepspeed_objects_but_nothing_else(tmp_path):
     with pytest.raises(PlatformError, match="global posix.mkdir is not admitted"):
         verify_checkpoint_pickles(root)
     assert not marker.exists()
+
+
+# ------------------------------------------------------------------ full weights in shards
+
+
+def test_full_weights_are_resharded_to_the_operator_size_and_load_back_equal(tmp_path):
+    import torch
+    from safetensors.torch import load_file
+    from transformers import AutoModelForCausalLM
+    from whetstone.modelkit.tiny import build_tiny_model
+    from whetstone.runtime.weights import holds_full_weights, weight_shards
+    from whetstone.trainer_agent.recipes.checkpointing import reshard_full_weights
+
+    build_tiny_model(tmp_path)
+    before = load_file(tmp_path / "model.safetensors")
+    shards = reshard_full_weights(tmp_path, 300_000)   # the tiny model is ~875 kB: at least 3 shards
+    names = [p.name for p in tmp_path.iterdir()]
+    assert len(shards) >= 3 and shards == weight_shards(names) and "model.safetensors" not in names, names
+    assert all((tmp_path / s).stat().st_size <= 300_000 for s in shards)
+    assert holds_full_weights(names), names
+    index = json.loads((tmp_path / "model.safetensors.index.json").read_text())
+    assert set(index["weight_map"].values()) == set(shards)
+    model = AutoModelForCausalLM.from_pretrained(tmp_path, dtype=torch.float32)
+    after = model.state_dict()
+    assert all(torch.equal(after[k], t) for k, t in before.items()), "a tensor changed in the shards"
+    assert reshard_full_weights(tmp_path, 300_000) == [], "sharded weights are left as they are"
+
+
+def test_an_adapter_is_never_resharded(tmp_path):
+    from whetstone.trainer_agent.recipes.checkpointing import reshard_full_weights
+
+    (tmp_path / "adapter_config.json").write_text("{}")
+    (tmp_path / "model.safetensors").write_bytes(b"not read")
+    assert reshard_full_weights(tmp_path, 10) == []
+    assert (tmp_path / "model.safetensors").read_bytes() == b"not read"

@@ -23,6 +23,9 @@ class TrainerAgentSettings(ServiceSettings):
     scratch_dir: Path | None = None
     keep_scratch: bool = False
     keep_checkpoints: int = Field(default=3, ge=1, description="resumable checkpoints kept per job in S3")
+    full_weights_max_shard_bytes: int | None = Field(
+        default=None, gt=0, description="a full-weight model's final weights are saved as safetensors shards of at "
+        "most this many bytes (with model.safetensors.index.json); unset: transformers' own shard size")
     launcher: Literal["torchrun", "deepspeed"] = Field(default="torchrun",
                                                        description="multi-GPU / multi-node launcher")
     recipe_module: str = "whetstone.trainer_agent.recipes.main"

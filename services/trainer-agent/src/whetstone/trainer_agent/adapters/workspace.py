@@ -107,7 +107,8 @@ class Workspaces:
             if spec.reinforcement else None,
             resume_from=resume.path, deepspeed=ds_path if ds_config else None, zero_init=plan.zero_init,
             distributed=DistributedSummary(world_size=plan.world_size, zero_stage=plan.zero_stage,
-                                           reasons=list(plan.reasons)))
+                                           reasons=list(plan.reasons)),
+            max_shard_bytes=c.full_weights_max_shard_bytes)
         config_path = scratch / "config.json"
         config_path.write_text(config.model_dump_json(indent=1))
         launch = build_launch(

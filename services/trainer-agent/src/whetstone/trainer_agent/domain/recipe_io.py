@@ -56,6 +56,7 @@ class TrainingConfig(Contract):
     deepspeed: Path | dict[str, Any] | None = None
     zero_init: bool = False
     distributed: DistributedSummary | None = None
+    max_shard_bytes: int | None = Field(default=None, gt=0)  # the final full weights' shard size; None: transformers'
 
 
 class MergeConfig(Contract):

@@ -32,6 +32,7 @@ log = logging.getLogger("whetstone.trainer_agent.recipes")
 
 CHECKPOINT_STATE_FILE = "whetstone_state.json"
 FINAL_DIR = "final"
+SINGLE_WEIGHTS = "model.safetensors"  # full weights in one file, as transformers saves a small model
 
 
 # ------------------------------------------------------------------ resumable checkpoints
@@ -107,8 +108,10 @@ def checkpoint_step(checkpoint: Path | None) -> int:
 
 def write_final_artifact(trainer, tokenizer, output_dir: Path, *, summary: dict[str, Any],
                          progress: list[Progress], title: str,
-                         merge: Callable[[Path, Path], None] | None = None) -> Path:
-    """output_dir/final, atomically; `merge(adapter_dir, out_dir)` also writes a merged model."""
+                         merge: Callable[[Path, Path], None] | None = None,
+                         max_shard_bytes: int | None = None) -> Path:
+    """output_dir/final, atomically; `merge(adapter_dir, out_dir)` also writes a merged model; full weights
+    are split into shards of at most `max_shard_bytes` when it is given."""
     final = output_dir / FINAL_DIR
     staging = output_dir / f"{FINAL_DIR}.partial"
     shutil.rmtree(staging, ignore_errors=True)
@@ -116,6 +119,8 @@ def write_final_artifact(trainer, tokenizer, output_dir: Path, *, summary: dict[
     trainer.save_model(str(staging))
     tokenizer.save_pretrained(str(staging))  # tokenizer.json + chat_template.jinja, whatever the trainer did
     (staging / "training_args.bin").unlink(missing_ok=True)  # a pickle: keep it out of the artifact
+    if max_shard_bytes is not None:
+        reshard_full_weights(staging, max_shard_bytes)
     if merge is not None:
         merge(staging, staging / "merged")
     (staging / "whetstone_training.json").write_text(json.dumps(summary, indent=2) + "\n")
@@ -124,6 +129,26 @@ def write_final_artifact(trainer, tokenizer, output_dir: Path, *, summary: dict[
     shutil.rmtree(final, ignore_errors=True)
     os.replace(staging, final)
     return final
+
+
+def reshard_full_weights(directory: Path, max_shard_bytes: int) -> list[str]:
+    """Full weights saved as one `model.safetensors` rewritten as `model-0000i-of-0000N.safetensors` shards
+    of at most `max_shard_bytes` each plus `model.safetensors.index.json` (one file stays one file when
+    it fits). An adapter, or weights transformers already sharded, are left as they are. The shard names
+    written, in order."""
+    from huggingface_hub import save_torch_state_dict
+    from safetensors.torch import load_file
+
+    single = directory / SINGLE_WEIGHTS
+    if not single.exists() or (directory / "adapter_config.json").exists():
+        return []
+    state = load_file(single)
+    single.unlink()
+    save_torch_state_dict(state, directory, max_shard_size=max_shard_bytes, metadata={"format": "pt"})
+    index = directory / f"{SINGLE_WEIGHTS}.index.json"
+    if not index.exists():
+        return [SINGLE_WEIGHTS]
+    return sorted(set(json.loads(index.read_text())["weight_map"].values()))
 
 
 def remove_partial_artifact(output_dir: Path) -> None:

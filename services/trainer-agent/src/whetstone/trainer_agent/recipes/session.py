@@ -141,7 +141,8 @@ class TrainingSession:
             train_loss=self.train_loss(), non_padding_fraction=non_padding_fraction) | (extra_summary or {})
         final = write_final_artifact(self.trainer, self.tokenizer, cfg.output_dir, summary=summary,
                                      progress=self.run.progress, title=f"{cfg.job_id} ({cfg.method})",
-                                     merge=merged_writer(cfg.base_model, self.tokenizer) if merge else None)
+                                     merge=merged_writer(cfg.base_model, self.tokenizer) if merge else None,
+                                     max_shard_bytes=cfg.max_shard_bytes)
         self.events.emit(Checkpoint(kind=CheckpointKind.FINAL, step=self.trainer.state.global_step, path=final))
         return final
 

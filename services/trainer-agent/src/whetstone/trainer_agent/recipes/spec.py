@@ -34,6 +34,7 @@ class RecipeConfig:
     deepspeed: dict[str, Any] | None = None
     zero_init: bool = False
     reinforcement: RecipeReinforcement | None = None
+    max_shard_bytes: int | None = None   # the final full weights' shard size (None: transformers' own)
 
     @classmethod
     def load(cls, path: Path) -> RecipeConfig:
@@ -57,6 +58,7 @@ class RecipeConfig:
             deepspeed=_deepspeed_config(raw.deepspeed),
             zero_init=raw.zero_init,
             reinforcement=raw.reinforcement,
+            max_shard_bytes=raw.max_shard_bytes,
         )
         cfg.check_distributed()
         return cfg
