@@ -4,7 +4,8 @@ CPU figures when there are no GPUs, a silent node dropping out; and the queue-wa
 import pytest
 from prometheus_client import generate_latest
 
-from whetstone.scheduler.adapters.metrics import SchedulerMetrics
+from whetstone.contracts.platform_events import GpuSample
+from whetstone.scheduler.adapters.metrics import NodeFigures, SchedulerMetrics
 
 pytestmark = pytest.mark.unit
 
@@ -21,12 +22,12 @@ def test_gauges_per_node_from_the_last_heartbeat():
     m = SchedulerMetrics()
     now = [1000.0]
     m.nodes.clock = lambda: now[0]
-    gpus = [{"index": 0, "utilization_pct": 90.0, "memory_used_mb": 1024.0, "memory_total_mb": 81559.0,
-             "power_w": 600.0, "temperature_c": 60.0},
-            {"index": 1, "utilization_pct": 10.0, "memory_used_mb": 1024.0, "memory_total_mb": 81559.0,
-             "power_w": None, "temperature_c": 70.0}]
-    m.nodes.observe("gpu-1", "H100", {"gpus": gpus, "cpu_percent": 12.5, "rss_mb": 512.0})
-    m.nodes.observe("cpu-1", "cpu", {"gpus": [], "cpu_percent": 50.0, "rss_mb": 100.0})
+    gpus = (GpuSample(index=0, utilization_pct=90.0, memory_used_mb=1024.0, memory_total_mb=81559.0,
+                      power_w=600.0, temperature_c=60.0),
+            GpuSample(index=1, utilization_pct=10.0, memory_used_mb=1024.0, memory_total_mb=81559.0,
+                      power_w=None, temperature_c=70.0))
+    m.nodes.observe("gpu-1", "H100", NodeFigures(gpus, cpu_percent=12.5, rss_mb=512.0))
+    m.nodes.observe("cpu-1", "cpu", NodeFigures((), cpu_percent=50.0, rss_mb=100.0))
     got = samples(m)
     gpu1 = (("gpu_type", "H100"), ("node", "gpu-1"))
     assert got[("whetstone_node_gpu_utilization_ratio", gpu1)] == pytest.approx(0.5)

@@ -5,12 +5,13 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Iterator, Mapping
-from typing import Any
+from dataclasses import dataclass
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 from whetstone.contracts import JobFailedV1, JobPreemptedV1, JobQueuedV1
+from whetstone.contracts.platform_events import GpuSample, NodeHeartbeatV1
 from whetstone.runtime.messaging import Published
 from whetstone.runtime.observability import EventMetric, MetricSet
 
@@ -45,44 +46,68 @@ class SchedulerMetrics:
         registry.register(self.nodes)
 
 
-def _gpu_mean(key: str, scale: float = 1.0) -> Callable[[dict[str, Any]], float | None]:
-    def value(hb: dict[str, Any]) -> float | None:
-        vals = [g[key] for g in hb.get("gpus") or () if g.get(key) is not None]
+@dataclass(frozen=True)
+class NodeFigures:
+    """The hardware figures of one heartbeat that the gauges show."""
+    gpus: tuple[GpuSample, ...] = ()
+    cpu_percent: float | None = None
+    rss_mb: float | None = None
+
+    @classmethod
+    def of(cls, hb: NodeHeartbeatV1) -> NodeFigures:
+        return cls(tuple(hb.gpus), hb.cpu_percent, hb.rss_mb)
+
+
+GpuFigure = Callable[[GpuSample], float | None]
+NodeFigure = Callable[[NodeFigures], float | None]
+
+
+def _gpu_values(figures: NodeFigures, figure: GpuFigure) -> list[float]:
+    return [v for v in (figure(g) for g in figures.gpus) if v is not None]
+
+
+def _gpu_mean(figure: GpuFigure, scale: float = 1.0) -> NodeFigure:
+    def value(figures: NodeFigures) -> float | None:
+        vals = _gpu_values(figures, figure)
         return sum(vals) / len(vals) * scale if vals else None
     return value
 
 
-def _gpu_sum(key: str, scale: float = 1.0) -> Callable[[dict[str, Any]], float | None]:
-    def value(hb: dict[str, Any]) -> float | None:
-        vals = [g[key] for g in hb.get("gpus") or () if g.get(key) is not None]
+def _gpu_sum(figure: GpuFigure, scale: float = 1.0) -> NodeFigure:
+    def value(figures: NodeFigures) -> float | None:
+        vals = _gpu_values(figures, figure)
         return sum(vals) * scale if vals else None
     return value
 
 
-def _gpu_max(key: str) -> Callable[[dict[str, Any]], float | None]:
-    def value(hb: dict[str, Any]) -> float | None:
-        vals = [g[key] for g in hb.get("gpus") or () if g.get(key) is not None]
+def _gpu_max(figure: GpuFigure) -> NodeFigure:
+    def value(figures: NodeFigures) -> float | None:
+        vals = _gpu_values(figures, figure)
         return max(vals) if vals else None
     return value
 
 
-def _field(key: str, scale: float = 1.0) -> Callable[[dict[str, Any]], float | None]:
-    return lambda hb: hb[key] * scale if hb.get(key) is not None else None
+def _scaled(figure: NodeFigure, scale: float) -> NodeFigure:
+    def value(figures: NodeFigures) -> float | None:
+        v = figure(figures)
+        return v * scale if v is not None else None
+    return value
 
 
 # name, help, the heartbeat figure it shows (None: absent from this heartbeat)
-_NODE_GAUGES: tuple[tuple[str, str, Callable[[dict[str, Any]], float | None]], ...] = (
+_NODE_GAUGES: tuple[tuple[str, str, NodeFigure], ...] = (
     ("whetstone_node_gpu_utilization_ratio", "Mean GPU utilisation of the node's GPUs (nvidia-smi), last heartbeat",
-     _gpu_mean("utilization_pct", 0.01)),
+     _gpu_mean(lambda g: g.utilization_pct, 0.01)),
     ("whetstone_node_gpu_memory_used_bytes", "GPU memory in use on the node, summed over its GPUs",
-     _gpu_sum("memory_used_mb", 2**20)),
+     _gpu_sum(lambda g: g.memory_used_mb, 2**20)),
     ("whetstone_node_gpu_memory_total_bytes", "GPU memory of the node, summed over its GPUs",
-     _gpu_sum("memory_total_mb", 2**20)),
-    ("whetstone_node_gpu_power_watts", "Power drawn by the node's GPUs, summed", _gpu_sum("power_w")),
-    ("whetstone_node_gpu_temperature_celsius", "Hottest GPU of the node", _gpu_max("temperature_c")),
-    ("whetstone_node_cpu_utilization_ratio", "Node CPU busy ratio between two heartbeats", _field("cpu_percent", 0.01)),
+     _gpu_sum(lambda g: g.memory_total_mb, 2**20)),
+    ("whetstone_node_gpu_power_watts", "Power drawn by the node's GPUs, summed", _gpu_sum(lambda g: g.power_w)),
+    ("whetstone_node_gpu_temperature_celsius", "Hottest GPU of the node", _gpu_max(lambda g: g.temperature_c)),
+    ("whetstone_node_cpu_utilization_ratio", "Node CPU busy ratio between two heartbeats",
+     _scaled(lambda f: f.cpu_percent, 0.01)),
     ("whetstone_node_agent_rss_bytes", "Resident memory of the trainer agent and its training processes",
-     _field("rss_mb", 2**20)),
+     _scaled(lambda f: f.rss_mb, 2**20)),
 )
 
 
@@ -92,9 +117,9 @@ class NodeTelemetry(Collector):
 
     def __init__(self, ttl_s: float = 300.0, clock: Callable[[], float] = time.monotonic) -> None:
         self.ttl_s, self.clock = ttl_s, clock
-        self.last: dict[str, tuple[float, str, dict[str, Any]]] = {}  # node -> (seen, gpu_type, heartbeat fields)
+        self.last: dict[str, tuple[float, str, NodeFigures]] = {}  # node -> (seen, gpu_type, heartbeat figures)
 
-    def observe(self, node_id: str, gpu_type: str, figures: dict[str, Any]) -> None:
+    def observe(self, node_id: str, gpu_type: str, figures: NodeFigures) -> None:
         self.last[node_id] = (self.clock(), gpu_type, figures)
 
     def collect(self) -> Iterator[GaugeMetricFamily]:

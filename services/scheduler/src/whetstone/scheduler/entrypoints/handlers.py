@@ -15,6 +15,7 @@ from whetstone.runtime.s3 import within_tenant
 from whetstone.runtime.service import PoisonMessage, Runtime
 
 from ..usecases.admission import IdempotencyConflict, Rejected, month_of, submit_job, try_queue
+from ..adapters.metrics import NodeFigures
 from ..adapters.store import JobStore, NodeFacts
 from ..context import SchedulerContext
 from ..domain import admission as quotas
@@ -118,7 +119,7 @@ async def on_node_heartbeat(rt: Rt, uow: UnitOfWork, env: Envelope, ev: NodeHear
     if foreign:  # nothing was written: the poison's transaction rolls back anyway
         raise PoisonMessage(f"node.heartbeat of {ev.node_id} claims jobs placed on other nodes: "
                             f"{', '.join(foreign)}", reason="foreign_job_claim")
-    figures = ev.model_dump(include={"gpus", "cpu_percent", "rss_mb"})
+    figures = NodeFigures.of(ev)
     uow.after_commit(lambda: rt.ctx.metrics.nodes.observe(ev.node_id, ev.gpu_type, figures))
     if wake:
         await store.wake_scheduler()
