@@ -12,12 +12,35 @@ import os
 import random
 import shutil
 from collections.abc import Sequence
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from . import data
 
-BASE_RECIPE = {"version": 6, "hidden": 64, "layers": 2, "heads": 4, "intermediate": 256, "steps": 1000,
-               "batch": 16, "lr": 5e-3, "seed": 0, "max_len": 96}
+
+@dataclass(frozen=True)
+class BaseRecipe:
+    """The taught base's model size and training run (its hash names the cached base)."""
+    version: int = 6
+    hidden: int = 64
+    layers: int = 2
+    heads: int = 4
+    intermediate: int = 256
+    steps: int = 1000
+    batch: int = 16
+    lr: float = 5e-3
+    seed: int = 0
+    max_len: int = 96
+
+
+@dataclass(frozen=True)
+class _Example:
+    """One tokenized training example: ids and labels (-100 where not trained)."""
+    input_ids: list[int]
+    labels: list[int]
+
+
+BASE_RECIPE = BaseRecipe()
 KINDS = ("good", "forgetting", "safety_eroded", "no_gain", "style_degraded")
 INTENDED_STAGE = {"forgetting": "benchmarks", "safety_eroded": "safety", "no_gain": "holdout",
                   "style_degraded": "judge"}
@@ -32,28 +55,27 @@ CANDIDATE_RECIPES = {
 
 
 def recipe_hash() -> str:
-    blob = json.dumps({"recipe": BASE_RECIPE, "suites": [data.suite_rows(s) for s in data.SUITES],
+    blob = json.dumps({"recipe": asdict(BASE_RECIPE), "suites": [data.suite_rows(s) for s in data.SUITES],
                        "facts": data.group_facts(),
                        "chat": data.chat_style(), "refusals": data.refusal_convs()}, sort_keys=True)
     return hashlib.sha256(blob.encode()).hexdigest()[:16]
 
 
-def _mc_example(tokenizer, row: dict, max_len: int) -> dict:
+def _mc_example(tokenizer, row: dict, max_len: int) -> _Example:
     context, continuation = data.mc_text(row)
-    c = tokenizer(context, add_special_tokens=False)["input_ids"]
-    t = tokenizer(continuation, add_special_tokens=False)["input_ids"]
-    ids = (c + t)[:max_len]
-    return {"input_ids": ids, "labels": ([-100] * len(c) + t)[:max_len]}
+    c = tokenizer(context, add_special_tokens=False).input_ids
+    t = tokenizer(continuation, add_special_tokens=False).input_ids
+    return _Example((c + t)[:max_len], ([-100] * len(c) + t)[:max_len])
 
 
-def _chat_example(tokenizer, conv, max_len: int) -> dict:
+def _chat_example(tokenizer, conv, max_len: int) -> _Example:
     from whetstone.modelkit.chat import tokenize_chat
 
     ex = tokenize_chat(tokenizer, conv, max_len)
-    return {"input_ids": ex["input_ids"], "labels": ex["labels"]}
+    return _Example(ex["input_ids"], ex["labels"])
 
 
-def _train(model, examples: Sequence[dict], *, steps: int, batch: int, lr: float, seed: int, pad_id: int,
+def _train(model, examples: Sequence[_Example], *, steps: int, batch: int, lr: float, seed: int, pad_id: int,
            log_every: int = 0) -> float:
     import torch
 
@@ -71,13 +93,13 @@ def _train(model, examples: Sequence[dict], *, steps: int, batch: int, lr: float
             rng.shuffle(more)
             order += more
         chosen, order = [examples[i] for i in order[:batch]], order[batch:]
-        width = max(len(e["input_ids"]) for e in chosen)
+        width = max(len(e.input_ids) for e in chosen)
         ids = torch.full((len(chosen), width), pad_id, dtype=torch.long)
         labels = torch.full((len(chosen), width), -100, dtype=torch.long)
         mask = torch.zeros((len(chosen), width), dtype=torch.long)
         for r, e in enumerate(chosen):
-            n = len(e["input_ids"])
-            ids[r, :n], labels[r, :n], mask[r, :n] = torch.tensor(e["input_ids"]), torch.tensor(e["labels"]), 1
+            n = len(e.input_ids)
+            ids[r, :n], labels[r, :n], mask[r, :n] = torch.tensor(e.input_ids), torch.tensor(e.labels), 1
         loss = model(input_ids=ids, attention_mask=mask, labels=labels).loss
         loss.backward()
         torch.nn.utils.clip_grad_norm_(params, 1.0)
@@ -103,23 +125,23 @@ def build_taught_base(cache_dir: Path, log=print) -> Path:
     r = BASE_RECIPE
     tokenizer = build_tokenizer()
     bos, eos, pad, end = tokenizer.convert_tokens_to_ids([BOS, EOS, PAD, END_OF_TURN])
-    config = LlamaConfig(vocab_size=len(tokenizer), hidden_size=r["hidden"], intermediate_size=r["intermediate"],
-                         num_hidden_layers=r["layers"], num_attention_heads=r["heads"],
-                         num_key_value_heads=r["heads"], max_position_embeddings=512, tie_word_embeddings=False,
+    config = LlamaConfig(vocab_size=len(tokenizer), hidden_size=r.hidden, intermediate_size=r.intermediate,
+                         num_hidden_layers=r.layers, num_attention_heads=r.heads,
+                         num_key_value_heads=r.heads, max_position_embeddings=512, tie_word_embeddings=False,
                          bos_token_id=bos, eos_token_id=eos, pad_token_id=pad)
-    torch.manual_seed(r["seed"])
+    torch.manual_seed(r.seed)
     model = LlamaForCausalLM(config)
     rows = [row for s in data.SUITES for row in data.suite_rows(s)] + data.group_facts() * 2
-    examples = [_mc_example(tokenizer, row, r["max_len"]) for row in rows]
-    examples += [_chat_example(tokenizer, c, r["max_len"]) for c in data.refusal_convs() * 2 + data.chat_style()]
-    loss = _train(model, examples, steps=r["steps"], batch=r["batch"], lr=r["lr"], seed=r["seed"], pad_id=pad)
-    log(f"[harness] taught base: {len(examples)} examples, {r['steps']} steps, final loss {loss:.3f}")
+    examples = [_mc_example(tokenizer, row, r.max_len) for row in rows]
+    examples += [_chat_example(tokenizer, c, r.max_len) for c in data.refusal_convs() * 2 + data.chat_style()]
+    loss = _train(model, examples, steps=r.steps, batch=r.batch, lr=r.lr, seed=r.seed, pad_id=pad)
+    log(f"[harness] taught base: {len(examples)} examples, {r.steps} steps, final loss {loss:.3f}")
     model.generation_config = GenerationConfig(bos_token_id=bos, eos_token_id=[eos, end], pad_token_id=pad)
     tmp = out.with_name(out.name + ".tmp")
     shutil.rmtree(tmp, ignore_errors=True)
     model.save_pretrained(tmp)
     tokenizer.save_pretrained(tmp)
-    (tmp / "TAUGHT").write_text(json.dumps(BASE_RECIPE))
+    (tmp / "TAUGHT").write_text(json.dumps(asdict(BASE_RECIPE)))
     shutil.rmtree(out, ignore_errors=True)
     tmp.rename(out)
     return out
