@@ -191,7 +191,10 @@ async def _completed(rt, job_id: str) -> tuple[str, dict]:
     return await wait_until(found, timeout=240, what=f"job.completed for {job_id}")
 
 
-async def test_agent_reports_cancel_crash_recipe_failure_and_rejected_plans(platform, settings, tiny_base):
+async def test_agent_reports_cancel_crash_recipe_failure_and_rejected_plans(platform, settings, tiny_base,
+                                                                          monkeypatch):
+    monkeypatch.delenv("WHETSTONE_IMAGE_DIGEST", raising=False)
+    monkeypatch.delenv("IMAGE_DIGEST", raising=False)
     sha = install_model(settings, tiny_base)
     broken = settings.model_catalog / "tiny-no-tokenizer"      # same weights, so the pin matches
     shutil.copytree(tiny_base, broken)
@@ -205,6 +208,13 @@ async def test_agent_reports_cancel_crash_recipe_failure_and_rejected_plans(plat
         await assign(settings, "job-kill", spec(sha, uri, **long_run))
         await assign(settings, "job-broken", spec(sha, uri, model="tiny-no-tokenizer"))
         await assign(settings, "job-zero7", spec(sha, uri, zero_stage=7))
+        pin = "ghcr.io/whetstone/trainer@sha256:" + "9" * 64
+        await assign(settings, "job-image", spec(sha, uri).model_copy(update={"image": pin}))
+
+        # a job pinned to a trainer image this node cannot show it runs: refused before anything is fetched
+        topic, mismatched = await terminal(rt, "job-image")
+        assert (topic, mismatched["code"]) == ("job.failed", "image_mismatch"), mismatched
+        assert pin in mismatched["message"] and "WHETSTONE_IMAGE_DIGEST" in mismatched["message"], mismatched
 
         # a plan no rule allows is rejected before anything runs, as the user's error
         topic, rejected = await terminal(rt, "job-zero7")
