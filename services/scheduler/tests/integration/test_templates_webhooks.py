@@ -269,6 +269,9 @@ async def test_webhooks_signed_retried_logged_and_filtered(platform, settings, t
                 hooks[name] = r.json()["id"]
             listed = (await http.get("/v1/webhooks", auth=DEMO)).json()["data"]
             assert {h["id"] for h in listed} == set(hooks.values()) and all("secret" not in h for h in listed)
+            assert list(r.json()) == ["object", "id", "url", "events", "description", "created_at", "secret"]
+            assert (await http.get(f"/v1/webhooks/{hooks['silent']}", auth=DEMO)).json() == \
+                {k: v for k, v in r.json().items() if k != "secret"} == listed[-1]
             # at rest the signing secrets are sealed (the deliveries below still verify with the shown ones)
             stored = [r["secret"] for r in await rt.pool.fetch("SELECT secret FROM webhooks")]
             assert stored and all(v.startswith("enc:v1:") and "whsec_" not in v for v in stored)
@@ -328,6 +331,9 @@ async def test_webhooks_signed_retried_logged_and_filtered(platform, settings, t
             assert bad["last_error"] == "refused: the URL's host is not a public address"
             # the receiver's body is never read (an endless one costs nothing); one deadline for the whole attempt
             streamed = (await wait_until(lambda: log("streamer", 1), 30, "streamer log"))[0]
+            assert list(streamed) == ["object", "id", "webhook_id", "event_id", "event_type", "status", "attempts",
+                                      "last_status_code", "last_error", "next_attempt_at", "created_at", "updated_at"]
+            assert streamed["object"] == "webhook.delivery" and streamed["next_attempt_at"] is None
             assert streamed["status"] == "succeeded" and streamed["attempts"] == 1
             late = (await wait_until(lambda: log("silent", 1), 40, "silent log"))[0]
             assert late["status"] == "failed" and late["last_error"] == "no answer within 2 s"
@@ -335,7 +341,8 @@ async def test_webhooks_signed_retried_logged_and_filtered(platform, settings, t
             # another tenant sees none of it; a deleted hook gets nothing more
             assert (await http.get(f"/v1/webhooks/{hooks['flaky']}/deliveries", auth=ACME)).status_code == 404
             assert (await http.delete(f"/v1/webhooks/{hooks['flaky']}", auth=ACME)).status_code == 404
-            assert (await http.delete(f"/v1/webhooks/{hooks['flaky']}", auth=DEMO)).status_code == 200
+            assert (await http.delete(f"/v1/webhooks/{hooks['flaky']}", auth=DEMO)).json() == \
+                {"object": "webhook.deleted", "id": hooks["flaky"], "deleted": True}
             assert (await http.get(f"/v1/webhooks/{hooks['flaky']}", auth=DEMO)).status_code == 404
             assert await rt.pool.fetchval("SELECT count(*) FROM webhook_deliveries") == 7
     finally:

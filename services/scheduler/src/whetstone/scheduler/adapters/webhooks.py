@@ -7,11 +7,12 @@ from __future__ import annotations
 import asyncio
 import json
 import socket
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import datetime, timedelta
 from typing import Any
 
 import asyncpg
+from whetstone.contracts.base import Contract
 
 from .secret_box import PREFIX, SecretBox, SecretUnreadable
 
@@ -22,17 +23,44 @@ async def system_resolve(host: str, port: int) -> list[str]:
     return [str(info[4][0]) for info in infos]
 
 
-def hook_view(row: asyncpg.Record) -> dict[str, Any]:
-    return {"object": "webhook", "id": row["webhook_id"], "url": row["url"], "events": list(row["events"]),
-            "description": row["description"], "created_at": int(row["created_at"].timestamp())}
+# the columns each record is read from (a row of them maps field by field onto the record)
+_HOOK = "webhook_id, url, events, description, created_at"
+_DELIVERY = ("delivery_id, webhook_id, event_id, event_type, status, attempts, last_status_code, last_error,"
+             " next_attempt_at, created_at, updated_at")
 
 
-def delivery_view(row: asyncpg.Record) -> dict[str, Any]:
-    return {"object": "webhook.delivery", "id": str(row["delivery_id"]), "webhook_id": row["webhook_id"],
-            "event_id": row["event_id"], "event_type": row["event_type"], "status": row["status"],
-            "attempts": row["attempts"], "last_status_code": row["last_status_code"], "last_error": row["last_error"],
-            "next_attempt_at": int(row["next_attempt_at"].timestamp()) if row["status"] == "pending" else None,
-            "created_at": int(row["created_at"].timestamp()), "updated_at": int(row["updated_at"].timestamp())}
+@dataclass(frozen=True)
+class Webhook:
+    """A tenant's live webhook (its sealed secret stays in the database)."""
+    webhook_id: str
+    url: str
+    events: list[str]
+    description: str
+    created_at: datetime
+
+
+@dataclass(frozen=True)
+class Delivery:
+    """One row of a webhook's delivery log."""
+    delivery_id: int
+    webhook_id: str
+    event_id: str
+    event_type: str
+    status: str
+    attempts: int
+    last_status_code: int | None
+    last_error: str | None
+    next_attempt_at: datetime
+    created_at: datetime
+    updated_at: datetime
+
+
+def _webhook(row: asyncpg.Record) -> Webhook:
+    return Webhook(**row)
+
+
+def _delivery(row: asyncpg.Record) -> Delivery:
+    return Delivery(**row)
 
 
 @dataclass(frozen=True)
@@ -41,7 +69,7 @@ class DueDelivery:
     delivery_id: int
     event_id: str
     event_type: str
-    payload: dict[str, Any]
+    payload: dict[str, Any]   # the event's JSON document, posted as the body's `data`
     tenant_id: str
     attempts: int
     created_at: datetime
@@ -51,14 +79,13 @@ class DueDelivery:
 
     @classmethod
     def of(cls, row: asyncpg.Record, box: SecretBox) -> DueDelivery:
-        fields = dict(row)
-        if not isinstance(fields["payload"], dict):
-            fields["payload"] = json.loads(fields["payload"])
+        claimed = cls(**row)   # payload as the driver gives jsonb (text), secret still sealed
+        payload = claimed.payload if isinstance(claimed.payload, dict) else json.loads(claimed.payload)
         try:
-            fields["secret"] = box.open(fields["secret"], fields["webhook_id"])
+            secret = box.open(claimed.secret or "", claimed.webhook_id)   # the column is NOT NULL
         except SecretUnreadable:
-            fields["secret"] = None
-        return cls(**fields)
+            secret = None
+        return replace(claimed, payload=payload, secret=secret)
 
 
 class WebhookStore:
@@ -75,20 +102,20 @@ class WebhookStore:
         return self._box
 
     async def add(self, webhook_id: str, tenant_id: str, url: str, events: list[str], secret: str,
-                  description: str, now: datetime) -> dict[str, Any]:
+                  description: str, now: datetime) -> Webhook:
         row = await self.conn.fetchrow(
             "INSERT INTO webhooks (webhook_id, tenant_id, url, events, secret, description, created_at)"
-            " VALUES ($1,$2,$3,$4,$5,$6,$7) RETURNING *", webhook_id, tenant_id, url, events,
+            f" VALUES ($1,$2,$3,$4,$5,$6,$7) RETURNING {_HOOK}", webhook_id, tenant_id, url, events,
             self.box.seal(secret, webhook_id), description, now)
-        return hook_view(row)
+        return _webhook(row)
 
     async def reseal_legacy(self) -> int:
         """Seal the secrets stored in plain text before encryption; returns how many."""
         rows = await self.conn.fetch("SELECT webhook_id, secret FROM webhooks WHERE secret NOT LIKE $1 || '%'"
                                      " FOR UPDATE", PREFIX)
-        for r in rows:
-            await self.conn.execute("UPDATE webhooks SET secret = $2 WHERE webhook_id = $1", r["webhook_id"],
-                                    self.box.seal(r["secret"], r["webhook_id"]))
+        for webhook_id, plain in rows:
+            await self.conn.execute("UPDATE webhooks SET secret = $2 WHERE webhook_id = $1", webhook_id,
+                                    self.box.seal(plain, webhook_id))
         return len(rows)
 
     async def count(self, tenant_id: str) -> int:
@@ -98,15 +125,15 @@ class WebhookStore:
         return await self.conn.fetchval("SELECT count(*) FROM webhooks WHERE tenant_id = $1 AND deleted_at IS NULL",
                                         tenant_id)
 
-    async def get(self, tenant_id: str, webhook_id: str) -> dict[str, Any] | None:
-        row = await self.conn.fetchrow("SELECT * FROM webhooks WHERE webhook_id = $1 AND tenant_id = $2"
+    async def get(self, tenant_id: str, webhook_id: str) -> Webhook | None:
+        row = await self.conn.fetchrow(f"SELECT {_HOOK} FROM webhooks WHERE webhook_id = $1 AND tenant_id = $2"
                                        " AND deleted_at IS NULL", webhook_id, tenant_id)
-        return hook_view(row) if row else None
+        return _webhook(row) if row else None
 
-    async def list(self, tenant_id: str) -> list[dict[str, Any]]:
-        rows = await self.conn.fetch("SELECT * FROM webhooks WHERE tenant_id = $1 AND deleted_at IS NULL"
+    async def list(self, tenant_id: str) -> list[Webhook]:
+        rows = await self.conn.fetch(f"SELECT {_HOOK} FROM webhooks WHERE tenant_id = $1 AND deleted_at IS NULL"
                                      " ORDER BY created_at, webhook_id", tenant_id)
-        return [hook_view(r) for r in rows]
+        return [_webhook(r) for r in rows]
 
     async def delete(self, tenant_id: str, webhook_id: str, now: datetime) -> bool:
         """Soft delete (the delivery log stays); pending deliveries are dropped."""
@@ -117,18 +144,19 @@ class WebhookStore:
                                     " WHERE webhook_id = $1 AND status = 'pending'", webhook_id, now)
         return bool(done)
 
-    async def deliveries(self, webhook_id: str, limit: int) -> list[dict[str, Any]]:
-        rows = await self.conn.fetch("SELECT * FROM webhook_deliveries WHERE webhook_id = $1"
+    async def deliveries(self, webhook_id: str, limit: int) -> list[Delivery]:
+        rows = await self.conn.fetch(f"SELECT {_DELIVERY} FROM webhook_deliveries WHERE webhook_id = $1"
                                      " ORDER BY delivery_id DESC LIMIT $2", webhook_id, limit)
-        return [delivery_view(r) for r in rows]
+        return [_delivery(r) for r in rows]
 
-    async def enqueue(self, tenant_id: str, event_type: str, event_id: str, payload: dict[str, Any]) -> int:
+    async def enqueue(self, tenant_id: str, event_type: str, event_id: str, payload: Contract) -> int:
         """One delivery per matching webhook of the tenant; the same event twice is queued once."""
         result = await self.conn.execute(
             "INSERT INTO webhook_deliveries (webhook_id, tenant_id, event_id, event_type, payload)"
             " SELECT webhook_id, tenant_id, $2, $3, $4::jsonb FROM webhooks WHERE tenant_id = $1"
             " AND deleted_at IS NULL AND (cardinality(events) = 0 OR $3 = ANY(events))"
-            " ON CONFLICT (webhook_id, event_id) DO NOTHING", tenant_id, event_id, event_type, json.dumps(payload))
+            " ON CONFLICT (webhook_id, event_id) DO NOTHING", tenant_id, event_id, event_type,
+            payload.model_dump_json(exclude_none=True))
         return int(result.split()[-1])
 
     async def claim(self, now: datetime, lease: timedelta, limit: int) -> list[DueDelivery]:

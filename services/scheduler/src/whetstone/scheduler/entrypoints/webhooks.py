@@ -20,7 +20,7 @@ import json
 import secrets
 import time
 from datetime import timedelta
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
 import asyncpg
 import httpx
@@ -34,12 +34,61 @@ from whetstone.runtime.messaging import UnitOfWork
 from whetstone.runtime.service import Handler, Runtime
 
 from ..adapters.secret_box import SecretBox
-from ..adapters.webhooks import DueDelivery, WebhookStore
+from ..adapters.webhooks import Delivery, DueDelivery, Webhook, WebhookStore
 from ..context import Resolver, SchedulerContext
 from ..domain import webhooks as rules
 from ..domain.addresses import Address, AddressError, AllowList, pin
 
 Rt = Runtime[SchedulerContext]
+
+
+class WebhookObject(BaseModel):
+    """A webhook as the API shows it."""
+    object: Literal["webhook"] = "webhook"
+    id: str
+    url: str
+    events: list[str]
+    description: str
+    created_at: int
+
+    @classmethod
+    def of(cls, hook: Webhook) -> WebhookObject:
+        return cls(id=hook.webhook_id, url=hook.url, events=hook.events, description=hook.description,
+                   created_at=int(hook.created_at.timestamp()))
+
+
+class WebhookCreated(WebhookObject):
+    secret: str   # shown once: only signatures carry it afterwards
+
+
+class DeliveryObject(BaseModel):
+    """One attempt log row; `next_attempt_at` only while the delivery is still pending."""
+    object: Literal["webhook.delivery"] = "webhook.delivery"
+    id: str
+    webhook_id: str
+    event_id: str
+    event_type: str
+    status: str
+    attempts: int
+    last_status_code: int | None
+    last_error: str | None
+    next_attempt_at: int | None
+    created_at: int
+    updated_at: int
+
+    @classmethod
+    def of(cls, d: Delivery) -> DeliveryObject:
+        return cls(id=str(d.delivery_id), webhook_id=d.webhook_id, event_id=d.event_id, event_type=d.event_type,
+                   status=d.status, attempts=d.attempts, last_status_code=d.last_status_code,
+                   last_error=d.last_error,
+                   next_attempt_at=int(d.next_attempt_at.timestamp()) if d.status == "pending" else None,
+                   created_at=int(d.created_at.timestamp()), updated_at=int(d.updated_at.timestamp()))
+
+
+class WebhookDeleted(BaseModel):
+    object: Literal["webhook.deleted"] = "webhook.deleted"
+    id: str
+    deleted: bool = True
 
 
 class CreateWebhook(BaseModel):
@@ -62,7 +111,7 @@ def routes(rt: Rt) -> APIRouter:
         return missing(f"No webhook found with id {webhook_id!r}", code="webhook_not_found", param="webhook_id")
 
     @r.post("")
-    async def create(body: CreateWebhook, caller: Caller = require("write")) -> dict:
+    async def create(body: CreateWebhook, caller: Caller = require("write")) -> WebhookCreated:
         cfg = rt.ctx.config
         allow = AllowList.parse(cfg.webhook_allow_hosts)
         try:
@@ -79,47 +128,43 @@ def routes(rt: Rt) -> APIRouter:
                                "first", code="webhook_limit_reached", param="url")
             hook = await store.add(f"wh_{secrets.token_hex(12)}", caller.tenant_id, body.url, events,
                                    secret, body.description, rt.ctx.clock())
-        return {**hook, "secret": secret}   # shown once: only signatures carry it afterwards
+        return WebhookCreated(**WebhookObject.of(hook).model_dump(), secret=secret)
 
     @r.get("")
-    async def list_hooks(caller: Caller = require("read")) -> ListObject[dict[str, Any]]:
+    async def list_hooks(caller: Caller = require("read")) -> ListObject[WebhookObject]:
         async with rt.uow() as uow:
-            data = await WebhookStore(uow.conn).list(caller.tenant_id)
-        return list_object(data)
+            hooks = await WebhookStore(uow.conn).list(caller.tenant_id)
+        return list_object([WebhookObject.of(h) for h in hooks])
 
     @r.get("/{webhook_id}")
-    async def get(webhook_id: str, caller: Caller = require("read")) -> dict:
+    async def get(webhook_id: str, caller: Caller = require("read")) -> WebhookObject:
         async with rt.uow() as uow:
             hook = await WebhookStore(uow.conn).get(caller.tenant_id, webhook_id)
         if hook is None:
             raise not_found(webhook_id)
-        return hook
+        return WebhookObject.of(hook)
 
     @r.delete("/{webhook_id}")
-    async def delete(webhook_id: str, caller: Caller = require("write")) -> dict:
+    async def delete(webhook_id: str, caller: Caller = require("write")) -> WebhookDeleted:
         async with rt.uow() as uow:
             if not await WebhookStore(uow.conn).delete(caller.tenant_id, webhook_id, rt.ctx.clock()):
                 raise not_found(webhook_id)
-        return {"object": "webhook.deleted", "id": webhook_id, "deleted": True}
+        return WebhookDeleted(id=webhook_id)
 
     @r.get("/{webhook_id}/deliveries")
     async def deliveries(webhook_id: str, caller: Caller = require("read"),
-                         limit: int = Query(50, ge=1, le=500)) -> ListObject[dict[str, Any]]:
+                         limit: int = Query(50, ge=1, le=500)) -> ListObject[DeliveryObject]:
         async with rt.uow() as uow:
             store = WebhookStore(uow.conn)
             if await store.get(caller.tenant_id, webhook_id) is None:
                 raise not_found(webhook_id)
-            data = await store.deliveries(webhook_id, limit)
-        return list_object(data, len(data) == limit)
+            rows = await store.deliveries(webhook_id, limit)
+        return list_object([DeliveryObject.of(d) for d in rows], len(rows) == limit)
 
     return r
 
 
 # ------------------------------------------------------------------ model events -> deliveries
-
-def _model_payload(ev: ModelRegisteredV1 | ModelPromotedV1) -> dict[str, Any]:
-    return ev.model_dump(mode="json", exclude_none=True)
-
 
 def notifying(handler: Handler) -> Handler:
     """`handler`, then a delivery per matching webhook of the event's tenant, in the same transaction."""
@@ -134,7 +179,7 @@ def notifying(handler: Handler) -> Handler:
 
 async def on_model_event(rt: Rt, uow: UnitOfWork, env: Envelope, ev: ModelRegisteredV1 | ModelPromotedV1) -> None:
     if env.tenant_id:
-        await WebhookStore(uow.conn).enqueue(env.tenant_id, env.event_type, str(env.event_id), _model_payload(ev))
+        await WebhookStore(uow.conn).enqueue(env.tenant_id, env.event_type, str(env.event_id), ev)
 
 
 # ------------------------------------------------------------------ the sender
