@@ -14,10 +14,29 @@ import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
+from pydantic import BaseModel, ConfigDict
 from whetstone.eval.domain.textmetrics import token_f1
 
 _SECTION = re.compile(r"\[The Start of (Reference Answer|Assistant A's Answer|Assistant B's Answer)\]\n(.*?)\n"
                       r"\[The End of", re.S)
+
+
+class _Part(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+    type: str | None = None
+    text: str = ""
+
+
+class _Message(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+    content: str | list[_Part] | None = ""
+
+
+class _JudgeRequest(BaseModel):
+    """The fields of a chat completions request the judge reads: the model and the last message."""
+    model_config = ConfigDict(extra="ignore")
+    model: str = "judge"
+    messages: list[_Message] = [_Message()]
 
 
 def grade(prompt: str) -> str:
@@ -46,20 +65,23 @@ class JudgeServer:
 
             def do_POST(self):
                 server.requests += 1
-                body = json.loads(self.rfile.read(int(self.headers.get("content-length", 0))) or b"{}")
+                body = _JudgeRequest.model_validate_json(
+                    self.rfile.read(int(self.headers.get("content-length", 0))) or b"{}")
                 if not self.path.endswith("/chat/completions"):
                     return self._send(404, {"error": {"message": "not found", "type": "invalid_request_error"}})
                 if server.mode == "broken":
                     return self._send(500, {"error": {"message": "judge exploded", "type": "server_error"}})
                 if server.mode == "slow":
                     time.sleep(server.delay_s)
-                prompt = body.get("messages", [{}])[-1].get("content", "")
-                if isinstance(prompt, list):    # a judge that sees images: text part, then image parts
-                    server.images_seen += sum(part.get("type") == "image_url" for part in prompt)
-                    prompt = "".join(part.get("text", "") for part in prompt if part.get("type") == "text")
+                content = body.messages[-1].content if body.messages else ""
+                if isinstance(content, list):    # a judge that sees images: text part, then image parts
+                    server.images_seen += sum(part.type == "image_url" for part in content)
+                    prompt = "".join(part.text for part in content if part.type == "text")
+                else:
+                    prompt = content or ""
                 text = "Both answers have merits; hard to say." if server.mode == "garbage" else grade(prompt)
                 self._send(200, {"id": "chatcmpl-judge", "object": "chat.completion", "created": int(time.time()),
-                                 "model": body.get("model", "judge"),
+                                 "model": body.model,
                                  "choices": [{"index": 0, "finish_reason": "stop",
                                               "message": {"role": "assistant", "content": text}}],
                                  "usage": {"prompt_tokens": 0, "completion_tokens": 0, "total_tokens": 0}})
