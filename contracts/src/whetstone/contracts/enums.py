@@ -173,3 +173,10 @@ class ValueEncoding(StrEnum):
 
     UTF8 = "utf-8"
     BASE64 = "base64"
+
+
+class IntegrationType(StrEnum):
+    """A job create's `integrations[i].type`: OpenAI's `wandb`, and the platform's `mlflow`."""
+
+    WANDB = "wandb"
+    MLFLOW = "mlflow"

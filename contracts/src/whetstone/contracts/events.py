@@ -19,6 +19,7 @@ from .enums import (
     ReasoningEffort,
     SpecMethod,
 )
+from .integrations import Integration
 
 
 # ----------------------------------------------------------------- datasets
@@ -181,6 +182,8 @@ class JobRequestedV1(Event):
         default=None, max_length=300, pattern=IMAGE_PIN,
         description="pin (a job template's, kept by `whet jobs reproduce`): the trainer image by digest, "
                     "name@sha256:<64 hex>; only a trainer agent running that digest trains the job; absent: any")
+    integrations: list[Integration] = Field(default_factory=list, max_length=8,
+                                            description="experiment tracking the job asked for (OpenAI's shape)")
 
 
 class MergeSource(Contract):
@@ -232,6 +235,8 @@ class JobQueuedV1(Event):
     job_template_version: str | None = Field(default=None, description="that template's version (a number)")
     job_template_overrides: list[str] = Field(default_factory=list,
                                               description="fields the job create set over the template's")
+    integrations: list[Integration] = Field(default_factory=list, max_length=8,
+                                            description="the job's experiment tracking (the registry logs to MLflow)")
 
 
 class CheckpointRef(Contract):

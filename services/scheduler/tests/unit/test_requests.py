@@ -41,8 +41,16 @@ def test_bad_method_and_hyperparameters_name_the_field():
     assert refused(hyperparameters={"n_epochs": 2},
                    method={"type": "supervised", "supervised": {"hyperparameters": {"n_epochs": 3}}}).param \
         == "hyperparameters"
-    # integrations: OpenAI's shape checked field by field; W&B itself is not offered (no key store, no logging)
-    assert refused(integrations=[{"type": "mlflow", "mlflow": {}}]).param == "integrations[0].type"
+    # integrations: OpenAI's shape checked field by field; W&B itself is not offered (no key store, no logging);
+    # MLflow only where the operator set a tracking server
+    assert refused(integrations=[{"type": "comet", "comet": {}}]).param == "integrations[0].type"
+    assert refused(integrations=[{"type": "mlflow", "mlflow": {}}]).param == "integrations[0].mlflow.experiment_name"
+    mlflow = {"type": "mlflow", "mlflow": {"experiment_name": "sweeps/a"}}
+    no_server = refused(integrations=[mlflow])
+    assert (no_server.param, no_server.code) == ("integrations[0].mlflow", "integration_not_configured")
+    tracked = to_request(CreateJob(model="m", training_file="file-1", integrations=[mlflow]), "ftjob-x", "k",
+                         environment(), mlflow_configured=True)
+    assert [(i.type, i.mlflow and i.mlflow.experiment_name) for i in tracked.integrations] == [("mlflow", "sweeps/a")]
     assert refused(integrations=[{"type": "wandb"}]).param == "integrations[0].wandb"
     assert refused(integrations=[{"type": "wandb", "wandb": {"name": "x"}}]).param == "integrations[0].wandb.project"
     assert refused(integrations=[{"type": "wandb", "wandb": {"project": "p", "tags": [""]}}]).param \

@@ -35,8 +35,11 @@ def build_service(config: RegistrySettings | None = None) -> Service[RegistryCon
     context = build_context(config)
     return Service(name="registry", migrations=MIGRATIONS, routes=routes, http_port=context.config.http_port,
                    context=context, on_start=on_start, event_metrics=event_metrics,
-                   background=[loops.vllm_handoff] if context.config.vllm_urls else [],
+                   background=([loops.vllm_handoff] if context.config.vllm_urls else [])
+                   + ([loops.mlflow_tracker] if context.config.mlflow_tracking_uri else []),
                    subscriptions={"job.queued": handlers.on_job_queued,
+                                  "job.progress": handlers.on_job_progress,   # experiment tracking's metrics
+                                  "job.failed": handlers.on_job_failed,
                                   "checkpoint.written": handlers.on_checkpoint_written,
                                   "eval.completed": handlers.on_eval_completed,
                                   "model.merged": handlers.on_model_merged,

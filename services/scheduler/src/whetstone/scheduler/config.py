@@ -19,6 +19,8 @@ class QuotaSettings(BaseModel):
 class SchedulerSettings(ServiceSettings):
     model_config = SettingsConfigDict(env_prefix="WHETSTONE_SCHEDULER_", extra="ignore")
     http_port: int = 8100
+    # the operator's MLflow tracking server (the registry logs to it): set, a job may ask for `mlflow` tracking
+    mlflow_tracking_uri: str | None = Field(None, validation_alias="WHETSTONE_MLFLOW_TRACKING_URI")
     node_timeout_s: float = 20.0
     lost_node_check_s: float = 5.0
     # platform-side timeouts per non-terminal state (validating: dataset_wait_s); each ends in a

@@ -186,3 +186,32 @@ MIGRATIONS.append(
     ALTER TABLE model_lineage ADD COLUMN vision jsonb;
     """
 )
+
+# 7: experiment tracking (a job's `mlflow` integration): one run per tracked job (its id stored once made)
+# and the items still to send to it, each once (keyed: a redelivered event adds nothing)
+MIGRATIONS.append(
+    """
+    CREATE TABLE tracked_runs (
+        job_id text PRIMARY KEY,
+        tenant_id text NOT NULL,
+        experiment text NOT NULL,
+        run_name text NOT NULL,
+        start_ms bigint NOT NULL,
+        experiment_id text,
+        run_id text,
+        given_up boolean NOT NULL DEFAULT false,
+        attempts int NOT NULL DEFAULT 0,
+        last_error text,
+        next_try_at timestamptz NOT NULL DEFAULT now()
+    );
+    CREATE TABLE tracking_items (
+        job_id text NOT NULL REFERENCES tracked_runs (job_id),
+        item text NOT NULL,
+        seq bigserial,
+        body jsonb NOT NULL,
+        sent_at timestamptz,
+        PRIMARY KEY (job_id, item)
+    );
+    CREATE INDEX tracking_items_unsent ON tracking_items (job_id, seq) WHERE sent_at IS NULL;
+    """
+)

@@ -3,18 +3,30 @@
 from __future__ import annotations
 
 from whetstone.contracts import (
-    CheckpointWrittenV1, Envelope, EvalCompletedV1, JobCancelledV1, JobQueuedV1, ModelMergedV1, NodeFencedV1,
+    CheckpointWrittenV1, Envelope, EvalCompletedV1, JobCancelledV1, JobFailedV1, JobProgressV1, JobQueuedV1,
+    ModelMergedV1, NodeFencedV1,
 )
 from whetstone.runtime.messaging import UnitOfWork
 from whetstone.runtime.service import Runtime
 
 from ..adapters.store import ModelStore
 from ..context import RegistryContext
-from ..usecases import base_models, merges, registration, withdrawal
+from ..domain.tracking import RunStatus
+from ..usecases import base_models, merges, registration, tracking, withdrawal
 
 
 async def on_job_queued(rt: Runtime[RegistryContext], uow: UnitOfWork, env: Envelope, ev: JobQueuedV1) -> None:
     await registration.job_queued(rt, uow, env.tenant_id, ev)
+    await tracking.job_queued(rt, uow, env.tenant_id, ev, env.occurred_at)
+
+
+async def on_job_progress(rt: Runtime[RegistryContext], uow: UnitOfWork, env: Envelope, ev: JobProgressV1) -> None:
+    """A step's figures: only a job with experiment tracking keeps them (tracking.progress)."""
+    await tracking.progress(rt, uow, ev, env.occurred_at)
+
+
+async def on_job_failed(rt: Runtime[RegistryContext], uow: UnitOfWork, env: Envelope, ev: JobFailedV1) -> None:
+    await tracking.job_ended(rt, uow, ev.job_id, RunStatus.FAILED, env.occurred_at)
 
 
 async def on_checkpoint_written(rt: Runtime[RegistryContext], uow: UnitOfWork, env: Envelope,
@@ -28,6 +40,7 @@ async def on_eval_completed(rt: Runtime[RegistryContext], uow: UnitOfWork, env: 
         await base_models.reeval_completed(rt, ModelStore(uow.conn), ev)
     else:
         await registration.eval_completed(rt, uow, env.tenant_id, ev)
+        await tracking.eval_completed(rt, uow, ev, env.occurred_at)
 
 
 async def on_node_fenced(rt: Runtime[RegistryContext], uow: UnitOfWork, env: Envelope, ev: NodeFencedV1) -> None:
@@ -36,6 +49,7 @@ async def on_node_fenced(rt: Runtime[RegistryContext], uow: UnitOfWork, env: Env
 
 async def on_job_cancelled(rt: Runtime[RegistryContext], uow: UnitOfWork, env: Envelope, ev: JobCancelledV1) -> None:
     await withdrawal.job_cancelled(rt, uow, env.tenant_id, ev)
+    await tracking.job_ended(rt, uow, ev.job_id, RunStatus.KILLED, env.occurred_at)
 
 
 async def on_model_merged(rt: Runtime[RegistryContext], uow: UnitOfWork, env: Envelope, ev: ModelMergedV1) -> None:

@@ -25,7 +25,7 @@ from ..domain import lineage as lineage_rules
 from ..domain import stages
 from ..domain.lineage import FinalCheckpoint, IncompleteLineage, QueuedJob, build_lineage
 from ..domain.stages import Transition
-from . import promotion
+from . import promotion, tracking
 
 SUMMARY_FILE = "whetstone_training.json"   # the trainer's summary: a vision adapter's image settings
 SMALL_FILES = ("adapter_config.json", "environment.lock.json", SUMMARY_FILE) + TEMPLATE_FILES
@@ -144,6 +144,7 @@ async def register_if_ready(rt: Runtime[RegistryContext], uow: UnitOfWork, job_i
                                     record.files, public_id):
         return
     await store.insert_lineage(model_id, record, card_uri)
+    await tracking.model_registered(rt, uow, job_id, model_id, public_id, card_uri, rt.clock())
     await store.apply(tenant, Transition(model_id, None, ModelStage.DEV, "registered"), None)
     await uow.publish(ModelRegisteredV1(model_id=model_id, name=name, fine_tuned_model=public_id, stage=ModelStage.DEV,
                                         artifact_uri=ckpt.uri, artifact_sha256=ckpt.manifest_sha256, lineage=wire,

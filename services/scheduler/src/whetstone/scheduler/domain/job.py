@@ -191,7 +191,8 @@ class Job:
                            resources=Resources(gpu_type=first.gpu_type, gpus_per_node=first.gpus_per_node,
                                                nodes=first.nodes),
                            queue_position=position, cost_estimate=cost, requeued=requeued,
-                           suffix=self.request.suffix, **template_fields(self.request.template))
+                           suffix=self.request.suffix, integrations=self.request.integrations,
+                           **template_fields(self.request.template))
 
     # -------------------------------------------------------- transitions
 

@@ -75,7 +75,8 @@ def routes(rt: Runtime[SchedulerContext]) -> APIRouter:
         # no key: every call is a new job (as OpenAI's API); a key: Stripe's semantics
         key = body.idempotency_key or idempotency_key or f"auto-{uuid.uuid4().hex}"
         body, template = await templates.resolve(rt, caller.tenant_id, body)
-        req = to_request(body, job_id_for(caller.tenant_id, key), key, rt.ctx.graders)
+        req = to_request(body, job_id_for(caller.tenant_id, key), key, rt.ctx.graders,
+                         mlflow_configured=rt.ctx.config.mlflow_tracking_uri is not None)
         try:
             async with rt.uow() as uow:
                 store = JobStore(uow, notify=False)   # committed below: this process's loop is woken directly

@@ -16,7 +16,9 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, StringConstraints, ValidationError
 
 from whetstone.contracts import Hyperparameters, JobRequestedV1, ResourceRequest
-from whetstone.contracts.base import JsonAtMost
+from whetstone.contracts.base import Contract, JsonAtMost
+from whetstone.contracts.enums import IntegrationType
+from whetstone.contracts.integrations import Integration, MlflowIntegration, WandbIntegration
 from whetstone.contracts.events import MAX_GRADER_JSON_BYTES
 from whetstone.graders import GraderEnvironment
 from whetstone.runtime.errors import ApiError
@@ -85,42 +87,40 @@ class CreateJob(BaseModel):
 
 
 RFT_ADAPTERS = ("lora", "qlora")   # method.whetstone.method of a reinforcement job
-INTEGRATION_TYPES = ("wandb",)     # OpenAI's
+INTEGRATION_BLOCKS: dict[IntegrationType, type[Contract]] = {
+    IntegrationType.WANDB: WandbIntegration, IntegrationType.MLFLOW: MlflowIntegration}
 
 
-class WandbSettings(BaseModel):
-    """OpenAI's `integrations[i].wandb`."""
-
-    model_config = ConfigDict(extra="forbid")
-    project: str = Field(min_length=1, max_length=128)
-    entity: str | None = Field(default=None, max_length=128)
-    name: str | None = Field(default=None, max_length=128)
-    tags: list[Annotated[str, StringConstraints(min_length=1, max_length=64)]] = Field(default_factory=list,
-                                                                                      max_length=50)
-
-
-def check_integrations(items: list[dict[str, Any]]) -> None:
-    """OpenAI's `integrations`, checked field by field (each error names `integrations[i]...`). A well-formed
-    W&B block is still refused: this platform stores no tenant W&B key and runs no W&B logging yet."""
+def check_integrations(items: list[dict[str, Any]], mlflow_configured: bool = False) -> list[Integration]:
+    """OpenAI's `integrations` (and the platform's `mlflow`), checked field by field (each error names
+    `integrations[i]...`). A well-formed W&B block is still refused: this platform stores no tenant W&B key
+    and runs no W&B logging; an MLflow block is refused where the operator set no tracking server."""
+    out: list[Integration] = []
     for i, item in enumerate(items):
         where = f"integrations[{i}]"
         kind = item.get("type")
-        if kind not in INTEGRATION_TYPES:
+        if kind not in INTEGRATION_BLOCKS:
             raise bad(f"{where}.type", f"unknown integration type {str(kind)[:64]!r} (supported: "
-                      f"{', '.join(INTEGRATION_TYPES)})", code="unsupported_integration")
+                      f"{', '.join(INTEGRATION_BLOCKS)})", code="unsupported_integration")
         if stray := sorted(set(item) - {"type", kind}):
             raise bad(f"{where}.{stray[0][:64]}", "unknown field")
         if kind not in item:
             raise bad(f"{where}.{kind}", "Field required", code="missing_required_parameter")
         try:
-            WandbSettings.model_validate(item[kind])
+            INTEGRATION_BLOCKS[IntegrationType(kind)].model_validate(item[kind])
         except ValidationError as exc:
             first = exc.errors()[0]
             field = ".".join(str(p) for p in first["loc"])
             raise bad(f"{where}.{kind}" + (f".{field}" if field else ""), first["msg"]) from exc
-        raise bad(f"{where}.{kind}", "no Weights & Biases API key is stored for this tenant and the platform "
-                  "does not run W&B logging yet; leave integrations out (metrics: the job's events, checkpoints "
-                  "and result_files)", code="integration_not_configured")
+        if kind == IntegrationType.WANDB:
+            raise bad(f"{where}.{kind}", "no Weights & Biases API key is stored for this tenant and the platform "
+                      "does not run W&B logging yet; leave integrations out (metrics: the job's events, "
+                      "checkpoints and result_files)", code="integration_not_configured")
+        if not mlflow_configured:
+            raise bad(f"{where}.{kind}", "this platform's operator set no MLflow tracking server "
+                      "(WHETSTONE_MLFLOW_TRACKING_URI); leave integrations out", code="integration_not_configured")
+        out.append(Integration.model_validate(item))
+    return out
 
 
 def bad(param: str, message: str, code: str = "invalid_value") -> ApiError:
@@ -182,7 +182,8 @@ def hyperparameters(method: str, given: dict[str, Any], param: str) -> Hyperpara
         raise bad(param, str(exc)) from exc
 
 
-def to_request(body: CreateJob, job_id: str, key: str, graders: GraderEnvironment) -> JobRequestedV1:
+def to_request(body: CreateJob, job_id: str, key: str, graders: GraderEnvironment, *,
+               mlflow_configured: bool = False) -> JobRequestedV1:
     if not 1 <= len(key) <= 255:
         raise bad("Idempotency-Key", "must be 1 to 255 characters")
     if not body.model:
@@ -198,8 +199,7 @@ def to_request(body: CreateJob, job_id: str, key: str, graders: GraderEnvironmen
         if given.get("seed") not in (None, body.seed):
             raise bad("seed", "contradicts hyperparameters.seed")
         given["seed"] = body.seed
-    if body.integrations:
-        check_integrations(body.integrations)
+    integrations = check_integrations(body.integrations or [], mlflow_configured)
     if body.image is not None and (problem := image_problem(body.image)):
         raise bad("image", problem)
     spec = None
@@ -216,4 +216,4 @@ def to_request(body: CreateJob, job_id: str, key: str, graders: GraderEnvironmen
                           hyperparameters=hyperparameters(method, given, param), suffix=body.suffix, tier=body.tier,
                           resources=body.resources if isinstance(body.resources, ResourceRequest) else None,
                           eval_config=body.eval_config, reinforcement=spec, base_model_sha256=body.base_model_sha256,
-                          image=body.image)
+                          image=body.image, integrations=integrations)

@@ -86,7 +86,8 @@ def job_view(job: Job, queue: Forecast | None = None) -> dict[str, Any]:
         "status": job.public_status, "created_at": ts(job.created_at), "finished_at": ts(job.finished_at),
         "fine_tuned_model": job.fine_tuned_model, "result_files": list(job.result_files), "trained_tokens": job.trained_tokens,
         "hyperparameters": method[method["type"]]["hyperparameters"], "method": method, "seed": hp.get("seed"), "estimated_finish": finish,
-        "error": error, "metadata": req.metadata, "integrations": [],
+        "error": error, "metadata": req.metadata,
+        "integrations": [i.model_dump(mode="json", exclude_none=True) for i in req.integrations],
         "user_provided_suffix": req.suffix, "template": req.template.model_dump() if req.template else None,
         # the platform's own
         "state": job.status, "tier": job.tier, "tenant_id": job.tenant_id,
