@@ -19,7 +19,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict
 from whetstone.graders import GraderInvalid, parse_grader, references
 from whetstone.graders.engine import RunResult
-from whetstone.graders.models import Grader, MultiGrader
+from whetstone.graders.models import AnyGrader, Grader, MultiGrader
 
 from .client import Api
 from .errors import BadInput
@@ -69,8 +69,7 @@ class _Validated(BaseModel):
     grader: Grader
 
 
-def describe_validated(raw: dict[str, Any]) -> str:
-    grader = _Validated.model_validate(raw).grader
+def describe_validated(grader: AnyGrader) -> str:
     lines = [f"valid: {grader.name} ({grader.type})"]
     if isinstance(grader, MultiGrader):
         lines += [f"  {name:<20} {sub.type}" for name, sub in grader.graders.items()]
@@ -80,8 +79,7 @@ def describe_validated(raw: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-def describe_run(raw: dict[str, Any]) -> str:
-    result = RunResult.model_validate(raw)
+def describe_run(result: RunResult) -> str:
     m = result.metadata
     lines = [f"reward {result.reward:.4f}  ({m.name}, {m.type}, {m.execution_time * 1000:.1f} ms)"]
     for name, value in result.sub_rewards.items():
@@ -100,13 +98,14 @@ def cmd_graders(args: argparse.Namespace) -> int:
     with Api() as api:
         if args.action == "validate":
             raw = api.post("/fine_tuning/alpha/graders/validate", {"grader": grader})
-            print_result(args, raw, describe_validated(raw))
+            print_result(args, raw, describe_validated(_Validated.model_validate(raw).grader))
             return 0
         item = read_json_file(args.item, "item") if args.item else {}
         raw = api.post("/fine_tuning/alpha/graders/run",
                        {"grader": grader, "model_sample": read_sample(args), "item": item})
-        print_result(args, raw, describe_run(raw))
-        return 1 if any(v is True for v in RunResult.model_validate(raw).metadata.errors.model_dump().values()) else 0
+        result = RunResult.model_validate(raw)
+        print_result(args, raw, describe_run(result))
+        return 1 if any(v is True for v in result.metadata.errors.model_dump().values()) else 0
 
 
 def add_parser(sub, cmd) -> Any:
