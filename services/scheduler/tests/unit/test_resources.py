@@ -24,6 +24,9 @@ def test_parameter_count_from_config_matches_the_published_sizes():
     assert arch_from_config(LLAMA2_7B).params == pytest.approx(6.74e9, rel=0.01)
     assert arch_from_config(LLAMA3_70B).params == pytest.approx(70.6e9, rel=0.01)
     assert arch_from_config({"model_type": "llama"}) is None
+    # a multimodal config's text part is the one sized; a size of the wrong type reads as no config
+    assert arch_from_config({"model_type": "llava", "text_config": LLAMA2_7B}) == arch_from_config(LLAMA2_7B)
+    assert arch_from_config({**LLAMA2_7B, "hidden_size": "big"}) is None
 
 
 @pytest.mark.parametrize("name,params", [

@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 from functools import lru_cache
 from typing import Any
 
+from .hf_config import HfConfig
 from .placement import Shape
 
 GB = 1024 ** 3
@@ -88,34 +89,26 @@ class ModelArch:
     target_module_dims: tuple[tuple[int, int], ...] = ()   # (in, out) of each LoRA-targeted matrix per layer
 
 
-def _text_config(config: Mapping[str, Any]) -> Mapping[str, Any]:
-    inner = config.get("text_config")
-    return inner if isinstance(inner, Mapping) and inner.get("hidden_size") else config
-
-
 def arch_from_config(config: Mapping[str, Any]) -> ModelArch | None:
     """Parameter count of a decoder-only transformer from its config.json; None if the sizes are absent."""
-    c = _text_config(config)
-    h = c.get("hidden_size") or c.get("n_embd") or c.get("d_model")
-    layers = c.get("num_hidden_layers") or c.get("n_layer") or c.get("num_layers")
-    vocab = c.get("vocab_size")
+    c = HfConfig.read(config)
+    if c is None:
+        return None
+    h, layers, vocab = c.hidden, c.layers, c.vocab_size
     if not (h and layers and vocab):
         return None
-    heads = c.get("num_attention_heads") or c.get("n_head") or max(1, h // 128)
-    head_dim = c.get("head_dim") or h // heads
-    kv_heads = c.get("num_key_value_heads") or heads
-    inter = c.get("intermediate_size") or c.get("n_inner") or 4 * h
-    gated = c.get("model_type") not in ("gpt2", "gpt_neox", "opt", "bloom", "falcon", "phi")
-    experts = c.get("num_local_experts") or c.get("num_experts") or 1
+    heads = c.heads or max(1, h // 128)
+    head_dim = c.head_dim or h // heads
+    kv_heads = c.num_key_value_heads or heads
+    inter = c.intermediate or 4 * h
     q, kv = heads * head_dim, kv_heads * head_dim
     attention = h * q + 2 * h * kv + q * h
-    mlp = (3 if gated else 2) * h * inter * experts
-    embeddings = vocab * h * (1 if c.get("tie_word_embeddings", False) else 2)
+    mlp = (3 if c.gated else 2) * h * inter * c.experts
+    embeddings = vocab * h * (1 if c.tie_word_embeddings else 2)
     params = layers * (attention + mlp + 2 * h) + embeddings
-    mlp_dims = ((h, inter), (h, inter), (inter, h)) if gated else ((h, inter), (inter, h))
+    mlp_dims = ((h, inter), (h, inter), (inter, h)) if c.gated else ((h, inter), (inter, h))
     targets = ((h, q), (h, kv), (h, kv), (q, h)) + mlp_dims
-    return ModelArch(int(params), "config", h, layers, vocab,
-                     c.get("max_position_embeddings") or c.get("n_positions"), targets)
+    return ModelArch(int(params), "config", h, layers, vocab, c.max_positions, targets)
 
 
 _SIZE_HINT = re.compile(r"(?<![a-z0-9.])(?:(\d+)x)?(\d+(?:\.\d+)?)([bm])(?![a-z])", re.IGNORECASE)
