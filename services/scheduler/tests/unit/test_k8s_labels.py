@@ -5,15 +5,15 @@ from pathlib import Path
 
 import pytest
 
-from whetstone.scheduler.adapters.k8s_inventory import node_inventory
+from whetstone.scheduler.adapters.k8s_inventory import KubeNode, NodeList, WatchOptions, node_inventory
 
 pytestmark = pytest.mark.unit
 FIXTURES = Path(__file__).parents[1] / "fixtures" / "k8s"
 
 
 def inventory() -> dict:
-    items = json.loads((FIXTURES / "nodelist.json").read_text())["items"]
-    return {i.node_id: i for item in items if (i := node_inventory(item)) is not None}
+    nodes = NodeList.model_validate_json((FIXTURES / "nodelist.json").read_text())
+    return {i.node_id: i for item in nodes.items if (i := node_inventory(item)) is not None}
 
 
 def test_gpu_nodes_from_feature_discovery_and_cloud_labels():
@@ -36,6 +36,12 @@ def test_cordoned_and_not_ready_nodes_are_unschedulable():
 
 def test_spot_interruption_taint_in_a_watch_event():
     events = [json.loads(line) for line in (FIXTURES / "watch_spot_interruption.jsonl").read_text().splitlines()]
-    tainted = node_inventory(events[0]["object"])
+    tainted = node_inventory(KubeNode.model_validate(events[0]["object"]))
     assert tainted.node_id == "ip-10-0-1-12.ec2.internal" and tainted.unschedulable_reason == "spot_loss"
-    assert node_inventory(events[2]["object"]).schedulable                 # uncordoned
+    assert node_inventory(KubeNode.model_validate(events[2]["object"])).schedulable   # uncordoned
+
+
+def test_watch_asks_only_for_what_is_set():
+    assert WatchOptions(None, "", None).kwargs() == {"allow_watch_bookmarks": True}
+    assert WatchOptions("gpu=true", "42", 5).kwargs() == {"allow_watch_bookmarks": True, "label_selector": "gpu=true",
+                                                         "resource_version": "42", "timeout_seconds": 5}

@@ -5,14 +5,16 @@ Karpenter conventions); a watch reports nodes that are added, changed (cordoned,
 for a spot interruption) or deleted, so the scheduler stops placing work there and
 preempts the jobs on them before the node disappears.
 
-`node_inventory` is a pure function of the Node object as JSON (what the API returns),
-so it is tested on recorded API responses."""
+The API's JSON is read into small models of the fields used (`KubeNode`, `NodeList`, `WatchEvent`);
+`node_inventory` is a pure function of a `KubeNode`, so it is tested on recorded API responses."""
 
 from __future__ import annotations
 
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field
 
 from ..domain.resources import canonical_gpu_type
 
@@ -56,18 +58,70 @@ class NodeInventory:
     unschedulable_reason: str | None       # spot_loss | drain | not_ready
 
 
-def _int(value: Any) -> int:
+class _Kube(BaseModel):
+    """The fields of a Kubernetes API object this module reads; the rest is ignored."""
+    model_config = ConfigDict(extra="ignore", frozen=True, populate_by_name=True)
+
+
+class ObjectMeta(_Kube):
+    name: str = ""
+    labels: dict[str, str] = Field(default_factory=dict)
+
+
+class Taint(_Kube):
+    key: str
+    effect: str = ""
+
+
+class NodeSpec(_Kube):
+    taints: list[Taint] = Field(default_factory=list)
+    unschedulable: bool = False
+
+
+class NodeCondition(_Kube):
+    type: str
+    status: str
+
+
+class NodeStatus(_Kube):
+    allocatable: dict[str, str] = Field(default_factory=dict)
+    capacity: dict[str, str] = Field(default_factory=dict)
+    conditions: list[NodeCondition] = Field(default_factory=list)
+
+
+class KubeNode(_Kube):
+    """A Node object as the API returns it (JSON)."""
+    metadata: ObjectMeta = Field(default_factory=ObjectMeta)
+    spec: NodeSpec = Field(default_factory=NodeSpec)
+    status: NodeStatus = Field(default_factory=NodeStatus)
+
+
+class ListMeta(_Kube):
+    resource_version: str | None = Field(default=None, alias="resourceVersion")
+
+
+class NodeList(_Kube):
+    metadata: ListMeta = Field(default_factory=ListMeta)
+    items: list[KubeNode] = Field(default_factory=list)
+
+
+class WatchEvent(_Kube):
+    """One event of a kubernetes_asyncio watch stream: its type and the object's JSON."""
+    type: str                               # ADDED | MODIFIED | DELETED | BOOKMARK
+    raw_object: KubeNode
+
+
+def _int(value: str | None) -> int:
     try:
         return int(str(value))
     except (TypeError, ValueError):
         return 0
 
 
-def node_inventory(obj: dict[str, Any]) -> NodeInventory | None:
-    """A Node object (API JSON) -> its GPU inventory; None for nodes without GPUs."""
-    meta, spec, status = obj.get("metadata") or {}, obj.get("spec") or {}, obj.get("status") or {}
-    labels = meta.get("labels") or {}
-    allocatable = status.get("allocatable") or status.get("capacity") or {}
+def node_inventory(node: KubeNode) -> NodeInventory | None:
+    """A Node object -> its GPU inventory; None for nodes without GPUs."""
+    labels, spec, status = node.metadata.labels, node.spec, node.status
+    allocatable = status.allocatable or status.capacity
     count = _int(allocatable.get("nvidia.com/gpu")) or next((_int(labels[k]) for k in COUNT_LABELS if k in labels), 0)
     product = next((labels[k] for k in PRODUCT_LABELS if labels.get(k)), None)
     if count <= 0 or not product:
@@ -76,24 +130,37 @@ def node_inventory(obj: dict[str, Any]) -> NodeInventory | None:
     spot = any(labels.get(k, "").lower() == v.lower() for k, v in SPOT_LABELS.items())
     group = next((labels[k] for k in GROUP_LABELS if labels.get(k)), "default")
     reason = None
-    for taint in spec.get("taints") or []:
-        if taint.get("key") in INTERRUPTION_TAINTS and taint.get("effect") in ("NoSchedule", "NoExecute"):
-            reason = INTERRUPTION_TAINTS[taint["key"]]
+    for taint in spec.taints:
+        if taint.key in INTERRUPTION_TAINTS and taint.effect in ("NoSchedule", "NoExecute"):
+            reason = INTERRUPTION_TAINTS[taint.key]
             if reason == "spot_loss":
                 break
-    if reason is None and spec.get("unschedulable"):
+    if reason is None and spec.unschedulable:
         reason = "drain"
-    ready = next((c.get("status") for c in status.get("conditions") or [] if c.get("type") == "Ready"), "True")
+    ready = next((c.status for c in status.conditions if c.type == "Ready"), "True")
     if reason is None and ready != "True":
         reason = "not_ready"
-    return NodeInventory(meta["name"], canonical_gpu_type(product), count, round(memory_mib / 1024, 1), spot, group,
-                         reason is None, reason)
+    return NodeInventory(node.metadata.name, canonical_gpu_type(product), count, round(memory_mib / 1024, 1), spot,
+                         group, reason is None, reason)
 
 
 @dataclass(frozen=True)
 class NodeChange:
     kind: str                               # ADDED | MODIFIED | DELETED
     node: NodeInventory
+
+
+@dataclass(frozen=True)
+class WatchOptions:
+    """What a node watch asks for: bookmarks always, the selector, resourceVersion and timeout when set."""
+    label_selector: str | None
+    resource_version: str | None
+    timeout_seconds: int | None
+
+    def kwargs(self) -> dict[str, str | int | bool]:
+        given = {"label_selector": self.label_selector, "resource_version": self.resource_version or None,
+                 "timeout_seconds": self.timeout_seconds}
+        return {"allow_watch_bookmarks": True, **{k: v for k, v in given.items() if v is not None}}
 
 
 class KubernetesInventory:
@@ -106,28 +173,23 @@ class KubernetesInventory:
     async def list_nodes(self) -> list[NodeInventory]:
         kwargs = {"label_selector": self.selector} if self.selector else {}
         resp = await self.api.list_node(_preload_content=False, **kwargs)
-        body = await resp.json()
-        self.resource_version = (body.get("metadata") or {}).get("resourceVersion")
-        return [inv for item in body.get("items") or [] if (inv := node_inventory(item)) is not None]
+        nodes = NodeList.model_validate(await resp.json())
+        self.resource_version = nodes.metadata.resource_version
+        return [inv for item in nodes.items if (inv := node_inventory(item)) is not None]
 
     async def watch(self, timeout_seconds: int | None = None) -> AsyncIterator[NodeChange]:
         """Changes since the last list (resourceVersion); the client resumes after disconnects."""
         from kubernetes_asyncio import watch  # noqa: PLC0415
 
-        kwargs: dict[str, Any] = {"allow_watch_bookmarks": True}
-        if self.selector:
-            kwargs["label_selector"] = self.selector
-        if self.resource_version:
-            kwargs["resource_version"] = self.resource_version
-        if timeout_seconds is not None:
-            kwargs["timeout_seconds"] = timeout_seconds
+        options = WatchOptions(self.selector, self.resource_version, timeout_seconds)
         async with watch.Watch() as w:
-            async for event in w.stream(self.api.list_node, **kwargs):
-                if event["type"] == "BOOKMARK":
+            async for raw in w.stream(self.api.list_node, **options.kwargs()):
+                event = WatchEvent.model_validate(raw)
+                if event.type == "BOOKMARK":
                     continue
-                inv = node_inventory(event["raw_object"])
+                inv = node_inventory(event.raw_object)
                 if inv is not None:
-                    yield NodeChange(event["type"], inv)
+                    yield NodeChange(event.type, inv)
             self.resource_version = w.resource_version or self.resource_version
 
 
