@@ -44,13 +44,6 @@ class Shape:
     def total(self) -> int:
         return self.gpus_per_node * self.nodes
 
-    def as_dict(self) -> dict[str, Any]:
-        return {"gpu_type": self.gpu_type, "gpus_per_node": self.gpus_per_node, "nodes": self.nodes}
-
-    @classmethod
-    def from_dict(cls, d: dict[str, Any]) -> Shape:
-        return cls(d["gpu_type"], int(d["gpus_per_node"]), int(d.get("nodes", 1)))
-
 
 @dataclass(frozen=True, slots=True)
 class Placement:

@@ -181,10 +181,6 @@ class MemoryEstimate:
     def on(self, gpus: int) -> float:
         return self.sharded / gpus + self.per_gpu
 
-    def as_dict(self) -> dict[str, float]:
-        return {k: round(getattr(self, k), 3) for k in
-                ("weights", "gradients", "optimizer", "adapter", "activations", "overhead", "total")}
-
 
 def adapter_params(arch: ModelArch, lora_r: int) -> int:
     hidden, layers, _ = (arch.hidden_size, arch.num_layers, arch.vocab_size) if arch.hidden_size else \
@@ -275,10 +271,6 @@ class ResourcePlan:
     memory: MemoryEstimate
     arch: ModelArch
     refused: dict[str, str] = field(default_factory=dict)   # gpu_type -> why it cannot host the job
-
-    def as_dict(self) -> dict[str, Any]:
-        return {"shapes": [s.as_dict() for s in self.shapes], "memory_gb": self.memory.as_dict(),
-                "params": self.arch.params, "params_source": self.arch.source}
 
 
 def plan_shapes(arch: ModelArch, method: str, hp: Mapping[str, Any], available: Iterable[GpuOffer],
