@@ -18,6 +18,7 @@ from whetstone.ingest.adapters.archives import SourceError
 from whetstone.ingest.adapters.formats import HubSource, check_name
 from whetstone.ingest.entrypoints.cli import check_main
 from whetstone.ingest.config import IngestSettings
+from whetstone.ingest.domain.policies import PolicyOverrides
 from whetstone.ingest.usecases.gates import GateRequest
 
 pytestmark = pytest.mark.integration
@@ -341,10 +342,10 @@ def test_exact_and_near_duplicates_with_clusters(tmp_path, kit):
     assert set(near) == {23, 24} and all(a["jaccard"] >= 0.9 and a["duplicate_of"] in (21, 23, 24)
                                          for a in near.values())
     flagged = kit.run_gate(tmp_path / "d.jsonl", tmp_path / "flag", request=GateRequest(
-        policy_overrides={"near_dup": "flag"})).report.as_dict()
+        policy_overrides=PolicyOverrides.model_validate({"near_dup": "flag"}))).report.as_dict()
     assert flagged["near_duplicates"] == 2 and flagged["rows_kept"] == 24
     strict = kit.run_gate(tmp_path / "d.jsonl", tmp_path / "strict", request=GateRequest(
-        policy_overrides={"near_dup_threshold": 0.999})).report.as_dict()
+        policy_overrides=PolicyOverrides.model_validate({"near_dup_threshold": 0.999}))).report.as_dict()
     assert strict["near_duplicates"] == 0
 
 
@@ -367,7 +368,7 @@ def test_contamination_flag_and_remove(tmp_path, kit):
                                                "reference": "mini-mmlu"}]
     assert r["contamination"]["references"] == {"mini-mmlu": {"items": 1, "ngrams": 14}}
     removed = kit.run_gate(path, tmp_path / "remove", references=[refs], request=GateRequest(
-        policy_overrides={"contamination": "remove"})).report.as_dict()
+        policy_overrides=PolicyOverrides.model_validate({"contamination": "remove"}))).report.as_dict()
     assert removed["contaminated"] == 1 and removed["rows_kept"] == 21
 
 
@@ -379,11 +380,11 @@ def test_pii_warn_redact_block(tmp_path, kit):
     assert warned["pii_hits"] == 2 and warned["pii"]["by_kind"] == {"credit_card": 1, "email": 1}
     assert warn.report.as_dict()["accepted"] and "jane@corp.example" in (warn.train_path.read_text() + (
         warn.validation_path.read_text() if warn.validation_path else ""))
-    redact = kit.run_gate(path, tmp_path / "r", request=GateRequest(policy_overrides={"pii": "redact"}))
+    redact = kit.run_gate(path, tmp_path / "r", request=GateRequest(policy_overrides=PolicyOverrides.model_validate({"pii": "redact"})))
     text = redact.train_path.read_text() + (redact.validation_path.read_text() if redact.validation_path else "")
     assert "[EMAIL]" in text and "[CREDIT_CARD]" in text and "jane@" not in text
     assert "jane" not in json.dumps(redact.report.as_dict())  # the report never repeats the personal data
-    block = kit.run_gate(path, tmp_path / "b", request=GateRequest(policy_overrides={"pii": "block"})).report.as_dict()
+    block = kit.run_gate(path, tmp_path / "b", request=GateRequest(policy_overrides=PolicyOverrides.model_validate({"pii": "block"}))).report.as_dict()
     assert errors(block) == {13: ["pii_blocked"]} and not block["accepted"]
 
 
@@ -393,11 +394,11 @@ def test_toxicity_flag_remove_block(tmp_path, kit):
     flag = kit.run_gate(path, tmp_path / "f").report.as_dict()
     assert flag["toxic"] == 1 and flag["rows_kept"] == 13 and flag["warning_counts"]["toxicity"] == 1
     assert kit.run_gate(path, tmp_path / "r", request=GateRequest(
-        policy_overrides={"toxicity": "remove"})).report.as_dict()["rows_kept"] == 12
+        policy_overrides=PolicyOverrides.model_validate({"toxicity": "remove"}))).report.as_dict()["rows_kept"] == 12
     block = kit.run_gate(path, tmp_path / "b", request=GateRequest(
-        policy_overrides={"toxicity": "block"})).report.as_dict()
+        policy_overrides=PolicyOverrides.model_validate({"toxicity": "block"}))).report.as_dict()
     assert errors(block) == {13: ["toxic_blocked"]}
-    off = kit.run_gate(path, tmp_path / "o", request=GateRequest(policy_overrides={"toxicity": "off"})).report.as_dict()
+    off = kit.run_gate(path, tmp_path / "o", request=GateRequest(policy_overrides=PolicyOverrides.model_validate({"toxicity": "off"}))).report.as_dict()
     assert off["toxic"] == 0
 
 
@@ -432,15 +433,15 @@ def test_tokenization_with_the_base_models_template(tmp_path, kit, ingest_tiny_m
 
     longest = max(len(t["input_ids"]) for t in tokenized)
     limit = {"max_seq_len": longest - 1}
-    trunc = kit.run_gate(path, tmp_path / "tr", tokenizer=tok, request=GateRequest(policy_overrides=limit))
+    trunc = kit.run_gate(path, tmp_path / "tr", tokenizer=tok, request=GateRequest(policy_overrides=PolicyOverrides.model_validate(limit)))
     assert trunc.report.as_dict()["tokenization"]["truncated"] >= 1 and trunc.report.as_dict()["accepted"]
     assert max(len(json.loads(line)["input_ids"]) for p in trunc.tokenized_paths.values()
                for line in p.read_text().splitlines()) == longest - 1
     drop = kit.run_gate(path, tmp_path / "dr", tokenizer=tok, request=GateRequest(
-        policy_overrides={**limit, "over_length": "drop"})).report.as_dict()
+        policy_overrides=PolicyOverrides.model_validate({**limit, "over_length": "drop"}))).report.as_dict()
     assert drop["rows_kept"] == 13 - drop["tokenization"]["dropped"] and drop["warning_counts"]["over_length_dropped"]
     reject = kit.run_gate(path, tmp_path / "rj", tokenizer=tok, request=GateRequest(
-        policy_overrides={**limit, "over_length": "reject"})).report.as_dict()
+        policy_overrides=PolicyOverrides.model_validate({**limit, "over_length": "reject"}))).report.as_dict()
     assert not reject["accepted"] and "too_long" in reject["error_counts"]
 
 
@@ -467,7 +468,7 @@ def test_token_counts_of_an_earlier_run_are_reused_only_when_they_apply(tmp_path
 
         s = IngestSettings()
         Counting.calls = 0
-        gate = make_gate(s, GateRequest(policy_overrides=policies), tokenizer=tok, references=None, toxicity=None,
+        gate = make_gate(s, GateRequest(policy_overrides=PolicyOverrides.model_validate(policies)), tokenizer=tok, references=None, toxicity=None,
                          token_counts=TokenCounts.read(first.lengths_path, fp))
         return gate.run(open_source(path, workdir=tmp_path / where / "s"), tmp_path / where / "g")
 

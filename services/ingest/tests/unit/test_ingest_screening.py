@@ -5,12 +5,13 @@ import re
 
 import numpy as np
 import pytest
+from pydantic import ValidationError
 
 from whetstone.ingest.adapters.plugins import load_toxicity_classifier
 from whetstone.ingest.domain import pii
 from whetstone.ingest.domain.contamination import NgramHasher, ReferenceIndex, is_contaminated, words
 from whetstone.ingest.domain.cost import METHODS_FOR_PURPOSE, estimate_cost
-from whetstone.ingest.domain.policies import Policies, PolicyError
+from whetstone.ingest.domain.policies import Policies, PolicyError, PolicyOverrides
 from whetstone.ingest.domain.stats import Bucket, DatasetStats, histogram
 from whetstone.ingest.domain.text import normalize_text
 from whetstone.ingest.domain.toxicity import WordlistToxicity
@@ -238,12 +239,14 @@ def test_cost_estimate_per_gpu_and_method():
 
 
 def test_policies():
-    p = Policies().merged({"pii": "redact", "max_seq_len": 512, "over_length": None})
+    p = Policies().merged(PolicyOverrides(pii="redact", max_seq_len=512, over_length=None))
     assert p.pii == "redact" and p.max_seq_len == 512 and p.over_length == "truncate"
     assert p.as_strings()["max_seq_len"] == "512"
     with pytest.raises(PolicyError):
         Policies(pii="ignore")
     with pytest.raises(PolicyError):
         Policies(near_dup_threshold=1.5)
-    with pytest.raises(PolicyError):
-        Policies().merged({"bogus": 1})
+    with pytest.raises(ValidationError, match="bogus"):      # an unknown name is refused where it is read
+        PolicyOverrides.model_validate({"bogus": 1})
+    with pytest.raises(PolicyError):                         # a value is checked where it is applied
+        Policies().merged(PolicyOverrides(pii="ignore"))

@@ -1,5 +1,4 @@
 from pathlib import Path
-from typing import Any
 
 from pydantic import Field
 from pydantic_settings import SettingsConfigDict
@@ -8,7 +7,7 @@ from whetstone.runtime.settings import ServiceSettings
 
 from .domain.cost import DEFAULT_PRICES, DEFAULT_THROUGHPUT
 from .domain.images import ImageLimits
-from .domain.policies import Policies
+from .domain.policies import Policies, PolicyOverrides
 
 
 class IngestSettings(ServiceSettings):
@@ -47,8 +46,9 @@ class IngestSettings(ServiceSettings):
                                         "(doubling, capped at validation_backoff_max_s)")
     validation_backoff_max_s: float = 60.0
     default_epochs: int = 3
-    default_policies: dict[str, Any] = Field(default_factory=dict, description="overrides of the Policies defaults")
-    tenant_policies: dict[str, dict[str, Any]] = Field(default_factory=dict, description="tenant -> policy overrides")
+    default_policies: PolicyOverrides = Field(default_factory=PolicyOverrides,
+                                              description="overrides of the Policies defaults")
+    tenant_policies: dict[str, PolicyOverrides] = Field(default_factory=dict, description="tenant -> policy overrides")
     reference_dirs: list[Path] = Field(default_factory=list, description="benchmark/eval sets for contamination")
     hub_benchmarks: bool = Field(default=False, description="fetch MMLU, HellaSwag, ARC, TruthfulQA, GSM8K when "
                                  "the Hub is reachable (cached under benchmark_cache_dir)")

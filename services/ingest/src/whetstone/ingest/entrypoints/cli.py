@@ -22,7 +22,7 @@ from ..adapters.formats import HubSource, hub_id, open_source
 from ..adapters.tokenizer import BaseModelTokenizer, TokenizerUnavailable
 from ..config import IngestSettings
 from ..domain.issues import Issue
-from ..domain.policies import CHOICES, PolicyError
+from ..domain.policies import CHOICES, PolicyError, PolicyOverrides
 from ..domain.report import GateReport
 from ..domain.schemas import PURPOSES
 from ..usecases.gates import GateRequest, archive_limits, make_gate, reference_index, toxicity_classifier
@@ -101,9 +101,9 @@ def check_main(argv: list[str]) -> int:
     except SystemExit as exc:
         return 2 if exc.code else 0
     settings = IngestSettings()
-    overrides = {"max_seq_len": args.max_seq_len, "over_length": args.over_length, "pii": args.pii,
-                 "contamination": args.contamination, "toxicity": args.toxicity,
-                 "near_dup_threshold": args.near_dup_threshold}
+    overrides = PolicyOverrides(max_seq_len=args.max_seq_len, over_length=args.over_length, pii=args.pii,
+                                contamination=args.contamination, toxicity=args.toxicity,
+                                near_dup_threshold=args.near_dup_threshold)
     if args.min_examples is not None:
         settings.min_examples = args.min_examples
     path = Path(args.file)

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -14,6 +14,7 @@ from ..adapters.tokenizer import BaseModelTokenizer, model_params
 from ..config import IngestSettings
 from ..domain.contamination import ReferenceIndex
 from ..domain.issues import Issue
+from ..domain.policies import PolicyOverrides
 from ..domain.toxicity import ToxicityClassifier
 from .pipeline import DataGate, GateConfig, Progress, TokenCounts
 
@@ -24,7 +25,7 @@ class GateRequest:
     tier: str | None = None
     purpose: str | None = None
     base_model: str | None = None
-    policy_overrides: dict[str, Any] = field(default_factory=dict)
+    policy_overrides: PolicyOverrides | None = None
     extra_references: Sequence[Path] = ()
     epochs: int | None = None
 
