@@ -37,6 +37,9 @@ async def test_keys_gateway_forgery_revocation_and_limits(platform):
             # the secret is stored only as a hash: never listed back
             listed = await asyncio.to_thread(operator_call, "GET", "/v1/keys", base_url=sched)
             assert demo["key"] not in str(listed) and {k["id"] for k in listed["data"]} >= {demo["id"], acme["id"]}
+            assert list(demo) == ["id", "object", "tenant_id", "name", "scopes", "created_at", "last_used_at",
+                                  "revoked_at", "rate_limit_per_s", "status", "key"]
+            assert {k: v for k, v in demo.items() if k != "key"} in listed["data"] and demo["object"] == "api_key"
             async with httpx.AsyncClient(base_url=gw.url, timeout=30) as c:
                 auth = {"Authorization": f"Bearer {demo['key']}"}
                 assert (await c.get("/healthz")).status_code == 200

@@ -13,8 +13,6 @@ import re
 import secrets
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
-from typing import Any
-
 import asyncpg
 from whetstone.runtime.identity import SCOPES, mint_producer_token
 
@@ -43,15 +41,10 @@ class ApiKey:
     revoked_at: datetime | None
     rate_limit_per_s: float | None
 
-    def view(self) -> dict[str, Any]:
-        def ts(t: datetime | None) -> int | None:
-            return int(t.timestamp()) if t else None
-
-        kind = "producer_token" if PRODUCER_SCOPE in self.scopes else "api_key"
-        return {"id": self.key_id, "object": kind, "tenant_id": self.tenant_id, "name": self.name,
-                "scopes": list(self.scopes), "created_at": ts(self.created_at), "last_used_at": ts(self.last_used_at),
-                "revoked_at": ts(self.revoked_at), "rate_limit_per_s": self.rate_limit_per_s,
-                "status": "revoked" if self.revoked_at else "active"}
+    @property
+    def producer(self) -> bool:
+        """A producer token's record rather than an API key's."""
+        return PRODUCER_SCOPE in self.scopes
 
 
 def hash_secret(secret: str) -> str:
@@ -127,12 +120,15 @@ class KeyStore:
             return None
         key_id, secret = m.groups()
         row = await self.pool.fetchrow("SELECT * FROM api_keys WHERE key_id = $1", key_id)
-        if row is None or not hmac.compare_digest(row["secret_hash"], hash_secret(secret)) or row["revoked_at"]:
+        if row is None or not hmac.compare_digest(row["secret_hash"], hash_secret(secret)):
+            return None
+        found = _row(row)
+        if found.revoked_at:
             return None
         now = self.clock()
-        if row["last_used_at"] is None or now - row["last_used_at"] > LAST_USED_GRANULARITY:
+        if found.last_used_at is None or now - found.last_used_at > LAST_USED_GRANULARITY:
             await self.pool.execute("UPDATE api_keys SET last_used_at = $2 WHERE key_id = $1", key_id, now)
-        return _row(row)
+        return found
 
 
 async def producer_token_status(conn: asyncpg.Connection, token_id: str) -> str:
