@@ -15,7 +15,6 @@ import shutil
 import sys
 import tempfile
 from pathlib import Path
-from typing import Any
 
 from ..adapters.archives import SourceError
 from ..adapters.formats import HubSource, hub_id, open_source
@@ -60,13 +59,20 @@ def _usage(message: str) -> int:
 def _progress_bar(enabled: bool):
     """A rich progress bar on stderr (only on a terminal); returns (callback, stop)."""
     from rich.console import Console  # noqa: PLC0415
-    from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TimeElapsedColumn  # noqa: PLC0415
+    from rich.progress import (  # noqa: PLC0415
+        BarColumn,
+        DownloadColumn,
+        Progress,
+        TaskID,
+        TextColumn,
+        TimeElapsedColumn,
+    )
 
     console = Console(stderr=True)
     bar = Progress(TextColumn("{task.description}"), BarColumn(), DownloadColumn(), TimeElapsedColumn(),
                    console=console, transient=True, disable=not (enabled and console.is_terminal))
     bar.start()
-    tasks: dict[str, Any] = {}
+    tasks: dict[str, TaskID] = {}     # phase -> its bar
 
     def update(phase: str, done: int, total: int | None) -> None:
         if phase not in tasks:
