@@ -7,12 +7,12 @@ from __future__ import annotations
 import asyncio
 import os
 import shutil
-from typing import Any
 
 import psutil
+from whetstone.contracts import GpuSample
 from whetstone.runtime.logging import get_logger
 
-from ..domain.telemetry import NVIDIA_SMI_ARGS, parse_nvidia_smi, readings_as_fields
+from ..domain.telemetry import NVIDIA_SMI_ARGS, NodeFigures, parse_nvidia_smi
 
 log = get_logger("whetstone.trainer_agent.telemetry")
 
@@ -25,14 +25,10 @@ class NodeTelemetry:
         self._failing = False
         psutil.cpu_percent(interval=None)  # the first call only starts the measurement
 
-    async def sample(self) -> dict[str, Any]:
-        """The heartbeat's optional fields: gpus (when nvidia-smi answers), cpu_percent, rss_mb."""
-        fields: dict[str, Any] = {"cpu_percent": psutil.cpu_percent(interval=None), "rss_mb": self._rss_mb()}
-        if self.nvidia_smi:
-            gpus = await self._gpus()
-            if gpus:
-                fields["gpus"] = gpus
-        return fields
+    async def sample(self) -> NodeFigures:
+        """The heartbeat's hardware figures: gpus (when nvidia-smi answers), cpu_percent, rss_mb."""
+        gpus = await self._gpus() if self.nvidia_smi else None
+        return NodeFigures(cpu_percent=psutil.cpu_percent(interval=None), rss_mb=self._rss_mb(), gpus=gpus or [])
 
     def _rss_mb(self) -> float | None:
         try:
@@ -47,7 +43,7 @@ class NodeTelemetry:
         except psutil.Error:
             return None
 
-    async def _gpus(self) -> list[dict[str, Any]] | None:
+    async def _gpus(self) -> list[GpuSample] | None:
         try:
             proc = await asyncio.create_subprocess_exec(self.nvidia_smi, *NVIDIA_SMI_ARGS, stdout=asyncio.subprocess.PIPE,
                                                         stderr=asyncio.subprocess.PIPE)
@@ -59,7 +55,7 @@ class NodeTelemetry:
                 raise RuntimeError(f"nvidia-smi did not answer within {self.timeout_s}s") from None
             if proc.returncode != 0:
                 raise RuntimeError(f"nvidia-smi exited {proc.returncode}: {err.decode(errors='replace')[:300]}")
-            gpus = readings_as_fields(parse_nvidia_smi(out.decode(errors="replace")))
+            gpus = parse_nvidia_smi(out.decode(errors="replace"))
         except (OSError, RuntimeError, ValueError) as exc:
             if not self._failing:
                 log.warning("nvidia-smi unusable; heartbeats carry CPU figures only", error=str(exc))

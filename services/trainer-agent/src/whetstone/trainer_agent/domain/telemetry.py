@@ -4,8 +4,9 @@
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+
+from whetstone.contracts import GpuSample
 
 # The fields asked of `nvidia-smi --query-gpu=... --format=csv,noheader,nounits`, in this order.
 NVIDIA_SMI_FIELDS = ("index", "name", "utilization.gpu", "memory.used", "memory.total", "power.draw",
@@ -32,14 +33,13 @@ PEAK_BF16_FLOPS: tuple[tuple[str, float], ...] = (
 
 
 @dataclass(frozen=True)
-class GpuReading:
-    index: int
-    name: str | None
-    utilization_pct: float | None
-    memory_used_mb: float | None
-    memory_total_mb: float | None
-    power_w: float | None
-    temperature_c: float | None
+class NodeFigures:
+    """The heartbeat's hardware fields: per-GPU samples (none without a working nvidia-smi), the node's
+    CPU busy % and the resident memory of the agent and its training processes."""
+
+    cpu_percent: float | None
+    rss_mb: float | None
+    gpus: list[GpuSample] = field(default_factory=list)
 
 
 def _number(text: str) -> float | None:
@@ -51,9 +51,10 @@ def _number(text: str) -> float | None:
         return None
 
 
-def parse_nvidia_smi(output: str) -> list[GpuReading]:
-    """One reading per line of `nvidia-smi` CSV output (NVIDIA_SMI_ARGS). A line that is not a GPU
-    line (a header, a warning, fewer fields) raises ValueError naming the line."""
+def parse_nvidia_smi(output: str) -> list[GpuSample]:
+    """One sample per line of `nvidia-smi` CSV output (NVIDIA_SMI_ARGS). A line that is not a GPU
+    line (a header, a warning, fewer fields) raises ValueError naming the line; so does a figure the
+    heartbeat cannot carry (a negative memory or power reading: pydantic's ValidationError)."""
     readings = []
     for lineno, line in enumerate(output.splitlines(), start=1):
         if not line.strip():
@@ -66,7 +67,8 @@ def parse_nvidia_smi(output: str) -> list[GpuReading]:
             raise ValueError(f"nvidia-smi line {lineno}: expected {len(NVIDIA_SMI_FIELDS)} fields "
                              f"({', '.join(NVIDIA_SMI_FIELDS)}), got {line.strip()[:200]!r}")
         util, used, total, power, temp = (_number(c) for c in cells[2:])
-        readings.append(GpuReading(int(cells[0]), cells[1] or None, util, used, total, power, temp))
+        readings.append(GpuSample(index=int(cells[0]), name=cells[1] or None, utilization_pct=util,
+                                  memory_used_mb=used, memory_total_mb=total, power_w=power, temperature_c=temp))
     return readings
 
 
@@ -89,9 +91,3 @@ def mfu(params: int | None, tokens_per_s: float | None, gpu_type: str | None, gp
         return None
     return round(6.0 * params * tokens_per_s / (peak * gpus), 6)
 
-
-def readings_as_fields(readings: Sequence[GpuReading]) -> list[Mapping[str, object]]:
-    """The heartbeat's `gpus` field."""
-    return [{"index": r.index, "name": r.name, "utilization_pct": r.utilization_pct,
-             "memory_used_mb": r.memory_used_mb, "memory_total_mb": r.memory_total_mb, "power_w": r.power_w,
-             "temperature_c": r.temperature_c} for r in readings]

@@ -29,7 +29,8 @@ async def heartbeat(rt: AgentRuntime) -> None:
                 node_id=c.node_id, gpu_type=c.gpu_type, gpu_count=c.gpu_count, gpu_memory_gb=c.gpu_memory_gb,
                 free_gpu_ids=free_gpu_ids(c.gpu_count, [s.gpu_ids for s in segments], node.stopping is not None),
                 spot=c.spot, interconnect_group=c.interconnect_group,
-                running_jobs=sorted({s.job_id for s in segments}), sent_at=rt.clock(), address=c.address, **figures),
+                running_jobs=sorted({s.job_id for s in segments}), sent_at=rt.clock(), address=c.address,
+                gpus=figures.gpus, cpu_percent=figures.cpu_percent, rss_mb=figures.rss_mb),
                 tenant_id="platform")
         await asyncio.sleep(c.heartbeat_s)
 
