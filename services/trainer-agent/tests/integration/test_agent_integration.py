@@ -100,12 +100,18 @@ def stored(store, job_id: str) -> list[tuple[int, str]]:
 # --------------------------------------------------------------------------- tests
 
 
-async def test_agent_trains_checkpoints_prunes_and_reports_capacity(platform, settings, tiny_base, tmp_path):
+async def test_agent_trains_checkpoints_prunes_and_reports_capacity(platform, settings, tiny_base, tmp_path,
+                                                                   monkeypatch):
     sha = install_model(settings, tiny_base)
+    # the job is pinned to the trainer image this node says it runs (the same digest under another name)
+    image_digest = "sha256:" + "5" * 64
+    monkeypatch.setenv("WHETSTONE_IMAGE_DIGEST", f"registry.local:5000/trainer@{image_digest}")
     async with platform(agent(keep_checkpoints=2)) as p:
         rt = p["trainer-agent"]
         uri = rt.store.put_bytes(TRAIN_KEY, chat_rows(16))
-        segment = await assign(settings, "job-ok", spec(sha, uri, n_epochs=2, checkpoint_every_steps=1))
+        pinned = spec(sha, uri, n_epochs=2, checkpoint_every_steps=1).model_copy(
+            update={"image": f"ghcr.io/whetstone/trainer@{image_digest}"})
+        segment = await assign(settings, "job-ok", pinned)
 
         async def busy_heartbeat():
             return [h for h in await events(rt, "node.heartbeat") if "job-ok" in h["running_jobs"]]
@@ -133,6 +139,9 @@ async def test_agent_trains_checkpoints_prunes_and_reports_capacity(platform, se
             _, digest = S3Checkpoints(rt.store).fetch_verified(prefix, tmp_path / "check" / str(w["step"]),
                                                                job_id="job-ok")
             assert digest == w["manifest_sha256"] and w["files"] > 0 and w["size_bytes"] > 0
+        # the training child's lockfile records the image digest it ran in: the one the job pinned
+        lock = json.loads((tmp_path / "check" / "4" / "environment.lock.json").read_text())
+        assert lock["image_digest"] == f"registry.local:5000/trainer@{image_digest}", lock
 
         async def idle_heartbeat():
             beats = await events(rt, "node.heartbeat")
