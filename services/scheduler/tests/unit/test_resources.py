@@ -3,6 +3,7 @@
 import pytest
 
 from whetstone.scheduler.domain.placement import Shape
+from whetstone.scheduler.domain.hf_config import HfConfig
 from whetstone.scheduler.domain.resources import (
     CPU, ModelArch, arch_from_config, canonical_gpu_type, estimate_runtime_s, explicit_shape_problem, model_arch,
     offers, params_from_name, plan_shapes, training_memory,
@@ -17,16 +18,24 @@ LLAMA3_70B = {"model_type": "llama", "hidden_size": 8192, "num_hidden_layers": 8
               "vocab_size": 128256, "num_attention_heads": 64, "num_key_value_heads": 8,
               "max_position_embeddings": 8192}
 HP = {"batch_size": 1, "max_seq_len": 2048, "lora_r": 16}
+
+
+def arch_of(config: dict):
+    return arch_from_config(HfConfig.model_validate(config))
+
+
 CATALOG = offers([], cpu_memory_gb=16, include_catalog=True)
 
 
 def test_parameter_count_from_config_matches_the_published_sizes():
-    assert arch_from_config(LLAMA2_7B).params == pytest.approx(6.74e9, rel=0.01)
-    assert arch_from_config(LLAMA3_70B).params == pytest.approx(70.6e9, rel=0.01)
-    assert arch_from_config({"model_type": "llama"}) is None
+    assert arch_of(LLAMA2_7B).params == pytest.approx(6.74e9, rel=0.01)
+    assert arch_of(LLAMA3_70B).params == pytest.approx(70.6e9, rel=0.01)
+    assert arch_of({"model_type": "llama"}) is None
     # a multimodal config's text part is the one sized; a size of the wrong type reads as no config
-    assert arch_from_config({"model_type": "llava", "text_config": LLAMA2_7B}) == arch_from_config(LLAMA2_7B)
-    assert arch_from_config({**LLAMA2_7B, "hidden_size": "big"}) is None
+    llava = HfConfig.parse({"model_type": "llava", "text_config": LLAMA2_7B, "vision_config": {"image_size": 336}})
+    assert arch_from_config(llava) == arch_of(LLAMA2_7B) and llava.sees_images
+    assert not HfConfig.parse(LLAMA2_7B).sees_images
+    assert HfConfig.parse({**LLAMA2_7B, "hidden_size": "big"}) is None
 
 
 @pytest.mark.parametrize("name,params", [
@@ -38,9 +47,9 @@ def test_size_hint_in_the_model_name(name, params):
 
 
 def test_size_falls_back_from_config_to_name_to_weight_bytes():
-    assert model_arch("x-7b", LLAMA2_7B, None).source == "config"
-    assert model_arch("llama-70b", {"model_type": "llama"}, 10).params == 70e9
-    fake = model_arch("pinned-model", {"model_type": "llama"}, 10)
+    assert model_arch("x-7b", HfConfig.parse(LLAMA2_7B), None).source == "config"
+    assert model_arch("llama-70b", HfConfig(model_type="llama"), 10).params == 70e9
+    fake = model_arch("pinned-model", HfConfig(model_type="llama"), 10)
     assert (fake.source, fake.params) == ("weights", 5)
 
 
@@ -59,7 +68,7 @@ def test_memory_math_follows_bytes_per_parameter():
 
 def test_auto_shapes_for_the_issue_job_sizes():
     def first(config, method, hp=HP):
-        return plan_shapes(arch_from_config(config), method, hp, CATALOG, 200_000_000).shapes
+        return plan_shapes(arch_of(config), method, hp, CATALOG, 200_000_000).shapes
 
     lora_7b = first(LLAMA2_7B, "lora")
     assert Shape("A100", 1, 1) in lora_7b and all(s.nodes == 1 for s in lora_7b)
@@ -77,7 +86,7 @@ def test_tiny_models_get_the_cpu_node_big_ones_do_not():
     pool = offers([("cpu", 0.0, 1)], cpu_memory_gb=16, include_catalog=False)
     tiny = plan_shapes(ModelArch(5, "weights"), "lora", HP, pool, 200_000_000)
     assert tiny.shapes == (Shape(CPU, 1, 1),)
-    big = plan_shapes(arch_from_config(LLAMA2_7B), "lora", HP, pool, 200_000_000)
+    big = plan_shapes(arch_of(LLAMA2_7B), "lora", HP, pool, 200_000_000)
     assert big.shapes == () and "too large to train on CPU" in big.refused[CPU]
 
 
@@ -88,7 +97,7 @@ def test_a_job_too_big_for_every_gpu_is_refused_with_reasons():
 
 
 def test_explicit_request_checked_against_memory():
-    memory = training_memory(arch_from_config(LLAMA3_70B), "full", HP)
+    memory = training_memory(arch_of(LLAMA3_70B), "full", HP)
     problem = explicit_shape_problem(Shape("A100", 1, 1), memory, CATALOG)
     assert problem and "GB per GPU" in problem
     assert explicit_shape_problem(Shape("H100", 8, 4), memory, CATALOG) is None

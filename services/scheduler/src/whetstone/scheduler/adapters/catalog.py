@@ -8,16 +8,17 @@ import json
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 from whetstone.runtime.models import (WEIGHT_SUFFIXES, HubEntry, ResolvedModel, UnknownModel, resolve_hub,
                                      resolve_model, tenant_reference)
 
+from ..domain.hf_config import HfConfig
+
 HUB_RETRY_S = 60.0   # a Hub id the Hub could not confirm is asked about again after this, not on every create
 
 
-def model_facts(model: ResolvedModel) -> tuple[dict[str, Any] | None, int | None]:
-    """(config.json as a dict, total bytes of weight files); (None, None) for a Hub id."""
+def model_facts(model: ResolvedModel) -> tuple[HfConfig | None, int | None]:
+    """(config.json read into its sizes, total bytes of weight files); (None, None) for a Hub id."""
     if not model.local:
         return None, None
     directory = Path(model.location)
@@ -26,13 +27,13 @@ def model_facts(model: ResolvedModel) -> tuple[dict[str, Any] | None, int | None
     except (OSError, ValueError):
         config = None
     weights = sum(p.stat().st_size for p in directory.iterdir() if p.is_file() and p.suffix in WEIGHT_SUFFIXES)
-    return (config if isinstance(config, dict) else None), (weights or None)
+    return (HfConfig.parse(config) if isinstance(config, dict) else None), (weights or None)
 
 
 @dataclass(frozen=True)
 class BaseModelFacts:
     model: ResolvedModel
-    config: dict[str, Any] | None
+    config: HfConfig | None   # None: a Hub id, or no readable config.json
     weight_bytes: int | None
 
 

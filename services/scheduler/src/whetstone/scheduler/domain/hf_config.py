@@ -13,6 +13,12 @@ from pydantic import BaseModel, ConfigDict, ValidationError
 UNGATED_FAMILIES = ("gpt2", "gpt_neox", "opt", "bloom", "falcon", "phi")
 
 
+class VisionConfig(BaseModel):
+    """A vision-language model's image tower: only its presence is read."""
+
+    model_config = ConfigDict(extra="ignore", frozen=True)
+
+
 class HfConfig(BaseModel):
     """The fields of a config.json the memory estimate reads; any other key is ignored."""
 
@@ -37,17 +43,26 @@ class HfConfig(BaseModel):
     max_position_embeddings: int | None = None
     n_positions: int | None = None
     text_config: HfConfig | None = None   # a multimodal model's language part
+    vision_config: VisionConfig | None = None
 
     @classmethod
-    def read(cls, document: Mapping[str, Any]) -> HfConfig | None:
-        """The text model's config (a multimodal model's `text_config` when it gives a hidden size);
-        None when a field the estimate reads has a value of the wrong type."""
+    def parse(cls, document: Mapping[str, Any]) -> HfConfig | None:
+        """The config.json document read once; None when a field read here has a value of the wrong type
+        (as for an unreadable file: the size then comes from the name or the weights)."""
         try:
-            config = cls.model_validate(document)
+            return cls.model_validate(document)
         except ValidationError:
             return None
-        inner = config.text_config
-        return inner if inner is not None and inner.hidden_size else config
+
+    @property
+    def text(self) -> HfConfig:
+        """The language model's sizes: a multimodal model's `text_config` when it gives a hidden size."""
+        inner = self.text_config
+        return inner if inner is not None and inner.hidden_size else self
+
+    @property
+    def sees_images(self) -> bool:
+        return self.vision_config is not None
 
     @property
     def hidden(self) -> int | None:

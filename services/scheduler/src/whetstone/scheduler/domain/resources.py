@@ -89,11 +89,9 @@ class ModelArch:
     target_module_dims: tuple[tuple[int, int], ...] = ()   # (in, out) of each LoRA-targeted matrix per layer
 
 
-def arch_from_config(config: Mapping[str, Any]) -> ModelArch | None:
+def arch_from_config(config: HfConfig) -> ModelArch | None:
     """Parameter count of a decoder-only transformer from its config.json; None if the sizes are absent."""
-    c = HfConfig.read(config)
-    if c is None:
-        return None
+    c = config.text
     h, layers, vocab = c.hidden, c.layers, c.vocab_size
     if not (h and layers and vocab):
         return None
@@ -123,7 +121,7 @@ def params_from_name(name: str) -> int | None:
     return best
 
 
-def model_arch(name: str, config: Mapping[str, Any] | None, weight_bytes: int | None,
+def model_arch(name: str, config: HfConfig | None, weight_bytes: int | None,
                bytes_per_param: float = 2.0) -> ModelArch:
     """Best available size: config.json, then the name's size hint, then the weight files' size."""
     if config:

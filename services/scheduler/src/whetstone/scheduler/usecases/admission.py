@@ -69,7 +69,7 @@ def sees_images(model: BaseModelFacts) -> bool | None:
     """Whether the base model takes images (a vision config or an image processor); None when unknown (a Hub id)."""
     if model.config is None:
         return None
-    return "vision_config" in model.config or (model.model.local and any(
+    return model.config.sees_images or (model.model.local and any(
         (Path(model.model.location) / name).is_file() for name in ("processor_config.json", "preprocessor_config.json")))
 
 
