@@ -7,6 +7,8 @@
   is re-run example by example to name the source line at fault.
 - `StoredRefDPOTrainer`: DPO whose reference log-probs, computed once, are kept with the
   checkpoints and reused on resume instead of being recomputed.
+- `GangOrderMixin` (SFT/CPT across ranks): the data order of `gang_order`, so a gang's every step
+  equals the one-process step with its effective batch.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from .errors import PlatformError, UserError, is_out_of_memory
+from .gang_order import GangOrder, blank_example, blanks_needed
 
 if TYPE_CHECKING:
     from .session import TrainingSession
@@ -133,10 +136,38 @@ class BadExampleMixin:
                              f"micro-batch (lines {lines}) reproduces it", code="training_step_failed")
 
 
+class GangOrderMixin:
+    """`real_examples` > 0 on a gang run whose dataset ends with blank examples (`gang_order`)."""
+
+    real_examples: int = 0
+
+    def _get_train_sampler(self, train_dataset=None):
+        if not self.real_examples:
+            return super()._get_train_sampler(train_dataset)
+        import torch
+
+        seed = self.args.data_seed if self.args.data_seed is not None else torch.random.initial_seed()
+        return GangOrder(self.real_examples, len(train_dataset or self.train_dataset), seed)
+
+
 def sft_trainer_class():
     from transformers import Trainer
 
-    return type("PlatformSFTTrainer", (TimedSaveMixin, BadExampleMixin, Trainer), {})
+    return type("PlatformSFTTrainer", (TimedSaveMixin, BadExampleMixin, GangOrderMixin, Trainer), {})
+
+
+def _with_blanks(train_dataset, args, pad_id: int):
+    """On a gang run, the dataset followed by the blank examples that fill its last global step (the
+    number of real examples, or 0 when nothing is appended: one process, or rows of another shape)."""
+    per_global_step = args.per_device_train_batch_size * args.gradient_accumulation_steps * args.world_size
+    blanks = blanks_needed(len(train_dataset), per_global_step)
+    columns = getattr(train_dataset, "column_names", None)   # a datasets.Dataset of tokenized rows
+    if args.world_size < 2 or not blanks or columns is None or set(columns) != set(blank_example(pad_id)):
+        return train_dataset, 0
+    from datasets import Dataset, concatenate_datasets
+
+    filler = Dataset.from_list([blank_example(pad_id)] * blanks, features=train_dataset.features)
+    return concatenate_datasets([train_dataset, filler]), len(train_dataset)
 
 
 def install_sft_trainer(session: TrainingSession, model, *, train_dataset: Sequence, collator, processing_class,
@@ -146,15 +177,19 @@ def install_sft_trainer(session: TrainingSession, model, *, train_dataset: Seque
     from transformers import TrainingArguments
 
     cfg, hp = session.cfg, session.hp
+    args = TrainingArguments(**training_arguments(hp, output_dir=cfg.output_dir, deepspeed=cfg.deepspeed),
+                             remove_unused_columns=False)
+    examples_per_epoch = len(train_dataset)
+    train_dataset, real_examples = _with_blanks(train_dataset, args, getattr(processing_class, "pad_token_id", None) or 0)
     trainer = sft_trainer_class()(
         model=model,
-        args=TrainingArguments(**training_arguments(hp, output_dir=cfg.output_dir, deepspeed=cfg.deepspeed),
-                               remove_unused_columns=False),
+        args=args,
         train_dataset=train_dataset,
         data_collator=collator,
         processing_class=processing_class,
-        callbacks=session.callbacks(validator, examples_per_epoch=len(train_dataset)),
+        callbacks=session.callbacks(validator, examples_per_epoch=examples_per_epoch),
     )
+    trainer.real_examples = real_examples
     trainer.examples_by_line = examples_by_line
     trainer.data_name = cfg.train_file.name
     session.install(trainer)
