@@ -12,7 +12,7 @@ from whetstone.runtime.identity import (
     verify,
     verify_internal,
 )
-from whetstone.runtime.signing import UNSIGNED_PAYLOAD, Bound
+from whetstone.runtime.signing import UNSIGNED_PAYLOAD, Bound, mac
 
 pytestmark = pytest.mark.unit
 SECRET = b"s3cret"
@@ -116,3 +116,21 @@ def test_a_producer_token_names_its_tenant_and_expiry_and_cannot_be_edited_or_fo
         mint_producer_token("no spaces allowed", secret)
     default = verify_producer_token(mint_producer_token("demo", secret, now=1000), secret)
     assert default is not None and default.expires_at == 1000 + 90 * 86400
+
+
+@pytest.mark.parametrize("identity, expect", [
+    ("tenant=acme;key=k1;ts=1000", ("acme", "k1", frozenset())),                       # no scopes: none
+    ("tenant=acme;scopes=read,,write;ts=1000", ("acme", "", frozenset({"read", "write"}))),
+    ("tenant=a;tenant=b;ts=1000", ("b", "", frozenset())),                             # the last one written
+    ("key=k1;scopes=read;ts=1000", None),                                              # no tenant
+    ("tenant=acme;scopes=read", None),                                                 # no timestamp
+    ("tenant=acme;ts=soon", None),                                                     # not a number
+])
+def test_the_identity_fields_are_read_once_and_a_malformed_one_is_refused(identity, expect):
+    signature = mac("identity", identity, POST, SECRET)
+    if expect is None:
+        with pytest.raises(ApiError, match="Malformed identity header"):
+            verify(identity, signature, SECRET, POST, now=1000)
+        return
+    who = verify(identity, signature, SECRET, POST, now=1000)
+    assert (who.tenant_id, who.key_id, who.scopes) == expect

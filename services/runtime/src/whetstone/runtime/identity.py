@@ -199,6 +199,27 @@ def _secret_of(request: Request) -> bytes:
     return getattr(request.app.state, "internal_secret", None) or internal_secret()
 
 
+def _parse_identity(identity: str) -> tuple[int, Caller]:
+    """`tenant=<id>;key=<key id>;scopes=<a,b>;ts=<unix seconds>` -> (ts, the caller); a name given twice
+    counts as last written. ValueError when ts or tenant is missing or ts is not a number."""
+    ts = tenant = None
+    key = scopes = ""
+    for part in identity.split(";"):
+        name, _, value = part.partition("=")
+        match name:
+            case "ts":
+                ts = value
+            case "tenant":
+                tenant = value
+            case "key":
+                key = value
+            case "scopes":
+                scopes = value
+    if ts is None or tenant is None:
+        raise ValueError("ts and tenant are required")
+    return int(ts), Caller(tenant_id=tenant, key_id=key, scopes=frozenset(s for s in scopes.split(",") if s))
+
+
 def verify(identity: str | None, signature: str | None, secret: bytes, bound: Bound | None, *,
            now: float | None = None) -> Caller:
     """The caller `identity` names, when `signature` is the platform's for it AND for the request
@@ -209,16 +230,13 @@ def verify(identity: str | None, signature: str | None, secret: bytes, bound: Bo
     if bound is None or not hmac.compare_digest(mac("identity", identity, bound, secret), signature):
         raise ApiError(401, "The caller's identity could not be verified for this request.",
                        type="invalid_request_error", code="invalid_identity")
-    fields = dict(part.partition("=")[::2] for part in identity.split(";"))
     try:
-        ts = int(fields["ts"])
-        tenant = fields["tenant"]
-    except (KeyError, ValueError):
+        ts, caller = _parse_identity(identity)
+    except ValueError:
         raise ApiError(401, "Malformed identity header.", type="invalid_request_error", code="invalid_identity")
     if not within_window(ts, now if now is not None else time.time()):
         raise ApiError(401, "The caller's identity has expired.", type="invalid_request_error", code="invalid_identity")
-    scopes = frozenset(s for s in fields.get("scopes", "").split(",") if s)
-    return Caller(tenant_id=tenant, key_id=fields.get("key", ""), scopes=scopes)
+    return caller
 
 
 def _caller_with(scope: str) -> Callable[[Request], Awaitable[Caller]]:
