@@ -63,8 +63,8 @@ def recipe_hash() -> str:
 
 def _mc_example(tokenizer, row: dict, max_len: int) -> _Example:
     context, continuation = data.mc_text(row)
-    c = tokenizer(context, add_special_tokens=False).input_ids
-    t = tokenizer(continuation, add_special_tokens=False).input_ids
+    c = tokenizer(context, add_special_tokens=False)["input_ids"]
+    t = tokenizer(continuation, add_special_tokens=False)["input_ids"]
     return _Example((c + t)[:max_len], ([-100] * len(c) + t)[:max_len])
 
 

@@ -208,7 +208,7 @@ class BaseModelTokenizer:
         return TokenSequence(ids, labels)
 
     def _text(self, text: str) -> TokenSequence:
-        ids = list(self.tok(text, add_special_tokens=True).input_ids)
+        ids = list(self.tok(text, add_special_tokens=True)["input_ids"])
         if self.tok.eos_token_id is not None and (not ids or ids[-1] != self.tok.eos_token_id):
             ids.append(self.tok.eos_token_id)
         return TokenSequence(ids, list(ids))
