@@ -33,6 +33,7 @@ test: venv
 	sh deploy/tools/ensure-prometheus.sh  # prometheus + promtool for tests/ops (Debian package)
 	sh deploy/tools/ensure-bubblewrap.sh  # bwrap, the sandbox of python graders (Debian package)
 	sh deploy/tools/ensure-chromium.sh    # headless chromium for tests/console (Debian package)
+	sh deploy/tools/ensure-mlflow.sh      # an MLflow tracking server in .venv-mlflow (the tracking test's)
 	# two workers; a module's tests (and its module-scoped fixtures) stay on one worker; one torch thread per
 	# process, since two workers' intra-op threads oversubscribing the cores make each step wait on a descheduled peer
 	OMP_NUM_THREADS=1 MKL_NUM_THREADS=1 $(BIN)/python -m pytest -n 2 --dist loadscope --durations=30

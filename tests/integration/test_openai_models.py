@@ -9,7 +9,9 @@
   echoed in `method.supervised.hyperparameters`; `"auto"` epochs on 5 examples is refused naming the field;
 - the job's `result_files` holds a CSV in OpenAI's columns, read with `files.content`;
 - `whet jobs reproduce JOB` trains it again with everything pinned (files, base sha256, resolved
-  hyperparameters and seed): the same loss at every step; a base pin that no longer holds is a 409."""
+  hyperparameters and seed): the same loss at every step; a base pin that no longer holds is a 409;
+- the job's `mlflow` integration: a real `mlflow server` (from .venv-mlflow) holds the job's run, read back
+  through MLflow's REST API: params, the train-loss history, the gate's verdict and the model card."""
 
 import asyncio
 import contextlib
@@ -19,10 +21,12 @@ import json
 import re
 from pathlib import Path
 
+import httpx
 import openai
 import pytest
 
 from whetstone.cli.dev import all_service_builders, upstreams_of
+from whetstone.devstack.mlflow_server import MlflowProcess, mlflow_executable, mlflow_server
 from whetstone.devstack.testing import until
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(1200)]  # two jobs through the whole platform
@@ -36,15 +40,28 @@ def sft_rows(n: int) -> bytes:
     return b"".join(json.dumps(r).encode() + b"\n" for r in rows)
 
 
-async def test_model_ids_auto_hyperparameters_and_result_files(platform, settings, monkeypatch, openai_clients):
+async def test_model_ids_auto_hyperparameters_and_result_files(platform, settings, monkeypatch, openai_clients,
+                                                              tmp_path):
     from whetstone.modelkit.tiny import build_tiny_model
 
     monkeypatch.setenv("WHETSTONE_INGEST_MIN_EXAMPLES", "3")   # ingest's own floor (10, OpenAI's) let through
 
-    await asyncio.to_thread(build_tiny_model, Path(settings.model_catalog) / "tiny-llama")
-    async with platform(*all_service_builders()) as p:
-        async with openai_clients(upstreams_of(p.runtimes.values())) as (client, other):
-            await run(client, other, monkeypatch)
+    exe = mlflow_executable()
+    async with contextlib.AsyncExitStack() as servers:
+        # the operator's tracking server (the scheduler and the registry read its URL) starts beside the
+        # platform: the registry's tracker retries (every second here) until it answers
+        tracking = None if exe is None else await servers.enter_async_context(mlflow_server(tmp_path / "mlflow", exe))
+        if tracking is not None:
+            monkeypatch.setenv("WHETSTONE_MLFLOW_TRACKING_URI", tracking.url)
+            monkeypatch.setenv("WHETSTONE_REGISTRY_MLFLOW_RETRY_S", "1")
+            monkeypatch.setenv("WHETSTONE_REGISTRY_MLFLOW_RETRY_MAX_S", "2")
+        await asyncio.to_thread(build_tiny_model, Path(settings.model_catalog) / "tiny-llama")
+        async with platform(*all_service_builders()) as p:
+            async with openai_clients(upstreams_of(p.runtimes.values())) as (client, other):
+                await run(client, other, monkeypatch, tracking)
+    if tracking is None:   # everything else was checked above
+        pytest.skip("MLflow tracking not checked: no .venv-mlflow (deploy/tools/ensure-mlflow.sh could not install "
+                    "mlflow here)")
 
 
 async def processed(client: openai.AsyncOpenAI, data: bytes, name: str):
@@ -54,7 +71,8 @@ async def processed(client: openai.AsyncOpenAI, data: bytes, name: str):
     return f
 
 
-async def run(client: openai.AsyncOpenAI, other: openai.AsyncOpenAI, monkeypatch) -> None:
+async def run(client: openai.AsyncOpenAI, other: openai.AsyncOpenAI, monkeypatch,
+              tracking: MlflowProcess | None) -> None:
     # the platform's base, listed for every tenant and answering chat completions
     listed = await client.models.list()
     assert [(m.id, m.owned_by) for m in listed.data] == [("tiny-llama", "whetstone")]
@@ -74,7 +92,8 @@ async def run(client: openai.AsyncOpenAI, other: openai.AsyncOpenAI, monkeypatch
         model="tiny-llama", training_file=train.id, suffix="models",
         method={"type": "supervised", "supervised": {"hyperparameters": {
             "n_epochs": "auto", "batch_size": "auto", "learning_rate_multiplier": 50, "checkpoint_every_steps": 5,
-            "max_seq_len": 128}}}, extra_body={"eval_config": {"stages": ["holdout"]}})
+            "max_seq_len": 128}}}, extra_body={"eval_config": {"stages": ["holdout"]}},
+        **({"integrations": [MLFLOW]} if tracking else {}))
     job = await until(lambda: client.fine_tuning.jobs.retrieve(job.id), lambda j: j.status in TERMINAL, 900,
                       f"job {job.id}")
     assert job.status == "succeeded", job
@@ -126,6 +145,8 @@ async def run(client: openai.AsyncOpenAI, other: openai.AsyncOpenAI, monkeypatch
     assert all(float(r["train_loss"]) > 0 for r in rows if r["train_loss"])
     with pytest.raises(openai.NotFoundError):
         await other.files.content(result_id)
+    if tracking is not None:
+        await mlflow_run_checked(await tracking.ready(), job, model.model_extra["model_id"])
 
     # reproduced by the CLI with everything pinned: same files, base, resolved hyperparameters (seed
     # included), and the same loss at every step (CPU training is deterministic for a given seed and data order)
@@ -156,6 +177,44 @@ async def run(client: openai.AsyncOpenAI, other: openai.AsyncOpenAI, monkeypatch
     deleted = await client.models.delete(ftm)
     assert deleted.deleted and deleted.id == ftm
     assert (await client.models.retrieve(ftm)).model_extra["stage"] == "archived"
+
+
+MLFLOW = {"type": "mlflow", "mlflow": {"experiment_name": "models-test"}}
+
+
+async def mlflow_run_checked(tracking: str, job, model_id: str) -> None:
+    """The job's run on the MLflow server, read through MLflow's REST API: made once under the tenant's
+    experiment, with the resolved params, every reported step's train loss once, the verdict, the model card."""
+    assert [(i.type, i.model_extra.get("mlflow")) for i in job.integrations] == [
+        ("mlflow", {"experiment_name": "models-test"})]
+    api = "/api/2.0/mlflow"
+    async with httpx.AsyncClient(base_url=tracking, timeout=10) as http:
+        async def finished_runs() -> list[dict]:
+            found = await http.get(f"{api}/experiments/get-by-name", params={"experiment_name": "demo/models-test"})
+            if found.status_code != 200:
+                return []
+            runs = (await http.post(f"{api}/runs/search", json={
+                "experiment_ids": [found.json()["experiment"]["experiment_id"]],
+                "filter": f"tags.\"whetstone.job_id\" = '{job.id}'"})).json().get("runs", [])
+            return runs if runs and runs[0]["info"]["status"] == "FINISHED" else []
+
+        [run] = await until(finished_runs, bool, 120, "the job's MLflow run to finish")
+        info, data = run["info"], run["data"]
+        params = {p["key"]: p["value"] for p in data["params"]}
+        tags = {t["key"]: t["value"] for t in data["tags"]}
+        hp = job.method.supervised.hyperparameters
+        assert (params["base_model"], params["method"], params["hp.n_epochs"], params["hp.lora_r"]) == (
+            "tiny-llama", "lora", str(hp.n_epochs), str(hp.model_extra["lora_r"])), params
+        assert (info["run_name"], tags["eval.verdict"], tags["whetstone.fine_tuned_model"]) == (
+            job.id, "passed", job.fine_tuned_model), tags
+        history = (await http.get(f"{api}/metrics/get-history", params={
+            "run_id": info["run_id"], "metric_key": "train_loss"})).json()["metrics"]
+        steps = [m["step"] for m in history]
+        assert len(steps) >= 2 and len(steps) == len(set(steps)), history   # each step once
+        assert all(m["value"] > 0 for m in history)
+        root = info["artifact_uri"].removeprefix("mlflow-artifacts:/")
+        card = await http.get(f"/api/2.0/mlflow-artifacts/artifacts/{root}/model_card/README.md")
+        assert card.status_code == 200 and model_id in card.text, card.text[:500]
 
 
 async def refused_for_too_few(client: openai.AsyncOpenAI, file_id: str, auto: dict) -> None:

@@ -27,5 +27,6 @@ class RegistrySettings(ServiceSettings):
     # One setting for the platform: the scheduler reads it too, to accept or refuse `mlflow` integrations
     mlflow_tracking_uri: str | None = Field(None, validation_alias="WHETSTONE_MLFLOW_TRACKING_URI")
     mlflow_poll_s: float = Field(1.0, gt=0, description="how often the tracker looks for items to send")
-    mlflow_retry_s: float = Field(5.0, gt=0, description="first backoff after a failed send (doubles, 5 min cap)")
+    mlflow_retry_s: float = Field(5.0, gt=0, description="first backoff after a failed send (then doubling)")
+    mlflow_retry_max_s: float = Field(300.0, gt=0, description="the longest backoff")
     mlflow_give_up_after: int = Field(30, ge=1, description="failed tries in a row before a job's run is given up")

@@ -113,7 +113,8 @@ async def _send_run(rt: Rt, server: MlflowServer, run: TrackedRun) -> int:
             cfg = rt.ctx.config
             attempts = 0 if done else run.attempts + 1
             give_up = give_up or attempts >= cfg.mlflow_give_up_after
-            retry_at = now + timedelta(seconds=rules.retry_delay_s(attempts, cfg.mlflow_retry_s))
+            retry_at = now + timedelta(seconds=rules.retry_delay_s(attempts, cfg.mlflow_retry_s,
+                                                                                cfg.mlflow_retry_max_s))
             await store.failed(run.job_id, error, retry_at, give_up)
             if give_up:
                 rt.log.error("mlflow tracking given up for the job; its run misses what was not sent",
