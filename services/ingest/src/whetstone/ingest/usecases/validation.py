@@ -19,6 +19,7 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
+from pydantic import BaseModel, ConfigDict
 from whetstone.contracts import (DatasetStatus, DatasetSubmittedV1, DatasetValidatedV1, Purpose, ValidationIssue,
                                  dataset_id_for)
 from whetstone.runtime.file_ids import FILE_ID_PREFIX, minted_for
@@ -107,16 +108,34 @@ def _event_stats(report: GateReport, size: int, extra: dict[str, Any]) -> dict[s
     }
 
 
+class TokenizedManifest(BaseModel):
+    """manifest.json of a dataset version's tokenized rows (one tokenizer): written by `_store_tokenized`,
+    read back by `_cached_token_counts`."""
+
+    model_config = ConfigDict(extra="ignore")
+
+    dataset_version: str
+    tokenizer: str | None
+    tokenizer_hash: str | None
+    fingerprint: str | None          # what the per-row counts depend on (TokenCounts.applies_to)
+    max_seq_len: int
+    over_length_policy: str
+    rows: int
+    files: dict[str, str]            # side (train, validation) -> its JSONL file next to the manifest
+
+
 def _cached_token_counts(store: ObjectStore, base: str, dest: Path) -> TokenCounts | None:
     """The per-row counts of an earlier tokenization of this dataset version with this tokenizer."""
     manifest_uri = store.uri(f"{base}/manifest.json")
     try:
         if not store.exists(manifest_uri):
             return None
-        manifest = json.loads(store.get_bytes(manifest_uri))
+        manifest = TokenizedManifest.model_validate_json(store.get_bytes(manifest_uri))
+        if manifest.fingerprint is None:
+            return None
         path = store.download_file(store.uri(f"{base}/lengths.tsv"), dest / "cached-lengths.tsv")
-        return TokenCounts.read(path, manifest["fingerprint"])
-    except (ValueError, KeyError, OSError):
+        return TokenCounts.read(path, manifest.fingerprint)
+    except (ValueError, OSError):       # pydantic's ValidationError is a ValueError
         return None
 
 
@@ -128,16 +147,17 @@ def _store_tokenized(store: ObjectStore, base: str, version: str, result: GateRe
     if tok.cache == "reused":
         tok.tokenized_cache = "hit"
         return
-    files = {}
+    files: dict[str, str] = {}
     for side, path in sorted(result.tokenized_paths.items()):
         store.put_file(f"{base}/{side}.jsonl", path)
         files[side] = f"{side}.jsonl"
     assert result.lengths_path is not None
     store.put_file(f"{base}/lengths.tsv", result.lengths_path)
-    manifest = {"dataset_version": version, "tokenizer": tok.tokenizer, "tokenizer_hash": tok.tokenizer_hash,
-                "fingerprint": tok.fingerprint, "max_seq_len": tok.max_seq_len,
-                "over_length_policy": tok.over_length_policy, "rows": result.report.counts.rows_kept, "files": files}
-    store.put_bytes(f"{base}/manifest.json", json.dumps(manifest, indent=1).encode(), "application/json")
+    manifest = TokenizedManifest(dataset_version=version, tokenizer=tok.tokenizer, tokenizer_hash=tok.tokenizer_hash,
+                                 fingerprint=tok.fingerprint, max_seq_len=tok.max_seq_len,
+                                 over_length_policy=tok.over_length_policy, rows=result.report.counts.rows_kept,
+                                 files=files)
+    store.put_bytes(f"{base}/manifest.json", json.dumps(manifest.model_dump(), indent=1).encode(), "application/json")
     tok.tokenized_cache = "written"
 
 
