@@ -225,14 +225,17 @@ def auto_vs_default(base: Path, work: Path, seed: int, sizes: tuple[int, ...] = 
     from whetstone.modelkit.loading import load_model, load_tokenizer
     from whetstone.scheduler.domain import auto, resources
     from whetstone.scheduler.domain import jobs as rules
+    from whetstone.scheduler.domain.hf_config import HfConfig
+    from whetstone.contracts import Hyperparameters
     from whetstone.trainer_agent.recipes.data import read_chat_jsonl, tokenize_chat_rows
 
     config = json.loads((base / "config.json").read_text())
-    arch = resources.model_arch("tiny-llama", config, sum(p.stat().st_size for p in base.glob("*.safetensors")))
+    arch = resources.model_arch("tiny-llama", HfConfig.parse(config), sum(p.stat().st_size for p in base.glob("*.safetensors")))
     rows = generate_rows(60 + sum(sizes), seed)
     holdout = [r["messages"] for r in rows[:60]]
     tokenizer = load_tokenizer(base)
-    defaults, _ = rules.resolve_hyperparameters("lora", {}, rules.model_defaults(arch.max_positions))
+    default_hp, _ = rules.resolve_hyperparameters("lora", Hyperparameters(), rules.model_defaults(arch.max_positions))
+    defaults = default_hp.model_dump(exclude_none=True)
     keep = ("n_epochs", "learning_rate", "batch_size", "gradient_accumulation_steps", "lora_r", "lora_alpha",
             "lora_dropout", "max_seq_len", "warmup_ratio", "gradient_checkpointing")
 
@@ -259,9 +262,9 @@ def auto_vs_default(base: Path, work: Path, seed: int, sizes: tuple[int, ...] = 
         data = write_jsonl(rows[start:start + size], work / f"auto-{size}.jsonl")
         start += size
         tokens = sum(len(e.input_ids) for e in tokenize_chat_rows(tokenizer, read_chat_jsonl(data), 2048, data.name))
-        resolved = auto.resolve_auto("lora", {}, defaults, arch, auto.DataFacts(size, tokens), 16.0, 1)
+        resolved = auto.resolve_auto("lora", Hyperparameters(), default_hp, arch, auto.DataFacts(size, tokens), 16.0, 1)
         assert not isinstance(resolved, rules.Rejection), resolved
-        auto_hp, chosen = resolved
+        auto_hp, chosen = resolved[0].model_dump(exclude_none=True), resolved[1]
         log(f"  {size} rows: auto " + ", ".join(f"{k}={auto_hp[k]}" for k in chosen) +
             f"; defaults n_epochs={defaults['n_epochs']}, batch_size={defaults['batch_size']}, "
             f"lora_r={defaults['lora_r']}, learning_rate={defaults['learning_rate']}")

@@ -1,6 +1,10 @@
 """Tenants, tiers, quotas, idempotency fingerprints, hyperparameter checks, the job state machine."""
 
+import hashlib
+import json
+
 import pytest
+from whetstone.contracts import Hyperparameters
 
 from whetstone.scheduler.domain import admission as A
 from whetstone.scheduler.domain import jobs as J
@@ -53,14 +57,20 @@ def test_fingerprint_same_parameters_same_key_different_parameters_differ():
     ("full", {"learning_rate": 1e-5}, None),
 ])
 def test_hyperparameters_checked_against_method_and_model(method, given, code):
-    refused = J.check_hyperparameters(method, given, hidden_size=256, max_positions=4096)
+    refused = J.check_hyperparameters(method, Hyperparameters(**given), hidden_size=256, max_positions=4096)
     assert (refused.code if refused else None) == code
 
 
 def test_hyperparameter_defaults_and_hash():
-    hp, digest = J.resolve_hyperparameters("lora", {"lora_r": 8})
-    assert hp["lora_alpha"] == 16 and hp["learning_rate"] == 2e-4 and len(digest) == 64
-    assert J.resolve_hyperparameters("lora", {"lora_r": 8})[1] == digest
+    hp, digest = J.resolve_hyperparameters("lora", Hyperparameters(lora_r=8))
+    assert hp.lora_alpha == 16 and hp.learning_rate == 2e-4 and len(digest) == 64
+    assert J.resolve_hyperparameters("lora", Hyperparameters(lora_r=8))[1] == digest
+    # the lineage hash is the sha256 of the set knobs as sorted JSON (jobs hashed before keep their hash)
+    knobs = {"n_epochs": 3, "batch_size": 8, "gradient_accumulation_steps": 1, "max_seq_len": 2048,
+             "warmup_ratio": 0.03, "seed": 42, "checkpoint_every_steps": 50, "learning_rate": 2e-4, "lora_r": 8,
+             "lora_dropout": 0.05, "lora_alpha": 16}
+    assert digest == hashlib.sha256(json.dumps(knobs, sort_keys=True).encode()).hexdigest()
+    assert J.default_learning_rate("dpo") == 5e-6 and J.default_learning_rate("merge") is None
 
 
 def test_state_machine():
@@ -85,12 +95,14 @@ def test_method_must_fit_dataset_purpose():
 
 
 def test_defaults_fit_the_model_and_limits_name_the_hyperparameter():
-    assert J.resolve_hyperparameters("lora", {}, J.model_defaults(1024))[0]["max_seq_len"] == 1024
-    assert J.resolve_hyperparameters("lora", {}, J.model_defaults(8192))[0]["max_seq_len"] == 2048
-    assert J.resolve_hyperparameters("lora", {"max_seq_len": 256}, J.model_defaults(1024))[0]["max_seq_len"] == 256
-    too_long = J.check_hyperparameters("lora", {"max_seq_len": 4096}, 64, 1024)
+    none = Hyperparameters()
+    assert J.resolve_hyperparameters("lora", none, J.model_defaults(1024))[0].max_seq_len == 1024
+    assert J.resolve_hyperparameters("lora", none, J.model_defaults(8192))[0].max_seq_len == 2048
+    assert J.resolve_hyperparameters("lora", Hyperparameters(max_seq_len=256), J.model_defaults(1024))[0].max_seq_len \
+        == 256
+    too_long = J.check_hyperparameters("lora", Hyperparameters(max_seq_len=4096), 64, 1024)
     assert too_long.param == "hyperparameters.max_seq_len" and "1024" in too_long.message
-    assert J.check_hyperparameters("lora", {"lora_r": 128}, 64, 1024).param == "hyperparameters.lora_r"
+    assert J.check_hyperparameters("lora", Hyperparameters(lora_r=128), 64, 1024).param == "hyperparameters.lora_r"
 
 
 def test_job_usage_counts_each_gpu_second_once_whatever_the_order():

@@ -1,6 +1,7 @@
 """'auto' hyperparameters from the data and the model: pure rules."""
 
 import pytest
+from whetstone.contracts import Hyperparameters
 
 from whetstone.scheduler.domain import auto
 from whetstone.scheduler.domain import jobs as rules
@@ -16,10 +17,12 @@ SEVEN_B = {"params": 7_000_000_000, "params_source": "config",
 
 
 def resolve(method="lora", given=None, res=TINY, shapes=(Shape("cpu", 1),), examples=200, tokens=200 * 60):
-    given = given or {}
+    """(the set knobs as a dict, the knobs chosen), or the Rejection."""
+    given = Hyperparameters(**(given or {}))
     arch = JobResources.model_validate(res).model
     defaults, _ = rules.resolve_hyperparameters(method, given, rules.model_defaults(arch.max_positions))
-    return auto.resolve_for_job(method, given, defaults, arch, shapes, 16.0, auto.DataFacts(examples, tokens))
+    got = auto.resolve_for_job(method, given, defaults, arch, shapes, 16.0, auto.DataFacts(examples, tokens))
+    return got if isinstance(got, rules.Rejection) else (got[0].model_dump(exclude_none=True), got[1])
 
 
 def test_epochs_follow_openais_published_rule():

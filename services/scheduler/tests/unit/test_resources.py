@@ -1,6 +1,7 @@
 """Model size -> memory -> GPU shapes, and runtime estimates."""
 
 import pytest
+from whetstone.contracts import Hyperparameters
 
 from whetstone.scheduler.domain.placement import Shape
 from whetstone.scheduler.domain.hf_config import HfConfig
@@ -17,7 +18,7 @@ LLAMA2_7B = {"model_type": "llama", "hidden_size": 4096, "num_hidden_layers": 32
 LLAMA3_70B = {"model_type": "llama", "hidden_size": 8192, "num_hidden_layers": 80, "intermediate_size": 28672,
               "vocab_size": 128256, "num_attention_heads": 64, "num_key_value_heads": 8,
               "max_position_embeddings": 8192}
-HP = {"batch_size": 1, "max_seq_len": 2048, "lora_r": 16}
+HP = Hyperparameters(batch_size=1, max_seq_len=2048, lora_r=16)
 
 
 def arch_of(config: dict):
@@ -62,7 +63,7 @@ def test_memory_math_follows_bytes_per_parameter():
     qlora = training_memory(arch, "qlora", HP)
     assert qlora.weights == pytest.approx(0.53 * 7e9 / 1024 ** 3)
     assert full.total > lora.total > qlora.total
-    bigger_batch = training_memory(arch, "lora", {**HP, "batch_size": 8})
+    bigger_batch = training_memory(arch, "lora", HP.model_copy(update={"batch_size": 8}))
     assert bigger_batch.activations == pytest.approx(8 * lora.activations)
 
 
@@ -77,9 +78,9 @@ def test_auto_shapes_for_the_issue_job_sizes():
     # article's figure), 32 once micro-batch 8 adds its activations on every GPU
     full_70b = [s for s in first(LLAMA3_70B, "full") if s.gpu_type == "H100"]
     assert full_70b == [Shape("H100", 8, 2)]
-    full_70b = [s for s in first(LLAMA3_70B, "full", {**HP, "batch_size": 8}) if s.gpu_type == "H100"]
+    full_70b = [s for s in first(LLAMA3_70B, "full", HP.model_copy(update={"batch_size": 8})) if s.gpu_type == "H100"]
     assert full_70b == [Shape("H100", 8, 4)]
-    assert Shape("A100", 1, 1) in first(LLAMA3_70B, "qlora", {**HP, "batch_size": 1})
+    assert Shape("A100", 1, 1) in first(LLAMA3_70B, "qlora", HP)
 
 
 def test_tiny_models_get_the_cpu_node_big_ones_do_not():

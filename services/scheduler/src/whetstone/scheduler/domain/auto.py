@@ -29,9 +29,10 @@ base's size and the memory of the GPU shapes the job may run on:
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+
+from whetstone.contracts import Hyperparameters
 
 from .jobs import Rejection
 from .placement import Shape
@@ -50,9 +51,9 @@ LR_SCALED_METHODS = frozenset({"lora", "qlora"})
 METHODS = frozenset({"lora", "qlora", "full", "cpt", "dpo", "orpo"})   # the platform's trainers
 
 
-def too_few_examples(given: Mapping[str, Any], examples: int) -> Rejection | None:
+def too_few_examples(given: Hyperparameters, examples: int) -> Rejection | None:
     """"auto" epochs cannot be chosen for a file this small (an explicit n_epochs still trains on it)."""
-    if given.get("n_epochs") in (None, "auto") and examples < MIN_EXAMPLES_FOR_AUTO:
+    if given.n_epochs is None and examples < MIN_EXAMPLES_FOR_AUTO:
         return Rejection("too_few_examples", f"n_epochs 'auto' needs at least {MIN_EXAMPLES_FOR_AUTO} training "
                          f"examples; the training file has {examples}. Add examples or give n_epochs",
                          param="hyperparameters.n_epochs")
@@ -100,7 +101,7 @@ class Geometry:
     gradient_checkpointing: bool
 
 
-def plan_geometry(arch: ModelArch, method: str, hp: Mapping[str, Any], effective: int, tokens_per_example: int,
+def plan_geometry(arch: ModelArch, method: str, hp: Hyperparameters, effective: int, tokens_per_example: int,
                   gpu_memory_gb: float, gpus: int) -> Geometry:
     """Micro-batch x accumulation = `effective` examples per step, the micro-batch fitting the GPU."""
     static = training_memory(arch, method, hp)
@@ -128,62 +129,61 @@ class DataFacts:
     tokens_total: int | None
 
 
-def resolve_auto(method: str, given: Mapping[str, Any], resolved: Mapping[str, Any], arch: ModelArch,
-                 data: DataFacts, gpu_memory_gb: float, gpus: int) -> tuple[dict[str, Any], list[str]] | Rejection:
+def resolve_auto(method: str, given: Hyperparameters, resolved: Hyperparameters, arch: ModelArch,
+                 data: DataFacts, gpu_memory_gb: float, gpus: int) -> tuple[Hyperparameters, list[str]] | Rejection:
     """`resolved` (jobs.resolve_hyperparameters' defaults) with every knob the user left "auto" chosen from
-    the data and the model; returns (hyperparameters, the knobs chosen here) or why "auto" cannot choose."""
-    def auto(name: str) -> bool:
-        return given.get(name) in (None, "auto")
-
-    hp = dict(resolved)
+    the data and the model; returns (hyperparameters, the knobs chosen here) or why "auto" cannot choose.
+    A knob is "auto" when the request left it unset (the request's "auto" reads as unset; batch_size keeps it)."""
+    hp = resolved
     chosen: list[str] = []
     examples = max(0, data.examples)
-    if auto("n_epochs"):
+    if given.n_epochs is None:
         if refused := too_few_examples(given, examples):
             return refused
-        hp["n_epochs"] = auto_epochs(examples)
+        hp = hp.model_copy(update={"n_epochs": auto_epochs(examples)})
         chosen.append("n_epochs")
-    if METHOD_KIND.get(method) != "full" and "lora_r" in hp:
-        if auto("lora_r"):
-            hp["lora_r"] = rank_for_size(arch.params)
+    if METHOD_KIND.get(method) != "full" and hp.lora_r is not None:
+        if given.lora_r is None:
+            hp = hp.model_copy(update={"lora_r": rank_for_size(arch.params)})
             chosen.append("lora_r")
-        if auto("lora_alpha"):
-            hp["lora_alpha"] = 2 * hp["lora_r"]
+        if given.lora_alpha is None:
+            hp = hp.model_copy(update={"lora_alpha": 2 * (hp.lora_r or 0)})
             chosen.append("lora_alpha")
-    if auto("learning_rate"):
-        hp["learning_rate"] = auto_learning_rate(method, float(hp["learning_rate"]), arch.hidden_size)
+    if given.learning_rate is None:
+        hp = hp.model_copy(update={"learning_rate": auto_learning_rate(method, float(hp.learning_rate or 0.0),
+                                                                       arch.hidden_size)})
         chosen.append("learning_rate")
-    if auto("batch_size") and given.get("gradient_accumulation_steps") is None:
+    if given.batch_size in (None, "auto") and given.gradient_accumulation_steps is None:
         effective = auto_batch(examples)
-        seq = int(hp.get("max_seq_len") or 2048)
+        seq = int(hp.max_seq_len or 2048)
         mean = math.ceil(data.tokens_total / examples) if data.tokens_total and examples else None
         per_example = min(seq, 2 * mean) if mean else seq   # unknown lengths: the longest row allowed
         g = plan_geometry(arch, method, hp, effective, per_example, gpu_memory_gb, gpus)
-        hp.update(batch_size=g.micro_batch, gradient_accumulation_steps=g.accumulation,
-                  gradient_checkpointing=g.gradient_checkpointing)
+        hp = hp.model_copy(update={"batch_size": g.micro_batch, "gradient_accumulation_steps": g.accumulation,
+                                   "gradient_checkpointing": g.gradient_checkpointing})
         chosen += ["batch_size", "gradient_accumulation_steps", "gradient_checkpointing"]
     return hp, chosen
 
 
-def tightness(hp: Mapping[str, Any]) -> tuple[int, bool]:
+def tightness(hp: Hyperparameters) -> tuple[int, bool]:
     """Orders resolutions from the most constrained: the smaller micro-batch, then checkpointing on."""
-    micro = hp.get("batch_size")
-    return (micro if isinstance(micro, int) else 0, not hp.get("gradient_checkpointing"))
+    micro = hp.batch_size
+    return (micro if isinstance(micro, int) else 0, not hp.gradient_checkpointing)
 
 
-def resolve_for_job(method: str, given: Mapping[str, Any], resolved: Mapping[str, Any],
+def resolve_for_job(method: str, given: Hyperparameters, resolved: Hyperparameters,
                     arch: ModelArch, shapes: Sequence[Shape], cpu_memory_gb: float,
-                    data: DataFacts) -> tuple[dict[str, Any], list[str]] | Rejection:
+                    data: DataFacts) -> tuple[Hyperparameters, list[str]] | Rejection:
     """resolve_auto for the job's shapes: the batch geometry of the shape with the least memory to spare
     (placement may pick any of them; the trainer still halves the micro-batch if it runs out of memory)."""
-    best: tuple[dict[str, Any], list[str]] | Rejection | None = None
+    best: tuple[Hyperparameters, list[str]] | None = None
     for shape in shapes or (Shape(CPU, 1),):
         gpu = GPU_CATALOG.get(shape.gpu_type)
         memory = gpu.memory_gb if gpu else cpu_memory_gb
         got = resolve_auto(method, given, resolved, arch, data, memory, shape.total)
         if isinstance(got, Rejection):
             return got
-        if best is None or tightness(got[0]) < tightness(best[0]):  # type: ignore[index]
+        if best is None or tightness(got[0]) < tightness(best[0]):
             best = got
     assert best is not None
     return best

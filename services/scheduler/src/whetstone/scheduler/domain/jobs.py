@@ -7,6 +7,7 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
+from whetstone.contracts import Hyperparameters
 from whetstone.contracts.enums import JobStatus
 
 # OpenAI-style statuses plus the platform's own (contracts.enums.JobStatus).
@@ -85,18 +86,16 @@ def request_fingerprint(request: dict[str, Any]) -> str:
 
 # -------------------------------------------------------- spec resolution
 
-METHOD_DEFAULTS: dict[str, dict[str, Any]] = {
-    "lora": {"learning_rate": 2e-4, "lora_r": 16, "lora_dropout": 0.05},
-    "qlora": {"learning_rate": 2e-4, "lora_r": 16, "lora_dropout": 0.05},
-    "full": {"learning_rate": 2e-5},
-    "dpo": {"learning_rate": 5e-6, "lora_r": 16, "lora_dropout": 0.05},
-    "orpo": {"learning_rate": 8e-6, "lora_r": 16, "lora_dropout": 0.05},
-    "cpt": {"learning_rate": 2e-5},
+METHOD_DEFAULTS: dict[str, Hyperparameters] = {
+    "lora": Hyperparameters(learning_rate=2e-4, lora_r=16, lora_dropout=0.05),
+    "qlora": Hyperparameters(learning_rate=2e-4, lora_r=16, lora_dropout=0.05),
+    "full": Hyperparameters(learning_rate=2e-5),
+    "dpo": Hyperparameters(learning_rate=5e-6, lora_r=16, lora_dropout=0.05),
+    "orpo": Hyperparameters(learning_rate=8e-6, lora_r=16, lora_dropout=0.05),
+    "cpt": Hyperparameters(learning_rate=2e-5),
 }
-COMMON_DEFAULTS: dict[str, Any] = {
-    "n_epochs": 3, "batch_size": 8, "gradient_accumulation_steps": 1, "max_seq_len": 2048,
-    "warmup_ratio": 0.03, "seed": 42, "checkpoint_every_steps": 50,
-}
+COMMON_DEFAULTS = Hyperparameters(n_epochs=3, batch_size=8, gradient_accumulation_steps=1, max_seq_len=2048,
+                                  warmup_ratio=0.03, seed=42, checkpoint_every_steps=50)
 METHODS_FOR_PURPOSE: dict[str, frozenset[str]] = {
     "sft": frozenset({"lora", "qlora", "full"}), "dpo": frozenset({"dpo", "orpo"}), "cpt": frozenset({"cpt"}),
     "eval": frozenset(), "rft": frozenset({"reinforcement"})}
@@ -116,25 +115,34 @@ ROW_SHAPES = {"chat": 'rows of {"messages": [...]}', "prompt_completion": 'rows 
 DEFAULT_MAX_SEQ_LEN = 2048
 
 
-def model_defaults(max_positions: int | None) -> dict[str, Any]:
+def model_defaults(max_positions: int | None) -> Hyperparameters:
     """Defaults fitted to the base model: the sequence length never exceeds its context."""
     if max_positions and max_positions < DEFAULT_MAX_SEQ_LEN:
-        return {"max_seq_len": int(max_positions)}
-    return {}
+        return Hyperparameters(max_seq_len=int(max_positions))
+    return Hyperparameters()
 
 
-def resolve_hyperparameters(method: str, given: dict[str, Any], model_defaults: dict[str, Any] | None = None
-                            ) -> tuple[dict[str, Any], str]:
+def default_learning_rate(method: str) -> float | None:
+    """The method's default rate (None for a method without one, e.g. a merge)."""
+    defaults = METHOD_DEFAULTS.get(method)
+    return defaults.learning_rate if defaults else None
+
+
+def hyperparameters_hash(hp: Hyperparameters) -> str:
+    """The lineage hash of resolved hyperparameters: sha256 of their set fields as sorted JSON."""
+    return hashlib.sha256(json.dumps(hp.model_dump(exclude_none=True), sort_keys=True).encode()).hexdigest()
+
+
+def resolve_hyperparameters(method: str, given: Hyperparameters, model_defaults: Hyperparameters | None = None
+                            ) -> tuple[Hyperparameters, str]:
     """Fill unset knobs with per-method (and per-model) defaults; alpha = 2 x rank.
-    Returns the resolved dict and its hash (lineage)."""
-    resolved = dict(COMMON_DEFAULTS)
-    resolved.update(METHOD_DEFAULTS.get(method, {}))
-    resolved.update(model_defaults or {})
-    resolved.update({k: v for k, v in given.items() if v is not None})
-    if "lora_r" in resolved and given.get("lora_alpha") is None:
-        resolved["lora_alpha"] = 2 * resolved["lora_r"]
-    digest = hashlib.sha256(json.dumps(resolved, sort_keys=True).encode()).hexdigest()
-    return resolved, digest
+    Returns the resolved hyperparameters and their hash (lineage)."""
+    layers = (COMMON_DEFAULTS, METHOD_DEFAULTS.get(method), model_defaults, given)   # later ones win
+    resolved = Hyperparameters.model_validate(
+        {k: v for layer in layers if layer is not None for k, v in layer.model_dump(exclude_none=True).items()})
+    if resolved.lora_r is not None and given.lora_alpha is None:
+        resolved = resolved.model_copy(update={"lora_alpha": 2 * resolved.lora_r})
+    return resolved, hyperparameters_hash(resolved)
 
 
 def check_method_fits_dataset(method: str, purpose: str, schema: str | None = None,
@@ -153,25 +161,25 @@ def check_method_fits_dataset(method: str, purpose: str, schema: str | None = No
     return None
 
 
-LORA_KNOBS = ("lora_r", "lora_alpha", "lora_dropout")
 ADAPTER_METHODS = frozenset({"lora", "qlora", "dpo", "orpo"})
 
 
-def check_hyperparameters(method: str, given: dict[str, Any], hidden_size: int | None,
+def check_hyperparameters(method: str, given: Hyperparameters, hidden_size: int | None,
                           max_positions: int | None) -> Rejection | None:
     """What the contract's per-field ranges cannot see: knobs that make no sense for this
     method or exceed what the base model can do."""
-    set_knobs = [k for k in LORA_KNOBS if given.get(k) is not None]
+    lora_knobs = (("lora_r", given.lora_r), ("lora_alpha", given.lora_alpha), ("lora_dropout", given.lora_dropout))
+    set_knobs = [name for name, value in lora_knobs if value is not None]
     if method not in ADAPTER_METHODS and set_knobs:
         return Rejection("hyperparameter_out_of_range",
                          f"{', '.join(set_knobs)} only apply to adapter methods (lora, qlora, dpo, orpo), "
                          f"not {str(method)!r}", param=f"hyperparameters.{set_knobs[0]}")
-    r = given.get("lora_r")
+    r = given.lora_r
     if r is not None and hidden_size and r > hidden_size:
         return Rejection("hyperparameter_out_of_range",
                          f"hyperparameters.lora_r={r} exceeds the base model's hidden size ({hidden_size})",
                          param="hyperparameters.lora_r")
-    seq = given.get("max_seq_len")
+    seq = given.max_seq_len
     if seq is not None and max_positions and seq > max_positions:
         return Rejection("hyperparameter_out_of_range",
                          f"hyperparameters.max_seq_len={seq} exceeds the base model's context length "

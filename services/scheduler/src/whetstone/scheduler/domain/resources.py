@@ -18,10 +18,11 @@ from __future__ import annotations
 
 import math
 import re
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from functools import lru_cache
-from typing import Any
+
+from whetstone.contracts import Hyperparameters
 
 from .hf_config import HfConfig
 from .placement import Shape
@@ -187,12 +188,12 @@ def adapter_params(arch: ModelArch, lora_r: int) -> int:
     return int(lora_r * sum(i + o for i, o in dims) * (layers or 1))
 
 
-def training_memory(arch: ModelArch, method: str, hp: Mapping[str, Any]) -> MemoryEstimate:
+def training_memory(arch: ModelArch, method: str, hp: Hyperparameters) -> MemoryEstimate:
     kind = METHOD_KIND.get(method, "full")
     p = arch.params
-    given = hp.get("batch_size")
+    given = hp.batch_size
     micro_batch = given if isinstance(given, int) and given > 0 else 8   # "auto": sized for the default
-    seq = int(hp.get("max_seq_len") or 2048)
+    seq = int(hp.max_seq_len or 2048)
     hidden, layers, vocab = dims_of(arch)
     # gradient checkpointing: every layer keeps its bf16 input, one layer is live (~34 B/token/hidden),
     # plus the logits in bf16 and fp32 for the loss
@@ -203,7 +204,7 @@ def training_memory(arch: ModelArch, method: str, hp: Mapping[str, Any]) -> Memo
     if kind == "full":
         return MemoryEstimate(2 * p / GB, 2 * p / GB, 12 * p / GB, 0.0, activations, PER_GPU_OVERHEAD_GB)
     base_bytes = 0.5 * 1.06 if kind == "qlora" else 2.0   # 4-bit + quantisation constants
-    lora = adapter_params(arch, int(hp.get("lora_r") or 16))
+    lora = adapter_params(arch, int(hp.lora_r or 16))
     return MemoryEstimate(base_bytes * p / GB, 0.0, 0.0, 18 * lora / GB, activations, PER_GPU_OVERHEAD_GB)
 
 
@@ -271,7 +272,7 @@ class ResourcePlan:
     refused: dict[str, str] = field(default_factory=dict)   # gpu_type -> why it cannot host the job
 
 
-def plan_shapes(arch: ModelArch, method: str, hp: Mapping[str, Any], available: Iterable[GpuOffer],
+def plan_shapes(arch: ModelArch, method: str, hp: Hyperparameters, available: Iterable[GpuOffer],
                 cpu_max_params: int) -> ResourcePlan:
     """Every GPU type that can hold the job, with its GPU count and node count, cheapest first."""
     memory = training_memory(arch, method, hp)

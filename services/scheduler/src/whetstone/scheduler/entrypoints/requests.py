@@ -170,7 +170,9 @@ def hyperparameters(method: str, given: dict[str, Any], param: str) -> Hyperpara
             raise bad(f"{param}.learning_rate_multiplier", "must be a number > 0 or 'auto'")
         if hp.get("learning_rate") is not None:
             raise bad(f"{param}.learning_rate_multiplier", "give learning_rate or learning_rate_multiplier, not both")
-        default = rules.resolve_hyperparameters(method, {})[0]["learning_rate"]
+        default = rules.default_learning_rate(method)
+        if default is None:
+            raise bad(f"{param}.learning_rate_multiplier", f"method {method!r} has no default learning rate to scale")
         hp["learning_rate"] = default * multiplier
     try:
         return Hyperparameters(**hp)

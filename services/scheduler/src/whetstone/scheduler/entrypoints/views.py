@@ -45,7 +45,7 @@ def method_view(method: str, hp: Mapping[str, Any], given: Mapping[str, Any] | N
     """OpenAI's method object. `batch_size` is OpenAI's: examples per optimizer step (micro-batch x gradient
     accumulation); `micro_batch_size` the platform's split of it; `auto` the knobs admission chose."""
     family = FAMILY.get(method, "supervised")
-    default_lr = rules.resolve_hyperparameters(method, {})[0].get("learning_rate")   # none for a merge job
+    default_lr = rules.default_learning_rate(method)   # none for a merge job
     micro, accumulation = hp.get("batch_size"), hp.get("gradient_accumulation_steps") or 1
     shown = {"n_epochs": hp.get("n_epochs"),
              "batch_size": micro * accumulation if isinstance(micro, int) else micro,

@@ -10,7 +10,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from whetstone.contracts import Event, JobRequestedV1, ResourceRequest, TrainingSpec, job_id_for
+from whetstone.contracts import Event, Hyperparameters, JobRequestedV1, ResourceRequest, TrainingSpec, job_id_for
 from whetstone.contracts.enums import SpecMethod
 from whetstone.runtime.models import UnknownModel
 from whetstone.runtime.service import Runtime
@@ -86,7 +86,7 @@ async def plan_resources(ctx: SchedulerContext, store: JobStore, req: JobRequest
                          model: BaseModelFacts) -> JobResources:
     """The job's resource request ("auto" or the tenant's), checked against the pool; Rejected if it fits nowhere."""
     arch = resources.model_arch(req.model, model.config, model.weight_bytes)
-    given = req.hyperparameters.model_dump(exclude_none=True)
+    given = req.hyperparameters
     bad = rules.check_hyperparameters(req.method, given, arch.hidden_size, arch.max_positions)
     if bad:
         raise Rejected(bad.code, bad.message, param=bad.param or "hyperparameters")
@@ -185,7 +185,7 @@ async def submit_job(rt: Runtime[SchedulerContext], store: JobStore, tenant_id: 
             req.method, held_out.purpose, held_out.data_schema, held_out.dataset_id, param="validation_file")):
         raise Rejected(mismatch.code, mismatch.message, param=mismatch.param)
     if dataset is not None and dataset.accepted and req.method in auto.METHODS and (
-            few := auto.too_few_examples(req.hyperparameters.model_dump(exclude_none=True), dataset.rows_kept)):
+            few := auto.too_few_examples(req.hyperparameters, dataset.rows_kept)):
         raise Rejected(few.code, few.message, param=few.param)
     if dataset is not None and dataset.accepted and (blind := images_refusal(
             planned.arch.vision, dataset.image_rows, req.model, req.training_file)):
@@ -248,7 +248,8 @@ async def queue_if_ready(rt: Runtime[SchedulerContext], store: JobStore, job: Jo
     spec = TrainingSpec(
         base_model=job.base_model, base_model_sha256=job.base_model_sha256,
         dataset_id=ds.dataset_id, dataset_version=ds.version, train_uri=ds.train_uri,
-        validation_uri=validation_uri, method=job.method, hyperparameters=hp, hyperparameters_hash=hp_hash,
+        validation_uri=validation_uri, method=job.method, hyperparameters=hp.model_dump(exclude_none=True),
+        hyperparameters_hash=hp_hash,
         eval_config=req.eval_config, reinforcement=req.reinforcement, image=req.image)
     runtime_s, gpu_hours = estimate_job(ctx, job, ds.tokens_total, hp, ds.rows_kept)
     queued = await enter_queue(rt, store, job, spec, runtime_s, gpu_hours, ds.cost_estimate or {}, usage)
@@ -300,10 +301,10 @@ async def enter_queue(rt: Runtime[SchedulerContext], store: JobStore, job: Job, 
 
 
 def auto_hyperparameters(ctx: SchedulerContext, job: Job, arch: resources.ModelArch,
-                         ds: DatasetRecord) -> tuple[dict[str, Any], str] | rules.Rejection:
+                         ds: DatasetRecord) -> tuple[Hyperparameters, str] | rules.Rejection:
     """The job's hyperparameters: the user's values, "auto" ones chosen from the data and the model
     (domain/auto.py) for the platform's training methods, the method's defaults for the rest; and their hash."""
-    given = job.request.hyperparameters.model_dump(exclude_none=True)
+    given = job.request.hyperparameters
     hp, digest = rules.resolve_hyperparameters(job.method, given, rules.model_defaults(arch.max_positions))
     if job.method not in auto.METHODS:
         return hp, digest
@@ -311,10 +312,10 @@ def auto_hyperparameters(ctx: SchedulerContext, job: Job, arch: resources.ModelA
                                  auto.DataFacts(ds.rows_kept, ds.tokens_total))
     if isinstance(tuned, rules.Rejection):
         return tuned
-    return rules.resolve_hyperparameters(job.method, tuned[0])   # every knob given: the same dict, hashed
+    return tuned[0], rules.hyperparameters_hash(tuned[0])
 
 
-def estimate_job(ctx: SchedulerContext, job: Job, tokens: int | None, hp: dict[str, Any],
+def estimate_job(ctx: SchedulerContext, job: Job, tokens: int | None, hp: Hyperparameters,
                  rows: int | None = None) -> tuple[float, float]:
     """(runtime seconds, GPU-hours) on the job's preferred shape; a reinforcement job's tokens count
     its generations (rft.epoch_tokens)."""
@@ -324,6 +325,6 @@ def estimate_job(ctx: SchedulerContext, job: Job, tokens: int | None, hp: dict[s
     arch = job.resources.model
     gpu = resources.GPU_CATALOG.get(first.gpu_type)
     tflops = gpu.tflops if gpu else (resources.CPU_TFLOPS if first.gpu_type == resources.CPU else 100.0)
-    runtime = resources.estimate_runtime_s(arch, job.method, tokens, int(hp.get("n_epochs") or 1), first,
+    runtime = resources.estimate_runtime_s(arch, job.method, tokens, int(hp.n_epochs or 1), first,
                                            tflops, ctx.config.default_runtime_s)
     return runtime, runtime * first.total / 3600.0
