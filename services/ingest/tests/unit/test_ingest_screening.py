@@ -1,5 +1,6 @@
 """Contamination, PII, toxicity, statistics, cost and policies."""
 
+import json
 import random
 import re
 
@@ -250,3 +251,16 @@ def test_policies():
         PolicyOverrides.model_validate({"bogus": 1})
     with pytest.raises(PolicyError):                         # a value is checked where it is applied
         Policies().merged(PolicyOverrides(pii="ignore"))
+
+
+def test_model_params_from_a_config_without_weights(tmp_path):
+    from whetstone.ingest.adapters.tokenizer import model_params
+
+    config = tmp_path / "config.json"
+    config.write_text(json.dumps({"hidden_size": 64, "num_hidden_layers": 2, "vocab_size": 100, "model_type": "llama"}))
+    assert model_params(str(tmp_path)) == (2 * (4 * 64 * 64 + 3 * 64 * 256) + 2 * 100 * 64, "config")  # 4x hidden
+    config.write_text(json.dumps({"hidden_size": 64, "num_hidden_layers": 2, "vocab_size": 100, "intermediate_size": 8}))
+    assert model_params(str(tmp_path)) == (2 * (4 * 64 * 64 + 3 * 64 * 8) + 2 * 100 * 64, "config")
+    config.write_text(json.dumps({"hidden_size": 64}))                 # too little to count: the default
+    assert model_params(str(tmp_path)) == (None, "default")
+    assert model_params(str(tmp_path / "absent")) == (None, "default")

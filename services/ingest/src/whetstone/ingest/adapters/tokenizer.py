@@ -18,6 +18,9 @@ import json
 import struct
 from dataclasses import dataclass
 from pathlib import Path
+
+from pydantic import BaseModel, ConfigDict
+
 from ..domain.chat import uses_tools
 from ..domain.normal import ChatRow, NormalRow, PreferenceRow
 
@@ -85,6 +88,20 @@ def _safetensors_params(path: Path) -> int:
     return total
 
 
+class _ModelShape(BaseModel):
+    """The sizes a transformers config.json gives, enough to count a decoder's parameters."""
+    model_config = ConfigDict(extra="ignore")
+    hidden_size: int
+    num_hidden_layers: int
+    vocab_size: int
+    intermediate_size: int | None = None      # absent: 4 x hidden_size
+
+    @property
+    def params(self) -> int:
+        h, inter = self.hidden_size, self.intermediate_size or 4 * self.hidden_size
+        return int(self.num_hidden_layers * (4 * h * h + 3 * h * inter) + 2 * self.vocab_size * h)
+
+
 def model_params(location: str) -> tuple[int | None, str]:
     """Parameter count of a local checkpoint (safetensors headers, else config.json), else (None, 'default')."""
     d = Path(location)
@@ -97,11 +114,8 @@ def model_params(location: str) -> tuple[int | None, str]:
         except (OSError, ValueError, struct.error):
             pass
     try:
-        cfg = json.loads((d / "config.json").read_text())
-        h, layers, vocab = cfg["hidden_size"], cfg["num_hidden_layers"], cfg["vocab_size"]
-        inter = cfg.get("intermediate_size", 4 * h)
-        return int(layers * (4 * h * h + 3 * h * inter) + 2 * vocab * h), "config"
-    except (OSError, ValueError, KeyError, TypeError):
+        return _ModelShape.model_validate_json((d / "config.json").read_bytes()).params, "config"
+    except (OSError, ValueError):       # pydantic's ValidationError is a ValueError
         return None, "default"
 
 
