@@ -124,7 +124,12 @@ async def test_the_openai_client_drives_jobs_events_checkpoints_and_cancel(platf
             async with c.stream("GET", f"/v1/fine_tuning/jobs/{sft.id}/events", params={"stream": "true"},
                                 auth=IdentityAuth("demo")) as r:
                 lines = [line async for line in r.aiter_lines() if line.startswith("data: ")]
+            raw = (await c.get(f"/v1/fine_tuning/jobs/{sft.id}/checkpoints", auth=IdentityAuth("demo"))).json()["data"][0]
         assert lines[-1] == "data: [DONE]" and json.loads(lines[0][6:])["message"].startswith("job created")
+        assert list(json.loads(lines[0][6:])) == ["id", "object", "created_at", "level", "message", "type", "data"]
+        assert list(raw) == ["id", "object", "created_at", "fine_tuning_job_id", "step_number", "metrics",
+                             "fine_tuned_model_checkpoint", "kind", "uri"]
+        assert raw["metrics"]["step"] == 10 and isinstance(raw["metrics"]["step"], int)
 
         # listing pages with has_more; cancel returns the job; another tenant sees nothing
         listed = [j.id async for j in api.fine_tuning.jobs.list(limit=1)]

@@ -32,7 +32,7 @@ from ..usecases.cancel import cancel_job
 from ..usecases.pause import PauseConflict, pause_job, resume_job
 from .loop import run_cycle
 from .requests import CreateJob, to_request
-from .views import checkpoint_view, event_view, job_view, parse_event_id
+from .views import CheckpointObject, EventObject, checkpoint_view, event_view, job_view, parse_event_id
 
 # The caller's trace id (X-Trace-Id) follows the job through every event; a fresh one otherwise.
 TRACE_ID = re.compile(r"[A-Za-z0-9._:-]{1,128}")
@@ -148,7 +148,7 @@ def routes(rt: Runtime[SchedulerContext]) -> APIRouter:
                 raise ApiError(429, refused.message, type="rate_limit_error", code=refused.code, retry=False)
             return (await views(store, [job]))[0]
 
-    @r.get("/jobs/{job_id}/events", response_model=ListObject[dict[str, Any]])
+    @r.get("/jobs/{job_id}/events", response_model=ListObject[EventObject])
     async def events(job_id: str, caller: Caller = require("read"), after: str | None = None,
                      limit: int = Query(20, ge=1, le=500), stream: bool = False):
         cursor = parse_event_id(after)
@@ -175,7 +175,7 @@ def routes(rt: Runtime[SchedulerContext]) -> APIRouter:
                     job = await store.get(job_id)
                 for entry in rows:
                     last = entry.id
-                    yield f"data: {json.dumps(event_view(entry), default=str)}\n\n"
+                    yield f"data: {json.dumps(event_view(entry).model_dump(), default=str)}\n\n"
                 if job is None or (job.terminal and not rows):
                     yield "data: [DONE]\n\n"
                     return
@@ -184,7 +184,7 @@ def routes(rt: Runtime[SchedulerContext]) -> APIRouter:
 
     @r.get("/jobs/{job_id}/checkpoints")
     async def checkpoints(job_id: str, caller: Caller = require("read"), after: str | None = None,
-                          limit: int = Query(10, ge=1, le=100)) -> ListPage[dict[str, Any]]:
+                          limit: int = Query(10, ge=1, le=100)) -> ListPage[CheckpointObject]:
         async with rt.uow() as uow:
             store = JobStore(uow)
             job = await owned(store, job_id, caller)

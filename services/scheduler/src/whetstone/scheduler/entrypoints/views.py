@@ -6,7 +6,9 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from datetime import datetime
-from typing import Any
+from typing import Any, Literal
+
+from pydantic import BaseModel
 
 from whetstone.contracts import EvalCompletedV1, checkpoint_model_for, fine_tuned_model_for
 from whetstone.contracts.enums import Method
@@ -117,9 +119,20 @@ def eval_view(result: EvalCompletedV1 | None) -> dict[str, Any] | None:
     return result.model_dump(mode="json", include={"verdict", "reasons", "stages", "metrics", "checkpoint_uri"})
 
 
-def event_view(e: TimelineEntry) -> dict[str, Any]:
-    return {"id": event_id(e.id), "object": "fine_tuning.job.event", "created_at": ts(e.created_at),
-            "level": e.level, "message": e.message, "type": e.type, "data": e.data}
+class EventObject(BaseModel):
+    """OpenAI's `fine_tuning.job.event`."""
+    id: str
+    object: Literal["fine_tuning.job.event"] = "fine_tuning.job.event"
+    created_at: int | None
+    level: str
+    message: str
+    type: str
+    data: dict[str, Any]   # the timeline line's JSON facts (metrics, reasons), as stored
+
+
+def event_view(e: TimelineEntry) -> EventObject:
+    return EventObject(id=event_id(e.id), created_at=ts(e.created_at), level=e.level, message=e.message, type=e.type,
+                       data=e.data)
 
 
 # stored checkpoint metric -> OpenAI's names. The platform validates on the whole validation file at
@@ -132,10 +145,13 @@ CHECKPOINT_METRIC_NAMES = {
 }
 
 
-def checkpoint_metrics(step: int, stored: Mapping[str, Any] | None) -> dict[str, Any]:
+Metric = int | float | None
+
+
+def checkpoint_metrics(step: int, stored: Mapping[str, float] | None) -> dict[str, Metric]:
     """OpenAI's `fine_tuning.job.checkpoint.metrics`: step, train_loss, train_mean_token_accuracy, valid_loss,
     valid_mean_token_accuracy, full_valid_loss, full_valid_mean_token_accuracy (None where not measured)."""
-    out: dict[str, Any] = {"step": step, "train_loss": None, "train_mean_token_accuracy": None, "valid_loss": None,
+    out: dict[str, Metric] = {"step": step, "train_loss": None, "train_mean_token_accuracy": None, "valid_loss": None,
                            "valid_mean_token_accuracy": None, "full_valid_loss": None,
                            "full_valid_mean_token_accuracy": None}
     for key, value in (stored or {}).items():
@@ -152,8 +168,21 @@ def model_name_of(job: Job) -> str:
     return job.fine_tuned_model or fine_tuned_model_for(base, job.tenant_id, job.request.suffix, job.job_id)
 
 
-def checkpoint_view(job: Job, c: CheckpointEntry) -> dict[str, Any]:
-    return {"id": c.checkpoint_id, "object": "fine_tuning.job.checkpoint", "created_at": ts(c.created_at),
-            "fine_tuning_job_id": job.job_id, "step_number": c.step, "metrics": checkpoint_metrics(c.step, c.metrics),
-            "fine_tuned_model_checkpoint": checkpoint_model_for(model_name_of(job), c.step),
-            "kind": c.kind, "uri": c.uri}
+class CheckpointObject(BaseModel):
+    """OpenAI's `fine_tuning.job.checkpoint`, with the platform's kind and storage uri."""
+    id: str
+    object: Literal["fine_tuning.job.checkpoint"] = "fine_tuning.job.checkpoint"
+    created_at: int | None
+    fine_tuning_job_id: str
+    step_number: int
+    metrics: dict[str, Metric]
+    fine_tuned_model_checkpoint: str
+    kind: str
+    uri: str
+
+
+def checkpoint_view(job: Job, c: CheckpointEntry) -> CheckpointObject:
+    return CheckpointObject(id=c.checkpoint_id, created_at=ts(c.created_at), fine_tuning_job_id=job.job_id,
+                            step_number=c.step, metrics=checkpoint_metrics(c.step, c.metrics),
+                            fine_tuned_model_checkpoint=checkpoint_model_for(model_name_of(job), c.step),
+                            kind=c.kind, uri=c.uri)
