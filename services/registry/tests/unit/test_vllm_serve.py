@@ -27,7 +27,7 @@ def test_vision_adapter_names_the_multimodal_settings():
     doc = serve.document()
     assert doc["command"][:2] == ["vllm", "serve"] and doc["image_token"] == "<image>"
     assert doc["processor_class"] == "LlavaProcessor" and doc["vision"] is True
-    assert VISION.image_size == (32, 32) and VISION.view()["image_size"] == [32, 32]
+    assert VISION.tower_image_size == (32, 32) and VISION.view().image_size == [32, 32]
 
 
 def test_a_full_weight_model_is_laid_out_for_a_vllm_server_of_its_own(tmp_path):

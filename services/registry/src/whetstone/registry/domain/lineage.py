@@ -42,7 +42,7 @@ class VisionSettings(BaseModel):
     images_trained: int | None = None
 
     @property
-    def image_size(self) -> tuple[int, int] | None:
+    def tower_image_size(self) -> tuple[int, int] | None:
         """(height, width) the vision tower sees, from the crop (else the resize) setting."""
         for setting in (self.crop_size, self.size):
             if isinstance(setting, dict):
@@ -51,9 +51,15 @@ class VisionSettings(BaseModel):
                     return height, width
         return None
 
-    def view(self) -> dict[str, Any]:
-        size = self.image_size
-        return {**self.model_dump(mode="json"), "image_size": list(size) if size else None}
+    def view(self) -> VisionView:
+        size = self.tower_image_size
+        return VisionView(**self.model_dump(), image_size=list(size) if size else None)
+
+
+class VisionView(VisionSettings):
+    """The vision settings as the models API shows them, with the (height, width) the tower sees."""
+
+    image_size: list[int] | None = None
 
 
 class TrainingSummary(BaseModel):
@@ -168,20 +174,48 @@ class StoredLineage:
     record: LineageRecord
     model_card_uri: str
 
-    def view(self) -> dict[str, Any]:
-        """The lineage as the models API shows it (JSON)."""
+    def view(self) -> LineageView:
+        """The lineage as the models API shows it."""
         r = self.record
-        return {"job_id": r.job_id, "base_model": r.base_model, "base_model_sha256": r.base_model_sha256,
-                "dataset_id": r.dataset_id, "dataset_version": r.dataset_version, "method": r.method,
-                "hyperparameters": r.hyperparameters, "hyperparameters_hash": r.hyperparameters_hash,
-                "training_run": r.training_run, "checkpoint_step": r.checkpoint_step,
-                "job_template": r.job_template, "job_template_version": r.job_template_version,
-                "job_template_missing_reason": r.job_template_missing_reason, "environment": r.environment,
-                "environment_sha256": r.environment_sha256, "eval_verdict": r.eval_verdict,
-                "eval_metrics": [m.model_dump(mode="json") for m in r.eval_metrics],
-                "eval_stages": [st.model_dump(mode="json") for st in r.eval_stages], "files": r.files,
-                "chat_template_sha256": r.chat_template_sha256, "model_card_uri": self.model_card_uri,
-                "vision": r.vision.view() if r.vision else None}
+        return LineageView(
+            job_id=r.job_id, base_model=r.base_model, base_model_sha256=r.base_model_sha256, dataset_id=r.dataset_id,
+            dataset_version=r.dataset_version, method=r.method, hyperparameters=r.hyperparameters,
+            hyperparameters_hash=r.hyperparameters_hash, training_run=r.training_run,
+            checkpoint_step=r.checkpoint_step, job_template=r.job_template,
+            job_template_version=r.job_template_version, job_template_missing_reason=r.job_template_missing_reason,
+            environment=r.environment, environment_sha256=r.environment_sha256, eval_verdict=r.eval_verdict,
+            eval_metrics=r.eval_metrics, eval_stages=r.eval_stages, files=r.files,
+            chat_template_sha256=r.chat_template_sha256, model_card_uri=self.model_card_uri,
+            vision=r.vision.view() if r.vision else None)
+
+
+class LineageView(BaseModel):
+    """A model's lineage as the models API shows it (`lineage` of a model's detail)."""
+
+    model_config = ConfigDict(frozen=True)
+
+    job_id: str
+    base_model: str
+    base_model_sha256: str
+    dataset_id: str
+    dataset_version: str
+    method: str
+    hyperparameters: dict[str, Any]
+    hyperparameters_hash: str
+    training_run: str
+    checkpoint_step: int
+    job_template: str | None
+    job_template_version: str | None
+    job_template_missing_reason: str | None
+    environment: dict[str, Any]
+    environment_sha256: str
+    eval_verdict: str
+    eval_metrics: list[Metric]
+    eval_stages: list[EvalStageResult]
+    files: dict[str, str]
+    chat_template_sha256: str | None
+    model_card_uri: str
+    vision: VisionView | None
 
 
 def build_lineage(job: QueuedJob, ckpt: FinalCheckpoint, evaluation: EvalCompletedV1,
@@ -295,7 +329,7 @@ def model_card(model_id: str, name: str, tenant_id: str, lineage: LineageRecord)
 
 def vision_card(v: VisionSettings) -> list[str]:
     """The model card's section on images: what a server needs to feed them as in training."""
-    size = v.image_size
+    size = v.tower_image_size
     tower = ("frozen (LoRA on the language model only)" if v.vision_tower == "frozen"
              else "adapted (LoRA on the vision tower and projector too)")
     return ["## Vision", "",

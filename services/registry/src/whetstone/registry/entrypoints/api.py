@@ -26,6 +26,7 @@ from ..domain.stages import ModelRecord, TransitionRefused
 from ..usecases import base_listing, base_models, downloads, merges, promotion
 from ..usecases.downloads import model_not_found
 from ..usecases.base_listing import BaseListing
+from .views import DETAIL_FIELDS, ModelView
 
 
 class PromoteRequest(BaseModel):
@@ -57,22 +58,17 @@ def iso_fields(record: Any) -> dict[str, Any]:
     return {k: iso(v) for k, v in asdict(record).items()}
 
 
-def listed(entry: dict[str, Any] | BaseListing) -> dict[str, Any]:
-    return asdict(entry) if isinstance(entry, BaseListing) else entry
+def listed(entry: ModelView | BaseListing) -> dict[str, Any]:
+    """A list entry as JSON: a version's summary leaves out the detail (lineage, stage history)."""
+    if isinstance(entry, BaseListing):
+        return asdict(entry)
+    return entry.model_dump(mode="json", exclude=None if entry.lineage is not None else DETAIL_FIELDS)
 
 
-async def model_view(store: ModelStore, m: ModelRecord, *, detail: bool = True) -> dict[str, Any]:
-    view: dict[str, Any] = {
-        "id": m.public_id, "object": "model", "created": int(m.created_at.timestamp()), "owned_by": m.tenant_id,
-        "model_id": m.model_id, "fine_tuned_model": m.fine_tuned_model, "model_type": "fine_tuned",
-        "name": m.name, "stage": m.stage, "needs_reeval": m.needs_reeval, "job_id": m.job_id,
-        "artifact_uri": m.artifact_uri, "artifact_sha256": m.artifact_sha256,
-    }
-    if detail:
-        lineage = await store.stored_lineage(m.model_id)
-        view["lineage"] = lineage.view() if lineage else {}
-        view["stage_history"] = [iso_fields(h) for h in await store.history(m.model_id)]
-    return view
+async def model_view(store: ModelStore, m: ModelRecord, *, detail: bool = True) -> ModelView:
+    if not detail:
+        return ModelView.of(m)
+    return ModelView.of(m, (await store.stored_lineage(m.model_id), await store.history(m.model_id)))
 
 
 def routes(rt: Runtime[RegistryContext]) -> APIRouter:
@@ -104,7 +100,7 @@ def routes(rt: Runtime[RegistryContext]) -> APIRouter:
         return list_page([listed(entry) for entry in page], has_more)
 
     @r.get("/{model_id}")
-    async def get(model_id: str, caller: Caller = require("read")) -> dict:
+    async def get(model_id: str, caller: Caller = require("read")) -> ModelView | BaseListing:
         async with rt.uow() as uow:
             store = ModelStore(uow.conn)
             model = await store.resolve(model_id, caller.tenant_id)  # a public or internal id, or a name
@@ -113,9 +109,9 @@ def routes(rt: Runtime[RegistryContext]) -> APIRouter:
             base = await base_listing.base_model(store, catalog, model_id)
         if base is None:
             raise model_not_found(model_id)
-        return asdict(base)
+        return base
 
-    async def change(model_id: str, action: Callable[[UnitOfWork, ModelStore], Awaitable[ModelRecord]]) -> dict:
+    async def change(model_id: str, action: Callable[[UnitOfWork, ModelStore], Awaitable[ModelRecord]]) -> ModelView:
         try:
             async with rt.uow() as uow:
                 store = ModelStore(uow.conn)
@@ -127,7 +123,7 @@ def routes(rt: Runtime[RegistryContext]) -> APIRouter:
             raise refused(exc) from None
 
     @r.post("/{model_id}/promote")
-    async def promote(model_id: str, body: PromoteRequest, caller: Caller = require("read")) -> dict:
+    async def promote(model_id: str, body: PromoteRequest, caller: Caller = require("read")) -> ModelView:
         if not (caller.allows("write") or caller.allows("models:promote")):   # either scope may promote
             raise ApiError(403, "Promoting a model needs the `models:promote` scope (or `write` for dev and "
                            "staging); this API key has neither.", code="insufficient_scope", param="scope")
@@ -138,19 +134,20 @@ def routes(rt: Runtime[RegistryContext]) -> APIRouter:
 
     @r.post("/{model_id}/rollback")
     async def rollback(model_id: str, body: ReasonRequest | None = None,
-                       caller: Caller = require("models:promote")) -> dict:
+                       caller: Caller = require("models:promote")) -> ModelView:
         reason = (body or ReasonRequest()).reason
         model_id = await internal_id(model_id, caller.tenant_id)
         return await change(model_id, lambda uow, store: promotion.rollback(
             uow, store, model_id, caller.tenant_id, reason, caller.key_id))
 
-    async def archive(model_id: str, reason: str, caller: Caller) -> dict:
+    async def archive(model_id: str, reason: str, caller: Caller) -> ModelView:
         model_id = await internal_id(model_id, caller.tenant_id)
         return await change(model_id, lambda uow, store: promotion.archive(
             uow, store, model_id, caller.tenant_id, reason, caller.key_id, can_approve=caller.allows("models:promote")))
 
     @r.post("/{model_id}/archive")
-    async def archive_model(model_id: str, body: ReasonRequest | None = None, caller: Caller = require("write")) -> dict:
+    async def archive_model(model_id: str, body: ReasonRequest | None = None,
+                            caller: Caller = require("write")) -> ModelView:
         return await archive(model_id, (body or ReasonRequest()).reason, caller)
 
     @r.delete("/{model_id}")
