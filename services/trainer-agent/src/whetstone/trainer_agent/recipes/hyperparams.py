@@ -100,14 +100,11 @@ class Hyperparameters:
 
     def resolved(self, method: str, n_params: int) -> Hyperparameters:
         """Fill the method- and size-dependent defaults the user did not set."""
-        changes: dict[str, Any] = {}
-        if "learning_rate" not in self.explicit:
-            changes["learning_rate"] = LEARNING_RATE_BY_METHOD[method]
-        if "lora_r" not in self.explicit:
-            changes["lora_r"] = rank_for_size(n_params)
-        if "lora_alpha" not in self.explicit:
-            changes["lora_alpha"] = 2 * changes.get("lora_r", self.lora_r)
-        return replace(self, **changes)
+        given = self.explicit
+        learning_rate = self.learning_rate if "learning_rate" in given else LEARNING_RATE_BY_METHOD[method]
+        lora_r = self.lora_r if "lora_r" in given else rank_for_size(n_params)
+        lora_alpha = self.lora_alpha if "lora_alpha" in given else 2 * lora_r
+        return replace(self, learning_rate=learning_rate, lora_r=lora_r, lora_alpha=lora_alpha)
 
     def with_batch(self, micro_batch: int, accumulation: int) -> Hyperparameters:
         return replace(self, batch_size=micro_batch, gradient_accumulation_steps=accumulation)
