@@ -55,6 +55,7 @@ async def test_model_ids_auto_hyperparameters_and_result_files(platform, setting
             monkeypatch.setenv("WHETSTONE_MLFLOW_TRACKING_URI", tracking.url)
             monkeypatch.setenv("WHETSTONE_REGISTRY_MLFLOW_RETRY_S", "1")
             monkeypatch.setenv("WHETSTONE_REGISTRY_MLFLOW_RETRY_MAX_S", "2")
+            monkeypatch.setenv("WHETSTONE_REGISTRY_MLFLOW_GIVE_UP_AFTER", "100000")   # however slow its start
         await asyncio.to_thread(build_tiny_model, Path(settings.model_catalog) / "tiny-llama")
         async with platform(*all_service_builders()) as p:
             async with openai_clients(upstreams_of(p.runtimes.values())) as (client, other):
@@ -188,7 +189,7 @@ async def mlflow_run_checked(tracking: str, job, model_id: str) -> None:
     assert [(i.type, i.model_extra.get("mlflow")) for i in job.integrations] == [
         ("mlflow", {"experiment_name": "models-test"})]
     api = "/api/2.0/mlflow"
-    async with httpx.AsyncClient(base_url=tracking, timeout=10) as http:
+    async with httpx.AsyncClient(base_url=tracking, timeout=60) as http:
         async def finished_runs() -> list[dict]:
             found = await http.get(f"{api}/experiments/get-by-name", params={"experiment_name": "demo/models-test"})
             if found.status_code != 200:
@@ -198,7 +199,7 @@ async def mlflow_run_checked(tracking: str, job, model_id: str) -> None:
                 "filter": f"tags.\"whetstone.job_id\" = '{job.id}'"})).json().get("runs", [])
             return runs if runs and runs[0]["info"]["status"] == "FINISHED" else []
 
-        [run] = await until(finished_runs, bool, 120, "the job's MLflow run to finish")
+        [run] = await until(finished_runs, bool, 180, "the job's MLflow run to finish")
         info, data = run["info"], run["data"]
         params = {p["key"]: p["value"] for p in data["params"]}
         tags = {t["key"]: t["value"] for t in data["tags"]}

@@ -26,6 +26,7 @@ class RegistrySettings(ServiceSettings):
     # experiment tracking: the operator's MLflow server (jobs asking for `mlflow` log to it); unset = off.
     # One setting for the platform: the scheduler reads it too, to accept or refuse `mlflow` integrations
     mlflow_tracking_uri: str | None = Field(None, validation_alias="WHETSTONE_MLFLOW_TRACKING_URI")
+    mlflow_timeout_s: float = Field(30.0, gt=0, description="one request to the tracking server")
     mlflow_poll_s: float = Field(1.0, gt=0, description="how often the tracker looks for items to send")
     mlflow_retry_s: float = Field(5.0, gt=0, description="first backoff after a failed send (then doubling)")
     mlflow_retry_max_s: float = Field(300.0, gt=0, description="the longest backoff")

@@ -36,7 +36,7 @@ async def mlflow_tracker(rt: Runtime[RegistryContext]) -> None:
     sent nothing waits `mlflow_poll_s`. A failure of a round (the database away) is logged, never fatal."""
     cfg = rt.ctx.config
     assert cfg.mlflow_tracking_uri is not None
-    server = MlflowServer(cfg.mlflow_tracking_uri)
+    server = MlflowServer(cfg.mlflow_tracking_uri, timeout_s=cfg.mlflow_timeout_s)
     try:
         while True:
             try:
