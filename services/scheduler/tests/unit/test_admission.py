@@ -4,6 +4,7 @@ import hashlib
 import json
 
 import pytest
+from pydantic import BaseModel
 from whetstone.contracts import Hyperparameters
 
 from whetstone.scheduler.domain import admission as A
@@ -43,10 +44,20 @@ def test_estimate_over_soft_is_flagged_over_hard_is_refused():
 
 
 def test_fingerprint_same_parameters_same_key_different_parameters_differ():
-    a = {"model": "m", "training_file": "ds-1", "hyperparameters": {"n_epochs": 3}}
-    b = {"hyperparameters": {"n_epochs": 3}, "training_file": "ds-1", "model": "m"}
+    class Request(BaseModel):
+        model: str
+        training_file: str
+        hyperparameters: Hyperparameters
+        suffix: str | None = None
+
+    a = Request(model="m", training_file="ds-1", hyperparameters=Hyperparameters(n_epochs=3))
+    b = Request(hyperparameters=Hyperparameters(n_epochs=3), training_file="ds-1", model="m")
     assert J.request_fingerprint(a) == J.request_fingerprint(b)
-    assert J.request_fingerprint(a) != J.request_fingerprint({**a, "hyperparameters": {"n_epochs": 4}})
+    assert J.request_fingerprint(a) != J.request_fingerprint(a.model_copy(update={"hyperparameters": Hyperparameters(
+        n_epochs=4)}))
+    # the set fields as sorted JSON: unset ones are left out (stored fingerprints keep matching)
+    as_json = json.dumps({"model": "m", "training_file": "ds-1", "hyperparameters": {"n_epochs": 3}}, sort_keys=True)
+    assert J.request_fingerprint(a) == hashlib.sha256(as_json.encode()).hexdigest()
 
 
 @pytest.mark.parametrize("method,given,code", [

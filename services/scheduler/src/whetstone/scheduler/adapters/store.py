@@ -224,7 +224,7 @@ class JobStore:
         return [TimelineEntry(**r) for r in rows]
 
     async def add_checkpoint(self, job_id: str, checkpoint_id: str, step: int, kind: str, uri: str,
-                             created_at: datetime, metrics: dict[str, Any]) -> None:
+                             created_at: datetime, metrics: dict[str, float]) -> None:
         await self.conn.execute(
             "INSERT INTO job_checkpoints (job_id, checkpoint_id, step, kind, uri, created_at, metrics)"
             " VALUES ($1,$2,$3,$4,$5,$6,$7) ON CONFLICT (job_id, checkpoint_id) DO NOTHING",

@@ -5,8 +5,8 @@ from __future__ import annotations
 import hashlib
 import json
 from dataclasses import dataclass
-from typing import Any
 
+from pydantic import BaseModel
 from whetstone.contracts import Hyperparameters
 from whetstone.contracts.enums import JobStatus
 
@@ -79,9 +79,11 @@ def check_tenant(tenant_id: str, tenants: dict[str, str], requested_tier: str | 
     return tier
 
 
-def request_fingerprint(request: dict[str, Any]) -> str:
-    """Stripe semantics: same key + same parameters = same job; different = error."""
-    return hashlib.sha256(json.dumps(request, sort_keys=True, default=str).encode()).hexdigest()
+def request_fingerprint(request: BaseModel) -> str:
+    """Stripe semantics: same key + same parameters = same job; different = error. The hash of the
+    request's set fields as sorted JSON."""
+    fields = request.model_dump(mode="json", exclude_none=True)
+    return hashlib.sha256(json.dumps(fields, sort_keys=True, default=str).encode()).hexdigest()
 
 
 # -------------------------------------------------------- spec resolution

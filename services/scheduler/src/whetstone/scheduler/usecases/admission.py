@@ -155,7 +155,7 @@ async def submit_job(rt: Runtime[SchedulerContext], store: JobStore, tenant_id: 
     if beyond := check_eval_config(req.eval_config, ctx.config.eval_bounds):
         raise Rejected("eval_config_out_of_bounds", beyond.message, param=beyond.param)
     request = JobRequest.of(req, metadata, template)
-    fingerprint = rules.request_fingerprint(request.model_dump(mode="json", exclude_none=True))
+    fingerprint = rules.request_fingerprint(request)
 
     def replay(existing: Job) -> tuple[Job, bool]:
         if existing.tenant_id != tenant_id or existing.fingerprint != fingerprint:

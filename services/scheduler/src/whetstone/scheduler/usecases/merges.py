@@ -134,7 +134,7 @@ async def create_merge_job(rt: Rt, store: JobStore, env: Envelope, ev: MergeRequ
     request = JobRequest(job_id=job_id, idempotency_key=ev.merge_id, model=ev.base_model, training_file=ev.model_id,
                          method=SpecMethod.MERGE, hyperparameters=Hyperparameters(), merge=source,
                          metadata={"merge_id": ev.merge_id, "model_id": ev.model_id})
-    fingerprint = rules.request_fingerprint(request.model_dump(mode="json", exclude_none=True))
+    fingerprint = rules.request_fingerprint(request)
     job = new_job(job_id, tenant, fingerprint, request, tier, model.model.ref, model.model.sha256,
                   plan.resources, now, env.trace_id or str(uuid.uuid4()))
     spec = TrainingSpec(base_model=job.base_model, base_model_sha256=job.base_model_sha256,
