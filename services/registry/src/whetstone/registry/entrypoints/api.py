@@ -21,12 +21,11 @@ from whetstone.runtime.service import Runtime
 
 from ..adapters.store import ModelStore
 from ..context import RegistryContext
-from ..domain.drift import FIRST_PIN_ACTOR
 from ..domain.stages import ModelRecord, TransitionRefused
 from ..usecases import base_listing, base_models, downloads, merges, promotion
 from ..usecases.downloads import model_not_found
 from ..usecases.base_listing import BaseListing
-from .views import DETAIL_FIELDS, ModelView
+from .views import DETAIL_FIELDS, BaseModelVersions, BaseModelView, BaseVersionView, ModelView
 
 
 class PromoteRequest(BaseModel):
@@ -47,15 +46,6 @@ class NewVersion(BaseModel):
 def refused(exc: TransitionRefused) -> ApiError:
     return ApiError(exc.status, exc.message, code=exc.code, param="stage" if exc.code == "invalid_stage" else None,
                     type="permission_error" if exc.status == 403 else "invalid_request_error")
-
-
-def iso(value: Any) -> Any:
-    return value.isoformat() if hasattr(value, "isoformat") else value
-
-
-def iso_fields(record: Any) -> dict[str, Any]:
-    """A dataclass record as JSON fields, timestamps in ISO 8601."""
-    return {k: iso(v) for k, v in asdict(record).items()}
 
 
 def listed(entry: ModelView | BaseListing) -> dict[str, Any]:
@@ -200,10 +190,10 @@ def base_model_routes(rt: Runtime[RegistryContext]) -> APIRouter:
     r = APIRouter(prefix="/v1/base_models")
 
     @r.get("")
-    async def catalog(caller: Caller = require("read")) -> ListObject[dict[str, Any]]:
+    async def catalog(caller: Caller = require("read")) -> ListObject[BaseModelView]:
         async with rt.uow() as uow:
             entries = await ModelStore(uow.conn).bases()
-        return list_object([{"id": b.name, "object": "base_model", **iso_fields(b)} for b in entries])
+        return list_object([BaseModelView.of(b) for b in entries])
 
     @r.get("/{name:path}/rollout-check")
     async def check(name: str, caller: Caller = require("admin")) -> dict:
@@ -221,14 +211,11 @@ def base_model_routes(rt: Runtime[RegistryContext]) -> APIRouter:
         return asdict(published)
 
     @r.get("/{name:path}")
-    async def versions(name: str, caller: Caller = require("read")) -> dict:
+    async def versions(name: str, caller: Caller = require("read")) -> BaseModelVersions:
         async with rt.uow() as uow:
             store = ModelStore(uow.conn)
             base = await base_models.known(store, name)
-            history = [iso_fields(v) for v in await store.base_versions(name)]
-        if not caller.operator:   # the first pin names a tenant's job: not another tenant's to see
-            history = [{**v, "reason": "first pinned by a fine-tuning job"} if v["actor"] == FIRST_PIN_ACTOR else v
-                       for v in history]
-        return {"id": name, "object": "base_model", **iso_fields(base), "versions": history}
+            history = [BaseVersionView.of(v, operator=caller.operator) for v in await store.base_versions(name)]
+        return BaseModelVersions(**BaseModelView.of(base).model_dump(), versions=history)
 
     return r

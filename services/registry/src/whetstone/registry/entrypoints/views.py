@@ -1,5 +1,6 @@
-"""What the models API answers about a fine-tuned version: OpenAI's model object with the registry's
-extensions (stage, artifact, and in a detail the lineage and stage history)."""
+"""What the registry's API answers: a fine-tuned version as OpenAI's model object with the registry's
+extensions (stage, artifact, and in a detail the lineage and stage history), and the base models of the
+catalog with their pinned versions. Times are ISO 8601 strings."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ from pydantic import BaseModel, ConfigDict
 
 from whetstone.contracts.enums import Approval, ModelStage
 
+from ..domain.drift import FIRST_PIN_ACTOR, BaseModelEntry, BaseVersion
 from ..domain.lineage import LineageView, StoredLineage
 from ..domain.stages import ModelRecord, StageChange
 
@@ -75,3 +77,50 @@ class ModelView(BaseModel):
         lineage, history = detail
         return summary.model_copy(update={"lineage": lineage.view() if lineage else NoLineage(),
                                           "stage_history": [StageChangeView.of(h) for h in history]})
+
+
+class BaseModelView(BaseModel):
+    """A base model of the catalog at its current pinned sha256 (`/v1/base_models`)."""
+
+    model_config = ConfigDict(frozen=True)
+
+    id: str
+    object: Literal["base_model"] = "base_model"
+    name: str
+    sha256: str
+    previous_sha256: str | None
+    uri: str | None
+    updated_at: str
+
+    @classmethod
+    def of(cls, entry: BaseModelEntry) -> BaseModelView:
+        return cls(id=entry.name, name=entry.name, sha256=entry.sha256, previous_sha256=entry.previous_sha256,
+                   uri=entry.uri, updated_at=entry.updated_at.isoformat())
+
+
+class BaseVersionView(BaseModel):
+    """One published sha256 of a base model."""
+
+    model_config = ConfigDict(frozen=True)
+
+    sha256: str
+    previous_sha256: str | None
+    uri: str | None
+    reason: str
+    actor: str
+    at: str
+
+    @classmethod
+    def of(cls, version: BaseVersion, *, operator: bool) -> BaseVersionView:
+        """The version; its first pin names a tenant's job in `reason`, which only the operator sees."""
+        reason = version.reason
+        if version.actor == FIRST_PIN_ACTOR and not operator:
+            reason = "first pinned by a fine-tuning job"
+        return cls(sha256=version.sha256, previous_sha256=version.previous_sha256, uri=version.uri, reason=reason,
+                   actor=version.actor, at=version.at.isoformat())
+
+
+class BaseModelVersions(BaseModelView):
+    """A base model with every version published for it, oldest first."""
+
+    versions: list[BaseVersionView]
