@@ -10,7 +10,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel
 
-from whetstone.contracts import EvalCompletedV1, checkpoint_model_for, fine_tuned_model_for
+from whetstone.contracts import TOLERANT, EvalCompletedV1, Hyperparameters, checkpoint_model_for, fine_tuned_model_for
 from whetstone.contracts.enums import Method
 
 from ..domain import jobs as rules
@@ -43,34 +43,42 @@ ECHOED = ("learning_rate", "lora_r", "lora_alpha", "gradient_accumulation_steps"
           "max_seq_len")
 
 
-def method_view(method: str, hp: Mapping[str, Any], given: Mapping[str, Any] | None = None) -> dict[str, Any]:
-    """OpenAI's method object. `batch_size` is OpenAI's: examples per optimizer step (micro-batch x gradient
-    accumulation); `micro_batch_size` the platform's split of it; `auto` the knobs admission chose."""
+AUTO_KNOBS = ("n_epochs", "batch_size", "learning_rate", "lora_r", "lora_alpha")
+
+
+def method_view(method: str, hp: Hyperparameters, given: Hyperparameters | None = None, *,
+                extra: Mapping[str, Any] | None = None) -> tuple[str, dict[str, Any]]:
+    """(the family, OpenAI's method object). `batch_size` is OpenAI's: examples per optimizer step (micro-batch x
+    gradient accumulation); `micro_batch_size` the platform's split of it; `auto` the knobs admission chose;
+    `extra` the entries added after the family's (a reinforcement job's `reinforcement`, `whetstone`)."""
     family = FAMILY.get(method, "supervised")
     default_lr = rules.default_learning_rate(method)   # none for a merge job
-    micro, accumulation = hp.get("batch_size"), hp.get("gradient_accumulation_steps") or 1
-    shown = {"n_epochs": hp.get("n_epochs"),
+    micro, accumulation = hp.batch_size, hp.gradient_accumulation_steps or 1
+    set_knobs = hp.model_dump(exclude_none=True)
+    asked = given.model_dump(exclude_none=True) if given is not None else None
+    chosen = {"auto": [k for k in AUTO_KNOBS if k in set_knobs and asked.get(k, "auto") == "auto"]} \
+        if asked is not None and set_knobs else {}
+    shown = {"n_epochs": hp.n_epochs,
              "batch_size": micro * accumulation if isinstance(micro, int) else micro,
-             "learning_rate_multiplier": round(hp["learning_rate"] / default_lr, 6)
-             if hp.get("learning_rate") and default_lr else None,
-             "micro_batch_size": micro, **{k: hp[k] for k in ECHOED if k in hp}}
-    if given is not None and hp:
-        shown["auto"] = [k for k in ("n_epochs", "batch_size", "learning_rate", "lora_r", "lora_alpha")
-                         if k in hp and given.get(k) in (None, "auto")]
-    if family == "dpo":
-        shown["beta"] = hp.get("beta")
-    return {"type": family, family: {"hyperparameters": shown}, "whetstone": {"method": method}}
+             "learning_rate_multiplier": round(hp.learning_rate / default_lr, 6)
+             if hp.learning_rate and default_lr else None,
+             "micro_batch_size": micro, **{k: set_knobs[k] for k in ECHOED if k in set_knobs}, **chosen,
+             **({"beta": hp.beta} if family == "dpo" else {})}
+    return family, {"type": family, family: {"hyperparameters": shown}, "whetstone": {"method": method},
+                    **(extra or {})}
 
 
 def job_view(job: Job, queue: Forecast | None = None) -> dict[str, Any]:
     req, spec, res = job.request, job.spec, job.resources
-    given = req.hyperparameters.model_dump(exclude_none=True)
-    hp = spec.hyperparameters if spec is not None and spec.hyperparameters else given
-    method = method_view(job.method, hp, given)
+    given = req.hyperparameters
+    hp = Hyperparameters.model_validate(spec.hyperparameters, context=TOLERANT) \
+        if spec is not None and spec.hyperparameters else given
+    extra: dict[str, Any] = {}
     if job.method == Method.REINFORCEMENT:
-        method["reinforcement"] = reinforcement_view(req.reinforcement)
+        extra = {"reinforcement": reinforcement_view(req.reinforcement)}
         if req.reinforcement is not None and req.reinforcement.base_quantization == "nf4":
-            method["whetstone"] = {"method": "qlora"}   # as requested: LoRA on a 4-bit base
+            extra = {"whetstone": {"method": "qlora"}, **extra}   # as requested: LoRA on a 4-bit base
+    family, method = method_view(job.method, hp, given, extra=extra)
     estimated_start = None
     if job.status == rules.QUEUED and queue is not None and queue.estimated_start is not None:
         estimated_start = int(queue.estimated_start)
@@ -87,7 +95,7 @@ def job_view(job: Job, queue: Forecast | None = None) -> dict[str, Any]:
         "model": req.model, "training_file": req.training_file, "validation_file": req.validation_file,
         "status": job.public_status, "created_at": ts(job.created_at), "finished_at": ts(job.finished_at),
         "fine_tuned_model": job.fine_tuned_model, "result_files": list(job.result_files), "trained_tokens": job.trained_tokens,
-        "hyperparameters": method[method["type"]]["hyperparameters"], "method": method, "seed": hp.get("seed"), "estimated_finish": finish,
+        "hyperparameters": method[family]["hyperparameters"], "method": method, "seed": hp.seed, "estimated_finish": finish,
         "error": error, "metadata": req.metadata,
         "integrations": [i.model_dump(mode="json", exclude_none=True) for i in req.integrations],
         "user_provided_suffix": req.suffix, "template": req.template.model_dump() if req.template else None,
