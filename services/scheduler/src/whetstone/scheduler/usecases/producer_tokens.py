@@ -16,6 +16,7 @@ from __future__ import annotations
 import time
 from typing import Any
 
+from pydantic import BaseModel, ConfigDict, ValidationError
 from whetstone.contracts import Envelope, job_id_for
 from whetstone.runtime.identity import (
     PRODUCER_TOKEN_PREFIX,
@@ -27,6 +28,22 @@ from whetstone.runtime.delivery import PoisonMessage
 from whetstone.runtime.service import Runtime
 
 from ..adapters.keys import producer_token_status
+
+
+class JobClaim(BaseModel):
+    """The two fields of a `job.requested` payload that say whose job id it claims (read before the
+    payload is validated whole: ids of the wrong type read as absent)."""
+
+    model_config = ConfigDict(extra="ignore")
+    job_id: str | None = None
+    idempotency_key: str | None = None
+
+    @classmethod
+    def of(cls, payload: object) -> JobClaim:
+        try:
+            return cls.model_validate(payload)
+        except ValidationError:
+            return cls()
 
 
 async def check_producer_token(rt: Runtime[Any], uow: UnitOfWork, env: Envelope) -> str:
@@ -55,8 +72,9 @@ async def check_producer_token(rt: Runtime[Any], uow: UnitOfWork, env: Envelope)
     if tenant != env.tenant_id:
         raise PoisonMessage(f"{env.event_type}: producer token {token_id} is tenant {tenant!r}'s, the envelope names "
                             f"{env.tenant_id!r}", reason="producer_token_tenant_mismatch")
-    job_id, key = env.payload.get("job_id"), env.payload.get("idempotency_key")
-    if env.event_type == "job.requested" and (not isinstance(key, str) or job_id != job_id_for(tenant, key)):
-        raise PoisonMessage(f"job.requested: job id {str(job_id)[:64]!r} is not tenant {tenant!r}'s for the idempotency "
+    claim = JobClaim.of(env.payload)
+    if env.event_type == "job.requested" and (
+            claim.idempotency_key is None or claim.job_id != job_id_for(tenant, claim.idempotency_key)):
+        raise PoisonMessage(f"job.requested: job id {str(claim.job_id)[:64]!r} is not tenant {tenant!r}'s for the idempotency "
                             "key given (job ids are job_id_for(tenant, idempotency_key))", reason="tenant_mismatch")
     return token_id
