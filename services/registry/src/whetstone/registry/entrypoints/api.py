@@ -6,7 +6,6 @@ from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
 from dataclasses import asdict
-from typing import Any
 
 from fastapi import APIRouter, Query
 from fastapi.responses import StreamingResponse
@@ -25,7 +24,7 @@ from ..domain.stages import ModelRecord, TransitionRefused
 from ..usecases import base_listing, base_models, downloads, merges, promotion
 from ..usecases.downloads import model_not_found
 from ..usecases.base_listing import BaseListing
-from .views import DETAIL_FIELDS, BaseModelVersions, BaseModelView, BaseVersionView, ModelView
+from .views import BaseModelVersions, BaseModelView, BaseVersionView, ModelView
 
 
 class PromoteRequest(BaseModel):
@@ -48,13 +47,6 @@ def refused(exc: TransitionRefused) -> ApiError:
                     type="permission_error" if exc.status == 403 else "invalid_request_error")
 
 
-def listed(entry: ModelView | BaseListing) -> dict[str, Any]:
-    """A list entry as JSON: a version's summary leaves out the detail (lineage, stage history)."""
-    if isinstance(entry, BaseListing):
-        return asdict(entry)
-    return entry.model_dump(mode="json", exclude=None if entry.lineage is not None else DETAIL_FIELDS)
-
-
 async def model_view(store: ModelStore, m: ModelRecord, *, detail: bool = True) -> ModelView:
     if not detail:
         return ModelView.of(m)
@@ -75,7 +67,7 @@ def routes(rt: Runtime[RegistryContext]) -> APIRouter:
     @r.get("")
     async def list_models(caller: Caller = require("read"), job_id: str | None = None, name: str | None = None,
                           after: str | None = None, limit: int = Query(100, ge=1, le=1000),
-                          lineage: bool | None = None) -> ListPage[dict[str, Any]]:
+                          lineage: bool | None = None) -> ListPage[ModelView | BaseListing]:
         """The tenant's fine-tuned versions, newest first, then the platform's base models (not when
         filtering by job or name)."""
         lineage = lineage if lineage is not None else job_id is not None  # one job: its model, in full
@@ -87,7 +79,7 @@ def routes(rt: Runtime[RegistryContext]) -> APIRouter:
                                                          limit=limit + 1)
             models = [await model_view(store, m, detail=lineage) for m in rows[:limit]]
         page, has_more = base_listing.page_with_bases(models, len(rows) > limit, bases, after, limit)
-        return list_page([listed(entry) for entry in page], has_more)
+        return list_page(page, has_more)
 
     @r.get("/{model_id}")
     async def get(model_id: str, caller: Caller = require("read")) -> ModelView | BaseListing:

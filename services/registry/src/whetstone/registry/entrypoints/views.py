@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ConfigDict, SerializerFunctionWrapHandler, model_serializer
 
 from whetstone.contracts.enums import Approval, ModelStage
 
@@ -64,6 +64,15 @@ class ModelView(BaseModel):
     artifact_sha256: str
     lineage: LineageView | NoLineage | None = None
     stage_history: list[StageChangeView] | None = None
+
+    @model_serializer(mode="wrap")
+    def _summary(self, handler: SerializerFunctionWrapHandler) -> dict[str, object]:
+        """A summary (no detail was given) is written without the detail's fields."""
+        fields: dict[str, object] = handler(self)
+        if self.lineage is None:
+            for name in DETAIL_FIELDS:
+                fields.pop(name, None)
+        return fields
 
     @classmethod
     def of(cls, m: ModelRecord, detail: tuple[StoredLineage | None, list[StageChange]] | None = None) -> ModelView:
