@@ -15,18 +15,19 @@ Unset (production), `Faults.from_env()` is inert: no hook is installed.
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 import signal
-from dataclasses import dataclass, field
-from typing import Any
+from dataclasses import field
+
+from pydantic import ConfigDict, TypeAdapter
+from pydantic.dataclasses import dataclass
 
 ENV = "WHETSTONE_RECIPE_FAULTS"
 log = logging.getLogger("whetstone.trainer_agent.recipes")
 
 
-@dataclass
+@dataclass(config=ConfigDict(extra="forbid"))
 class Faults:
     oom_forwards: int = 0
     oom_at_forwards: list[int] = field(default_factory=list)
@@ -39,9 +40,9 @@ class Faults:
         raw = os.environ.get(ENV)
         if not raw:
             return cls()
-        spec: dict[str, Any] = json.loads(raw)
-        log.warning("TEST fault injection active: %s", spec)
-        return cls(**spec)
+        faults = TypeAdapter(cls).validate_json(raw)   # an unknown fault is an error (extra="forbid")
+        log.warning("TEST fault injection active: %s", faults)
+        return faults
 
     @property
     def active(self) -> bool:
