@@ -17,11 +17,11 @@ from whetstone.modelkit.tiny import TOOL_CHAT_TEMPLATE
 from whetstone.trainer_agent.domain.recipe_io import Completed, Progress, Started
 from whetstone.trainer_agent.recipes.data import (
     IGNORE_INDEX,
-    Chat,
     read_rows,
     tokenize_chat_rows,
 )
 from whetstone.trainer_agent.recipes.errors import UserError
+from whetstone.trainer_agent.recipes.rows import ChatRow
 
 pytestmark = pytest.mark.integration
 
@@ -65,7 +65,7 @@ def test_tool_rows_train_the_calls_and_the_answer_not_the_tool_results(tool_base
     assert tokenizer.chat_template == TOOL_CHAT_TEMPLATE
     rows = read_rows(write_rows(tmp_path / "train.jsonl", [tool_row(7)]), "lora")
     (line, chat), = rows
-    assert line == 1 and isinstance(chat, Chat) and chat.tools == TOOLS
+    assert line == 1 and isinstance(chat, ChatRow) and chat.template_tools() == TOOLS
     example, = tokenize_chat_rows(tokenizer, rows, 512, "train.jsonl")
     trained = tokenizer.decode([t for t, label in zip(example.input_ids, example.labels) if label != IGNORE_INDEX])
     # the call (JSON-string arguments rendered as the object) and the answer; never the tool result or user
@@ -107,7 +107,8 @@ def test_preference_messages_keep_their_extra_keys(tmp_path):
                       {"role": "tool", "tool_call_id": "c1", "content": "r"},
                       {"role": "assistant", "content": "good", "weight": 1}],
            "rejected": "bad"}
-    (_, pair), = read_rows(write_rows(tmp_path / "p.jsonl", [row]), "dpo")
+    (_, row_read), = read_rows(write_rows(tmp_path / "p.jsonl", [row]), "dpo")
+    pair = row_read.record()   # what trl is given
     assert pair["prompt"] == [{"role": "user", "content": "q", "name": "bob"}]
     assert pair["chosen"][0]["tool_calls"] == [call] and pair["chosen"][1]["tool_call_id"] == "c1"
     assert pair["chosen"][2]["weight"] == 1 and pair["rejected"] == [{"role": "assistant", "content": "bad"}]

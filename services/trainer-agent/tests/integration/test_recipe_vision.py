@@ -149,4 +149,4 @@ def test_qlora_quantizes_the_language_model_only(tiny_llava):
     model = load_base_model(str(tiny_llava), "qlora", packing=False, vision=True)
     quantized = [name for name, module in model.named_modules() if isinstance(module, bnb.nn.Linear4bit)]
     assert len(quantized) == 14 and all(".language_model." in name for name in quantized)   # 2 layers x 7
-    assert quantization_summary(model)["quant_type"] == ["nf4"]
+    assert quantization_summary(model).quant_type == ["nf4"]

@@ -11,6 +11,7 @@ from whetstone.trainer_agent.recipes.data import read_chat_jsonl
 from whetstone.trainer_agent.recipes.errors import PlatformError, UserError
 from whetstone.trainer_agent.recipes.hyperparams import Hyperparameters
 from whetstone.trainer_agent.recipes.protocol import EventStream
+from whetstone.trainer_agent.recipes.rows import ChatRow, PreferenceRow, parse_row
 from whetstone.trainer_agent.recipes.spec import RecipeConfig
 
 pytestmark = pytest.mark.unit
@@ -52,6 +53,30 @@ def test_read_chat_jsonl_skips_blank_lines_and_names_bad_ones(tmp_path):
     path.write_text("")
     with pytest.raises(UserError, match="has no rows"):
         read_chat_jsonl(path)
+
+
+def test_rows_are_typed_but_reach_the_template_as_written():
+    call = {"type": "function", "id": "c1", "function": {"arguments": '{"q": 1}', "name": "f"}}
+    tool = {"function": {"parameters": {}, "name": "f"}, "type": "function"}
+    row = {"tools": [tool], "messages": [{"content": "q", "role": "user", "x-note": [1]},
+                                         {"role": "assistant", "content": None, "tool_calls": [call]},
+                                         {"role": "tool", "tool_call_id": "c1", "content": "r", "weight": 0},
+                                         {"role": "assistant", "content": "a"}]}
+    chat = parse_row(ChatRow, row, "d.jsonl", 4)
+    assert [m.role for m in chat.messages] == ["user", "assistant", "tool", "assistant"]
+    assert [m.trained for m in chat.messages] == [False, True, False, True]
+    assert chat.messages[1].tool_calls[0].function.name == "f"
+    # unknown keys and key order survive: a template that dumps tools or calls as JSON renders the same text
+    assert json.dumps(chat.template_messages()) == json.dumps(row["messages"])
+    assert json.dumps(chat.template_tools()) == json.dumps([tool])
+    pair = parse_row(PreferenceRow, {"prompt": "q", "chosen": "a", "rejected": [{"role": "assistant", "content": "b"}]},
+                     "p.jsonl", 1).record()
+    assert pair == {"prompt": [{"role": "user", "content": "q"}], "chosen": [{"role": "assistant", "content": "a"}],
+                    "rejected": [{"role": "assistant", "content": "b"}]}
+    with pytest.raises(UserError, match=r"p.jsonl line 2: 'rejected' message 0 has role 'bot'") as caught:
+        parse_row(PreferenceRow, {"prompt": "q", "chosen": "a", "rejected": [{"role": "bot", "content": "b"}]},
+                  "p.jsonl", 2)
+    assert caught.value.code == "bad_example"
 
 
 def test_event_stream_writes_one_strict_json_object_per_line():

@@ -18,9 +18,9 @@ import math
 import os
 import shutil
 from collections.abc import Callable
-from dataclasses import asdict
+from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from pydantic import BaseModel, ValidationError
 from whetstone.runtime.environment import capture_environment
@@ -28,9 +28,16 @@ from whetstone.runtime.environment import capture_environment
 from ..domain.recipe_io import Progress
 from .hyperparams import Hyperparameters
 
+if TYPE_CHECKING:
+    from whetstone.contracts.enums import Method
+
+    from .modeling import QuantizationSummary
+    from .vision import ImageSettings
+
 log = logging.getLogger("whetstone.trainer_agent.recipes")
 
 CHECKPOINT_STATE_FILE = "whetstone_state.json"
+TRAINER_STATE_FILE = "trainer_state.json"   # HF Trainer's own
 FINAL_DIR = "final"
 SINGLE_WEIGHTS = "model.safetensors"  # full weights in one file, as transformers saves a small model
 
@@ -96,17 +103,49 @@ def checkpoint_geometry(resume: Path | None) -> tuple[int, int] | None:
     return state.micro_batch_size, state.gradient_accumulation_steps
 
 
+class TrainerStateFile(BaseModel):
+    """HF Trainer's `trainer_state.json` of a checkpoint, as far as the platform reads it."""
+
+    global_step: int
+
+
 def checkpoint_step(checkpoint: Path | None) -> int:
     if checkpoint is None:
         return 0
-    state = json.loads((checkpoint / "trainer_state.json").read_text())
-    return int(state.get("global_step", 0))
+    return TrainerStateFile.model_validate_json((checkpoint / TRAINER_STATE_FILE).read_text()).global_step
 
 
 # ------------------------------------------------------------------ the final artifact
 
 
-def write_final_artifact(trainer, tokenizer, output_dir: Path, *, summary: dict[str, Any],
+@dataclass(frozen=True)
+class TrainingSummary:
+    """`whetstone_training.json` of a final artifact: what was trained, on what, and how it went (the
+    registry reads a vision adapter's `vision` settings from it)."""
+
+    job_id: str
+    base_model: str
+    method: Method
+    hyperparameters: Hyperparameters
+    base_model_parameters: int
+    quantization: QuantizationSummary | None   # what the loaded base weights really were
+    global_step: int
+    train_loss: float | None
+    tokens: int
+    non_padding_fraction: float | None
+    vision: ImageSettings | None = None        # a vision adapter's processor and image settings
+
+    def to_json(self) -> str:
+        return json.dumps(asdict(self, dict_factory=_summary_fields), indent=2) + "\n"
+
+
+def _summary_fields(items: list[tuple[str, object]]) -> dict[str, object]:
+    """`asdict`'s dict factory: the hyperparameters' `explicit` set (which the user gave) and an absent
+    `vision` are left out of the file."""
+    return {key: value for key, value in items if key != "explicit" and not (key == "vision" and value is None)}
+
+
+def write_final_artifact(trainer, tokenizer, output_dir: Path, *, summary: TrainingSummary,
                          progress: list[Progress], title: str,
                          merge: Callable[[Path, Path], None] | None = None,
                          max_shard_bytes: int | None = None) -> Path:
@@ -123,7 +162,7 @@ def write_final_artifact(trainer, tokenizer, output_dir: Path, *, summary: dict[
         reshard_full_weights(staging, max_shard_bytes)
     if merge is not None:
         merge(staging, staging / "merged")
-    (staging / "whetstone_training.json").write_text(json.dumps(summary, indent=2) + "\n")
+    (staging / "whetstone_training.json").write_text(summary.to_json())
     capture_environment("trainer").write(staging)
     _save_loss_curve(progress, staging / "loss_curve.png", title)
     shutil.rmtree(final, ignore_errors=True)
@@ -173,23 +212,15 @@ def merged_writer(base_model: str, tokenizer, device_map: dict[str, str] | None 
     return merge
 
 
-def training_summary(*, job_id: str, base_model: str, method: str, hp: Hyperparameters, base_parameters: int,
-                     quantization: dict[str, Any] | None, trainer, train_loss: float | None,
-                     non_padding_fraction: float | None) -> dict[str, Any]:
-    hyperparameters = asdict(hp)
-    hyperparameters.pop("explicit", None)
-    return {
-        "job_id": job_id,
-        "base_model": base_model,
-        "method": method,
-        "hyperparameters": hyperparameters,
-        "base_model_parameters": base_parameters,
-        "quantization": quantization,
-        "global_step": trainer.state.global_step,
-        "train_loss": train_loss,
-        "tokens": trainer.state.num_input_tokens_seen,
-        "non_padding_fraction": round(non_padding_fraction, 6) if non_padding_fraction is not None else None,
-    }
+def training_summary(*, job_id: str, base_model: str, method: Method, hp: Hyperparameters, base_parameters: int,
+                     quantization: QuantizationSummary | None, trainer, train_loss: float | None,
+                     non_padding_fraction: float | None, vision: ImageSettings | None = None) -> TrainingSummary:
+    return TrainingSummary(
+        job_id=job_id, base_model=base_model, method=method, hyperparameters=hp, base_model_parameters=base_parameters,
+        quantization=quantization, global_step=trainer.state.global_step, train_loss=train_loss,
+        tokens=trainer.state.num_input_tokens_seen,
+        non_padding_fraction=round(non_padding_fraction, 6) if non_padding_fraction is not None else None,
+        vision=vision)
 
 
 def mean_train_loss(trainer, train_output) -> float | None:

@@ -27,13 +27,16 @@ import json
 import logging
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, TypedDict
 
 from .errors import PlatformError, UserError
+from .rows import ChatRow, PreferenceRow, TextRow, parse_row
+
+if TYPE_CHECKING:
+    from torch import Tensor
 
 log = logging.getLogger("whetstone.trainer_agent.recipes")
 
-SUPPORTED_ROLES = ("system", "user", "assistant", "tool")
 IGNORE_INDEX = -100
 FORMAT_FOR_METHOD = {"lora": "chat", "qlora": "chat", "full": "chat", "dpo": "preference",
                      "orpo": "preference", "cpt": "text"}
@@ -84,31 +87,17 @@ def check_format(rows: list[tuple[int, Any]], method: str, name: str) -> None:
                 f"(fits method {METHODS_FOR_FORMAT[found]})", code="method_dataset_mismatch")
 
 
-@dataclass(frozen=True)
-class Chat:
-    """One SFT row: its messages and the tool definitions the template renders (None: no tools)."""
-
-    messages: list[dict[str, Any]]
-    tools: list[dict[str, Any]] | None = None
+def read_chat_jsonl(path: Path) -> list[tuple[int, ChatRow]]:
+    """(line number, chat row) per non-blank line; UserError naming the line on bad data."""
+    return [(line_no, parse_row(ChatRow, row, path.name, line_no)) for line_no, row in read_jsonl(path)]
 
 
-def read_chat_jsonl(path: Path) -> list[tuple[int, Chat]]:
-    """(line number, messages) per non-blank line; UserError naming the line on bad data."""
-    return [(line_no, _validate_chat(row, path.name, line_no)) for line_no, row in read_jsonl(path)]
-
-
-def read_preference_jsonl(path: Path) -> list[tuple[int, dict[str, list[dict[str, Any]]]]]:
-    return [(line_no, _validate_preference(row, path.name, line_no)) for line_no, row in read_jsonl(path)]
+def read_preference_jsonl(path: Path) -> list[tuple[int, PreferenceRow]]:
+    return [(line_no, parse_row(PreferenceRow, row, path.name, line_no)) for line_no, row in read_jsonl(path)]
 
 
 def read_text_jsonl(path: Path) -> list[tuple[int, str]]:
-    out = []
-    for line_no, row in read_jsonl(path):
-        if not isinstance(row, dict) or not isinstance(row.get("text"), str) or not row["text"].strip():
-            raise UserError(f"{path.name} line {line_no}: expected an object with a non-empty 'text' string",
-                            code="bad_example")
-        out.append((line_no, row["text"]))
-    return out
+    return [(line_no, parse_row(TextRow, row, path.name, line_no).text) for line_no, row in read_jsonl(path)]
 
 
 def read_rows(path: Path, method: str) -> list[tuple[int, Any]]:
@@ -119,97 +108,16 @@ def read_rows(path: Path, method: str) -> list[tuple[int, Any]]:
     return reader[FORMAT_FOR_METHOD[method]](path)
 
 
-def _validate_chat(row: Any, name: str, line_no: int) -> Chat:
-    where = f"{name} line {line_no}"
-    if not isinstance(row, dict) or not isinstance(row.get("messages"), list) or not row["messages"]:
-        raise UserError(f"{where}: expected an object with a non-empty 'messages' list", code="bad_example")
-    _validate_messages(row["messages"], where)
-    if not any(m.get("weight", 1 if m["role"] == "assistant" else 0) for m in row["messages"]):
-        raise UserError(f"{where}: no trained message (needs an assistant message with weight 1)", code="bad_example")
-    tools = row.get("tools")
-    if tools is not None:
-        if not isinstance(tools, list) or not all(isinstance(t, dict) for t in tools):
-            raise UserError(f"{where}: 'tools' must be a list of tool definitions", code="bad_example")
-        for j, tool in enumerate(tools):
-            function = tool.get("function", tool)
-            if not isinstance(function, dict) or not isinstance(function.get("name"), str):
-                raise UserError(f"{where}: tools[{j}] has no function 'name'", code="bad_example")
-    return Chat(row["messages"], tools or None)
-
-
-def _validate_messages(messages: list, where: str) -> None:
-    for i, message in enumerate(messages):
-        if not isinstance(message, dict):
-            raise UserError(f"{where}: message {i} is not an object", code="bad_example")
-        if message.get("role") not in SUPPORTED_ROLES:
-            raise UserError(f"{where}: message {i} has role {message.get('role')!r}; expected one of "
-                            f"{SUPPORTED_ROLES}", code="bad_example")
-        calls = message.get("tool_calls")
-        if calls is not None:
-            _validate_tool_calls(calls, message["role"], f"{where}: message {i}")
-        content = message.get("content")
-        parts = isinstance(content, list) and content and all(isinstance(p, dict) for p in content)
-        if not isinstance(content, str) and not (content is None and calls) and not parts:
-            raise UserError(f"{where}: message {i} has no string 'content' (nor a list of content parts)",
-                            code="bad_example")
-        for key in ("name", "tool_call_id"):
-            if message.get(key) is not None and not isinstance(message[key], str):
-                raise UserError(f"{where}: message {i} has a non-string {key!r}", code="bad_example")
-        weight = message.get("weight")
-        if weight is not None and (isinstance(weight, bool) or weight not in (0, 1)):
-            raise UserError(f"{where}: message {i} has weight {weight!r}; expected 0 or 1", code="bad_example")
-
-
-def _validate_tool_calls(calls: Any, role: str, where: str) -> None:
-    """OpenAI's `[{"id"?, "type": "function", "function": {"name", "arguments"}}]`, on assistant turns only."""
-    if role != "assistant":
-        raise UserError(f"{where} has 'tool_calls' but role {role!r} (only assistant turns call tools)",
-                        code="bad_example")
-    if not isinstance(calls, list) or not calls:
-        raise UserError(f"{where}: 'tool_calls' must be a non-empty list", code="bad_example")
-    for j, call in enumerate(calls):
-        function = call.get("function") if isinstance(call, dict) else None
-        if not isinstance(function, dict) or not isinstance(function.get("name"), str) or not function["name"]:
-            raise UserError(f"{where}: tool_calls[{j}] needs a function with a 'name'", code="bad_example")
-        arguments = function.get("arguments", {})
-        if isinstance(arguments, str):
-            try:
-                arguments = json.loads(arguments)
-            except ValueError:
-                raise UserError(f"{where}: tool_calls[{j}] arguments are not valid JSON", code="bad_example") from None
-        if not isinstance(arguments, dict):
-            raise UserError(f"{where}: tool_calls[{j}] arguments must be a JSON object", code="bad_example")
-
-
-def _validate_preference(row: Any, name: str, line_no: int) -> dict[str, list[dict[str, Any]]]:
-    where = f"{name} line {line_no}"
-    if not isinstance(row, dict) or not all(k in row for k in ("prompt", "chosen", "rejected")):
-        raise UserError(f"{where}: expected 'prompt', 'chosen' and 'rejected'", code="bad_example")
-    pair = {
-        "prompt": _as_messages(row["prompt"], "user", where, "prompt"),
-        "chosen": _as_messages(row["chosen"], "assistant", where, "chosen"),
-        "rejected": _as_messages(row["rejected"], "assistant", where, "rejected"),
-    }
-    for key in ("chosen", "rejected"):
-        if pair[key][-1]["role"] != "assistant":
-            raise UserError(f"{where}: '{key}' must end with an assistant message", code="bad_example")
-    if pair["chosen"] == pair["rejected"]:
-        raise UserError(f"{where}: 'chosen' and 'rejected' are identical", code="bad_example")
-    return pair
-
-
-def _as_messages(value: Any, role: str, where: str, key: str) -> list[dict[str, Any]]:
-    if isinstance(value, str):
-        if not value.strip():
-            raise UserError(f"{where}: '{key}' is empty", code="bad_example")
-        return [{"role": role, "content": value}]
-    if not isinstance(value, list) or not value:
-        raise UserError(f"{where}: '{key}' must be a string or a non-empty list of messages", code="bad_example")
-    _validate_messages(value, f"{where} '{key}'")
-    return [dict(m) for m in value]  # extra keys (tool_calls, name, weight...) kept for the template
-
-
 # ------------------------------------------------------------------ tokenization
+
+
+class ExampleRow(TypedDict):
+    """A tokenized example as a row of the `datasets.Dataset` the Trainer iterates, and as the
+    collators receive it."""
+
+    input_ids: list[int]
+    labels: list[int]
+    line: int
 
 
 @dataclass(frozen=True)
@@ -218,18 +126,18 @@ class Example:
     labels: list[int]
     line: int
 
-    def as_row(self) -> dict[str, Any]:
-        return {"input_ids": self.input_ids, "labels": self.labels, "line": self.line}
+    def as_row(self) -> ExampleRow:
+        return ExampleRow(input_ids=self.input_ids, labels=self.labels, line=self.line)
 
 
-def tokenize_chat_rows(tokenizer, rows, max_seq_len: int, name: str) -> list[Example]:
+def tokenize_chat_rows(tokenizer, rows: list[tuple[int, ChatRow]], max_seq_len: int, name: str) -> list[Example]:
     """Platform-masked examples; rows whose trained tokens are all truncated away are dropped."""
     from jinja2 import TemplateError
     from whetstone.modelkit.chat import ChatFormatError, tokenize_chat
 
     examples, dropped = [], []
     for line_no, chat in rows:
-        messages, tools = (chat.messages, chat.tools) if isinstance(chat, Chat) else (chat, None)
+        messages, tools = chat.template_messages(), chat.template_tools()
         try:
             tokens = tokenize_chat(tokenizer, messages, max_seq_len, **({"tools": tools} if tools else {}))
         except ChatFormatError as exc:
@@ -244,7 +152,7 @@ def tokenize_chat_rows(tokenizer, rows, max_seq_len: int, name: str) -> list[Exa
     return _kept(examples, dropped, name, max_seq_len)
 
 
-def tokenize_text_rows(tokenizer, rows, max_seq_len: int, name: str) -> list[Example]:
+def tokenize_text_rows(tokenizer, rows: list[tuple[int, str]], max_seq_len: int, name: str) -> list[Example]:
     """Continued pre-training: every token trained; long documents are cut into max_seq_len chunks."""
     examples, dropped = [], []
     bos = [tokenizer.bos_token_id] if tokenizer.bos_token_id is not None else []
@@ -272,11 +180,11 @@ def _kept(examples: list[Example], dropped: list[int], name: str, max_seq_len: i
 # ------------------------------------------------------------------ collators
 
 
-def examples_by_line(examples: list[dict[str, Any]]) -> dict[int, list[dict[str, Any]]]:
+def examples_by_line(examples: list[Example]) -> dict[int, list[ExampleRow]]:
     """Tokenized rows grouped by their source line (to re-run a failing micro-batch example by example)."""
-    out: dict[int, list[dict[str, Any]]] = {}
-    for row in examples:
-        out.setdefault(row["line"], []).append(row)
+    out: dict[int, list[ExampleRow]] = {}
+    for example in examples:
+        out.setdefault(example.line, []).append(example.as_row())
     return out
 
 
@@ -299,7 +207,7 @@ class PaddingFreeCollator:
         self.counter = counter or TokenCounter()
         self.poison = poison  # test-only fault hook (faults.py)
 
-    def __call__(self, features: list[dict[str, Any]]) -> dict[str, Any]:
+    def __call__(self, features: list[ExampleRow]) -> dict[str, Tensor]:
         import torch
 
         input_ids, labels, positions, lines = [], [], [], []
@@ -327,7 +235,7 @@ class PaddedCollator:
         self.counter = counter or TokenCounter()
         self.poison = poison
 
-    def __call__(self, features: list[dict[str, Any]]) -> dict[str, Any]:
+    def __call__(self, features: list[ExampleRow]) -> dict[str, Tensor]:
         import torch
 
         rows = [self.poison(f["input_ids"], f["line"]) if self.poison else f["input_ids"] for f in features]

@@ -110,17 +110,18 @@ def _load_base_model(ref: str, method: str, attn_implementation: str, vision: bo
     from whetstone.modelkit.vision import load_vision_model
 
     load = load_vision_model if vision else load_model  # same keywords
-    kwargs: dict[str, Any] = {"attn_implementation": attn_implementation}
+    quantization, device_map = None, None   # from_pretrained's defaults: full precision, no placement
     if method == "qlora":
         try:
             import bitsandbytes  # noqa: F401
         except ImportError as exc:
             raise PlatformError("method qlora needs bitsandbytes on this node", code="missing_dependency") from exc
-        kwargs["quantization_config"] = quantization_config(VISION_UNQUANTIZED if vision else None)
-        kwargs["device_map"] = {"": _device()}
+        quantization = quantization_config(VISION_UNQUANTIZED if vision else None)
+        device_map = {"": _device()}
     # full-parameter training keeps fp32 master weights (bf16 autocast on GPU); a frozen LoRA base can be bf16
     dtype = torch_float32() if method in FULL_PARAMETER_METHODS else compute_dtype()
-    model = load(ref, dtype=dtype, **kwargs)
+    model = load(ref, dtype=dtype, attn_implementation=attn_implementation, quantization_config=quantization,
+                 device_map=device_map)
     # no KV cache while training: it wastes memory, and with one stock sdpa ignores packed position_ids
     model.config.use_cache = False
     if method == "qlora":
@@ -130,7 +131,18 @@ def _load_base_model(ref: str, method: str, attn_implementation: str, vision: bo
     return model
 
 
-def quantization_summary(model) -> dict[str, Any] | None:
+@dataclass(frozen=True)
+class QuantizationSummary:
+    """The 4-bit layers of a loaded base, as read back from bitsandbytes."""
+
+    bits: int
+    quant_type: list[str]
+    layers: int
+    double_quant: bool
+    compute_dtype: str
+
+
+def quantization_summary(model) -> QuantizationSummary | None:
     """What the loaded base weights really are (read back from the bitsandbytes layers), or None."""
     try:
         import bitsandbytes as bnb
@@ -140,14 +152,14 @@ def quantization_summary(model) -> dict[str, Any] | None:
     if not layers:
         return None
     states = [layer.weight.quant_state for layer in layers]
-    return {"bits": 4, "quant_type": sorted({s.quant_type for s in states}), "layers": len(layers),
-            "double_quant": all(s.nested for s in states), "compute_dtype": str(layers[0].compute_dtype)}
+    return QuantizationSummary(bits=4, quant_type=sorted({s.quant_type for s in states}), layers=len(layers),
+                               double_quant=all(s.nested for s in states), compute_dtype=str(layers[0].compute_dtype))
 
 
 @dataclass(frozen=True)
 class BaseModelFacts:
     parameters: int                         # 4-bit packed weights counted at their logical size
-    quantization: dict[str, Any] | None     # what the loaded base weights really are
+    quantization: QuantizationSummary | None   # what the loaded base weights really are
 
 
 def describe_base(model) -> BaseModelFacts:

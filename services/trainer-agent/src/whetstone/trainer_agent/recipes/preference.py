@@ -20,6 +20,7 @@ from .faults import Faults
 from .hyperparams import Hyperparameters
 from .modeling import lora_config
 from .protocol import EventStream, PreemptionFlag
+from .rows import PreferenceRecord
 from .session import TrainingSession
 from .spec import RecipeConfig
 from .trainers import (
@@ -40,8 +41,8 @@ class PreferenceRecipe:
     def __init__(self, cfg: RecipeConfig, events: EventStream, preemption: PreemptionFlag,
                  faults: Faults | None = None) -> None:
         self.session = TrainingSession(cfg, events, preemption, faults, packing=False)
-        self.train_pairs: list[dict[str, Any]] = []
-        self.validation_pairs: list[dict[str, Any]] = []
+        self.train_pairs: list[PreferenceRecord] = []
+        self.validation_pairs: list[PreferenceRecord] = []
         self.ref_log_probs: dict[str, Any] | None = None  # DPO: stored with the checkpoint we resume from
 
     # ------------------------------------------------------------------ setup
@@ -50,8 +51,8 @@ class PreferenceRecipe:
         """Cheap checks first (user errors fail fast), then tokenizer, data, model, trainer."""
         session, cfg = self.session, self.session.cfg
         train_rows, validation_rows = session.read_inputs()
-        self.train_pairs = [pair for _, pair in train_rows]
-        self.validation_pairs = [pair for _, pair in validation_rows or []]
+        self.train_pairs = [pair.record() for _, pair in train_rows]
+        self.validation_pairs = [pair.record() for _, pair in validation_rows or []]
         if cfg.method == Method.DPO:
             self.ref_log_probs = read_ref_log_probs(cfg.resume_from, cfg.data_fingerprint())
         self._build_trainer(session.load_model([]))

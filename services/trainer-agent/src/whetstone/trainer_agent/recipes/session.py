@@ -9,7 +9,7 @@ event adds) stays in the recipe modules.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from whetstone.contracts.enums import CheckpointKind
 
@@ -42,6 +42,9 @@ from .protocol import EventStream, PreemptionFlag
 from .spec import RecipeConfig, read_resume_state
 from .trainers import finish_trainer, free_memory
 from .validation import Validator
+
+if TYPE_CHECKING:
+    from .vision import ImageSettings
 
 
 class TrainingSession:
@@ -126,9 +129,9 @@ class TrainingSession:
     # ------------------------------------------------------------------ save_checkpoint
 
     def save_final(self, *, merge: bool, non_padding_fraction: float | None,
-                   extra_summary: dict[str, Any] | None = None) -> Path:
+                   vision: ImageSettings | None = None) -> Path:
         """output_dir/final: adapter (or weights), tokenizer (or processor), optionally merged, summary
-        (`extra_summary` added to it), loss curve."""
+        (with a vision adapter's image settings), loss curve."""
         cfg = self.cfg
         if not self.trainer.is_world_process_zero():
             # another node's rank: it joins save_model's collectives (ZeRO-3 gathers the weights) and
@@ -138,7 +141,7 @@ class TrainingSession:
         summary = training_summary(
             job_id=cfg.job_id, base_model=cfg.base_model, method=cfg.method, hp=self.hp,
             base_parameters=self.base.parameters, quantization=self.base.quantization, trainer=self.trainer,
-            train_loss=self.train_loss(), non_padding_fraction=non_padding_fraction) | (extra_summary or {})
+            train_loss=self.train_loss(), non_padding_fraction=non_padding_fraction, vision=vision)
         final = write_final_artifact(self.trainer, self.tokenizer, cfg.output_dir, summary=summary,
                                      progress=self.run.progress, title=f"{cfg.job_id} ({cfg.method})",
                                      merge=merged_writer(cfg.base_model, self.tokenizer) if merge else None,

@@ -16,12 +16,12 @@ on SIGTERM (emergency). Started by `main.py`, which owns the OOM retries and the
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
 
 from whetstone.contracts.enums import Method
 
 from ..domain.recipe_io import Outcome, Validation
 from .data import (
+    Example,
     PaddedCollator,
     PaddingFreeCollator,
     TokenCounter,
@@ -48,8 +48,8 @@ class SFTRecipe:
                  faults: Faults | None = None) -> None:
         self.session = TrainingSession(cfg, events, preemption, faults, packing=cfg.hyperparameters.packing)
         self.counter = TokenCounter()  # real vs computed tokens, over the whole segment
-        self.examples: list[dict[str, Any]] = []
-        self.validation_examples: list[dict[str, Any]] | None = None
+        self.examples: list[Example] = []
+        self.validation_examples: list[Example] | None = None
 
     # ------------------------------------------------------------------ setup
 
@@ -60,17 +60,18 @@ class SFTRecipe:
         self.examples = self._tokenize(train_rows, cfg.train_file.name)
         if validation_rows is not None:
             self.validation_examples = self._tokenize(validation_rows, cfg.validation_file.name)
-        model = session.load_model([len(e["input_ids"]) for e in self.examples])
+        model = session.load_model([len(e.input_ids) for e in self.examples])
         self._build_trainer(model)
 
     def rebuild(self, hp: Hyperparameters) -> None:
         """A fresh model and trainer with other batch geometry (after an out-of-memory error)."""
         self._build_trainer(self.session.reload_model(hp))
 
-    def _tokenize(self, rows, name: str) -> list[dict[str, Any]]:
+    def _tokenize(self, rows, name: str) -> list[Example]:
         session = self.session
-        tokenize = tokenize_text_rows if session.cfg.method == Method.CPT else tokenize_chat_rows
-        return [e.as_row() for e in tokenize(session.tokenizer, rows, session.hp.max_seq_len, name)]
+        if session.cfg.method == Method.CPT:
+            return tokenize_text_rows(session.tokenizer, rows, session.hp.max_seq_len, name)
+        return tokenize_chat_rows(session.tokenizer, rows, session.hp.max_seq_len, name)
 
     def _build_trainer(self, model) -> None:
         from datasets import Dataset
@@ -84,7 +85,8 @@ class SFTRecipe:
         poison = session.faults.poison(model.get_input_embeddings().num_embeddings)
         collator = (PaddingFreeCollator(self.counter, poison) if hp.packing
                     else PaddedCollator(session.tokenizer.pad_token_id, self.counter, poison))
-        install_sft_trainer(session, model, train_dataset=Dataset.from_list(self.examples), collator=collator,
+        install_sft_trainer(session, model, train_dataset=Dataset.from_list([e.as_row() for e in self.examples]),
+                            collator=collator,
                             processing_class=session.tokenizer, validator=self._validator(),
                             examples_by_line=examples_by_line(self.examples))
 
@@ -92,7 +94,7 @@ class SFTRecipe:
         if self.validation_examples is None:
             return None
         # the held-out rows as tokenized for training (chat: the platform's mask, tools rendered)
-        return examples_validator(self.validation_examples, pad_id=self.session.tokenizer.pad_token_id or 0,
+        return examples_validator([e.as_row() for e in self.validation_examples], pad_id=self.session.tokenizer.pad_token_id or 0,
                                   batch_size=int(self.session.hp.batch_size))
 
     # ------------------------------------------------------------------ train (session.train)

@@ -16,6 +16,7 @@ from whetstone.contracts import TOLERANT
 from whetstone.contracts.enums import Method
 
 from ..domain.recipe_io import RecipeReinforcement, TrainingConfig
+from .checkpointing import TRAINER_STATE_FILE, TrainerStateFile
 from .errors import PlatformError, UserError
 from .hyperparams import Hyperparameters
 from .safe_load import verify_checkpoint_pickles
@@ -101,19 +102,18 @@ def _deepspeed_config(value: Path | dict[str, Any] | None) -> dict[str, Any] | N
     return loaded
 
 
-def read_resume_state(resume: Path | None) -> dict[str, Any] | None:
+def read_resume_state(resume: Path | None) -> TrainerStateFile | None:
     """trainer_state.json of the checkpoint to resume from; an unreadable or unsafe one (a pickle that
     would run code) is a platform error."""
     if resume is None:
         return None
-    state_file = resume / "trainer_state.json"
+    state_file = resume / TRAINER_STATE_FILE
     if not state_file.is_file():
         raise PlatformError(f"resume_from {resume} is not a trainer checkpoint (no trainer_state.json)",
                             code="unreadable_checkpoint")
     try:
-        state = json.loads(state_file.read_text())
-        int(state["global_step"])
-    except (OSError, ValueError, KeyError, TypeError) as exc:
+        state = TrainerStateFile.model_validate_json(state_file.read_text())
+    except (OSError, ValueError) as exc:   # pydantic's ValidationError is a ValueError
         raise PlatformError(f"resume_from {resume}: unreadable trainer_state.json ({exc})",
                             code="unreadable_checkpoint") from exc
     weights = ("adapter_model.safetensors", "model.safetensors", "model.safetensors.index.json", "pytorch_model.bin")

@@ -7,11 +7,12 @@ from collections.abc import Callable
 from typing import Any
 
 from ..domain.recipe_io import Validation
+from .data import ExampleRow
 
 Validator = Callable[[Any], Validation]
 
 
-def examples_validator(examples: list[dict[str, Any]], *, pad_id: int, batch_size: int) -> Validator:
+def examples_validator(examples: list[ExampleRow], *, pad_id: int, batch_size: int) -> Validator:
     """Loss on the trained tokens (labels) of held-out, already tokenized examples: chat
     conversations masked as for training (tools included), or cpt documents (every token)."""
     from whetstone.modelkit.holdout import examples_loss

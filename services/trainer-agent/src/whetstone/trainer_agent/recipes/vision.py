@@ -31,17 +31,18 @@ from __future__ import annotations
 import binascii
 import logging
 import re
-from dataclasses import asdict, dataclass, replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from ..domain.recipe_io import Outcome, Validation
-from .data import IGNORE_INDEX, Chat, TokenCounter
+from .data import IGNORE_INDEX, TokenCounter
 from .errors import UserError
 from .faults import Faults
 from .hyperparams import Hyperparameters
 from .modeling import _base_model_errors
 from .protocol import EventStream, PreemptionFlag
+from .rows import ChatMessage, ChatRow
 from .session import TrainingSession
 from .spec import RecipeConfig
 from .trainers import install_sft_trainer
@@ -129,19 +130,18 @@ class VisionSFTRecipe:
         """A fresh model and trainer with other batch geometry (after an out-of-memory error)."""
         self._build_trainer(self.session.reload_model(hp))
 
-    def _tokenize(self, rows, name: str) -> list[ImageChatExample]:
+    def _tokenize(self, rows: list[tuple[int, ChatRow]], name: str) -> list[ImageChatExample]:
         from whetstone.modelkit.chat import ChatFormatError
         from whetstone.modelkit.vision import vision_tokens
 
         examples, dropped = [], []
         for line_no, chat in rows:
-            messages = chat.messages if isinstance(chat, Chat) else chat
             where = f"{name} line {line_no}"
-            if isinstance(chat, Chat) and chat.tools:
+            if chat.tools:
                 raise UserError(f"{where}: tools are not supported in vision fine-tuning", code="bad_example")
-            _check_image_parts(messages, where)
+            _check_image_parts(chat.messages, where)
             try:
-                tokens = vision_tokens(self.processor, messages, self.session.hp.max_seq_len)
+                tokens = vision_tokens(self.processor, chat.template_messages(), self.session.hp.max_seq_len)
             except ChatFormatError as exc:
                 raise UserError(f"{where}: {exc}", code="bad_example") from exc
             except (OSError, binascii.Error, ValueError) as exc:  # undecodable image, images past max_seq_len
@@ -194,7 +194,7 @@ class VisionSFTRecipe:
     def save_checkpoint(self) -> Path:
         """output_dir/final: adapter, processor, summary (with the image settings), loss curve."""
         return self.session.save_final(merge=False, non_padding_fraction=self.counter.non_padding_fraction,
-                                       extra_summary={"vision": asdict(self.image_settings())})
+                                       vision=self.image_settings())
 
     def image_settings(self) -> ImageSettings:
         """What a server needs to feed images as in training: the processor and its image settings."""
@@ -241,23 +241,22 @@ def _check_text_context(ref: str, max_seq_len: int) -> None:
     check_sequence_length(getattr(config, "text_config", None) or config, max_seq_len)
 
 
-def _check_image_parts(messages, where: str) -> None:
+def _check_image_parts(messages: list[ChatMessage], where: str) -> None:
     """Images are data URLs in user turns (ingest stores what it fetched as data URLs)."""
     for i, message in enumerate(messages):
-        content = message.get("content")
-        if type(content) is not list:
+        if not isinstance(message.content, list):
             continue
-        for j, part in enumerate(content):
-            if not isinstance(part, dict) or part.get("type") not in ("text", "image_url"):
+        for j, part in enumerate(message.content):
+            if part.type not in ("text", "image_url"):
                 raise UserError(f"{where}: message {i} content[{j}] must be a text or image_url part",
                                 code="bad_example")
-            if part["type"] != "image_url":
+            if part.type != "image_url":
                 continue
-            if message.get("role") != "user":
-                raise UserError(f"{where}: message {i} ({message.get('role')}) has an image; images go in user "
+            if message.role != "user":
+                raise UserError(f"{where}: message {i} ({message.role}) has an image; images go in user "
                                 "messages only", code="bad_example")
-            url = (part.get("image_url") or {}).get("url")
-            if not isinstance(url, str) or not url.startswith("data:image/"):
+            url = part.image_url.url if part.image_url else None
+            if url is None or not url.startswith("data:image/"):
                 raise UserError(f"{where}: message {i} content[{j}] image_url.url must be a data:image/... URL",
                                 code="bad_example")
 
