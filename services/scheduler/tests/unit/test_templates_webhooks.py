@@ -74,6 +74,9 @@ def test_signature_binds_secret_timestamp_and_body():
     assert not webhooks.verify("s3cret", header, b'{"a":2}')
     assert not webhooks.verify("s3cret", header.replace("t=1700000000", "t=1700000001"), b'{"a":1}')
     assert not webhooks.verify("s3cret", "garbage", b"")
+    assert not webhooks.verify("s3cret", header.split(",")[1], b'{"a":1}')                  # no t
+    assert not webhooks.verify("s3cret", "t=x," + header.split(",")[1], b'{"a":1}')        # t not a number
+    assert webhooks.verify("s3cret", "t=1," + header, b'{"a":1}')                          # the last t counts
 
 
 def test_backoff_grows_and_attempts_run_out():

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import hashlib
 import hmac
+from dataclasses import dataclass
 from urllib.parse import urlsplit
 
 from whetstone.runtime.addresses import AddressError, AllowList, Target, check_host
@@ -72,11 +73,29 @@ def sign(secret: str, timestamp: int, body: bytes) -> str:
     return f"t={timestamp},v1={mac}"
 
 
+@dataclass(frozen=True)
+class Signature:
+    """A signature header's parts: `t` (digits) and `v1` (the hex MAC)."""
+    t: str
+    v1: str
+
+    @classmethod
+    def parse(cls, header: str) -> Signature | None:
+        """None unless the header has a numeric `t` and a `v1` (a part given twice: the last one)."""
+        t = v1 = None
+        for name, _, value in (part.partition("=") for part in header.split(",") if "=" in part):
+            if name == "t":
+                t = value
+            elif name == "v1":
+                v1 = value
+        return cls(t, v1) if t is not None and t.isdigit() and v1 is not None else None
+
+
 def verify(secret: str, header: str, body: bytes) -> bool:
-    fields = dict(part.split("=", 1) for part in header.split(",") if "=" in part)
-    if not fields.get("t", "").isdigit() or "v1" not in fields:
+    given = Signature.parse(header)
+    if given is None:
         return False
-    return hmac.compare_digest(sign(secret, int(fields["t"]), body), f"t={fields['t']},v1={fields['v1']}")
+    return hmac.compare_digest(sign(secret, int(given.t), body), f"t={given.t},v1={given.v1}")
 
 
 def next_delay_s(attempts: int, base_s: float, cap_s: float = 3600.0) -> float:
