@@ -24,6 +24,7 @@ from .rows import PreferenceRecord
 from .session import TrainingSession
 from .spec import RecipeConfig
 from .trainers import (
+    RefLogProbs,
     dpo_trainer_class,
     orpo_trainer_class,
     read_ref_log_probs,
@@ -43,7 +44,7 @@ class PreferenceRecipe:
         self.session = TrainingSession(cfg, events, preemption, faults, packing=False)
         self.train_pairs: list[PreferenceRecord] = []
         self.validation_pairs: list[PreferenceRecord] = []
-        self.ref_log_probs: dict[str, Any] | None = None  # DPO: stored with the checkpoint we resume from
+        self.ref_log_probs: RefLogProbs | None = None  # DPO: stored with the checkpoint we resume from
 
     # ------------------------------------------------------------------ setup
 

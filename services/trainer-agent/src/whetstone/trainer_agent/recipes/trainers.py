@@ -20,6 +20,8 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from pydantic import BaseModel, ConfigDict, Field
+
 from .errors import PlatformError, UserError, is_out_of_memory
 from .gang_order import GangOrder, blank_example, blanks_needed
 
@@ -199,22 +201,22 @@ def dpo_trainer_class():
     from trl import DPOTrainer
 
     class StoredRefDPOTrainer(TimedSaveMixin, DPOTrainer):
-        def __init__(self, *args, stored_ref_log_probs: dict[str, Any] | None = None, **kwargs) -> None:
-            self.ref_log_probs = dict(stored_ref_log_probs or {})
+        def __init__(self, *args, stored_ref_log_probs: RefLogProbs | None = None, **kwargs) -> None:
+            self.ref_log_probs: RefLogProbs = dict(stored_ref_log_probs or {})
             self.ref_log_probs_seconds = 0.0
             super().__init__(*args, **kwargs)
 
         def _precompute_ref_logps(self, dataset, name, batch_size):
             stored = self.ref_log_probs.get(name)
-            if stored and len(stored["chosen"]) == len(dataset):
+            if stored and len(stored.chosen) == len(dataset):
                 log.info("reusing %d stored reference log-probs for %s", len(dataset), name)
-                return dataset.add_column("ref_chosen_logps", stored["chosen"]).add_column(
-                    "ref_rejected_logps", stored["rejected"])
+                return dataset.add_column("ref_chosen_logps", stored.chosen).add_column(
+                    "ref_rejected_logps", stored.rejected)
             started = time.perf_counter()
             dataset = super()._precompute_ref_logps(dataset, name, batch_size)
             self.ref_log_probs_seconds += time.perf_counter() - started
-            self.ref_log_probs[name] = {"chosen": list(dataset["ref_chosen_logps"]),
-                                        "rejected": list(dataset["ref_rejected_logps"])}
+            self.ref_log_probs[name] = PairLogProbs(chosen=list(dataset["ref_chosen_logps"]),
+                                                    rejected=list(dataset["ref_rejected_logps"]))
             return dataset
 
     return StoredRefDPOTrainer
@@ -234,16 +236,36 @@ def orpo_trainer_class():
     return type("PlatformORPOTrainer", (TimedSaveMixin, PairTokenCountMixin, ORPOTrainer), {})
 
 
-def write_ref_log_probs(path: Path, fingerprint: str, ref_log_probs: dict[str, Any]) -> None:
-    payload = {"fingerprint": fingerprint, **ref_log_probs}
-    (Path(path) / REF_LOG_PROBS_FILE).write_text(json.dumps(payload))
+class PairLogProbs(BaseModel):
+    """The reference model's log-probs of one dataset's chosen and rejected answers, row by row."""
+
+    chosen: list[float]
+    rejected: list[float]
 
 
-def read_ref_log_probs(directory: Path | None, fingerprint: str) -> dict[str, Any] | None:
+RefLogProbs = dict[str, PairLogProbs]   # by the name trl gives the dataset ("train", "eval")
+
+
+class StoredRefLogProbs(BaseModel):
+    """REF_LOG_PROBS_FILE: the log-probs by dataset name beside the `fingerprint` of what they depend on
+    (`RecipeConfig.data_fingerprint`)."""
+
+    model_config = ConfigDict(extra="allow")
+    __pydantic_extra__: dict[str, PairLogProbs] = Field(init=False)
+
+    fingerprint: str | None = None
+
+
+def write_ref_log_probs(path: Path, fingerprint: str, ref_log_probs: RefLogProbs) -> None:
+    stored = StoredRefLogProbs(fingerprint=fingerprint, **ref_log_probs)
+    (Path(path) / REF_LOG_PROBS_FILE).write_text(json.dumps(stored.model_dump()))
+
+
+def read_ref_log_probs(directory: Path | None, fingerprint: str) -> RefLogProbs | None:
     if directory is None or not (Path(directory) / REF_LOG_PROBS_FILE).is_file():
         return None
-    payload = json.loads((Path(directory) / REF_LOG_PROBS_FILE).read_text())
-    if payload.pop("fingerprint", None) != fingerprint:
+    stored = StoredRefLogProbs.model_validate_json((Path(directory) / REF_LOG_PROBS_FILE).read_text())
+    if stored.fingerprint != fingerprint:
         log.warning("stored reference log-probs are for other data or another base model; recomputing")
         return None
-    return payload
+    return dict(stored.__pydantic_extra__ or {})
