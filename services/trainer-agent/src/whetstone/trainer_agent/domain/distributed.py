@@ -38,7 +38,18 @@ ZERO_INIT_ABOVE_PARAMS = 13e9
 BUDGET_FRACTION = 0.8
 ASSUMED_GPU_MEMORY_GB = 80.0     # when a node does not report its GPU memory
 ADAPTER_FRACTION = 0.01          # trainable adapter parameters / base parameters (generous)
-FULL_BYTES = {"weights": 2.0, "grads": 2.0, "optimizer": 12.0}
+
+
+@dataclass(frozen=True)
+class StateBytes:
+    """Bytes per parameter of full-parameter training's model state (mixed precision, Adam)."""
+
+    weights: float = 2.0
+    grads: float = 2.0
+    optimizer: float = 12.0   # fp32 master weights and Adam's two moments
+
+
+FULL_BYTES = StateBytes()
 FROZEN_BYTES = {"lora": 2.0, "qlora": 0.5}
 GB = 1e9
 _SIZE_IN_NAME = re.compile(r"(?<![\w.])(?:(\d+)x)?(\d+(?:\.\d+)?)([bBmM])(?![a-zA-Z])")
@@ -126,7 +137,7 @@ def bytes_per_gpu(mode: TrainingMode, params: float, stage: int | None, world_si
     n = max(world_size, 1)
     s = stage or 0
     if mode == "full":
-        w, g, o = FULL_BYTES["weights"], FULL_BYTES["grads"], FULL_BYTES["optimizer"]
+        w, g, o = FULL_BYTES.weights, FULL_BYTES.grads, FULL_BYTES.optimizer
         return params * ((w / n if s >= 3 else w) + (g / n if s >= 2 else g) + (o / n if s >= 1 else o))
     frozen = params * FROZEN_BYTES[mode]
     trainable = params * ADAPTER_FRACTION
