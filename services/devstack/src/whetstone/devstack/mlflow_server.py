@@ -5,6 +5,7 @@ runs in SQLite and proxies artifacts (`--artifacts-destination`), as an operator
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import signal
 import subprocess
@@ -65,7 +66,9 @@ async def mlflow_server(workdir: Path, exe: Path, port: int | None = None) -> As
         [str(exe), "server", "--host", "127.0.0.1", "--port", str(port), "--workers", "1",
          "--backend-store-uri", f"sqlite:///{workdir / 'mlflow.db'}",
          "--artifacts-destination", str(workdir / "artifacts")],
-        stdout=log, stderr=subprocess.STDOUT, start_new_session=True, cwd=workdir)
+        stdout=log, stderr=subprocess.STDOUT, start_new_session=True, cwd=workdir,
+        # no job runner (its eight huey worker processes): tracking needs none
+        env={**os.environ, "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false"})
     try:
         yield MlflowProcess(f"http://127.0.0.1:{port}", proc, log_path)
     finally:
@@ -74,8 +77,10 @@ async def mlflow_server(workdir: Path, exe: Path, port: int | None = None) -> As
             try:
                 await asyncio.to_thread(proc.wait, 10)
             except subprocess.TimeoutExpired:
-                os.killpg(proc.pid, signal.SIGKILL)
-                proc.wait()
+                pass
+        with contextlib.suppress(ProcessLookupError):   # whatever of its process group outlived it
+            os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
         log.close()
 
 

@@ -215,3 +215,11 @@ MIGRATIONS.append(
     CREATE INDEX tracking_items_unsent ON tracking_items (job_id, seq) WHERE sent_at IS NULL;
     """
 )
+
+# 8: a step read before its job's job.queued (each topic is consumed on its own) is kept until job.queued
+# says whether the job is tracked: items no longer need their run's row
+MIGRATIONS.append(
+    """
+    ALTER TABLE tracking_items DROP CONSTRAINT tracking_items_job_id_fkey;
+    """
+)

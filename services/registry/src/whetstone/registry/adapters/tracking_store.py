@@ -42,6 +42,14 @@ class TrackingStore:
     async def tracked(self, job_id: str) -> bool:
         return bool(await self.conn.fetchval("SELECT true FROM tracked_runs WHERE job_id = $1", job_id))
 
+    async def job_known(self, job_id: str) -> bool:
+        """The registry read the job's job.queued (tracked or not)."""
+        return bool(await self.conn.fetchval("SELECT true FROM jobs WHERE job_id = $1", job_id))
+
+    async def forget(self, job_id: str) -> None:
+        """Items kept for a job before its job.queued, which turned out untracked."""
+        await self.conn.execute("DELETE FROM tracking_items WHERE job_id = $1", job_id)
+
     async def add(self, job_id: str, item: str, body: TrackingItem) -> None:
         """Queue an item once: the same key again (a redelivered event) adds nothing."""
         await self.conn.execute(

@@ -30,21 +30,26 @@ def _on(rt: Rt) -> bool:
 
 
 async def job_queued(rt: Rt, uow: UnitOfWork, tenant_id: str, ev: JobQueuedV1, at: datetime) -> None:
-    settings = rules.mlflow_settings(ev)
-    if settings is None or not _on(rt):
+    if not _on(rt):
         return
+    settings = rules.mlflow_settings(ev)
     store = TrackingStore(uow.conn)
+    if settings is None:
+        if not await store.tracked(ev.job_id):
+            await store.forget(ev.job_id)   # steps kept before this event, of a job that is not tracked
+        return
     await store.track(ev.job_id, tenant_id, rules.experiment_for(tenant_id, settings),
                       settings.run_name or ev.job_id, rules.millis(at))
     await store.add(ev.job_id, "params", rules.params_of(ev))
 
 
 async def progress(rt: Rt, uow: UnitOfWork, ev: JobProgressV1, at: datetime) -> None:
-    """A step's figures, once per step (a redelivered or re-reported step keeps the first)."""
+    """A step's figures, once per step (a redelivered or re-reported step keeps the first). A step read
+    before the job's job.queued is kept too, until job.queued says whether the job is tracked."""
     if not _on(rt):
         return
     store = TrackingStore(uow.conn)
-    if await store.tracked(ev.job_id):
+    if await store.tracked(ev.job_id) or not await store.job_known(ev.job_id):
         await store.add(ev.job_id, f"step:{ev.step}", rules.metrics_of(ev, at))
 
 
