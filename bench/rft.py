@@ -29,8 +29,10 @@ reward_candidate, steps, wall_s, gate_verdict, inverted_gate_verdict, grader_run
 
 Knobs as a tenant sets them: learning_rate_multiplier 10000 (rate 0.1: the default 1e-5 suits real
 models, a random tiny one needs a large step), compute_multiplier 2 (8 completions per prompt),
-batch_size 2, reasoning_effort low (a 128-token completion budget in training); the gate's
-completion budget is its `reward_max_new_tokens` setting (8 here).
+batch_size 2, and the platform's `max_completion_tokens` 8 (the target is 8 words; a random tiny model
+never writes its end-of-sequence token, so every sample costs the whole budget, and reasoning_effort's
+budgets, 128 tokens and up, made a CPU run take hours); the gate's completion budget is its
+`reward_max_new_tokens` setting, also 8, capped by the job's own.
 
     python bench/rft.py [--prompts 40] [--held-out 16] [--epochs 1] [--keep DIR]
 """
@@ -104,7 +106,7 @@ async def create_job(client, train: str, held_out: str, grader: dict, args: argp
         method={"type": "reinforcement", "reinforcement": {"grader": grader, "hyperparameters": {
             "n_epochs": args.epochs, "batch_size": args.batch_size, "compute_multiplier": args.generations / 4,
             "learning_rate_multiplier": args.learning_rate_multiplier, "eval_interval": args.eval_interval,
-            "reasoning_effort": "low"}}},
+            "max_completion_tokens": args.max_new_tokens}}},
         extra_body={"eval_config": eval_config(args)})
 
 
@@ -229,7 +231,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--eval-interval", type=int, default=1000,
                    help="steps between the trainer's validation passes (default: none within the 20 steps; "
                         "the gate grades the held-out prompts anyway)")
-    p.add_argument("--max-new-tokens", type=int, default=8, help="the gate's completion budget per held-out prompt")
+    p.add_argument("--max-new-tokens", type=int, default=8, help="the completion budget in training and in the gate")
     p.add_argument("--margin", type=float, default=0.05)
     p.add_argument("--timeout", type=float, default=3600, help="seconds per job")
     p.add_argument("--keep", type=Path, default=None, help="keep the platform's data here (default: a temp dir)")

@@ -29,6 +29,18 @@ def test_auto_and_numbers_resolve():
     assert generation_tokens(prompt_tokens=1000, rows=10, plan=plan) == 3 * (1000 * 8 + 10 * 8 * 512)
 
 
+def test_max_completion_tokens_sets_the_budget_in_place_of_reasoning_effort():
+    given = parse_method({"grader": GRADER, "hyperparameters": {"reasoning_effort": "high", "max_completion_tokens": 8}})
+    assert (given.reasoning_effort, given.max_completion_tokens) == ("high", 8)
+    assert given.record()["max_completion_tokens"] == 8
+    auto = parse_method({"grader": GRADER, "hyperparameters": {"reasoning_effort": "low", "max_completion_tokens": "auto"}})
+    assert auto.max_completion_tokens == 128
+    for bad in (0, 4097, 2.5, True, "many"):
+        with pytest.raises(GraderInvalid) as refused:
+            parse_method({"grader": GRADER, "hyperparameters": {"max_completion_tokens": bad}})
+        assert refused.value.param.startswith("method.reinforcement.hyperparameters.max_completion_tokens")
+
+
 @pytest.mark.parametrize("data, param", [
     ({"grader": GRADER, "hyperparameters": {"n_epochs": -1}}, "method.reinforcement.hyperparameters.n_epochs"),
     ({"grader": GRADER, "hyperparameters": {"n_epochs": 1.5}}, "method.reinforcement.hyperparameters.n_epochs"),

@@ -15,6 +15,11 @@ Every hyperparameter is "auto" or a number; "auto" takes the platform's default:
 | eval_interval             | 10    | optimiser steps between evaluations on the validation prompts |
 | eval_samples              | 1     | completions sampled per validation prompt at each evaluation  |
 | reasoning_effort          | default | completion budget per sample: low 128, default/medium 256, high 512 tokens |
+| max_completion_tokens     | (none)  | the platform's own knob, not OpenAI's: the completion budget itself (1..4096), in place of reasoning_effort's |
+
+The completion budget bounds training's samples and, as a cap, the gate's held-out completions. A
+model that never writes its end-of-sequence token (a small or untrained one) uses all of it on every
+sample, so a task with short answers is cheaper with a small `max_completion_tokens`.
 
 The data gate: each row is a JSON object whose `messages` end with a `user` turn (the model writes
 the next one), and every `{{item.x}}` the grader reads is present in every row; a problem names the
@@ -45,7 +50,8 @@ Auto = Literal["auto"]
 COMPLETION_BUDGET = {"low": 128, "default": 256, "medium": 256, "high": 512}
 BASE_GENERATIONS = 4
 DEFAULT_LEARNING_RATE = 1e-5
-WHOLE_BOUNDS = {"n_epochs": (1, 50), "batch_size": (1, 256), "eval_interval": (1, 100_000), "eval_samples": (1, 16)}
+WHOLE_BOUNDS = {"n_epochs": (1, 50), "batch_size": (1, 256), "eval_interval": (1, 100_000), "eval_samples": (1, 16),
+                "max_completion_tokens": (1, 4096)}
 
 
 class ReinforcementHyperparameters(BaseModel):
@@ -57,6 +63,7 @@ class ReinforcementHyperparameters(BaseModel):
     eval_interval: Auto | int | None = None
     eval_samples: Auto | int | None = None
     reasoning_effort: Literal["default", "low", "medium", "high"] | None = None
+    max_completion_tokens: Auto | int | None = None
 
     @field_validator(*WHOLE_BOUNDS, mode="before")
     @classmethod
@@ -114,7 +121,7 @@ class ReinforcementPlan:
     eval_interval: int
     eval_samples: int
     reasoning_effort: str
-    max_completion_tokens: int       # from reasoning_effort
+    max_completion_tokens: int       # given, or from reasoning_effort
     response_format: dict[str, Any] | None
 
     def record(self) -> dict[str, Any]:
@@ -148,7 +155,7 @@ def parse_method(data: Any, param: str = "method.reinforcement") -> Reinforcemen
         learning_rate=DEFAULT_LEARNING_RATE * given(hp.learning_rate_multiplier, 1.0),
         generations=max(2, min(64, round(BASE_GENERATIONS * multiplier))),
         eval_interval=given(hp.eval_interval, 10), eval_samples=given(hp.eval_samples, 1),
-        reasoning_effort=effort, max_completion_tokens=COMPLETION_BUDGET[effort],
+        reasoning_effort=effort, max_completion_tokens=given(hp.max_completion_tokens, COMPLETION_BUDGET[effort]),
         response_format=method.response_format.model_dump() if method.response_format else None)
 
 
