@@ -27,14 +27,14 @@ Grader latency: `client.fine_tuning.alpha.graders.run` through the gateway on th
 (one request at a time, after training; the graders of bench/graders.py). Last line JSON: reward_base,
 reward_candidate, steps, wall_s, gate_verdict, inverted_gate_verdict, grader_run_ms_p99 per type.
 
-Knobs as a tenant sets them: learning_rate_multiplier 10000 (rate 0.1: the default 1e-5 suits real
+Knobs as a tenant sets them: n_epochs 2, learning_rate_multiplier 20000 (rate 0.2: the default 1e-5 suits real
 models, a random tiny one needs a large step), compute_multiplier 2 (8 completions per prompt),
 batch_size 2, and the platform's `max_completion_tokens` 8 (the target is 8 words; a random tiny model
 never writes its end-of-sequence token, so every sample costs the whole budget, and reasoning_effort's
 budgets, 128 tokens and up, made a CPU run take hours); the gate's completion budget is its
 `reward_max_new_tokens` setting, also 8, capped by the job's own.
 
-    python bench/rft.py [--prompts 40] [--held-out 16] [--epochs 1] [--keep DIR]
+    python bench/rft.py [--prompts 40] [--held-out 16] [--epochs 2] [--keep DIR]
 """
 
 from __future__ import annotations
@@ -59,6 +59,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from whole_platform import RunningPlatform, jsonl, running_platform
 
 TARGET = " ".join(["the"] * 8)
+# the issue's latency bounds; multi (two text_similarity graders and a formula) is reported without one
+P99_BOUND_MS = {"string_check": 50, "text_similarity": 50, "python": 500}
 PARTS = {"close": {"type": "text_similarity", "name": "close", "input": "{{sample.output_text}}",
                    "reference": "{{item.target}}", "evaluation_metric": "fuzzy_match"},
          "words": {"type": "text_similarity", "name": "words", "input": "{{sample.output_text}}",
@@ -216,18 +218,19 @@ async def run(args: argparse.Namespace, root: Path) -> dict:
         "jobs": [graded_job.id, planted_job.id],
         "targets_met": {"gain_0.25": reward_candidate >= reward_base + 0.25, "gate": verdict == "passed",
                         "inverted": judged["verdict"] == "failed",
-                        "p99": all(v <= (500 if k == "python" else 50) for k, v in latency.items())}}
+                        "p99": all(latency[k] <= bound for k, bound in P99_BOUND_MS.items())}}
 
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--prompts", type=int, default=40)
     p.add_argument("--held-out", type=int, default=16)
-    p.add_argument("--epochs", type=int, default=1)
+    p.add_argument("--epochs", type=int, default=2)
     p.add_argument("--batch-size", type=int, default=2, help="prompts per optimiser step")
     p.add_argument("--generations", type=int, default=8, help="completions per prompt (compute_multiplier x 4)")
-    p.add_argument("--learning-rate-multiplier", type=float, default=10_000.0,
-                   help="x 1e-5 (default: rate 0.1, as a random tiny model needs; 5e-2 gained half as much)")
+    p.add_argument("--learning-rate-multiplier", type=float, default=20_000.0,
+                   help="x 1e-5 (default: rate 0.2, as a random tiny model needs; with 8-token completions, "
+                        "rate 0.1 gained +0.19 in 1 epoch and +0.24 in 2, rate 0.2 +0.85 in 2)")
     p.add_argument("--eval-interval", type=int, default=1000,
                    help="steps between the trainer's validation passes (default: none within the 20 steps; "
                         "the gate grades the held-out prompts anyway)")
