@@ -43,7 +43,7 @@ async def test_reinforcement_job_from_upload_to_the_gates_reward_verdict(platfor
                 model="tiny-llama", training_file=f.id,
                 method={"type": "reinforcement", "reinforcement": {"grader": GRADER, "hyperparameters": {
                     "n_epochs": 1, "batch_size": 4, "compute_multiplier": 0.5, "learning_rate_multiplier": 10,
-                    "reasoning_effort": "low"}}},
+                    "reasoning_effort": "low", "max_completion_tokens": 16}}},   # the budget, in place of low's 128
                 extra_body={"eval_config": {"stages": ["holdout"]}})
             assert job.method.type == "reinforcement"
             job = await until(lambda: client.fine_tuning.jobs.retrieve(job.id), lambda j: j.status in TERMINAL, 900,

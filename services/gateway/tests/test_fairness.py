@@ -125,9 +125,13 @@ async def test_streams_and_requests_are_capped_per_tenant(platform, settings):
                 # the tenant's rate (3/s, burst 3) is shared by its keys: a second key gets no fresh budget
                 edge.tenant_rate_limit_per_s = 3
                 await asyncio.sleep(1.5)
-                codes = [(await c.get("/v1/fine_tuning/jobs", headers=h)).status_code
-                         for h in (auth, auth2, auth, auth2, auth, auth2)]
-                assert codes.count(429) >= 2 and codes[:3] == [200, 200, 200], codes
+                t0 = time.monotonic()
+                codes = [(await c.get("/v1/fine_tuning/jobs", headers=h)).status_code for h in (auth, auth2) * 6]
+                elapsed = time.monotonic() - t0
+                # one bucket of 3 for both keys, refilled at 3/s while the requests ran (a loaded machine is
+                # slow): a bucket per key would let about twice as many through
+                assert codes[:3] == [200, 200, 200] and codes.count(200) <= 3 + 3 * elapsed + 1, (codes, elapsed)
+                assert set(codes) <= {200, 429}, codes
                 assert (await c.get("/v1/fine_tuning/jobs", headers=other)).status_code == 200
         finally:
             await gw.stop()

@@ -86,6 +86,13 @@ class ObjectStore:
         bucket, key = parse_uri(uri)
         return self.client.get_object(Bucket=bucket, Key=key)["Body"]
 
+    def open_sized(self, uri: str) -> tuple[StreamingBody, int]:
+        """`open_stream`'s body with the length of that same object version (the object may be rewritten
+        after its size was recorded elsewhere: this is the length the body really has)."""
+        bucket, key = parse_uri(uri)
+        answer = self.client.get_object(Bucket=bucket, Key=key)
+        return answer["Body"], int(answer["ContentLength"])
+
     def size(self, uri: str) -> int | None:
         bucket, key = parse_uri(uri)
         try:

@@ -176,10 +176,11 @@ def routes(rt: Runtime[IngestContext]) -> APIRouter:
             record = await FileStore(uow.conn).get(caller.tenant_id, file_id)
         if record is None:
             raise file_not_found(file_id)
-        body = await asyncio.to_thread(rt.store.open_stream, record.source_uri)
+        # the length of the object as read now: a results file is rewritten when a late step arrives
+        body, length = await asyncio.to_thread(rt.store.open_sized, record.source_uri)
         return StreamingResponse(iterate_in_threadpool(body.iter_chunks(1 << 20)),
                                  media_type="application/octet-stream",
-                                 headers={"content-length": str(record.bytes),
+                                 headers={"content-length": str(length),
                                           "content-disposition": f'attachment; filename="{record.file_id}"'})
 
     @r.delete("/{file_id}")
