@@ -89,3 +89,17 @@ async def test_results_file_made_once_from_progress_events(platform, settings):
         await wait_until(four_rows, 30, "the late step in the results file")
         assert (await client.files.retrieve(file_id)).bytes > f.bytes
         assert len(await outbox(rt, "file.created")) == 1
+
+        # training ended before any of the job's figures were read: the first figures read make the file
+        early = "ftjob-results000000000003"
+        await send_event(b, JobFailedV1(job_id=early, code="oom", message="out of memory", error_class="user"), "demo")
+        await wait_until(lambda: rt.pool.fetchval("SELECT count(*) = 1 FROM job_training_ended WHERE job_id = $1",
+                                                  early), 30, "the end of training recorded")
+        assert len(await outbox(rt, "file.created")) == 1
+        await send_event(b, progress(early, 1, loss=2.0), "demo")
+
+        async def made_late():
+            return [e for e in await outbox(rt, "file.created") if e["payload"]["job_id"] == early] or None
+        [late] = await wait_until(made_late, 30, "the results file of a job whose figures came after its end")
+        rows = list(csv.DictReader(io.StringIO((await client.files.content(late["payload"]["file_id"])).text)))
+        assert [(r["step"], r["train_loss"]) for r in rows] == [("1", "2")]

@@ -86,4 +86,13 @@ MIGRATIONS = [
     -- every upload its own file id; an upload of bytes already accepted takes that verdict
     CREATE INDEX dataset_versions_content ON dataset_versions (tenant_id, version);
     """,
+    """
+    -- training ended before any step's figures were read (topics are not ordered with each other):
+    -- the first figures read later make the results file
+    CREATE TABLE job_training_ended (
+        tenant_id text NOT NULL,
+        job_id    text NOT NULL,
+        PRIMARY KEY (tenant_id, job_id)
+    );
+    """,
 ]

@@ -42,6 +42,15 @@ class ResultsStore:
             "INSERT INTO job_result_files (tenant_id, job_id, file_id) VALUES ($1,$2,$3) ON CONFLICT DO NOTHING"
             " RETURNING 1", tenant_id, job_id, file_id))
 
+    async def training_ended(self, tenant_id: str, job_id: str) -> None:
+        """Training ended with no figures read yet: the first ones read make the file."""
+        await self.conn.execute("INSERT INTO job_training_ended (tenant_id, job_id) VALUES ($1,$2)"
+                                " ON CONFLICT DO NOTHING", tenant_id, job_id)
+
+    async def ended(self, tenant_id: str, job_id: str) -> bool:
+        return bool(await self.conn.fetchval("SELECT 1 FROM job_training_ended WHERE tenant_id = $1 AND job_id = $2",
+                                             tenant_id, job_id))
+
     async def cancelled(self, tenant_id: str, job_id: str) -> None:
         """A cancelled job makes no results file: its figures go, and later reports are dropped."""
         await self.conn.execute("INSERT INTO job_result_files (tenant_id, job_id, file_id) VALUES ($1,$2,NULL)"

@@ -26,7 +26,8 @@ Rt = Runtime[IngestContext]
 async def record(rt: Rt, uow: UnitOfWork, tenant_id: str, job_id: str, step: int, attempt: int | None,
                  values: dict[str, float]) -> None:
     """Keep a step's figures. Topics are not ordered with each other: a report read after the end of
-    training (the file made already) rewrites the file in place; one after a cancel is dropped."""
+    training (the file made already) rewrites the file in place, the first one after an end of training
+    that found no figures makes the file; one after a cancel is dropped."""
     results = ResultsStore(uow.conn)
     state = await results.state(tenant_id, job_id)
     if not values or state == "cancelled":
@@ -34,6 +35,8 @@ async def record(rt: Rt, uow: UnitOfWork, tenant_id: str, job_id: str, step: int
     await results.record(tenant_id, job_id, step, attempt or 1, values)
     if state == "made":
         await write_results(rt, results, tenant_id, job_id, rewrite=True)
+    elif await results.ended(tenant_id, job_id):
+        await make_results_file(rt, uow, tenant_id, job_id)
 
 
 async def write_results(rt: Rt, results: ResultsStore, tenant_id: str, job_id: str, *,
@@ -59,6 +62,7 @@ async def make_results_file(rt: Rt, uow: UnitOfWork, tenant_id: str, job_id: str
         return None
     written = await write_results(rt, results, tenant_id, job_id)
     if written is None:
+        await results.training_ended(tenant_id, job_id)
         return None
     file_id, uri, size, sha256 = written
     await results.claim(tenant_id, job_id, file_id)

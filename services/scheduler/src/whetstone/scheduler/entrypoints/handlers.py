@@ -98,6 +98,9 @@ async def on_dataset_submitted(rt: Rt, uow: UnitOfWork, env: Envelope, ev: Datas
 async def on_dataset_validated(rt: Rt, uow: UnitOfWork, env: Envelope, ev: DatasetValidatedV1) -> None:
     refuse_foreign_objects(rt, env, {f: getattr(ev, f) for f in ("raw_uri", "train_uri", "validation_uri", "report_uri")})
     store = JobStore(uow)
+    # under the tenant's admission lock: a create that read no verdict yet commits its job before the
+    # jobs waiting for this file are looked up here, or reads this verdict itself
+    await store.lock_tenant(env.tenant_id)
     await store.dataset_validated(env.tenant_id, ev)
     for job in await store.waiting_for(env.tenant_id, ev.dataset_id):
         await try_queue(rt, store, job)
