@@ -50,7 +50,7 @@ async def test_refusals_and_lru_budget(platform, settings, tiny_base, sample_ada
         await send_event(b, registered(a, base_model=BASE, base_sha256=base_sha), "demo")
         await send_event(b, promoted(a, "dev", "staging", base_model=BASE, base_sha256=base_sha, sequence=1), "demo")
     config = ServingSettings(http_port=0, max_resident_adapters=2, preload=False, max_prompt_chars=2000,
-                             max_queued_per_tenant=1)
+                             max_queued_per_tenant=1, max_messages=3, max_prompt_tokens=48)
     async with platform(lambda: build_service(config)) as p:
         rt = p["serving"]
         demo = openai.AsyncOpenAI(base_url=p.url("serving") + "/v1", api_key="unused", max_retries=0,
@@ -84,6 +84,16 @@ async def test_refusals_and_lru_budget(platform, settings, tiny_base, sample_ada
             await demo.chat.completions.create(model=good[0].name, max_tokens=2,
                                                messages=[{"role": "user", "content": "x" * 1500}] * 2)
         assert (too_long.value.code, too_long.value.param) == ("prompt_too_long", "messages")
+        # more messages than the cap: refused before rendering, naming `messages`
+        with pytest.raises(openai.BadRequestError) as too_many:
+            await demo.chat.completions.create(model=good[0].name, max_tokens=2, messages=MESSAGES * 4)
+        assert (too_many.value.code, too_many.value.param) == ("too_many_messages", "messages")
+        # under the character cap but over the token cap once rendered: refused, nothing generated
+        with pytest.raises(openai.BadRequestError) as too_many_tokens:
+            await demo.chat.completions.create(model=good[0].name, max_tokens=2,
+                                               messages=[{"role": "user", "content": "hello world " * 60}])
+        assert (too_many_tokens.value.code, too_many_tokens.value.param) == ("prompt_too_long", "messages")
+        assert "tokens" in too_many_tokens.value.message and rt.ctx.pending == {}
         acme = openai.AsyncOpenAI(base_url=p.url("serving") + "/v1", api_key="unused", max_retries=0,
                                   http_client=httpx.AsyncClient(auth=IdentityAuth("acme", ("read",)), timeout=60))
         burst = [demo.chat.completions.create(model=good[0].name, messages=MESSAGES, max_tokens=16, temperature=0)
@@ -92,6 +102,7 @@ async def test_refusals_and_lru_budget(platform, settings, tiny_base, sample_ada
                                                                             max_tokens=2), return_exceptions=True)
         busy = [a for a in answers[:4] if isinstance(a, openai.RateLimitError)]
         assert busy and all(a.code == "too_many_pending_requests" for a in busy), answers
+        assert all(a.type == "rate_limit_error" and a.response.headers["retry-after"] == "1" for a in busy)
         assert not isinstance(answers[4], BaseException), answers[4]   # the other tenant was served
         assert rt.ctx.pending == {}                                    # every admitted request left
 

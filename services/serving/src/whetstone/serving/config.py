@@ -19,6 +19,12 @@ class ServingSettings(ServiceSettings):
                                        "batcher at once (queued or generating); past it: 429")
     max_prompt_chars: int = Field(default=256_000, ge=1, description="characters of one request's whole prompt "
                                   "(all messages); past it: 400 prompt_too_long, before tokenising")
+    max_messages: int = Field(default=2048, ge=1, le=2048, description="messages of one chat request (OpenAI's "
+                              "limit, 2048, at most); past it: 400 too_many_messages naming `messages`, before "
+                              "rendering")
+    max_prompt_tokens: int = Field(default=0, ge=0, description="tokens of one prompt once rendered and tokenised; "
+                                   "past it: 400 prompt_too_long naming `messages`/`prompt`; 0: the model's "
+                                   "context length is the only bound")
     torch_threads: int = Field(default=0, ge=0, description="torch intra-op threads; 0: all cores but one "
                                "(left to the event loop that feeds the engine)")
     preload: bool = Field(default=True, description="load adapters when promoted, not only on first request")

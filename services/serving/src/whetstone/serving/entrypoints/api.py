@@ -69,6 +69,9 @@ def routes(rt: Runtime[ServingContext]) -> APIRouter:
             yield
         except ServingError as exc:
             ctx.metrics.rejected.labels(code=exc.code).inc()
+            if exc.status == 429:   # the tenant's own pending requests: retry once one has finished
+                raise ApiError(429, exc.message, code=exc.code, param=exc.param, type="rate_limit_error",
+                               retry=True, headers={"Retry-After": "1"}) from exc
             raise ApiError(exc.status, exc.message, code=exc.code, param=exc.param,
                            type="server_error" if exc.status >= 500 else "invalid_request_error") from exc
 

@@ -42,6 +42,10 @@ class PromptTooLong(ServingError):
     status, code = 400, "prompt_too_long"
 
 
+class TooManyMessages(ServingError):
+    status, code, param = 400, "too_many_messages", "messages"
+
+
 class TenantBusy(ServingError):
     """The tenant already has `max_queued_per_tenant` requests in the batcher (queued or generating)."""
 
@@ -57,12 +61,24 @@ def prompt_chars(req: ChatCompletionRequest | CompletionRequest) -> int:
     return sum(len(p) for p in req.prompts())
 
 
-def check_prompt(req: ChatCompletionRequest | CompletionRequest, limit: int) -> None:
+def check_prompt(req: ChatCompletionRequest | CompletionRequest, limit: int, max_messages: int) -> None:
+    """The request's size before anything is rendered or tokenised: its messages and characters."""
+    if isinstance(req, ChatCompletionRequest) and len(req.messages) > max_messages:
+        raise TooManyMessages(f"The request has {len(req.messages)} messages; this deployment takes at most "
+                              f"{max_messages} per request.")
     chars = prompt_chars(req)
     if chars > limit:
         param = "messages" if isinstance(req, ChatCompletionRequest) else "prompt"
         raise PromptTooLong(f"The prompt is {chars} characters; this deployment takes at most {limit} per request "
                             f"(all of `{param}` together).", param=param)
+
+
+def check_prompt_tokens(encoded: list[list[int]], limit: int, param: str) -> None:
+    """Each tokenised prompt against the operator's `max_prompt_tokens` (0: no bound but the context)."""
+    longest = max((len(ids) for ids in encoded), default=0)
+    if limit and longest > limit:
+        raise PromptTooLong(f"The prompt is {longest} tokens; this deployment takes at most {limit} per prompt "
+                            f"(`{param}`).", param=param)
 
 
 def admit(ctx: ServingContext, tenant_id: str) -> None:
@@ -182,7 +198,7 @@ async def check_images(ctx: ServingContext, req: ChatCompletionRequest | Complet
 
 
 async def start(ctx: ServingContext, tenant_id: str, req: ChatCompletionRequest | CompletionRequest) -> Generation:
-    check_prompt(req, ctx.config.max_prompt_chars)
+    check_prompt(req, ctx.config.max_prompt_chars, ctx.config.max_messages)
     version = await resolve(ctx, tenant_id, req.model, req.user)
     urls = await check_images(ctx, req)
     admit(ctx, tenant_id)
@@ -205,6 +221,7 @@ async def start(ctx: ServingContext, tenant_id: str, req: ChatCompletionRequest 
     try:
         pixels = None
         encoded, param = await asyncio.to_thread(tokenize, engine, req, lease.chat_template)
+        check_prompt_tokens(encoded, ctx.config.max_prompt_tokens, param)
         if isinstance(req, ChatCompletionRequest) and engine.sees_images:
             try:
                 ids, pixels = await asyncio.to_thread(engine.image_inputs, encoded[0], urls)
