@@ -56,7 +56,8 @@ async def test_a_freed_service_place_goes_to_the_tenant_with_fewest_inside():
     """B floods: it never has more than the service's 2 places, and when one frees, A's request
     (nothing inside) goes before B's six that waited longer."""
     fair = Fairness(GatewaySettings(max_in_flight_per_service={"scheduler": 2}, max_in_flight_per_key=100,
-                                    max_in_flight_per_tenant=100, queue_wait_s=5))
+                                    max_in_flight_per_tenant=100, queue_wait_s=5,
+                                    max_in_flight_per_service_per_tenant=0))
     b_inside = [await fair.enter("kb", "b", stream=False, service="scheduler") for _ in range(2)]
     assert all(isinstance(t, Ticket) for t in b_inside)
     b_waiting = [asyncio.create_task(fair.enter("kb", "b", stream=False, service="scheduler")) for _ in range(6)]
@@ -80,6 +81,43 @@ async def test_a_freed_service_place_goes_to_the_tenant_with_fewest_inside():
     await asyncio.sleep(0.01)
     shared = fair.services["scheduler"]
     assert shared.waiting == {} and sum(shared.inside.values()) == shared.active
+
+
+async def test_a_tenant_holds_its_share_of_a_service_and_equals_take_turns():
+    """One place each (the default share): B's flood keeps one place and its surplus waits, so A
+    goes in at once beside it; with one place in all, a tie between A and B (nothing inside either)
+    goes to the tenant whose last turn is oldest, so A waits for one of B's requests, not all."""
+    fair = Fairness(GatewaySettings(max_in_flight_per_service={"scheduler": 4}, max_in_flight_per_key=100,
+                                    max_in_flight_per_tenant=100, queue_wait_s=5))
+    first_b = await fair.enter("kb", "b", stream=False, service="scheduler")
+    b_waiting = [asyncio.create_task(fair.enter("kb", "b", stream=False, service="scheduler")) for _ in range(5)]
+    await asyncio.sleep(0.01)
+    assert isinstance(first_b, Ticket) and not any(t.done() for t in b_waiting)   # B: one place, 3 stay free
+    a = await asyncio.wait_for(fair.enter("ka", "a", stream=False, service="scheduler"), 0.5)
+    assert isinstance(a, Ticket) and fair.services["scheduler"].active == 2
+    a.release()
+    first_b.release()
+    for t in b_waiting:
+        (await t).release()
+    shared = fair.services["scheduler"]
+    assert shared.active == 0 and not shared.inside and not shared.waiting and not shared.turns
+
+    one = Fairness(GatewaySettings(max_in_flight_per_service={"scheduler": 1}, max_in_flight_per_key=100,
+                                   max_in_flight_per_tenant=100, queue_wait_s=5))
+    order: list[str] = []
+
+    async def request(key: str, tenant: str) -> None:
+        ticket = await one.enter(key, tenant, stream=False, service="scheduler")
+        assert isinstance(ticket, Ticket)
+        order.append(tenant)
+        await asyncio.sleep(0.002)
+        ticket.release()
+
+    b_flood = [asyncio.create_task(request("kb", "b")) for _ in range(6)]
+    await asyncio.sleep(0)          # B's six wait (one inside)
+    a_one = asyncio.create_task(request("ka", "a"))
+    await asyncio.gather(*b_flood, a_one)
+    assert order.index("a") <= 2, order   # after B's request inside and at most one more, not after all six
 
 
 async def test_streams_have_their_own_cap_per_key_and_tenant():

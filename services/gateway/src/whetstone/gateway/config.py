@@ -44,6 +44,10 @@ class GatewaySettings(BaseSettings):
                     "place goes to the waiting tenant with the fewest requests inside (fairness.SharedSlots). A "
                     "service not named has no shared cap: ingest streams long uploads, serving batches completions "
                     "and caps each tenant's pending requests itself")
+    max_in_flight_per_service_per_tenant: int = Field(
+        default=1, ge=0, description="of a service's max_in_flight_per_service places, the most one tenant holds "
+        "(0: all): its other requests wait at the edge, so another tenant's request goes in at once rather than "
+        "beside the first tenant's flood (in one event loop, requests in flight together slow each other down)")
     max_queued_per_tenant: int = Field(default=64, ge=0, description="requests waiting for a slot; past it: 429")
     queue_wait_s: float = Field(default=10.0, ge=0, description="longest wait for a slot before a 429")
     max_streams_per_key: int = Field(default=8, ge=1, description="server-sent-event streams open per key")

@@ -13,8 +13,11 @@ all tenants, decided in memory before any upstream work, so a refusal costs micr
 - requests in flight inside the scheduler, registry and metering, all tenants together
   (`SharedSlots`, `max_in_flight_per_service`, kept below each one's database pool): a tenant's admitted
   requests wait here, at the edge, rather than inside the service where every tenant's request
-  queues for the same event loop and pool connections; a freed place goes to the waiting tenant
-  with the fewest requests inside, so another tenant's request is next through the door.
+  queues for the same event loop and pool connections. One tenant holds at most
+  `max_in_flight_per_service_per_tenant` of those places, so another tenant's request goes in at
+  once, beside one of the flood's requests rather than several (requests in one event loop slow
+  each other down); a freed place goes to the waiting tenant with the fewest requests inside, ties
+  to the one whose last turn is oldest.
 
 The counts live in this process: with N gateway replicas behind a load balancer each replica
 holds 1/N of every tenant budget (`replicas`). Exact shared budgets would move the token buckets
@@ -111,19 +114,38 @@ class Slots:
 
 @dataclass
 class SharedSlots:
-    """One service's requests in flight, shared by every tenant. A freed slot goes to the waiting
-    tenant with the fewest requests inside the service (then the one waiting longest among equals),
-    so a tenant that floods keeps its own queue and another tenant's request is next through the door."""
+    """One service's requests in flight, shared by every tenant. A tenant holds at most `per_tenant`
+    of the `limit` places (0: all of them), so a tenant that floods keeps its surplus waiting at the
+    edge and another tenant's request finds a free place at once instead of running beside the
+    flood's. A freed place goes to the waiting tenant with the fewest requests inside the service;
+    among equals, to the one whose last turn is oldest (round robin: a tenant with a long queue
+    never goes twice in a row ahead of one that waits)."""
 
     limit: int
+    per_tenant: int = 0
     active: int = 0
     inside: Counter[str] = field(default_factory=Counter)
     waiting: dict[str, deque[asyncio.Future[None]]] = field(default_factory=dict)
+    turns: dict[str, int] = field(default_factory=dict)   # tenant -> the turn it last got (kept while busy)
+    turn: int = 0
+
+    def _under_cap(self, tenant: str) -> bool:
+        return not self.per_tenant or self.inside[tenant] < self.per_tenant
+
+    def _next(self) -> str | None:
+        """The waiting tenant the next free place goes to (None: nobody waits who may go in)."""
+        ready = [t for t in self.waiting if self._under_cap(t)]
+        return min(ready, key=lambda t: (self.inside[t], self.turns.get(t, 0)), default=None)
+
+    def _admit(self, tenant: str) -> None:
+        self.active += 1
+        self.inside[tenant] += 1
+        self.turn += 1
+        self.turns[tenant] = self.turn
 
     async def take(self, tenant: str, wait_s: float) -> bool:
-        if self.active < self.limit and not self.waiting:
-            self.active += 1
-            self.inside[tenant] += 1
+        if self.active < self.limit and self._under_cap(tenant) and self._next() is None:
+            self._admit(tenant)
             return True
         if wait_s <= 0:
             return False
@@ -149,23 +171,27 @@ class SharedSlots:
                             queue.remove(fut)
                     if queue is not None and not queue:
                         del self.waiting[tenant]
+                    self._forget_if_idle(tenant)
 
     def give(self, tenant: str) -> None:
         self.inside[tenant] -= 1
         if self.inside[tenant] <= 0:
             del self.inside[tenant]
-        while self.waiting:
-            # the first tenant (in order of waiting) among those with the fewest requests inside
-            nxt = min(self.waiting, key=lambda t: self.inside.get(t, 0))
+        self.active -= 1
+        while self.active < self.limit and (nxt := self._next()) is not None:
             queue = self.waiting[nxt]
             fut = queue.popleft()
             if not queue:
                 del self.waiting[nxt]
             if not fut.done():
-                self.inside[nxt] += 1
-                fut.set_result(None)   # the slot passes straight on: active unchanged
-                return
-        self.active -= 1
+                self._admit(nxt)
+                fut.set_result(None)   # the place passes straight on
+        self._forget_if_idle(tenant)
+
+    def _forget_if_idle(self, tenant: str) -> None:
+        """A tenant with nothing inside and nothing waiting keeps no turn: back, it goes first among equals."""
+        if not self.inside[tenant] and tenant not in self.waiting:
+            self.turns.pop(tenant, None)
 
 
 class Budgets:
@@ -233,7 +259,7 @@ class Fairness:
         slots = self.services.get(service)
         if slots is None and service in self.s.max_in_flight_per_service:
             limit = max(1, self.s.max_in_flight_per_service[service] // max(1, self.s.replicas))
-            slots = self.services[service] = SharedSlots(limit)
+            slots = self.services[service] = SharedSlots(limit, per_tenant=self.s.max_in_flight_per_service_per_tenant)
         return slots
 
     async def enter(self, key_id: str, tenant_id: str, stream: bool, service: str = "") -> Ticket | ApiError:
