@@ -23,6 +23,13 @@ class IngestSettings(ServiceSettings):
     max_unpacked_bytes: int = 16 * 1024**3
     max_compression_ratio: float = 200.0
     max_archive_members: int = 10_000
+    disk_reserve_bytes: int = Field(default=256 * 1024**2, ge=0, description="bytes kept free on the disk of "
+                                    "work_dir: an upload or unpack that would eat into them is refused (507 "
+                                    "insufficient_storage) before it is written, whatever the size limits say")
+    storage_quota_bytes: int | None = Field(default=None, ge=0, description="bytes of uploaded files a tenant may "
+                                            "keep (None: no quota); an upload past it is 413 storage_quota_exceeded")
+    tenant_storage_quota_bytes: dict[str, int] = Field(default_factory=dict, description="tenant -> its own "
+                                                       "storage quota in bytes, in place of storage_quota_bytes")
     batch_size: int = 512
     max_image_bytes: int = Field(default=10 * 1024**2, description="bytes per image (decoded), as OpenAI")
     max_image_pixels: int = Field(default=36_000_000, description="pixels per image, read from the header before "
@@ -73,6 +80,9 @@ class IngestSettings(ServiceSettings):
 
     def policies_for(self, tenant_id: str) -> Policies:
         return Policies().merged(self.default_policies).merged(self.tenant_policies.get(tenant_id))
+
+    def storage_quota_for(self, tenant_id: str) -> int | None:
+        return self.tenant_storage_quota_bytes.get(tenant_id, self.storage_quota_bytes)
 
     def max_examples_for(self, tier: str | None) -> int:
         return self.max_examples_by_tier.get(tier or "", self.max_examples)

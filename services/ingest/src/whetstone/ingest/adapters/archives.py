@@ -40,6 +40,13 @@ class ArchiveLimits:
     max_ratio: float = 200.0              # unpacked / packed, checked once past ratio_floor bytes
     ratio_floor: int = 16 * 1024**2
     max_members: int = 10_000
+    # (code, message) when max_bytes is the free disk rather than the operator's limit (usecases/gates.py)
+    over_disk: tuple[str, str] | None = None
+
+    def too_big(self, what: str) -> SourceError:
+        if self.over_disk is not None:
+            return SourceError(*self.over_disk)
+        return SourceError("archive_bomb", f"archive {what} more than {self.max_bytes} bytes")
 
 
 def archive_kind(head: bytes) -> str | None:
@@ -84,7 +91,7 @@ class _Budget:
         self.written += n
         lim = self.limits
         if self.written > lim.max_bytes:
-            raise SourceError("archive_bomb", f"archive unpacks to more than {lim.max_bytes} bytes")
+            raise lim.too_big("unpacks to")
         if self.written > lim.ratio_floor and self.written / self.packed > lim.max_ratio:
             raise SourceError("archive_bomb", f"archive expands more than {lim.max_ratio:g}x "
                               f"({self.packed} packed bytes -> over {self.written}): refusing a likely zip bomb")
@@ -105,7 +112,7 @@ def _unzip(path: Path, dest: Path, limits: ArchiveLimits) -> None:
         if len(infos) > limits.max_members:
             raise SourceError("archive_bomb", f"archive has {len(infos)} members (limit {limits.max_members})")
         if sum(i.file_size for i in infos) > limits.max_bytes:
-            raise SourceError("archive_bomb", f"archive declares more than {limits.max_bytes} unpacked bytes")
+            raise limits.too_big("declares unpacked sizes of")
         for info in infos:
             mode = info.external_attr >> 16
             if not _safe_member_name(info.filename) or stat.S_ISLNK(mode):

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import hashlib
 import json
+import shutil
+import tempfile
 from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
@@ -17,9 +19,10 @@ from python_multipart.multipart import parse_options_header
 from whetstone.contracts import DatasetValidatedV1
 from whetstone.runtime.errors import ApiError
 
-from ..domain.files import FileRecord
+from ..domain.files import RESULTS_FILE_PURPOSE, FileRecord
 from ..domain.layouts import choose
 from ..domain.schemas import PURPOSES, default_purpose
+from ..domain.storage import Disk, WriteBudget, write_budget
 
 OPENAI_PURPOSE = "fine-tune"
 PLATFORM_PURPOSES = PURPOSES   # the platform's own purposes, sent instead of OpenAI's "fine-tune"
@@ -47,11 +50,13 @@ class Received:
 
 class MultipartReceiver:
     """Feeds the request body, chunk by chunk, through a streaming multipart parser: the `file`
-    part goes to `dest` (hashed on the way) and never into memory; past `limit` bytes it stops."""
+    part goes to `dest` (hashed on the way) and never into memory; past the budget's bytes (an int:
+    the operator's limit alone) it stops with the budget's refusal (too large, disk full, quota)."""
 
-    def __init__(self, boundary: bytes, dest: Path, limit: int) -> None:
+    def __init__(self, boundary: bytes, dest: Path, limit: int | WriteBudget) -> None:
         self.result = Received(dest)
-        self.limit = limit
+        self.budget = limit if isinstance(limit, WriteBudget) else write_budget(limit, Disk(free=limit, reserve=0),
+                                                                                     limit_name="upload limit")
         self._hash = hashlib.sha256()
         self._out = None
         self._headers: dict[bytes, bytes] = {}
@@ -91,9 +96,8 @@ class MultipartReceiver:
         chunk = data[start:end]
         if self._out is not None:
             self.result.size += len(chunk)
-            if self.result.size > self.limit:
-                raise UploadRefused(413, "file_too_large", f"the file exceeds the upload limit of {self.limit} bytes",
-                                    "file")
+            if self.result.size > self.budget.bytes:
+                raise UploadRefused(*self.budget.refusal("the file"), "file")
             self._hash.update(chunk)
             self._out.write(chunk)
         else:
@@ -121,6 +125,11 @@ class MultipartReceiver:
         if self._out is not None:
             self._out.close()
             self._out = None
+
+
+def disk_of(directory: Path | None, reserve: int) -> Disk:
+    """The free space of the disk `directory` (default: the system temp directory) lies on."""
+    return Disk(free=shutil.disk_usage(directory or tempfile.gettempdir()).free, reserve=reserve)
 
 
 def boundary_of(content_type: str | None) -> bytes:
@@ -201,6 +210,18 @@ class FileStore:
             " ON dv.tenant_id = f.tenant_id AND dv.dataset_id = f.file_id"
             f" WHERE {' AND '.join(where)} ORDER BY f.created_at {order}, f.file_id {order} LIMIT $3", *args)
         return [_file_from_row(row) for row in rows]
+
+    async def lock_tenant(self, tenant_id: str) -> None:
+        """Until the transaction ends: the tenant's uploads are counted against its quota one at a time."""
+        await self.conn.execute("SELECT pg_advisory_xact_lock(hashtext('ingest-files:' || $1))", tenant_id)
+
+    async def bytes_kept(self, tenant_id: str) -> int:
+        """The bytes of the files the tenant uploaded and has not deleted (its storage quota's use; the
+        results files the platform writes for its jobs do not count)."""
+        used = await self.conn.fetchval(
+            "SELECT COALESCE(SUM(bytes), 0) FROM files WHERE tenant_id = $1 AND deleted_at IS NULL AND purpose <> $2",
+            tenant_id, RESULTS_FILE_PURPOSE)
+        return int(used)
 
     async def jobs_using(self, tenant_id: str, file_id: str) -> list[str]:
         rows = await self.conn.fetch("SELECT job_id FROM file_usage WHERE tenant_id = $1 AND file_id = $2"

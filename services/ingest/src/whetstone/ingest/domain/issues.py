@@ -15,6 +15,8 @@ ERROR_CODES: dict[str, str] = {
     # the upload as a whole
     "empty_file": "the upload holds no bytes or no rows",
     "file_too_large": "the upload exceeds the size limit",
+    "insufficient_storage": "the upload or its unpacked archive does not fit on the ingest disk's free space "
+                            "(less the operator's reserve)",
     "binary_file": "the upload is binary, not a dataset",
     "unsupported_format": "not JSONL, Parquet, CSV, a datasets save_to_disk directory or an archive of one",
     "extension_mismatch": "the file name's extension does not match its content",

@@ -22,11 +22,14 @@ from whetstone.runtime.s3 import tenant_prefix
 from whetstone.runtime.service import Runtime
 
 from ..adapters.files import (OPENAI_PURPOSE, PLATFORM_PURPOSES, FileStore, MultipartReceiver, UploadRefused,
-                             boundary_of, safe_filename, sniff_purpose)
+                             boundary_of, disk_of, safe_filename, sniff_purpose)
 from ..adapters.formats import known_suffix
 from ..context import IngestContext
 from ..domain.files import FileRecord
+from ..domain.storage import Disk, Quota, WriteBudget, write_budget
 
+# what a multipart body carries besides the file: part headers, boundaries and the small form fields
+MULTIPART_OVERHEAD = 64 << 10
 DRAIN_AFTER_REFUSAL = 16 << 20  # read (and drop) this much more so the client sees the answer, not a reset
 # the report's findings shown with a file (duplicates, PII, splits, counts per code); the whole report: report_uri
 REPORT_STATS = frozenset({"train_rows", "validation_rows", "exact_duplicates", "near_duplicates", "contaminated",
@@ -94,15 +97,26 @@ def file_not_found(file_id: str) -> ApiError:
     return not_found(f"No such File object: {file_id}", code="file_not_found", param="file_id")
 
 
-async def _receive(request: Request, dest: Path, limit: int) -> Any:
-    receiver = MultipartReceiver(boundary_of(request.headers.get("content-type")), dest, limit)
+def _declared_length(request: Request) -> int | None:
+    value = request.headers.get("content-length", "")
+    return int(value) if value.isdigit() else None
+
+
+async def _receive(request: Request, dest: Path, budget: WriteBudget) -> Any:
     stream = request.stream()
+    receiver: MultipartReceiver | None = None
     try:
+        declared = _declared_length(request)
+        if budget.bytes == 0 or (declared is not None and declared > budget.bytes + MULTIPART_OVERHEAD):
+            # refused before a byte is written: no room at all, or a body that cannot fit
+            raise UploadRefused(*budget.refusal("the file"), "file")
+        receiver = MultipartReceiver(boundary_of(request.headers.get("content-type")), dest, budget)
         async for chunk in stream:
             receiver.feed(chunk)
         return receiver.finish()
     except UploadRefused:
-        receiver.close()
+        if receiver is not None:
+            receiver.close()
         drained = 0
         async for chunk in stream:
             drained += len(chunk)
@@ -110,7 +124,8 @@ async def _receive(request: Request, dest: Path, limit: int) -> Any:
                 break
         raise
     except ValueError as exc:  # malformed multipart
-        receiver.close()
+        if receiver is not None:
+            receiver.close()
         raise UploadRefused(400, "invalid_multipart", f"the multipart body could not be parsed: {exc}",
                             "file") from exc
 
@@ -121,8 +136,16 @@ def routes(rt: Runtime[IngestContext]) -> APIRouter:
     @r.post("")
     async def upload(request: Request, caller: Caller = require("write")) -> FileObject:
         cfg = rt.ctx.config
+        quota = cfg.storage_quota_for(caller.tenant_id)
+        used = 0
+        if quota is not None:
+            async with rt.uow() as uow:
+                used = await FileStore(uow.conn).bytes_kept(caller.tenant_id)
+        # the upload limit, the free space of the disk it is written to and the tenant's quota, whichever is least
+        budget = write_budget(cfg.max_upload_bytes, disk_of(cfg.work_dir, cfg.disk_reserve_bytes),
+                              Quota(quota, used), limit_name="upload limit")
         with tempfile.TemporaryDirectory(prefix="upload-", dir=cfg.work_dir) as tmp:
-            got = await _receive(request, Path(tmp) / "file", cfg.max_upload_bytes)
+            got = await _receive(request, Path(tmp) / "file", budget)
             if not got.file_parts:
                 raise UploadRefused(400, "missing_file", "the multipart body has no `file` part", "file")
             purpose = got.fields.get("purpose", "").strip()
@@ -141,6 +164,12 @@ def routes(rt: Runtime[IngestContext]) -> APIRouter:
             source_uri = await asyncio.to_thread(rt.store.put_file, key, got.path)
         async with rt.uow() as uow:
             files = FileStore(uow.conn)
+            if quota is not None:   # uploads of one tenant that streamed in at once: the quota holds for their sum
+                await files.lock_tenant(caller.tenant_id)
+                held = Quota(quota, await files.bytes_kept(caller.tenant_id))
+                if held.room is not None and got.size > held.room:
+                    await asyncio.to_thread(rt.store.delete, source_uri)
+                    raise UploadRefused(*write_budget(got.size, Disk(got.size, 0), held).refusal("the file"), "file")
             await files.add(caller.tenant_id, file_id, filename=filename, purpose=purpose,
                             dataset_purpose=dataset_purpose, size=got.size, sha256=got.sha256, source_uri=source_uri,
                             now=rt.clock())

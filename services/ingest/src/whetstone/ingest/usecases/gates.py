@@ -15,6 +15,7 @@ from ..config import IngestSettings
 from ..domain.contamination import ReferenceIndex
 from ..domain.issues import Issue
 from ..domain.policies import PolicyOverrides
+from ..domain.storage import Bound, Disk, write_budget
 from ..domain.toxicity import ToxicityClassifier
 from .pipeline import DataGate, GateConfig, Progress, TokenCounts
 
@@ -30,9 +31,16 @@ class GateRequest:
     epochs: int | None = None
 
 
-def archive_limits(s: IngestSettings) -> ArchiveLimits:
-    return ArchiveLimits(max_bytes=s.max_unpacked_bytes, max_ratio=s.max_compression_ratio,
-                         max_members=s.max_archive_members)
+def archive_limits(s: IngestSettings, disk: Disk | None = None) -> ArchiveLimits:
+    """The unpack limits; with `disk` (the work directory's disk, measured now) an archive may unpack to
+    no more than its free space less the reserve, refused as `insufficient_storage` when that is the bound."""
+    if disk is None:
+        return ArchiveLimits(max_bytes=s.max_unpacked_bytes, max_ratio=s.max_compression_ratio,
+                             max_members=s.max_archive_members)
+    budget = write_budget(s.max_unpacked_bytes, disk, limit_name="unpack limit")
+    over = budget.refusal("the unpacked archive")
+    return ArchiveLimits(max_bytes=budget.bytes, max_ratio=s.max_compression_ratio, max_members=s.max_archive_members,
+                         over_disk=(over[1], over[2]) if budget.bound is Bound.DISK else None)
 
 
 def reference_index(s: IngestSettings, extra: Sequence[Path] = (), problems: list[Issue] | None = None,

@@ -28,11 +28,13 @@ from whetstone.runtime.s3 import ObjectStore, parse_uri, tenant_prefix
 from whetstone.runtime.service import Runtime
 
 from ..adapters.archives import SourceError
+from ..adapters.files import disk_of
 from ..adapters.formats import HubSource, check_name, hub_id, known_suffix, open_source, suffix_of
 from ..adapters.tokenizer import BaseModelTokenizer, TokenizerUnavailable
 from ..context import IngestContext
 from ..domain.issues import Issue
 from ..domain.report import GateReport
+from ..domain.storage import Bound, write_budget
 from .gates import GateRequest, archive_limits, make_gate, reference_index
 from .pipeline import GateResult, Progress, TokenCounts
 
@@ -184,9 +186,13 @@ def process_upload(rt: Runtime[IngestContext], tenant_id: str, ev: DatasetSubmit
                 return reject(ev, "", exc.issue.code, exc.issue.message)
             name = "hub.jsonl"
         else:
-            got = _download(store, ev.source_uri, raw_path, cfg.max_upload_bytes)
+            # the copy on this pod's disk: no larger than the upload limit or the disk's free space
+            budget = write_budget(cfg.max_upload_bytes, disk_of(cfg.work_dir, cfg.disk_reserve_bytes))
+            got = _download(store, ev.source_uri, raw_path, budget.bytes)
             if got is None:
-                return reject(ev, "", "file_too_large", f"upload exceeds {cfg.max_upload_bytes} bytes")
+                _, code, message = budget.refusal("the upload")
+                return reject(ev, "", code, message if budget.bound is Bound.DISK
+                              else f"upload exceeds {cfg.max_upload_bytes} bytes")
             version, size = got
             if not id_names_upload(rt, tenant_id, ev.dataset_id, version):
                 return reject(ev, version, "dataset_id_mismatch",
@@ -206,7 +212,7 @@ def process_upload(rt: Runtime[IngestContext], tenant_id: str, ev: DatasetSubmit
         try:
             source = open_source(raw_path, name=name, workdir=tmpd / "source", max_line_bytes=cfg.max_line_bytes,
                                  image_line_bytes=cfg.max_record_bytes,
-                                 limits=archive_limits(cfg))
+                                 limits=archive_limits(cfg, disk_of(cfg.work_dir, cfg.disk_reserve_bytes)))
         except SourceError as exc:
             return rejected(exc.issue)
         tokenizer, tokenized_base, token_counts = None, None, None
