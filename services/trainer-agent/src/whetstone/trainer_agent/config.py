@@ -31,6 +31,10 @@ class TrainerAgentSettings(ServiceSettings):
     recipe_module: str = "whetstone.trainer_agent.recipes.main"
     drain_timeout_s: float = Field(default=100.0, gt=0, description="SIGTERM -> emergency checkpoint uploaded; "
                                    "spot nodes get about 120 s of notice")
+    collective_timeout_s: int = Field(default=600, gt=0, description="a gang's process-group timeout (torch."
+                                      "distributed, gloo/NCCL): a rank waiting this long in a collective, or for a "
+                                      "node that never joins the rendezvous, fails, and the gang is re-queued "
+                                      "(node_lost) with the other nodes named")
     exit_grace_s: float = Field(default=60.0, gt=0, description="wait after a terminal event before SIGKILL")
     upload_attempts: int = Field(default=3, ge=1)
     final_upload_outage_s: float = Field(default=300.0, ge=0, description="how long the final checkpoint's (and merged "

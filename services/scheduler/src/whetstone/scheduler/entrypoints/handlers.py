@@ -20,7 +20,7 @@ from ..adapters.store import JobStore, NodeFacts
 from ..context import SchedulerContext
 from ..domain import admission as quotas
 from ..domain import jobs as rules
-from ..domain.gang import peers_to_stop
+from ..domain.gang import lost_peers_note, peers_to_stop
 from ..domain.job import Job
 from ..domain.job_data import Progress
 from ..usecases.producer_tokens import check_producer_token
@@ -164,8 +164,11 @@ async def on_job_preempted(rt: Rt, uow: UnitOfWork, env: Envelope, ev: JobPreemp
     store = JobStore(uow)
     if job := await lifecycle_job(rt, store, env, ev, stop_report=True):
         peers = peers_to_stop(job, ev.node_id, ev.segment_id)
+        blame = lost_peers_note(job, ev.node_id, ev.segment_id, ev.reason)   # names the gang's other nodes
         events = job.preempted(rt.ctx.clock(), ev.reason, ev.checkpoint,
                                await store.queue_position(job.sort_key, job.job_id))
+        if blame and events:
+            job.note(rt.ctx.clock(), blame, level="warning", reason=ev.reason, reporter=ev.node_id)
         await store.save(job)
         await store.publish(job, [*events, *(peers if events else [])])
         await store.wake_scheduler()

@@ -6,6 +6,7 @@ import asyncio
 import os
 import shutil
 import signal
+import socket
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
@@ -74,3 +75,21 @@ def snapshot(src: Path, dest: Path) -> Path:
         except OSError:
             shutil.copy2(p, target)
     return dest
+
+
+def port_in_use(port: int) -> bool:
+    """Whether another process holds TCP `port` on this machine: a listening socket bound to it
+    refuses this bind (SO_REUSEADDR, as torch's TCPStore binds, so a closed socket's TIME_WAIT
+    does not count)."""
+    for family, host in ((socket.AF_INET, "0.0.0.0"), (socket.AF_INET6, "::")):
+        try:
+            sock = socket.socket(family, socket.SOCK_STREAM)
+        except OSError:   # no IPv6 on this machine
+            continue
+        with sock:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            try:
+                sock.bind((host, port))
+            except OSError:
+                return True
+    return False

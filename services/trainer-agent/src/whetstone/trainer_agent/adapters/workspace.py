@@ -24,7 +24,7 @@ from ..domain.distributed import (
     requested_zero_stage,
     training_mode,
 )
-from ..domain.launch import LaunchSpec, build_launch, parse_rendezvous
+from ..domain.launch import COLLECTIVE_TIMEOUT_ENV, NODE_ID_ENV, LaunchSpec, build_launch, parse_rendezvous
 from ..domain.recipe_io import DistributedSummary, RecipeReinforcement, TrainingConfig
 from ..domain.runs import Run
 from .checkpoint_store import ResumePoint, S3Checkpoints
@@ -115,7 +115,8 @@ class Workspaces:
             python=sys.executable, module=c.recipe_module, config_path=str(config_path), plan=plan,
             gpu_ids=list(run.gpu_ids), gpu_node=gpu_node, key=run.segment_id, rendezvous=rendezvous,
             launcher=c.launcher, shutdown_timeout_s=int(c.drain_timeout_s), hostfile_path=str(scratch / "hostfile"),
-            extra_env={"PYTHONUNBUFFERED": "1", "TOKENIZERS_PARALLELISM": "false"})
+            extra_env={"PYTHONUNBUFFERED": "1", "TOKENIZERS_PARALLELISM": "false",
+                       COLLECTIVE_TIMEOUT_ENV: str(c.collective_timeout_s), NODE_ID_ENV: c.node_id})
         if launch.hostfile:
             (scratch / "hostfile").write_text(launch.hostfile)
         return Prepared(launch, plan, resume, rendezvous.node_rank if rendezvous else 0)

@@ -30,6 +30,10 @@ RANK_VARIABLES = (
     "MASTER_PORT", "ROLE_RANK", "ROLE_WORLD_SIZE", "CROSS_RANK", "CROSS_SIZE", "TORCHELASTIC_RUN_ID",
 )
 PORT_BASE, PORT_SPAN = 29500, 2000
+# the process group's timeout in seconds (the agent's collective_timeout_s), read by the recipe
+COLLECTIVE_TIMEOUT_ENV = "WHETSTONE_COLLECTIVE_TIMEOUT_S"
+# the node a rank runs on (its agent's node id), named by the recipe's gang checks
+NODE_ID_ENV = "WHETSTONE_NODE_ID"
 
 
 @dataclass(frozen=True)
@@ -157,3 +161,17 @@ def _deepspeed(python: str, module: str, config_path: str, rdzv: Rendezvous, gpu
         hostfile = "".join(f"{h} slots={gpus}\n" for h in rdzv.hosts)
     argv += [module, "--config", config_path]
     return LaunchSpec("deepspeed", tuple(argv), env, unset, hostfile)
+
+
+def rendezvous_port(launch: LaunchSpec, node_rank: int) -> int | None:
+    """The port this node's launcher must listen on to host the ranks' rendezvous (node rank 0 of a
+    torchrun or deepspeed launch); None when this node hosts none."""
+    if launch.launcher == "process" or node_rank != 0 or "MASTER_PORT" not in launch.env:
+        return None
+    return int(launch.env["MASTER_PORT"])
+
+
+def port_taken_message(node_id: str, port: int) -> str:
+    return (f"node {node_id}: the rendezvous port {port} that this gang's ranks meet on is already in use by another "
+            "process on the node; the ranks could not have met, so nothing was launched (the next attempt derives "
+            "another port from its segment id)")

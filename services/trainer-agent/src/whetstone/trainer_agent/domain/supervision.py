@@ -40,14 +40,21 @@ def describe_exit(returncode: int | None) -> str:
 
 
 def classify_exit(returncode: int | None, *, cancelled: bool, stopping: PreemptionReason | None, worker_node: bool,
-                  log_tail: str) -> ExitReport:
+                  log_tail: str, stop_requested: bool = False) -> ExitReport:
     """A process that ended without `completed` / `failed` / `preempted`:
     cancelled by the user -> failed (user, cancelled), so metering closes the segment;
+    a non-zero-rank node of a gang that was asked to stop (its agent draining, or a preempt request,
+    `stop_requested`) -> nothing to say, whatever its launcher's exit status (torchrun exits non-zero
+    on SIGTERM): its SIGTERM stopped every rank after the same step (`any_rank`), and rank 0 writes
+    the gang's one emergency checkpoint and reports job.preempted with it. A report from this node
+    could reach the scheduler first and re-queue the gang from an older checkpoint;
     stopped by the agent (drain, spot loss) -> preempted from the last durable checkpoint;
     a non-zero-rank node's launcher that ended cleanly -> nothing to say (rank 0 reports);
     anything else is a crash -> failed (platform) with the log tail. Never silent."""
     if cancelled:
         return ExitReport(RunOutcome.FAILED, ErrorClass.USER, "cancelled", "cancelled by user")
+    if worker_node and (stopping or stop_requested):
+        return ExitReport(RunOutcome.WORKER_DONE)
     if stopping:
         return ExitReport(RunOutcome.PREEMPTED, reason=stopping)
     if worker_node and returncode == 0:

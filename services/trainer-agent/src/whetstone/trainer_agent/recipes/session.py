@@ -27,6 +27,7 @@ from .checkpointing import (
 )
 from .data import read_rows
 from .faults import Faults
+from .gang_check import check_gang_versions
 from .hyperparams import Hyperparameters, plan_batch
 from .modeling import (
     BaseModelFacts,
@@ -119,7 +120,9 @@ class TrainingSession:
     # ------------------------------------------------------------------ train
 
     def train(self, resume_from: Path | None) -> bool:
-        """Run (or resume) training; True when stopped by SIGTERM."""
+        """Run (or resume) training; True when stopped by SIGTERM. A gang first checks that every
+        node runs the same platform build (`gang_check`)."""
+        check_gang_versions()
         self.train_output = self.trainer.train(resume_from_checkpoint=str(resume_from) if resume_from else None)
         return self.run.emergency_checkpoint is not None
 

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -22,6 +23,7 @@ from typing import TYPE_CHECKING, Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from ..domain.launch import COLLECTIVE_TIMEOUT_ENV
 from .errors import PlatformError, UserError, is_out_of_memory
 from .gang_order import GangOrder, blank_example, blanks_needed
 
@@ -32,6 +34,18 @@ if TYPE_CHECKING:
 log = logging.getLogger("whetstone.trainer_agent.recipes")
 
 REF_LOG_PROBS_FILE = "ref_log_probs.json"
+
+
+def collective_timeout_s(default: int = 1800) -> int:
+    """The process group's timeout (init_process_group via TrainingArguments.ddp_timeout): how long a
+    rank waits in a collective, or for the gang's other nodes to join, before it fails. The agent sets
+    it from its collective_timeout_s; transformers' own 1800 s otherwise."""
+    raw = os.environ.get(COLLECTIVE_TIMEOUT_ENV, "")
+    try:
+        return max(int(raw), 1) if raw else default
+    except ValueError:
+        raise PlatformError(f"{COLLECTIVE_TIMEOUT_ENV} must be a whole number of seconds, got {raw!r}",
+                            code="bad_recipe_config") from None
 
 
 def training_arguments(hp, *, output_dir: Path, deepspeed: dict[str, Any] | None) -> dict[str, Any]:
@@ -64,6 +78,7 @@ def training_arguments(hp, *, output_dir: Path, deepspeed: dict[str, Any] | None
         use_cpu=not use_cuda,
         bf16=compute_dtype() == torch.bfloat16,
         dataloader_num_workers=0,
+        ddp_timeout=collective_timeout_s(),
     )
     if hp.gradient_checkpointing:
         args["gradient_checkpointing"] = True

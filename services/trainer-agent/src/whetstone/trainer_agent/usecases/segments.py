@@ -30,13 +30,13 @@ from whetstone.runtime.models import UnknownModel
 from whetstone.runtime.service import Runtime
 
 from ..adapters.checkpoint_store import ResumePoint
-from ..adapters.processes import log_tail, signal_group, spawn, start_ticks
+from ..adapters.processes import log_tail, port_in_use, signal_group, spawn, start_ticks
 from ..adapters.workspace import Prepared
 from ..context import TrainerAgentContext
 from ..domain.checkpoints import StaleAttempt, checkpoint_prefix
 from ..domain.child_env import child_environment
 from ..domain.distributed import DistributedConfigError
-from ..domain.launch import gang_devices, gang_nodes
+from ..domain.launch import gang_devices, gang_nodes, port_taken_message, rendezvous_port
 from ..domain.recipe_io import (
     TERMINAL,
     Checkpoint,
@@ -203,12 +203,15 @@ async def run_segment(rt: AgentRuntime, run: Run) -> None:
             await seg.fail(ErrorClass.PLATFORM, "setup_failed", f"{type(exc).__name__}: {exc}")
             return
         await seg.adopt(prepared.resume)
+        port = rendezvous_port(prepared.launch, prepared.node_rank)
         if seg.fenced_by_scheduler:
             rt.log.info("segment fenced before its process started", job_id=seg.job_id)
         elif seg.cancelled:
             await seg.end_cancelled()
         elif ctx.node.stopping:
             await seg.preempted(ctx.node.stopping)
+        elif port is not None and await asyncio.to_thread(port_in_use, port):   # the gang's peers are fenced
+            await seg.fail(ErrorClass.PLATFORM, "rendezvous_port_in_use", port_taken_message(ctx.config.node_id, port))
         else:
             await watch(rt, seg, prepared, ctx.workspaces.path(seg.segment_id))
     except Exception as exc:  # the agent's own fault (database, bug): still never a silent end
@@ -288,8 +291,10 @@ async def report_exit(rt: AgentRuntime, seg: Segment, code: int, prepared: Prepa
     if seg.cancelled:
         await seg.end_cancelled()
         return
+    requested = rt.ctx.node.preempt_reasons.pop(seg.job_id, None)   # a preempt request reached this node
     report = classify_exit(code, cancelled=seg.cancelled, stopping=rt.ctx.node.stopping,
-                           worker_node=prepared.node_rank > 0, log_tail=log_tail(log_path))
+                           worker_node=prepared.node_rank > 0, log_tail=log_tail(log_path),
+                           stop_requested=requested is not None)
     if seg.fenced:
         await seg.fail(ErrorClass.PLATFORM, "stale_attempt", seg.fenced)
     elif report.outcome == RunOutcome.FAILED and gang_peer_lost(gang_nodes(seg.run.rendezvous), report.error_class,
@@ -302,6 +307,9 @@ async def report_exit(rt: AgentRuntime, seg: Segment, code: int, prepared: Prepa
     elif report.outcome == RunOutcome.PREEMPTED:
         await seg.preempted(report.reason or PreemptionReason.SIGNAL)
     else:
+        if requested is not None or rt.ctx.node.stopping:
+            rt.log.info("gang rank stopped on request; rank 0 reports the gang's emergency checkpoint",
+                        job_id=seg.job_id, segment_id=seg.segment_id, code=code)
         seg.terminal = True
         await seg.record(seg.finished(RunOutcome.WORKER_DONE))
 
