@@ -29,12 +29,14 @@ from .auth import KeysUnavailable, KeyVerifier, Verdict
 from .config import GatewaySettings
 from .fairness import Fairness, until_gone, wants_stream
 from .limits import BodyTooLarge, body_limit, counted, declared_too_large
+from . import limits_api
 from .console.gate import cookie_session
 from .console.routes import ConsoleSettings, is_console_path
 from .console.routes import routes as console_routes
 from .console.sessions import SessionStore
 from .ratelimit import RateLimiter, retry_after_header
-from .routing import bearer, owner_of
+from .routing import GATEWAY, bearer, owner_of
+from .shared_limits import SharedTenantRates
 
 # Hop-by-hop headers (RFC 9110 §7.6.1) belong to one connection, never forwarded.
 HOP_BY_HOP = frozenset({"connection", "keep-alive", "proxy-authenticate", "proxy-authorization", "te", "trailer",
@@ -72,6 +74,7 @@ class Gateway:
         self.keys = KeyVerifier(self.session, verify_url, ttl_s=settings.key_cache_ttl_s, secret=self.secret)
         self.limiter = RateLimiter(burst_s=settings.rate_limit_burst_s)
         self.fair = Fairness(settings)   # in-flight, stream and tenant-rate budgets
+        self.rates: SharedTenantRates | None = None   # tenant rates shared by every replica (a database)
         self._streams: aiohttp.ClientSession | None = None
         self.metrics = GatewayMetrics()
         self.console = ConsoleSettings()
@@ -101,6 +104,8 @@ class Gateway:
         for client in (self._session, self._streams):
             if client is not None:
                 await client.close()
+        if self.rates is not None:
+            await self.rates.store.pool.close()
 
     # -- the decision: who may go where -------------------------------------------------------
     async def admit(self, method: str, path: str, headers: dict[str, str]) -> tuple[str, str, Verdict] | ApiError:
@@ -130,21 +135,33 @@ class Gateway:
                 self.sessions.revoke_key(session.key_id)
             return self.refused(service, "invalid_key", ApiError(
                 401, "Incorrect API key provided (unknown, malformed or revoked).", code="invalid_api_key"))
-        rate = verdict.rate_limit_per_s or self.settings.rate_limit_per_s
+        tenant_rate = await self.tenant_rate(verdict.tenant_id)
+        # a key's own rate only lowers it: no key of a tenant goes faster than the operator lets the tenant
+        rate = min(verdict.rate_limit_per_s or self.settings.rate_limit_per_s, tenant_rate)
         wait = self.limiter.take(verdict.key_id, rate, time.monotonic())
         if wait > 0:
             return self.refused(service, "rate_limited", ApiError(
                 429, f"Rate limit reached for this API key ({rate:g} requests/s); retry after {wait:.2f}s.",
                 type="rate_limit_error", code="rate_limit_exceeded", retry=True,
                 headers={"Retry-After": retry_after_header(wait), "x-ratelimit-limit-requests": f"{rate:g}/s"}))
-        if (tenant_refusal := self.fair.rate_refusal(verdict.tenant_id, time.monotonic())) is not None:
+        tenant_refusal = (await self.rates.refusal(verdict.tenant_id, tenant_rate) if self.rates is not None
+                          else self.fair.rate_refusal(verdict.tenant_id, time.monotonic()))
+        if tenant_refusal is not None:
             return self.refused(service, "tenant_rate_limited", tenant_refusal)
+        if service == GATEWAY:
+            return service, "", verdict
         base = self.upstreams.get(service)
         if base is None:
             return self.refused(service, "no_upstream", ApiError(
                 503, f"The {service} service is not available on this deployment.", type="server_error",
                 code="service_unavailable", retry=False))
         return service, base, verdict
+
+    async def tenant_rate(self, tenant_id: str) -> float:
+        """The tenant's requests per second over all replicas (the operator's override first)."""
+        if self.rates is not None:
+            return await self.rates.rate(tenant_id)
+        return self.settings.tenant_rate_limits.get(tenant_id, self.settings.tenant_rate_limit_per_s)
 
     def refused(self, service: str, reason: str, exc: ApiError) -> ApiError:
         self.metrics.refused.labels(service=service, reason=reason).inc()
@@ -167,6 +184,9 @@ class Gateway:
         limit = body_limit(self.settings, scope["path"])
         if (refusal := declared_too_large(headers, limit)) is not None:
             await send_error(send, self.refused(service, "body_too_large", refusal))
+            return
+        if service == GATEWAY:
+            await self.own_route(scope, counted(receive, limit), send, verdict)
             return
         await self.forward(scope, counted(receive, limit), send, raw, headers, service, base, verdict)
 
@@ -206,6 +226,26 @@ class Gateway:
             await (until_gone(relay, receive) if stream and not isinstance(data, AsyncIterator) else relay)
         finally:
             ticket.release()
+
+    async def own_route(self, scope: dict, receive, send, verdict: Verdict) -> None:
+        """A route the gateway answers itself (the operator's tenant rate limits, limits_api.py)."""
+        try:
+            body = b"".join([chunk async for chunk in request_body(receive)])
+            answer = await limits_api.answer(self.rates, scope["method"], scope["path"], body, verdict)
+        except ClientGone:
+            return
+        except BodyTooLarge as exc:
+            await send_error(send, self.refused(GATEWAY, "body_too_large", exc.error()))
+            return
+        except ApiError as exc:
+            await send_error(send, self.refused(GATEWAY, exc.code or "refused", exc) if exc.status in (401, 403)
+                             else exc)
+            return
+        self.metrics.requests.labels(service=GATEWAY, status="200").inc()
+        payload = answer.model_dump_json().encode()
+        await send({"type": "http.response.start", "status": 200, "headers": [
+            (b"content-type", b"application/json"), (b"content-length", str(len(payload)).encode())]})
+        await send({"type": "http.response.body", "body": payload, "more_body": False})
 
     async def relay(self, method: str, url: URL, out: list, data: Any, send, service: str, stream: bool) -> None:
         """The request to the service, and its answer back as it arrives."""

@@ -19,10 +19,10 @@ all tenants, decided in memory before any upstream work, so a refusal costs micr
   each other down); a freed place goes to the waiting tenant with the fewest requests inside, ties
   to the one whose last turn is oldest.
 
-The counts live in this process: with N gateway replicas behind a load balancer each replica
-holds 1/N of every tenant budget (`replicas`). Exact shared budgets would move the token buckets
-to Redis (an INCR with expiry per tenant and second) or Postgres; the in-flight caps stay per replica
-by nature (they protect this replica's connections)."""
+The in-flight counts live in this process: with N gateway replicas behind a load balancer each
+replica holds 1/N of them (`replicas`), by nature (they protect this replica's connections). The
+tenant rate is shared by every replica when the gateway has a database (shared_limits.py); without
+one, or while it is unreachable, each replica holds 1/N of it here (`rate_refusal`)."""
 
 from __future__ import annotations
 

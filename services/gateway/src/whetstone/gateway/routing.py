@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+GATEWAY = "gateway"   # routes the gateway answers itself
+
 # Longest prefix first; a prefix matches the path itself or the path followed by "/".
 ROUTES: tuple[tuple[str, str], ...] = (
     ("/v1/fine_tuning", "scheduler"),
     ("/v1/keys", "scheduler"),
     ("/v1/templates", "scheduler"),
     ("/v1/webhooks", "scheduler"),
+    ("/v1/operator/rate_limits", "gateway"),   # the tenant rates the gateway itself enforces
     ("/v1/operator", "scheduler"),
     ("/v1/files", "ingest"),
     ("/v1/base_models", "registry"),

@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import asyncio
 
+from whetstone.runtime.db import create_pool, migrate
 from whetstone.runtime.http import HttpServer
 from whetstone.runtime.logging import configure_logging, get_logger
 
 from .app import Gateway
 from .config import GatewaySettings
+from .shared_limits import MIGRATIONS, SCHEMA, SharedTenantRates, TenantLimitStore
 
 log = get_logger("whetstone.gateway")
 
@@ -31,9 +33,15 @@ class RunningGateway:
 
 
 async def start_gateway(settings: GatewaySettings | None = None, upstreams: dict[str, str] | None = None,
-                        port: int | None = None) -> RunningGateway:
+                        port: int | None = None, database_url: str | None = None) -> RunningGateway:
+    """`database_url`: the tenant rates are shared with every replica on the same database, and the
+    operator's overrides are read there (shared_limits.py); None: each replica keeps 1/replicas in memory."""
     settings = settings or GatewaySettings()
     gateway = Gateway(settings, upstreams)
+    if database_url:
+        pool = await create_pool(database_url, SCHEMA, min_size=1, max_size=settings.database_pool_size)
+        await migrate(pool, SCHEMA, MIGRATIONS)
+        gateway.rates = SharedTenantRates(TenantLimitStore(pool), settings, gateway.fair.rate_refusal)
     server = HttpServer(gateway, settings.host, settings.http_port if port is None else port)
     # clients keep connections open longer than uvicorn's 5 s default (httpx: 5 s, browsers: more); a server
     # that closes first races the client's next request into a reset: the edge waits longer than they do
@@ -43,8 +51,8 @@ async def start_gateway(settings: GatewaySettings | None = None, upstreams: dict
     return RunningGateway(gateway, server)
 
 
-async def serve_forever(settings: GatewaySettings | None = None) -> None:
-    running = await start_gateway(settings)
+async def serve_forever(settings: GatewaySettings | None = None, database_url: str | None = None) -> None:
+    running = await start_gateway(settings, database_url=database_url)
     try:
         await asyncio.Event().wait()
     finally:
@@ -52,11 +60,12 @@ async def serve_forever(settings: GatewaySettings | None = None) -> None:
 
 
 def main() -> None:
-    from whetstone.runtime.settings import CommonSettings  # noqa: PLC0415
+    from whetstone.runtime.settings import CommonSettings, load_stack_env  # noqa: PLC0415
 
+    load_stack_env(CommonSettings().data_dir)   # next to `whet stack up`, as the services
     common = CommonSettings()
     configure_logging(common.log_level, common.log_json)
     try:
-        asyncio.run(serve_forever())
+        asyncio.run(serve_forever(database_url=common.database_url))
     except KeyboardInterrupt:
         pass
