@@ -1,23 +1,21 @@
-"""Generates deploy/kafka/topics.yaml and deploy/kafka/users.yaml (Strimzi) from the code.
+"""Generates deploy/kafka/topics.yaml and deploy/kafka/users.yaml (Strimzi) from the contracts.
 
     .venv/bin/python deploy/tools/kafka_resources.py          # write
     .venv/bin/python deploy/tools/kafka_resources.py --check  # exit 1 when out of date
 
-* one KafkaTopic per entry of `whetstone.contracts.TOPICS` and one per DLQ, with partitions and
-  retention from the contracts table;
-* one KafkaUser per service, SCRAM-SHA-512, ACLs for exactly the topics its code consumes
-  (`bootstrap.build_service().subscriptions`, read from the bootstrap's source when building it needs
-  a configured environment) and publishes (the event classes its code constructs, plus the DLQ of every
-  topic it consumes: the runtime dead-letters there), its consumer group, and Describe on the
-  `whetstone-dlq-review` group (the metrics collector reads its offsets);
-* one KafkaUser for external producers, allowed to write `job.requested` only.
+Everything comes from the topic table, `whetstone.contracts.TOPICS`, and nothing from the services'
+code (tests/ops/test_topic_owners.py checks that the code matches the table):
+* one KafkaTopic per topic and one per DLQ, with partitions and retention from the table;
+* one KafkaUser per service, SCRAM-SHA-512, ACLs for exactly the topics the table says it consumes
+  (Read) and produces (Write), plus the DLQ of every topic it consumes (the runtime dead-letters
+  there), its consumer group `whetstone-<service>` (the trainer agents' per-node groups
+  `whetstone-trainer-agent-<node>` by prefix), and Describe on the `whetstone-dlq-review` group (the
+  metrics collector reads its offsets);
+* one KafkaUser for external producers: Write on the topics whose producers include `external`.
 """
 
 from __future__ import annotations
 
-import ast
-import importlib
-import re
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -27,21 +25,14 @@ from generated import write_or_check  # noqa: E402
 
 import yaml
 
-from whetstone.contracts import TOPICS
+from whetstone.contracts import TOPICS, ServiceName
 from whetstone.runtime.observability import DLQ_REVIEW_GROUP
 
 ROOT = Path(__file__).resolve().parents[2]
 OUT = ROOT / "deploy" / "kafka"
 CLUSTER = "whetstone"
-# service -> (package directory, python package); group: consumer group (prefix for per-node groups)
-SERVICES = {
-    "ingest": ("ingest", "whetstone.ingest"), "scheduler": ("scheduler", "whetstone.scheduler"),
-    "trainer-agent": ("trainer-agent", "whetstone.trainer_agent"), "eval": ("eval", "whetstone.eval"),
-    "registry": ("registry", "whetstone.registry"), "metering": ("metering", "whetstone.metering"),
-    "serving": ("serving", "whetstone.serving"),
-}
-EXTERNAL_PRODUCER_TOPICS = ("job.requested",)
-EVENT_CLASS = re.compile(r"\b([A-Z]\w*V\d+)\(")
+SERVICES = [s.value for s in ServiceName if s is not ServiceName.EXTERNAL]
+PER_NODE_GROUPS = frozenset({ServiceName.TRAINER_AGENT})   # one consumer group per node, granted by prefix
 
 
 @dataclass
@@ -53,33 +44,18 @@ class Access:
     publishes: list[str] = field(default_factory=list)
 
 
-def subscriptions(svc: str) -> tuple[list[str], str | None]:
-    pkg_dir, pkg = SERVICES[svc]
-    try:
-        service = importlib.import_module(f"{pkg}.bootstrap").build_service()
-        return sorted(service.subscriptions), service.group_id
-    except Exception:  # needs a configured environment: read the literal from the source
-        source = (ROOT / "services" / pkg_dir / "src" / Path(*pkg.split(".")) / "bootstrap.py").read_text()
-        for node in ast.walk(ast.parse(source)):
-            if isinstance(node, ast.keyword) and node.arg == "subscriptions" and isinstance(node.value, ast.Dict):
-                return sorted(k.value for k in node.value.keys if isinstance(k, ast.Constant)), None
-        raise
+def consumed_by(svc: str) -> list[str]:
+    return sorted(t.name for t in TOPICS.values() if svc in t.consumers)
 
 
-def publications(svc: str) -> list[str]:
-    by_class = {t.model.__name__: name for name, t in TOPICS.items()}
-    src = ROOT / "services" / SERVICES[svc][0] / "src"
-    found: set[str] = set()
-    for path in src.rglob("*.py"):
-        found |= {by_class[m] for m in EVENT_CLASS.findall(path.read_text()) if m in by_class}
-    return sorted(found)
+def produced_by(svc: str) -> list[str]:
+    return sorted(t.name for t in TOPICS.values() if svc in t.producers)
 
 
 def access(svc: str) -> Access:
-    consumes, group = subscriptions(svc)
-    prefix = svc == "trainer-agent"  # one group per node: whetstone-trainer-agent-<node>
-    return Access(svc, group if group and not prefix else f"whetstone-{svc}", prefix, consumes,
-                  sorted(set(publications(svc)) | {TOPICS[t].dlq for t in consumes}))
+    consumes = consumed_by(svc)
+    return Access(svc, f"whetstone-{svc}", ServiceName(svc) in PER_NODE_GROUPS, consumes,
+                  sorted(set(produced_by(svc)) | {TOPICS[t].dlq for t in consumes}))
 
 
 def kafka_topic(name: str, partitions: int, hours: int) -> dict:
@@ -119,11 +95,11 @@ def users() -> list[dict]:
             acls.append(acl("group", DLQ_REVIEW_GROUP, ["Describe"]))
         out.append(kafka_user(f"whetstone-{svc}", acls))
     out.append(kafka_user("whetstone-external-producer",
-                          [acl("topic", t, ["Write", "Describe"]) for t in EXTERNAL_PRODUCER_TOPICS]))
+                          [acl("topic", t, ["Write", "Describe"]) for t in produced_by(ServiceName.EXTERNAL)]))
     return out
 
 
-HEADER = "# GENERATED by deploy/tools/kafka_resources.py from the code: do not edit.\n"
+HEADER = "# GENERATED by deploy/tools/kafka_resources.py from the contracts' topic table: do not edit.\n"
 
 
 def render() -> dict[str, str]:

@@ -1,6 +1,6 @@
 """The production overlay: renders offline, every object valid against the vendored Kubernetes 1.33 and
 CRD schemas (Strimzi kafka.strimzi.io/v1, KEDA, prometheus-operator), topics and ACLs generated from
-the code and up to date, and the operational promises of issue 18 (non-root, 0.0.0.0, GPUs, PDBs,
+the contracts' topic table and up to date, and the operational promises of issue 18 (non-root, 0.0.0.0, GPUs, PDBs,
 ingress only to the gateway, node RBAC for the scheduler)."""
 
 import copy
@@ -133,16 +133,24 @@ def acls(user: str) -> dict[str, set[str]]:
     return out
 
 
-def test_service_acls_are_exactly_what_the_code_consumes_and_publishes():
+def test_service_acls_are_exactly_what_the_contracts_say_each_consumes_and_produces():
+    """The topic table's producers and consumers (tests/ops/test_topic_owners.py checks the code keeps to them)."""
     kafka = load_tool("kafka_resources")
+    assert set(kafka.SERVICES) == {"ingest", "scheduler", "trainer-agent", "eval", "registry", "metering", "serving"}
     for svc in kafka.SERVICES:
-        consumes, _ = kafka.subscriptions(svc)  # the live Service object (its bootstrap), or its literal
+        consumes = {t.name for t in TOPICS.values() if svc in t.consumers}
         granted = acls(f"whetstone-{svc}")
-        assert granted.get("Read", set()) == set(consumes), svc
-        publishes = set(kafka.publications(svc)) | {TOPICS[t].dlq for t in consumes}
+        assert granted.get("Read", set()) == consumes, svc
+        publishes = {t.name for t in TOPICS.values() if svc in t.producers} | {TOPICS[t].dlq for t in consumes}
         assert granted.get("Write", set()) == publishes, svc
         assert granted.get("Write") and not granted.get("Write", set()) & {"All", "*"}
     assert acls("whetstone-external-producer") == {"Write": {"job.requested"}, "Describe": {"job.requested"}}
+    assert acls("whetstone-serving") == {"Read": {"checkpoint.written", "model.registered", "model.promoted"},
+                                         "Write": {"checkpoint.written.dlq", "model.registered.dlq",
+                                                   "model.promoted.dlq"},
+                                         "Describe": {"checkpoint.written", "model.registered", "model.promoted",
+                                                      "checkpoint.written.dlq", "model.registered.dlq",
+                                                      "model.promoted.dlq"}}
     # every workload that talks to Kafka has a user, and uses its own
     users = {d["metadata"]["name"] for d in of_kind("KafkaUser")}
     for w in of_kind("Deployment") + of_kind("DaemonSet"):
@@ -151,14 +159,6 @@ def test_service_acls_are_exactly_what_the_code_consumes_and_publishes():
             name = env["WHETSTONE_KAFKA_SASL_USERNAME"]["value"]
             assert name in users and name == w["metadata"]["name"]
             assert env["WHETSTONE_KAFKA_SASL_PASSWORD"]["valueFrom"]["secretKeyRef"]["name"] == name
-
-
-def test_the_publications_scan_sees_the_known_producers():
-    kafka = load_tool("kafka_resources")
-    assert "eval.completed" in kafka.publications("eval")
-    assert {"job.queued", "job.assigned"} <= set(kafka.publications("scheduler"))
-    assert {"checkpoint.written", "node.heartbeat", "job.progress"} <= set(kafka.publications("trainer-agent"))
-    assert "usage.metered" in kafka.publications("metering")
 
 
 def pod_spec(w: dict) -> dict:

@@ -180,3 +180,17 @@ class IntegrationType(StrEnum):
 
     WANDB = "wandb"
     MLFLOW = "mlflow"
+
+
+class ServiceName(StrEnum):
+    """Who produces and consumes each topic (`topics.TOPICS`): the platform's services, and EXTERNAL,
+    a tenant's own producer of `job.requested` (authenticated by its producer token)."""
+
+    INGEST = "ingest"
+    SCHEDULER = "scheduler"
+    TRAINER_AGENT = "trainer-agent"
+    EVAL = "eval"
+    REGISTRY = "registry"
+    METERING = "metering"
+    SERVING = "serving"
+    EXTERNAL = "external"

@@ -1,4 +1,7 @@
-"""The topic table: topic -> payload model, key field, partitions."""
+"""The topic table: topic -> payload model, key field, partitions, and which services produce and
+consume it. deploy/tools/kafka_resources.py makes each service's Kafka ACLs from this table alone;
+tests/ops/test_topic_owners.py checks that the services' code matches it (a service consumes exactly
+the topics it subscribes to, and constructs only the events of topics it produces)."""
 
 from __future__ import annotations
 
@@ -9,6 +12,7 @@ from . import events as e
 from . import model_events as m
 from . import platform_events as p
 from .base import Event
+from .enums import ServiceName
 
 DLQ_SUFFIX = ".dlq"
 
@@ -22,40 +26,77 @@ class Topic:
     # how long the broker keeps messages (production KafkaTopic retention.ms); DLQs keep theirs longer
     retention_hours: int = 7 * 24
     dlq_retention_hours: int = 30 * 24
+    producers: frozenset[ServiceName] = frozenset()
+    consumers: frozenset[ServiceName] = frozenset()
 
     @property
     def dlq(self) -> str:
         return self.name + DLQ_SUFFIX
 
 
+_INGEST, _SCHEDULER, _AGENT, _EVAL = ServiceName.INGEST, ServiceName.SCHEDULER, ServiceName.TRAINER_AGENT, ServiceName.EVAL
+_REGISTRY, _METERING, _SERVING, _EXTERNAL = (ServiceName.REGISTRY, ServiceName.METERING, ServiceName.SERVING,
+                                             ServiceName.EXTERNAL)
+
+
+def _by(*services: ServiceName) -> frozenset[ServiceName]:
+    return frozenset(services)
+
+
 TOPICS: dict[str, Topic] = {
     t.name: t
     for t in [
-        Topic("dataset.submitted", e.DatasetSubmittedV1, "dataset_id"),
-        Topic("dataset.validated", e.DatasetValidatedV1, "dataset_id"),
-        Topic("dataset.deleted", e.DatasetDeletedV1, "dataset_id"),
-        Topic("file.created", e.FileCreatedV1, "file_id"),
-        Topic("job.requested", e.JobRequestedV1, "job_id"),
-        Topic("job.queued", e.JobQueuedV1, "job_id"),
-        Topic("job.assigned", e.JobAssignedV1, "node_id"),
-        Topic("job.cancelled", e.JobCancelledV1, "job_id"),
-        Topic("job.preempt_requested", e.JobPreemptRequestedV1, "node_id"),
-        Topic("node.fenced", e.NodeFencedV1, "node_id"),
-        Topic("job.started", e.JobStartedV1, "job_id"),
-        Topic("job.progress", e.JobProgressV1, "job_id"),
-        Topic("checkpoint.written", e.CheckpointWrittenV1, "job_id"),
-        Topic("job.preempted", e.JobPreemptedV1, "job_id"),
-        Topic("job.completed", e.JobCompletedV1, "job_id"),
-        Topic("job.failed", e.JobFailedV1, "job_id"),
-        Topic("eval.completed", m.EvalCompletedV1, "job_id"),
-        Topic("model.registered", m.ModelRegisteredV1, "model_id"),
-        Topic("model.promoted", m.ModelPromotedV1, "model_id"),
-        Topic("base_model.updated", m.BaseModelUpdatedV1, "name"),
-        Topic("eval.requested", m.EvalRequestedV1, "job_id"),
-        Topic("model.merge_requested", m.MergeRequestedV1, "model_id"),
-        Topic("model.merged", m.ModelMergedV1, "model_id"),
-        Topic("usage.metered", p.UsageMeteredV1, "job_id"),
-        Topic("node.heartbeat", p.NodeHeartbeatV1, "node_id", partitions=1),
+        Topic("dataset.submitted", e.DatasetSubmittedV1, "dataset_id", producers=_by(_INGEST),
+              consumers=_by(_INGEST, _SCHEDULER)),
+        Topic("dataset.validated", e.DatasetValidatedV1, "dataset_id", producers=_by(_INGEST),
+              consumers=_by(_SCHEDULER)),
+        Topic("dataset.deleted", e.DatasetDeletedV1, "dataset_id", producers=_by(_INGEST),
+              consumers=_by(_SCHEDULER)),
+        Topic("file.created", e.FileCreatedV1, "file_id", producers=_by(_INGEST),
+              consumers=_by(_SCHEDULER)),
+        Topic("job.requested", e.JobRequestedV1, "job_id", producers=_by(_SCHEDULER, _EXTERNAL),
+              consumers=_by(_SCHEDULER)),
+        Topic("job.queued", e.JobQueuedV1, "job_id", producers=_by(_SCHEDULER),
+              consumers=_by(_EVAL, _INGEST, _METERING, _REGISTRY)),
+        Topic("job.assigned", e.JobAssignedV1, "node_id", producers=_by(_SCHEDULER),
+              consumers=_by(_AGENT)),
+        Topic("job.cancelled", e.JobCancelledV1, "job_id", producers=_by(_SCHEDULER),
+              consumers=_by(_EVAL, _INGEST, _METERING, _REGISTRY, _AGENT)),
+        Topic("job.preempt_requested", e.JobPreemptRequestedV1, "node_id", producers=_by(_SCHEDULER),
+              consumers=_by(_AGENT)),
+        Topic("node.fenced", e.NodeFencedV1, "node_id", producers=_by(_SCHEDULER),
+              consumers=_by(_EVAL, _REGISTRY, _AGENT)),
+        Topic("job.started", e.JobStartedV1, "job_id", producers=_by(_AGENT),
+              consumers=_by(_METERING, _SCHEDULER)),
+        Topic("job.progress", e.JobProgressV1, "job_id", producers=_by(_AGENT),
+              consumers=_by(_INGEST, _REGISTRY, _SCHEDULER)),
+        Topic("checkpoint.written", e.CheckpointWrittenV1, "job_id", producers=_by(_AGENT),
+              consumers=_by(_EVAL, _INGEST, _REGISTRY, _SCHEDULER, _SERVING)),
+        Topic("job.preempted", e.JobPreemptedV1, "job_id", producers=_by(_SCHEDULER, _AGENT),
+              consumers=_by(_METERING, _SCHEDULER)),
+        Topic("job.completed", e.JobCompletedV1, "job_id", producers=_by(_AGENT),
+              consumers=_by(_INGEST, _METERING, _SCHEDULER)),
+        Topic("job.failed", e.JobFailedV1, "job_id", producers=_by(_SCHEDULER, _AGENT),
+              consumers=_by(_INGEST, _METERING, _REGISTRY, _SCHEDULER)),
+        Topic("eval.completed", m.EvalCompletedV1, "job_id", producers=_by(_EVAL),
+              consumers=_by(_REGISTRY, _SCHEDULER)),
+        Topic("model.registered", m.ModelRegisteredV1, "model_id", producers=_by(_REGISTRY),
+              consumers=_by(_SCHEDULER, _SERVING)),
+        Topic("model.promoted", m.ModelPromotedV1, "model_id", producers=_by(_REGISTRY),
+              consumers=_by(_SCHEDULER, _SERVING)),
+        Topic("base_model.updated", m.BaseModelUpdatedV1, "name", producers=_by(_REGISTRY),
+              consumers=_by()),
+        Topic("eval.requested", m.EvalRequestedV1, "job_id", producers=_by(_REGISTRY),
+              consumers=_by(_EVAL)),
+        Topic("model.merge_requested", m.MergeRequestedV1, "model_id", producers=_by(_REGISTRY),
+              consumers=_by(_SCHEDULER)),
+        Topic("model.merged", m.ModelMergedV1, "model_id", producers=_by(_SCHEDULER, _AGENT),
+              consumers=_by(_REGISTRY)),
+        Topic("usage.metered", p.UsageMeteredV1, "job_id", producers=_by(_METERING),
+              consumers=_by(_SCHEDULER)),
+        Topic("node.heartbeat", p.NodeHeartbeatV1, "node_id", partitions=1,
+              producers=_by(_AGENT),
+              consumers=_by(_SCHEDULER)),
     ]
 }
 
