@@ -255,3 +255,30 @@ def test_one_non_root_dockerfile_per_service_with_only_its_dependencies():
                 allowed.add("services/graders")
             assert copied <= allowed and f"services/{svc}" in copied, (path.name, copied)
             assert f'"whetstone.{svc.replace("-", "_")}"]' in text
+
+
+def test_only_the_gateway_and_the_scheduler_get_the_internal_secret():
+    """Issue 35 p5: every other workload verifies with the identity public key; ingest alone gets the
+    file-id key; the keys the install step derives are the ones the runtime derives."""
+    holders, public, file_key = set(), set(), set()
+    for w in of_kind("Deployment") + of_kind("DaemonSet"):
+        env = {e["name"]: e for e in pod_spec(w)["containers"][0].get("env", [])}
+        name = w["metadata"]["name"].removeprefix("whetstone-")
+        if "WHETSTONE_INTERNAL_SECRET" in env:
+            holders.add(name)
+        if "WHETSTONE_IDENTITY_PUBLIC_KEY" in env:
+            ref = env["WHETSTONE_IDENTITY_PUBLIC_KEY"]["valueFrom"]["secretKeyRef"]
+            assert ref == {"name": "whetstone-internal", "key": "identity-public-key"}, name
+            public.add(name)
+        if "WHETSTONE_FILE_ID_KEY" in env:
+            file_key.add(name)
+    assert holders == {"gateway", "scheduler"}
+    assert public == {"ingest", "eval", "registry", "metering", "serving", "trainer-agent"}
+    assert file_key == {"ingest"}
+    from whetstone.runtime.file_ids import derive_file_id_key
+    from whetstone.runtime.identity import IdentityKeys
+
+    secret = b"an operator's secret"
+    keys = load_tool("internal_keys").derived(secret)
+    assert keys["identity-public-key"] == IdentityKeys.from_secret(secret).public_hex()
+    assert bytes.fromhex(keys["file-id-key"]) == derive_file_id_key(secret) != secret

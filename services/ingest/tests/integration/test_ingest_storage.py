@@ -2,7 +2,12 @@
 a per-tenant storage quota (bytes of the files it keeps; an upload past it is 413
 storage_quota_exceeded naming the quota, and deleting a file frees its bytes), and uploads that
 follow the disk ingest really has (507 insufficient_storage, naming what is free, before a byte is
-written)."""
+written).
+
+Ingest runs here as it is deployed, without the platform's internal secret (issue 35 p5): it verifies
+the gateway's signed identities with the public key alone (WHETSTONE_IDENTITY_PUBLIC_KEY) and mints
+file ids with the file-id key alone (WHETSTONE_FILE_ID_KEY); the test signs as the gateway does, with
+a secret ingest never sees, and the ids it got verify for the scheduler (which derives the same key)."""
 
 from __future__ import annotations
 
@@ -15,10 +20,12 @@ import openai
 import pytest
 
 from whetstone.ingest.bootstrap import build_service
-from whetstone.runtime.identity import IdentityAuth
+from whetstone.runtime.file_ids import derive_file_id_key, minted_for
+from whetstone.runtime.identity import IdentityAuth, IdentityKeys
 
 pytestmark = pytest.mark.integration
 QUOTA = 3_000
+GATEWAY_SECRET = b"held by the gateway and the scheduler only"
 
 
 def rows(tag: str, size: int = 1_200) -> bytes:
@@ -29,9 +36,10 @@ def rows(tag: str, size: int = 1_200) -> bytes:
     return body + b" " * (size - len(body) - 1) + b"\n"
 
 
-def client(url: str, tenant: str) -> openai.AsyncOpenAI:
+def client(url: str, tenant: str, secret: bytes = GATEWAY_SECRET) -> openai.AsyncOpenAI:
     return openai.AsyncOpenAI(base_url=url + "/v1", api_key="unused", max_retries=0,
-                              http_client=httpx.AsyncClient(auth=IdentityAuth(tenant), timeout=60))
+                              http_client=httpx.AsyncClient(auth=IdentityAuth(tenant, secret=secret),
+                                                            timeout=60))
 
 
 async def test_storage_quota_per_tenant_and_the_disk_ingest_really_has(platform, monkeypatch, tmp_path):
@@ -40,10 +48,16 @@ async def test_storage_quota_per_tenant_and_the_disk_ingest_really_has(platform,
     work.mkdir()
     monkeypatch.setenv("WHETSTONE_INGEST_TENANT_STORAGE_QUOTA_BYTES", json.dumps({tenant: QUOTA}))
     monkeypatch.setenv("WHETSTONE_INGEST_WORK_DIR", str(work))
+    monkeypatch.delenv("WHETSTONE_INTERNAL_SECRET", raising=False)
+    monkeypatch.setenv("WHETSTONE_IDENTITY_PUBLIC_KEY", IdentityKeys.from_secret(GATEWAY_SECRET).public_hex())
+    monkeypatch.setenv("WHETSTONE_FILE_ID_KEY", derive_file_id_key(GATEWAY_SECRET).hex())
     async with platform(build_service) as p:
         url, config = p.url("ingest"), p["ingest"].ctx.config
         mine, theirs = client(url, tenant), client(url, other)
         first = await mine.files.create(file=("a.jsonl", rows("a")), purpose="fine-tune")
+        assert minted_for(first.id, tenant, derive_file_id_key(GATEWAY_SECRET))
+        with pytest.raises(openai.AuthenticationError):   # signed with anything but the gateway's key
+            await client(url, tenant, secret=b"not the gateway's").files.list()
         await mine.files.create(file=("b.jsonl", rows("b")), purpose="fine-tune")   # 2,400 of 3,000 bytes kept
         with pytest.raises(openai.APIStatusError) as over:
             await mine.files.create(file=("c.jsonl", rows("c")), purpose="fine-tune")
@@ -74,3 +88,4 @@ async def test_storage_quota_per_tenant_and_the_disk_ingest_really_has(platform,
         small = await theirs.files.create(file=("d.jsonl", rows("d")), purpose="fine-tune")
         assert small.bytes == 1_200
         assert sorted(f.filename for f in (await theirs.files.list()).data) == ["c.jsonl", "d.jsonl"]
+    assert not (p.settings.data_dir / "internal.secret").exists()   # ingest never read (or made) the secret

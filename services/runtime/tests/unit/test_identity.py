@@ -7,12 +7,14 @@ from whetstone.runtime.identity import (
     IDENTITY_HEADER,
     INTERNAL_HEADER,
     SIGNATURE_HEADER,
+    IdentityKeys,
     identity_headers,
+    identity_keys,
     internal_headers,
     verify,
     verify_internal,
 )
-from whetstone.runtime.signing import UNSIGNED_PAYLOAD, Bound, mac
+from whetstone.runtime.signing import UNSIGNED_PAYLOAD, Bound, canonical
 
 pytestmark = pytest.mark.unit
 SECRET = b"s3cret"
@@ -127,10 +129,32 @@ def test_a_producer_token_names_its_tenant_and_expiry_and_cannot_be_edited_or_fo
     ("tenant=acme;ts=soon", None),                                                     # not a number
 ])
 def test_the_identity_fields_are_read_once_and_a_malformed_one_is_refused(identity, expect):
-    signature = mac("identity", identity, POST, SECRET)
+    signature = IdentityKeys.from_secret(SECRET).sign(canonical("identity", identity, POST))
     if expect is None:
         with pytest.raises(ApiError, match="Malformed identity header"):
             verify(identity, signature, SECRET, POST, now=1000)
         return
     who = verify(identity, signature, SECRET, POST, now=1000)
     assert (who.tenant_id, who.key_id, who.scopes) == expect
+
+
+def test_a_service_with_only_the_public_key_verifies_but_cannot_sign(monkeypatch, tmp_path):
+    """The internal secret stays with the gateway and the scheduler: a service given the public key
+    (WHETSTONE_IDENTITY_PUBLIC_KEY) verifies identities and internal calls without ever reading it."""
+    public = IdentityKeys.from_secret(SECRET).public_hex()
+    assert len(public) == 64 and public != IdentityKeys.from_secret(b"other").public_hex()
+    monkeypatch.delenv("WHETSTONE_INTERNAL_SECRET", raising=False)
+    monkeypatch.setenv("WHETSTONE_IDENTITY_PUBLIC_KEY", public)
+    keys = identity_keys(tmp_path)
+    assert keys.private is None and not (tmp_path / "internal.secret").exists()   # no secret read or made
+    h = identity_headers("acme", ("read",), bound=POST, secret=SECRET, now=1000)
+    assert verify(h[IDENTITY_HEADER], h[SIGNATURE_HEADER], keys, POST, now=1000).tenant_id == "acme"
+    assert verify_internal(internal_headers(POST, SECRET, now=1000)[INTERNAL_HEADER], keys, POST, now=1000)
+    forged = identity_headers("acme", ("read",), bound=POST, secret=b"a guess", now=1000)
+    with pytest.raises(ApiError, match="could not be verified"):
+        verify(forged[IDENTITY_HEADER], forged[SIGNATURE_HEADER], keys, POST, now=1000)
+    with pytest.raises(PermissionError):
+        identity_headers("acme", ("read",), bound=POST, secret=keys, now=1000)
+    monkeypatch.setenv("WHETSTONE_IDENTITY_PUBLIC_KEY", "not hex")
+    with pytest.raises(ValueError, match="WHETSTONE_IDENTITY_PUBLIC_KEY"):
+        identity_keys(tmp_path)

@@ -5,11 +5,13 @@ The gateway (the only component that sees API keys) authenticates `Authorization
 
     X-Whetstone-Identity: tenant=<id>;key=<key id>;scopes=<a,b>;ts=<unix seconds>
     X-Whetstone-Content-Sha256: hex(sha256(body)), or UNSIGNED-PAYLOAD for a streamed body
-    X-Whetstone-Signature: hex(HMAC-SHA256(internal secret, identity + method + target + body hash))
+    X-Whetstone-Signature: hex(Ed25519 signature of identity + method + target + body hash)
 
-(the canonical text is in `signing.py`). A service trusts a tenant only when the signature verifies
-with the platform's internal secret for THIS request (method, path and query, body) and the
-timestamp is within 60 s; any other header a caller sends (`X-Tenant-Id`, a forged identity, a
+(the canonical text is in `signing.py`). The signing key is derived from the platform's internal
+secret (`IdentityKeys.from_secret`), held only by the gateway and the scheduler (and operators); every
+other service verifies with its public half, `WHETSTONE_IDENTITY_PUBLIC_KEY`, and cannot sign. A
+service trusts a tenant only when the signature verifies for THIS request (method, path and query,
+body) and the timestamp is within 60 s; any other header a caller sends (`X-Tenant-Id`, a forged identity, a
 signature made for another request) is refused with 401. Routes declare what they need with
 `Depends(require("write"))`. Clients that call a service port directly (the CLI's operator calls,
 tests) sign each request as it is sent with `IdentityAuth` / `InternalAuth` (httpx auth).
@@ -17,6 +19,7 @@ tests) sign each request as it is sent with `IdentityAuth` / `InternalAuth` (htt
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import hmac
 import os
@@ -28,10 +31,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from cryptography.exceptions import InvalidSignature
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
+from cryptography.hazmat.primitives.serialization import Encoding, PublicFormat
 from fastapi import Depends, Request
 
 from .errors import ApiError
-from .signing import CONTENT_HASH_HEADER, Bound, SignedAuth, bound_of, mac, within_window
+from .signing import CONTENT_HASH_HEADER, Bound, SignedAuth, bound_of, canonical, within_window
 
 IDENTITY_HEADER = "X-Whetstone-Identity"
 SIGNATURE_HEADER = "X-Whetstone-Signature"
@@ -97,19 +103,83 @@ def sign(identity: str, secret: bytes) -> str:
     return hmac.new(secret, identity.encode(), hashlib.sha256).hexdigest()
 
 
+PUBLIC_KEY_ENV = "WHETSTONE_IDENTITY_PUBLIC_KEY"
+_SIGNING_KEY_LABEL = b"whetstone-identity-signing-key:v1"
+
+
+@dataclass(frozen=True)
+class IdentityKeys:
+    """The key pair that signs identities and internal calls. `private` is derived from the internal
+    secret (the gateway, the scheduler, operators); a service given only `WHETSTONE_IDENTITY_PUBLIC_KEY`
+    holds the public half: it verifies every call and can forge none."""
+
+    public: Ed25519PublicKey
+    private: Ed25519PrivateKey | None = None
+
+    @classmethod
+    def from_secret(cls, secret: bytes) -> IdentityKeys:
+        return _keys_from_secret(secret)
+
+    @classmethod
+    def from_public_hex(cls, text: str) -> IdentityKeys:
+        try:
+            return cls(Ed25519PublicKey.from_public_bytes(bytes.fromhex(text.strip())))
+        except ValueError as exc:
+            raise ValueError(f"{PUBLIC_KEY_ENV} is not a hex Ed25519 public key (64 hex digits): {exc}") from exc
+
+    def public_hex(self) -> str:
+        return self.public.public_bytes(Encoding.Raw, PublicFormat.Raw).hex()
+
+    def sign(self, text: bytes) -> str:
+        if self.private is None:
+            raise PermissionError("this process holds only the identity public key: it cannot sign")
+        return self.private.sign(text).hex()
+
+    def verify(self, text: bytes, signature: str) -> bool:
+        try:
+            self.public.verify(bytes.fromhex(signature), text)
+        except (InvalidSignature, ValueError):
+            return False
+        return True
+
+
+@functools.lru_cache(maxsize=16)
+def _keys_from_secret(secret: bytes) -> IdentityKeys:
+    private = Ed25519PrivateKey.from_private_bytes(hmac.new(secret, _SIGNING_KEY_LABEL, hashlib.sha256).digest())
+    return IdentityKeys(private.public_key(), private)
+
+
+def identity_keys(data_dir: Path | None = None) -> IdentityKeys:
+    """What a service verifies callers with: the public key in `WHETSTONE_IDENTITY_PUBLIC_KEY` when set
+    (a service deployed without the internal secret never reads it), else the pair derived from the
+    internal secret (the dev stack: every process of one machine shares `<data_dir>/internal.secret`)."""
+    public = os.environ.get(PUBLIC_KEY_ENV, "").strip()
+    if public:
+        return IdentityKeys.from_public_hex(public)
+    return IdentityKeys.from_secret(internal_secret(data_dir))
+
+
+def _keys(keys: IdentityKeys | bytes | None) -> IdentityKeys:
+    if isinstance(keys, IdentityKeys):
+        return keys
+    return IdentityKeys.from_secret(keys or internal_secret())
+
+
 def identity_headers(tenant_id: str, scopes: tuple[str, ...] | frozenset[str] = ("read", "write"), *, bound: Bound,
-                     key_id: str = "internal", secret: bytes | None = None, now: float | None = None) -> dict[str, str]:
+                     key_id: str = "internal", secret: bytes | IdentityKeys | None = None,
+                     now: float | None = None) -> dict[str, str]:
     """The headers the gateway adds after authenticating a key, for the request `bound` describes."""
     ts = int(now if now is not None else time.time())
     identity = f"tenant={tenant_id};key={key_id};scopes={','.join(sorted(scopes))};ts={ts}"
     return {IDENTITY_HEADER: identity, CONTENT_HASH_HEADER: bound.content_sha256,
-            SIGNATURE_HEADER: mac("identity", identity, bound, secret or internal_secret())}
+            SIGNATURE_HEADER: _keys(secret).sign(canonical("identity", identity, bound))}
 
 
-def internal_headers(bound: Bound, secret: bytes | None = None, *, now: float | None = None) -> dict[str, str]:
+def internal_headers(bound: Bound, secret: bytes | IdentityKeys | None = None, *,
+                     now: float | None = None) -> dict[str, str]:
     """Headers of a platform-internal call (the gateway, an operator's `whet keys`) for one request."""
     ts = str(int(now if now is not None else time.time()))
-    return {INTERNAL_HEADER: f"{ts}:{mac('internal', ts, bound, secret or internal_secret())}",
+    return {INTERNAL_HEADER: f"{ts}:{_keys(secret).sign(canonical('internal', ts, bound))}",
             CONTENT_HASH_HEADER: bound.content_sha256}
 
 
@@ -134,13 +204,14 @@ class InternalAuth(SignedAuth):
         return internal_headers(bound, self.secret)
 
 
-def verify_internal(value: str | None, secret: bytes, bound: Bound | None, *, now: float | None = None) -> bool:
+def verify_internal(value: str | None, keys: IdentityKeys | bytes, bound: Bound | None, *,
+                    now: float | None = None) -> bool:
     ts, _, sent = (value or "").partition(":")
     if bound is None or not ts.isdigit() or not sent:
         return False
     if not within_window(int(ts), now if now is not None else time.time()):
         return False
-    return hmac.compare_digest(mac("internal", ts, bound, secret), sent)
+    return _keys(keys).verify(canonical("internal", ts, bound), sent)
 
 
 # Producer tokens: what an external producer of `job.requested` puts in the envelope's
@@ -195,8 +266,9 @@ def verify_producer_token(token: str, secret: bytes) -> ProducerToken | None:
     return ProducerToken(token_id, tenant, int(exp))
 
 
-def _secret_of(request: Request) -> bytes:
-    return getattr(request.app.state, "internal_secret", None) or internal_secret()
+def _keys_of(request: Request) -> IdentityKeys:
+    keys = getattr(request.app.state, "identity_keys", None)
+    return keys if isinstance(keys, IdentityKeys) else identity_keys()
 
 
 def _parse_identity(identity: str) -> tuple[int, Caller]:
@@ -220,14 +292,14 @@ def _parse_identity(identity: str) -> tuple[int, Caller]:
     return int(ts), Caller(tenant_id=tenant, key_id=key, scopes=frozenset(s for s in scopes.split(",") if s))
 
 
-def verify(identity: str | None, signature: str | None, secret: bytes, bound: Bound | None, *,
+def verify(identity: str | None, signature: str | None, keys: IdentityKeys | bytes, bound: Bound | None, *,
            now: float | None = None) -> Caller:
     """The caller `identity` names, when `signature` is the platform's for it AND for the request
     `bound` describes (None: the request's body does not match its declared hash)."""
     if not identity or not signature:
         raise ApiError(401, "Missing or invalid API key: send `Authorization: Bearer <key>` to the public API.",
                        type="invalid_request_error", code="invalid_api_key")
-    if bound is None or not hmac.compare_digest(mac("identity", identity, bound, secret), signature):
+    if bound is None or not _keys(keys).verify(canonical("identity", identity, bound), signature):
         raise ApiError(401, "The caller's identity could not be verified for this request.",
                        type="invalid_request_error", code="invalid_identity")
     try:
@@ -241,7 +313,7 @@ def verify(identity: str | None, signature: str | None, secret: bytes, bound: Bo
 
 def _caller_with(scope: str) -> Callable[[Request], Awaitable[Caller]]:
     async def caller(request: Request) -> Caller:
-        who = verify(request.headers.get(IDENTITY_HEADER), request.headers.get(SIGNATURE_HEADER), _secret_of(request),
+        who = verify(request.headers.get(IDENTITY_HEADER), request.headers.get(SIGNATURE_HEADER), _keys_of(request),
                      await bound_of(request))
         if not who.allows(scope):
             raise ApiError(403, f"This API key lacks the `{scope}` scope.", type="invalid_request_error",
@@ -266,7 +338,7 @@ def require_internal() -> Any:
     """FastAPI dependency: only a caller holding the internal secret (never a tenant's key)."""
 
     async def internal(request: Request) -> Caller:
-        if not verify_internal(request.headers.get(INTERNAL_HEADER), _secret_of(request), await bound_of(request)):
+        if not verify_internal(request.headers.get(INTERNAL_HEADER), _keys_of(request), await bound_of(request)):
             raise ApiError(401, "This route is internal to the platform.", code="invalid_internal_auth")
         return PLATFORM
 
@@ -279,7 +351,7 @@ def require_or_internal(scope: str) -> Any:
 
     async def caller(request: Request) -> Caller:
         if request.headers.get(INTERNAL_HEADER) and verify_internal(request.headers.get(INTERNAL_HEADER),
-                                                                    _secret_of(request), await bound_of(request)):
+                                                                    _keys_of(request), await bound_of(request)):
             return PLATFORM
         return await inner(request)
 

@@ -41,7 +41,7 @@ from .delivery import MAX_RECORD_BYTES, PoisonMessage, dead_letter, is_transient
 from .assignment import watch_assignment
 from .batching import BatchHandler, consume_batch, undecoded
 from .consuming import FetchLag, consume_fetch, held_connection
-from .identity import internal_secret
+from .identity import identity_keys
 from .lifecycle import bounded, supervise
 from .http import BodyLimit, HttpServer, ServiceMetrics, make_app
 from .logging import configure_logging, get_logger
@@ -183,7 +183,8 @@ class Runtime(Generic[C]):
             self._tasks.append(asyncio.create_task(supervise(self, bg), name=f"{self.name}-{bg.__name__}"))
         app = make_app(self.name, self.metrics, {"postgres": self._check_db, "kafka": self._check_kafka},
                        docs=s.api_docs)
-        app.state.internal_secret = internal_secret(s.data_dir)  # resolved once: identity checks read it per request
+        # resolved once: identity checks read it per request (only the public key where the deployment gives one)
+        app.state.identity_keys = identity_keys(s.data_dir)
         app.include_router(trace_routes(self.name, self.trace))
         if self.service.routes:
             app.include_router(self.service.routes(self))

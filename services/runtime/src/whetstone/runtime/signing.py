@@ -1,7 +1,8 @@
 """What an internal signature binds: the request it was made for, not only who sends it.
 
-The gateway's identity signature and an internal call's signature are HMAC-SHA256 (the platform's
-internal secret) over one canonical text:
+The gateway's identity signature and an internal call's signature are Ed25519 signatures (with the
+key derived from the platform's internal secret, `identity.IdentityKeys`; services verify with its
+public half) over one canonical text:
 
     <purpose>:v2 \n <signed value> \n <METHOD> \n <target> \n <content sha256>
 
@@ -50,9 +51,13 @@ class Bound:
         return cls(method.upper(), target, UNSIGNED_PAYLOAD if body is None else hashlib.sha256(body).hexdigest())
 
 
+def canonical(purpose: str, value: str, bound: Bound) -> bytes:
+    """The text a signature covers."""
+    return f"{purpose}:v2\n{value}\n{bound.method}\n{bound.target}\n{bound.content_sha256}".encode()
+
+
 def mac(purpose: str, value: str, bound: Bound, secret: bytes) -> str:
-    text = f"{purpose}:v2\n{value}\n{bound.method}\n{bound.target}\n{bound.content_sha256}"
-    return hmac.new(secret, text.encode(), hashlib.sha256).hexdigest()
+    return hmac.new(secret, canonical(purpose, value, bound), hashlib.sha256).hexdigest()
 
 
 def within_window(ts: int, now: float) -> bool:

@@ -15,9 +15,9 @@ from starlette.concurrency import iterate_in_threadpool
 
 from whetstone.contracts import DatasetDeletedV1, DatasetSubmittedV1, DatasetValidatedV1, ValidationIssue
 from whetstone.runtime.errors import ApiError
-from whetstone.runtime.file_ids import mint_file_id
+from whetstone.runtime.file_ids import file_id_key, mint_file_id
 from whetstone.runtime.http import ListPage, list_page, not_found
-from whetstone.runtime.identity import Caller, internal_secret, require
+from whetstone.runtime.identity import Caller, require
 from whetstone.runtime.s3 import tenant_prefix
 from whetstone.runtime.service import Runtime
 
@@ -159,7 +159,7 @@ def routes(rt: Runtime[IngestContext]) -> APIRouter:
             # every upload its own id and object (deleting one never touches another's); identical content
             # is validated once: a later upload of the same bytes gets the verdict given before
             # (usecases/submissions.py)
-            file_id = mint_file_id(caller.tenant_id, internal_secret(rt.settings.data_dir))
+            file_id = mint_file_id(caller.tenant_id, file_id_key(rt.settings.data_dir))
             key = f"{tenant_prefix(caller.tenant_id)}uploads/{file_id}{known_suffix(filename)}"
             source_uri = await asyncio.to_thread(rt.store.put_file, key, got.path)
         async with rt.uow() as uow:

@@ -22,8 +22,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict
 from whetstone.contracts import (DatasetStatus, DatasetSubmittedV1, DatasetValidatedV1, Purpose, ValidationIssue,
                                  dataset_id_for)
-from whetstone.runtime.file_ids import FILE_ID_PREFIX, minted_for
-from whetstone.runtime.identity import internal_secret
+from whetstone.runtime.file_ids import FILE_ID_PREFIX, file_id_key, minted_for
 from whetstone.runtime.s3 import ObjectStore, parse_uri, tenant_prefix
 from whetstone.runtime.service import Runtime
 
@@ -166,7 +165,7 @@ def _store_tokenized(store: ObjectStore, base: str, version: str, result: GateRe
 def id_names_upload(rt: Runtime[IngestContext], tenant_id: str, dataset_id: str, sha256: str) -> bool:
     """A dataset id is the content's address (`ds-`), or a file id the Files API minted for this tenant."""
     if dataset_id.startswith(FILE_ID_PREFIX):
-        return minted_for(dataset_id, tenant_id, internal_secret(rt.settings.data_dir))
+        return minted_for(dataset_id, tenant_id, file_id_key(rt.settings.data_dir))
     return dataset_id_for(sha256) == dataset_id
 
 

@@ -6,8 +6,7 @@ admission crossed the delete and that are not on a node yet (ingest refuses a de
 from __future__ import annotations
 
 from whetstone.contracts import DatasetDeletedV1, Envelope
-from whetstone.runtime.file_ids import minted_for
-from whetstone.runtime.identity import internal_secret
+from whetstone.runtime.file_ids import file_id_key, minted_for
 from whetstone.runtime.messaging import UnitOfWork
 from whetstone.runtime.delivery import PoisonMessage
 from whetstone.runtime.service import Runtime
@@ -28,7 +27,7 @@ async def refusal(rt: Runtime[SchedulerContext], store: JobStore, tenant_id: str
     submitted, deleted = await store.file_seen(tenant_id, file_id)
     return files.refusal(files.FileFacts(
         file_id, dataset.status if dataset is not None else None, dataset.errors if dataset is not None else (),
-        submitted, deleted, minted_for(file_id, tenant_id, internal_secret(rt.settings.data_dir))))
+        submitted, deleted, minted_for(file_id, tenant_id, file_id_key(rt.settings.data_dir))))
 
 
 async def on_dataset_deleted(rt: Runtime[SchedulerContext], uow: UnitOfWork, env: Envelope,
@@ -36,7 +35,7 @@ async def on_dataset_deleted(rt: Runtime[SchedulerContext], uow: UnitOfWork, env
     """The file is gone: remembered for the tenant, and its jobs not on a node yet fail. A deletion of a
     file the envelope's tenant never uploaded is dead-lettered as tenant_mismatch."""
     store = JobStore(uow)
-    minted = minted_for(ev.dataset_id, env.tenant_id, internal_secret(rt.settings.data_dir))
+    minted = minted_for(ev.dataset_id, env.tenant_id, file_id_key(rt.settings.data_dir))
     if not minted and not await store.dataset_known(env.tenant_id, ev.dataset_id):
         raise PoisonMessage(f"dataset.deleted names {ev.dataset_id}, which tenant {env.tenant_id!r} never uploaded",
                             reason="tenant_mismatch")
