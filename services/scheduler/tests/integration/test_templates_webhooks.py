@@ -44,7 +44,9 @@ eval_config: {{stages: [holdout]}}
 
 
 async def test_templates_versions_overrides_pins_and_isolation(platform, settings, tiny_model):
-    async with platform(lambda: build_service(SchedulerSettings(node_timeout_s=300))) as p:
+    # the operator configured MLflow (nothing here logs to it): a template may ask for mlflow tracking
+    settings_ = SchedulerSettings(node_timeout_s=300, WHETSTONE_MLFLOW_TRACKING_URI="http://127.0.0.1:9")
+    async with platform(lambda: build_service(settings_)) as p:
         rt, DEMO, ACME = p["scheduler"], tenant("demo"), tenant("acme")
         await send_event(settings.kafka_bootstrap, DatasetValidatedV1(
             dataset_id="file-t", version="cd" * 32, name="d.jsonl", status="accepted", purpose="sft", rows_total=20,
@@ -104,6 +106,18 @@ async def test_templates_versions_overrides_pins_and_isolation(platform, setting
                 assert tagged.status_code == 400, tagged.text
                 error = tagged.json()["error"]
                 assert error["param"] == "image" and "is a tag" in error["message"], error
+
+            # integrations pass the job create's own check: mlflow is configured here, a block lacking its
+            # experiment is refused naming the field
+            tracked = {"type": "mlflow", "mlflow": {"experiment_name": "house"}}
+            mlflow = await http.post("/v1/templates", auth=DEMO, json={"name": "sft-mlflow", "model": tiny_model,
+                                                                       "integrations": [tracked]})
+            assert mlflow.status_code == 200 and mlflow.json()["template"]["integrations"] == [tracked], mlflow.text
+            stray = await http.post("/v1/templates", auth=DEMO, json={
+                "name": "sft-mlflow", "model": tiny_model,
+                "integrations": [{"type": "mlflow", "mlflow": {"run_name": "x"}}]})
+            assert stray.status_code == 400, stray.text
+            assert stray.json()["error"]["param"] == "integrations[0].mlflow.experiment_name"
 
             # job.queued carries the template for the registry's lineage
             async def queued() -> list[dict]:

@@ -2,7 +2,6 @@
 
 import pytest
 from whetstone.scheduler.domain import templates, webhooks
-from whetstone.scheduler.domain.job_data import TemplateUse
 
 pytestmark = pytest.mark.unit
 
@@ -32,21 +31,41 @@ def test_overrides_merge_hyperparameters_where_the_template_keeps_them_and_are_r
 
 
 def test_a_template_body_holds_how_to_train_never_what_on():
-    assert templates.split_body({"name": "t", "model": "m", "description": "d"}) == ("t", {"model": "m"})
+    assert templates.split_body({"name": "t", "model": "m", "description": "d"}) == templates.TemplateBody(
+        "t", "d", {"model": "m"})
     for body, param in (({"name": "t", "model": "m", "training_file": "f"}, "training_file"),
                         ({"name": "t", "model": "m", "colour": 1}, "colour"), ({"name": "t"}, "model"),
-                        ({"model": "m"}, "name"), (["not", "a", "mapping"], "body")):
+                        ({"model": "m"}, "name"), (["not", "a", "mapping"], "body"),
+                        ({"name": "t", "model": "m", "description": None}, "description")):
         with pytest.raises(templates.TemplateError) as exc:
             templates.split_body(body)
         assert exc.value.param == param
-    assert templates.template_fields(TemplateUse(name="t", version=2, overrides=["suffix"])) == {
-        "job_template": "t", "job_template_version": "2", "job_template_overrides": ["suffix"]}
-    assert templates.template_fields(None) == {}
+
+
+def test_a_template_checks_integrations_as_a_job_create_does():
+    """An mlflow block passes where the operator configured MLflow and is refused, naming the block,
+    where none is; a malformed block is refused either way (the create's own check)."""
+    from whetstone.graders import GraderEnvironment
+    from whetstone.runtime.errors import ApiError
+    from whetstone.scheduler.entrypoints.templates import validate
+
+    mlflow = {"type": "mlflow", "mlflow": {"experiment_name": "house"}}
+    body = templates.split_body({"name": "t", "model": "m", "integrations": [mlflow]})
+    assert body.fields["integrations"] == [mlflow]
+    graders = GraderEnvironment()
+    validate(body, graders, mlflow_configured=True)
+    with pytest.raises(ApiError) as refused:
+        validate(body, graders, mlflow_configured=False)
+    assert refused.value.param == "integrations[0].mlflow" and refused.value.code == "integration_not_configured"
+    stray = templates.split_body({"name": "t", "model": "m", "integrations": [{"type": "mlflow", "mlflow": {}}]})
+    with pytest.raises(ApiError) as malformed:
+        validate(stray, graders, mlflow_configured=True)
+    assert malformed.value.param.startswith("integrations[0].mlflow"), malformed.value.param
 
 
 def test_a_template_pins_its_trainer_image_by_digest_never_by_tag():
     pin = "ghcr.io/whetstone/trainer@sha256:" + "a" * 64
-    assert templates.split_body({"name": "t", "model": "m", "image": pin}) == ("t", {"model": "m", "image": pin})
+    assert templates.split_body({"name": "t", "model": "m", "image": pin}).fields == {"model": "m", "image": pin}
     assert templates.image_problem(pin) is None
     assert templates.image_problem("registry.local:5000/trainer@sha256:" + "0" * 64) is None
     tag = templates.image_problem("ghcr.io/whetstone/trainer:latest")

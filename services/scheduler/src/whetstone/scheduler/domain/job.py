@@ -27,7 +27,6 @@ from .job_data import (
     AssignedShape, JobError, JobRequest, JobResources, Note, PlacedPart, Progress, QuotaRecord, StoredCheckpoint,
 )
 from .placement import Shape, rendezvous
-from .templates import template_fields
 
 # OpenAI's statuses; the platform's finer state is kept beside them (`Job.status`)
 PUBLIC_STATUS: dict[JobStatus, str] = {
@@ -185,14 +184,16 @@ class Job:
 
     def queued_event(self, position: int | None, cost: dict[str, Any] | None = None,
                      requeued: bool = False) -> JobQueuedV1:
-        first = self.shapes[0]
+        first, used = self.shapes[0], self.request.template   # the template the registry's lineage names
         assert self.spec is not None, "a queued job has its spec"
         return JobQueuedV1(job_id=self.job_id, tier=self.tier, spec=self.spec,
                            resources=Resources(gpu_type=first.gpu_type, gpus_per_node=first.gpus_per_node,
                                                nodes=first.nodes),
                            queue_position=position, cost_estimate=cost, requeued=requeued,
                            suffix=self.request.suffix, integrations=self.request.integrations,
-                           **template_fields(self.request.template))
+                           job_template=used.name if used else None,
+                           job_template_version=str(used.version) if used else None,
+                           job_template_overrides=list(used.overrides) if used else [])
 
     # -------------------------------------------------------- transitions
 

@@ -8,14 +8,15 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
-from whetstone.contracts.events import IMAGE_PIN
+from pydantic import BaseModel, ConfigDict
 
-from .job_data import TemplateUse
+from whetstone.contracts.events import IMAGE_PIN
 
 NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
 # what a template may set: the job create's fields that describe *how* to train, not *what* on
-FIELDS = ("model", "method", "hyperparameters", "resources", "eval_config", "suffix", "seed", "tier", "image")
-SPEC_FIELDS = ("training_file", "validation_file", "metadata", "integrations", "idempotency_key")
+FIELDS = ("model", "method", "hyperparameters", "resources", "eval_config", "suffix", "seed", "tier", "image",
+          "integrations")
+SPEC_FIELDS = ("training_file", "validation_file", "metadata", "idempotency_key")
 
 
 DIGEST = re.compile(IMAGE_PIN)
@@ -58,8 +59,31 @@ def parse_ref(ref: str) -> TemplateRef:
     return TemplateRef(name, int(version))
 
 
-def split_body(body: Any) -> tuple[str, dict[str, Any]]:
-    """A POSTed template -> (name, its job fields). Unknown fields are refused by name."""
+@dataclass(frozen=True)
+class TemplateBody:
+    """A POSTed template: its name, description and the job create's fields it sets, as written."""
+
+    name: str
+    description: str
+    fields: dict[str, Any]
+
+
+class StoredTemplate(BaseModel):
+    """One kept version of a tenant's template, as the templates API shows it."""
+
+    model_config = ConfigDict(frozen=True)
+
+    object: str = "job_template"
+    id: str            # name@version
+    name: str
+    version: int
+    description: str
+    created_at: int
+    template: dict[str, Any]   # the job fields as the tenant wrote them
+
+
+def split_body(body: Any) -> TemplateBody:
+    """A POSTed template -> its name, description and job fields. Unknown fields are refused by name."""
     if not isinstance(body, dict):
         raise TemplateError("body", "a template is a mapping (YAML or JSON object)")
     name = body.get("name")
@@ -73,11 +97,12 @@ def split_body(body: Any) -> tuple[str, dict[str, Any]]:
             raise TemplateError(key, f"unknown template field (fields: name, description, {', '.join(FIELDS)})")
     if "model" not in fields:
         raise TemplateError("model", "required: the base model")
-    if "description" in body and not isinstance(body["description"], str):
+    description = body.get("description", "")
+    if not isinstance(description, str):
         raise TemplateError("description", "must be a string")
-    if len(body.get("description") or "") > 2000:
+    if len(description) > 2000:
         raise TemplateError("description", "at most 2000 characters")
-    return name, fields
+    return TemplateBody(name, description, fields)
 
 
 def _hyperparameters_of(job: dict[str, Any]) -> dict[str, Any]:
@@ -111,11 +136,3 @@ def apply(template: dict[str, Any], call: dict[str, Any]) -> tuple[dict[str, Any
             overrides.append(key)
         job[key] = value
     return job, overrides
-
-
-def template_fields(used: TemplateUse | None) -> dict[str, Any]:
-    """The template a job was created from -> the optional `job.queued` fields the registry's lineage reads."""
-    if used is None:
-        return {}
-    return {"job_template": used.name, "job_template_version": str(used.version),
-            "job_template_overrides": list(used.overrides)}

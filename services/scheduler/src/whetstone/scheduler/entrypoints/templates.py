@@ -23,6 +23,7 @@ from ..adapters.templates import TemplateStore
 from ..context import SchedulerContext
 from ..domain import templates as rules
 from ..domain.job_data import TemplateUse
+from ..domain.templates import StoredTemplate
 from .requests import CreateJob, bad, to_request
 
 Rt = Runtime[SchedulerContext]
@@ -85,13 +86,14 @@ def parse_body(raw: bytes, content_type: str) -> Any:
         raise bad("body", f"not valid {'YAML' if 'yaml' in content_type else 'JSON'}{line}: {exc}") from exc
 
 
-def validate(fields: dict[str, Any], graders: GraderEnvironment) -> None:
-    """The rules of a job create, on the template's fields (a placeholder stands in for the file)."""
+def validate(template: rules.TemplateBody, graders: GraderEnvironment, *, mlflow_configured: bool) -> None:
+    """The rules of a job create, on the template's fields (a placeholder stands in for the file),
+    integrations included: an `mlflow` block passes where the operator configured MLflow, as on a create."""
     try:
-        body = CreateJob.model_validate({**fields, "training_file": "file-template-check"})
+        body = CreateJob.model_validate({**template.fields, "training_file": "file-template-check"})
     except ValidationError as exc:
         raise invalid(exc) from exc
-    to_request(body, "job-template-check", "template-check", graders)
+    to_request(body, "job-template-check", "template-check", graders, mlflow_configured=mlflow_configured)
 
 
 async def resolve(rt: Rt, tenant_id: str, body: CreateJob) -> tuple[CreateJob, TemplateUse | None]:
@@ -108,42 +110,41 @@ async def resolve(rt: Rt, tenant_id: str, body: CreateJob) -> tuple[CreateJob, T
     if template is None:   # another tenant's template is as unknown as a missing one
         raise not_found(body.template)
     call = body.model_dump(exclude_unset=True, exclude={"template"})
-    fields, overrides = rules.apply(template["template"], call)
+    fields, overrides = rules.apply(template.template, call)
     try:
         resolved = CreateJob.model_validate(fields)
     except ValidationError as exc:
         raise invalid(exc) from exc
-    return resolved, TemplateUse(name=template["name"], version=template["version"], overrides=sorted(overrides))
+    return resolved, TemplateUse(name=template.name, version=template.version, overrides=sorted(overrides))
 
 
 def routes(rt: Rt) -> APIRouter:
     r = APIRouter(prefix="/v1/templates")
 
     @r.post("")
-    async def create(request: Request, caller: Caller = require("write")) -> dict:
+    async def create(request: Request, caller: Caller = require("write")) -> StoredTemplate:
         parsed = await asyncio.to_thread(parse_body, await request.body(),
                                          request.headers.get("content-type", "application/json"))
         try:
-            name, fields = rules.split_body(parsed)
+            template = rules.split_body(parsed)
         except rules.TemplateError as exc:
             raise bad(exc.param, exc.message) from exc
-        validate(fields, rt.ctx.graders)
+        validate(template, rt.ctx.graders, mlflow_configured=rt.ctx.config.mlflow_tracking_uri is not None)
         try:   # the base model must exist, as for a job create (sizes are checked when a job names it)
-            await rt.ctx.models.resolve(fields["model"], rt.settings.model_catalog)
+            await rt.ctx.models.resolve(template.fields["model"], rt.settings.model_catalog)
         except UnknownModel as exc:
             raise ApiError(400, str(exc), code="unknown_base_model", param="model") from exc
         async with rt.uow() as uow:
-            return await TemplateStore(uow.conn).add(caller.tenant_id, name, parsed.get("description") or "",
-                                                     fields, rt.ctx.clock())
+            return await TemplateStore(uow.conn).add(caller.tenant_id, template, rt.ctx.clock())
 
     @r.get("")
-    async def list_templates(caller: Caller = require("read")) -> ListObject[dict[str, Any]]:
+    async def list_templates(caller: Caller = require("read")) -> ListObject[StoredTemplate]:
         async with rt.uow() as uow:
             data = await TemplateStore(uow.conn).latest(caller.tenant_id)
         return list_object(data)
 
     @r.get("/{name}")
-    async def latest(name: str, caller: Caller = require("read")) -> dict:
+    async def latest(name: str, caller: Caller = require("read")) -> StoredTemplate:
         async with rt.uow() as uow:
             template = await TemplateStore(uow.conn).get(caller.tenant_id, name)
         if template is None:
@@ -151,7 +152,7 @@ def routes(rt: Rt) -> APIRouter:
         return template
 
     @r.get("/{name}/versions")
-    async def versions(name: str, caller: Caller = require("read")) -> ListObject[dict[str, Any]]:
+    async def versions(name: str, caller: Caller = require("read")) -> ListObject[StoredTemplate]:
         async with rt.uow() as uow:
             data = await TemplateStore(uow.conn).versions(caller.tenant_id, name)
         if not data:
@@ -159,7 +160,7 @@ def routes(rt: Rt) -> APIRouter:
         return list_object(data)
 
     @r.get("/{name}/versions/{version}")
-    async def version(name: str, version: int, caller: Caller = require("read")) -> dict:
+    async def version(name: str, version: int, caller: Caller = require("read")) -> StoredTemplate:
         async with rt.uow() as uow:
             template = await TemplateStore(uow.conn).get(caller.tenant_id, name, version)
         if template is None:
