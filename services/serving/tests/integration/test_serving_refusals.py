@@ -1,14 +1,17 @@
 """What serving refuses, on the real embedded stack: corrupted adapter objects, adapters trained on
-another base SHA, archived models; and the LRU budget with cold loads on demand."""
+another base SHA, archived models, events naming another tenant's weights (dead-lettered with
+tenant_mismatch), requests past the per-tenant caps; and the LRU budget with cold loads on demand."""
 
 import asyncio
 import dataclasses
 import shutil
+from datetime import UTC, datetime
 
 import httpx
 import openai
 import pytest
 
+from whetstone.contracts import CheckpointWrittenV1
 from whetstone.devstack.serving_samples import promoted, registered, store_adapter
 from whetstone.devstack.testing import send_event, wait_until
 from whetstone.modelkit.tiny import CHAT_TEMPLATE
@@ -133,9 +136,19 @@ async def test_refusals_and_lru_budget(platform, settings, tiny_base, sample_ada
         # an event of demo's naming weights under acme's prefix is dead-lettered (tenant_mismatch), never projected
         theirs = store_adapter(store, sample_adapters[2], "acme", "wsm-theirs", "ft:tiny-llama:demo:theirs")
         await send_event(b, registered(theirs, base_model=BASE, base_sha256=sha), "demo")
-        await wait_until(lambda: rt.pool.fetchval(
-            "SELECT count(*) > 0 FROM outbox WHERE topic = 'model.registered.dlq'"), 30, "dead letter")
+        letter = await wait_until(lambda: rt.pool.fetchval(
+            "SELECT value FROM outbox WHERE topic = 'model.registered.dlq'"), 30, "dead letter")
+        assert b"tenant_mismatch" in letter
         assert await rt.pool.fetchval("SELECT count(*) FROM model_versions WHERE model_id = 'wsm-theirs'") == 0
+        # the same for a checkpoint of demo's naming acme's weights: never recorded, so never served
+        await send_event(b, CheckpointWrittenV1(
+            job_id="ftjob-theirs", segment_id="ftjob-theirs:1", attempt=1, checkpoint_id="ckpt-1", kind="periodic",
+            step=1, uri=theirs.uri, manifest_sha256=theirs.manifest_sha256, files=len(theirs.files), size_bytes=1,
+            written_at=datetime.now(UTC)), "demo")
+        letter = await wait_until(lambda: rt.pool.fetchval(
+            "SELECT value FROM outbox WHERE topic = 'checkpoint.written.dlq'"), 30, "checkpoint dead letter")
+        assert b"tenant_mismatch" in letter
+        assert await rt.pool.fetchval("SELECT count(*) FROM checkpoints WHERE job_id = 'ftjob-theirs'") == 0
 
 
 async def _staging(rt, n: int) -> bool:
