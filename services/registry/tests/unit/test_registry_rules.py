@@ -71,6 +71,14 @@ def test_lineage_cannot_be_incomplete():
         record(files={})
 
 
+def test_the_lineage_view_is_the_record_with_its_model_card():
+    kept = record(eval_reasons=["better"])
+    view = lineage.StoredLineage(kept, "s3://w/README.md").view().model_dump(mode="json")
+    shown = kept.model_dump(mode="json", exclude={"eval_reasons", "vision"})
+    assert list(view) == [*shown, "model_card_uri", "vision"]   # the API's field order
+    assert {k: view[k] for k in shown} == shown and view["model_card_uri"] == "s3://w/README.md"
+
+
 def test_model_card_front_matter():
     card = lineage.model_card("wsm-1", "ft:tiny:acme:x", "acme", record())
     front = yaml.safe_load(card.split("---")[1])

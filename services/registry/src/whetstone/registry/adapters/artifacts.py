@@ -5,10 +5,8 @@ Blocking (boto3): callers run these methods with `asyncio.to_thread`, outside tr
 from __future__ import annotations
 
 import hashlib
-import json
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 from botocore.exceptions import ClientError
 
@@ -59,10 +57,10 @@ class ArtifactStore:
                 raise ArtifactMissing(f"{uri} does not exist") from exc
             raise
 
-    def read_manifest(self, prefix_uri: str) -> tuple[str, dict[str, Any]]:
-        """(sha256 of manifest.json, parsed manifest)."""
+    def read_manifest(self, prefix_uri: str) -> tuple[str, bytes]:
+        """(sha256 of manifest.json, its bytes: `lineage.file_manifest` reads them)."""
         raw = self.read(self.file_uri(prefix_uri, MANIFEST))
-        return hashlib.sha256(raw).hexdigest(), json.loads(raw)
+        return hashlib.sha256(raw).hexdigest(), raw
 
     def read_optional(self, prefix_uri: str, rels: tuple[str, ...]) -> dict[str, bytes]:
         out = {}

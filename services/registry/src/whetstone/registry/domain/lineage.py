@@ -5,11 +5,11 @@ from __future__ import annotations
 import hashlib
 import json
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, JsonValue
+from pydantic import BaseModel, ConfigDict, Field, JsonValue, model_validator
 from pydantic.dataclasses import dataclass as record
 
 from whetstone.contracts import EvalCompletedV1, EvalStageResult, Lineage, Metric, TrainingSpec
@@ -117,10 +117,10 @@ class RecordedEval:
     event: EvalCompletedV1
 
 
-@record(frozen=True)
-class LineageRecord:
-    """Everything that made a model; every field is required (the job template may be missing
-    only with a reason, until job templates exist)."""
+class LineageFields(BaseModel):
+    """What made a model, as the kept lineage and the models API's view of it both hold it."""
+
+    model_config = ConfigDict(frozen=True)
 
     job_id: str
     base_model: str
@@ -128,33 +128,42 @@ class LineageRecord:
     dataset_id: str
     dataset_version: str
     method: str
-    hyperparameters: dict[str, Any]
+    hyperparameters: dict[str, Any]     # the job spec's resolved hyperparameters, as trained
     hyperparameters_hash: str
     training_run: str
     checkpoint_step: int
     job_template: str | None
     job_template_version: str | None
     job_template_missing_reason: str | None
-    environment: dict[str, Any]
+    environment: dict[str, Any]         # the environment lockfile the weights were made in
     environment_sha256: str
     eval_verdict: str
     eval_metrics: list[Metric]
     eval_stages: list[EvalStageResult]
     files: dict[str, str]
     chat_template_sha256: str | None = None
-    eval_reasons: list[str] = field(default_factory=list)
+
+
+class LineageRecord(LineageFields):
+    """Everything that made a model; every field is required (the job template may be missing
+    only with a reason, until job templates exist)."""
+
+    eval_reasons: list[str] = Field(default_factory=list)
     vision: VisionSettings | None = None
 
-    def __post_init__(self) -> None:
+    @model_validator(mode="after")
+    def _complete(self) -> LineageRecord:
         required = ("job_id", "base_model", "base_model_sha256", "dataset_id", "dataset_version", "method",
                     "hyperparameters_hash", "training_run", "environment_sha256", "eval_verdict")
-        missing = [n for n in required if not getattr(self, n)]
+        values = dict(self)
+        missing = [n for n in required if not values[n]]
         if not self.files:
             missing.append("files")
         if not (self.job_template and self.job_template_version) and not self.job_template_missing_reason:
             missing.append("job_template (or the reason it is missing)")
         if missing:
             raise IncompleteLineage(f"lineage of {self.job_id} lacks {', '.join(missing)}")
+        return self
 
     def wire(self) -> Lineage:
         """The lineage model.registered announces (and the models row keeps)."""
@@ -175,45 +184,15 @@ class StoredLineage:
     model_card_uri: str
 
     def view(self) -> LineageView:
-        """The lineage as the models API shows it."""
-        r = self.record
-        return LineageView(
-            job_id=r.job_id, base_model=r.base_model, base_model_sha256=r.base_model_sha256, dataset_id=r.dataset_id,
-            dataset_version=r.dataset_version, method=r.method, hyperparameters=r.hyperparameters,
-            hyperparameters_hash=r.hyperparameters_hash, training_run=r.training_run,
-            checkpoint_step=r.checkpoint_step, job_template=r.job_template,
-            job_template_version=r.job_template_version, job_template_missing_reason=r.job_template_missing_reason,
-            environment=r.environment, environment_sha256=r.environment_sha256, eval_verdict=r.eval_verdict,
-            eval_metrics=r.eval_metrics, eval_stages=r.eval_stages, files=r.files,
-            chat_template_sha256=r.chat_template_sha256, model_card_uri=self.model_card_uri,
-            vision=r.vision.view() if r.vision else None)
+        """The lineage as the models API shows it: the record's fields, its model card, the vision view."""
+        shared = {name: value for name, value in self.record if name in LineageFields.model_fields}
+        vision = self.record.vision
+        return LineageView(**shared, model_card_uri=self.model_card_uri, vision=vision.view() if vision else None)
 
 
-class LineageView(BaseModel):
+class LineageView(LineageFields):
     """A model's lineage as the models API shows it (`lineage` of a model's detail)."""
 
-    model_config = ConfigDict(frozen=True)
-
-    job_id: str
-    base_model: str
-    base_model_sha256: str
-    dataset_id: str
-    dataset_version: str
-    method: str
-    hyperparameters: dict[str, Any]
-    hyperparameters_hash: str
-    training_run: str
-    checkpoint_step: int
-    job_template: str | None
-    job_template_version: str | None
-    job_template_missing_reason: str | None
-    environment: dict[str, Any]
-    environment_sha256: str
-    eval_verdict: str
-    eval_metrics: list[Metric]
-    eval_stages: list[EvalStageResult]
-    files: dict[str, str]
-    chat_template_sha256: str | None
     model_card_uri: str
     vision: VisionView | None
 
@@ -246,9 +225,9 @@ class _Manifest(BaseModel):
     files: dict[str, _ManifestEntry]
 
 
-def file_manifest(manifest: dict[str, Any]) -> dict[str, str]:
-    """checkpoint manifest.json -> {relative path: sha256}. ValueError when it lists no files."""
-    files = _Manifest.model_validate(manifest).files
+def file_manifest(manifest: bytes) -> dict[str, str]:
+    """checkpoint manifest.json -> {relative path: sha256}. ValueError when unreadable or it lists no files."""
+    files = _Manifest.model_validate_json(manifest).files
     if not files:
         raise ValueError("manifest lists no files")
     return {rel: entry.sha256 for rel, entry in sorted(files.items())}
