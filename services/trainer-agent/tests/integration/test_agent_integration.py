@@ -241,6 +241,15 @@ async def test_agent_reports_cancel_crash_recipe_failure_and_rejected_plans(plat
         segments = rt.ctx.node.segments
         killed_pid = segments["job-kill-s1"].proc.pid
         cancelled_pid = segments["job-cancel-s1"].proc.pid
+        # least privilege (issue 35 p5): the running child holds none of the agent's credentials, and
+        # with what it holds the object store refuses it another tenant's object
+        child_env = _environ(cancelled_pid)
+        assert child_env.get("HF_HUB_OFFLINE") == "1"          # it is the child's real environment
+        _assert_no_credentials(child_env, settings)
+        other = rt.store.put_bytes("tenants/acme/datasets/ds-secret/train.jsonl", b'{"secret": 1}\n')
+        assert rt.store.get_bytes(other) == b'{"secret": 1}\n'   # the agent's own credentials can (the control)
+        assert _read_as_child(child_env, settings, "tenants/acme/datasets/ds-secret/train.jsonl") == \
+            ["no-credentials", "refused AccessDenied"]
 
         # a training process killed outright: platform failure with the log tail, never silence
         os.killpg(killed_pid, signal.SIGKILL)
@@ -257,6 +266,47 @@ async def test_agent_reports_cancel_crash_recipe_failure_and_rejected_plans(plat
         for pid in (killed_pid, cancelled_pid):
             await wait_until(lambda pid=pid: _gone(pid), timeout=15, what=f"process group {pid} gone")
         await wait_until(lambda: _no_segments(rt), timeout=15, what="segments finished")
+
+
+CREDENTIAL_SETTINGS = ("WHETSTONE_DATABASE_URL", "WHETSTONE_S3_ACCESS_KEY", "WHETSTONE_S3_SECRET_KEY",
+                       "WHETSTONE_KAFKA_BOOTSTRAP", "WHETSTONE_INTERNAL_SECRET", "WHETSTONE_KAFKA_SASL_PASSWORD")
+READ_AS_CHILD = """
+import sys, boto3, botocore
+from botocore.config import Config
+endpoint, bucket, key = sys.argv[1:4]
+for config in (Config(), Config(signature_version=botocore.UNSIGNED)):   # what it was given, then nothing
+    s3 = boto3.client("s3", endpoint_url=endpoint, region_name="us-east-1", config=config)
+    try:
+        s3.get_object(Bucket=bucket, Key=key)
+        print("read")
+    except botocore.exceptions.NoCredentialsError:
+        print("no-credentials")
+    except botocore.exceptions.ClientError as exc:
+        print("refused", exc.response["Error"]["Code"])
+"""
+
+
+def _environ(pid: int) -> dict[str, str]:
+    raw = Path(f"/proc/{pid}/environ").read_bytes().decode(errors="replace")
+    return dict(item.split("=", 1) for item in raw.split("\0") if "=" in item)
+
+
+def _assert_no_credentials(child_env: dict[str, str], settings) -> None:
+    leaked = sorted(k for k in child_env if k.startswith(("WHETSTONE_DATABASE", "WHETSTONE_KAFKA", "WHETSTONE_S3",
+                                                           "WHETSTONE_INTERNAL", "AWS_")))
+    assert not leaked, f"the training child holds the agent's credentials: {leaked}"
+    secrets = {os.environ[k] for k in CREDENTIAL_SETTINGS if os.environ.get(k)} | {settings.s3_secret_key}
+    assert not secrets & set(child_env.values())
+
+
+def _read_as_child(child_env: dict[str, str], settings, key: str) -> list[str]:
+    """Another tenant's object read with exactly the child's environment (the endpoint handed to it)."""
+    env = {**child_env, "AWS_CONFIG_FILE": "/nonexistent", "AWS_SHARED_CREDENTIALS_FILE": "/nonexistent",
+           "AWS_EC2_METADATA_DISABLED": "true"}
+    out = subprocess.run([sys.executable, "-c", READ_AS_CHILD, settings.s3_endpoint, settings.bucket, key],
+                         env=env, capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr[-2000:]
+    return out.stdout.split("\n")[:-1]
 
 
 async def _gone(pid: int) -> bool:
