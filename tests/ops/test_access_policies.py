@@ -78,3 +78,22 @@ def test_postgres_roles_own_only_their_own_schema():
     from whetstone.runtime.service import Service
     expected = {t.role_of(s): {Service(name=s, migrations=()).schema} for s in t.DB_SERVICES}
     assert roles == expected
+
+
+def test_every_service_has_its_grants_and_the_trainer_writes_only_job_outputs():
+    """Issue 35 p5: each service that touches the bucket has its own policy, each that keeps rows its own
+    role; the trainer agent (the node that runs tenants' training) writes only a job's checkpoints and a
+    merge's output, and reads nothing outside tenants' inputs and models."""
+    t = tool()
+    assert {p.stem.removeprefix("s3-") for p in ACCESS.glob("s3-*.json")} == {
+        "ingest", "trainer-agent", "eval", "registry", "serving"}
+    roles = (ACCESS / "postgres-roles.sql").read_text()
+    for service in t.DB_SERVICES:
+        assert f"CREATE ROLE {t.role_of(service)} " in roles, service
+    trainer = json.loads((ACCESS / "s3-trainer-agent.json").read_text())
+    writes = {r for st in trainer["Statement"] if "s3:PutObject" in st["Action"] for r in st["Resource"]}
+    assert writes == {f"arn:aws:s3:::{t.BUCKET}/tenants/*/jobs/*/checkpoints/*",
+                      f"arn:aws:s3:::{t.BUCKET}/tenants/*/models/*/merged/*"}
+    for policy in ("eval", "serving"):
+        statements = json.loads((ACCESS / f"s3-{policy}.json").read_text())["Statement"]
+        assert not any({"s3:PutObject", "s3:DeleteObject"} & set(st["Action"]) for st in statements), policy
