@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Annotated
 
-from pydantic import Field, StringConstraints, model_validator
+from pydantic import Field, StringConstraints, field_validator, model_validator
 
 from .base import Contract
 from .enums import IntegrationType
@@ -13,12 +13,19 @@ TagText = Annotated[str, StringConstraints(min_length=1, max_length=64)]
 
 
 class WandbIntegration(Contract):
-    """OpenAI's `integrations[i].wandb`."""
+    """OpenAI's `integrations[i].wandb`: the W&B project of the job's run, and optionally its entity, display
+    name (absent: the job id) and tags. The platform writes the run OFFLINE (it stores no W&B key): ingest
+    makes it a result file of the job, `<job>-wandb-offline.tar.gz`, for the tenant to `wandb sync`."""
 
     project: str = Field(min_length=1, max_length=128)
     entity: str | None = Field(default=None, max_length=128)
     name: str | None = Field(default=None, max_length=128)
     tags: list[TagText] = Field(default_factory=list, max_length=50)
+
+    @field_validator("tags", mode="before")
+    @classmethod
+    def _null_tags(cls, value: object) -> object:
+        return [] if value is None else value   # OpenAI's schema lets a client send `"tags": null`
 
 
 class MlflowIntegration(Contract):

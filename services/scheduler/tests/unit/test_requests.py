@@ -41,8 +41,8 @@ def test_bad_method_and_hyperparameters_name_the_field():
     assert refused(hyperparameters={"n_epochs": 2},
                    method={"type": "supervised", "supervised": {"hyperparameters": {"n_epochs": 3}}}).param \
         == "hyperparameters"
-    # integrations: OpenAI's shape checked field by field; W&B itself is not offered (no key store, no logging);
-    # MLflow only where the operator set a tracking server
+    # integrations: OpenAI's shape checked field by field; W&B runs offline (a result file), MLflow only where
+    # the operator set a tracking server
     assert refused(integrations=[{"type": "comet", "comet": {}}]).param == "integrations[0].type"
     assert refused(integrations=[{"type": "mlflow", "mlflow": {}}]).param == "integrations[0].mlflow.experiment_name"
     mlflow = {"type": "mlflow", "mlflow": {"experiment_name": "sweeps/a"}}
@@ -52,11 +52,21 @@ def test_bad_method_and_hyperparameters_name_the_field():
                          environment(), mlflow_configured=True)
     assert [(i.type, i.mlflow and i.mlflow.experiment_name) for i in tracked.integrations] == [("mlflow", "sweeps/a")]
     assert refused(integrations=[{"type": "wandb"}]).param == "integrations[0].wandb"
-    assert refused(integrations=[{"type": "wandb", "wandb": {"name": "x"}}]).param == "integrations[0].wandb.project"
+    missing = refused(integrations=[{"type": "wandb", "wandb": {"name": "x"}}])
+    assert (missing.param, missing.code) == ("integrations[0].wandb.project", "missing_required_parameter")
+    assert "integrations[0].wandb.project" in missing.message
+    unknown = refused(integrations=[{"type": "wandb", "wandb": {"project": "p", "api_key": "k", "zz": 1}}])
+    assert (unknown.param, unknown.code) == ("integrations[0].wandb.api_key", "invalid_value")
     assert refused(integrations=[{"type": "wandb", "wandb": {"project": "p", "tags": [""]}}]).param \
         == "integrations[0].wandb.tags.0"
     assert refused(integrations=[{"type": "wandb", "wandb": {"project": "p"}, "x": 1}]).param == "integrations[0].x"
-    unconfigured = refused(integrations=[{"type": "wandb", "wandb": {"project": "p", "tags": ["a"]}}])
-    assert (unconfigured.param, unconfigured.code) == ("integrations[0].wandb", "integration_not_configured")
+    wandb = {"type": "wandb", "wandb": {"project": "p", "name": "run", "entity": "team", "tags": ["a"]}}
+    assert refused(integrations=[wandb, wandb]).param == "integrations[1].type"
+    # a well-formed W&B block is accepted (offline; no W&B key is asked for)
+    [offline] = req(integrations=[wandb]).integrations
+    assert offline.wandb is not None and (offline.type, offline.wandb.project, offline.wandb.entity,
+                                          offline.wandb.name, offline.wandb.tags) == ("wandb", "p", "team", "run", ["a"])
+    assert [i.type for i in req(integrations=[{"type": "wandb", "wandb": {"project": "p", "entity": None}}])
+            .integrations] == ["wandb"]   # OpenAI's client may send null for an unset optional field
     # reinforcement needs its object (the whole method is checked in tests/integration/test_rft_jobs.py)
     assert refused(method={"type": "reinforcement"}).param == "method.reinforcement"

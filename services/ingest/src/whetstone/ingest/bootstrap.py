@@ -2,13 +2,14 @@
 
 from whetstone.runtime.service import Service
 
-from .adapters import validations
+from .adapters import validations, wandb_runs
 from .adapters.metrics import event_metrics
 from .adapters.migrations import MIGRATIONS
 from .config import IngestSettings
 from .context import IngestContext
 from .entrypoints import api
 from .entrypoints.handlers import SUBSCRIPTIONS
+from .entrypoints.wandb_worker import wandb_worker
 from .entrypoints.worker import validation_worker
 from .usecases.gates import toxicity_classifier
 
@@ -19,6 +20,7 @@ def build_service(config: IngestSettings | None = None) -> Service[IngestContext
     return Service(name="ingest", migrations=MIGRATIONS,
                    subscriptions=SUBSCRIPTIONS,
                    http_port=config.http_port, context=context, routes=api.routes,
-                   background=[validation_worker] * config.validation_workers, probes=validations.PROBES,
+                   background=[*[validation_worker] * config.validation_workers, wandb_worker],
+                   probes=validations.PROBES + wandb_runs.PROBES,
                    event_metrics=event_metrics,
                    upload_paths=("/v1/files",))   # streamed to disk under max_upload_bytes

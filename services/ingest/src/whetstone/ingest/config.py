@@ -52,6 +52,13 @@ class IngestSettings(ServiceSettings):
     validation_backoff_s: float = Field(default=2.0, description="first pause after a failed validation attempt "
                                         "(doubling, capped at validation_backoff_max_s)")
     validation_backoff_max_s: float = 60.0
+    wandb_timeout_s: float = Field(default=120.0, gt=0, description="one W&B offline run written by the SDK's "
+                                   "process (killed past it; the attempt counts as failed)")
+    wandb_lease_s: float = Field(default=60.0, gt=0, description="a claimed W&B run whose worker stopped renewing "
+                                 "is taken over after this long")
+    wandb_poll_s: float = 5.0
+    wandb_max_attempts: int = Field(default=3, ge=1, description="W&B run writes tried before it is given up")
+    wandb_backoff_s: float = Field(default=2.0, gt=0, description="first pause after a failed W&B run write")
     default_epochs: int = 3
     default_policies: PolicyOverrides = Field(default_factory=PolicyOverrides,
                                               description="overrides of the Policies defaults")

@@ -20,3 +20,4 @@ class IngestContext:
     # the last reference index built (benchmarks + a tenant's own sets), keyed by its files' identity
     reference_cache: dict[tuple, ReferenceIndex] = field(default_factory=dict)
     wakeup: asyncio.Event = field(default_factory=asyncio.Event)   # a validation was queued
+    wandb_wakeup: asyncio.Event = field(default_factory=asyncio.Event)   # a W&B offline run was queued

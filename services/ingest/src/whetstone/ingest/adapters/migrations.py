@@ -95,4 +95,28 @@ MIGRATIONS = [
         PRIMARY KEY (tenant_id, job_id)
     );
     """,
+    """
+    -- W&B offline runs: a job whose job.queued asked for `wandb` (its plan: the block and the job's spec).
+    -- 'waiting' until its results file is made; then 'pending' for a worker that writes the run under a lease
+    -- with no transaction open, and records the result file once ('done'). A step read later bumps
+    -- `revision`: the run is written again and the file rewritten in place.
+    CREATE TABLE job_wandb_runs (
+        run_key         text PRIMARY KEY,       -- tenant_id || '/' || job_id
+        tenant_id       text NOT NULL,
+        job_id          text NOT NULL,
+        plan            jsonb NOT NULL,
+        status          text NOT NULL DEFAULT 'waiting',
+        revision        int NOT NULL DEFAULT 0,
+        file_id         text,
+        lease_owner     text,
+        lease_until     timestamptz,
+        attempts        int NOT NULL DEFAULT 0,
+        not_before      timestamptz,
+        last_error      text,
+        created_at      timestamptz NOT NULL DEFAULT now(),
+        updated_at      timestamptz NOT NULL DEFAULT now(),
+        UNIQUE (tenant_id, job_id)
+    );
+    CREATE INDEX job_wandb_runs_open ON job_wandb_runs (created_at) WHERE status IN ('pending', 'running');
+    """,
 ]

@@ -2,7 +2,8 @@
 
 dataset.submitted queues an upload's validation (`usecases/submissions.py`); the scheduler's job events
 keep which jobs use a file (`usecases/file_usage.py`); job.progress and checkpoint.written collect each
-step's figures and the end of training makes the job's results file (`usecases/results.py`)."""
+step's figures and the end of training makes the job's results file (`usecases/results.py`); job.queued
+records a `wandb` integration, whose offline run becomes a second result file (`usecases/wandb_runs.py`)."""
 
 from __future__ import annotations
 
@@ -18,7 +19,7 @@ from whetstone.runtime.service import Runtime
 
 from ..context import IngestContext
 from ..domain.results import checkpoint_values, progress_values
-from ..usecases import file_usage, results, submissions
+from ..usecases import file_usage, results, submissions, wandb_runs
 
 Rt = Runtime[IngestContext]
 Handler = Callable[[Rt, UnitOfWork, Envelope, Any], Awaitable[None]]
@@ -30,6 +31,7 @@ async def on_dataset_submitted(rt: Rt, uow: UnitOfWork, env: Envelope, ev: Datas
 
 async def on_job_queued(rt: Rt, uow: UnitOfWork, env: Envelope, ev: JobQueuedV1) -> None:
     await file_usage.job_started_using(rt, uow, env.tenant_id, ev.spec.dataset_id, ev.job_id)
+    await wandb_runs.remember(rt, uow, env.tenant_id, ev)
 
 
 async def on_job_progress(rt: Rt, uow: UnitOfWork, env: Envelope, ev: JobProgressV1) -> None:

@@ -3,7 +3,8 @@ give each step's figures (kept in ingest's own table), and the end of training (
 job.failed that comes first) turns them into a CSV in the tenant's prefix, a file of the tenant's with
 purpose `fine-tune-results`, announced as file.created for the scheduler to list in the job's
 `result_files`. Ingest builds it because files are ingest's: listing, retrieval, content and deletion
-then work as for any file. A cancelled job makes none (the cancel voids the job)."""
+then work as for any file. A cancelled job makes none (the cancel voids the job). A job that asked for
+W&B gets its offline run as a second result file once the CSV is made (`wandb_runs.py`)."""
 
 from __future__ import annotations
 
@@ -19,6 +20,7 @@ from ..adapters.files import FileStore
 from ..adapters.results import ResultsStore
 from ..context import IngestContext
 from ..domain.results import RESULTS_PURPOSE, results_csv, results_filename
+from . import wandb_runs
 
 Rt = Runtime[IngestContext]
 
@@ -35,6 +37,7 @@ async def record(rt: Rt, uow: UnitOfWork, tenant_id: str, job_id: str, step: int
     await results.record(tenant_id, job_id, step, attempt or 1, values)
     if state == "made":
         await write_results(rt, results, tenant_id, job_id, rewrite=True)
+        await wandb_runs.steps_changed(rt, uow, tenant_id, job_id)
     elif await results.ended(tenant_id, job_id):
         await make_results_file(rt, uow, tenant_id, job_id)
 
@@ -73,9 +76,11 @@ async def make_results_file(rt: Rt, uow: UnitOfWork, tenant_id: str, job_id: str
     await uow.publish(FileCreatedV1(file_id=file_id, filename=filename, size_bytes=size, job_id=job_id, uri=uri),
                       tenant_id=tenant_id)
     rt.log.info("results file made", job_id=job_id, file_id=file_id)
+    await wandb_runs.queue(rt, uow, tenant_id, job_id)
     return file_id
 
 
 async def cancel(uow: UnitOfWork, tenant_id: str, job_id: str) -> None:
     """A cancelled job makes no results file."""
     await ResultsStore(uow.conn).cancelled(tenant_id, job_id)
+    await wandb_runs.cancel(uow, tenant_id, job_id)

@@ -93,30 +93,39 @@ INTEGRATION_BLOCKS: dict[IntegrationType, type[Contract]] = {
 
 def check_integrations(items: list[dict[str, Any]], mlflow_configured: bool = False) -> list[Integration]:
     """OpenAI's `integrations` (and the platform's `mlflow`), checked field by field (each error names
-    `integrations[i]...`). A well-formed W&B block is still refused: this platform stores no tenant W&B key
-    and runs no W&B logging; an MLflow block is refused where the operator set no tracking server."""
+    `integrations[i]...`, down to the unknown or missing field of a block); one integration of each type.
+
+    A W&B block is accepted and runs OFFLINE: ingest writes a W&B offline run of the job (config, one
+    history row per step, summary) and makes it a second result file, `<job>-wandb-offline.tar.gz`, for
+    the tenant to `wandb sync`. Online logging with a W&B key the tenant stored is not built (the platform
+    stores no W&B keys). An MLflow block is refused where the operator set no tracking server."""
     out: list[Integration] = []
+    seen: set[str] = set()
     for i, item in enumerate(items):
         where = f"integrations[{i}]"
         kind = item.get("type")
         if kind not in INTEGRATION_BLOCKS:
             raise bad(f"{where}.type", f"unknown integration type {str(kind)[:64]!r} (supported: "
                       f"{', '.join(INTEGRATION_BLOCKS)})", code="unsupported_integration")
+        if kind in seen:
+            raise bad(f"{where}.type", f"a second {kind!r} integration: a job takes one of each type")
+        seen.add(kind)
         if stray := sorted(set(item) - {"type", kind}):
             raise bad(f"{where}.{stray[0][:64]}", "unknown field")
         if kind not in item:
             raise bad(f"{where}.{kind}", "Field required", code="missing_required_parameter")
+        block_type = INTEGRATION_BLOCKS[IntegrationType(kind)]
+        block = item[kind]
+        if isinstance(block, dict) and (stray := sorted(set(block) - set(block_type.model_fields))):
+            raise bad(f"{where}.{kind}.{str(stray[0])[:64]}", "unknown field")
         try:
-            INTEGRATION_BLOCKS[IntegrationType(kind)].model_validate(item[kind])
+            block_type.model_validate(block)
         except ValidationError as exc:
             first = exc.errors()[0]
             field = ".".join(str(p) for p in first["loc"])
-            raise bad(f"{where}.{kind}" + (f".{field}" if field else ""), first["msg"]) from exc
-        if kind == IntegrationType.WANDB:
-            raise bad(f"{where}.{kind}", "no Weights & Biases API key is stored for this tenant and the platform "
-                      "does not run W&B logging yet; leave integrations out (metrics: the job's events, "
-                      "checkpoints and result_files)", code="integration_not_configured")
-        if not mlflow_configured:
+            code = "missing_required_parameter" if first["type"] == "missing" else "invalid_value"
+            raise bad(f"{where}.{kind}" + (f".{field}" if field else ""), first["msg"], code=code) from exc
+        if kind == IntegrationType.MLFLOW and not mlflow_configured:
             raise bad(f"{where}.{kind}", "this platform's operator set no MLflow tracking server "
                       "(WHETSTONE_MLFLOW_TRACKING_URI); leave integrations out", code="integration_not_configured")
         out.append(Integration.model_validate(item))
