@@ -42,8 +42,8 @@ from .signing import CONTENT_HASH_HEADER, Bound, SignedAuth, bound_of, canonical
 IDENTITY_HEADER = "X-Whetstone-Identity"
 SIGNATURE_HEADER = "X-Whetstone-Signature"
 # Platform-internal calls (the gateway asking the scheduler to verify a key, `whet keys` run by an
-# operator who holds the internal secret): `<unix seconds>:<mac>`, the mac binding the timestamp to
-# the request (`signing.mac("internal", ts, ...)`).
+# operator who holds the internal secret): `<unix seconds>:<signature>`, the Ed25519 signature binding
+# the timestamp to the request (`signing.canonical("internal", ts, ...)`).
 INTERNAL_HEADER = "X-Whetstone-Internal"
 # What the gateway never forwards from a caller: identity can only be added by the gateway itself.
 UNTRUSTED_HEADERS = frozenset(h.lower() for h in (IDENTITY_HEADER, SIGNATURE_HEADER, INTERNAL_HEADER,

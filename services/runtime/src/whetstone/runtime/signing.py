@@ -56,10 +56,6 @@ def canonical(purpose: str, value: str, bound: Bound) -> bytes:
     return f"{purpose}:v2\n{value}\n{bound.method}\n{bound.target}\n{bound.content_sha256}".encode()
 
 
-def mac(purpose: str, value: str, bound: Bound, secret: bytes) -> str:
-    return hmac.new(secret, canonical(purpose, value, bound), hashlib.sha256).hexdigest()
-
-
 def within_window(ts: int, now: float) -> bool:
     return abs(now - ts) <= WINDOW_S
 
