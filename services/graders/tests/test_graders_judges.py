@@ -62,7 +62,9 @@ def test_score_model_sends_rendered_messages_and_reads_the_score(monkeypatch):
     monkeypatch.setenv("WHETSTONE_TEST_JUDGE_KEY", "sk-judge")
 
     async def check(env, seen):
-        result = await run_grader(parse_grader(SCORE), "Paris", {"question": "capital of France?"}, env)
+        sampled = {**SCORE, "sampling_params": {"max_completions_tokens": 32, "reasoning_effort": "low", "seed": 3,
+                                                "temperature": 0.0}}
+        result = await run_grader(parse_grader(sampled), "Paris", {"question": "capital of France?"}, env)
         assert result.reward == 7.5 and not result.metadata.errors.any()
         assert result.metadata.token_usage == 13
         assert result.model_dump()["model_grader_token_usage_per_model"] == {
@@ -72,6 +74,8 @@ def test_score_model_sends_rendered_messages_and_reads_the_score(monkeypatch):
         assert sent["messages"][0] == {"role": "system", "content": "Grade the answer to capital of France?."}
         assert sent["messages"][1]["content"] == [{"type": "text", "text": "Answer: Paris"}]
         assert sent["response_format"]["json_schema"]["schema"]["properties"]["result"]["maximum"] == 10
+        # the grader's sampling parameters, the token budget as max_tokens, reasoning_effort left out
+        assert {k: sent[k] for k in list(sent)[3:]} == {"max_tokens": 32, "seed": 3, "temperature": 0.0}
 
     asyncio.run(with_judge([{"content": json.dumps({"result": 7.5})}], check))
 

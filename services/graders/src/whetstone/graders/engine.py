@@ -262,11 +262,10 @@ async def model_grader(grader: ScoreModelGrader | LabelModelGrader, sample: Samp
         low, high = grader.bounds()
         instruction = f"Answer with a JSON object {{\"result\": <a number from {low:g} to {high:g}>}}."
         response_format = judges.score_format(low, high)
-        sampling = grader.sampling_params.model_dump(exclude_none=True) if grader.sampling_params else {}
-        sampling.pop("reasoning_effort", None)   # not a chat-completions parameter of open servers
+        sampling = grader.sampling_params
     else:
         instruction = f"Answer with a JSON object {{\"result\": <one of {grader.labels}>}}."
-        response_format, sampling = judges.label_format(grader.labels), {}
+        response_format, sampling = judges.label_format(grader.labels), None
     messages.append(judges.ChatMessage(role="system", content=instruction))
     try:
         answer = await judges.chat(env.http(), endpoint, grader.model, messages, response_format, sampling)

@@ -18,6 +18,7 @@ from pydantic import (
     ValidationError,
 )
 
+from .models import SamplingParams
 from .settings import Endpoint
 
 NUMBER = re.compile(r"[-+]?(?:\d+\.?\d*|\.\d+)(?:[eE][-+]?\d+)?")
@@ -119,10 +120,14 @@ async def post(client: httpx.AsyncClient, endpoint: Endpoint, path: str, body: d
 
 
 async def chat(client: httpx.AsyncClient, endpoint: Endpoint, model: str, messages: list[ChatMessage],
-               response_format: dict[str, JsonValue], sampling: dict[str, Any]) -> JudgeAnswer:
+               response_format: dict[str, JsonValue], sampling: SamplingParams | None) -> JudgeAnswer:
+    """One chat completion of the judge. `sampling`: the grader's parameters (reasoning_effort is not a
+    chat-completions parameter of open servers: left out; max_completions_tokens is sent as max_tokens)."""
+    given = sampling.model_dump(exclude_none=True, exclude={"reasoning_effort", "max_completions_tokens"}) \
+        if sampling else {}
+    limit = sampling.max_completions_tokens if sampling else None
     body = {"model": endpoint.model or model, "messages": [m.model_dump(exclude_none=True) for m in messages],
-            "response_format": response_format,
-            "max_tokens": sampling.pop("max_completions_tokens", None) or endpoint.max_tokens, **sampling}
+            "response_format": response_format, "max_tokens": limit or endpoint.max_tokens, **given}
     try:
         data = _ChatCompletion.model_validate_json(await post(client, endpoint, "/chat/completions", body))
     except ValidationError as exc:
