@@ -190,6 +190,23 @@ async def backend_cpu(conn: asyncpg.Connection) -> dict[int, float]:
     return {r["pid"]: proc_cpu_s(r["pid"]) for r in pids}
 
 
+def sched_s(pid: int) -> tuple[float, float]:
+    """Seconds the process's main thread has run on a CPU, and waited runnable for one (/proc schedstat):
+    with the wall time, they tell how long the service sat idle waiting on IO (the time to win back)
+    from how long it waited for a core that something else held (the machine's load)."""
+    try:
+        run_ns, wait_ns = Path(f"/proc/{pid}/task/{pid}/schedstat").read_text().split()[:2]
+    except (OSError, ValueError):  # gone, or a kernel without schedstats
+        return 0.0, 0.0
+    return int(run_ns) / 1e9, int(wait_ns) / 1e9
+
+
+def machine_busy_s() -> float:
+    """CPU seconds every core of the machine has spent busy so far (/proc/stat: all but idle and iowait)."""
+    fields = [int(x) for x in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:9]]
+    return (sum(fields) - fields[3] - fields[4]) / os.sysconf("SC_CLK_TCK")
+
+
 def load() -> float:
     return round(os.getloadavg()[0], 1)
 
@@ -220,6 +237,8 @@ async def replay(n: int, endpoints: StackEndpoints, work: Workload, workdir: Pat
         began, load_before = time.perf_counter(), load()
         cpu0, db0 = service.cpu_s(), await backend_cpu(conn)
         broker0 = proc_cpu_s(broker) if broker else 0.0
+        assert service.proc is not None
+        sched0, busy0 = sched_s(service.proc.pid), machine_busy_s()
         await conn.execute("SET search_path TO metering")
         while await committed(watcher) < len(work.messages):
             await asyncio.sleep(0.5)
@@ -235,6 +254,8 @@ async def replay(n: int, endpoints: StackEndpoints, work: Workload, workdir: Pat
         cpu_s = service.cpu_s() - cpu0
         db_cpu_s = sum(t - db0.get(pid, 0.0) for pid, t in (await backend_cpu(conn)).items())
         broker_cpu_s = proc_cpu_s(broker) - broker0 if broker else 0.0
+        (run1, wait1), busy_s = sched_s(service.proc.pid), machine_busy_s() - busy0
+        on_cpu, waiting = run1 - sched0[0], wait1 - sched0[1]
         load_after = load()
         while await conn.fetchval("SELECT count(*) FROM outbox WHERE sent_at IS NULL"):
             await asyncio.sleep(0.5)
@@ -249,6 +270,15 @@ async def replay(n: int, endpoints: StackEndpoints, work: Workload, workdir: Pat
                  "db_cpu_us_per_event": round(1e6 * db_cpu_s / len(work.messages)),
                  "broker_cpu_us_per_event": round(1e6 * broker_cpu_s / len(work.messages)),
                  "load_1m": [load_before, load_after],
+                 # where the service's main thread spent the replay's wall time: running, runnable but
+                 # waiting for a core held by something else, and idle (waiting on Postgres, the broker
+                 # or a timer); fractions of settled_s
+                 "service_thread": {"on_cpu": round(on_cpu / settled_s, 3),
+                                    "waiting_for_cpu": round(waiting / settled_s, 3),
+                                    "idle": round(max(settled_s - on_cpu - waiting, 0.0) / settled_s, 3)},
+                 # CPU-seconds per second the machine's processes other than the service, its Postgres
+                 # backends and the broker took meanwhile (out of os.cpu_count())
+                 "others_cpu_s_per_s": round(max(busy_s - cpu_s - db_cpu_s - broker_cpu_s, 0.0) / settled_s, 2),
                  "ledger_rows": await conn.fetchval("SELECT count(*) FROM ledger"),
                  "corrections": await conn.fetchval("SELECT count(*) FROM ledger WHERE entry = 'reversal'"),
                  "usage_events": await conn.fetchval("SELECT count(*) FROM outbox WHERE topic = 'usage.metered'"),
@@ -313,7 +343,15 @@ async def run(args: argparse.Namespace) -> dict:
             # the most this machine could settle if nothing else ran and its cores never waited: its cores'
             # CPU-seconds per second over the CPU microseconds one event costs (service + Postgres + broker)
             "cpu_bound_events_per_s": round(1e6 * (os.cpu_count() or 1) / max(sum(cpu.values()), 1)),
+            # two tighter bounds, for reading the ratio to the one above: the service is one thread, so it
+            # settles at most 1e6 / its own CPU per event, however idle the other core; and the cores the
+            # rest of the machine left free during the slowest fresh replay, at the same cost per event
+            "service_thread_bound_events_per_s": round(1e6 / max(cpu["service_cpu_us_per_event"], 1)),
+            "cpu_bound_given_others_events_per_s": round(1e6 * max(
+                (os.cpu_count() or 1) - max(r["others_cpu_s_per_s"] for r in fresh), 0.0) / max(sum(cpu.values()), 1)),
             "load_1m_by_replay": [r["stats"]["load_1m"] for r in results],
+            "service_thread_by_replay": [r["stats"]["service_thread"] for r in results],
+            "others_cpu_s_per_s_by_replay": [r["stats"]["others_cpu_s_per_s"] for r in results],
             "invoices_identical_across_replays": all(r["invoices"] == first for r in results),
             "ledger_rows_after_replay_2_equal_replay_1":
                 results[1]["stats"]["ledger_rows"] == results[0]["stats"]["ledger_rows"],
