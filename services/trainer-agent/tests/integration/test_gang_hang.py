@@ -1,6 +1,6 @@
 """A rank that hangs in a collective is detected by the process group's timeout (issue 40 p2): two real
 processes in a gloo group whose timeout is the agent's setting (WHETSTONE_COLLECTIVE_TIMEOUT_S, what
-the recipe hands init_process_group as TrainingArguments.ddp_timeout); rank 1 stops answering, rank 0
+the recipe joins a CPU gang's gloo group with: recipes/gang_check.py); rank 1 stops answering, rank 0
 waits in the collective the platform's monitor runs after every step (`any_rank`) and fails within
 the timeout, with an error the agent reads as a lost or hung peer (node_lost, the gang re-queued)."""
 
@@ -11,7 +11,6 @@ import os
 import socket
 import time
 import traceback
-from datetime import timedelta
 
 import pytest
 from whetstone.contracts.enums import ErrorClass
@@ -23,12 +22,14 @@ TIMEOUT_S = 3
 
 
 def _rank(rank: int, port: int, out) -> None:
-    import torch.distributed as dist
     from whetstone.trainer_agent.recipes.callbacks import any_rank
+    from whetstone.trainer_agent.recipes.gang_check import join_cpu_process_group
     from whetstone.trainer_agent.recipes.trainers import collective_timeout_s
 
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2,
-                            timeout=timedelta(seconds=collective_timeout_s()))
+    # the rank variables torchrun gives each worker; the recipe joins the group as on a CPU gang
+    os.environ.update({"RANK": str(rank), "LOCAL_RANK": "0", "WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1",
+                       "MASTER_PORT": str(port)})
+    join_cpu_process_group(collective_timeout_s())
     any_rank(False)                        # one step both ranks finish
     if rank == 1:
         out.put(("hung", ""))

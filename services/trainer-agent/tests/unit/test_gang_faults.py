@@ -88,3 +88,16 @@ def test_hang_and_delay_faults_switch_the_hooks_on(monkeypatch):
     monkeypatch.setenv("WHETSTONE_RECIPE_FAULTS", json.dumps({"hang_after_forward": 3, "forward_delay_s": 0.5}))
     faults = Faults.from_env()
     assert faults.active and faults.hang_after_forward == 3 and faults.forward_delay_s == 0.5
+
+
+def test_a_node_that_never_joins_fails_the_gang_within_the_join_timeout():
+    gang = build_launch(python="py", module="m", config_path="c", plan=CPU, gpu_ids=[0], gpu_node=False,
+                        key="ftjob-1-s1", rendezvous=Rendezvous("10.0.0.1", 29511, 0, 2), join_timeout_s=30)
+    assert "--rdzv-conf=timeout=30" in gang.argv
+    alone = build_launch(python="py", module="m", config_path="c", plan=DistributedPlan("lora", 2, 2),
+                         gpu_ids=[0, 1], gpu_node=True, key="ftjob-1-s1", join_timeout_s=30)
+    assert not any(a.startswith("--rdzv-conf") for a in alone.argv)    # one node: nobody to wait for
+    # what rank 0's launcher prints then (torch's static rendezvous) is read as a lost peer: re-queued
+    tail = ("training process exited with code 1 without reporting a result; log tail:\n"
+            "torch.distributed.DistStoreError: Timed out after 31 seconds waiting for clients. 1/2 clients joined.")
+    assert gang_peer_lost(2, ErrorClass.PLATFORM, tail)

@@ -17,7 +17,12 @@ a real divergence: a gang that skipped the all-reduce, or split the batch differ
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import json
+import os
+import subprocess
+import sys
+from collections.abc import Mapping, Sequence
+from pathlib import Path
 
 LOSS_TOLERANCE = 1e-4
 
@@ -27,3 +32,34 @@ def max_rel_diff(a: Sequence[float], b: Sequence[float]) -> float:
     if len(a) != len(b) or not a:
         return float("inf")
     return max(abs(x - y) / max(abs(y), 1e-12) for x, y in zip(a, b, strict=True))
+
+
+# ------------------------------------------------------------------ gang tests: nodes as processes
+
+
+def sample_rows(n: int) -> bytes:
+    """`n` chat rows of a training file (JSONL)."""
+    return b"".join(json.dumps({"messages": [{"role": "user", "content": f"What is {i} plus one?"},
+                                             {"role": "assistant", "content": f"It is {i + 1}."}]}).encode() + b"\n"
+                    for i in range(n))
+
+
+def start_agent(node: str, log: Path, env: Mapping[str, str] | None = None) -> subprocess.Popen[bytes]:
+    """A trainer agent as its own process, as on another machine: node id `node`, its log appended to `log`,
+    `env` on top of this process's environment (WHETSTONE_TRAINER_AGENT_* settings, test faults)."""
+    full = {**os.environ, "WHETSTONE_TRAINER_AGENT_NODE_ID": node, "WHETSTONE_TRAINER_AGENT_HTTP_PORT": "0",
+            **(env or {})}
+    with log.open("ab") as out:
+        return subprocess.Popen([sys.executable, "-m", "whetstone.trainer_agent"], env=full, stdout=out,
+                                stderr=subprocess.STDOUT)
+
+
+def stop_agent(proc: subprocess.Popen[bytes], timeout_s: float = 60) -> int:
+    """SIGTERM (the agent drains: emergency checkpoints, then exits), SIGKILL past `timeout_s`."""
+    if proc.poll() is None:
+        proc.terminate()
+        try:
+            return proc.wait(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+    return proc.wait()

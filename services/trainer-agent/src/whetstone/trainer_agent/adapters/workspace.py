@@ -116,7 +116,8 @@ class Workspaces:
             gpu_ids=list(run.gpu_ids), gpu_node=gpu_node, key=run.segment_id, rendezvous=rendezvous,
             launcher=c.launcher, shutdown_timeout_s=int(c.drain_timeout_s), hostfile_path=str(scratch / "hostfile"),
             extra_env={"PYTHONUNBUFFERED": "1", "TOKENIZERS_PARALLELISM": "false",
-                       COLLECTIVE_TIMEOUT_ENV: str(c.collective_timeout_s), NODE_ID_ENV: c.node_id})
+                       COLLECTIVE_TIMEOUT_ENV: str(c.collective_timeout_s), NODE_ID_ENV: c.node_id},
+            join_timeout_s=c.collective_timeout_s)
         if launch.hostfile:
             (scratch / "hostfile").write_text(launch.hostfile)
         return Prepared(launch, plan, resume, rendezvous.node_rank if rendezvous else 0)

@@ -112,9 +112,11 @@ def gang_devices(raw: Mapping[str, Any] | None, gpus_per_node: int) -> int:
 def build_launch(*, python: str, module: str, config_path: str, plan: DistributedPlan, gpu_ids: Sequence[int],
                  gpu_node: bool, key: str, rendezvous: Rendezvous | None = None, launcher: str = "torchrun",
                  shutdown_timeout_s: int = 60, hostfile_path: str | None = None,
-                 extra_env: Mapping[str, str] | None = None) -> LaunchSpec:
+                 extra_env: Mapping[str, str] | None = None, join_timeout_s: int | None = None) -> LaunchSpec:
     """`key` (the segment id) picks the single-node rendezvous port; `shutdown_timeout_s` is how
-    long a launcher lets its workers finish an emergency checkpoint after SIGTERM."""
+    long a launcher lets its workers finish an emergency checkpoint after SIGTERM; `join_timeout_s`
+    how long a multi-node torchrun waits for the other nodes' launchers to join (torch's 600 s
+    otherwise): a node that never reports fails the gang within it."""
     recipe = ("-m", module, "--config", config_path)
     rdzv = rendezvous or Rendezvous("127.0.0.1", default_master_port(key))
     gpus = max(len(gpu_ids), 1)
@@ -131,6 +133,7 @@ def build_launch(*, python: str, module: str, config_path: str, plan: Distribute
         argv = (python, "-m", "torch.distributed.run", f"--nnodes={rdzv.nodes}", f"--nproc-per-node={gpus}",
                 f"--node-rank={rdzv.node_rank}", f"--master-addr={rdzv.master_addr}",
                 f"--master-port={rdzv.master_port}", "--max-restarts=0", f"--shutdown-timeout={shutdown_timeout_s}",
+                *((f"--rdzv-conf=timeout={join_timeout_s}",) if join_timeout_s and rdzv.nodes > 1 else ()),
                 *recipe)
         return LaunchSpec("torchrun", argv, {**env, **visible, **ranks}, unset)
     if launcher == "deepspeed":

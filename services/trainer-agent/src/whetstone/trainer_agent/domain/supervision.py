@@ -69,7 +69,8 @@ def classify_exit(returncode: int | None, *, cancelled: bool, stopping: Preempti
 # torch's TCP store): a node of the gang was lost, not a fault of this node or of the job
 PEER_LOST_SIGNS = ("connection closed by peer", "connection reset by peer", "broken pipe", "distnetworkerror",
                    "distbackenderror", "timed out waiting", "watchdog caught collective operation timeout",
-                   "nccl communicator was aborted", "socket timeout", "connection refused")
+                   "nccl communicator was aborted", "socket timeout", "connection refused",
+                   "waiting for clients", "rendezvoustimeouterror")   # the other nodes never joined
 
 
 def gang_peer_lost(nodes: int, error_class: ErrorClass | None, message: str) -> bool:

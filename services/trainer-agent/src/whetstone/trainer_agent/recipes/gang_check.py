@@ -1,4 +1,11 @@
-"""Every node of a gang runs the same platform build, or the gang does not train.
+"""A gang's process group: joined with the platform's timeout, and only by ranks of one platform build.
+
+On CPU nodes transformers does not hand `ddp_timeout` to accelerate (its use_cpu path passes only the
+backend), so the gloo group would wait 30 minutes in a collective whose peer hung: a CPU gang's ranks
+join the group here, with the agent's collective timeout, before the trainer is built (accelerate then
+uses the group it finds). GPU gangs get the same timeout through `ddp_timeout`.
+
+Every node of a gang runs the same platform build, or the gang does not train.
 
 Ranks built from different platform versions may pack, order or checkpoint differently and train a
 silently wrong model, so before the first step every rank tells the others which node it is on
@@ -11,9 +18,20 @@ from __future__ import annotations
 
 import os
 from collections.abc import Sequence
+from datetime import timedelta
 
 from ..domain.launch import NODE_ID_ENV
 from .errors import PlatformError
+
+
+def join_cpu_process_group(timeout_s: int) -> None:
+    """Join the gang's gloo group (env:// from the launcher's rank variables) with `timeout_s`; nothing
+    for one process, or when a group exists already."""
+    import torch.distributed as dist
+
+    if int(os.environ.get("WORLD_SIZE", "1")) < 2 or not dist.is_available() or dist.is_initialized():
+        return
+    dist.init_process_group("gloo", timeout=timedelta(seconds=timeout_s))
 
 
 def platform_version() -> str:

@@ -25,6 +25,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from ..domain.launch import COLLECTIVE_TIMEOUT_ENV
 from .errors import PlatformError, UserError, is_out_of_memory
+from .gang_check import join_cpu_process_group
 from .gang_order import GangOrder, blank_example, blanks_needed
 
 if TYPE_CHECKING:
@@ -55,6 +56,9 @@ def training_arguments(hp, *, output_dir: Path, deepspeed: dict[str, Any] | None
     from .modeling import compute_dtype
 
     use_cuda = torch.cuda.is_available()
+    timeout_s = collective_timeout_s()
+    if not use_cuda:
+        join_cpu_process_group(timeout_s)   # transformers passes ddp_timeout to accelerate on GPU only
     args: dict[str, Any] = dict(
         output_dir=str(output_dir),
         num_train_epochs=hp.n_epochs,
@@ -78,7 +82,7 @@ def training_arguments(hp, *, output_dir: Path, deepspeed: dict[str, Any] | None
         use_cpu=not use_cuda,
         bf16=compute_dtype() == torch.bfloat16,
         dataloader_num_workers=0,
-        ddp_timeout=collective_timeout_s(),
+        ddp_timeout=timeout_s,
     )
     if hp.gradient_checkpointing:
         args["gradient_checkpointing"] = True
