@@ -82,7 +82,7 @@ async def test_storage_quota_per_tenant_and_the_disk_ingest_really_has(platform,
         error = full.value.response.json()["error"]
         assert error["code"] == "insufficient_storage" and "bytes free" in error["message"]
         assert f"{free + 2**40} are kept in reserve" in error["message"]
-        assert list(work.iterdir()) == []
+        assert not [d for d in work.iterdir() if d.name.startswith("upload-")]   # no upload left on the disk
         # the operator frees the disk (here: drops the reserve): the same upload goes through
         config.disk_reserve_bytes = 0
         small = await theirs.files.create(file=("d.jsonl", rows("d")), purpose="fine-tune")
