@@ -100,7 +100,7 @@ async def test_a_tenant_holds_its_share_of_a_service_and_equals_take_turns():
     for t in b_waiting:
         (await t).release()
     shared = fair.services["scheduler"]
-    assert shared.active == 0 and not shared.inside and not shared.waiting and not shared.turns
+    assert shared.active == 0 and not shared.inside and not shared.waiting
 
     one = Fairness(GatewaySettings(max_in_flight_per_service={"scheduler": 1}, max_in_flight_per_key=100,
                                    max_in_flight_per_tenant=100, queue_wait_s=5))
@@ -118,6 +118,27 @@ async def test_a_tenant_holds_its_share_of_a_service_and_equals_take_turns():
     a_one = asyncio.create_task(request("ka", "a"))
     await asyncio.gather(*b_flood, a_one)
     assert order.index("a") <= 2, order   # after B's request inside and at most one more, not after all six
+
+
+async def test_a_heavier_tenant_does_not_enter_beside_a_lighter_ones_request():
+    """B has used the service more (three requests); once A's request is inside, B's next waits for
+    it although places are free, and goes in as soon as A's is done."""
+    fair = Fairness(GatewaySettings(max_in_flight_per_service={"scheduler": 4}, max_in_flight_per_key=100,
+                                    max_in_flight_per_tenant=100, queue_wait_s=5,
+                                    max_in_flight_per_service_per_tenant=2))
+    for _ in range(3):
+        (await fair.enter("kb", "b", stream=False, service="scheduler")).release()
+    b_inside = await fair.enter("kb", "b", stream=False, service="scheduler")
+    a = await asyncio.wait_for(fair.enter("ka", "a", stream=False, service="scheduler"), 0.5)
+    assert isinstance(a, Ticket) and isinstance(b_inside, Ticket)   # the lighter one goes in beside B's
+    b_next = asyncio.create_task(fair.enter("kb", "b", stream=False, service="scheduler"))
+    await asyncio.sleep(0.02)
+    assert not b_next.done() and fair.services["scheduler"].active == 2   # 2 of 4 places free, B under its cap
+    a.release()
+    assert isinstance(await asyncio.wait_for(b_next, 0.5), Ticket)
+    b_next.result().release()
+    b_inside.release()
+    assert fair.services["scheduler"].active == 0
 
 
 async def test_streams_have_their_own_cap_per_key_and_tenant():

@@ -16,8 +16,7 @@ all tenants, decided in memory before any upstream work, so a refusal costs micr
   queues for the same event loop and pool connections. One tenant holds at most
   `max_in_flight_per_service_per_tenant` of those places, so another tenant's request goes in at
   once, beside one of the flood's requests rather than several (requests in one event loop slow
-  each other down); a freed place goes to the waiting tenant with the fewest requests inside, ties
-  to the one whose last turn is oldest.
+  each other down), and no heavier tenant's request enters while a lighter tenant's is inside.
 
 The in-flight counts live in this process: with N gateway replicas behind a load balancer each
 replica holds 1/N of them (`replicas`), by nature (they protect this replica's connections). The
@@ -30,6 +29,7 @@ import asyncio
 import contextlib
 import json
 import math
+import time
 from collections import Counter, deque
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
@@ -117,34 +117,49 @@ class SharedSlots:
     """One service's requests in flight, shared by every tenant. A tenant holds at most `per_tenant`
     of the `limit` places (0: all of them), so a tenant that floods keeps its surplus waiting at the
     edge and another tenant's request finds a free place at once instead of running beside the
-    flood's. A freed place goes to the waiting tenant with the fewest requests inside the service;
-    among equals, to the one whose last turn is oldest (round robin: a tenant with a long queue
-    never goes twice in a row ahead of one that waits)."""
+    flood's. Each tenant's use is its admissions, halved every `half_life_s`: a tenant does not
+    enter while a lighter tenant's request is inside (it waits for that one, so a light tenant's
+    request runs beside at most the heavy tenant's requests already inside when it came, never one
+    started after it), and a freed place goes to the waiting tenant with the fewest requests
+    inside, then the lightest (a flood's queue never goes twice in a row ahead of a tenant that
+    waits). A heavy tenant kept out stops gaining use, so its weight falls below the others' in a
+    few half-lives and it gets its turn: nobody waits forever (nor past `queue_wait_s`)."""
 
     limit: int
     per_tenant: int = 0
+    half_life_s: float = 1.0
+    clock: Callable[[], float] = time.monotonic
     active: int = 0
     inside: Counter[str] = field(default_factory=Counter)
     waiting: dict[str, deque[asyncio.Future[None]]] = field(default_factory=dict)
-    turns: dict[str, int] = field(default_factory=dict)   # tenant -> the turn it last got (kept while busy)
-    turn: int = 0
+    use: dict[str, tuple[float, float]] = field(default_factory=dict)   # tenant -> (weight, when it was set)
 
-    def _under_cap(self, tenant: str) -> bool:
-        return not self.per_tenant or self.inside[tenant] < self.per_tenant
+    def weight(self, tenant: str, now: float) -> float:
+        w, at = self.use.get(tenant, (0.0, now))
+        return float(w * 0.5 ** ((now - at) / self.half_life_s))
+
+    def _may_enter(self, tenant: str, now: float) -> bool:
+        if self.per_tenant and self.inside[tenant] >= self.per_tenant:
+            return False
+        mine = self.weight(tenant, now)
+        return not any(self.weight(other, now) < mine for other in self.inside if other != tenant)
 
     def _next(self) -> str | None:
         """The waiting tenant the next free place goes to (None: nobody waits who may go in)."""
-        ready = [t for t in self.waiting if self._under_cap(t)]
-        return min(ready, key=lambda t: (self.inside[t], self.turns.get(t, 0)), default=None)
+        now = self.clock()
+        ready = [t for t in self.waiting if self._may_enter(t, now)]
+        return min(ready, key=lambda t: (self.inside[t], self.weight(t, now)), default=None)
 
     def _admit(self, tenant: str) -> None:
+        now = self.clock()
         self.active += 1
         self.inside[tenant] += 1
-        self.turn += 1
-        self.turns[tenant] = self.turn
+        self.use[tenant] = (self.weight(tenant, now) + 1.0, now)
+        if len(self.use) > 10_000:   # tenants whose use has faded are forgotten
+            self.use = {t: u for t, u in self.use.items() if t in self.inside or self.weight(t, now) > 0.01}
 
     async def take(self, tenant: str, wait_s: float) -> bool:
-        if self.active < self.limit and self._under_cap(tenant) and self._next() is None:
+        if self.active < self.limit and self._may_enter(tenant, self.clock()) and self._next() is None:
             self._admit(tenant)
             return True
         if wait_s <= 0:
@@ -171,7 +186,6 @@ class SharedSlots:
                             queue.remove(fut)
                     if queue is not None and not queue:
                         del self.waiting[tenant]
-                    self._forget_if_idle(tenant)
 
     def give(self, tenant: str) -> None:
         self.inside[tenant] -= 1
@@ -186,12 +200,6 @@ class SharedSlots:
             if not fut.done():
                 self._admit(nxt)
                 fut.set_result(None)   # the place passes straight on
-        self._forget_if_idle(tenant)
-
-    def _forget_if_idle(self, tenant: str) -> None:
-        """A tenant with nothing inside and nothing waiting keeps no turn: back, it goes first among equals."""
-        if not self.inside[tenant] and tenant not in self.waiting:
-            self.turns.pop(tenant, None)
 
 
 class Budgets:
