@@ -62,3 +62,23 @@ def test_purpose_sniffing_and_file_names(tmp_path):
     assert sniff_purpose(p) == "sft"
     assert safe_filename("../../etc/passwd") == "passwd" and safe_filename("C:\\x\\a.jsonl") == "a.jsonl"
     assert safe_filename(None) == "upload.jsonl" and safe_filename("a\x00b.jsonl") == "ab.jsonl"
+
+
+def test_the_disk_is_measured_again_while_the_file_streams_in(tmp_path):
+    """Another upload filling the same disk meanwhile: the budget shrinks and the upload stops as the disk's."""
+    from whetstone.ingest.domain.storage import Disk, write_budget
+
+    seen: list[int] = []
+
+    def remeasure(written: int):
+        seen.append(written)
+        return write_budget(1 << 20, Disk(free=3000, reserve=0))   # the disk filled up to 3000 bytes of room
+
+    r = MultipartReceiver(BOUNDARY, tmp_path / "f", write_budget(1 << 20, Disk(free=1 << 30, reserve=0)),
+                          remeasure, recheck_bytes=2048)
+    data = body(b"x" * 6000)
+    with pytest.raises(UploadRefused) as exc:
+        for i in range(0, len(data), 1024):
+            r.feed(data[i:i + 1024])
+    assert (exc.value.status, exc.value.code) == (507, "insufficient_storage") and seen and seen[0] >= 2048
+    r.close()

@@ -7,6 +7,7 @@ import hashlib
 import json
 import shutil
 import tempfile
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
@@ -51,12 +52,16 @@ class Received:
 class MultipartReceiver:
     """Feeds the request body, chunk by chunk, through a streaming multipart parser: the `file`
     part goes to `dest` (hashed on the way) and never into memory; past the budget's bytes (an int:
-    the operator's limit alone) it stops with the budget's refusal (too large, disk full, quota)."""
+    the operator's limit alone) it stops with the budget's refusal (too large, disk full, quota).
+    With `remeasure`, the budget is measured again every `recheck_bytes` written (given the bytes
+    written so far): other uploads filling the same disk meanwhile shrink it."""
 
-    def __init__(self, boundary: bytes, dest: Path, limit: int | WriteBudget) -> None:
+    def __init__(self, boundary: bytes, dest: Path, limit: int | WriteBudget,
+                 remeasure: Callable[[int], WriteBudget] | None = None, recheck_bytes: int = 64 << 20) -> None:
         self.result = Received(dest)
         self.budget = limit if isinstance(limit, WriteBudget) else write_budget(limit, Disk(free=limit, reserve=0),
                                                                                      limit_name="upload limit")
+        self._remeasure, self._recheck_bytes, self._next_check = remeasure, recheck_bytes, recheck_bytes
         self._hash = hashlib.sha256()
         self._out = None
         self._headers: dict[bytes, bytes] = {}
@@ -96,6 +101,9 @@ class MultipartReceiver:
         chunk = data[start:end]
         if self._out is not None:
             self.result.size += len(chunk)
+            if self._remeasure is not None and self.result.size >= self._next_check:
+                self.budget = self._remeasure(self.result.size)
+                self._next_check = self.result.size + self._recheck_bytes
             if self.result.size > self.budget.bytes:
                 raise UploadRefused(*self.budget.refusal("the file"), "file")
             self._hash.update(chunk)

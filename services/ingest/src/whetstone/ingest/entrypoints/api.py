@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Literal
 
@@ -102,7 +103,8 @@ def _declared_length(request: Request) -> int | None:
     return int(value) if value.isdigit() else None
 
 
-async def _receive(request: Request, dest: Path, budget: WriteBudget) -> Any:
+async def _receive(request: Request, dest: Path, budget: WriteBudget,
+                   remeasure: Callable[[int], WriteBudget] | None = None) -> Any:
     stream = request.stream()
     receiver: MultipartReceiver | None = None
     try:
@@ -110,7 +112,7 @@ async def _receive(request: Request, dest: Path, budget: WriteBudget) -> Any:
         if budget.bytes == 0 or (declared is not None and declared > budget.bytes + MULTIPART_OVERHEAD):
             # refused before a byte is written: no room at all, or a body that cannot fit
             raise UploadRefused(*budget.refusal("the file"), "file")
-        receiver = MultipartReceiver(boundary_of(request.headers.get("content-type")), dest, budget)
+        receiver = MultipartReceiver(boundary_of(request.headers.get("content-type")), dest, budget, remeasure)
         async for chunk in stream:
             receiver.feed(chunk)
         return receiver.finish()
@@ -144,8 +146,14 @@ def routes(rt: Runtime[IngestContext]) -> APIRouter:
         # the upload limit, the free space of the disk it is written to and the tenant's quota, whichever is least
         budget = write_budget(cfg.max_upload_bytes, disk_of(cfg.work_dir, cfg.disk_reserve_bytes),
                               Quota(quota, used), limit_name="upload limit")
+
+        def remeasure(written: int) -> WriteBudget:   # the disk again, counting what this upload wrote as room
+            now = disk_of(cfg.work_dir, cfg.disk_reserve_bytes)
+            return write_budget(cfg.max_upload_bytes, Disk(now.free + written, now.reserve), Quota(quota, used),
+                                limit_name="upload limit")
+
         with tempfile.TemporaryDirectory(prefix="upload-", dir=cfg.work_dir) as tmp:
-            got = await _receive(request, Path(tmp) / "file", budget)
+            got = await _receive(request, Path(tmp) / "file", budget, remeasure)
             if not got.file_parts:
                 raise UploadRefused(400, "missing_file", "the multipart body has no `file` part", "file")
             purpose = got.fields.get("purpose", "").strip()
