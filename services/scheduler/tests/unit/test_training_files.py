@@ -40,3 +40,20 @@ def test_files_whose_verdict_is_coming_or_accepted_are_not_refused():
     assert refusal(facts(submitted=True)) is None                  # being validated
     assert refusal(facts(status="accepted")) is None
     assert refusal(facts("ds-" + "a" * 24)) is None                # content address: a producer may publish it
+
+
+def test_the_scheduler_trusts_ids_minted_with_the_file_id_key_and_those_minted_before_it(monkeypatch, tmp_path):
+    """Ingest mints with the file-id key derived from the internal secret (it never holds the secret); the
+    scheduler derives the same key, and still trusts an id minted with the secret itself before the split."""
+    from types import SimpleNamespace
+
+    from whetstone.runtime.file_ids import derive_file_id_key
+    from whetstone.scheduler.usecases.training_files import minted
+
+    monkeypatch.setenv("WHETSTONE_INTERNAL_SECRET", SECRET.decode())
+    monkeypatch.delenv("WHETSTONE_FILE_ID_KEY", raising=False)
+    rt = SimpleNamespace(settings=SimpleNamespace(data_dir=tmp_path))
+    new, legacy = mint_file_id("demo", derive_file_id_key(SECRET)), mint_file_id("demo", SECRET)
+    assert minted(rt, new, "demo") and minted(rt, legacy, "demo")
+    assert not minted(rt, new, "acme") and not minted(rt, mint_file_id("demo", derive_file_id_key(OTHER_SECRET)),
+                                                        "demo")

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from whetstone.contracts import DatasetDeletedV1, Envelope
 from whetstone.runtime.file_ids import file_id_key, minted_for
+from whetstone.runtime.identity import internal_secret
 from whetstone.runtime.messaging import UnitOfWork
 from whetstone.runtime.delivery import PoisonMessage
 from whetstone.runtime.service import Runtime
@@ -15,6 +16,14 @@ from ..adapters.store import JobStore
 from ..context import SchedulerContext
 from ..domain import files
 from ..domain import jobs as rules
+
+def minted(rt: Runtime[SchedulerContext], file_id: str, tenant_id: str) -> bool:
+    """Whether the platform minted `file_id` for this tenant: with the file-id key, or (ids minted before
+    the file-id key was split from it) with the internal secret itself, which the scheduler holds."""
+    data_dir = rt.settings.data_dir
+    return minted_for(file_id, tenant_id, file_id_key(data_dir)) or minted_for(file_id, tenant_id,
+                                                                              internal_secret(data_dir))
+
 
 # a job still waiting for the file, or queued again for another segment, would read it: it fails
 NOT_STARTED = (rules.VALIDATING, rules.QUEUED, rules.PREEMPTED)
@@ -27,7 +36,7 @@ async def refusal(rt: Runtime[SchedulerContext], store: JobStore, tenant_id: str
     submitted, deleted = await store.file_seen(tenant_id, file_id)
     return files.refusal(files.FileFacts(
         file_id, dataset.status if dataset is not None else None, dataset.errors if dataset is not None else (),
-        submitted, deleted, minted_for(file_id, tenant_id, file_id_key(rt.settings.data_dir))))
+        submitted, deleted, minted(rt, file_id, tenant_id)))
 
 
 async def on_dataset_deleted(rt: Runtime[SchedulerContext], uow: UnitOfWork, env: Envelope,
@@ -35,8 +44,7 @@ async def on_dataset_deleted(rt: Runtime[SchedulerContext], uow: UnitOfWork, env
     """The file is gone: remembered for the tenant, and its jobs not on a node yet fail. A deletion of a
     file the envelope's tenant never uploaded is dead-lettered as tenant_mismatch."""
     store = JobStore(uow)
-    minted = minted_for(ev.dataset_id, env.tenant_id, file_id_key(rt.settings.data_dir))
-    if not minted and not await store.dataset_known(env.tenant_id, ev.dataset_id):
+    if not minted(rt, ev.dataset_id, env.tenant_id) and not await store.dataset_known(env.tenant_id, ev.dataset_id):
         raise PoisonMessage(f"dataset.deleted names {ev.dataset_id}, which tenant {env.tenant_id!r} never uploaded",
                             reason="tenant_mismatch")
     await store.lock_tenant(env.tenant_id)
