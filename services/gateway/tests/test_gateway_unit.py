@@ -31,3 +31,36 @@ def test_token_bucket_refills_at_the_key_rate():
     assert rl.take("other", 1.0, 0.0) == 0.0  # buckets are per key
     assert rl.take("k", 1.0, 0.5) == pytest.approx(0.5)
     assert rl.take("k", 1.0, 1.0) == 0.0
+
+
+async def test_a_key_in_use_is_verified_again_in_the_background_and_revocation_still_holds():
+    """A valid verdict in the second half of its 2 s is answered at once and refreshed behind the
+    request; a revocation seen by that refresh applies from then on, never later than the 2 s."""
+    import asyncio
+
+    from whetstone.gateway.auth import KeyVerifier, Verdict
+
+    now = [0.0]
+    answers: list[Verdict | None] = [Verdict("k1", "demo", ("read",), None)]
+
+    class Counting(KeyVerifier):
+        asked = 0
+
+        async def _ask(self, key: str) -> Verdict | None:
+            self.asked += 1
+            await asyncio.sleep(0.01)
+            return answers[-1]
+
+    keys = Counting(lambda: None, "http://scheduler/internal/keys/verify", ttl_s=2.0, clock=lambda: now[0])
+    assert (await keys.verify("wsk-a")).tenant_id == "demo" and keys.asked == 1
+    now[0] = 0.5
+    assert (await keys.verify("wsk-a")) is not None and keys.asked == 1          # fresh: no question
+    now[0] = 1.5
+    assert (await keys.verify("wsk-a")) is not None and keys.asked == 1          # answered from the cache...
+    await asyncio.sleep(0.05)
+    assert keys.asked == 2                                                        # ...and asked again behind it
+    answers.append(None)                                                          # revoked now
+    now[0] = 3.0                                                                  # the refreshed verdict: valid to 3.5
+    assert (await keys.verify("wsk-a")) is not None
+    await asyncio.sleep(0.05)                                                     # its refresh sees the revocation
+    assert keys.asked == 3 and await keys.verify("wsk-a") is None and not keys.refreshing

@@ -1,4 +1,5 @@
-"""Whose key is this? Asked of the scheduler (it owns keys), answers cached for at most 2 s.
+"""Whose key is this? Asked of the scheduler (it owns keys), answers cached for at most 2 s; a
+valid verdict in its second half is refreshed in the background, so a key in use rarely waits.
 
 Both verdicts are cached (valid and invalid), keyed by the key's sha256 so the cache never holds
 a usable key. Concurrent requests with the same key share one question.
@@ -61,16 +62,32 @@ class KeyVerifier:
         self.clock, self.max_entries = clock, max_entries
         self.cache: dict[str, tuple[float, Verdict | None]] = {}
         self.pending: dict[str, asyncio.Future] = {}
+        self.refreshing: set[asyncio.Future] = set()   # background refreshes (kept referenced until done)
 
     async def verify(self, key: str) -> Verdict | None:
         digest = hashlib.sha256(key.encode()).hexdigest()
         now = self.clock()
         hit = self.cache.get(digest)
         if hit is not None and hit[0] > now:
+            if hit[1] is not None and hit[0] - now < self.ttl_s / 2 and digest not in self.pending:
+                # refreshed in the background while the verdict is still good: a busy key's requests never
+                # wait for the key service (which other tenants' requests keep busy); a revoked key still
+                # stops within ttl_s, since the old verdict is never used past its expiry
+                task = asyncio.ensure_future(self._lookup(key, digest, now))
+                self.refreshing.add(task)
+                task.add_done_callback(self._refreshed)
             return hit[1]
         waiting = self.pending.get(digest)
         if waiting is not None:
             return await asyncio.shield(waiting)
+        return await self._lookup(key, digest, now)
+
+    def _refreshed(self, task: asyncio.Future) -> None:
+        self.refreshing.discard(task)
+        if not task.cancelled():
+            task.exception()   # a failed refresh: the request after the verdict's expiry asks (and says why)
+
+    async def _lookup(self, key: str, digest: str, now: float) -> Verdict | None:
         fut: asyncio.Future = asyncio.get_running_loop().create_future()
         self.pending[digest] = fut
         try:
