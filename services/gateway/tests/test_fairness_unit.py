@@ -168,3 +168,28 @@ def test_the_tenant_rate_is_shared_by_its_keys_and_split_over_replicas():
     assert fair.tenant_rate("b") == 2 and fair.tenant_rate("big") == 50
     answers = [fair.rate_refusal("b", 10.0) for _ in range(3)]
     assert answers[:2] == [None, None] and answers[2].status == 429 and answers[2].code == "rate_limit_exceeded"
+
+
+async def test_a_shared_rate_lease_is_topped_up_behind_the_requests():
+    """At 10/s with 1 s leases (10 tokens) only the first request waits for the shared bucket: the
+    lease is topped up in the background once half spent, and no more is passed than was granted."""
+    from whetstone.gateway.shared_limits import SharedTenantRates
+
+    class SlowBucket:
+        def __init__(self) -> None:
+            self.tokens, self.in_request = 100, 0
+
+        async def take(self, tenant_id: str, rate: float, capacity: float, want: int) -> tuple[int, float]:
+            if asyncio.current_task() not in rates.background:
+                self.in_request += 1        # a request waits for this one
+            await asyncio.sleep(0.02)
+            granted = min(want, self.tokens)
+            self.tokens -= granted
+            return granted, float(self.tokens)
+
+    bucket = SlowBucket()
+    rates = SharedTenantRates(bucket, GatewaySettings(shared_rate_lease_s=1.0), fallback=lambda t, now: None)
+    for _ in range(30):
+        assert await rates.refusal("b", 10.0) is None
+        await asyncio.sleep(0.005)
+    assert bucket.in_request == 1 and 100 - bucket.tokens >= 30, (bucket.in_request, bucket.tokens)

@@ -2,7 +2,8 @@
 
 The gateway's own schema in PostgreSQL (`gateway`) holds one token bucket per tenant. A replica
 takes tokens from it a few at a time (a lease: `shared_rate_lease_s` of the tenant's rate, at least
-one) and spends them locally, so a tenant costs one round trip per lease, not one per request.
+one) and spends them locally, so a tenant costs one round trip per lease, not one per request; a
+lease half spent is topped up behind the request, so a tenant within its rate rarely waits for it.
 Tokens are only ever taken, never given back: a lease not spent within `shared_rate_lease_s` is
 dropped, which can only make the sum smaller, so all replicas together never pass more than the
 tenant's one bucket allows. A replica that finds the bucket empty refuses the tenant locally until
@@ -119,6 +120,7 @@ class Lease:
     tokens: int = 0
     expires: float = 0.0
     refused_until: float = 0.0
+    topping_up: bool = False
 
 
 class SharedTenantRates:
@@ -132,6 +134,7 @@ class SharedTenantRates:
         self.overrides: dict[str, float] = {}
         self.read_at = -math.inf
         self.reading: asyncio.Lock = asyncio.Lock()
+        self.background: set[asyncio.Future[None]] = set()   # lease top-ups in flight (kept referenced)
 
     async def rate(self, tenant_id: str) -> float:
         """The tenant's requests per second over all replicas: the operator's override, else the settings'."""
@@ -153,40 +156,68 @@ class SharedTenantRates:
         self.leases.pop(tenant_id, None)
 
     async def refusal(self, tenant_id: str, rate: float) -> ApiError | None:
-        """None when one more request of the tenant may pass; otherwise its 429."""
+        """None when one more request of the tenant may pass; otherwise its 429. A lease half spent is
+        topped up in the background, so a tenant within its rate rarely waits for the database."""
         now = self.clock()
         lease = self.leases.get(tenant_id)
         if lease is None:
             if len(self.leases) >= 100_000:
                 self.leases.clear()   # crude bound; an empty lease costs one round trip, never a wrong answer
             lease = self.leases[tenant_id] = Lease()
-        if lease.refused_until > now:
-            return refusal(rate, lease.refused_until - now)
+        want = max(1, math.floor(rate * self.s.shared_rate_lease_s))
         if lease.tokens > 0 and lease.expires > now:
             lease.tokens -= 1
+            # (a lease of one token is not topped up: at low rates a token taken ahead and not spent
+            # within the lease would be a good part of the tenant's rate lost)
+            if want >= 2 and lease.tokens <= want // 2 and not lease.topping_up:
+                lease.topping_up = True
+                task = asyncio.ensure_future(self._top_up(tenant_id, lease, rate, want))
+                self.background.add(task)
+                task.add_done_callback(self.background.discard)
             return None
-        lock = self.locks.setdefault(tenant_id, asyncio.Lock())
-        async with lock:   # the tenant's concurrent requests share one round trip
+        if lease.refused_until > now:
+            return refusal(rate, lease.refused_until - now)
+        async with self.locks.setdefault(tenant_id, asyncio.Lock()):   # concurrent requests share one round trip
             now = self.clock()
             if lease.tokens > 0 and lease.expires > now:
                 lease.tokens -= 1
                 return None
             if lease.refused_until > now:
                 return refusal(rate, lease.refused_until - now)
-            capacity = max(rate * self.s.rate_limit_burst_s, 1.0)
-            want = max(1, math.floor(rate * self.s.shared_rate_lease_s))
             try:
-                granted, left = await self.store.take(tenant_id, rate, capacity, want)
+                granted = await self._take(tenant_id, lease, rate, want)
             except Exception as exc:   # the database is away: this replica's share, in memory
                 if unavailable_dependency(exc) is None:
                     raise
                 log.warning("shared tenant rate unavailable; this replica's share decides", error=str(exc))
                 return self.fallback(tenant_id, now)
-            if granted <= 0:
-                lease.refused_until = now + (1.0 - left) / rate
+            if not granted:
                 return refusal(rate, lease.refused_until - now)
-            lease.tokens, lease.expires = granted - 1, now + self.s.shared_rate_lease_s
+            lease.tokens -= 1
             return None
+
+    async def _take(self, tenant_id: str, lease: Lease, rate: float, want: int) -> int:
+        """Up to `want` tokens of the shared bucket into the lease (under the tenant's lock): how many came.
+        None came: the lease refuses until the bucket has one again."""
+        capacity = max(rate * self.s.rate_limit_burst_s, 1.0)
+        granted, left = await self.store.take(tenant_id, rate, capacity, want)
+        now = self.clock()
+        if granted <= 0:
+            lease.refused_until = now + (1.0 - left) / rate
+            return 0
+        lease.tokens = (lease.tokens if lease.expires > now else 0) + granted
+        lease.expires = now + self.s.shared_rate_lease_s
+        return granted
+
+    async def _top_up(self, tenant_id: str, lease: Lease, rate: float, want: int) -> None:
+        try:
+            async with self.locks.setdefault(tenant_id, asyncio.Lock()):
+                await self._take(tenant_id, lease, rate, want)
+        except Exception as exc:   # the next request that finds the lease empty asks (and falls back) itself
+            if unavailable_dependency(exc) is None:
+                raise
+        finally:
+            lease.topping_up = False
 
 
 def refusal(rate: float, wait: float) -> ApiError:
