@@ -7,7 +7,8 @@
   (`fine_tuned_model_checkpoint`) do once the model is live;
 - `"auto"` epochs, batch size, learning rate and LoRA rank are resolved from the data and the base and
   echoed in `method.supervised.hyperparameters`; `"auto"` epochs on 5 examples is refused naming the field;
-- the job's `result_files` holds a CSV in OpenAI's columns, read with `files.content`;
+- the job's `result_files` holds a CSV in OpenAI's columns, read with `files.content`, and (its `wandb`
+  integration, offline) a W&B offline run of the same steps, read back with the SDK's own reader;
 - `whet jobs reproduce JOB` trains it again with everything pinned (files, base sha256, resolved
   hyperparameters and seed): the same loss at every step; a base pin that no longer holds is a 409;
 - the job's `mlflow` integration: a real `mlflow server` (from .venv-mlflow) holds the job's run, read back
@@ -28,6 +29,7 @@ import pytest
 from whetstone.cli.dev import all_service_builders, upstreams_of
 from whetstone.devstack.mlflow_server import MlflowProcess, mlflow_executable, mlflow_server
 from whetstone.devstack.testing import until
+from whetstone.devstack.wandb_runs import read_offline_run
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(1200)]  # two jobs through the whole platform
 TERMINAL = ("succeeded", "failed", "cancelled")
@@ -94,7 +96,7 @@ async def run(client: openai.AsyncOpenAI, other: openai.AsyncOpenAI, monkeypatch
         method={"type": "supervised", "supervised": {"hyperparameters": {
             "n_epochs": "auto", "batch_size": "auto", "learning_rate_multiplier": 50, "checkpoint_every_steps": 5,
             "max_seq_len": 128}}}, extra_body={"eval_config": {"stages": ["holdout"]}},
-        **({"integrations": [MLFLOW]} if tracking else {}))
+        integrations=[WANDB, *([MLFLOW] if tracking else [])])
     job = await until(lambda: client.fine_tuning.jobs.retrieve(job.id), lambda j: j.status in TERMINAL, 900,
                       f"job {job.id}")
     assert job.status == "succeeded", job
@@ -134,8 +136,9 @@ async def run(client: openai.AsyncOpenAI, other: openai.AsyncOpenAI, monkeypatch
         await other.chat.completions.create(model=ftm, messages=HELLO, max_tokens=2)
 
     # the results file: OpenAI's columns, one row per reported step, a file of the tenant's
-    job = await until(lambda: client.fine_tuning.jobs.retrieve(job.id), lambda j: j.result_files, 60, "result_files")
-    [result_id] = job.result_files
+    job = await until(lambda: client.fine_tuning.jobs.retrieve(job.id), lambda j: len(j.result_files) == 2, 90,
+                      "result_files: the CSV and the W&B offline run")
+    result_id, wandb_id = await result_kinds(client, job)
     result = await client.files.retrieve(result_id)
     assert (result.purpose, result.status) == ("fine-tune-results", "processed")
     rows = list(csv.DictReader(io.StringIO((await client.files.content(result_id)).text)))
@@ -146,6 +149,7 @@ async def run(client: openai.AsyncOpenAI, other: openai.AsyncOpenAI, monkeypatch
     assert all(float(r["train_loss"]) > 0 for r in rows if r["train_loss"])
     with pytest.raises(openai.NotFoundError):
         await other.files.content(result_id)
+    await wandb_run_checked(client, job, result_id, wandb_id)
     if tracking is not None:
         await mlflow_run_checked(await tracking.ready(), job, model.model_extra["model_id"])
 
@@ -161,7 +165,9 @@ async def run(client: openai.AsyncOpenAI, other: openai.AsyncOpenAI, monkeypatch
                                                                            job.model_extra["dataset_version"])
     copy = await until(lambda: client.fine_tuning.jobs.retrieve(copy.id), lambda j: j.result_files, 60,
                        "the copy's result_files")
-    again = list(csv.DictReader(io.StringIO((await client.files.content(copy.result_files[0])).text)))
+    copy = await until(lambda: client.fine_tuning.jobs.retrieve(copy.id), lambda j: len(j.result_files) == 2, 90,
+                       "the copy's W&B result file (its integrations reproduced)")
+    again = list(csv.DictReader(io.StringIO((await client.files.content((await result_kinds(client, copy))[0])).text)))
     # the agent reports a sample of the steps (its stride follows the measured step time), and a row may carry
     # only a validation loss: compared on the steps whose training loss both reported (the first one always)
     first, second = ({r["step"]: r["train_loss"] for r in x if r["train_loss"]} for x in (rows, again))
@@ -181,12 +187,36 @@ async def run(client: openai.AsyncOpenAI, other: openai.AsyncOpenAI, monkeypatch
 
 
 MLFLOW = {"type": "mlflow", "mlflow": {"experiment_name": "models-test"}}
+WANDB = {"type": "wandb", "wandb": {"project": "models-test", "tags": ["e2e"]}}
+
+
+async def result_kinds(client: openai.AsyncOpenAI, job) -> tuple[str, str]:
+    """(the results CSV's id, the W&B offline run's id): file.created events are read in no set order."""
+    names = {(await client.files.retrieve(f)).filename: f for f in job.result_files}
+    return names[f"{job.id}-results.csv"], names[f"{job.id}-wandb-offline.tar.gz"]
+
+
+async def wandb_run_checked(client: openai.AsyncOpenAI, job, result_id: str, wandb_id: str) -> None:
+    """The job's W&B offline run: named after the job, in the block's project, with the job's resolved
+    hyperparameters and the results CSV's training losses at the same steps (the CSV rounds to 6 digits)."""
+    assert [(i.type, i.wandb.project, i.wandb.tags) for i in job.integrations if i.type == "wandb"] == [
+        ("wandb", "models-test", ["e2e"])]
+
+    async def both():
+        rows = list(csv.DictReader(io.StringIO((await client.files.content(result_id)).text)))
+        run = read_offline_run((await client.files.content(wandb_id)).content)
+        return (rows, run) if sorted(run.history) == [int(r["step"]) for r in rows] else None
+    rows, run = await until(both, lambda x: x is not None, 60, "the W&B run with the CSV's steps")
+    assert run.exit_code == 0 and (run.run["project"], run.run["display_name"]) == ("models-test", job.id)
+    assert run.config["hyperparameters"] == job.model_extra["resolved_hyperparameters"]
+    losses = [(int(r["step"]), float(r["train_loss"])) for r in rows if r["train_loss"]]
+    assert losses and all(run.history[s]["train_loss"] == pytest.approx(v, rel=1e-5) for s, v in losses)
 
 
 async def mlflow_run_checked(tracking: str, job, model_id: str) -> None:
     """The job's run on the MLflow server, read through MLflow's REST API: made once under the tenant's
     experiment, with the resolved params, every reported step's train loss once, the verdict, the model card."""
-    assert [(i.type, i.model_extra.get("mlflow")) for i in job.integrations] == [
+    assert [(i.type, i.model_extra.get("mlflow")) for i in job.integrations if i.type == "mlflow"] == [
         ("mlflow", {"experiment_name": "models-test"})]
     api = "/api/2.0/mlflow"
     async with httpx.AsyncClient(base_url=tracking, timeout=60) as http:
