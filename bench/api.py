@@ -143,7 +143,8 @@ def plan(n: int, tenants: list[str], seed: int) -> list[tuple[str, str | None, b
 
 
 async def load(base: str, headers_for, calls, concurrency: int, body: dict) -> tuple[Tally, float]:
-    """`headers_for(tenant, payload)`: the auth headers of one create (a signature binds the body)."""
+    """`headers_for(tenant, method, path, body)`: the auth headers of one call (a signature binds the
+    method, the path and the body)."""
     tally = Tally()
     payload = json.dumps(body).encode()
     queue: asyncio.Queue = asyncio.Queue()
@@ -155,7 +156,7 @@ async def load(base: str, headers_for, calls, concurrency: int, body: dict) -> t
         async def worker() -> None:
             while not queue.empty():
                 tenant, key, _ = queue.get_nowait()
-                headers = {**headers_for(tenant, payload), "Content-Type": "application/json"}
+                headers = {**headers_for(tenant, "POST", "/v1/fine_tuning/jobs", payload), "Content-Type": "application/json"}
                 if key:
                     headers["Idempotency-Key"] = key
                 began = time.perf_counter()
@@ -180,7 +181,8 @@ async def load(base: str, headers_for, calls, concurrency: int, body: dict) -> t
 
         async def read(tenant: str, job_id: str) -> None:
             t0 = time.perf_counter()
-            r = await call(client, "GET", f"/v1/fine_tuning/jobs/{job_id}", headers=headers_for(tenant))
+            path = f"/v1/fine_tuning/jobs/{job_id}"
+            r = await call(client, "GET", path, headers=headers_for(tenant, "GET", path, b""))
             tally.get_ms.append((time.perf_counter() - t0) * 1000)
             if r.status >= 500:
                 tally.by_status[r.status] += 1
@@ -244,14 +246,13 @@ async def run(args: argparse.Namespace) -> dict:
         base_tenants, gw_tenants = names[: len(names) // 2], names[len(names) // 2:]
         print(f"baseline: {args.baseline_jobs} submissions straight to the scheduler ({len(base_tenants)} tenants)",
               flush=True)
-        b_tally, b_elapsed = await load(sched, lambda t, payload: identity_headers(
-                                            t, ("read", "write"), secret=secret,
-                                            bound=Bound.of("POST", "/v1/fine_tuning/jobs", payload)),
+        b_tally, b_elapsed = await load(sched, lambda t, method, path, payload: identity_headers(
+                                            t, ("read", "write"), secret=secret, bound=Bound.of(method, path, payload)),
                                         plan(args.baseline_jobs, base_tenants, 1), args.concurrency, body)
         baseline = summary(b_tally, b_elapsed, caps)
         print("baseline " + json.dumps(baseline), flush=True)
         print(f"gateway: {args.jobs} submissions with API keys ({len(gw_tenants)} tenants)", flush=True)
-        g_tally, g_elapsed = await load(gateway, lambda t, _: {"Authorization": f"Bearer {keys[t]}"},
+        g_tally, g_elapsed = await load(gateway, lambda t, *_: {"Authorization": f"Bearer {keys[t]}"},
                                         plan(args.jobs, gw_tenants, 2), args.concurrency, body)
         result = summary(g_tally, g_elapsed, caps)
         if g_tally.wrong:
