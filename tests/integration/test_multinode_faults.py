@@ -1,0 +1,128 @@
+"""A gang's faults through the six real services (issue 40 point 2): two trainer-agent processes, node-a
+(rank 0) and node-b, each offering one CPU slot; a job that needs both (DDP over gloo).
+
+1. node-b's agent is stopped mid-run (SIGTERM: a spot node reclaimed). Its SIGTERM stops both ranks after
+   the same step; rank 0 writes the gang's ONE emergency checkpoint and node-a alone reports job.preempted
+   with it (node-b's launcher exits non-zero on SIGTERM and reports nothing: a report of its own could
+   re-queue the gang from an older checkpoint).
+2. node-b comes back: the gang resumes both ranks from that emergency checkpoint.
+3. the job is cancelled mid-run: nothing is left running on either node.
+
+A rank hung in a collective is services/trainer-agent/tests/integration/test_gang_hang.py (two real gloo
+processes, the recipe's own group join and timeout); killing an agent outright (the scheduler's lost-node
+path: every node of the gang fenced, the gang re-queued) is services/scheduler/tests/unit/test_gang.py."""
+
+import asyncio
+import json
+from pathlib import Path
+
+import asyncpg
+import pytest
+from whetstone.cli.dev import core_service_builders, upstreams_of
+from whetstone.devstack.multinode import sample_rows, start_agent, stop_agent
+from whetstone.devstack.testing import until
+from whetstone.modelkit.tiny import build_tiny_model
+
+pytestmark = pytest.mark.integration
+# 16 rows / (2 ranks x 2) = 4 steps an epoch, 12 in all; a checkpoint every 2 steps
+HP = {"n_epochs": 3, "batch_size": 2, "max_seq_len": 48, "lora_r": 4, "seed": 0, "checkpoint_every_steps": 2,
+      "lora_dropout": 0.0}
+NO_GATE = {"stages": {"benchmarks": False, "holdout": False, "safety": False, "judge": False}}
+GANG = {"gpu_type": "cpu", "gpus_per_node": 1, "nodes": 2}
+AGENT = {"WHETSTONE_TRAINER_AGENT_ADDRESS": "127.0.0.1", "WHETSTONE_TRAINER_AGENT_PROGRESS_INTERVAL_S": "0.01",
+         "WHETSTONE_TRAINER_AGENT_HEARTBEAT_S": "0.5", "WHETSTONE_TRAINER_AGENT_COLLECTIVE_TIMEOUT_S": "60",
+         # rank 0's torchrun waits at its exit barrier for the stopped node's launcher: do not hold the slot long
+         "WHETSTONE_TRAINER_AGENT_EXIT_GRACE_S": "5"}
+
+
+def faults(**kinds: object) -> dict[str, str]:
+    return {**AGENT, "WHETSTONE_RECIPE_FAULTS": json.dumps(kinds)}
+
+
+def without_agent() -> list:
+    return [b for b in core_service_builders() if not b.__module__.startswith("whetstone.trainer_agent")]
+
+
+async def published(conn: asyncpg.Connection, topic: str, job_id: str) -> list[dict]:
+    """What both agents published on `topic` about the job (they share the trainer_agent schema's outbox)."""
+    rows = await conn.fetch("SELECT value FROM trainer_agent.outbox WHERE topic = $1 ORDER BY id", topic)
+    return [p for p in (json.loads(bytes(r["value"]))["payload"] for r in rows) if p["job_id"] == job_id]
+
+
+async def runs_of(conn: asyncpg.Connection, job_id: str, attempt: int) -> dict[str, asyncpg.Record]:
+    return {r["node_id"]: r for r in await conn.fetch(
+        "SELECT node_id, status, outcome, resume_from ->> 'uri' AS resume_uri FROM trainer_agent.runs"
+        " WHERE job_id = $1 AND attempt = $2", job_id, attempt)}
+
+
+async def test_a_stopped_gang_node_leaves_one_emergency_checkpoint_and_the_gang_resumes_from_it(platform, settings, openai_clients, monkeypatch,
+                                                                  tmp_path):
+    monkeypatch.setenv("WHETSTONE_EVAL_TIERS_MAY_SKIP_SAFETY", '["standard"]')
+    monkeypatch.setenv("WHETSTONE_SCHEDULER_NODE_TIMEOUT_S", "120")   # a busy agent is not a lost one (load)
+    await asyncio.to_thread(build_tiny_model, Path(settings.model_catalog) / "tiny-llama")
+    logs = {n: tmp_path / f"{n}.log" for n in ("node-a", "node-b")}
+    node_a = start_agent("node-a", logs["node-a"], AGENT)
+    node_b = start_agent("node-b", logs["node-b"], faults(forward_delay_s=0.5))   # slow: stopped mid-run
+    try:
+        async with platform(*without_agent()) as p, openai_clients(upstreams_of(p.runtimes.values())) as (
+                client, _):
+            conn = await asyncpg.connect(settings.database_url)
+            try:
+                await until(lambda: conn.fetchval("SELECT count(*) FROM scheduler.nodes"), lambda n: n == 2, 90,
+                            "both nodes heartbeating")
+                training = await client.files.create(file=("train.jsonl", sample_rows(16)), purpose="fine-tune")
+                await until(lambda: client.files.retrieve(training.id), lambda f: f.status != "uploaded", 120,
+                            "validation")
+                job = await client.fine_tuning.jobs.create(
+                    model="tiny-llama", training_file=training.id,
+                    method={"type": "supervised", "supervised": {"hyperparameters": HP}},
+                    extra_body={"eval_config": NO_GATE, "resources": GANG})
+
+                # 1. node-b stopped mid-run: one emergency checkpoint, one job.preempted, both from rank 0
+                def attempt_1_checkpointed(cks: list[dict]) -> bool:
+                    assert node_a.poll() is None and node_b.poll() is None, logs["node-b"].read_text()[-3000:]
+                    return any(c["attempt"] == 1 and c["kind"] == "periodic" for c in cks)
+                await until(lambda: published(conn, "checkpoint.written", job.id), attempt_1_checkpointed, 240,
+                            "attempt 1's first periodic checkpoint")
+                assert await asyncio.to_thread(stop_agent, node_b) == 0, logs["node-b"].read_text()[-3000:]
+                stops = await until(lambda: published(conn, "job.preempted", job.id),
+                                    lambda ps: any(x["attempt"] == 1 for x in ps), 120, "attempt 1 preempted")
+                emergency = [c for c in await published(conn, "checkpoint.written", job.id)
+                             if c["attempt"] == 1 and c["kind"] == "emergency"]
+                assert len(emergency) == 1, emergency
+                assert [(x["node_id"], x["checkpoint"]["uri"]) for x in stops if x["attempt"] == 1] == [
+                    ("node-a", emergency[0]["uri"])], stops
+                first = await until(lambda: runs_of(conn, job.id, 1),
+                                    lambda rs: all(r["outcome"] for r in rs.values()) and len(rs) == 2, 60,
+                                    "attempt 1 ended on both nodes")
+                # node-b's rank ended on its own (worker_done) or was fenced by node-a's report first; either
+                # way it reported nothing (above: the one job.preempted is node-a's)
+                assert first["node-b"]["outcome"] in ("worker_done", "fenced"), dict(first["node-b"])
+                assert not await published(conn, "job.failed", job.id)
+
+                # 2. node-b comes back: the gang resumes both ranks from that emergency checkpoint. (A placement
+                # may reach node-b while it still drains, or before its new agent joins the rendezvous: such an
+                # attempt is handed back or times out joining, node-b named, and the next one is placed.)
+                node_b = start_agent("node-b", logs["node-b"], faults(forward_delay_s=1.0))   # still mid-run at 3.
+                starts = await until(lambda: published(conn, "job.started", job.id),
+                                     lambda ss: any(s["attempt"] > 1 for s in ss), 300, "the gang resumed")
+                resumed = min((s for s in starts if s["attempt"] > 1), key=lambda s: s["attempt"])
+                assert (resumed["node_id"], resumed["resumed_from_step"]) == ("node-a", emergency[0]["step"]), starts
+                second = await runs_of(conn, job.id, resumed["attempt"])
+                assert {n: r["resume_uri"] for n, r in second.items()} == {
+                    "node-a": emergency[0]["uri"], "node-b": emergency[0]["uri"]}, second
+
+                # 3. cancelled mid-run: nothing left running on either node, nothing failed
+                await client.fine_tuning.jobs.cancel(job.id)
+                await until(lambda: client.fine_tuning.jobs.retrieve(job.id), lambda j: j.status == "cancelled", 60,
+                            "job cancelled")
+                await until(lambda: conn.fetch("SELECT node_id, attempt, status FROM trainer_agent.runs"
+                                               " WHERE job_id = $1 AND status IN ('assigned', 'running')", job.id),
+                            lambda rs: not rs, 90, "no run of the job left on a node")
+                assert not await published(conn, "job.completed", job.id)
+                assert {f["code"] for f in await published(conn, "job.failed", job.id)} <= {"cancelled"}
+            finally:
+                await conn.close()
+    finally:
+        for proc in (node_a, node_b):
+            await asyncio.to_thread(stop_agent, proc, 30)
