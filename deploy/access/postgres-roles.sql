@@ -23,3 +23,6 @@ ALTER ROLE whetstone_metering SET search_path = metering;
 CREATE ROLE whetstone_serving LOGIN NOSUPERUSER NOCREATEDB NOCREATEROLE NOINHERIT;
 CREATE SCHEMA IF NOT EXISTS serving AUTHORIZATION whetstone_serving;
 ALTER ROLE whetstone_serving SET search_path = serving;
+CREATE ROLE whetstone_gateway LOGIN NOSUPERUSER NOCREATEDB NOCREATEROLE NOINHERIT;
+CREATE SCHEMA IF NOT EXISTS gateway AUTHORIZATION whetstone_gateway;
+ALTER ROLE whetstone_gateway SET search_path = gateway;

@@ -26,7 +26,7 @@ from generated import write_or_check  # noqa: E402
 ROOT = Path(__file__).resolve().parents[2]
 OUT = ROOT / "deploy" / "access"
 BUCKET = "whetstone"
-DB_SERVICES = ("ingest", "scheduler", "trainer-agent", "eval", "registry", "metering", "serving")
+DB_SERVICES = ("ingest", "scheduler", "trainer-agent", "eval", "registry", "metering", "serving", "gateway")
 READ, WRITE = ("s3:GetObject",), ("s3:GetObject", "s3:PutObject", "s3:DeleteObject")
 # service -> {key pattern under tenants/<tenant>/: "read" | "write"} (write includes read and delete)
 S3_ACCESS: dict[str, dict[str, str]] = {

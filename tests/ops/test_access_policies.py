@@ -88,6 +88,8 @@ def test_every_service_has_its_grants_and_the_trainer_writes_only_job_outputs():
     assert {p.stem.removeprefix("s3-") for p in ACCESS.glob("s3-*.json")} == {
         "ingest", "trainer-agent", "eval", "registry", "serving"}
     roles = (ACCESS / "postgres-roles.sql").read_text()
+    from whetstone.gateway.shared_limits import SCHEMA as GATEWAY_SCHEMA   # the shared tenant rates' rows
+    assert "gateway" in t.DB_SERVICES and GATEWAY_SCHEMA == t.schema_of("gateway")
     for service in t.DB_SERVICES:
         assert f"CREATE ROLE {t.role_of(service)} " in roles, service
     trainer = json.loads((ACCESS / "s3-trainer-agent.json").read_text())
