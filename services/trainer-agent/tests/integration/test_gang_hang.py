@@ -9,38 +9,15 @@ from __future__ import annotations
 import multiprocessing as mp
 import os
 import socket
-import time
-import traceback
 
 import pytest
 from whetstone.contracts.enums import ErrorClass
 from whetstone.trainer_agent.domain.launch import COLLECTIVE_TIMEOUT_ENV
 from whetstone.trainer_agent.domain.supervision import gang_peer_lost
+from whetstone.devstack.gang_hang import hanging_rank
 
 pytestmark = pytest.mark.integration
 TIMEOUT_S = 3
-
-
-def _rank(rank: int, port: int, out) -> None:
-    from whetstone.trainer_agent.recipes.callbacks import any_rank
-    from whetstone.trainer_agent.recipes.gang_check import join_cpu_process_group
-    from whetstone.trainer_agent.recipes.trainers import collective_timeout_s
-
-    # the rank variables torchrun gives each worker; the recipe joins the group as on a CPU gang
-    os.environ.update({"RANK": str(rank), "LOCAL_RANK": "0", "WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1",
-                       "MASTER_PORT": str(port)})
-    join_cpu_process_group(collective_timeout_s())
-    any_rank(False)                        # one step both ranks finish
-    if rank == 1:
-        out.put(("hung", ""))
-        time.sleep(120)                    # hung: never reaches the next step's collective
-        return
-    began = time.monotonic()
-    try:
-        any_rank(False)
-        out.put(("returned", ""))
-    except Exception as exc:   # noqa: BLE001 - the error text is what the agent classifies
-        out.put(("failed", f"{time.monotonic() - began:.1f}|{type(exc).__name__}: {exc}\n{traceback.format_exc()}"))
 
 
 def test_a_rank_hung_in_a_collective_fails_its_peer_within_the_process_group_timeout(monkeypatch):
@@ -50,7 +27,7 @@ def test_a_rank_hung_in_a_collective_fails_its_peer_within_the_process_group_tim
         port = s.getsockname()[1]
     ctx = mp.get_context("spawn")
     out = ctx.Queue()
-    procs = [ctx.Process(target=_rank, args=(r, port, out), daemon=True) for r in (0, 1)]
+    procs = [ctx.Process(target=hanging_rank, args=(r, port, out), daemon=True) for r in (0, 1)]
     for p in procs:
         p.start()
     try:

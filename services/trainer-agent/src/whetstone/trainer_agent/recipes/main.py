@@ -35,6 +35,7 @@ from pathlib import Path
 from typing import Protocol
 
 from whetstone.contracts.enums import ErrorClass, Method
+from whetstone.runtime import pdeathsig
 
 from ..domain.recipe_io import (
     Completed,
@@ -194,6 +195,8 @@ def execute(config_path: Path, events: EventStream, preemption: PreemptionFlag, 
 def main(argv: list[str] | None = None) -> int:
     started = time.perf_counter()
     preemption = PreemptionFlag().install()  # FIRST: before any slow import or model load
+    if "TORCHELASTIC_RUN_ID" in os.environ and not pdeathsig.die_with_parent(os.getppid()):
+        return 137  # a worker of torchrun (or deepspeed) dies with its launcher, as the launcher with the agent
     events = EventStream.claim_stdout()
     if int(os.environ.get("RANK", "0")) != 0:  # multi-process launch: rank 0 speaks for the job
         events = EventStream(io.StringIO())
