@@ -10,15 +10,14 @@ Loss parity with a one-process job of the same effective batch is `make bench-mu
 
 import asyncio
 import json
-import os
 import subprocess
-import sys
 from pathlib import Path
 
 import asyncpg
 import httpx
 import pytest
 from whetstone.cli.dev import core_service_builders, upstreams_of
+from whetstone.devstack.multinode import create_gang_job, sample_rows, start_agent
 from whetstone.devstack.testing import until
 from whetstone.modelkit.tiny import build_tiny_model
 
@@ -27,20 +26,6 @@ pytestmark = pytest.mark.integration
 # different computations (the platform's default 0.05 put them 1.7e-2 apart by step 4)
 HP = {"n_epochs": 1, "batch_size": 2, "max_seq_len": 48, "lora_r": 4, "learning_rate_multiplier": 2, "seed": 0,
       "checkpoint_every_steps": 2, "lora_dropout": 0.0}
-NO_GATE = {"stages": {"benchmarks": False, "holdout": False, "safety": False, "judge": False}}
-GANG = {"gpu_type": "cpu", "gpus_per_node": 1, "nodes": 2}
-
-
-def rows(n: int) -> bytes:
-    return b"".join(json.dumps({"messages": [{"role": "user", "content": f"What is {i} plus one?"},
-                                             {"role": "assistant", "content": f"It is {i + 1}."}]}).encode() + b"\n"
-                    for i in range(n))
-
-
-def start_agent(node: str, log: Path) -> subprocess.Popen:
-    env = {**os.environ, "WHETSTONE_TRAINER_AGENT_NODE_ID": node, "WHETSTONE_TRAINER_AGENT_HTTP_PORT": "0"}
-    return subprocess.Popen([sys.executable, "-m", "whetstone.trainer_agent"], env=env, stdout=log.open("wb"),
-                            stderr=subprocess.STDOUT)
 
 
 def without_agent() -> list:
@@ -73,22 +58,14 @@ async def test_a_two_node_gang_trains_once_and_bills_both_nodes_once(
         monkeypatch.setenv(f"WHETSTONE_TRAINER_AGENT_{key}", value)
     await asyncio.to_thread(build_tiny_model, Path(settings.model_catalog) / "tiny-llama")
     data = tmp_path / "train.jsonl"
-    data.write_bytes(rows(16))
+    data.write_bytes(sample_rows(16))
     agents = {node: start_agent(node, tmp_path / f"{node}.log") for node in ("node-a", "node-b")}
     try:
         async with platform(*without_agent()) as p, openai_clients(upstreams_of(p.runtimes.values())) as (
                 client, _):
             conn = await asyncpg.connect(settings.database_url)
             try:
-                await until(lambda: conn.fetchval("SELECT count(*) FROM scheduler.nodes"), lambda n: n == 2, 90,
-                            "both nodes heartbeating")
-                training = await client.files.create(file=("train.jsonl", data.read_bytes()), purpose="fine-tune")
-                await until(lambda: client.files.retrieve(training.id), lambda f: f.status != "uploaded", 120,
-                            "validation")
-                job = await client.fine_tuning.jobs.create(
-                    model="tiny-llama", training_file=training.id,
-                    method={"type": "supervised", "supervised": {"hyperparameters": HP}},
-                    extra_body={"eval_config": NO_GATE, "resources": GANG})
+                job = await create_gang_job(conn, client, data.read_bytes(), HP)
                 def ended(j) -> bool:
                     for node, proc in agents.items():
                         assert proc.poll() is None, (tmp_path / f"{node}.log").read_text()[-3000:]

@@ -19,7 +19,7 @@ from pathlib import Path
 import asyncpg
 import pytest
 from whetstone.cli.dev import core_service_builders, upstreams_of
-from whetstone.devstack.multinode import sample_rows, start_agent, stop_agent
+from whetstone.devstack.multinode import create_gang_job, sample_rows, start_agent, stop_agent
 from whetstone.devstack.testing import until
 from whetstone.modelkit.tiny import build_tiny_model
 
@@ -27,8 +27,6 @@ pytestmark = pytest.mark.integration
 # 16 rows / (2 ranks x 2) = 4 steps an epoch, 12 in all; a checkpoint every 2 steps
 HP = {"n_epochs": 3, "batch_size": 2, "max_seq_len": 48, "lora_r": 4, "seed": 0, "checkpoint_every_steps": 2,
       "lora_dropout": 0.0}
-NO_GATE = {"stages": {"benchmarks": False, "holdout": False, "safety": False, "judge": False}}
-GANG = {"gpu_type": "cpu", "gpus_per_node": 1, "nodes": 2}
 AGENT = {"WHETSTONE_TRAINER_AGENT_ADDRESS": "127.0.0.1", "WHETSTONE_TRAINER_AGENT_PROGRESS_INTERVAL_S": "0.01",
          "WHETSTONE_TRAINER_AGENT_HEARTBEAT_S": "0.5", "WHETSTONE_TRAINER_AGENT_COLLECTIVE_TIMEOUT_S": "60",
          # rank 0's torchrun waits at its exit barrier for the stopped node's launcher: do not hold the slot long
@@ -68,15 +66,7 @@ async def test_a_stopped_gang_node_leaves_one_emergency_checkpoint_and_the_gang_
                 client, _):
             conn = await asyncpg.connect(settings.database_url)
             try:
-                await until(lambda: conn.fetchval("SELECT count(*) FROM scheduler.nodes"), lambda n: n == 2, 90,
-                            "both nodes heartbeating")
-                training = await client.files.create(file=("train.jsonl", sample_rows(16)), purpose="fine-tune")
-                await until(lambda: client.files.retrieve(training.id), lambda f: f.status != "uploaded", 120,
-                            "validation")
-                job = await client.fine_tuning.jobs.create(
-                    model="tiny-llama", training_file=training.id,
-                    method={"type": "supervised", "supervised": {"hyperparameters": HP}},
-                    extra_body={"eval_config": NO_GATE, "resources": GANG})
+                job = await create_gang_job(conn, client, sample_rows(16), HP)
 
                 # 1. node-b stopped mid-run: one emergency checkpoint, one job.preempted, both from rank 0
                 def attempt_1_checkpointed(cks: list[dict]) -> bool:

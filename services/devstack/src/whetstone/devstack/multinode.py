@@ -23,6 +23,7 @@ import subprocess
 import sys
 from collections.abc import Mapping, Sequence
 from pathlib import Path
+from typing import Any
 
 LOSS_TOLERANCE = 1e-4
 
@@ -63,3 +64,23 @@ def stop_agent(proc: subprocess.Popen[bytes], timeout_s: float = 60) -> int:
         except subprocess.TimeoutExpired:
             proc.kill()
     return proc.wait()
+
+
+# a two-node CPU gang (one slot per node) and an eval config that gates nothing: the gang tests' job shape
+GANG = {"gpu_type": "cpu", "gpus_per_node": 1, "nodes": 2}
+NO_GATE = {"stages": {"benchmarks": False, "holdout": False, "safety": False, "judge": False}}
+
+
+async def create_gang_job(conn: Any, client: Any, rows: bytes, hyperparameters: Mapping[str, Any]) -> Any:
+    """Once both nodes heartbeat: `rows` uploaded through the official client, validated, and a supervised
+    gang job created on them (`conn`: asyncpg connection to the stack's database; `client`: AsyncOpenAI)."""
+    from .testing import until  # noqa: PLC0415
+
+    await until(lambda: conn.fetchval("SELECT count(*) FROM scheduler.nodes"), lambda n: n == 2, 90,
+                "both nodes heartbeating")
+    training = await client.files.create(file=("train.jsonl", rows), purpose="fine-tune")
+    await until(lambda: client.files.retrieve(training.id), lambda f: f.status != "uploaded", 120, "validation")
+    return await client.fine_tuning.jobs.create(
+        model="tiny-llama", training_file=training.id,
+        method={"type": "supervised", "supervised": {"hyperparameters": dict(hyperparameters)}},
+        extra_body={"eval_config": NO_GATE, "resources": GANG})
