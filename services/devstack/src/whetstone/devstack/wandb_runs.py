@@ -7,7 +7,6 @@ the history rows by step, and the exit record."""
 from __future__ import annotations
 
 import io
-import json
 import subprocess
 import sys
 import tarfile
@@ -15,6 +14,8 @@ import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+from pydantic import BaseModel
 
 
 @dataclass
@@ -27,7 +28,8 @@ class OfflineRun:
 
     @property
     def config(self) -> dict[str, Any]:
-        return {k: v for k, v in self.run.get("config", {}).get("update", {}).items() if k != "_wandb"}
+        update = _Update.model_validate(self.run.get("config") or {}).update
+        return {k: v for k, v in update.items() if k != "_wandb"}
 
 
 def read_offline_run(body: bytes, timeout_s: float = 60.0) -> OfflineRun:
@@ -41,18 +43,44 @@ def read_offline_run(body: bytes, timeout_s: float = 60.0) -> OfflineRun:
                              text=True, timeout=timeout_s, check=True, cwd=tmp,
                              env={"PATH": "/usr/bin:/bin", "HOME": tmp, "WANDB_MODE": "offline",
                                   "WANDB_SILENT": "true"})
-    records = [json.loads(line) for line in out.stdout.splitlines() if line.strip()]
     parsed = OfflineRun(members=members, run={}, history={})
-    for rec in records:
-        kind = rec.get("type")
-        if kind == "run":
-            parsed.run = rec["run"]
-        elif kind == "history":
-            step = int(rec["history"]["step"]["num"])
-            parsed.history[step] = {k: v for k, v in rec["history"]["item"].items() if not k.startswith("_")}
-        elif kind == "summary":
-            parsed.summary.update({k: v for k, v in rec["summary"].get("update", {}).items()
-                                   if not k.startswith("_")})
-        elif kind == "exit":
-            parsed.exit_code = int(rec["exit"].get("exit_code", 0))
+    for line in out.stdout.splitlines():
+        if not line.strip():
+            continue
+        rec = _Record.model_validate_json(line)
+        if rec.type == "run" and rec.run is not None:
+            parsed.run = rec.run
+        elif rec.type == "history" and rec.history is not None:
+            parsed.history[rec.history.step.num] = {k: v for k, v in rec.history.item.items() if not k.startswith("_")}
+        elif rec.type == "summary" and rec.summary is not None:
+            parsed.summary.update({k: v for k, v in rec.summary.update.items() if not k.startswith("_")})
+        elif rec.type == "exit" and rec.exit is not None:
+            parsed.exit_code = rec.exit.exit_code
     return parsed
+
+
+class _Step(BaseModel):
+    num: int
+
+
+class _History(BaseModel):
+    step: _Step
+    item: dict[str, Any]
+
+
+class _Update(BaseModel):
+    update: dict[str, Any] = {}
+
+
+class _Exit(BaseModel):
+    exit_code: int = 0
+
+
+class _Record(BaseModel):
+    """One line of `wandb leet inspect --json`: its `type` names the field that carries the record."""
+
+    type: str | None = None
+    run: dict[str, Any] | None = None
+    history: _History | None = None
+    summary: _Update | None = None
+    exit: _Exit | None = None
