@@ -1,10 +1,11 @@
 import argparse
 
 import pytest
-
 from whetstone.cli.api_objects import Job, JobEvent
+from whetstone.cli.errors import BadInput
 from whetstone.cli.follow import LossCurve, StepRate, eta_text
-from whetstone.cli.public import job_body
+from whetstone.cli.job_request import request_json
+from whetstone.cli.public import job_body as build_body
 
 pytestmark = pytest.mark.unit
 
@@ -13,6 +14,11 @@ def args(**kw) -> argparse.Namespace:
     base = {"model": "tiny-llama", "training_file": "ds-1", "method": "supervised", "epochs": None,
             "learning_rate": None, "batch_size": None, "hp": None, "validation_file": None, "suffix": None, "seed": None}
     return argparse.Namespace(**{**base, **kw})
+
+
+def job_body(namespace: argparse.Namespace) -> dict:
+    """The create body as it goes on the wire."""
+    return request_json(build_body(namespace))
 
 
 def test_job_body_is_openai_shaped_with_the_platform_method_as_extension():
@@ -26,6 +32,8 @@ def test_job_body_is_openai_shaped_with_the_platform_method_as_extension():
         job_body(args(method="rlhf"))
     with pytest.raises(SystemExit):
         job_body(args(hp=["no-equals"]))
+    with pytest.raises(BadInput, match="^suffix: "):   # the API's bound, checked before sending
+        job_body(args(suffix="x" * 65))
 
 
 def test_loss_curve_png(tmp_path):

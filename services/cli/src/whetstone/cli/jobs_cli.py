@@ -7,7 +7,7 @@ import argparse
 import json
 import sys
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from .api_objects import (
     Checkpoint,
@@ -23,18 +23,22 @@ from .errors import BadInput
 from .follow import LossCurve, all_events, follow
 from .graders_cli import read_grader, read_json_file
 from .output import add_list_options, list_object, print_result, when
-from .reproduce import reproduce_body
 
-PLATFORM_METHODS = {"lora": "supervised", "qlora": "supervised", "full": "supervised", "cpt": "supervised",
-                    "dpo": "dpo", "orpo": "dpo"}
+if TYPE_CHECKING:
+    from .job_request import CreateJob, Family, Hyperparams, MethodSpec, PlatformName
+
+PLATFORM_METHODS: dict[PlatformName, Family] = {"lora": "supervised", "qlora": "supervised", "full": "supervised",
+                                                "cpt": "supervised", "dpo": "dpo", "orpo": "dpo"}
 DEFAULT_MODEL = "tiny-llama"
 
 
-def job_body(args: argparse.Namespace) -> dict[str, Any]:
+def job_body(args: argparse.Namespace) -> CreateJob:
     """OpenAI's create body: `method` as an object, the platform method as its `whetstone` extension."""
-    hp: dict[str, Any] = {k: v for k, v in {"n_epochs": args.epochs, "learning_rate": args.learning_rate,
-                                            "learning_rate_multiplier": getattr(args, "learning_rate_multiplier", None),
-                                            "batch_size": args.batch_size}.items() if v is not None}
+    from .job_request import CreateJob, checked_body, method_spec
+
+    hp: Hyperparams = {k: v for k, v in {"n_epochs": args.epochs, "learning_rate": args.learning_rate,
+                                         "learning_rate_multiplier": getattr(args, "learning_rate_multiplier", None),
+                                         "batch_size": args.batch_size}.items() if v is not None}
     for item in args.hp or []:
         k, sep, v = item.partition("=")
         if not sep:
@@ -46,28 +50,25 @@ def job_body(args: argparse.Namespace) -> dict[str, Any]:
     method = args.method
     if getattr(args, "qlora", False) and method != "reinforcement":
         raise BadInput("--qlora is for --method reinforcement (supervised QLoRA is --method qlora)")
-    if method == "reinforcement" or getattr(args, "grader", None):
-        return {"model": args.model, "training_file": args.training_file,
-                "method": reinforcement_method(args, hp), **optional_fields(args)}
-    family = {"supervised": "supervised", "dpo": "dpo"}.get(method) or PLATFORM_METHODS.get(method)
-    if family is None:
-        raise SystemExit(f"unknown method {method!r}: supervised, dpo, reinforcement, " + ", ".join(PLATFORM_METHODS))
-    spec: dict[str, Any] = {"type": family}
-    if method not in ("supervised", "dpo"):
-        spec["whetstone"] = {"method": method}
-    if hp:
-        spec[family] = {"hyperparameters": hp}
-    return {"model": args.model, "training_file": args.training_file, "method": spec, **optional_fields(args)}
+    with checked_body():
+        if method == "reinforcement" or getattr(args, "grader", None):
+            spec = reinforcement_method(args, hp)
+        elif method in ("supervised", "dpo"):
+            spec = method_spec(method, None, hp)
+        elif method in PLATFORM_METHODS:
+            spec = method_spec(PLATFORM_METHODS[method], method, hp)
+        else:
+            raise SystemExit(f"unknown method {method!r}: supervised, dpo, reinforcement, " + ", ".join(PLATFORM_METHODS))
+        return CreateJob(model=args.model, training_file=args.training_file, method=spec,
+                         validation_file=getattr(args, "validation_file", None), suffix=getattr(args, "suffix", None),
+                         seed=getattr(args, "seed", None))
 
 
-def optional_fields(args: argparse.Namespace) -> dict[str, Any]:
-    return {name: getattr(args, name) for name in ("validation_file", "suffix", "seed")
-            if getattr(args, name, None) is not None}
-
-
-def reinforcement_method(args: argparse.Namespace, hp: dict[str, Any]) -> dict[str, Any]:
+def reinforcement_method(args: argparse.Namespace, hp: Hyperparams) -> MethodSpec:
     """OpenAI's `{"type": "reinforcement", "reinforcement": {grader, hyperparameters, response_format}}`,
     the grader read from `--grader FILE` (checked locally first: graders_cli.read_grader)."""
+    from .job_request import ReinforcementBody, reinforcement_spec
+
     if args.method != "reinforcement":
         raise BadInput(f"--grader is for --method reinforcement, not {args.method!r}")
     if not args.grader:
@@ -78,15 +79,10 @@ def reinforcement_method(args: argparse.Namespace, hp: dict[str, Any]) -> dict[s
     hp.update({k: v for k, v in {"compute_multiplier": args.compute_multiplier, "eval_interval": args.eval_interval,
                                  "eval_samples": args.eval_samples,
                                  "reasoning_effort": args.reasoning_effort}.items() if v is not None})
-    config: dict[str, Any] = {"grader": read_grader(args.grader)}
-    if hp:
-        config["hyperparameters"] = hp
-    if args.response_format:
-        config["response_format"] = read_json_file(args.response_format, "response format")
-    method: dict[str, Any] = {"type": "reinforcement", "reinforcement": config}
-    if args.qlora:
-        method["whetstone"] = {"method": "qlora"}   # the platform's extension: LoRA on a 4-bit NF4 base
-    return method
+    body = ReinforcementBody(grader=read_grader(args.grader), hyperparameters=hp or None,
+                             response_format=read_json_file(args.response_format, "response format")
+                             if args.response_format else None)
+    return reinforcement_spec(body, qlora=args.qlora)
 
 
 def step_text(progress: Progress | None) -> str:
@@ -180,10 +176,13 @@ def model_stages(api: Api) -> dict[str, str | None]:
 
 
 def cmd_jobs(args: argparse.Namespace) -> int:
+    from .job_request import request_json
+    from .reproduce import JobAnswer, reproduce_body
+
     with Api() as api:
         if args.action == "create":
             headers = {"Idempotency-Key": args.idempotency_key} if args.idempotency_key else None
-            raw = api.post("/fine_tuning/jobs", job_body(args), headers=headers)
+            raw = api.post("/fine_tuning/jobs", request_json(job_body(args)), headers=headers)
             job = Job.from_api(raw)
             if args.follow:
                 job, raw = follow_job(api, job.id, loss_png=args.loss_png, quiet=args.json)
@@ -192,8 +191,8 @@ def cmd_jobs(args: argparse.Namespace) -> int:
                 print(job.id)
             return 0 if job.status != "failed" else 1
         if args.action == "reproduce":
-            body = reproduce_body(api.get(f"/fine_tuning/jobs/{args.job_id}"))
-            job = Job.from_api(raw := api.post("/fine_tuning/jobs", body))
+            body = reproduce_body(JobAnswer.from_api(api.get(f"/fine_tuning/jobs/{args.job_id}")))
+            job = Job.from_api(raw := api.post("/fine_tuning/jobs", request_json(body)))
             if args.follow:
                 job, raw = follow_job(api, job.id, quiet=args.json)
             print_result(args, raw, describe_job(job))

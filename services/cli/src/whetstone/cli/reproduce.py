@@ -12,17 +12,20 @@ from __future__ import annotations
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict
-from whetstone.contracts import Hyperparameters
+from whetstone.contracts import TOLERANT, Hyperparameters
+from whetstone.contracts.integrations import Integration
 
 from .errors import BadInput
+from .job_request import CreateJob, Family, PlatformName, checked_body, method_spec
 
 METADATA_LIMIT = 16   # OpenAI's: pairs per job
+FAMILIES: dict[str, Family] = {"supervised": "supervised", "dpo": "dpo"}   # the methods reproduce covers
 
 
 class _Extension(BaseModel):
     """The platform's extension of OpenAI's method object."""
     model_config = ConfigDict(extra="ignore")
-    method: str | None = None       # the platform's own method name (lora, qlora, full, cpt, orpo, ...)
+    method: PlatformName | None = None       # the platform's own method name (lora, qlora, full, cpt, orpo, ...)
 
 
 class _Method(BaseModel):
@@ -31,8 +34,9 @@ class _Method(BaseModel):
     whetstone: _Extension | None = None
 
 
-class _JobAnswer(BaseModel):
-    """The fields of the API's job object that a reproduction pins (the rest is ignored)."""
+class JobAnswer(BaseModel):
+    """The fields of the API's job object that a reproduction pins (the rest is ignored). The resolved
+    hyperparameters are read as the contract's knobs: the platform's other resolved figures are left out."""
     model_config = ConfigDict(extra="ignore")
     id: str
     state: str | None = None
@@ -41,37 +45,38 @@ class _JobAnswer(BaseModel):
     validation_file: str | None = None
     user_provided_suffix: str | None = None
     method: _Method = _Method()
-    resolved_hyperparameters: dict[str, Any] | None = None
+    resolved_hyperparameters: Hyperparameters | None = None
     base_model_sha256: str | None = None
     metadata: dict[str, str] | None = None
     eval_config: dict[str, Any] | None = None
     tier: str | None = None
-    integrations: list[dict[str, Any]] | None = None
+    integrations: list[Integration] | None = None
     image: str | None = None
 
+    @classmethod
+    def from_api(cls, answer: object) -> JobAnswer:
+        with checked_body():
+            return cls.model_validate(answer, context=TOLERANT)
 
-def reproduce_body(answer: dict[str, Any]) -> dict[str, Any]:
-    job = _JobAnswer.model_validate(answer)
+
+def reproduce_body(job: JobAnswer) -> CreateJob:
+    # the knobs the API takes, as admission resolved them (gradient checkpointing and the batch geometry included)
     resolved = job.resolved_hyperparameters
-    if not resolved or not job.base_model_sha256:
+    hp = resolved.model_dump(mode="json", exclude_none=True) if resolved is not None else {}
+    if not hp or not job.base_model_sha256:
         raise BadInput(f"job {job.id} was never admitted (state {job.state!r}): it has no resolved "
                        "hyperparameters or pinned base model to reproduce")
-    family = job.method.type
-    if family not in ("supervised", "dpo"):
-        raise BadInput(f"job {job.id}: reproduce covers supervised and dpo jobs, not method {family!r}")
+    family = FAMILIES.get(job.method.type or "")
+    if family is None:
+        raise BadInput(f"job {job.id}: reproduce covers supervised and dpo jobs, not method {job.method.type!r}")
     platform = job.method.whetstone.method if job.method.whetstone else None
-    # the knobs the API takes, as admission resolved them (gradient checkpointing and the batch geometry included)
-    hp = {k: v for k, v in resolved.items() if k in Hyperparameters.model_fields and v is not None}
-    spec: dict[str, Any] = {"type": family, family: {"hyperparameters": hp}}
-    if platform:
-        spec["whetstone"] = {"method": platform}
     metadata = {**(job.metadata or {}), "reproduces": job.id}
     if len(metadata) > METADATA_LIMIT:
         raise BadInput(f"job {job.id} has {len(metadata) - 1} metadata pairs: no room for 'reproduces' "
                        f"(at most {METADATA_LIMIT})")
-    body: dict[str, Any] = {"model": job.model, "training_file": job.training_file, "method": spec,
-                            "base_model_sha256": job.base_model_sha256, "metadata": metadata}
-    optional = {"validation_file": job.validation_file, "suffix": job.user_provided_suffix,
-                "eval_config": job.eval_config, "tier": job.tier, "integrations": job.integrations or None, "image": job.image}
-    body.update({k: v for k, v in optional.items() if v is not None})
-    return body
+    integrations = [i.model_dump(mode="json", exclude_none=True) for i in job.integrations or []]
+    with checked_body():
+        return CreateJob(model=job.model, training_file=job.training_file, method=method_spec(family, platform, hp),
+                         base_model_sha256=job.base_model_sha256, metadata=metadata,
+                         validation_file=job.validation_file, suffix=job.user_provided_suffix,
+                         eval_config=job.eval_config, tier=job.tier, integrations=integrations or None, image=job.image)
