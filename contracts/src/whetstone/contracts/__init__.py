@@ -2,6 +2,7 @@
 
 from .base import TOLERANT, Contract, Envelope, Event, utcnow
 from .enums import *  # noqa: F403
+from .estimates import *  # noqa: F403
 from .events import *  # noqa: F403
 from .model_events import *  # noqa: F403
 from .platform_events import *  # noqa: F403

@@ -19,6 +19,7 @@ from .enums import (
     ReasoningEffort,
     SpecMethod,
 )
+from .estimates import CostEstimate
 from .integrations import Integration
 
 
@@ -63,7 +64,7 @@ class DatasetValidatedV1(Event):
     train_uri: str | None = None
     validation_uri: str | None = None
     report_uri: str | None = None
-    cost_estimate: dict[str, Any] | None = None
+    cost_estimate: CostEstimate | None = Field(default=None, description="ingest's cost per GPU type and method")
 
 
 class DatasetDeletedV1(Event):
@@ -228,7 +229,8 @@ class JobQueuedV1(Event):
     spec: TrainingSpec
     resources: Resources
     queue_position: int | None = None
-    cost_estimate: dict[str, Any] | None = None
+    cost_estimate: CostEstimate | None = Field(default=None, description="the dataset's estimate with the job's"
+                                               " estimated runtime and GPU-hours")
     requeued: bool = False
     suffix: str | None = Field(default=None, max_length=64, description="the user's suffix for the model name")
     job_template: str | None = Field(default=None, description="the job template the job was created from")

@@ -48,7 +48,8 @@ async def test_chat_upload_is_validated_stored_and_immutable(platform, settings,
         assert v.rows_total == 41 and v.rows_kept == 40 and v.stats["exact_duplicates"] == 1
         assert v.tokens_total and v.stats["tokens_estimated"] and v.stats["token_histogram"]
         assert v.policies["pii"] == "warn" and v.policies["near_dup_threshold"] == "0.9"
-        assert v.cost_estimate["cheapest"]["gpu_hours"] > 0 and v.cost_estimate["estimates"]
+        cost = v.cost_estimate
+        assert cost and cost.cheapest and cost.cheapest.gpu_hours > 0 and cost.estimates
         prefix = f"s3://whetstone/tenants/demo/datasets/{sub.dataset_id}/"
         assert v.train_uri == prefix + "train.jsonl" and v.raw_uri == prefix + "raw.jsonl"
         train = [json.loads(x) for x in rt.store.get_bytes(v.train_uri).splitlines()]
@@ -87,7 +88,7 @@ async def test_tenant_policies_references_and_tokenized_cache(platform, settings
         assert v.policies["pii"] == "redact" and v.policies["contamination"] == "remove"
         text = rt.store.get_bytes(v.train_uri) + (rt.store.get_bytes(v.validation_uri) if v.validation_uri else b"")
         assert b"[EMAIL]" in text and b"ceo@acme" not in text and b"Saturn" not in text
-        assert not v.stats["tokens_estimated"] and v.cost_estimate["params_source"] == "safetensors"
+        assert not v.stats["tokens_estimated"] and v.cost_estimate and v.cost_estimate.params_source == "safetensors"
         tok = v.stats["tokenization"]
         assert len(tok["mask_preview"]) == 3 and tok["tokenized_cache"] == "written"
         manifest = json.loads(rt.store.get_bytes(tok["tokenized_uri"] + "/manifest.json"))

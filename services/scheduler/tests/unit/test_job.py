@@ -6,7 +6,7 @@ from datetime import UTC, datetime, timedelta
 import pytest
 
 from whetstone.contracts import (
-    CheckpointRef, EvalCompletedV1, EvalStageResult, JobAssignedV1, JobCancelledV1, JobFailedV1, JobPreemptedV1, JobPreemptRequestedV1, JobQueuedV1,
+    CheckpointRef, CostEstimate, EvalCompletedV1, EvalStageResult, JobAssignedV1, JobCancelledV1, JobFailedV1, JobPreemptedV1, JobPreemptRequestedV1, JobQueuedV1,
     NodeFencedV1, TrainingSpec,
 )
 from whetstone.scheduler.domain import jobs as rules
@@ -42,7 +42,7 @@ def verdict(uri: str = CK.uri, request_id: str | None = None, verdict: str = "pa
 
 def queued() -> Job:
     job = fresh()
-    events = job.queue(T0, SPEC, 100.0, 600.0, QuotaRecord(), 3, {"estimated_gpu_hours": 1.0})
+    events = job.queue(T0, SPEC, 100.0, 600.0, QuotaRecord(), 3, CostEstimate(estimated_gpu_hours=1.0))
     assert [type(e) for e in events] == [JobQueuedV1] and events[0].queue_position == 3
     return job
 
@@ -234,7 +234,7 @@ def test_each_platform_side_state_has_a_timeout():
 
 def test_the_queued_event_carries_the_suffix():
     job = fresh(suffix="bot")
-    (ev,) = job.queue(T0, SPEC, 1.0, 1.0, QuotaRecord(), 1, {})
+    (ev,) = job.queue(T0, SPEC, 1.0, 1.0, QuotaRecord(), 1, CostEstimate())
     assert ev.suffix == "bot"
 
 

@@ -7,7 +7,7 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
-from whetstone.contracts import CheckpointRef, JobPreemptRequestedV1, JobQueuedV1, TrainingSpec
+from whetstone.contracts import CheckpointRef, CostEstimate, JobPreemptRequestedV1, JobQueuedV1, TrainingSpec
 from whetstone.contracts.enums import CheckpointKind, PreemptionReason
 from whetstone.scheduler.domain import jobs as rules
 from whetstone.scheduler.domain.job import Job, new_job
@@ -26,7 +26,7 @@ def queued() -> Job:
     request = JobRequest(job_id="ftjob-p", idempotency_key="k", model="m", training_file="ds", method="dpo")
     job = new_job("ftjob-p", "demo", "fp", request, "standard", "m", "a" * 64,
                   JobResources(shapes=(Shape("A100", 1),), memory_gb=MemoryGb(total=10.0)), T0, "trace")
-    job.queue(T0, SPEC, 100.0, 600.0, QuotaRecord(), 0, {})
+    job.queue(T0, SPEC, 100.0, 600.0, QuotaRecord(), 0, CostEstimate())
     return job
 
 
@@ -43,7 +43,7 @@ def test_pausing_a_queued_job_takes_it_out_of_the_queue_and_resuming_queues_it_a
     assert job.public_status == "paused" and job.waited_s == 30.0 and job.queued_since is None
     assert job.pause(T0 + timedelta(seconds=40)) == [] and job.status == rules.PAUSED   # twice: unchanged
     resumed_at = T0 + timedelta(minutes=5)
-    [event] = job.queue(resumed_at, SPEC, 500.0, 600.0, QuotaRecord(), 2, {})
+    [event] = job.queue(resumed_at, SPEC, 500.0, 600.0, QuotaRecord(), 2, CostEstimate())
     assert isinstance(event, JobQueuedV1) and event.requeued and event.queue_position == 2
     assert job.status == rules.QUEUED and job.queued_since == resumed_at and job.sort_key == 500.0
     messages = [n.message for n in job.notes]
@@ -63,7 +63,7 @@ def test_pausing_a_running_job_asks_its_node_to_checkpoint_and_parks_it_when_the
     assert job.latest_checkpoint.kind == CheckpointKind.EMERGENCY
     assert (job.spot_preemptions, job.priority_preemptions) == (0, 0)   # a pause is no preemption
     assert any(n.message == "Job paused: GPUs released; resumes from its checkpoint at step 7" for n in job.notes)
-    job.queue(T0 + timedelta(minutes=1), SPEC, 200.0, 600.0, QuotaRecord(), 0, {})
+    job.queue(T0 + timedelta(minutes=1), SPEC, 200.0, 600.0, QuotaRecord(), 0, CostEstimate())
     [assigned] = job.assign(T0 + timedelta(minutes=2), [PlacedPart(node_id="n2", gpu_ids=[0])], Shape("A100", 1),
                             False, False, 3600.0, {})
     assert assigned.attempt == 2 and assigned.resume_from == EMERGENCY
@@ -96,7 +96,7 @@ def test_a_job_paused_before_its_training_began_is_stopped_and_parked_at_once():
     assert [e.EVENT_TYPE for e in events] == ["job.preempted", "node.fenced"]
     assert events[0].reason == "pause" and events[0].checkpoint is None
     assert job.status == rules.PAUSED and job.fenced_attempt == 1 and job.node_ids == []
-    job.queue(T0 + timedelta(minutes=1), SPEC, 200.0, 600.0, QuotaRecord(), 0, {})
+    job.queue(T0 + timedelta(minutes=1), SPEC, 200.0, 600.0, QuotaRecord(), 0, CostEstimate())
     [assigned] = job.assign(T0 + timedelta(minutes=2), [PlacedPart(node_id="n1", gpu_ids=[0])], Shape("A100", 1),
                             False, False, 3600.0, {})
     assert assigned.attempt == 2 and assigned.resume_from is None

@@ -20,8 +20,8 @@ from pathlib import Path
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict
-from whetstone.contracts import (DatasetStatus, DatasetSubmittedV1, DatasetValidatedV1, Purpose, ValidationIssue,
-                                 dataset_id_for)
+from whetstone.contracts import (CostEstimate, DatasetStatus, DatasetSubmittedV1, DatasetValidatedV1, Purpose,
+                                 ValidationIssue, dataset_id_for)
 from whetstone.runtime.file_ids import FILE_ID_PREFIX, file_id_key, minted_for
 from whetstone.runtime.s3 import ObjectStore, parse_uri, tenant_prefix
 from whetstone.runtime.service import Runtime
@@ -259,7 +259,9 @@ def process_upload(rt: Runtime[IngestContext], tenant_id: str, ev: DatasetSubmit
             warnings=[ValidationIssue(**i.as_dict()) for i in report.warnings],
             stats=_event_stats(report, size, extra),
             policies={**report.policies, "split": f"hash:{cfg.validation_fraction}", "dedup": "exact+minhash"},
-            raw_uri=raw_uri, report_uri=report_uri, cost_estimate=report.cost_estimate.as_dict() if report.cost_estimate else None, **uris)
+            raw_uri=raw_uri, report_uri=report_uri,
+            cost_estimate=CostEstimate.model_validate(report.cost_estimate.as_dict()) if report.cost_estimate else None,
+            **uris)
         full = {**report.as_dict(), "dataset_id": ev.dataset_id, "version": version, "name": ev.name,
                 "size_bytes": size, "raw_uri": raw_uri, **uris}
         store.put_bytes(f"{prefix}/report.json", json.dumps(full, indent=1, default=str).encode(), "application/json")

@@ -91,8 +91,8 @@ def fact_of(env: Envelope, ev: Event, raw: bytes, received_at: datetime, event_i
     elif isinstance(ev, JobCancelledV1):
         terminal = Terminal(eid, TerminalKind.CANCELLED, emitted, reported_at=emitted, attempts=ev.attempt)
     else:
-        pinned = (ev.cost_estimate or {}).get("price_version")
-        queued = Queued(eid, emitted, ev.tier, str(pinned) if pinned else None)
+        pinned = ev.cost_estimate.price_version if ev.cost_estimate is not None else None
+        queued = Queued(eid, emitted, ev.tier, pinned or None)
     return Fact(ev.job_id, env.tenant_id, seg, row, start, stop, queued, terminal)
 
 

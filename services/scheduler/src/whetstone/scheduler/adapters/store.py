@@ -285,7 +285,8 @@ class JobStore:
             " cost_estimate = EXCLUDED.cost_estimate, data_schema = EXCLUDED.data_schema,"
             " image_rows = EXCLUDED.image_rows",
             tenant_id, ev.dataset_id, ev.version, ev.status, ev.purpose, ev.train_uri, ev.validation_uri,
-            ev.rows_kept, ev.tokens_total, [e.model_dump(mode="json") for e in ev.errors], ev.cost_estimate,
+            ev.rows_kept, ev.tokens_total, [e.model_dump(mode="json") for e in ev.errors],
+            ev.cost_estimate.model_dump(mode="json") if ev.cost_estimate is not None else None,
             ev.data_schema, int((ev.stats or {}).get("rows_with_images") or 0))
 
     # --------------------------------------------------------------- nodes

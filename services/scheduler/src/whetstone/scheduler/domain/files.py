@@ -5,8 +5,9 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Literal
 
+from whetstone.contracts.estimates import CostEstimate
 from whetstone.contracts.events import ValidationIssue
 
 from .jobs import Rejection
@@ -28,7 +29,7 @@ class DatasetRecord:
     rows_kept: int                      # training examples kept (0 when not counted)
     tokens_total: int | None
     errors: tuple[ValidationIssue, ...]
-    cost_estimate: dict[str, Any] | None   # ingest's estimate, echoed into the job's cost
+    cost_estimate: CostEstimate | None   # ingest's estimate, echoed into the job's cost
     image_rows: int                     # examples with images
 
     @property

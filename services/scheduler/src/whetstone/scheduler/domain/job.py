@@ -15,8 +15,8 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from whetstone.contracts import (
-    CheckpointRef, EvalCompletedV1, Event, JobAssignedV1, JobCancelledV1, JobFailedV1, JobPreemptedV1,
-    JobPreemptRequestedV1, JobQueuedV1, ModelMergedV1, NodeFencedV1, Resources, TrainingSpec,
+    CheckpointRef, CostEstimate, EvalCompletedV1, Event, JobAssignedV1, JobCancelledV1, JobFailedV1,
+    JobPreemptedV1, JobPreemptRequestedV1, JobQueuedV1, ModelMergedV1, NodeFencedV1, Resources, TrainingSpec,
 )
 from whetstone.contracts.enums import (
     CheckpointKind, ErrorClass, JobStatus, MergeStatus, PreemptionReason, PreemptRequestReason, SpecMethod, StageStatus,
@@ -89,6 +89,8 @@ class Job:
     fenced_attempt: int = 0                  # attempts up to this one were fenced: their events are refused
     last_activity_at: datetime | None = None  # last sign of life of the state's work (timeouts count from it)
     timeouts: int = 0                        # segments given up on by a timeout
+    node_losses: int = 0                     # attempts ended by a lost node (domain/gang.py bounds the re-queues)
+    lost_nodes: list[str] = field(default_factory=list)   # the nodes those losses named, each once
     notes: list[Note] = field(default_factory=list, repr=False, compare=False)   # unsaved timeline lines
 
     # ------------------------------------------------------------ queries
@@ -182,7 +184,7 @@ class Job:
     def _leave_nodes(self) -> None:
         self.node_id, self.gpu_ids, self.placement, self.node_ids = None, [], [], []
 
-    def queued_event(self, position: int | None, cost: dict[str, Any] | None = None,
+    def queued_event(self, position: int | None, cost: CostEstimate | None = None,
                      requeued: bool = False) -> JobQueuedV1:
         first, used = self.shapes[0], self.request.template   # the template the registry's lineage names
         assert self.spec is not None, "a queued job has its spec"
@@ -207,7 +209,7 @@ class Job:
                 *self._merge_failed(f"{code}: {message}")]
 
     def queue(self, now: datetime, spec: TrainingSpec, sort_key: float, runtime_s: float, quota: QuotaRecord,
-              position: int, cost: dict[str, Any]) -> list[Event]:
+              position: int, cost: CostEstimate) -> list[Event]:
         """Out of validating_files once the dataset is accepted and the estimate fits the quota; or out
         of paused (resumed): queued again like a new job (the pause gave up its place), resuming from
         its latest checkpoint, announced as a re-queue."""

@@ -8,9 +8,10 @@ import uuid
 from dataclasses import replace
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
 
-from whetstone.contracts import Event, Hyperparameters, JobRequestedV1, ResourceRequest, TrainingSpec, job_id_for
+from whetstone.contracts import (
+    CostEstimate, Event, Hyperparameters, JobRequestedV1, TrainingSpec, job_id_for,
+)
 from whetstone.contracts.enums import SpecMethod
 from whetstone.runtime.models import UnknownModel
 from whetstone.runtime.service import Runtime
@@ -252,7 +253,7 @@ async def queue_if_ready(rt: Runtime[SchedulerContext], store: JobStore, job: Jo
         hyperparameters_hash=hp_hash,
         eval_config=req.eval_config, reinforcement=req.reinforcement, image=req.image)
     runtime_s, gpu_hours = estimate_job(ctx, job, ds.tokens_total, hp, ds.rows_kept)
-    queued = await enter_queue(rt, store, job, spec, runtime_s, gpu_hours, ds.cost_estimate or {}, usage)
+    queued = await enter_queue(rt, store, job, spec, runtime_s, gpu_hours, ds.cost_estimate or CostEstimate(), usage)
     if isinstance(queued, rules.Rejection):
         return job.fail(now, queued.code, queued.message)
     return queued
@@ -276,7 +277,7 @@ async def validation_rows(store: JobStore, job: Job, file_id: str) -> str | rule
 
 
 async def enter_queue(rt: Runtime[SchedulerContext], store: JobStore, job: Job, spec: TrainingSpec, runtime_s: float,
-                      gpu_hours: float, cost: dict[str, Any], usage: quotas.Usage | None = None
+                      gpu_hours: float, cost: CostEstimate, usage: quotas.Usage | None = None
                       ) -> list[Event] | rules.Rejection:
     """The one way into the queue, for training and merge jobs alike: the estimate against the
     tenant's quota (over the hard cap: the Rejection; over the soft one: noted and flagged), the sort
@@ -292,8 +293,7 @@ async def enter_queue(rt: Runtime[SchedulerContext], store: JobStore, job: Job, 
         job.note(now, "over the soft monthly GPU-hour quota: overage is billed", level="warning",
                  **verdict.record().model_dump())
     sort_key = now.timestamp() - ctx.policy.tier(job.tier).boost_s
-    estimate = {**cost, "estimated_runtime_s": round(runtime_s, 1), "estimated_gpu_hours": round(gpu_hours, 4),
-                **({"over_soft_quota": True} if verdict.over_soft else {})}
+    estimate = cost.for_job(runtime_s, gpu_hours, verdict.over_soft)
     events = job.queue(now, spec, sort_key, runtime_s, verdict.record(),
                        await store.queue_position(sort_key, job.job_id), estimate)
     await store.wake_scheduler()

@@ -14,7 +14,7 @@ import hashlib
 import uuid
 from dataclasses import dataclass
 
-from whetstone.contracts import Envelope, Hyperparameters, MergeRequestedV1, MergeSource, ModelMergedV1, TrainingSpec, job_id_for
+from whetstone.contracts import CostEstimate, Envelope, Hyperparameters, MergeRequestedV1, MergeSource, ModelMergedV1, TrainingSpec, job_id_for
 from whetstone.contracts.enums import MergeStatus, SpecMethod
 from whetstone.runtime.messaging import UnitOfWork
 from whetstone.runtime.models import UnknownModel
@@ -143,7 +143,7 @@ async def create_merge_job(rt: Rt, store: JobStore, env: Envelope, ev: MergeRequ
                         merge=source)
     first = job.shapes[0]
     events = await enter_queue(rt, store, job, spec, plan.runtime_s, plan.runtime_s * first.total / 3600.0,
-                               {"merge_id": ev.merge_id}, usage)
+                               CostEstimate(merge_id=ev.merge_id), usage)
     if isinstance(events, rules.Rejection):
         raise MergeRefused(events.code, events.message)
     await store.add(job)

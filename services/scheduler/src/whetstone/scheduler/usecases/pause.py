@@ -9,6 +9,7 @@ sort key, position, the loop woken) and its next assignment resumes from its lat
 
 from __future__ import annotations
 
+from whetstone.contracts import CostEstimate
 from whetstone.runtime.service import Runtime
 
 from ..adapters.store import JobStore
@@ -45,7 +46,7 @@ async def resume_job(rt: Runtime[SchedulerContext], store: JobStore, job: Job) -
     remaining_s = runtime_s * (1 - job.progress.fraction())
     gpu_hours = remaining_s * job.shapes[0].total / 3600.0
     queued = await enter_queue(rt, store, job, job.spec, runtime_s, gpu_hours,
-                               {"remaining_runtime_s": round(remaining_s, 1)})
+                               CostEstimate(remaining_runtime_s=round(remaining_s, 1)))
     if isinstance(queued, rules.Rejection):
         return queued
     await store.save(job)
