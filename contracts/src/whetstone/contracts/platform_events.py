@@ -49,7 +49,12 @@ class NodeHeartbeatV1(Event):
     gpu_type: str
     gpu_count: int = Field(ge=0)
     gpu_memory_gb: float = 0
-    free_gpu_ids: list[int] = Field(default_factory=list)
+    free_gpu_ids: list[int] | None = Field(
+        default=None, description="GPU ids the node can take new work on now (none while it drains); absent:"
+                                  " not reported, the scheduler counts only what it placed there itself")
+    draining: bool = Field(default=False, description="the node is stopping (drain, spot reclaim): it hands back"
+                                                      " new assignments, so none is placed on it until it reports"
+                                                      " otherwise")
     spot: bool = False
     interconnect_group: str = "default"
     running_jobs: list[str] = Field(default_factory=list)

@@ -78,3 +78,55 @@ def test_a_node_lost_report_from_a_gang_member_names_the_other_nodes():
     assert lost_peers_note(job, "node-a", "job-1-s1", "node_lost") is None          # type: ignore[arg-type]
     assert lost_peers_note(_Job(["node-a"]), "node-a", "job-1-s2", "node_lost") is None   # type: ignore[arg-type]
     assert lost_peers_note(job, "node-z", "job-1-s2", "node_lost") is None          # not a member
+
+
+# ------------------------------------------------------------------ re-queues after lost nodes are bounded
+
+
+def _assign_again(job):
+    from whetstone.scheduler.domain.job_data import PlacedPart
+    from whetstone.scheduler.domain.placement import Shape
+
+    job.assign(job.updated_at, [PlacedPart(node_id="a", gpu_ids=[0]), PlacedPart(node_id="b", gpu_ids=[0])],
+               Shape("cpu", 1, 2), False, False, 60.0, {"a": "127.0.0.1", "b": "127.0.0.1"})
+
+
+def test_a_gang_re_queued_after_lost_nodes_up_to_the_bound_then_fails_naming_the_nodes():
+    from whetstone.contracts import JobFailedV1, JobPreemptedV1, JobQueuedV1, NodeFencedV1
+    from whetstone.scheduler.domain import jobs as rules
+    from whetstone.scheduler.domain.gang import lose_node, node_stopped
+
+    job = _running_gang()
+    # 1: node b's heartbeat timed out (the scheduler's watcher); 2: node a reports its collective with b broke
+    events = lose_node(job, job.updated_at, "b", "node_lost", 1, limit=2)
+    assert [e.requeued for e in events if isinstance(e, JobQueuedV1)] == [True] and job.node_losses == 1
+    _assign_again(job)
+    report = JobPreemptedV1(job_id=job.job_id, segment_id=job.segment_id, node_id="a", attempt=job.attempt,
+                            reason="node_lost", stopped_at=job.updated_at)
+    assert [e.requeued for e in node_stopped(job, job.updated_at, report, 1, limit=2)] == [True]
+    assert job.status == rules.QUEUED and job.lost_nodes == ["b"]
+    # a late report of an attempt already given up changes nothing and is not counted
+    assert node_stopped(job, job.updated_at, report, 1, limit=2) == [] and job.node_losses == 2
+    # 3: past the bound the job fails (platform), naming the nodes lost, its GPUs released, both nodes fenced
+    _assign_again(job)
+    events = lose_node(job, job.updated_at, "a", "node_lost", 1, limit=2)
+    (failed,) = [e for e in events if isinstance(e, JobFailedV1)]
+    assert (failed.code, failed.error_class) == ("nodes_lost", "platform")
+    assert "Nodes lost: b, a" in failed.message and "re-queued 2 times" in failed.message
+    assert not [e for e in events if isinstance(e, JobQueuedV1)]
+    assert sorted(e.node_id for e in events if isinstance(e, NodeFencedV1)) == ["a", "b"]
+    assert job.status == rules.FAILED and job.node_ids == [] and job.placement == [] and job.error is not None
+
+
+def test_other_stops_do_not_count_against_the_node_loss_bound():
+    from whetstone.contracts import JobPreemptedV1, JobQueuedV1
+    from whetstone.scheduler.domain.gang import lose_node, node_stopped
+
+    job = _running_gang()
+    events = lose_node(job, job.updated_at, "b", "spot_loss", 1, limit=0)   # a spot reclaim is no lost node
+    assert [e.requeued for e in events if isinstance(e, JobQueuedV1)] == [True] and job.node_losses == 0
+    _assign_again(job)
+    drained = JobPreemptedV1(job_id=job.job_id, segment_id=job.segment_id, node_id="a", attempt=job.attempt,
+                             reason="drain", stopped_at=job.updated_at)
+    assert [e.requeued for e in node_stopped(job, job.updated_at, drained, 1, limit=0)] == [True]
+    assert job.node_losses == 0 and job.lost_nodes == []

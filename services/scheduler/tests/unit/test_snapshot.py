@@ -47,3 +47,43 @@ def test_a_gang_meets_at_rank_zero_and_a_single_node_job_needs_no_rendezvous():
     assert [p["node_rank"] for p in parts] == [0, 1, 2]
     assert all(p["master_addr"] == "gpu-b2.internal" and p["nodes"] == 3 for p in parts)
     assert all(p["hosts"] == ["gpu-b2.internal", "10.0.0.1", "b3"] for p in parts)  # b3 sent no address
+
+
+# --------------------------------------------- what a node reports of itself (heartbeat free ids, draining)
+
+
+def _gang_view(*nodes: PoolNode):
+    from whetstone.scheduler.domain.policy import cycle
+
+    gang = WaitingJob("g", "t", "standard", NOW, JobResources(shapes=(Shape("cpu", 1, 2),)), 60.0)
+    view = to_view(NOW, list(nodes), [], [gang], checkpoint_s=120)
+    return view, cycle(view.snapshot)
+
+
+def test_gpu_ids_a_node_did_not_report_free_are_not_placed_on():
+    # node a: 4 GPUs, none held by a job the scheduler placed, but its heartbeat reports only 1 and 3 free
+    # (a fenced attempt's process still exiting, work the scheduler does not know of)
+    view = to_view(NOW, [PoolNode("a", "cpu", 4, False, "g", free_gpu_ids=(1, 3))], [], [], checkpoint_s=120)
+    assert view.snapshot.nodes[0].free == 2
+    assert pick_gpu_ids("a", 2, view) == [1, 3]
+    # with a job placed on GPU 1 as well, one GPU is left; a node that reports nothing offers what it has
+    held = [ActiveJob("r", "free", [PlacedPart(node_id="a", gpu_ids=[1])], NOW, None, None, Progress(), None, 0,
+                      NOW)]
+    both = to_view(NOW, [PoolNode("a", "cpu", 4, False, "g", free_gpu_ids=(1, 3)),
+                         PoolNode("b", "cpu", 4, False, "g")], held, [], checkpoint_s=120)
+    assert [n.free for n in both.snapshot.nodes] == [1, 4]
+    assert pick_gpu_ids("a", 1, both) == [3]
+
+
+def test_a_gang_is_not_placed_on_a_draining_node_nor_on_a_node_reporting_its_slot_busy():
+    idle = PoolNode("a", "cpu", 1, False, "g", free_gpu_ids=(0,))
+    view, result = _gang_view(idle, PoolNode("b", "cpu", 1, False, "g", free_gpu_ids=(0,)))
+    assert [dict(a.placement.nodes) for a in result.assignments] == [{"a": 1, "b": 1}]   # the control
+    # node b drains (its agent was told to stop): the gang waits, although no job holds b's slot
+    view, result = _gang_view(idle, PoolNode("b", "cpu", 1, False, "g", free_gpu_ids=(), draining=True))
+    assert result.assignments == [] and [n.free for n in view.snapshot.nodes] == [1, 0]
+    # draining wins over a stale free list; and a node whose last heartbeat said its slot is busy
+    # (its agent was killed while running: no heartbeat since) gets nothing either
+    for b in (PoolNode("b", "cpu", 1, False, "g", free_gpu_ids=(0,), draining=True),
+              PoolNode("b", "cpu", 1, False, "g", free_gpu_ids=())):
+        assert _gang_view(idle, b)[1].assignments == []

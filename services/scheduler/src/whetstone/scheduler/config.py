@@ -23,6 +23,9 @@ class SchedulerSettings(ServiceSettings):
     mlflow_tracking_uri: str | None = Field(None, validation_alias="WHETSTONE_MLFLOW_TRACKING_URI")
     node_timeout_s: float = 20.0
     lost_node_check_s: float = 5.0
+    max_node_lost_requeues: int = Field(5, ge=0, description="re-queues of one job after a lost node (its "
+                                        "heartbeat timed out, or a gang peer's collective broke); the next loss "
+                                        "fails the job (platform, code nodes_lost) naming the nodes lost")
     # platform-side timeouts per non-terminal state (validating: dataset_wait_s); each ends in a
     # named failure (error_class platform) or a re-queue with job.preempted reason platform_timeout
     provisioning_timeout_s: float = Field(900.0, description="assigned, but no job.started within this")

@@ -303,3 +303,18 @@ MIGRATIONS.append(
     UPDATE jobs SET request = request || jsonb_build_object('job_id', job_id) WHERE NOT request ? 'job_id';
     """
 )
+
+# what each node's newest heartbeat reports (issue 40): the GPU ids it can take new work on (NULL: not
+# reported, e.g. a node known only from the Kubernetes inventory) and whether it is draining
+MIGRATIONS.append(
+    """
+    ALTER TABLE nodes ADD COLUMN free_gpu_ids integer[], ADD COLUMN draining boolean NOT NULL DEFAULT false;
+    """
+)
+
+# attempts a job lost to a lost node, and the nodes they named: re-queues after node_lost are bounded
+MIGRATIONS.append(
+    """
+    ALTER TABLE jobs ADD COLUMN node_losses int NOT NULL DEFAULT 0, ADD COLUMN lost_nodes text[] NOT NULL DEFAULT '{}';
+    """
+)

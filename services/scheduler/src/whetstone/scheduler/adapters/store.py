@@ -87,6 +87,8 @@ class NodeFacts:
     address: str | None = None
     schedulable: bool = True
     unschedulable_reason: str | None = None
+    free_gpu_ids: list[int] | None = None   # what the node's heartbeat reports free (None: not reported)
+    draining: bool = False
 
 
 class JobStore:
@@ -307,25 +309,32 @@ class JobStore:
     async def heartbeat(self, node: NodeFacts, claimed: Sequence[str], silent_before: datetime) -> tuple[list[str], bool]:
         """A node's heartbeat in one round trip: (the claimed jobs placed on other nodes, whether the
         scheduling loop should wake: a job is queued and the node adds capacity it did not have, being
-        new, back from lost or from silence since `silent_before`, or of another shape). The node is
-        upserted as alive only when it claims no other node's job."""
+        new, back from lost or from silence since `silent_before`, of another shape, done draining, or
+        reporting a GPU free that its last heartbeat did not). The node is upserted as alive only when it
+        claims no other node's job; its free GPU ids and draining flag only from its newest heartbeat."""
         row = await self.conn.fetchrow(
             "WITH foreign_claims AS (SELECT job_id FROM jobs WHERE job_id = ANY($9::text[])"
             " AND status = ANY($10::text[]) AND NOT ($1 = ANY(node_ids))),"
-            " before AS (SELECT lost, last_seen, gpu_type, gpu_count FROM nodes WHERE node_id = $1),"
+            " before AS (SELECT lost, last_seen, gpu_type, gpu_count, free_gpu_ids, draining FROM nodes"
+            " WHERE node_id = $1),"
             " up AS (INSERT INTO nodes (node_id, gpu_type, gpu_count, gpu_memory_gb, spot, interconnect_group,"
-            " last_seen, lost, address, schedulable, unschedulable_reason, source)"
-            " SELECT $1, $2, $3, $4, $5, $6, $7, false, $8, true, NULL, 'heartbeat'"
+            " last_seen, lost, address, schedulable, unschedulable_reason, source, free_gpu_ids, draining)"
+            " SELECT $1, $2, $3, $4, $5, $6, $7, false, $8, true, NULL, 'heartbeat', $12::int[], $13"
             " WHERE NOT EXISTS (SELECT 1 FROM foreign_claims)"
             " ON CONFLICT (node_id) DO UPDATE SET gpu_type = EXCLUDED.gpu_type, gpu_count = EXCLUDED.gpu_count,"
             " gpu_memory_gb = EXCLUDED.gpu_memory_gb, spot = EXCLUDED.spot,"
             " interconnect_group = EXCLUDED.interconnect_group, address = coalesce(EXCLUDED.address, nodes.address),"
+            " free_gpu_ids = CASE WHEN EXCLUDED.last_seen >= nodes.last_seen THEN EXCLUDED.free_gpu_ids"
+            " ELSE nodes.free_gpu_ids END,"
+            " draining = CASE WHEN EXCLUDED.last_seen >= nodes.last_seen THEN EXCLUDED.draining ELSE nodes.draining END,"
             " last_seen = greatest(nodes.last_seen, EXCLUDED.last_seen), lost = false)"
             " SELECT ARRAY(SELECT job_id FROM foreign_claims ORDER BY job_id) AS foreign_jobs,"
             " NOT EXISTS (SELECT 1 FROM before WHERE NOT lost AND last_seen >= $11 AND gpu_type = $2"
-            " AND gpu_count = $3) AND EXISTS (SELECT 1 FROM jobs WHERE status = 'queued') AS wake",
+            " AND gpu_count = $3 AND (draining OR NOT $13)"
+            " AND ($12::int[] IS NULL OR free_gpu_ids IS NULL OR $12::int[] <@ free_gpu_ids))"
+            " AND EXISTS (SELECT 1 FROM jobs WHERE status = 'queued') AS wake",
             node.node_id, node.gpu_type, node.gpu_count, node.gpu_memory_gb, node.spot, node.interconnect_group,
-            node.seen_at, node.address, list(claimed), ACTIVE, silent_before)
+            node.seen_at, node.address, list(claimed), ACTIVE, silent_before, node.free_gpu_ids, node.draining)
         foreign, wake = row
         return list(foreign), bool(wake)
 
@@ -356,8 +365,8 @@ class JobStore:
     async def cluster(self, now: datetime, node_seen_since: datetime, queue_limit: int,
                       checkpoint_s: float) -> ClusterView:
         node_rows = await self.conn.fetch(
-            "SELECT node_id, gpu_type, gpu_count, gpu_memory_gb, spot, interconnect_group FROM nodes"
-            " WHERE NOT lost AND schedulable AND last_seen >= $1 ORDER BY node_id", node_seen_since)
+            "SELECT node_id, gpu_type, gpu_count, gpu_memory_gb, spot, interconnect_group, free_gpu_ids, draining"
+            " FROM nodes WHERE NOT lost AND schedulable AND last_seen >= $1 ORDER BY node_id", node_seen_since)
         active = await self.conn.fetch(
             "SELECT job_id, tier, placement, segment_started_at, est_end_at, last_checkpoint_at, progress,"
             " preempt_requested_at, priority_preemptions, queued_at FROM jobs WHERE status = ANY($1::text[])", ACTIVE)

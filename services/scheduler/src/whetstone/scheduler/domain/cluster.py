@@ -1,11 +1,13 @@
 """The cluster as one scheduling cycle sees it (pure: no IO).
 
 `to_view` turns what the store read (the pool's nodes, the jobs on nodes, the queue heads) into the
-policy's `Snapshot`, plus which GPU ids are held so that placements can name concrete GPUs."""
+policy's `Snapshot`, plus which GPU ids are held so that placements can name concrete GPUs. A GPU is
+held when a job the scheduler placed holds it, or when the node's own heartbeat did not report it free
+(a process still exiting, work the scheduler does not know of); a draining node offers nothing."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 
@@ -25,6 +27,16 @@ class PoolNode:
     spot: bool
     interconnect_group: str
     gpu_memory_gb: float = 0.0
+    free_gpu_ids: Collection[int] | None = None   # its last heartbeat's free GPU ids; None: not reported
+    draining: bool = False                        # its last heartbeat said it is stopping
+
+    def unavailable(self) -> set[int]:
+        """GPU ids the node itself says it cannot take new work on: all while it drains, else those its
+        heartbeat did not report free (none when it reports nothing: the inventory, older agents)."""
+        everything = set(range(self.gpu_count))
+        if self.draining:
+            return everything
+        return set() if self.free_gpu_ids is None else everything - set(self.free_gpu_ids)
 
     def as_node(self, free: int | None = None) -> Node:
         return Node(self.node_id, canonical_gpu_type(self.gpu_type), self.gpu_count,
@@ -71,7 +83,7 @@ class WaitingJob:
 @dataclass
 class ClusterView:
     snapshot: Snapshot
-    busy: dict[str, set[int]]          # node -> GPU ids held by jobs this scheduler placed
+    busy: dict[str, set[int]]          # node -> GPU ids held by jobs this scheduler placed, or not free per the node
     gpu_count: dict[str, int]
 
 
@@ -99,6 +111,9 @@ def to_view(now: datetime, pool: Sequence[PoolNode], active: Sequence[ActiveJob]
             r.progress.fraction(),
             r.preempt_requested_at.timestamp() + checkpoint_s if r.preempt_requested_at else None,
             r.priority_preemptions, r.queued_at.timestamp() if r.queued_at else None))
+    for n in pool:
+        if withheld := n.unavailable():
+            busy.setdefault(n.node_id, set()).update(withheld)
     gpu_count = {n.node_id: n.gpu_count for n in pool}
     free = [n.as_node(max(0, n.gpu_count - len(busy.get(n.node_id, ())))) for n in pool]
     queue = [QueuedJob(q.job_id, q.tier, q.queued_at.timestamp(), q.resources.shapes,

@@ -20,7 +20,7 @@ from ..adapters.store import JobStore, NodeFacts
 from ..context import SchedulerContext
 from ..domain import admission as quotas
 from ..domain import jobs as rules
-from ..domain.gang import lost_peers_note, peers_to_stop
+from ..domain.gang import lost_peers_note, node_stopped, peers_to_stop
 from ..domain.job import Job
 from ..domain.job_data import Progress
 from ..usecases.producer_tokens import check_producer_token
@@ -117,7 +117,8 @@ async def on_node_heartbeat(rt: Rt, uow: UnitOfWork, env: Envelope, ev: NodeHear
     # every job event, and a slow one delays the lost-node watcher, which waits for them to catch up. The
     # loop is woken only when this node adds capacity the last cycle did not see (it runs on its own anyway)
     foreign, wake = await store.heartbeat(NodeFacts(ev.node_id, ev.gpu_type, ev.gpu_count, ev.gpu_memory_gb,
-                                                    ev.spot, ev.interconnect_group, ev.sent_at, ev.address),
+                                                    ev.spot, ev.interconnect_group, ev.sent_at, ev.address,
+                                                    free_gpu_ids=ev.free_gpu_ids, draining=ev.draining),
                                           ev.running_jobs, rt.ctx.clock() - rt.ctx.config.node_timeout)
     if foreign:  # nothing was written: the poison's transaction rolls back anyway
         raise PoisonMessage(f"node.heartbeat of {ev.node_id} claims jobs placed on other nodes: "
@@ -165,9 +166,9 @@ async def on_job_preempted(rt: Rt, uow: UnitOfWork, env: Envelope, ev: JobPreemp
     if job := await lifecycle_job(rt, store, env, ev, stop_report=True):
         peers = peers_to_stop(job, ev.node_id, ev.segment_id)
         blame = lost_peers_note(job, ev.node_id, ev.segment_id, ev.reason)   # names the gang's other nodes
-        events = job.preempted(rt.ctx.clock(), ev.reason, ev.checkpoint,
-                               await store.queue_position(job.sort_key, job.job_id))
-        if blame and events:
+        events = node_stopped(job, rt.ctx.clock(), ev, await store.queue_position(job.sort_key, job.job_id),
+                              rt.ctx.config.max_node_lost_requeues)
+        if blame and events and not job.terminal:
             job.note(rt.ctx.clock(), blame, level="warning", reason=ev.reason, reporter=ev.node_id)
         await store.save(job)
         await store.publish(job, [*events, *(peers if events else [])])

@@ -13,6 +13,7 @@ from whetstone.runtime.service import Runtime
 from ..adapters.store import JobStore, NodeFacts
 from ..context import SchedulerContext
 from ..domain import jobs as rules
+from ..domain.gang import lose_node
 from ..domain.placement import could_ever_fit
 from ..domain.timeouts import overdue
 from ..usecases.admission import larger_than_pool, nodes_of, try_queue
@@ -50,11 +51,12 @@ async def watch_lost_nodes(rt: Rt) -> None:
 
 async def preempt_jobs_on_node(rt: Rt, store: JobStore, node_id: str, reason: str) -> list[str]:
     """The node is gone: its jobs' segments are given up (job.preempted with what was checkpointed,
-    node.fenced to every node of the segment, attempt fenced) and the jobs re-queued."""
+    node.fenced to every node of the segment, attempt fenced) and the jobs re-queued, or failed once
+    re-queued `max_node_lost_requeues` times after lost nodes."""
     jobs = await store.jobs_on_node(node_id)
     for job in jobs:
-        events = job.give_up_segment(rt.ctx.clock(), reason, await store.queue_position(job.sort_key, job.job_id),
-                                     node_id)
+        events = lose_node(job, rt.ctx.clock(), node_id, reason, await store.queue_position(job.sort_key, job.job_id),
+                           rt.ctx.config.max_node_lost_requeues)
         await store.save(job)
         await store.publish(job, events)
     if jobs:
