@@ -86,6 +86,23 @@ async def test_bodies_and_fields_are_bounded(platform, settings, monkeypatch):
                 r = await c.post("/v1/fine_tuning/jobs", headers={**auth, "Idempotency-Key": "k" * 300},
                                  json={"model": "tiny-llama", "training_file": "f"})
                 assert r.status_code == 400 and r.json()["error"]["param"] == "Idempotency-Key", r.text
+                # file ids and idempotency keys are names, not text: python-looking ones are a 400 naming the field
+                pythonish = "__import__('os').system('id') or {{7*7}}"
+                for body, param in (({"validation_file": pythonish}, "validation_file"),
+                                    ({"training_file": pythonish}, "training_file"),
+                                    ({"idempotency_key": pythonish}, "idempotency_key")):
+                    r = await c.post("/v1/fine_tuning/jobs", headers=auth,
+                                     json={"model": "tiny-llama", "training_file": "ds-none", **body})
+                    assert r.status_code == 400 and r.json()["error"]["param"] == param, (param, r.text)
+                r = await c.post("/v1/fine_tuning/jobs", headers={**auth, "Idempotency-Key": pythonish},
+                                 json={"model": "tiny-llama", "training_file": "ds-none"})
+                assert r.status_code == 400 and r.json()["error"]["param"] == "Idempotency-Key", r.text
+                # a validation file must be one of the tenant's files, as the training file must
+                r = await c.post("/v1/fine_tuning/jobs", headers=auth, json={
+                    "model": "org/pinned-1b", "training_file": "ds-none", "validation_file": "file-not-uploaded"})
+                err = r.json()["error"]
+                assert r.status_code == 400 and (err["code"], err["param"]) == (
+                    "validation_file_not_found", "validation_file"), r.text
                 # base models are the operator's: catalog names and allow-listed Hub ids, never paths
                 catalog = str(settings.model_catalog)
                 for ref in ("/etc", str(other), "../other-dir", "~root", "someone/unlisted-model"):

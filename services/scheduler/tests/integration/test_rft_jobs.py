@@ -53,9 +53,10 @@ async def test_reinforcement_jobs_are_accepted_recorded_and_checked(platform, se
             "exact"
         assert spec["reinforcement"]["generations"] == 6 and spec["reinforcement"]["max_completion_tokens"] == 128
         assert spec["reinforcement"]["response_format"]["type"] == "json_schema"
-        # a validation file nobody uploads: the job fails after dataset_wait_s naming it (checked at the end)
+        # a validation file nobody uploads, named by a content address (a producer may still publish it, so
+        # the job waits; a `file-` id nobody uploaded is a 400): it fails after dataset_wait_s naming it
         orphan = await api.fine_tuning.jobs.create(model=tiny_model, training_file="file-rft", method=method,
-                                                   validation_file="file-never")
+                                                   validation_file="ds-never")
         fetched = await api.fine_tuning.jobs.retrieve(job.id)
         assert fetched.method.reinforcement.hyperparameters.n_epochs == 2 and fetched.seed == 3
 
@@ -95,9 +96,9 @@ async def test_reinforcement_jobs_are_accepted_recorded_and_checked(platform, se
         # platform's method extension) loads the base in 4-bit NF4
         held = await api.fine_tuning.jobs.create(model=tiny_model, training_file="file-rft",
                                                  method={**method, "whetstone": {"method": "qlora"}},
-                                                 validation_file="file-rft-val", seed=4)
+                                                 validation_file="ds-rft-val", seed=4)
         assert held.status == "validating_files"
-        await dataset(settings, "file-rft-val", "rft", None)
+        await dataset(settings, "ds-rft-val", "rft", None)
 
         async def both_queued() -> list[dict] | None:
             queued = await outbox(rt, "job.queued")
@@ -105,7 +106,7 @@ async def test_reinforcement_jobs_are_accepted_recorded_and_checked(platform, se
 
         specs = await wait_until(both_queued, 30, "the second job.queued")
         spec = next(q["payload"]["spec"] for q in specs if q["payload"]["job_id"] == held.id)
-        assert spec["validation_uri"].endswith("/file-rft-val/train.jsonl"), spec
+        assert spec["validation_uri"].endswith("/ds-rft-val/train.jsonl"), spec
         assert spec["reinforcement"]["base_quantization"] == "nf4" and queued[0]["payload"]["spec"]["reinforcement"][
             "base_quantization"] is None
         assert (await api.fine_tuning.jobs.retrieve(held.id)).method.whetstone == {"method": "qlora"}
@@ -121,4 +122,4 @@ async def test_reinforcement_jobs_are_accepted_recorded_and_checked(platform, se
 
         failed = await wait_until(orphan_failed, 30, "the job waiting for a validation file to fail")
         assert failed.error.code == "validation_file_not_validated" and failed.error.param == "validation_file"
-        assert "'file-never'" in failed.error.message
+        assert "'ds-never'" in failed.error.message

@@ -33,6 +33,9 @@ def test_deleted_rejected_and_unknown_files_are_refused_naming_the_file():
     assert bad and bad.code == "invalid_training_file" and "line 13: not JSON; too few rows" in bad.message
     unknown = refusal(facts("file-nope"))
     assert unknown and unknown.code == "training_file_not_found" and "file-nope" in unknown.message
+    held_out = refusal(facts("file-nope"), param="validation_file")   # the same rule names the validation file
+    assert held_out and (held_out.code, held_out.param) == ("validation_file_not_found", "validation_file")
+    assert held_out.message.startswith("validation_file 'file-nope'")
 
 
 def test_files_whose_verdict_is_coming_or_accepted_are_not_refused():

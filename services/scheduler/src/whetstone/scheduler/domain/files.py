@@ -54,20 +54,22 @@ def rejected_reasons(errors: Sequence[ValidationIssue]) -> str:
     return "; ".join(f"line {e.line}: {e.message}" if e.line else e.message for e in errors[:5])
 
 
-def refusal(f: FileFacts) -> Rejection | None:
+def refusal(f: FileFacts, param: str = FILE_PARAM) -> Rejection | None:
     """Why a job cannot be created on this file, or None (trainable, or its verdict is still to come).
+    `param` is the create field that names the file (`training_file` or `validation_file`): the
+    rejection's code and message name it (`<param>_deleted`, `invalid_<param>`, `<param>_not_found`).
 
     A content-addressed `ds-` id that nobody submitted yet may be on its way (an external producer
     publishes dataset.submitted itself): its job waits, and fails after a grace if it never comes."""
     name = f.file_id
     if f.deleted:
-        return Rejection("training_file_deleted", f"training_file {name!r} was deleted: upload the data again "
-                         "(POST /v1/files) and use the new file id", FILE_PARAM)
+        return Rejection(f"{param}_deleted", f"{param} {name!r} was deleted: upload the data again "
+                         "(POST /v1/files) and use the new file id", param)
     if f.status is not None and f.status != "accepted":
-        return Rejection("invalid_training_file", f"training_file {name!r} was rejected by validation: "
-                         f"{rejected_reasons(f.errors)}", FILE_PARAM)
+        return Rejection(f"invalid_{param}", f"{param} {name!r} was rejected by validation: "
+                         f"{rejected_reasons(f.errors)}", param)
     if f.status is None and not f.submitted and not f.minted and not name.startswith("ds-"):
-        return Rejection("training_file_not_found", f"training_file {name!r} is not a file of this organization: "
+        return Rejection(f"{param}_not_found", f"{param} {name!r} is not a file of this organization: "
                          "upload it first (POST /v1/files or whet files upload) and use the id it returns",
-                         FILE_PARAM)
+                         param)
     return None

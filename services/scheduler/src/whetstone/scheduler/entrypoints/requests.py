@@ -11,6 +11,7 @@ scales the method's default learning rate."""
 
 from __future__ import annotations
 
+import re
 from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, StringConstraints, ValidationError
@@ -36,7 +37,10 @@ DEFAULT_FOR = {"supervised": "lora", "dpo": "dpo"}
 # OpenAI's own limits where it has them (metadata: 16 pairs, keys 64 characters, values 512)
 MetadataKey = Annotated[str, StringConstraints(min_length=1, max_length=64)]
 MetadataValue = Annotated[str, StringConstraints(max_length=512)]
-FileId = Annotated[str, StringConstraints(min_length=1, max_length=128)]
+# a file id as the Files API mints it (`file-<hex>`) or a content address (`ds-<hex>`): letters, digits, . _ : -
+FileId = Annotated[str, StringConstraints(min_length=1, max_length=128, pattern=r"^[A-Za-z0-9][A-Za-z0-9._:-]*$")]
+# an idempotency key (body or `Idempotency-Key` header): 1-255 characters, a UUID, a slug or base64 fit
+IDEMPOTENCY_KEY = r"^[A-Za-z0-9._:~+=/@-]{1,255}$"
 Hyperparams = Annotated[dict[Annotated[str, StringConstraints(max_length=64)], Any], Field(max_length=40),
                         JsonAtMost(4096)]
 
@@ -76,7 +80,7 @@ class CreateJob(BaseModel):
     metadata: dict[MetadataKey, MetadataValue] | None = Field(default=None, max_length=16)
     integrations: list[Annotated[dict[str, Any], JsonAtMost(2048)]] | None = Field(default=None, max_length=8)
     tier: str | None = Field(default=None, max_length=32)
-    idempotency_key: str | None = Field(default=None, min_length=1, max_length=255)
+    idempotency_key: str | None = Field(default=None, min_length=1, max_length=255, pattern=IDEMPOTENCY_KEY)
     resources: Literal["auto"] | ResourceRequest = "auto"
     eval_config: Annotated[dict[Annotated[str, StringConstraints(max_length=64)], Any], Field(max_length=32),
                            JsonAtMost(16384)] | None = None
@@ -195,8 +199,8 @@ def hyperparameters(method: str, given: dict[str, Any], param: str) -> Hyperpara
 
 def to_request(body: CreateJob, job_id: str, key: str, graders: GraderEnvironment, *,
                mlflow_configured: bool = False) -> JobRequestedV1:
-    if not 1 <= len(key) <= 255:
-        raise bad("Idempotency-Key", "must be 1 to 255 characters")
+    if not re.fullmatch(IDEMPOTENCY_KEY, key):
+        raise bad("Idempotency-Key", "must be 1 to 255 characters of A-Z a-z 0-9 . _ : ~ + = / @ -")
     if not body.model:
         raise bad("model", "Field required (or name a template that gives it)", code="missing_required_parameter")
     method, nested = platform_method(body)

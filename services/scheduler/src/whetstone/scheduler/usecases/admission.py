@@ -203,6 +203,9 @@ async def submit_job(rt: Runtime[SchedulerContext], store: JobStore, tenant_id: 
         raise Rejected(refused.code, refused.message, 429)
     if unusable := await training_files.refusal(rt, store, tenant_id, req.training_file, dataset):
         raise Rejected(unusable.code, unusable.message, param=unusable.param)
+    if req.validation_file and (unusable := await training_files.refusal(
+            rt, store, tenant_id, req.validation_file, held_out, param="validation_file")):
+        raise Rejected(unusable.code, unusable.message, param=unusable.param)
     job = new_job(req.job_id, tenant_id, fingerprint, request, tier, model.model.ref, model.model.sha256,
                   planned, ctx.clock(), trace_id or str(uuid.uuid4()))
     events = await queue_if_ready(rt, store, job, usage, dataset)

@@ -30,13 +30,14 @@ NOT_STARTED = (rules.VALIDATING, rules.QUEUED, rules.PREEMPTED)
 
 
 async def refusal(rt: Runtime[SchedulerContext], store: JobStore, tenant_id: str, file_id: str,
-                  dataset: files.DatasetRecord | None) -> rules.Rejection | None:
-    """Why a job of this tenant cannot train on this file (read under the tenant's admission lock,
-    which `on_dataset_deleted` takes too: a create and a delete of the same file are ordered)."""
+                  dataset: files.DatasetRecord | None, param: str = files.FILE_PARAM) -> rules.Rejection | None:
+    """Why a job of this tenant cannot use this file as its `param` (training_file or validation_file;
+    read under the tenant's admission lock, which `on_dataset_deleted` takes too: a create and a
+    delete of the same file are ordered)."""
     submitted, deleted = await store.file_seen(tenant_id, file_id)
     return files.refusal(files.FileFacts(
         file_id, dataset.status if dataset is not None else None, dataset.errors if dataset is not None else (),
-        submitted, deleted, minted(rt, file_id, tenant_id)))
+        submitted, deleted, minted(rt, file_id, tenant_id)), param)
 
 
 async def on_dataset_deleted(rt: Runtime[SchedulerContext], uow: UnitOfWork, env: Envelope,
