@@ -137,13 +137,18 @@ class ResourceRequest(Contract):
 MAX_GRADER_JSON_BYTES = 512 * 1024
 # a container image by digest, as a job pins its trainer image: name@sha256:<64 hex> (a tag is mutable)
 IMAGE_PIN = r"^[a-z0-9][a-z0-9._/:-]*@sha256:[0-9a-f]{64}$"
+# JSON objects a job carries as OpenAI's API defines them, validated by the service that runs them
+# (whetstone.graders for the grader and response format, the eval service for the gate settings)
+GraderObject = Annotated[dict[str, Any], JsonAtMost(MAX_GRADER_JSON_BYTES)]
+ResponseFormatObject = Annotated[dict[str, Any], JsonAtMost(16384)]
+EvalConfigObject = Annotated[dict[str, Any], JsonAtMost(16384)]
 
 
 class ReinforcementSpec(Contract):
     """A reinforcement fine-tuning job's method, resolved (`whetstone.graders.rft`): the grader as
     OpenAI's API defines it and every knob as a number."""
 
-    grader: Annotated[dict[str, Any], JsonAtMost(MAX_GRADER_JSON_BYTES)] = Field(
+    grader: GraderObject = Field(
         description="the grader object (string_check, text_similarity, python, score_model or multi), validated")
     n_epochs: int = Field(ge=1, le=50)
     batch_size: int = Field(ge=1, le=256, description="prompts per optimiser step")
@@ -153,7 +158,7 @@ class ReinforcementSpec(Contract):
     eval_samples: int = Field(ge=1, le=16, description="completions per validation prompt at an evaluation")
     reasoning_effort: ReasoningEffort = ReasoningEffort.DEFAULT
     max_completion_tokens: int = Field(ge=1, le=32768, description="completion budget (reasoning_effort)")
-    response_format: Annotated[dict[str, Any], JsonAtMost(16384)] | None = Field(
+    response_format: ResponseFormatObject | None = Field(
         default=None, description="json_schema the samples should follow")
     base_quantization: Literal["nf4"] | None = Field(
         default=None, description="QLoRA: the frozen base loaded in 4-bit NF4 (method.whetstone.method 'qlora')")
@@ -171,7 +176,7 @@ class JobRequestedV1(Event):
     suffix: str | None = Field(default=None, max_length=64)
     tier: str | None = Field(default=None, max_length=32)
     resources: ResourceRequest | None = Field(default=None, description="absent: auto")
-    eval_config: Annotated[dict[str, Any], JsonAtMost(16384)] | None = Field(
+    eval_config: EvalConfigObject | None = Field(
         default=None, max_length=32,
         description="per-job eval gate settings (stages, thresholds); absent: tenant defaults")
     reinforcement: ReinforcementSpec | None = Field(default=None, description="method reinforcement: grader, knobs")

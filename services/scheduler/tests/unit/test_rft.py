@@ -1,9 +1,10 @@
-"""Reinforcement jobs' estimate and view (pure parts of scheduler/usecases/rft.py)."""
+"""Reinforcement jobs' estimate (scheduler/usecases/rft.py) and view (entrypoints/views.py)."""
 
 import pytest
 
 from whetstone.contracts import ReinforcementSpec
-from whetstone.scheduler.usecases.rft import epoch_tokens, reinforcement_view
+from whetstone.scheduler.entrypoints.views import reinforcement_view
+from whetstone.scheduler.usecases.rft import epoch_tokens
 
 pytestmark = pytest.mark.unit
 
@@ -23,7 +24,7 @@ def test_epoch_tokens_count_every_generation_up_to_the_budget():
 
 
 def test_the_view_shows_openai_fields():
-    view = reinforcement_view(RL)
+    view = reinforcement_view(RL).model_dump(mode="json")
     assert view["grader"]["name"] == "s"
     assert view["hyperparameters"] == {"n_epochs": 2, "batch_size": 4, "learning_rate_multiplier": 2.0,
                                        "compute_multiplier": 2.0, "eval_interval": 10, "eval_samples": 1,

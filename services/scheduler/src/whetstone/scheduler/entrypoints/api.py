@@ -9,7 +9,6 @@ import json
 import re
 import uuid
 from collections.abc import AsyncIterator
-from typing import Any
 
 from fastapi import APIRouter, Header, Query
 from fastapi.responses import StreamingResponse
@@ -32,6 +31,7 @@ from ..usecases.cancel import cancel_job
 from ..usecases.pause import PauseConflict, pause_job, resume_job
 from .loop import run_cycle
 from .requests import CreateJob, to_request
+from .job_object import FineTuningJob
 from .views import CheckpointObject, EventObject, checkpoint_view, event_view, job_view, parse_event_id
 
 # The caller's trace id (X-Trace-Id) follows the job through every event; a fresh one otherwise.
@@ -56,7 +56,7 @@ def routes(rt: Runtime[SchedulerContext]) -> APIRouter:
                             param="fine_tuning_job_id")
         return job
 
-    async def views(store: JobStore, jobs: list[Job]) -> list[dict]:
+    async def views(store: JobStore, jobs: list[Job]) -> list[FineTuningJob]:
         out = []
         for job in jobs:
             queue = rt.ctx.forecasts.get(job.job_id)
@@ -68,7 +68,7 @@ def routes(rt: Runtime[SchedulerContext]) -> APIRouter:
     @r.post("/jobs")
     async def create(body: CreateJob, caller: Caller = require("write"),
                      idempotency_key: str | None = Header(default=None),
-                     x_trace_id: str | None = Header(default=None)) -> dict:
+                     x_trace_id: str | None = Header(default=None)) -> FineTuningJob:
         if x_trace_id is not None and not TRACE_ID.fullmatch(x_trace_id):
             raise ApiError(400, "X-Trace-Id must be 1-128 characters of A-Z a-z 0-9 . _ : -",
                            code="invalid_trace_id", param="X-Trace-Id")
@@ -96,7 +96,7 @@ def routes(rt: Runtime[SchedulerContext]) -> APIRouter:
 
     @r.get("/jobs")
     async def list_jobs(caller: Caller = require("read"), after: str | None = None,
-                        limit: int = Query(20, ge=1, le=100)) -> ListPage[dict[str, Any]]:
+                        limit: int = Query(20, ge=1, le=100)) -> ListPage[FineTuningJob]:
         async with rt.uow() as uow:
             store = JobStore(uow)
             jobs, more = await store.page(caller.tenant_id, after, limit)
@@ -104,13 +104,13 @@ def routes(rt: Runtime[SchedulerContext]) -> APIRouter:
         return list_page(data, more)
 
     @r.get("/jobs/{job_id}")
-    async def get(job_id: str, caller: Caller = require("read")) -> dict:
+    async def get(job_id: str, caller: Caller = require("read")) -> FineTuningJob:
         async with rt.uow() as uow:
             store = JobStore(uow)
             return (await views(store, [await owned(store, job_id, caller)]))[0]
 
     @r.post("/jobs/{job_id}/cancel")
-    async def cancel(job_id: str, caller: Caller = require("write")) -> dict:
+    async def cancel(job_id: str, caller: Caller = require("write")) -> FineTuningJob:
         async with rt.uow() as uow:
             store = JobStore(uow)
             job = await owned(store, job_id, caller, lock=True)
@@ -121,7 +121,7 @@ def routes(rt: Runtime[SchedulerContext]) -> APIRouter:
             return (await views(store, [job]))[0]
 
     @r.post("/jobs/{job_id}/pause")
-    async def pause(job_id: str, caller: Caller = require("write")) -> dict:
+    async def pause(job_id: str, caller: Caller = require("write")) -> FineTuningJob:
         """OpenAI's pause, for every method: answers the job, `paused` (a running job's node is still
         writing its emergency checkpoint while `state` is not yet `paused`)."""
         async with rt.uow() as uow:
@@ -134,7 +134,7 @@ def routes(rt: Runtime[SchedulerContext]) -> APIRouter:
             return (await views(store, [job]))[0]
 
     @r.post("/jobs/{job_id}/resume")
-    async def resume(job_id: str, caller: Caller = require("write")) -> dict:
+    async def resume(job_id: str, caller: Caller = require("write")) -> FineTuningJob:
         """OpenAI's resume: a paused job is queued again and resumes from its latest checkpoint."""
         async with rt.uow() as uow:
             store = JobStore(uow)

@@ -16,8 +16,9 @@ from typing import Annotated, Any
 from fastapi import APIRouter
 from pydantic import BaseModel, ConfigDict, Field
 from whetstone.contracts.base import JsonAtMost
-from whetstone.contracts.events import MAX_GRADER_JSON_BYTES
+from whetstone.contracts.events import GraderObject
 from whetstone.graders import (
+    AnyGrader,
     GraderEnvironment,
     GraderInvalid,
     MissingField,
@@ -33,17 +34,14 @@ from whetstone.runtime.service import Runtime
 MAX_SAMPLE_CHARS = 1 << 20
 
 
-Grader = Annotated[dict[str, Any], JsonAtMost(MAX_GRADER_JSON_BYTES)]
-
-
 class ValidateGrader(BaseModel):
     model_config = ConfigDict(extra="forbid")
-    grader: Grader
+    grader: GraderObject
 
 
 class RunGrader(BaseModel):
     model_config = ConfigDict(extra="forbid")
-    grader: Grader
+    grader: GraderObject
     model_sample: str = Field(max_length=MAX_SAMPLE_CHARS)
     item: Annotated[Any, JsonAtMost(MAX_SAMPLE_CHARS)] = None
 
@@ -53,7 +51,7 @@ def invalid(exc: GraderInvalid) -> ApiError:
                     code=exc.code, param=exc.param)
 
 
-def checked(env: GraderEnvironment, data: dict[str, Any]):
+def checked(env: GraderEnvironment, data: GraderObject) -> AnyGrader:
     try:
         grader = parse_grader(data, "grader")
         validate(grader, env.settings, env.sandbox, "grader")

@@ -10,17 +10,21 @@ from typing import Any, Literal
 
 from pydantic import BaseModel
 
-from whetstone.contracts import TOLERANT, EvalCompletedV1, Hyperparameters, checkpoint_model_for, fine_tuned_model_for
-from whetstone.contracts.enums import Method
+from whetstone.contracts import (
+    TOLERANT, EvalCompletedV1, Hyperparameters, ReinforcementSpec, checkpoint_model_for, fine_tuned_model_for,
+)
+from whetstone.graders.rft import BASE_GENERATIONS, DEFAULT_LEARNING_RATE
 
 from ..domain import jobs as rules
 from ..domain.job import Job
 from ..domain.job_data import CheckpointEntry, TimelineEntry
 from ..domain.forecast import Forecast
+from .job_object import (
+    DpoHyperparameters, DpoMethod, EvalView, FineTuningJob, MethodObject, PreemptionRequest, Preemptions,
+    ReinforcementHyperparameters, ReinforcementMethod, ResourcesView, SupervisedHyperparameters, SupervisedMethod,
+    WhetstoneMethod,
+)
 from .requests import FAMILY
-from ..usecases.rft import reinforcement_view
-
-OPENAI_HP = ("n_epochs", "batch_size", "learning_rate_multiplier", "beta")
 
 
 def ts(t: datetime | None) -> int | None:
@@ -39,46 +43,57 @@ def parse_event_id(value: str | None) -> int | None:
 
 
 # resolved knobs echoed beside OpenAI's three (the client keeps them as extra fields)
-ECHOED = ("learning_rate", "lora_r", "lora_alpha", "gradient_accumulation_steps", "gradient_checkpointing",
-          "max_seq_len")
-
-
 AUTO_KNOBS = ("n_epochs", "batch_size", "learning_rate", "lora_r", "lora_alpha")
 
 
 def method_view(method: str, hp: Hyperparameters, given: Hyperparameters | None = None, *,
-                extra: Mapping[str, Any] | None = None) -> tuple[str, dict[str, Any]]:
-    """(the family, OpenAI's method object). `batch_size` is OpenAI's: examples per optimizer step (micro-batch x
-    gradient accumulation); `micro_batch_size` the platform's split of it; `auto` the knobs admission chose;
-    `extra` the entries added after the family's (a reinforcement job's `reinforcement`, `whetstone`)."""
+                reinforcement: ReinforcementSpec | None = None) -> MethodObject:
+    """OpenAI's method object of a job. `batch_size` is OpenAI's: examples per optimizer step (micro-batch x
+    gradient accumulation); `micro_batch_size` the platform's split of it; `auto` the knobs admission chose
+    (the set ones the request left out or asked `auto`); a reinforcement job shows its `reinforcement`
+    object instead, and `whetstone.method` `qlora` when its base is loaded in 4 bits."""
     family = FAMILY.get(method, "supervised")
+    if family == "reinforcement":
+        quantized = reinforcement is not None and reinforcement.base_quantization == "nf4"
+        return MethodObject(type="reinforcement", reinforcement=reinforcement_view(reinforcement),
+                            whetstone=WhetstoneMethod(method="qlora" if quantized else method))
     default_lr = rules.default_learning_rate(method)   # none for a merge job
     micro, accumulation = hp.batch_size, hp.gradient_accumulation_steps or 1
-    set_knobs = hp.model_dump(exclude_none=True)
-    asked = given.model_dump(exclude_none=True) if given is not None else None
-    chosen = {"auto": [k for k in AUTO_KNOBS if k in set_knobs and asked.get(k, "auto") == "auto"]} \
-        if asked is not None and set_knobs else {}
-    shown = {"n_epochs": hp.n_epochs,
-             "batch_size": micro * accumulation if isinstance(micro, int) else micro,
-             "learning_rate_multiplier": round(hp.learning_rate / default_lr, 6)
-             if hp.learning_rate and default_lr else None,
-             "micro_batch_size": micro, **{k: set_knobs[k] for k in ECHOED if k in set_knobs}, **chosen,
-             **({"beta": hp.beta} if family == "dpo" else {})}
-    return family, {"type": family, family: {"hyperparameters": shown}, "whetstone": {"method": method},
-                    **(extra or {})}
+    set_knobs, auto = hp.model_dump(exclude_none=True), None
+    if given is not None and set_knobs:
+        asked = given.model_dump(exclude_none=True)
+        auto = [k for k in AUTO_KNOBS if k in set_knobs and asked.get(k, "auto") == "auto"]
+    shown = SupervisedHyperparameters(
+        n_epochs=hp.n_epochs, batch_size=micro * accumulation if isinstance(micro, int) else micro,
+        learning_rate_multiplier=round(hp.learning_rate / default_lr, 6) if hp.learning_rate and default_lr else None,
+        micro_batch_size=micro, learning_rate=hp.learning_rate, lora_r=hp.lora_r, lora_alpha=hp.lora_alpha,
+        gradient_accumulation_steps=hp.gradient_accumulation_steps, gradient_checkpointing=hp.gradient_checkpointing,
+        max_seq_len=hp.max_seq_len, auto=auto)
+    whetstone = WhetstoneMethod(method=method)
+    if family == "dpo":
+        return MethodObject(type="dpo", dpo=DpoMethod(hyperparameters=DpoHyperparameters(**dict(shown), beta=hp.beta)),
+                            whetstone=whetstone)
+    return MethodObject(type="supervised", supervised=SupervisedMethod(hyperparameters=shown), whetstone=whetstone)
 
 
-def job_view(job: Job, queue: Forecast | None = None) -> dict[str, Any]:
+def reinforcement_view(spec: ReinforcementSpec | None) -> ReinforcementMethod:
+    """`method.reinforcement` of a job (its request's reinforcement object) as OpenAI's `fine_tuning.job` shows it."""
+    if spec is None:
+        return ReinforcementMethod(grader=None, hyperparameters=ReinforcementHyperparameters())
+    shown = ReinforcementHyperparameters(
+        n_epochs=spec.n_epochs, batch_size=spec.batch_size,
+        learning_rate_multiplier=round(spec.learning_rate / DEFAULT_LEARNING_RATE, 6),
+        compute_multiplier=spec.generations / BASE_GENERATIONS, eval_interval=spec.eval_interval,
+        eval_samples=spec.eval_samples, reasoning_effort=spec.reasoning_effort)
+    return ReinforcementMethod(grader=spec.grader, hyperparameters=shown, response_format=spec.response_format or None)
+
+
+def job_view(job: Job, queue: Forecast | None = None) -> FineTuningJob:
     req, spec, res = job.request, job.spec, job.resources
     given = req.hyperparameters
-    hp = Hyperparameters.model_validate(spec.hyperparameters, context=TOLERANT) \
-        if spec is not None and spec.hyperparameters else given
-    extra: dict[str, Any] = {}
-    if job.method == Method.REINFORCEMENT:
-        extra = {"reinforcement": reinforcement_view(req.reinforcement)}
-        if req.reinforcement is not None and req.reinforcement.base_quantization == "nf4":
-            extra = {"whetstone": {"method": "qlora"}, **extra}   # as requested: LoRA on a 4-bit base
-    family, method = method_view(job.method, hp, given, extra=extra)
+    resolved = Hyperparameters.model_validate(spec.hyperparameters, context=TOLERANT) if spec is not None else None
+    hp = resolved if resolved is not None and spec is not None and spec.hyperparameters else given
+    method = method_view(job.method, hp, given, reinforcement=req.reinforcement)
     estimated_start = None
     if job.status == rules.QUEUED and queue is not None and queue.estimated_start is not None:
         estimated_start = int(queue.estimated_start)
@@ -88,43 +103,34 @@ def job_view(job: Job, queue: Forecast | None = None) -> dict[str, Any]:
         finish = estimated_start + int(job.estimated_runtime_s)
     else:
         finish = None
-    error = job.error.model_dump(mode="json") if job.error is not None else None
-    return {
-        # OpenAI's fine_tuning.job
-        "id": job.job_id, "object": "fine_tuning.job", "organization_id": job.tenant_id,
-        "model": req.model, "training_file": req.training_file, "validation_file": req.validation_file,
-        "status": job.public_status, "created_at": ts(job.created_at), "finished_at": ts(job.finished_at),
-        "fine_tuned_model": job.fine_tuned_model, "result_files": list(job.result_files), "trained_tokens": job.trained_tokens,
-        "hyperparameters": method[family]["hyperparameters"], "method": method, "seed": hp.seed, "estimated_finish": finish,
-        "error": error, "metadata": req.metadata,
-        "integrations": [i.model_dump(mode="json", exclude_none=True) for i in req.integrations],
-        "user_provided_suffix": req.suffix, "template": req.template.model_dump() if req.template else None,
-        # the platform's own
-        "state": job.status, "tier": job.tier, "tenant_id": job.tenant_id,
-        "resolved_hyperparameters": spec.hyperparameters if spec is not None else None,
-        "base_model_sha256": job.base_model_sha256, "dataset_version": spec.dataset_version if spec is not None else None,
-        "eval_config": req.eval_config, "image": req.image,
-        "progress": job.progress.model_dump(exclude_none=True),
-        "latest_checkpoint": job.latest_checkpoint.model_dump(mode="json", exclude_none=True)
-        if job.latest_checkpoint is not None else None,
-        "node_id": job.node_id, "placement": [p.model_dump() for p in job.placement], "attempt": job.attempt,
-        "fenced_attempt": job.fenced_attempt or None, "timeouts": job.timeouts,
-        "eval": eval_view(job.eval), "idempotency_key": job.idempotency_key, "trace_id": job.trace_id,
-        "resources": res.model_dump(mode="json", include={"request", "shapes", "assigned", "memory_gb", "params",
-                                                          "params_source"}),
-        "estimated_runtime_s": job.estimated_runtime_s, "quota": job.quota.model_dump() if job.quota else None,
-        "preemptions": {"spot": job.spot_preemptions, "priority": job.priority_preemptions},
-        "preemption_requested": {"at": ts(job.preempt_requested_at), "reason": job.preempt_reason,
-                                 "for_job": job.preempted_for} if job.preempt_requested_at else None,
-        "queue_position": queue.position if job.status == rules.QUEUED and queue is not None else None,
-        "estimated_start_at": estimated_start,
-    }
+    return FineTuningJob(
+        id=job.job_id, organization_id=job.tenant_id, model=req.model, training_file=req.training_file,
+        validation_file=req.validation_file, status=job.public_status, created_at=ts(job.created_at),
+        finished_at=ts(job.finished_at), fine_tuned_model=job.fine_tuned_model, result_files=list(job.result_files),
+        trained_tokens=job.trained_tokens, hyperparameters=method.hyperparameters, method=method, seed=hp.seed,
+        estimated_finish=finish, error=job.error, metadata=req.metadata, integrations=list(req.integrations),
+        user_provided_suffix=req.suffix, template=req.template,
+        state=job.status, tier=job.tier, tenant_id=job.tenant_id, resolved_hyperparameters=resolved,
+        base_model_sha256=job.base_model_sha256, dataset_version=spec.dataset_version if spec is not None else None,
+        eval_config=req.eval_config, image=req.image, progress=job.progress, latest_checkpoint=job.latest_checkpoint,
+        node_id=job.node_id, placement=list(job.placement), attempt=job.attempt,
+        fenced_attempt=job.fenced_attempt or None, timeouts=job.timeouts, eval=eval_view(job.eval),
+        idempotency_key=job.idempotency_key, trace_id=job.trace_id,
+        resources=ResourcesView(request=res.request, shapes=res.shapes, memory_gb=res.memory_gb, params=res.params,
+                                params_source=res.params_source, assigned=res.assigned),
+        estimated_runtime_s=job.estimated_runtime_s, quota=job.quota,
+        preemptions=Preemptions(spot=job.spot_preemptions, priority=job.priority_preemptions),
+        preemption_requested=PreemptionRequest(at=ts(job.preempt_requested_at), reason=job.preempt_reason,
+                                               for_job=job.preempted_for) if job.preempt_requested_at else None,
+        queue_position=queue.position if job.status == rules.QUEUED and queue is not None else None,
+        estimated_start_at=estimated_start)
 
 
-def eval_view(result: EvalCompletedV1 | None) -> dict[str, Any] | None:
+def eval_view(result: EvalCompletedV1 | None) -> EvalView | None:
     if result is None:
         return None
-    return result.model_dump(mode="json", include={"verdict", "reasons", "stages", "metrics", "checkpoint_uri"})
+    return EvalView(checkpoint_uri=result.checkpoint_uri, verdict=result.verdict, reasons=result.reasons,
+                    metrics=result.metrics, stages=result.stages)
 
 
 class EventObject(BaseModel):

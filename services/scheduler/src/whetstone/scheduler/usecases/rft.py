@@ -14,12 +14,8 @@ from typing import Any
 
 from whetstone.contracts import ReinforcementSpec
 from whetstone.graders import GraderEnvironment, GraderInvalid, GraderSettings, validate
-from whetstone.graders.rft import BASE_GENERATIONS, DEFAULT_LEARNING_RATE, parse_method
+from whetstone.graders.rft import parse_method
 from whetstone.runtime.errors import ApiError
-
-VIEWED = ("n_epochs", "batch_size", "learning_rate_multiplier", "compute_multiplier", "eval_interval", "eval_samples",
-          "reasoning_effort")
-
 
 def environment() -> GraderEnvironment:
     """A grader environment from the operator's settings (python sandbox, judge HTTP client); the
@@ -39,21 +35,6 @@ def reinforcement_spec(data: Any, env: GraderEnvironment) -> ReinforcementSpec:
         raise ApiError(400, exc.message if exc.message.startswith(exc.param) else f"{exc.param}: {exc.message}",
                        code=exc.code, param=exc.param) from exc
     return ReinforcementSpec(**plan.record())
-
-
-def reinforcement_view(spec: ReinforcementSpec | None) -> dict[str, Any]:
-    """`method.reinforcement` of a job (its request's reinforcement object) as OpenAI's `fine_tuning.job` shows it."""
-    if spec is None:
-        return {"grader": None, "hyperparameters": dict.fromkeys(VIEWED)}
-    shown = {"n_epochs": spec.n_epochs, "batch_size": spec.batch_size,
-             "learning_rate_multiplier": round(spec.learning_rate / DEFAULT_LEARNING_RATE, 6),
-             "compute_multiplier": spec.generations / BASE_GENERATIONS,
-             "eval_interval": spec.eval_interval, "eval_samples": spec.eval_samples,
-             "reasoning_effort": spec.reasoning_effort}
-    out: dict[str, Any] = {"grader": spec.grader, "hyperparameters": shown}
-    if spec.response_format:
-        out["response_format"] = spec.response_format
-    return out
 
 
 def epoch_tokens(tokens: int | None, rows: int | None, spec: ReinforcementSpec | None) -> int | None:
