@@ -22,7 +22,7 @@ from ..adapters.store import ModelStore
 from ..context import RegistryContext
 from ..domain.stages import ModelRecord, TransitionRefused
 from ..usecases import base_listing, base_models, downloads, merges, promotion
-from ..usecases.downloads import model_not_found
+from ..usecases.downloads import MergedWeights, ModelContent, model_not_found
 from ..usecases.base_listing import BaseListing
 from .views import BaseModelVersions, BaseModelView, BaseVersionView, ModelView
 
@@ -154,7 +154,7 @@ def routes(rt: Runtime[RegistryContext]) -> APIRouter:
 
     @r.get("/{model_id}/content")
     @r.get("/{model_id}/download")
-    async def content(model_id: str, caller: Caller = require("read")) -> dict:
+    async def content(model_id: str, caller: Caller = require("read")) -> ModelContent:
         return await downloads.adapter_download(rt, caller.tenant_id, await internal_id(model_id, caller.tenant_id))
 
     @r.get("/{model_id}/files/{name}")
@@ -168,11 +168,11 @@ def routes(rt: Runtime[RegistryContext]) -> APIRouter:
         return StreamingResponse(chunks, media_type="application/octet-stream")
 
     @r.post("/{model_id}/merged")
-    async def request_merge(model_id: str, caller: Caller = require("write")) -> dict:
+    async def request_merge(model_id: str, caller: Caller = require("write")) -> MergedWeights:
         return await merges.request_merge(rt, caller.tenant_id, await internal_id(model_id, caller.tenant_id))
 
     @r.get("/{model_id}/merged")
-    async def merged(model_id: str, caller: Caller = require("read")) -> dict:
+    async def merged(model_id: str, caller: Caller = require("read")) -> MergedWeights:
         return await downloads.merged_download(rt, caller.tenant_id, await internal_id(model_id, caller.tenant_id))
 
     return r

@@ -6,8 +6,10 @@ from __future__ import annotations
 import asyncio
 import hashlib
 from collections.abc import Iterator
-from dataclasses import asdict, dataclass, replace
-from typing import Any
+from dataclasses import dataclass, replace
+from typing import Literal
+
+from pydantic import BaseModel, Field
 
 from whetstone.runtime.errors import ApiError
 from whetstone.runtime.http import not_found
@@ -110,7 +112,42 @@ class FileLink:
     size: int
 
 
-async def adapter_download(rt: Runtime[RegistryContext], tenant_id: str, model_id: str) -> dict[str, Any]:
+def _absent(value: object) -> bool:
+    return value is None
+
+
+class ModelContent(BaseModel):
+    """`GET /v1/models/{id}/content`: signed links to a version's files (its adapter, or a full
+    fine-tune's weights with their `shards`), each file's sha256, and the training artifact's manifest."""
+
+    id: str
+    object: Literal["model.content"] = "model.content"
+    format: str = Field(description="peft-lora-safetensors | safetensors-full-weights")
+    base_model: str | None
+    base_model_sha256: str | None
+    shards: list[str] | None = Field(default=None, exclude_if=_absent, description="full weights: the weight files")
+    expires_in: int = Field(description="seconds the links stay valid")
+    files: list[FileLink]
+    manifest: dict[str, str] = Field(description="file name -> sha256 of the files listed")
+    training_manifest_sha256: str
+    training_manifest: dict[str, str]
+
+
+class MergedWeights(BaseModel):
+    """`GET|POST /v1/models/{id}/merged`: the merge of a version's adapter into its base, and signed links
+    to the merged weights once it succeeded."""
+
+    id: str
+    object: Literal["model.merge"] = "model.merge"
+    model: str
+    status: MergeState
+    merge_job_id: str | None
+    error: str | None
+    files: list[FileLink]
+    expires_in: int | None = Field(default=None, exclude_if=_absent)
+
+
+async def adapter_download(rt: Runtime[RegistryContext], tenant_id: str, model_id: str) -> ModelContent:
     model = await _load(rt, tenant_id, model_id)
     files = model.files
     if holds_full_weights(files):   # a full fine-tune or continued pre-training: the weights themselves
@@ -148,16 +185,14 @@ async def adapter_download(rt: Runtime[RegistryContext], tenant_id: str, model_i
     except ArtifactMissing:
         pass
     lineage = model.lineage
-    return {"id": model_id, "object": "model.content", "format": "peft-lora-safetensors",
-            "base_model": lineage.base_model if lineage else None,
-            "base_model_sha256": lineage.base_model_sha256 if lineage else None,
-            "expires_in": ttl, "files": [asdict(f) for f in out],
-            "manifest": {f.name: f.sha256 for f in out},
-            "training_manifest_sha256": model.artifact_sha256,
-            "training_manifest": {rel: sha for rel, sha in wanted.items()}}
+    return ModelContent(id=model_id, format="peft-lora-safetensors",
+                        base_model=lineage.base_model if lineage else None,
+                        base_model_sha256=lineage.base_model_sha256 if lineage else None,
+                        expires_in=ttl, files=out, manifest={f.name: f.sha256 for f in out},
+                        training_manifest_sha256=model.artifact_sha256, training_manifest=dict(wanted))
 
 
-async def merged_download(rt: Runtime[RegistryContext], tenant_id: str, model_id: str) -> dict[str, Any]:
+async def merged_download(rt: Runtime[RegistryContext], tenant_id: str, model_id: str) -> MergedWeights:
     async with rt.uow() as uow:
         store = ModelStore(uow.conn)
         model = await owned(store, tenant_id, model_id)
@@ -165,22 +200,19 @@ async def merged_download(rt: Runtime[RegistryContext], tenant_id: str, model_id
     if merge is None:
         raise ApiError(404, f"no merged weights requested for model '{model_id}': POST /v1/models/{model_id}/merged",
                        code="merge_not_requested")
-    view: dict[str, Any] = {"id": merge.merge_id, "object": "model.merge", "model": model_id,
-                            "status": merge.status, "merge_job_id": merge.merge_job_id, "error": merge.error,
-                            "files": []}
     if merge.status != MergeState.SUCCEEDED or merge.uri is None:
-        return view
+        return MergedWeights(id=merge.merge_id, model=model_id, status=merge.status, merge_job_id=merge.merge_job_id,
+                             error=merge.error, files=[])
     merged_uri = merge.uri
     files = {rel: sha for rel, sha in merge.files.items() if not rel.lower().endswith(lineage_rules.PICKLE_SUFFIXES)}
     source = model if merged_uri == model.artifact_uri else replace(
         model, artifact_uri=merged_uri, artifact_sha256=merge.manifest_sha256 or "")  # the merge job's own artifact
     sizes = await verify(rt, source, files)
     links = Links.of(rt)
-    view["expires_in"] = links.ttl
-    view["files"] = [asdict(await asyncio.to_thread(links.entry, links.artifacts.file_uri(merged_uri, rel),
-                                                    f"{model_id}/merged/files", rel, sha, sizes[rel]))
-                     for rel, sha in files.items()]
-    return view
+    listed = [await asyncio.to_thread(links.entry, links.artifacts.file_uri(merged_uri, rel), f"{model_id}/merged/files",
+                                      rel, sha, sizes[rel]) for rel, sha in files.items()]
+    return MergedWeights(id=merge.merge_id, model=model_id, status=merge.status, merge_job_id=merge.merge_job_id,
+                         error=merge.error, files=listed, expires_in=links.ttl)
 
 
 def served_uri(rt: Runtime[RegistryContext], model: ModelRecord, name: str) -> str:

@@ -6,8 +6,6 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
-from dataclasses import asdict
-from typing import Any
 
 from whetstone.runtime.service import Runtime
 from whetstone.runtime.weights import full_model_files, weight_shards
@@ -15,7 +13,7 @@ from whetstone.runtime.weights import full_model_files, weight_shards
 from ..adapters.artifacts import ArtifactMissing
 from ..context import RegistryContext
 from ..domain.stages import ModelRecord
-from .downloads import FileLink, Links, served_uri, verify
+from .downloads import FileLink, Links, ModelContent, served_uri, verify
 
 FORMAT = "safetensors-full-weights"
 
@@ -25,7 +23,7 @@ def downloadable(model: ModelRecord) -> list[str]:
     return full_model_files(model.files)
 
 
-async def weights_download(rt: Runtime[RegistryContext], model: ModelRecord) -> dict[str, Any]:
+async def weights_download(rt: Runtime[RegistryContext], model: ModelRecord) -> ModelContent:
     wanted = {rel: model.files[rel] for rel in downloadable(model)}
     sizes = await verify(rt, model, wanted)
     links = Links.of(rt)
@@ -40,11 +38,8 @@ async def weights_download(rt: Runtime[RegistryContext], model: ModelRecord) -> 
     except ArtifactMissing:
         pass
     lineage = model.lineage
-    return {"id": model.model_id, "object": "model.content", "format": FORMAT,
-            "base_model": lineage.base_model if lineage else None,
-            "base_model_sha256": lineage.base_model_sha256 if lineage else None,
-            "shards": weight_shards(wanted),
-            "expires_in": links.ttl, "files": [asdict(f) for f in out],
-            "manifest": {f.name: f.sha256 for f in out},
-            "training_manifest_sha256": model.artifact_sha256,
-            "training_manifest": dict(wanted)}
+    return ModelContent(id=model.model_id, format=FORMAT, base_model=lineage.base_model if lineage else None,
+                        base_model_sha256=lineage.base_model_sha256 if lineage else None,
+                        shards=weight_shards(wanted), expires_in=links.ttl, files=out,
+                        manifest={f.name: f.sha256 for f in out}, training_manifest_sha256=model.artifact_sha256,
+                        training_manifest=dict(wanted))

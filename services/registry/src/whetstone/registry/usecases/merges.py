@@ -4,7 +4,6 @@ once, for the tenant that asked."""
 
 from __future__ import annotations
 
-from typing import Any
 
 from whetstone.contracts import MergeRequestedV1, ModelMergedV1
 from whetstone.contracts.enums import ModelStage
@@ -17,7 +16,7 @@ from ..adapters.store import ModelStore
 from ..context import RegistryContext
 from ..domain.merges import MergeState, merge_id_for, merged_in_artifact
 from ..domain.stages import ModelRecord
-from .downloads import merged_download, owned
+from .downloads import MergedWeights, merged_download, owned
 from .registration import owned_by
 
 
@@ -29,7 +28,7 @@ def merge_command(merge_id: str, model: ModelRecord) -> MergeRequestedV1:
                             base_model_sha256=lineage.base_model_sha256 if lineage else "")
 
 
-async def request_merge(rt: Runtime[RegistryContext], tenant_id: str, model_id: str) -> dict[str, Any]:
+async def request_merge(rt: Runtime[RegistryContext], tenant_id: str, model_id: str) -> MergedWeights:
     async with rt.uow() as uow:
         store = ModelStore(uow.conn)
         model = await owned(store, tenant_id, model_id)
