@@ -51,8 +51,6 @@ class CostEstimate(Contract):
 
     def for_job(self, runtime_s: float, gpu_hours: float, over_soft_quota: bool) -> CostEstimate:
         """This estimate with the job's runtime and GPU-hours (and the soft-quota flag when it is over)."""
-        update: dict[str, float | bool] = {"estimated_runtime_s": round(runtime_s, 1),
-                                           "estimated_gpu_hours": round(gpu_hours, 4)}
-        if over_soft_quota:
-            update["over_soft_quota"] = True
-        return self.model_copy(update=update)
+        extended = self.model_copy(update={"estimated_runtime_s": round(runtime_s, 1),
+                                           "estimated_gpu_hours": round(gpu_hours, 4)})
+        return extended.model_copy(update={"over_soft_quota": True}) if over_soft_quota else extended

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Any
 
 import asyncpg
@@ -20,9 +21,25 @@ from botocore import exceptions as boto_errors
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
+from pydantic import ValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from .delivery import unavailable_dependency
+
+
+@dataclass(frozen=True)
+class FieldError:
+    """The first error of a pydantic validation, as a 400 names it: the field's dotted path ("" for the
+    value itself), pydantic's message, and whether the field was required and missing."""
+
+    path: str
+    message: str
+    missing: bool
+
+    @classmethod
+    def first_of(cls, exc: ValidationError) -> FieldError:
+        first = exc.errors()[0]
+        return cls(".".join(str(p) for p in first["loc"]), first["msg"], first["type"] == "missing")
 
 
 class ApiError(Exception):

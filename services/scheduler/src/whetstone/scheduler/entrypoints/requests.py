@@ -22,7 +22,7 @@ from whetstone.contracts.enums import IntegrationType
 from whetstone.contracts.integrations import Integration, MlflowIntegration, WandbIntegration
 from whetstone.contracts.events import MAX_GRADER_JSON_BYTES
 from whetstone.graders import GraderEnvironment
-from whetstone.runtime.errors import ApiError
+from whetstone.runtime.errors import ApiError, FieldError
 
 from ..domain import jobs as rules
 from ..domain.templates import image_problem
@@ -125,10 +125,9 @@ def check_integrations(items: list[dict[str, Any]], mlflow_configured: bool = Fa
         try:
             block_type.model_validate(block)
         except ValidationError as exc:
-            first = exc.errors()[0]
-            field = ".".join(str(p) for p in first["loc"])
-            code = "missing_required_parameter" if first["type"] == "missing" else "invalid_value"
-            raise bad(f"{where}.{kind}" + (f".{field}" if field else ""), first["msg"], code=code) from exc
+            error = FieldError.first_of(exc)
+            code = "missing_required_parameter" if error.missing else "invalid_value"
+            raise bad(f"{where}.{kind}" + (f".{error.path}" if error.path else ""), error.message, code=code) from exc
         if kind == IntegrationType.MLFLOW and not mlflow_configured:
             raise bad(f"{where}.{kind}", "this platform's operator set no MLflow tracking server "
                       "(WHETSTONE_MLFLOW_TRACKING_URI); leave integrations out", code="integration_not_configured")
@@ -167,7 +166,7 @@ def platform_method(body: CreateJob) -> tuple[str, dict[str, Any]]:
         try:
             config = MethodConfig.model_validate(extra) if isinstance(extra, dict) else extra
         except ValidationError as exc:
-            raise bad(f"method.{method}", str(exc.errors()[0]["msg"])) from exc
+            raise bad(f"method.{method}", FieldError.first_of(exc).message) from exc
     unknown = set(m.model_extra or {}) - {method}
     if unknown:
         raise bad(f"method.{sorted(unknown)[0]}", "unknown field")
@@ -190,9 +189,8 @@ def hyperparameters(method: str, given: dict[str, Any], param: str) -> Hyperpara
     try:
         return Hyperparameters(**hp)
     except ValidationError as exc:
-        first = exc.errors()[0]
-        field = ".".join(str(p) for p in first["loc"])
-        raise bad(f"{param}.{field}" if field else param, first["msg"]) from exc
+        error = FieldError.first_of(exc)
+        raise bad(f"{param}.{error.path}" if error.path else param, error.message) from exc
     except TypeError as exc:
         raise bad(param, str(exc)) from exc
 

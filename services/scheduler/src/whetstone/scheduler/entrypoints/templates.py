@@ -13,7 +13,7 @@ import yaml
 from fastapi import APIRouter, Request
 from pydantic import ValidationError
 from whetstone.graders import GraderEnvironment
-from whetstone.runtime.errors import ApiError
+from whetstone.runtime.errors import ApiError, FieldError
 from whetstone.runtime.http import ListObject, list_object, not_found as missing
 from whetstone.runtime.identity import Caller, require
 from whetstone.runtime.models import UnknownModel
@@ -35,8 +35,8 @@ YAML_TYPES = ("application/yaml", "application/x-yaml", "text/yaml", "text/x-yam
 
 
 def invalid(exc: ValidationError) -> ApiError:
-    first = exc.errors()[0]
-    return bad(".".join(str(p) for p in first["loc"]) or "body", first["msg"])
+    error = FieldError.first_of(exc)
+    return bad(error.path or "body", error.message)
 
 
 def not_found(ref: str) -> ApiError:
