@@ -21,7 +21,8 @@ from whetstone.scheduler.domain.job_data import (
     JobRequest, JobResources, MemoryGb, PlacedPart, Progress, QuotaRecord, TemplateUse,
 )
 from whetstone.scheduler.domain.placement import Shape
-from whetstone.scheduler.entrypoints.views import FineTuningJob, job_view
+from whetstone.scheduler.entrypoints.job_object import FineTuningJob
+from whetstone.scheduler.entrypoints.views import job_view
 
 pytestmark = pytest.mark.unit
 RECORDED = Path(__file__).parent.parent / "fixtures" / "job_views"
