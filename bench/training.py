@@ -56,7 +56,12 @@ from whetstone.devstack.recipe_harness import (
     run_subprocess,
     write_jsonl,
 )
-from whetstone.trainer_agent.domain.recipe_io import Checkpoint, ChildEvent, Preempted
+from whetstone.trainer_agent.domain.recipe_io import (
+    Checkpoint,
+    ChildEvent,
+    Preempted,
+    TrainingConfig,
+)
 
 WORDS = ("the river mountain forest cloud stone paper garden window music yellow purple apple banana cherry "
          "model data training answer question capital city country water sun east west help please thank "
@@ -100,13 +105,13 @@ def length_stats(base: Path, data: Path, max_seq_len: int) -> dict:
 # ------------------------------------------------------------------ 2. packed vs padded
 
 
-def training_config(job_id: str, base: Path, data: Path, out: Path, **hyperparameters) -> dict:
+def training_config(job_id: str, base: Path, data: Path, out: Path, **hyperparameters) -> TrainingConfig:
     # default cadence: checkpoint every 50 steps or 30 minutes, whichever first
     hp = {"n_epochs": 2, "learning_rate": 2e-4, "batch_size": 8, "gradient_accumulation_steps": 1, "lora_r": 8,
           "lora_alpha": 16, "lora_dropout": 0.05, "max_seq_len": 1024, "seed": 42, "warmup_ratio": 0.03,
           "checkpoint_every_steps": 50, "checkpoint_every_minutes": 30}
-    return {"job_id": job_id, "base_model": str(base), "train_file": str(data), "output_dir": str(out),
-            "method": "lora", "hyperparameters": {**hp, **hyperparameters}}
+    return TrainingConfig(job_id=job_id, base_model=str(base), train_file=data, output_dir=out, method="lora",
+                          hyperparameters={**hp, **hyperparameters})
 
 
 def packed_vs_padded(base: Path, data: Path, work: Path, repeats: int, rows: int) -> dict:
@@ -331,11 +336,11 @@ def auto_vs_default(base: Path, work: Path, seed: int, sizes: tuple[int, ...] = 
     keep = ("n_epochs", "learning_rate", "batch_size", "gradient_accumulation_steps", "lora_r", "lora_alpha",
             "lora_dropout", "max_seq_len", "warmup_ratio", "gradient_checkpointing")
 
-    def config_of(name: str, data: Path, hp: dict, run_seed: int) -> dict:
+    def config_of(name: str, data: Path, hp: dict, run_seed: int) -> TrainingConfig:
         return training_config(name, base, data, work / name, **{k: hp[k] for k in keep if k in hp}, seed=run_seed,
                                checkpoint_every_steps=0, checkpoint_every_minutes=0)
 
-    def losses_of(configs: list[dict]) -> list[tuple[float, int]]:
+    def losses_of(configs: list[TrainingConfig]) -> list[tuple[float, int]]:
         """Train the runs of one file at once, each a recipe child (as the agent runs it), then score each."""
         from concurrent.futures import ThreadPoolExecutor
 
@@ -346,11 +351,11 @@ def auto_vs_default(base: Path, work: Path, seed: int, sizes: tuple[int, ...] = 
         out = []
         for cfg, run in zip(configs, runs):
             if run.returncode != 0:
-                raise SystemExit(f"{cfg['job_id']} failed: {run.last}\n{run.stderr[-2000:]}")
+                raise SystemExit(f"{cfg.job_id} failed: {run.last}\n{run.stderr[-2000:]}")
             model = PeftModel.from_pretrained(load_model(base, dtype="float32"), run.of(Checkpoint)[-1].path).eval()
-            out.append((holdout_loss(model, tokenizer, holdout, max_len=int(cfg["hyperparameters"]["max_seq_len"]))["loss"],
+            out.append((holdout_loss(model, tokenizer, holdout, max_len=int(cfg.hyperparameters["max_seq_len"]))["loss"],
                         run.completed.step))
-            shutil.rmtree(work / cfg["job_id"], ignore_errors=True)
+            shutil.rmtree(work / cfg.job_id, ignore_errors=True)
         return out
 
     base_loss = holdout_loss(load_model(base, dtype="float32").eval(), tokenizer, holdout,

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 from whetstone.devstack.multinode import LOSS_TOLERANCE, max_rel_diff
 from whetstone.devstack.recipe_harness import RECIPE_MODULE, parse_line, write_config
-from whetstone.trainer_agent.domain.recipe_io import Completed, Progress
+from whetstone.trainer_agent.domain.recipe_io import Completed, Progress, TrainingConfig
 
 pytestmark = pytest.mark.integration
 
@@ -25,8 +25,8 @@ HYPERPARAMETERS = {"n_epochs": 1, "max_seq_len": 48, "lora_r": 4, "lora_alpha": 
 
 
 def _launch(base: Path, train: Path, work: Path, job: str, batch: int, env: dict[str, str]) -> subprocess.Popen:
-    config = {"job_id": job, "base_model": str(base), "train_file": str(train), "output_dir": str(work / job),
-              "method": "lora", "hyperparameters": {**HYPERPARAMETERS, "batch_size": batch}}
+    config = TrainingConfig(job_id=job, base_model=str(base), train_file=train, output_dir=work / job,
+                            method="lora", hyperparameters={**HYPERPARAMETERS, "batch_size": batch})
     path = write_config(config, work / job)
     stderr = (work / f"{job}.{env.get('RANK', 'single')}.stderr.txt").open("w")
     return subprocess.Popen([sys.executable, "-m", RECIPE_MODULE, "--config", str(path)], stdout=subprocess.PIPE,

@@ -17,7 +17,9 @@ from whetstone.trainer_agent.domain.recipe_io import (
     Completed,
     Failed,
     Progress,
+    RecipeReinforcement,
     Started,
+    TrainingConfig,
 )
 
 pytestmark = pytest.mark.integration
@@ -36,14 +38,17 @@ def rows(n: int, **extra) -> list[dict]:
              **extra} for i in range(n)]
 
 
-def config(base: Path, root: Path, train: list[dict], validation: list[dict] | None = None) -> dict:
+def config(base: Path, root: Path, train: list[dict], validation: list[dict] | None = None, *,
+           checkpoint_every_steps: int = 2, **reinforcement) -> TrainingConfig:
     plan = parse_method({"grader": GRADER, "hyperparameters": {"batch_size": 1, "n_epochs": 1, "eval_interval": 3,
                                                                "compute_multiplier": 0.5}}).record()
-    plan.update(max_completion_tokens=8, learning_rate=5e-3)
-    return {"job_id": "job-rft", "base_model": str(base), "train_file": str(write_jsonl(train, root / "train.jsonl")),
-            "validation_file": str(write_jsonl(validation, root / "val.jsonl")) if validation else None,
-            "output_dir": str(root / "out"), "method": "reinforcement",
-            "hyperparameters": {"seed": 0, "checkpoint_every_steps": 2, "max_seq_len": 128}, "reinforcement": plan}
+    plan.update(max_completion_tokens=8, learning_rate=5e-3, **reinforcement)
+    return TrainingConfig(job_id="job-rft", base_model=str(base), train_file=write_jsonl(train, root / "train.jsonl"),
+                          validation_file=write_jsonl(validation, root / "val.jsonl") if validation else None,
+                          output_dir=root / "out", method="reinforcement",
+                          hyperparameters={"seed": 0, "checkpoint_every_steps": checkpoint_every_steps,
+                                           "max_seq_len": 128},
+                          reinforcement=RecipeReinforcement(**plan))
 
 
 def test_grpo_trains_with_the_grader_as_reward_and_resumes_exactly(tiny_base, tmp_path):
@@ -69,8 +74,8 @@ def test_grpo_trains_with_the_grader_as_reward_and_resumes_exactly(tiny_base, tm
     # same completions as the uninterrupted run (trl's seeded sampler, the batches a resumed epoch
     # skips, the RNG states kept in the checkpoint), so their rewards are equal
     checkpoint = next(c.path for c in periodic if c.step == 2)
-    resumed = run_in_process({**config(tiny_base, tmp_path / "resumed", rows(4), rows(2)), "resume_from": checkpoint},
-                             tmp_path / "resumed")
+    resumed = run_in_process(config(tiny_base, tmp_path / "resumed", rows(4), rows(2)).model_copy(
+                             update={"resume_from": checkpoint}), tmp_path / "resumed")
     assert resumed.returncode == 0, resumed.last
     after = {p.step: p.reward for p in resumed.of(Progress)}
     assert sorted(after) == [3, 4]
@@ -94,9 +99,7 @@ def test_rft_data_the_grader_cannot_read_is_refused_naming_lines(tiny_base, tmp_
 def test_grpo_trains_on_a_4bit_base_qlora_on_cpu(tiny_base, tmp_path):
     """QLoRA for reinforcement (`base_quantization: nf4`): bitsandbytes' NF4 layers run generation and the
     LoRA backward on CPU, so a CPU node trains it like a GPU node (no pool refuses it)."""
-    cfg = config(tiny_base, tmp_path, rows(2))
-    cfg["reinforcement"]["base_quantization"] = "nf4"
-    cfg["hyperparameters"]["checkpoint_every_steps"] = 100
+    cfg = config(tiny_base, tmp_path, rows(2), base_quantization="nf4", checkpoint_every_steps=100)
     run = run_in_process(cfg, tmp_path)
     assert run.returncode == 0, run.last
     progress = run.of(Progress)

@@ -12,12 +12,17 @@ import pytest
 import torch
 from peft import __version__ as peft_version
 from whetstone.devstack.recipe_harness import (
+    Conversation,
     preference_rows,
     run_in_process,
     text_rows,
     write_jsonl,
 )
-from whetstone.trainer_agent.domain.recipe_io import Checkpoint, Progress
+from whetstone.trainer_agent.domain.recipe_io import (
+    Checkpoint,
+    Progress,
+    TrainingConfig,
+)
 
 pytestmark = pytest.mark.integration
 
@@ -31,11 +36,11 @@ PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 def method_data(tmp_path_factory, chat_demo) -> dict[str, Path]:
     root = tmp_path_factory.mktemp("method-data")
     chat = chat_demo.generate_rows(24, seed=3)
-    messages = [row["messages"] for row in chat]
+    chats = [Conversation.model_validate(row) for row in chat]
     return {
         "chat": chat_demo.write_jsonl(chat, root / "chat.jsonl"),
-        "preference": write_jsonl(preference_rows(messages), root / "preference.jsonl"),
-        "text": write_jsonl(text_rows(messages), root / "text.jsonl"),
+        "preference": write_jsonl(preference_rows(chats), root / "preference.jsonl"),
+        "text": write_jsonl(text_rows(chats), root / "text.jsonl"),
     }
 
 
@@ -43,10 +48,10 @@ DATA_FOR = {"lora": "chat", "qlora": "chat", "full": "chat", "dpo": "preference"
             "cpt": "text"}
 
 
-def config_for(method, base, data, out: Path, **hyperparameters) -> dict:
-    path = str(data[DATA_FOR[method]])
-    return {"job_id": f"job-{method}", "base_model": str(base), "train_file": path, "validation_file": path,
-            "output_dir": str(out), "method": method, "hyperparameters": {**HYPERPARAMETERS, **hyperparameters}}
+def config_for(method, base, data, out: Path, **hyperparameters) -> TrainingConfig:
+    path = data[DATA_FOR[method]]
+    return TrainingConfig(job_id=f"job-{method}", base_model=str(base), train_file=path, validation_file=path,
+                          output_dir=out, method=method, hyperparameters={**HYPERPARAMETERS, **hyperparameters})
 
 
 def assert_resumable_checkpoint(run, method):
@@ -138,8 +143,8 @@ def test_dpo_reference_log_probs_are_computed_once_and_reused_on_resume(tiny_bas
     checkpoint = next(c for c in first.of(Checkpoint) if c.kind == "periodic").path
     stored = json.loads((checkpoint / "ref_log_probs.json").read_text())
     assert len(stored["train"]["chosen"]) == 24 and len(stored["eval"]["rejected"]) == 24
-    resumed = run_in_process({**config_for("dpo", tiny_base, method_data, tmp_path / "b"),
-                              "job_id": "job-dpo-2", "resume_from": str(checkpoint)}, tmp_path)
+    resumed = run_in_process(config_for("dpo", tiny_base, method_data, tmp_path / "b").model_copy(
+                             update={"job_id": "job-dpo-2", "resume_from": checkpoint}), tmp_path)
     assert resumed.returncode == 0, resumed.last
     assert resumed.completed.outcome.ref_log_probs_s == 0.0  # reused from the checkpoint, not recomputed
     assert resumed.events[0].resumed_from_step == 3
@@ -159,9 +164,12 @@ def test_dpo_reference_log_probs_are_computed_once_and_reused_on_resume(tiny_bas
 ])
 def test_bad_input_is_refused_before_training(tiny_base, method_data, tmp_path, method, data, hyperparameters, extra,
                                               error_class, code, needle):
-    config = {"job_id": "job-bad", "base_model": str(tiny_base), "train_file": str(method_data[data]),
-              "output_dir": str(tmp_path / "out"), "method": method,
-              "hyperparameters": {**HYPERPARAMETERS, **hyperparameters}, **extra}
+    # written as JSON by hand: an unknown method is no TrainingConfig
+    config = tmp_path / "job-bad.config.json"
+    config.write_text(json.dumps({"job_id": "job-bad", "base_model": str(tiny_base),
+                                  "train_file": str(method_data[data]), "output_dir": str(tmp_path / "out"),
+                                  "method": method, "hyperparameters": {**HYPERPARAMETERS, **hyperparameters},
+                                  **extra}))
     run = run_in_process(config, tmp_path)
     assert run.returncode == 1
     assert run.names() == ["failed"]  # nothing started
@@ -173,7 +181,7 @@ def test_unreadable_resume_checkpoint_is_a_platform_error(tiny_base, method_data
     broken = tmp_path / "checkpoint-7"
     broken.mkdir()
     (broken / "trainer_state.json").write_text('{"global_step": 7, "log_hist')  # truncated upload
-    config = {**config_for("lora", tiny_base, method_data, tmp_path / "out"), "resume_from": str(broken)}
+    config = config_for("lora", tiny_base, method_data, tmp_path / "out").model_copy(update={"resume_from": broken})
     run = run_in_process(config, tmp_path)
     assert run.returncode == 1 and run.names() == ["failed"]
     assert (run.last.error_class, run.last.code) == ("platform", "unreadable_checkpoint")

@@ -10,6 +10,7 @@ import pytest
 import torch
 from torch.nn import functional
 from whetstone.devstack.recipe_harness import run_in_process
+from whetstone.trainer_agent.domain.recipe_io import TrainingConfig
 from whetstone.trainer_agent.recipes import attention
 from whetstone.trainer_agent.recipes.data import (
     IGNORE_INDEX,
@@ -81,9 +82,9 @@ def test_packed_training_follows_the_padded_loss_curve(tiny_base, data_files, tm
                        "max_seq_len": 256, "seed": 0, "checkpoint_every_steps": 0, "checkpoint_every_minutes": 0}
     runs = {}
     for packing in (True, False):
-        config = {"job_id": f"pack-{packing}", "base_model": str(tiny_base), "train_file": str(data_files["train"]),
-                  "output_dir": str(tmp_path / f"out-{packing}"), "method": "lora",
-                  "hyperparameters": {**hyperparameters, "packing": packing}}
+        config = TrainingConfig(job_id=f"pack-{packing}", base_model=str(tiny_base), train_file=data_files["train"],
+                                output_dir=tmp_path / f"out-{packing}", method="lora",
+                                hyperparameters={**hyperparameters, "packing": packing})
         runs[packing] = run_in_process(config, tmp_path)
         assert runs[packing].returncode == 0, runs[packing].events[-1]
     packed, padded = runs[True], runs[False]

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 from whetstone.devstack.recipe_harness import interrupted_chain
-from whetstone.trainer_agent.domain.recipe_io import Checkpoint
+from whetstone.trainer_agent.domain.recipe_io import Checkpoint, TrainingConfig
 
 pytestmark = pytest.mark.integration
 
@@ -43,8 +43,8 @@ def interruption_points(seed: int = 20261122) -> list[int]:
 def test_interrupted_five_times_equals_uninterrupted_bit_for_bit(tiny_base, data_files, tmp_path):
     points = interruption_points()
     assert any(p % ACCUMULATION for p in points) and STEPS_PER_EPOCH * ACCUMULATION in points
-    config = {"job_id": "job-chain", "base_model": str(tiny_base), "train_file": str(data_files["train"]),
-              "output_dir": str(tmp_path / "unused"), "method": "lora", "hyperparameters": HYPERPARAMETERS}
+    config = TrainingConfig(job_id="job-chain", base_model=str(tiny_base), train_file=data_files["train"],
+                            output_dir=tmp_path / "unused", method="lora", hyperparameters=HYPERPARAMETERS)
     chain = interrupted_chain(config, tmp_path, points, ACCUMULATION)
 
     assert chain.reference.returncode == 0, chain.reference.stderr[-2000:]

@@ -12,7 +12,13 @@ from pathlib import Path
 
 import pytest
 from whetstone.devstack.recipe_harness import run_in_process, same_weights, write_jsonl
-from whetstone.trainer_agent.domain.recipe_io import Checkpoint, OomRetry, Started
+from whetstone.trainer_agent.domain.recipe_io import (
+    Checkpoint,
+    OomRetry,
+    Started,
+    TrainingConfig,
+)
+from whetstone.trainer_agent.recipes.faults import Faults
 
 pytestmark = pytest.mark.integration
 
@@ -48,10 +54,10 @@ def image_files(tmp_path_factory) -> dict[str, Path]:
             "validation": write_jsonl([image_chat(c, 5) for c in COLOURS], root / "validation.jsonl")}
 
 
-def config(job_id: str, base: Path, files: dict[str, Path], out: Path, **overrides) -> dict:
-    return {"job_id": job_id, "base_model": str(base), "train_file": str(files["train"]),
-            "validation_file": str(files["validation"]), "output_dir": str(out), "method": "lora",
-            "hyperparameters": dict(HYPERPARAMETERS), **overrides}
+def config(job_id: str, base: Path, files: dict[str, Path], out: Path, **overrides) -> TrainingConfig:
+    return TrainingConfig(**{"job_id": job_id, "base_model": str(base), "train_file": files["train"],
+                             "validation_file": files["validation"], "output_dir": out, "method": "lora",
+                             "hyperparameters": dict(HYPERPARAMETERS), **overrides})
 
 
 @pytest.fixture(scope="module")
@@ -92,13 +98,13 @@ def test_vision_lora_learns_image_chats_and_checkpoints(reference):
 
 def test_vision_resume_after_sigterm_equals_uninterrupted(reference, tiny_llava, image_files, tmp_path):
     base = config("vision-seg", tiny_llava, image_files, tmp_path / "seg0")
-    first = run_in_process(base, tmp_path, faults={"sigterm_after_forward": 3})
+    first = run_in_process(base, tmp_path, faults=Faults(sigterm_after_forward=3))
     assert first.names()[-2:] == ["checkpoint", "preempted"], first.events[-3:]
     emergency = first.of(Checkpoint)[-1]
     assert emergency.kind == "emergency" and emergency.step == 3
 
-    second = run_in_process({**base, "job_id": "vision-seg1", "output_dir": str(tmp_path / "seg1"),
-                             "resume_from": emergency.path}, tmp_path)
+    second = run_in_process(base.model_copy(update={"job_id": "vision-seg1", "output_dir": tmp_path / "seg1",
+                                                    "resume_from": emergency.path}), tmp_path)
     assert second.last.event == "completed", second.events[-1]
     assert second.of(Started)[0].resumed_from_step == 3
     assert {**first.losses(), **second.losses()} == reference.losses()
@@ -132,7 +138,7 @@ def test_lora_targets_language_model_unless_the_vision_tower_is_trained(tiny_lla
 def test_vision_out_of_memory_halves_the_micro_batch(tiny_llava, image_files, tmp_path):
     hp = {**HYPERPARAMETERS, "n_epochs": 1, "checkpoint_every_steps": 0}
     run = run_in_process(config("vision-oom", tiny_llava, image_files, tmp_path / "out", validation_file=None,
-                                hyperparameters=hp), tmp_path, faults={"oom_forwards": 1})
+                                hyperparameters=hp), tmp_path, faults=Faults(oom_forwards=1))
     assert run.last.event == "completed", run.events[-1]
     retry = run.of(OomRetry)[0]
     assert (retry.micro_batch_size, retry.gradient_accumulation_steps) == (2, 2)

@@ -13,6 +13,7 @@ from whetstone.trainer_agent.domain.recipe_io import (
     Preempted,
     Progress,
     Started,
+    TrainingConfig,
 )
 
 pytestmark = pytest.mark.integration
@@ -24,7 +25,7 @@ def read_rows(path: Path) -> list[list[dict]]:
     return [json.loads(line)["messages"] for line in path.read_text().splitlines() if line.strip()]
 
 
-def run_recipe(config: dict, workdir: Path, *, sigterm_after_step: int | None = None) -> RecipeRun:
+def run_recipe(config: TrainingConfig, workdir: Path, *, sigterm_after_step: int | None = None) -> RecipeRun:
     return run_subprocess(config, workdir, sigterm_after_step=sigterm_after_step, timeout_s=600)
 
 
@@ -39,19 +40,16 @@ HYPERPARAMETERS = {
 CHECKPOINT_FILES = ("adapter_model.safetensors", "optimizer.pt", "scheduler.pt", "rng_state.pth", "trainer_state.json")
 
 
-def make_config(job_id, base, data_files, output_dir: Path, **overrides) -> dict:
-    config = {
-        "job_id": job_id, "base_model": str(base), "train_file": str(data_files["train"]),
-        "output_dir": str(output_dir), "method": "lora", "hyperparameters": dict(HYPERPARAMETERS),
-    }
-    config.update(overrides)
-    return config
+def make_config(job_id, base, data_files, output_dir: Path, hyperparameters=None, **overrides) -> TrainingConfig:
+    return TrainingConfig(**{"job_id": job_id, "base_model": str(base), "train_file": data_files["train"],
+                             "output_dir": output_dir, "method": "lora",
+                             "hyperparameters": {**HYPERPARAMETERS, **(hyperparameters or {})}, **overrides})
 
 
 @pytest.fixture(scope="module")
 def full_run(tiny_base, data_files, tmp_path_factory):
     work = tmp_path_factory.mktemp("full")
-    config = make_config("job-full", tiny_base, data_files, work / "out", validation_file=str(data_files["holdout"]))
+    config = make_config("job-full", tiny_base, data_files, work / "out", validation_file=data_files["holdout"])
     return run_recipe(config, work)
 
 
@@ -114,7 +112,7 @@ def test_events_in_order_and_final_adapter_beats_base(full_run, tiny_base, data_
 
 def test_resume_from_periodic_checkpoint_reproduces_the_loss_curve(full_run, tiny_base, data_files, tmp_path):
     checkpoint = next(c for c in full_run.of(Checkpoint) if c.step == 10)
-    config = make_config("job-resume", tiny_base, data_files, tmp_path / "out", resume_from=str(checkpoint.path))
+    config = make_config("job-resume", tiny_base, data_files, tmp_path / "out", resume_from=checkpoint.path)
     run = run_recipe(config, tmp_path)
 
     assert run.returncode == 0, run.stderr[-3000:]
@@ -128,8 +126,8 @@ def test_resume_from_periodic_checkpoint_reproduces_the_loss_curve(full_run, tin
 
 
 def test_sigterm_writes_emergency_checkpoint_and_resume_completes(full_run, tiny_base, data_files, tmp_path):
-    config = make_config("job-preempt", tiny_base, data_files, tmp_path / "out")
-    config["hyperparameters"]["checkpoint_every_steps"] = 0  # only the emergency checkpoint
+    config = make_config("job-preempt", tiny_base, data_files, tmp_path / "out",
+                         hyperparameters={"checkpoint_every_steps": 0})  # only the emergency checkpoint
     run = run_recipe(config, tmp_path / "first", sigterm_after_step=3)
 
     assert run.returncode == 0, run.stderr[-3000:]
@@ -145,7 +143,8 @@ def test_sigterm_writes_emergency_checkpoint_and_resume_completes(full_run, tiny
     assert all((path / name).is_file() for name in CHECKPOINT_FILES)
     assert json.loads((path / "trainer_state.json").read_text())["global_step"] == step
 
-    resumed = run_recipe({**config, "job_id": "job-preempt-2", "resume_from": str(path)}, tmp_path / "second")
+    resumed = run_recipe(config.model_copy(update={"job_id": "job-preempt-2", "resume_from": path}),
+                         tmp_path / "second")
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     assert resumed.of(Started)[0].resumed_from_step == step
     assert [e.step for e in resumed.of(Progress)] == list(range(step + 1, TOTAL_STEPS + 1))
@@ -189,8 +188,7 @@ def test_missing_base_model_fails_as_platform_error(data_files, tmp_path):
 
 
 def test_invalid_hyperparameters_fail_as_user_error(tiny_base, data_files, tmp_path):
-    config = make_config("job-hp", tiny_base, data_files, tmp_path / "out")
-    config["hyperparameters"]["lora_r"] = 0
+    config = make_config("job-hp", tiny_base, data_files, tmp_path / "out", hyperparameters={"lora_r": 0})
     run = run_recipe(config, tmp_path)
 
     assert run.returncode == 1

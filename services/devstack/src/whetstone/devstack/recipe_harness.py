@@ -6,7 +6,9 @@
 - `run_in_process`: the same `execute()` in this process (no interpreter start-up: cheap),
   events captured in memory. SIGTERM is routed to the run's flag while it lasts.
 
-Configs are plain JSON-able dicts here: tests write broken ones on purpose.
+A config is the recipe's own `TrainingConfig` (domain/recipe_io.py), written as the agent writes
+it; or the path of a config file the caller wrote itself (tests write broken ones on purpose).
+Faults are the recipe's own `Faults` (recipes/faults.py), passed through its environment variable.
 """
 
 from __future__ import annotations
@@ -19,20 +21,22 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
 
-from pydantic import TypeAdapter
+from pydantic import BaseModel, TypeAdapter
 from whetstone.trainer_agent.domain.recipe_io import (
     Checkpoint,
     ChildEvent,
     Completed,
     Preempted,
     Progress,
+    TrainingConfig,
 )
 from whetstone.trainer_agent.recipes.faults import ENV as FAULTS_ENV
+from whetstone.trainer_agent.recipes.faults import Faults
 
 RECIPE_MODULE = "whetstone.trainer_agent.recipes.main"
 
@@ -73,22 +77,32 @@ class RecipeRun:
         return self.last
 
 
-def write_config(config: dict[str, Any], workdir: Path) -> Path:
+ConfigSource = TrainingConfig | Path   # a Path: a config file the caller wrote
+
+
+def write_config(config: TrainingConfig, workdir: Path) -> Path:
     workdir.mkdir(parents=True, exist_ok=True)
-    path = workdir / f"{config['job_id']}.config.json"
-    path.write_text(json.dumps(config, default=str))  # Path values as their text
+    path = workdir / f"{config.job_id}.config.json"
+    path.write_text(config.model_dump_json(exclude_none=True))
     return path
 
 
-def run_subprocess(config: dict[str, Any], workdir: Path, *, faults: dict[str, Any] | None = None,
+def _config_file(config: ConfigSource, workdir: Path) -> tuple[Path, str]:
+    """(the config file, the name of the run's own files)"""
+    if isinstance(config, Path):
+        return config, config.name.removesuffix(".json")
+    return write_config(config, workdir), config.job_id
+
+
+def run_subprocess(config: ConfigSource, workdir: Path, *, faults: Faults | None = None,
                    sigterm_after_step: int | None = None, on_event: Callable[[ChildEvent], None] | None = None,
                    timeout_s: float = 300) -> RecipeRun:
-    config_path = write_config(config, workdir)
-    stderr_path = workdir / f"{config['job_id']}.stderr.txt"
+    config_path, name = _config_file(config, workdir)
+    stderr_path = workdir / f"{name}.stderr.txt"
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
     env.pop(FAULTS_ENV, None)
     if faults:
-        env[FAULTS_ENV] = json.dumps(faults)
+        env[FAULTS_ENV] = faults.to_env()
     sent_at = None
     with stderr_path.open("w") as stderr:
         proc = subprocess.Popen([sys.executable, "-m", RECIPE_MODULE, "--config", str(config_path)],
@@ -112,17 +126,17 @@ def run_subprocess(config: dict[str, Any], workdir: Path, *, faults: dict[str, A
     return RecipeRun(returncode, events, stderr_path.read_text(), sent_at)
 
 
-def run_in_process(config: dict[str, Any], workdir: Path, *, faults: dict[str, Any] | None = None) -> RecipeRun:
+def run_in_process(config: ConfigSource, workdir: Path, *, faults: Faults | None = None) -> RecipeRun:
     from whetstone.trainer_agent.recipes.main import execute
     from whetstone.trainer_agent.recipes.protocol import EventStream, PreemptionFlag
 
-    config_path = write_config(config, workdir)
+    config_path, _ = _config_file(config, workdir)
     buffer = io.StringIO()
     flag = PreemptionFlag()
     previous_handler = signal.signal(signal.SIGTERM, flag._on_sigterm)
     previous_faults = os.environ.pop(FAULTS_ENV, None)
     if faults:
-        os.environ[FAULTS_ENV] = json.dumps(faults)
+        os.environ[FAULTS_ENV] = faults.to_env()
     try:
         returncode = execute(config_path, EventStream(buffer), flag)
     finally:
@@ -137,28 +151,56 @@ def run_in_process(config: dict[str, Any], workdir: Path, *, faults: dict[str, A
 # ------------------------------------------------------------------ data for the other methods
 
 
-def preference_rows(chat_rows: list[list[dict[str, Any]]]) -> list[dict[str, Any]]:
+class Turn(BaseModel):
+    """A text chat message, as the demo chat rows hold them."""
+
+    role: str
+    content: str
+
+
+class Conversation(BaseModel):
+    """A demo chat row (its other fields are not read here)."""
+
+    messages: list[Turn]
+
+
+class PreferencePair(BaseModel):
+    """A preference row as the dpo/orpo recipes read it: the prompt's turns and two answers."""
+
+    prompt: list[Turn]
+    chosen: str
+    rejected: str
+
+
+class TextDocument(BaseModel):
+    """A raw-text row for continued pre-training."""
+
+    text: str
+
+
+def preference_rows(chats: list[Conversation]) -> list[PreferencePair]:
     """Preference pairs from chat rows: chosen = the row's own last answer, rejected = the
     last answer of the next row (a fluent but wrong reply)."""
     pairs = []
-    for i, messages in enumerate(chat_rows):
-        other = chat_rows[(i + 1) % len(chat_rows)]
-        chosen, rejected = messages[-1]["content"], other[-1]["content"]
+    for i, chat in enumerate(chats):
+        other = chats[(i + 1) % len(chats)]
+        chosen, rejected = chat.messages[-1].content, other.messages[-1].content
         if chosen == rejected:
             rejected = "I do not know."
-        pairs.append({"prompt": [{"role": m["role"], "content": m["content"]} for m in messages[:-1]],
-                      "chosen": chosen, "rejected": rejected})
+        pairs.append(PreferencePair(prompt=chat.messages[:-1], chosen=chosen, rejected=rejected))
     return pairs
 
 
-def text_rows(chat_rows: list[list[dict[str, Any]]]) -> list[dict[str, str]]:
+def text_rows(chats: list[Conversation]) -> list[TextDocument]:
     """Raw documents for continued pre-training: the conversation contents as prose."""
-    return [{"text": " ".join(m["content"] for m in messages)} for messages in chat_rows]
+    return [TextDocument(text=" ".join(m.content for m in chat.messages)) for chat in chats]
 
 
-def write_jsonl(rows: list[dict[str, Any]], path: Path) -> Path:
+def write_jsonl(rows: Iterable[BaseModel | dict[str, Any]], path: Path) -> Path:
+    """One JSON line per row: a model as its JSON, a dict (tests' hand-made rows) as given."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    path.write_text("".join((r.model_dump_json() if isinstance(r, BaseModel) else json.dumps(r)) + "\n"
+                            for r in rows))
     return path
 
 
@@ -204,19 +246,21 @@ def same_weights(a: Path, b: Path) -> bool:
     return left.keys() == right.keys() and all(torch.equal(left[k], right[k]) for k in left)
 
 
-def interrupted_chain(config: dict[str, Any], workdir: Path, forward_points: list[int], accumulation: int,
+def interrupted_chain(config: TrainingConfig, workdir: Path, forward_points: list[int], accumulation: int,
                       reference: RecipeRun | None = None) -> Chain:
     """Run `config` uninterrupted (unless given), then as a chain of segments, each sent SIGTERM
     after the given (absolute, 1-based) training forward pass and resumed from its emergency
     checkpoint. The emergency checkpoint must land on the step in flight: ceil(forward / accumulation)."""
     if reference is None:
-        reference = run_subprocess({**config, "job_id": f"{config['job_id']}-ref",
-                                    "output_dir": str(workdir / "ref")}, workdir)
-    segments, resume, done_forwards, expected = [], None, 0, []
+        reference = run_subprocess(config.model_copy(update={"job_id": f"{config.job_id}-ref",
+                                                             "output_dir": workdir / "ref"}), workdir)
+    segments: list[RecipeRun] = []
+    resume: Path | None = None
+    done_forwards, expected = 0, []
     for i, forward in enumerate([*sorted(forward_points), None]):
-        segment_config = {**config, "job_id": f"{config['job_id']}-seg{i}", "output_dir": str(workdir / f"seg{i}"),
-                          "resume_from": str(resume) if resume else None}
-        faults = {"sigterm_after_forward": forward - done_forwards} if forward is not None else None
+        segment_config = config.model_copy(update={"job_id": f"{config.job_id}-seg{i}",
+                                                   "output_dir": workdir / f"seg{i}", "resume_from": resume})
+        faults = Faults(sigterm_after_forward=forward - done_forwards) if forward is not None else None
         run = run_subprocess(segment_config, workdir, faults=faults)
         segments.append(run)
         if forward is None or run.names()[-1:] != ["preempted"]:

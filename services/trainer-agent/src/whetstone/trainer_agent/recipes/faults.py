@@ -51,6 +51,10 @@ class Faults:
         log.warning("TEST fault injection active: %s", faults)
         return faults
 
+    def to_env(self) -> str:
+        """The value of ENV that makes a child process inject these faults (`from_env` reads it)."""
+        return TypeAdapter(Faults).dump_json(self, exclude={"forwards"}).decode()
+
     @property
     def active(self) -> bool:
         return bool(self.oom_forwards or self.oom_at_forwards or self.sigterm_after_forward or self.poison_line
