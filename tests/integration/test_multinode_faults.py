@@ -6,11 +6,17 @@
    with it (node-b's launcher exits non-zero on SIGTERM and reports nothing: a report of its own could
    re-queue the gang from an older checkpoint).
 2. node-b comes back: the gang resumes both ranks from that emergency checkpoint.
-3. the job is cancelled mid-run: nothing is left running on either node.
+3. node-b's agent is killed outright (SIGKILL) once the resumed attempt checkpointed: its launcher and rank
+   die with it (PDEATHSIG); node-a's rank stops too (its collective with node-b broke: it reports node_lost;
+   or the scheduler fences it when node-b's heartbeat times out), the scheduler declares node-b lost, and the
+   gang waits in the queue (node-b's last heartbeat reported its slot busy: nothing is placed there) with the
+   loss counted against the job's node-loss bound. Nothing of that attempt runs or checkpoints afterwards.
+4. node-b's agent comes back: the gang trains again on both nodes from the attempt's last checkpoint.
+5. the job is cancelled mid-run: it ends once, and nothing is left running on either node.
 
 A rank hung in a collective is services/trainer-agent/tests/integration/test_gang_hang.py (two real gloo
-processes, the recipe's own group join and timeout); killing an agent outright (the scheduler's lost-node
-path: every node of the gang fenced, the gang re-queued) is services/scheduler/tests/unit/test_gang.py."""
+processes, the recipe's own group join and timeout); the scheduler's side of a lost node (every node of the
+gang fenced, the gang re-queued, the re-queues bounded) is services/scheduler/tests/unit/test_gang.py."""
 
 import asyncio
 import json
@@ -19,7 +25,7 @@ from pathlib import Path
 import asyncpg
 import pytest
 from whetstone.cli.dev import core_service_builders, upstreams_of
-from whetstone.devstack.multinode import create_gang_job, sample_rows, start_agent, stop_agent
+from whetstone.devstack.multinode import create_gang_job, processes_naming, sample_rows, start_agent, stop_agent
 from whetstone.devstack.testing import until
 from whetstone.modelkit.tiny import build_tiny_model
 
@@ -56,7 +62,10 @@ async def runs_of(conn: asyncpg.Connection, job_id: str, attempt: int) -> dict[s
 async def test_a_stopped_gang_node_leaves_one_emergency_checkpoint_and_the_gang_resumes_from_it(platform, settings, openai_clients, monkeypatch,
                                                                   tmp_path):
     monkeypatch.setenv("WHETSTONE_EVAL_TIERS_MAY_SKIP_SAFETY", '["standard"]')
-    monkeypatch.setenv("WHETSTONE_SCHEDULER_NODE_TIMEOUT_S", "120")   # a busy agent is not a lost one (load)
+    # a killed agent's node is declared lost 20 s after its last heartbeat (every 0.5 s here): well past a busy
+    # agent's pause under load, and past rank 0's emergency checkpoint once a drained node-b went silent (1.)
+    monkeypatch.setenv("WHETSTONE_SCHEDULER_NODE_TIMEOUT_S", "20")
+    monkeypatch.setenv("WHETSTONE_SCHEDULER_LOST_NODE_CHECK_S", "1")
     await asyncio.to_thread(build_tiny_model, Path(settings.model_catalog) / "tiny-llama")
     logs = {n: tmp_path / f"{n}.log" for n in ("node-a", "node-b")}
     node_a = start_agent("node-a", logs["node-a"], AGENT)
@@ -102,7 +111,44 @@ async def test_a_stopped_gang_node_leaves_one_emergency_checkpoint_and_the_gang_
                 assert {n: r["resume_uri"] for n, r in second.items()} == {
                     "node-a": emergency[0]["uri"], "node-b": emergency[0]["uri"]}, second
 
-                # 3. cancelled mid-run: nothing left running on either node, nothing failed
+                # 3. node-b's agent killed outright once the resumed attempt has a checkpoint of its own
+                k = resumed["attempt"]
+                await until(lambda: published(conn, "checkpoint.written", job.id),
+                            lambda cks: any(c["attempt"] == k and c["kind"] == "periodic" for c in cks), 120,
+                            f"attempt {k}'s first periodic checkpoint")
+                node_b.kill()
+                assert await asyncio.to_thread(node_b.wait) == -9
+                third = await until(lambda: runs_of(conn, job.id, k), lambda rs: rs["node-a"]["outcome"] is not None,
+                                    90, f"attempt {k} stopped on node-a")
+                # node-a reported node_lost (its collective with node-b broke) or was fenced by the scheduler
+                assert third["node-a"]["outcome"] in ("preempted", "fenced"), dict(third["node-a"])
+                assert third["node-b"]["status"] == "running"     # its agent died: its successor recovers it
+                await until(lambda: conn.fetchval("SELECT lost FROM scheduler.nodes WHERE node_id = 'node-b'"),
+                            bool, 60, "node-b declared lost (heartbeat timeout)")
+                assert not processes_naming(f"{job.id}-s{k}"), "a rank of the stopped attempt is still running"
+                row = await conn.fetchrow("SELECT status, attempt, node_ids, node_losses, lost_nodes FROM"
+                                          " scheduler.jobs WHERE job_id = $1", job.id)
+                assert (row["status"], row["attempt"], row["node_ids"]) == ("queued", k, []), dict(row)  # waits
+                assert row["node_losses"] >= 1 and row["lost_nodes"] == ["node-b"], dict(row)
+                checkpoints = await published(conn, "checkpoint.written", job.id)
+                last = max((c for c in checkpoints if c["kind"] != "final"), key=lambda c: c["step"])
+                assert last["attempt"] == k, last
+
+                # 4. node-b's agent back: the gang trains again on both nodes from that attempt's last checkpoint
+                node_b = start_agent("node-b", logs["node-b"], faults(forward_delay_s=1.0))
+                starts = await until(lambda: published(conn, "job.started", job.id),
+                                     lambda ss: any(s["attempt"] > k for s in ss), 180, "the gang trained again")
+                again = min((s for s in starts if s["attempt"] > k), key=lambda s: s["attempt"])
+                assert (again["node_id"], again["resumed_from_step"]) == ("node-a", last["step"]), starts
+                fourth = await runs_of(conn, job.id, again["attempt"])
+                assert {n: r["resume_uri"] for n, r in fourth.items()} == {
+                    "node-a": last["uri"], "node-b": last["uri"]}, fourth
+                assert (await runs_of(conn, job.id, k))["node-b"]["status"] != "running"   # recovered
+                # nothing of the stopped attempt was published after it stopped
+                assert [c for c in await published(conn, "checkpoint.written", job.id) if c["attempt"] == k] == [
+                    c for c in checkpoints if c["attempt"] == k]
+
+                # 5. cancelled mid-run: the job ends once, nothing left running on either node
                 await client.fine_tuning.jobs.cancel(job.id)
                 await until(lambda: client.fine_tuning.jobs.retrieve(job.id), lambda j: j.status == "cancelled", 60,
                             "job cancelled")
@@ -111,8 +157,10 @@ async def test_a_stopped_gang_node_leaves_one_emergency_checkpoint_and_the_gang_
                             lambda rs: not rs, 90, "no run of the job left on a node")
                 assert not await published(conn, "job.completed", job.id)
                 assert {f["code"] for f in await published(conn, "job.failed", job.id)} <= {"cancelled"}
+                assert (await client.fine_tuning.jobs.retrieve(job.id)).status == "cancelled"
             finally:
                 await conn.close()
     finally:
         for proc in (node_a, node_b):
             await asyncio.to_thread(stop_agent, proc, 30)
+    assert not processes_naming(job.id), "a training process of the job outlived the test"

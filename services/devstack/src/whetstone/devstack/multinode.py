@@ -66,6 +66,22 @@ def stop_agent(proc: subprocess.Popen[bytes], timeout_s: float = 60) -> int:
     return proc.wait()
 
 
+def processes_naming(marker: str) -> list[str]:
+    """Command lines of this machine's live processes that name `marker` (a segment id: its launcher and
+    ranks read `<scratch>/<segment id>/config.json`), this process excluded; a zombie has no command line."""
+    found = []
+    for proc in Path("/proc").iterdir():
+        if not proc.name.isdigit() or int(proc.name) == os.getpid():
+            continue
+        try:
+            cmdline = (proc / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+        except OSError:   # gone meanwhile
+            continue
+        if marker in cmdline:
+            found.append(f"{proc.name}: {cmdline.strip()}")
+    return found
+
+
 # a two-node CPU gang (one slot per node) and an eval config that gates nothing: the gang tests' job shape
 GANG = {"gpu_type": "cpu", "gpus_per_node": 1, "nodes": 2}
 NO_GATE = {"stages": {"benchmarks": False, "holdout": False, "safety": False, "judge": False}}

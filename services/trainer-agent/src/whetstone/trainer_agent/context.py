@@ -24,6 +24,7 @@ class NodeState:
     """What this node is doing right now, in memory (the `runs` table is the durable record)."""
 
     wakeup: asyncio.Event = field(default_factory=asyncio.Event)   # an assignment arrived
+    capacity_changed: asyncio.Event = field(default_factory=asyncio.Event)  # heartbeat now: GPUs freed, drain
     segments: dict[str, Segment] = field(default_factory=dict)     # segment id -> segment running here
     tasks: set[asyncio.Task[None]] = field(default_factory=set)          # the segments' supervising tasks
     cancelled: set[str] = field(default_factory=set)               # job ids cancelled while running here

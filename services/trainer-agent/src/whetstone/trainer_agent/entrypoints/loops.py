@@ -19,20 +19,28 @@ from ..usecases.segments import AgentRuntime, run_segment
 
 
 async def heartbeat(rt: AgentRuntime) -> None:
+    """Capacity and liveness every `heartbeat_s`, and at once when the node's capacity changes (a segment
+    ended and freed its GPUs, or the drain began): the scheduler places only on GPU ids a node reports free,
+    so a freed GPU waits for no timer and a draining node gets no new work."""
     c, node = rt.ctx.config, rt.ctx.node
     telemetry = NodeTelemetry()
     while True:
+        node.capacity_changed.clear()
         segments = list(node.segments.values())
         figures = await telemetry.sample()   # outside the transaction: nvidia-smi may take a moment
         async with rt.uow() as uow:
             await uow.publish(NodeHeartbeatV1(
                 node_id=c.node_id, gpu_type=c.gpu_type, gpu_count=c.gpu_count, gpu_memory_gb=c.gpu_memory_gb,
                 free_gpu_ids=free_gpu_ids(c.gpu_count, [s.gpu_ids for s in segments], node.stopping is not None),
+                draining=node.stopping is not None,
                 spot=c.spot, interconnect_group=c.interconnect_group,
                 running_jobs=sorted({s.job_id for s in segments}), sent_at=rt.clock(), address=c.address,
                 gpus=figures.gpus, cpu_percent=figures.cpu_percent, rss_mb=figures.rss_mb),
                 tenant_id="platform")
-        await asyncio.sleep(c.heartbeat_s)
+        try:
+            await asyncio.wait_for(node.capacity_changed.wait(), timeout=c.heartbeat_s)
+        except TimeoutError:
+            pass
 
 
 # --------------------------------------------------------------- supervisor
@@ -87,6 +95,7 @@ async def drain(rt: AgentRuntime) -> None:
     wait for the segments to upload it and report job.preempted; SIGKILL what outlives the grace."""
     ctx = rt.ctx
     reason = ctx.node.stopping = stop_reason(ctx.config.spot)
+    ctx.node.capacity_changed.set()   # the next heartbeat says so now: no new work is placed here
     async with rt.uow() as uow:
         for run in await ctx.runs.hand_back_all(uow.conn, ctx.config.node_id):
             await uow.publish(JobPreemptedV1(job_id=run.job_id, segment_id=run.segment_id, node_id=run.node_id,

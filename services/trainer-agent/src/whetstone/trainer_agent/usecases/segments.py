@@ -224,6 +224,7 @@ async def run_segment(rt: AgentRuntime, run: Run) -> None:
     finally:
         ctx.node.segments.pop(seg.segment_id, None)
         ctx.node.fenced.pop(seg.segment_id, None)
+        ctx.node.capacity_changed.set()   # its GPUs are free: the next heartbeat tells the scheduler now
         if not ctx.node.segments_of(seg.job_id):
             ctx.node.cancelled.discard(seg.job_id)
         await asyncio.to_thread(ctx.workspaces.remove, [seg.segment_id])
@@ -246,12 +247,26 @@ async def watch(rt: AgentRuntime, seg: Segment, prepared: Prepared, scratch: Pat
                 launcher=prepared.launch.launcher, zero_stage=prepared.plan.zero_stage)
     events: asyncio.Queue[ChildEvent | None] = asyncio.Queue()
     reader = asyncio.create_task(read_events(proc, events))
+    # after a stop or failure has been reported, the launcher gets `exit_grace_s` to exit (its stdout may stay
+    # open: rank 0's torchrun waits at its exit barrier for a stopped or lost node's launcher, 300 s by
+    # default), then it is killed: its GPUs are free for the next segment, which the scheduler places only
+    # on GPUs the node's heartbeat reports free. A completed segment's launcher is waited for.
+    loop, deadline = asyncio.get_running_loop(), None
     try:
-        while (event := await events.get()) is not None:
+        while True:
+            try:
+                event = await asyncio.wait_for(events.get(), None if deadline is None else deadline - loop.time())
+            except TimeoutError:
+                break
+            if event is None:
+                break
             await on_child_event(rt, seg, event, started_at, scratch)
+            if seg.terminal and deadline is None and not isinstance(event, Completed):
+                deadline = loop.time() + c.exit_grace_s
         if seg.terminal:
             try:
-                await asyncio.wait_for(proc.wait(), timeout=c.exit_grace_s)
+                await asyncio.wait_for(proc.wait(), timeout=c.exit_grace_s if deadline is None
+                                       else max(deadline - loop.time(), 0.0))
             except TimeoutError:
                 rt.log.warning("training process lingers after its last event; killing it", job_id=seg.job_id)
         else:
