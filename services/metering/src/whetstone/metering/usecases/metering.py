@@ -9,6 +9,7 @@ The per-message handler (entrypoints/handlers.py) calls it on a batch of one.
 
 from __future__ import annotations
 
+import uuid
 from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
@@ -17,10 +18,11 @@ from whetstone.contracts import (
     Envelope, Event, JobCancelledV1, JobCompletedV1, JobFailedV1, JobPreemptedV1, JobQueuedV1, JobStartedV1,
     UsageMeteredV1, topic_for,
 )
+from whetstone.contracts.base import new_trace_id, utcnow
 from whetstone.contracts.enums import UsageScope
 from whetstone.runtime.batching import Delivery
 from whetstone.runtime.delivery import PoisonMessage
-from whetstone.runtime.messaging import UnitOfWork, encode, envelope_of
+from whetstone.runtime.messaging import UnitOfWork, current_envelope, encode
 from whetstone.runtime.service import Runtime
 
 from ..adapters.cache import State, StateCache
@@ -241,8 +243,23 @@ def usage_payload(e: Entry) -> dict[str, object]:
             "price_version": c.price_version, "cost": float(c.cost), "currency": "USD", "segments": e.segments}
 
 
+# the Envelope fields' bounds that a usage.metered envelope's values could break (the rest are made here)
+_KEY_MAX = Envelope.model_fields["key"].metadata[0].max_length
+_TENANT_MAX = Envelope.model_fields["tenant_id"].metadata[0].max_length
+
+
 def usage_envelope(e: Entry, producer: str, trace_id: str | None) -> Envelope:
-    """make_envelope(UsageMeteredV1(...)) without the event model: a settle emits hundreds of these per
-    batch, and building, validating and dumping a UsageMeteredV1 each time was half of their cost."""
-    return envelope_of(UsageMeteredV1, usage_payload(e), producer=producer, tenant_id=e.tenant_id, key=e.job_id,
-                       trace_id=trace_id)
+    """make_envelope(UsageMeteredV1(...)) without pydantic validation: a settle emits hundreds of these
+    per batch, and validating the event and then the envelope was most of their cost. Every value is
+    made here or was validated on the way in, except the lengths the envelope bounds, checked here
+    (a unit test holds the result equal to the validated path's and valid under the strict contract).
+    Without a trace id, the one of the message being handled, else a new one (as `envelope_of`)."""
+    if len(e.job_id) > _KEY_MAX or len(e.tenant_id) > _TENANT_MAX:
+        raise ValueError(f"usage.metered key: job_id or tenant_id longer than the envelope allows"
+                         f" ({_KEY_MAX}/{_TENANT_MAX} characters): {e.job_id[:80]!r}")
+    parent = current_envelope.get()
+    return Envelope.model_construct(
+        event_id=uuid.uuid4(), event_type=UsageMeteredV1.EVENT_TYPE, schema_version=UsageMeteredV1.SCHEMA_VERSION,
+        occurred_at=utcnow(), producer=producer, tenant_id=e.tenant_id,
+        trace_id=trace_id or (parent.trace_id if parent else None) or new_trace_id(), key=e.job_id,
+        payload=usage_payload(e), producer_token=None)
