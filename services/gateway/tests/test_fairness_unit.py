@@ -141,6 +141,47 @@ async def test_a_heavier_tenant_does_not_enter_beside_a_lighter_ones_request():
     assert fair.services["scheduler"].active == 0
 
 
+async def test_a_flood_is_heavier_than_a_steady_tenant_that_has_used_the_service_more():
+    """Weight is what a tenant has pending (sent, not answered), then its demand; not its admissions. A
+    has used the service ten times; B's flood is held to one place, so it has been admitted less.
+    A's request still goes in at once beside B's, and B's next waits for A's; by admissions A
+    would be the heavier one and wait behind B's flood."""
+    fair = Fairness(GatewaySettings(max_in_flight_per_service={"scheduler": 4}, max_in_flight_per_key=100,
+                                    max_in_flight_per_tenant=100, queue_wait_s=5))
+    for _ in range(10):
+        (await fair.enter("ka", "a", stream=False, service="scheduler")).release()
+    b_first = await fair.enter("kb", "b", stream=False, service="scheduler")
+    b_waiting = [asyncio.create_task(fair.enter("kb", "b", stream=False, service="scheduler")) for _ in range(5)]
+    await asyncio.sleep(0.01)
+    a = await asyncio.wait_for(fair.enter("ka", "a", stream=False, service="scheduler"), 0.05)
+    assert isinstance(a, Ticket) and isinstance(b_first, Ticket)
+    b_first.release()
+    await asyncio.sleep(0.01)
+    assert not any(t.done() for t in b_waiting)            # A (one pending) is inside: B's (five) wait
+    a.release()
+    for t in b_waiting:
+        (await asyncio.wait_for(t, 1)).release()
+    shared = fair.services["scheduler"]
+    assert shared.active == 0 and not shared.pending and not shared.waiting
+
+
+async def test_a_heavy_tenant_held_back_by_lighter_ones_goes_in_after_the_hold():
+    """Never starved: while A's request stays inside, B's waits `hold_s`, then goes in beside it."""
+    fair = Fairness(GatewaySettings(max_in_flight_per_service={"scheduler": 4}, max_in_flight_per_key=100,
+                                    max_in_flight_per_tenant=100, queue_wait_s=5))
+    fair.service_slots("scheduler").hold_s = 0.1
+    b_used = [await fair.enter("kb", "b", stream=False, service="scheduler")]
+    a = await fair.enter("ka", "a", stream=False, service="scheduler")
+    b_used[0].release()
+    started = time.perf_counter()
+    b_next = await asyncio.wait_for(fair.enter("kb", "b", stream=False, service="scheduler"), 2)
+    assert isinstance(b_next, Ticket) and 0.08 <= time.perf_counter() - started < 1.5
+    a.release()
+    b_next.release()
+    shared = fair.services["scheduler"]
+    assert shared.active == 0 and not shared.pending and not shared.waiting
+
+
 async def test_streams_have_their_own_cap_per_key_and_tenant():
     fair = Fairness(GatewaySettings(max_streams_per_key=1, max_streams_per_tenant=2, max_in_flight_per_tenant=1))
     first = await fair.enter("k1", "b", stream=True)

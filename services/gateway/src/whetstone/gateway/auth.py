@@ -1,5 +1,6 @@
 """Whose key is this? Asked of the scheduler (it owns keys), answers cached for at most 2 s; a
-valid verdict in its second half is refreshed in the background, so a key in use rarely waits.
+valid verdict used after its first quarter is refreshed in the background, so a key in use never
+waits unless the key service takes longer than three quarters of the TTL to answer.
 
 Both verdicts are cached (valid and invalid), keyed by the key's sha256 so the cache never holds
 a usable key. Concurrent requests with the same key share one question.
@@ -69,7 +70,7 @@ class KeyVerifier:
         now = self.clock()
         hit = self.cache.get(digest)
         if hit is not None and hit[0] > now:
-            if hit[1] is not None and hit[0] - now < self.ttl_s / 2 and digest not in self.pending:
+            if hit[1] is not None and hit[0] - now < self.ttl_s * 0.75 and digest not in self.pending:
                 # refreshed in the background while the verdict is still good: a busy key's requests never
                 # wait for the key service (which other tenants' requests keep busy); a revoked key still
                 # stops within ttl_s, since the old verdict is never used past its expiry

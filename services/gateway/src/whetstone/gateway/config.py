@@ -59,10 +59,11 @@ class GatewaySettings(BaseSettings):
                                                  "tenant_rate_limit_per_s, by tenant id")
     replicas: int = Field(default=1, ge=1, description="gateway replicas behind the load balancer: each holds "
                           "1/replicas of every in-flight budget, and of the tenant rate when it has no database")
-    shared_rate_lease_s: float = Field(default=0.1, gt=0, le=5, description="with a database (shared tenant "
+    shared_rate_lease_s: float = Field(default=0.5, gt=0, le=5, description="with a database (shared tenant "
                                        "rates, shared_limits.py): a replica takes this many seconds of a tenant's "
                                        "rate from the shared bucket per round trip, and drops what it has not "
-                                       "spent after as long")
+                                       "spent after as long (long enough that a top-up behind the requests comes "
+                                       "back before the lease runs out when the database is slow under load)")
     database_pool_size: int = Field(default=4, ge=1, le=32, description="connections to the gateway's database "
                                     "(shared tenant rates), when it has one")
     limits_ttl_s: float = Field(default=2.0, gt=0, le=60, description="how long a replica reuses the operator's "

@@ -16,7 +16,9 @@ all tenants, decided in memory before any upstream work, so a refusal costs micr
   queues for the same event loop and pool connections. One tenant holds at most
   `max_in_flight_per_service_per_tenant` of those places, so another tenant's request goes in at
   once, beside one of the flood's requests rather than several (requests in one event loop slow
-  each other down), and no heavier tenant's request enters while a lighter tenant's is inside.
+  each other down), and no heavier tenant's request enters while a lighter tenant's is inside
+  (for at most `hold_s`). A tenant's weight is its demand: the requests it sent to the service's
+  gate (`Fairness.enter`), whether they went in, wait, or are still queued behind its own key.
 
 The in-flight counts live in this process: with N gateway replicas behind a load balancer each
 replica holds 1/N of them (`replicas`), by nature (they protect this replica's connections). The
@@ -117,46 +119,67 @@ class SharedSlots:
     """One service's requests in flight, shared by every tenant. A tenant holds at most `per_tenant`
     of the `limit` places (0: all of them), so a tenant that floods keeps its surplus waiting at the
     edge and another tenant's request finds a free place at once instead of running beside the
-    flood's. Each tenant's use is its admissions, halved every `half_life_s`: a tenant does not
-    enter while a lighter tenant's request is inside (it waits for that one, so a light tenant's
-    request runs beside at most the heavy tenant's requests already inside when it came, never one
-    started after it), and a freed place goes to the waiting tenant with the fewest requests
-    inside, then the lightest (a flood's queue never goes twice in a row ahead of a tenant that
-    waits). A heavy tenant kept out stops gaining use, so its weight falls below the others' in a
-    few half-lives and it gets its turn: nobody waits forever (nor past `queue_wait_s`)."""
+    flood's. A tenant is lighter than another when it has fewer requests pending for the service
+    (arrived at the edge's budgets, `arrive`, and not yet answered, `depart`: waiting behind its own
+    key, waiting here, or inside), then when its demand (those arrivals, halved every `half_life_s`)
+    is smaller. Admissions would not do: a flood held to one place is admitted no faster than a
+    steady tenant's requests, and would weigh the same. A tenant does not enter while a lighter
+    tenant's request is inside (it waits for that one, so a light tenant's request runs beside at
+    most the heavy tenant's requests already inside when it came, never one started after it), and
+    a freed place goes to the waiting tenant with the fewest requests inside, then the lightest. A
+    request held back only by that rule goes in after `hold_s` if a place is free: a heavy tenant is
+    slowed while lighter ones are busy, never starved (nor kept past `queue_wait_s`)."""
 
     limit: int
     per_tenant: int = 0
     half_life_s: float = 1.0
+    hold_s: float = 0.5
     clock: Callable[[], float] = time.monotonic
     active: int = 0
     inside: Counter[str] = field(default_factory=Counter)
     waiting: dict[str, deque[asyncio.Future[None]]] = field(default_factory=dict)
     use: dict[str, tuple[float, float]] = field(default_factory=dict)   # tenant -> (weight, when it was set)
+    pending: Counter[str] = field(default_factory=Counter)              # tenant -> requests arrived, not answered
 
     def weight(self, tenant: str, now: float) -> float:
         w, at = self.use.get(tenant, (0.0, now))
         return float(w * 0.5 ** ((now - at) / self.half_life_s))
 
+    def arrive(self, tenant: str) -> None:
+        """One more request of `tenant` for this service (its demand, whether or not it goes in);
+        `depart` once it is answered or refused."""
+        now = self.clock()
+        self.pending[tenant] += 1
+        self.use[tenant] = (self.weight(tenant, now) + 1.0, now)
+        if len(self.use) > 10_000:   # tenants whose use has faded are forgotten
+            self.use = {t: u for t, u in self.use.items() if t in self.pending or self.weight(t, now) > 0.01}
+
+    def depart(self, tenant: str) -> None:
+        self.pending[tenant] -= 1
+        if self.pending[tenant] <= 0:
+            del self.pending[tenant]
+
+    def lightness(self, tenant: str, now: float) -> tuple[int, float]:
+        return self.pending[tenant], self.weight(tenant, now)
+
+    def _has_place(self, tenant: str) -> bool:
+        return self.active < self.limit and not (self.per_tenant and self.inside[tenant] >= self.per_tenant)
+
     def _may_enter(self, tenant: str, now: float) -> bool:
         if self.per_tenant and self.inside[tenant] >= self.per_tenant:
             return False
-        mine = self.weight(tenant, now)
-        return not any(self.weight(other, now) < mine for other in self.inside if other != tenant)
+        mine = self.lightness(tenant, now)
+        return not any(self.lightness(other, now) < mine for other in self.inside if other != tenant)
 
     def _next(self) -> str | None:
         """The waiting tenant the next free place goes to (None: nobody waits who may go in)."""
         now = self.clock()
         ready = [t for t in self.waiting if self._may_enter(t, now)]
-        return min(ready, key=lambda t: (self.inside[t], self.weight(t, now)), default=None)
+        return min(ready, key=lambda t: (self.inside[t], *self.lightness(t, now)), default=None)
 
     def _admit(self, tenant: str) -> None:
-        now = self.clock()
         self.active += 1
         self.inside[tenant] += 1
-        self.use[tenant] = (self.weight(tenant, now) + 1.0, now)
-        if len(self.use) > 10_000:   # tenants whose use has faded are forgotten
-            self.use = {t: u for t, u in self.use.items() if t in self.inside or self.weight(t, now) > 0.01}
 
     async def take(self, tenant: str, wait_s: float) -> bool:
         if self.active < self.limit and self._may_enter(tenant, self.clock()) and self._next() is None:
@@ -167,25 +190,41 @@ class SharedSlots:
         fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         self.waiting.setdefault(tenant, deque()).append(fut)
         handed = False
+        deadline = self.clock() + wait_s
         try:
-            async with asyncio.timeout(wait_s):
-                await fut
-            handed = True
-            return True
-        except TimeoutError:
-            return False
+            while True:
+                try:
+                    async with asyncio.timeout(max(0.0, min(self.hold_s, deadline - self.clock()))):
+                        await asyncio.shield(fut)
+                    handed = True
+                    return True
+                except TimeoutError:
+                    if fut.done():   # handed over just as the hold ended
+                        handed = not fut.cancelled()
+                        return handed
+                    if self.clock() >= deadline:
+                        return False
+                    if self._has_place(tenant) and fut is self.waiting[tenant][0]:
+                        # held `hold_s` by lighter tenants' requests only: goes in beside them
+                        self._unqueue(tenant, fut)
+                        self._admit(tenant)
+                        handed = True
+                        return True
         finally:
             if not handed:
                 if fut.done() and not fut.cancelled():
                     self.give(tenant)    # handed over just as we gave up: pass it on
                 else:
                     fut.cancel()
-                    queue = self.waiting.get(tenant)
-                    with contextlib.suppress(ValueError):
-                        if queue is not None:
-                            queue.remove(fut)
-                    if queue is not None and not queue:
-                        del self.waiting[tenant]
+                    self._unqueue(tenant, fut)
+
+    def _unqueue(self, tenant: str, fut: asyncio.Future[None]) -> None:
+        queue = self.waiting.get(tenant)
+        with contextlib.suppress(ValueError):
+            if queue is not None:
+                queue.remove(fut)
+        if queue is not None and not queue:
+            del self.waiting[tenant]
 
     def give(self, tenant: str) -> None:
         self.inside[tenant] -= 1
@@ -276,6 +315,20 @@ class Fairness:
         fair share of the service waits at the edge, where its wait costs the others nothing)."""
         if stream:
             return self._enter_stream(key_id, tenant_id)
+        shared = self.service_slots(service)
+        if shared is None:
+            return await self._enter_request(key_id, tenant_id, None, service)
+        shared.arrive(tenant_id)   # the tenant's demand, counted before it waits behind its own key
+        ticket: Ticket | ApiError | None = None
+        try:
+            ticket = await self._enter_request(key_id, tenant_id, shared, service)
+            return ticket
+        finally:
+            if not isinstance(ticket, Ticket):   # refused, or the caller left: no longer pending
+                shared.depart(tenant_id)
+
+    async def _enter_request(self, key_id: str, tenant_id: str, shared: SharedSlots | None,
+                             service: str) -> Ticket | ApiError:
         waiting, wait_s = self.s.max_queued_per_tenant, self.s.queue_wait_s
         key_slots = self.key_requests.get(key_id)
         if not await key_slots.take(waiting, wait_s):
@@ -286,7 +339,6 @@ class Fairness:
             self.key_requests.release(key_id)
             self._drop_if_idle(self.tenant_requests, tenant_id)
             return self._busy("this organization", tenant_slots.limit)
-        shared = self.service_slots(service)
         try:
             admitted = shared is None or await shared.take(tenant_id, wait_s)
         except asyncio.CancelledError:   # the caller left while waiting: its other places go back
@@ -301,6 +353,7 @@ class Fairness:
 
         def done() -> None:
             if shared is not None:
+                shared.depart(tenant_id)   # first: the freed place goes by what is pending after it
                 shared.give(tenant_id)
             self.tenant_requests.release(tenant_id)
             self.key_requests.release(key_id)

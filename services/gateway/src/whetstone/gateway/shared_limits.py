@@ -3,14 +3,17 @@
 The gateway's own schema in PostgreSQL (`gateway`) holds one token bucket per tenant. A replica
 takes tokens from it a few at a time (a lease: `shared_rate_lease_s` of the tenant's rate, at least
 one) and spends them locally, so a tenant costs one round trip per lease, not one per request; a
-lease half spent is topped up behind the request, so a tenant within its rate rarely waits for it.
-Tokens are only ever taken, never given back: a lease not spent within `shared_rate_lease_s` is
-dropped, which can only make the sum smaller, so all replicas together never pass more than the
-tenant's one bucket allows. A replica that finds the bucket empty refuses the tenant locally until
+lease half spent, or half way to its expiry while in use, is topped up (back to at most one
+lease's worth) behind the request, so a tenant within its rate rarely waits for it. Tokens are
+only ever taken, never given back: a lease not used within `shared_rate_lease_s` is dropped,
+which can only make the sum smaller, so all replicas together never pass more than the tenant's
+one bucket allows, and a replica holds at most one lease's worth (and one token) ahead. A replica that finds the bucket empty refuses the tenant locally until
 the bucket has refilled one token (no round trip per refused request).
 
 The rate of a tenant is the operator's override in `tenant_limits` (written only by the operator's
-`PUT /v1/operator/rate_limits/{tenant_id}`, read by every replica and cached `limits_ttl_s`), else
+`PUT /v1/operator/rate_limits/{tenant_id}`, read by every replica and cached `limits_ttl_s`: read
+again behind the requests once half that old, so a replica in use rarely waits for it; a lease
+taken at another rate is dropped), else
 the deployment's `tenant_rate_limits` / `tenant_rate_limit_per_s` settings. A tenant's own keys
 cannot raise it: a key's own `rate_limit_per_s` is capped at its tenant's rate.
 
@@ -22,7 +25,7 @@ from __future__ import annotations
 import asyncio
 import math
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from datetime import datetime
 
@@ -117,6 +120,7 @@ class TenantLimitStore:
 class Lease:
     """Tokens this replica took from a tenant's shared bucket and has not spent yet."""
 
+    rate: float = 0.0          # the tenant's rate when it was taken: a lease of another rate is dropped
     tokens: int = 0
     expires: float = 0.0
     refused_until: float = 0.0
@@ -137,18 +141,37 @@ class SharedTenantRates:
         self.background: set[asyncio.Future[None]] = set()   # lease top-ups in flight (kept referenced)
 
     async def rate(self, tenant_id: str) -> float:
-        """The tenant's requests per second over all replicas: the operator's override, else the settings'."""
-        if self.clock() - self.read_at > self.s.limits_ttl_s:
-            async with self.reading:
-                if self.clock() - self.read_at > self.s.limits_ttl_s:
-                    try:
-                        self.overrides = {x.tenant_id: x.requests_per_s for x in await self.store.limits()}
-                    except Exception as exc:
-                        if unavailable_dependency(exc) is None:
-                            raise
-                        log.warning("tenant limits unreadable; keeping the last ones read", error=str(exc))
-                    self.read_at = self.clock()
+        """The tenant's requests per second over all replicas: the operator's override, else the settings'.
+        Overrides read more than `limits_ttl_s` ago are read again before the answer; past half that,
+        behind it (a replica in use keeps them fresh without a request waiting)."""
+        age = self.clock() - self.read_at
+        if age > self.s.limits_ttl_s:
+            await self._read_overrides(self.s.limits_ttl_s)
+        elif age > self.s.limits_ttl_s / 2 and not self.reading.locked():
+            self._behind(self._read_overrides(self.s.limits_ttl_s / 2))
         return self.overrides.get(tenant_id, self.s.tenant_rate_limits.get(tenant_id, self.s.tenant_rate_limit_per_s))
+
+    async def _read_overrides(self, older_than: float) -> None:
+        async with self.reading:
+            if self.clock() - self.read_at > older_than:
+                try:
+                    self.overrides = {x.tenant_id: x.requests_per_s for x in await self.store.limits()}
+                except Exception as exc:
+                    if unavailable_dependency(exc) is None:
+                        raise
+                    log.warning("tenant limits unreadable; keeping the last ones read", error=str(exc))
+                self.read_at = self.clock()
+
+    def _behind(self, work: Awaitable[None]) -> None:
+        """`work` in the background, kept referenced until done; its failure is the next request's."""
+        task = asyncio.ensure_future(work)
+        self.background.add(task)
+        task.add_done_callback(self._settled)
+
+    def _settled(self, task: asyncio.Future[None]) -> None:
+        self.background.discard(task)
+        if not task.cancelled() and task.exception() is not None:
+            log.warning("a background read of the tenant rates failed", error=str(task.exception()))
 
     def forget(self, tenant_id: str) -> None:
         """An override changed on this replica: read again at the next request (others within limits_ttl_s)."""
@@ -160,20 +183,22 @@ class SharedTenantRates:
         topped up in the background, so a tenant within its rate rarely waits for the database."""
         now = self.clock()
         lease = self.leases.get(tenant_id)
-        if lease is None:
+        if lease is None or lease.rate != rate:
             if len(self.leases) >= 100_000:
                 self.leases.clear()   # crude bound; an empty lease costs one round trip, never a wrong answer
-            lease = self.leases[tenant_id] = Lease()
+            lease = self.leases[tenant_id] = Lease(rate=rate)
         want = max(1, math.floor(rate * self.s.shared_rate_lease_s))
         if lease.tokens > 0 and lease.expires > now:
             lease.tokens -= 1
-            # (a lease of one token is not topped up: at low rates a token taken ahead and not spent
-            # within the lease would be a good part of the tenant's rate lost)
-            if want >= 2 and lease.tokens <= want // 2 and not lease.topping_up:
+            # topped up when half spent, or half way to its expiry (a tenant slower than a lease per
+            # lease_s would otherwise find it expired, and wait, every lease). A lease of one token is
+            # not topped up: at low rates a token taken ahead and not spent would be a good part of
+            # the tenant's rate lost
+            half_spent = lease.tokens <= want // 2
+            expiring = lease.expires - now < self.s.shared_rate_lease_s / 2
+            if want >= 2 and (half_spent or expiring) and not lease.topping_up:
                 lease.topping_up = True
-                task = asyncio.ensure_future(self._top_up(tenant_id, lease, rate, want))
-                self.background.add(task)
-                task.add_done_callback(self.background.discard)
+                self._behind(self._top_up(tenant_id, lease, rate, want))
             return None
         if lease.refused_until > now:
             return refusal(rate, lease.refused_until - now)
@@ -200,7 +225,8 @@ class SharedTenantRates:
         """Up to `want` tokens of the shared bucket into the lease (under the tenant's lock): how many came.
         None came: the lease refuses until the bucket has one again."""
         capacity = max(rate * self.s.rate_limit_burst_s, 1.0)
-        granted, left = await self.store.take(tenant_id, rate, capacity, want)
+        held = lease.tokens if lease.expires > self.clock() else 0
+        granted, left = await self.store.take(tenant_id, rate, capacity, max(1, want - held))   # one lease at most
         now = self.clock()
         if granted <= 0:
             lease.refused_until = now + (1.0 - left) / rate
