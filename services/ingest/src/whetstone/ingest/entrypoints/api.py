@@ -14,7 +14,7 @@ from fastapi.responses import StreamingResponse
 from pydantic import BaseModel, ConfigDict, Field
 from starlette.concurrency import iterate_in_threadpool
 
-from whetstone.contracts import DatasetDeletedV1, DatasetSubmittedV1, DatasetValidatedV1, ValidationIssue
+from whetstone.contracts import CostEstimate, DatasetDeletedV1, DatasetSubmittedV1, DatasetValidatedV1, ValidationIssue
 from whetstone.runtime.errors import ApiError
 from whetstone.runtime.file_ids import file_id_key, mint_file_id
 from whetstone.runtime.http import ListPage, list_page, not_found
@@ -54,7 +54,7 @@ class FileValidation(BaseModel):
     warnings: list[ValidationIssue]
     report_uri: str | None
     stats: dict[str, Any]
-    cost_estimate: dict[str, Any] | None
+    cost_estimate: CostEstimate | None   # its given fields only, as the dataset.validated event has them
 
 
 class FileObject(BaseModel):
