@@ -42,6 +42,33 @@ def test_config_requires_platform_fields(tmp_path):
         RecipeConfig.load(path)
 
 
+def test_deepspeed_config_is_read_once_with_its_zero_stage(tmp_path, monkeypatch):
+    from whetstone.trainer_agent.recipes.trainers import training_arguments
+
+    monkeypatch.delenv("WORLD_SIZE", raising=False)
+    document = {"zero_optimization": {"stage": 2, "overlap_comm": True}, "train_batch_size": "auto"}
+    (tmp_path / "ds.json").write_text(json.dumps(document))
+    base = {"job_id": "j", "base_model": "m", "train_file": "t", "output_dir": "o"}
+    config = tmp_path / "c.json"
+    config.write_text(json.dumps({**base, "deepspeed": str(tmp_path / "ds.json")}))
+    cfg = RecipeConfig.load(config)
+    assert cfg.deepspeed is not None and cfg.deepspeed.document == document and cfg.zero_stage == 2
+    args = training_arguments(cfg.hyperparameters, output_dir=cfg.output_dir, deepspeed=cfg.deepspeed)
+    assert args["deepspeed"] == document and "gradient_checkpointing" not in args   # trl's configs keep their own
+    assert args["include_num_input_tokens_seen"] == "non_padding"
+    assert training_arguments(cfg.hyperparameters, output_dir=cfg.output_dir, deepspeed=None,
+                              count_input_tokens=False)["include_num_input_tokens_seen"] == "no"
+    config.write_text(json.dumps({**base, "method": "qlora", "deepspeed": {"zero_optimization": {"stage": 3}}}))
+    with pytest.raises(UserError, match="ZeRO-3"):   # inline, the same check
+        RecipeConfig.load(config)
+    config.write_text(json.dumps({**base, "deepspeed": {"zero_optimization": {"stage": "three"}}}))
+    with pytest.raises(PlatformError, match="cannot read DeepSpeed config"):
+        RecipeConfig.load(config)
+    config.write_text(json.dumps({**base, "deepspeed": str(tmp_path / "missing.json")}))
+    with pytest.raises(PlatformError, match="missing.json"):
+        RecipeConfig.load(config)
+
+
 def test_read_chat_jsonl_skips_blank_lines_and_names_bad_ones(tmp_path):
     good = '{"messages": [{"role": "user", "content": "q"}, {"role": "assistant", "content": "a"}]}'
     path = tmp_path / "d.jsonl"

@@ -106,8 +106,8 @@ class GRPORecipe:
         session, cfg, hp = self.session, self.session.cfg, self.session.hp
         set_seed(hp.seed)  # LoRA init
         model.config.use_cache = True   # generation needs the KV cache; nothing is packed here
-        args = training_arguments(hp, output_dir=cfg.output_dir, deepspeed=cfg.deepspeed)
-        args["include_num_input_tokens_seen"] = "no"   # GRPO's inputs have no input_ids for the Trainer to count
+        # GRPO's inputs have no input_ids for the Trainer to count
+        args = training_arguments(hp, output_dir=cfg.output_dir, deepspeed=cfg.deepspeed, count_input_tokens=False)
         config = GRPOConfig(
             **args, num_generations=self.plan.generations, max_completion_length=self.plan.max_completion_tokens,
             # pinned: trl's GRPO defaults move between versions

@@ -11,7 +11,7 @@ Data: {"prompt", "chosen", "rejected"} pairs, tokenized by trl. Components as fo
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import Any, TypedDict
 
 from whetstone.contracts.enums import Method
 
@@ -25,6 +25,7 @@ from .session import TrainingSession
 from .spec import RecipeConfig
 from .trainers import (
     RefLogProbs,
+    SharedTrainingArguments,
     dpo_trainer_class,
     orpo_trainer_class,
     read_ref_log_probs,
@@ -35,6 +36,17 @@ from .validation import preference_loss
 
 METHODS = ("dpo", "orpo")
 
+
+
+class TrainerInputs(TypedDict):
+    """What trl's DPO and ORPO trainers take besides their config (the library's own objects)."""
+
+    model: Any
+    train_dataset: Any
+    eval_dataset: Any
+    processing_class: Any
+    peft_config: Any
+    callbacks: list[Any]
 
 class PreferenceRecipe:
     """setup -> train -> save_checkpoint -> cleanup, for dpo / orpo."""
@@ -69,17 +81,17 @@ class PreferenceRecipe:
 
         session, cfg, hp = self.session, self.session.cfg, self.session.hp
         set_seed(hp.seed)  # LoRA init
-        common = {
-            "model": model, "train_dataset": Dataset.from_list(self.train_pairs),
-            "eval_dataset": Dataset.from_list(self.validation_pairs) if self.validation_pairs else None,
-            "processing_class": session.tokenizer, "peft_config": lora_config(model, hp),
-            "callbacks": session.callbacks(self._validate if self.validation_pairs else None,
-                                           examples_per_epoch=len(self.train_pairs)),
-        }
+        common = TrainerInputs(
+            model=model, train_dataset=Dataset.from_list(self.train_pairs),
+            eval_dataset=Dataset.from_list(self.validation_pairs) if self.validation_pairs else None,
+            processing_class=session.tokenizer, peft_config=lora_config(model, hp),
+            callbacks=session.callbacks(self._validate if self.validation_pairs else None,
+                                        examples_per_epoch=len(self.train_pairs)),
+        )
         args = training_arguments(hp, output_dir=cfg.output_dir, deepspeed=cfg.deepspeed)
         session.install(self._dpo_trainer(args, common) if cfg.method == Method.DPO else self._orpo_trainer(args, common))
 
-    def _dpo_trainer(self, args: dict[str, Any], common: dict[str, Any]):
+    def _dpo_trainer(self, args: SharedTrainingArguments, common: TrainerInputs):
         from trl import DPOConfig
 
         hp = self.session.hp
@@ -92,7 +104,7 @@ class PreferenceRecipe:
                 lambda path: write_ref_log_probs(path, fingerprint, trainer.ref_log_probs))
         return trainer
 
-    def _orpo_trainer(self, args: dict[str, Any], common: dict[str, Any]):
+    def _orpo_trainer(self, args: SharedTrainingArguments, common: TrainerInputs):
         from trl.experimental.orpo import ORPOConfig
 
         hp = self.session.hp

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from pydantic import ValidationError
+from pydantic import BaseModel, JsonValue, TypeAdapter, ValidationError
 from whetstone.contracts import TOLERANT
 from whetstone.contracts.enums import Method
 
@@ -20,6 +20,25 @@ from .checkpointing import TRAINER_STATE_FILE, TrainerStateFile
 from .errors import PlatformError, UserError
 from .hyperparams import Hyperparameters
 from .safe_load import verify_checkpoint_pickles
+
+
+class _ZeroSection(BaseModel):
+    stage: int | None = None
+
+
+class _DeepSpeedView(BaseModel):
+    """What the recipe itself reads of a DeepSpeed config: the ZeRO stage (the rest is DeepSpeed's)."""
+
+    zero_optimization: _ZeroSection = _ZeroSection()
+
+
+@dataclass(frozen=True)
+class DeepSpeedSettings:
+    """DeepSpeed's own config, handed to transformers as written (`document`, DeepSpeed's JSON object),
+    and its ZeRO stage, read once."""
+
+    document: dict[str, JsonValue]
+    zero_stage: int | None = None
 
 
 @dataclass(frozen=True)
@@ -32,7 +51,7 @@ class RecipeConfig:
     method: Method = Method.LORA
     validation_file: Path | None = None
     resume_from: Path | None = None
-    deepspeed: dict[str, Any] | None = None
+    deepspeed: DeepSpeedSettings | None = None
     zero_init: bool = False
     reinforcement: RecipeReinforcement | None = None
     max_shard_bytes: int | None = None   # the final full weights' shard size (None: transformers' own)
@@ -65,10 +84,13 @@ class RecipeConfig:
         return cfg
 
     def check_distributed(self) -> None:
-        stage = (self.deepspeed or {}).get("zero_optimization", {}).get("stage")
-        if self.method == Method.QLORA and stage == 3:
+        if self.method == Method.QLORA and self.zero_stage == 3:
             raise UserError("QLoRA cannot run with DeepSpeed ZeRO-3 (4-bit weights cannot be sharded); "
                             "use ZeRO-1/2 or method lora", code="qlora_zero3")
+
+    @property
+    def zero_stage(self) -> int | None:
+        return self.deepspeed.zero_stage if self.deepspeed else None
 
     def data_fingerprint(self) -> str:
         """Identity of what reference log-probs depend on: data, base model, truncation."""
@@ -92,14 +114,20 @@ def config_error(path: Path, exc: ValidationError) -> PlatformError | UserError:
     return PlatformError(f"recipe config {path}: {where}: {first['msg']}", code="bad_recipe_config")
 
 
-def _deepspeed_config(value: Path | dict[str, Any] | None) -> dict[str, Any] | None:
-    if value is None or isinstance(value, dict):
-        return value
+def _deepspeed_config(value: Path | dict[str, Any] | None) -> DeepSpeedSettings | None:
+    """The config's `deepspeed` (inline, or the path of its file) with its ZeRO stage."""
+    if value is None:
+        return None
     try:
-        loaded: dict[str, Any] = json.loads(value.read_text())
-    except (OSError, json.JSONDecodeError) as exc:
+        text = json.dumps(value) if isinstance(value, dict) else value.read_text()
+        document = _DOCUMENT.validate_json(text)
+        view = _DeepSpeedView.model_validate(document)
+    except (OSError, ValueError) as exc:   # pydantic's ValidationError is a ValueError
         raise PlatformError(f"cannot read DeepSpeed config {value}: {exc}", code="bad_recipe_config") from exc
-    return loaded
+    return DeepSpeedSettings(document=document, zero_stage=view.zero_optimization.stage)
+
+
+_DOCUMENT: TypeAdapter[dict[str, JsonValue]] = TypeAdapter(dict[str, JsonValue])
 
 
 def read_resume_state(resume: Path | None) -> TrainerStateFile | None:

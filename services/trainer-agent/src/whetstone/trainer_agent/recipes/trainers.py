@@ -19,9 +19,9 @@ import os
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal, NotRequired, TypedDict
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, JsonValue
 
 from ..domain.launch import COLLECTIVE_TIMEOUT_ENV
 from .errors import PlatformError, UserError, is_out_of_memory
@@ -30,6 +30,7 @@ from .gang_order import GangOrder, blank_example, blanks_needed
 
 if TYPE_CHECKING:
     from .session import TrainingSession
+    from .spec import DeepSpeedSettings
     from .validation import Validator
 
 log = logging.getLogger("whetstone.trainer_agent.recipes")
@@ -49,8 +50,42 @@ def collective_timeout_s(default: int = 1800) -> int:
                             code="bad_recipe_config") from None
 
 
-def training_arguments(hp, *, output_dir: Path, deepspeed: dict[str, Any] | None) -> dict[str, Any]:
-    """Keyword arguments of TrainingArguments (or trl's configs) shared by every method."""
+class SharedTrainingArguments(TypedDict):
+    """The keyword arguments of TrainingArguments (and of trl's configs, its subclasses) that every method
+    shares. The optional ones are left out when unset: trl's configs have defaults of their own
+    (DPOConfig turns gradient checkpointing on)."""
+
+    output_dir: str
+    num_train_epochs: float
+    learning_rate: float
+    per_device_train_batch_size: int
+    per_device_eval_batch_size: int
+    gradient_accumulation_steps: int
+    lr_scheduler_type: str
+    warmup_steps: float
+    weight_decay: float
+    max_grad_norm: float
+    seed: int
+    data_seed: int
+    logging_strategy: str
+    logging_steps: int
+    logging_nan_inf_filter: bool
+    save_strategy: str
+    report_to: str
+    disable_tqdm: bool
+    include_num_input_tokens_seen: Literal["non_padding", "no"]
+    use_cpu: bool
+    bf16: bool
+    dataloader_num_workers: int
+    ddp_timeout: int
+    gradient_checkpointing: NotRequired[bool]
+    deepspeed: NotRequired[dict[str, JsonValue]]
+
+
+def training_arguments(hp, *, output_dir: Path, deepspeed: DeepSpeedSettings | None,
+                       count_input_tokens: bool = True) -> SharedTrainingArguments:
+    """Keyword arguments of TrainingArguments (or trl's configs) shared by every method. `count_input_tokens`
+    off where the inputs have no input_ids for the Trainer to count (GRPO's prompts)."""
     import torch
 
     from .modeling import compute_dtype
@@ -59,7 +94,7 @@ def training_arguments(hp, *, output_dir: Path, deepspeed: dict[str, Any] | None
     timeout_s = collective_timeout_s()
     if not use_cuda:
         join_cpu_process_group(timeout_s)   # transformers passes ddp_timeout to accelerate on GPU only
-    args: dict[str, Any] = dict(
+    args = SharedTrainingArguments(
         output_dir=str(output_dir),
         num_train_epochs=hp.n_epochs,
         learning_rate=hp.learning_rate,
@@ -78,16 +113,16 @@ def training_arguments(hp, *, output_dir: Path, deepspeed: dict[str, Any] | None
         save_strategy="no",  # the platform callback decides when to checkpoint
         report_to="none",
         disable_tqdm=True,
-        include_num_input_tokens_seen="non_padding",
+        include_num_input_tokens_seen="non_padding" if count_input_tokens else "no",
         use_cpu=not use_cuda,
         bf16=compute_dtype() == torch.bfloat16,
         dataloader_num_workers=0,
         ddp_timeout=timeout_s,
     )
     if hp.gradient_checkpointing:
-        args["gradient_checkpointing"] = True
-    if deepspeed:
-        args["deepspeed"] = deepspeed
+        args = {**args, "gradient_checkpointing": True}
+    if deepspeed is not None and deepspeed.document:
+        args = {**args, "deepspeed": deepspeed.document}
     return args
 
 
