@@ -95,6 +95,14 @@ async def test_a_preempted_and_resumed_job_is_billed_once_per_segment_and_once_i
         published = await outbox(rt, "usage.metered")
         assert sorted((e["payload"]["scope"], e["payload"]["segment_id"]) for e in published) == [
             ("job", None), ("segment", "s1"), ("segment", "s2")]
+        # every column of a ledger row as the entry had it (rows are appended as one JSON document)
+        assert {(r["segment_id"], r["usage_event_id"]) for r in rows} == {
+            (e["payload"]["segment_id"] or "", e["event_id"]) for e in published}
+        assert (s1["spot"], s2["spot"], total["spot"], total["outcome"], s2["outcome"]) == (True, False, None,
+                                                                                          "succeeded", None)
+        assert s1["gpu_seconds"] == Decimal(3600 * 2) and s1["rate"] == Decimal("1.2") and s1["revision"] == 0
+        assert len(s1["source_events"]) == 2 and set(s1["source_events"] + s2["source_events"]) <= set(
+            total["source_events"]) and "5400 of 7200 GPU-s checkpointed" in s1["basis"]
         assert await rt.pool.fetchval("SELECT count(*) FROM inbox") == 5
 
         async with httpx.AsyncClient(base_url=p.url("metering")) as c:

@@ -142,17 +142,29 @@ class LedgerStore:
                                                     "occurred_at", "received_at", "envelope"))
 
     async def append(self, entries: Sequence[Entry], usage_event_ids: Sequence[str]) -> None:
+        """Append the entries, in order (ids ascend as listed: a reversal before its new charge). They
+        travel as one JSON document of [entry, usage event id] pairs, the entry as `states_json` writes
+        a dataclass (its Charge nested, Decimals as exact strings), unpacked by Postgres. A COPY made
+        asyncpg encode the 23 values of each row (five numerics, an array) in the service: in a cProfile
+        of bench/metering.py --quick, 2.0 s for 44,509 ledger rows (0.9 s for 90,919 audit rows)."""
         if not entries:
             return
-        records = [(e.job_id, e.tenant_id, e.scope, e.segment_id, e.entry, e.revision, e.gpu_type, e.gpu_count, e.spot,
-                    e.charge.tier, e.charge.gpu_seconds, e.charge.billable_gpu_seconds, e.charge.rate, e.charge.cost,
-                    e.charge.list_cost, e.charge.charge_class, e.charge.price_version, e.charge.period, e.segments,
-                    e.outcome, e.charge.basis, list(e.source_events), usage_id)
-                   for e, usage_id in zip(entries, usage_event_ids, strict=True)]
-        await self.conn.copy_records_to_table("ledger", records=records, columns=(
-            "job_id", "tenant_id", "scope", "segment_id", "entry", "revision", "gpu_type", "gpu_count", "spot", "tier",
-            "gpu_seconds", "billable_gpu_seconds", "rate", "cost", "list_cost", "charge_class", "price_version",
-            "period", "segments", "outcome", "basis", "source_events", "usage_event_id"))
+        await self.conn.execute(
+            "INSERT INTO ledger (job_id, tenant_id, scope, segment_id, entry, revision, gpu_type, gpu_count, spot,"
+            " tier, gpu_seconds, billable_gpu_seconds, rate, cost, list_cost, charge_class, price_version, period,"
+            " segments, outcome, basis, source_events, usage_event_id)"
+            " SELECT u.job_id, u.tenant_id, u.scope, u.segment_id, u.entry, u.revision, u.gpu_type, u.gpu_count,"
+            " u.spot, c.tier, c.gpu_seconds, c.billable_gpu_seconds, c.rate, c.cost, c.list_cost, c.charge_class,"
+            " c.price_version, c.period, u.segments, u.outcome, c.basis, u.source_events, a.pair->>1"
+            " FROM jsonb_array_elements($1::text::jsonb) WITH ORDINALITY AS a(pair, i),"
+            " jsonb_to_record(a.pair->0) AS u(job_id text, tenant_id text, scope text, segment_id text, entry text,"
+            " revision int, gpu_type text, gpu_count int, spot boolean, segments int, outcome text,"
+            " source_events text[], charge jsonb),"
+            " jsonb_to_record(u.charge) AS c(tier text, gpu_seconds numeric, billable_gpu_seconds numeric,"
+            " rate numeric, cost numeric, list_cost numeric, charge_class text, price_version text, period text,"
+            " basis text)"
+            " ORDER BY a.i",
+            states_json(list(zip(entries, usage_event_ids, strict=True))))
 
     async def roll_up(self, entries: Sequence[Entry]) -> None:
         """Add the entries to the monthly roll-ups. These rows are shared by every transaction:
