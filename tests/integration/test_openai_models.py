@@ -207,8 +207,8 @@ async def wandb_run_checked(client: openai.AsyncOpenAI, job, result_id: str, wan
         run = read_offline_run((await client.files.content(wandb_id)).content)
         return (rows, run) if sorted(run.history) == [int(r["step"]) for r in rows] else None
     rows, run = await until(both, lambda x: x is not None, 60, "the W&B run with the CSV's steps")
-    assert run.exit_code == 0 and (run.run["project"], run.run["display_name"]) == ("models-test", job.id)
-    assert run.config["hyperparameters"] == job.model_extra["resolved_hyperparameters"]
+    assert run.exit_code == 0 and (run.run.project, run.run.display_name) == ("models-test", job.id)
+    assert run.config.hyperparameters == job.model_extra["resolved_hyperparameters"]
     losses = [(int(r["step"]), float(r["train_loss"])) for r in rows if r["train_loss"]]
     assert losses and all(run.history[s]["train_loss"] == pytest.approx(v, rel=1e-5) for s, v in losses)
 

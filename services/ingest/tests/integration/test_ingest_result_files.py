@@ -155,10 +155,10 @@ async def test_results_file_made_once_from_progress_events(platform, settings):
         await wait_until(written, 90, "the W&B run written with the four steps")
         run = read_offline_run((await client.files.content(wb_id)).content)
         assert all(m.startswith("offline-run-") for m in run.members) and run.exit_code == 0
-        assert (run.run["project"], run.run["entity"], run.run["display_name"]) == ("tiny", "team", "run-a")
-        assert run.run["tags"][:2] == ["exp1", "whetstone/finetune"]
-        assert run.config["hyperparameters"] == {"n_epochs": 1, "learning_rate": 0.001, "lora_r": 8}
-        assert (run.config["base_model"], run.config["method"]) == ("tiny-llama", "lora")
+        assert (run.run.project, run.run.entity, run.run.display_name) == ("tiny", "team", "run-a")
+        assert run.run.tags[:2] == ["exp1", "whetstone/finetune"]
+        assert run.config.hyperparameters == {"n_epochs": 1, "learning_rate": 0.001, "lora_r": 8}
+        assert (run.config.base_model, run.config.method, run.config.job_id) == ("tiny-llama", "lora", tracked)
         assert sorted(run.history) == [1, 2, 3, 4]
         assert run.history[1] == {"train_loss": 1.75, "train_accuracy": 0.2, "learning_rate": 0.001}
         assert run.history[4] == {"train_loss": 1.0, "valid_loss": 1.1}

@@ -13,23 +13,52 @@ import tarfile
 import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
-from pydantic import BaseModel
+from pydantic import BaseModel, JsonValue
+
+
+class _Update(BaseModel):
+    update: dict[str, JsonValue] = {}
+
+
+class RunConfig(BaseModel):
+    """The run's config as the platform writes it (ingest's `WandbPlan.config`)."""
+
+    job_id: str
+    base_model: str
+    base_model_sha256: str
+    method: str
+    dataset_id: str
+    suffix: str | None = None
+    hyperparameters: dict[str, JsonValue] = {}
+
+
+class RunRecord(BaseModel):
+    """The `run` record: where the run goes, its name and tags, and its config update."""
+
+    project: str | None = None
+    entity: str | None = None
+    display_name: str | None = None
+    tags: list[str] = []
+    config: _Update = _Update()
 
 
 @dataclass
 class OfflineRun:
-    members: list[str]                        # the tarball's names
-    run: dict[str, Any]                       # the `run` record
-    history: dict[int, dict[str, Any]]        # step -> the logged figures (W&B's own `_` keys left out)
-    summary: dict[str, Any] = field(default_factory=dict)   # the summary updates, merged in order
+    members: list[str]                                              # the tarball's names
+    run: RunRecord = field(default_factory=RunRecord)
+    history: dict[int, dict[str, float]] = field(default_factory=dict)   # step -> the logged figures (W&B's own `_` keys left out)
+    summary: dict[str, float] = field(default_factory=dict)        # the summary updates, merged in order
     exit_code: int | None = None
 
     @property
-    def config(self) -> dict[str, Any]:
-        update = _Update.model_validate(self.run.get("config") or {}).update
-        return {k: v for k, v in update.items() if k != "_wandb"}
+    def config(self) -> RunConfig:
+        return RunConfig.model_validate({k: v for k, v in self.run.config.update.items() if k != "_wandb"})
+
+
+def _figures(values: dict[str, JsonValue]) -> dict[str, float]:
+    """A record's figures (W&B's own `_` keys left out): every one a number."""
+    return {k: float(v) for k, v in values.items() if not k.startswith("_") and isinstance(v, int | float)}
 
 
 def read_offline_run(body: bytes, timeout_s: float = 60.0) -> OfflineRun:
@@ -43,7 +72,7 @@ def read_offline_run(body: bytes, timeout_s: float = 60.0) -> OfflineRun:
                              text=True, timeout=timeout_s, check=True, cwd=tmp,
                              env={"PATH": "/usr/bin:/bin", "HOME": tmp, "WANDB_MODE": "offline",
                                   "WANDB_SILENT": "true"})
-    parsed = OfflineRun(members=members, run={}, history={})
+    parsed = OfflineRun(members=members)
     for line in out.stdout.splitlines():
         if not line.strip():
             continue
@@ -51,9 +80,9 @@ def read_offline_run(body: bytes, timeout_s: float = 60.0) -> OfflineRun:
         if rec.type == "run" and rec.run is not None:
             parsed.run = rec.run
         elif rec.type == "history" and rec.history is not None:
-            parsed.history[rec.history.step.num] = {k: v for k, v in rec.history.item.items() if not k.startswith("_")}
+            parsed.history[rec.history.step.num] = _figures(rec.history.item)
         elif rec.type == "summary" and rec.summary is not None:
-            parsed.summary.update({k: v for k, v in rec.summary.update.items() if not k.startswith("_")})
+            parsed.summary.update(_figures(rec.summary.update))
         elif rec.type == "exit" and rec.exit is not None:
             parsed.exit_code = rec.exit.exit_code
     return parsed
@@ -65,11 +94,7 @@ class _Step(BaseModel):
 
 class _History(BaseModel):
     step: _Step
-    item: dict[str, Any]
-
-
-class _Update(BaseModel):
-    update: dict[str, Any] = {}
+    item: dict[str, JsonValue]
 
 
 class _Exit(BaseModel):
@@ -80,7 +105,7 @@ class _Record(BaseModel):
     """One line of `wandb leet inspect --json`: its `type` names the field that carries the record."""
 
     type: str | None = None
-    run: dict[str, Any] | None = None
+    run: RunRecord | None = None
     history: _History | None = None
     summary: _Update | None = None
     exit: _Exit | None = None
