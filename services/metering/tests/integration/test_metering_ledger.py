@@ -119,6 +119,9 @@ async def test_a_preempted_and_resumed_job_is_billed_once_per_segment_and_once_i
             assert (await c.get("/v1/usage/anomalies", auth=IdentityAuth(T))).status_code == 403
             audit = (await c.get(f"/v1/usage/lines/{s1['id']}/events", auth=IdentityAuth(T))).json()
             assert [e["event_type"] for e in audit["events"]] == ["job.started", "job.preempted"]
+            # the stored envelopes, as received (the audit trail is written as one JSON document per batch)
+            assert [(e["payload"]["job_id"], e["payload"]["segment_id"]) for e in audit["events"]] == [(job, "s1")] * 2
+            assert audit["events"][0]["occurred_at"] < audit["events"][1]["occurred_at"]
             audit = (await c.get(f"/v1/usage/lines/{total['id']}/events", auth=IdentityAuth(T))).json()
             assert sorted(e["event_type"] for e in audit["events"]) == [
                 "job.completed", "job.preempted", "job.queued", "job.started", "job.started"]

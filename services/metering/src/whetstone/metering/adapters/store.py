@@ -134,12 +134,13 @@ class LedgerStore:
     # -- append-only records -------------------------------------------------------------
 
     async def record_events(self, events: Sequence[AuditEvent]) -> None:
+        """The events as one JSON document (see `append`; datetimes in ISO 8601 with their offset)."""
         if events:
-            records = [(e.event_id, e.event_type, e.job_id, e.segment_id, e.tenant_id, e.occurred_at, e.received_at,
-                        e.envelope) for e in events]
-            await self.conn.copy_records_to_table(
-                "events", records=records, columns=("event_id", "event_type", "job_id", "segment_id", "tenant_id",
-                                                    "occurred_at", "received_at", "envelope"))
+            await self.conn.execute(
+                "INSERT INTO events (event_id, event_type, job_id, segment_id, tenant_id, occurred_at, received_at,"
+                " envelope) SELECT * FROM jsonb_to_recordset($1::text::jsonb) AS u(event_id text, event_type text,"
+                " job_id text, segment_id text, tenant_id text, occurred_at timestamptz, received_at timestamptz,"
+                " envelope text)", states_json(events))
 
     async def append(self, entries: Sequence[Entry], usage_event_ids: Sequence[str]) -> None:
         """Append the entries, in order (ids ascend as listed: a reversal before its new charge). They
