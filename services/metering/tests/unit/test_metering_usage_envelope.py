@@ -2,6 +2,7 @@
 must be exactly what the validated path (make_envelope(UsageMeteredV1(...))) writes, and pass the
 contract's strict validation."""
 
+from dataclasses import replace
 from decimal import Decimal
 
 import orjson
@@ -45,3 +46,13 @@ def test_usage_envelope_is_what_the_validated_path_writes(entry: Entry) -> None:
 def test_usage_envelope_without_trace_gets_a_fresh_one() -> None:
     a, b = (usage_envelope(ENTRIES[0], "metering", None) for _ in range(2))
     assert a.trace_id and a.trace_id != b.trace_id and a.event_id != b.event_id
+
+
+def test_usage_envelope_refuses_what_the_validated_path_refuses() -> None:
+    """The envelope is not validated: the two bounds its values could break are checked by hand."""
+    for entry in (replace(ENTRIES[0], job_id="j" * 257), replace(ENTRIES[0], tenant_id="t" * 129)):
+        with pytest.raises(ValueError):
+            make_envelope(UsageMeteredV1(**usage_payload(entry)), producer="metering", tenant_id=entry.tenant_id)
+        with pytest.raises(ValueError, match="longer than the envelope allows"):
+            usage_envelope(entry, "metering", None)
+    assert usage_envelope(replace(ENTRIES[0], job_id="j" * 256), "metering", None).key == "j" * 256

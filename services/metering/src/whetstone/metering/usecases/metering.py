@@ -14,6 +14,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 
+from annotated_types import MaxLen
+
 from whetstone.contracts import (
     Envelope, Event, JobCancelledV1, JobCompletedV1, JobFailedV1, JobPreemptedV1, JobQueuedV1, JobStartedV1,
     UsageMeteredV1, topic_for,
@@ -243,9 +245,13 @@ def usage_payload(e: Entry) -> dict[str, object]:
             "price_version": c.price_version, "cost": float(c.cost), "currency": "USD", "segments": e.segments}
 
 
+def _max_length(field: str) -> int:
+    """The contract's bound on an Envelope field's length."""
+    return min(m.max_length for m in Envelope.model_fields[field].metadata if isinstance(m, MaxLen))
+
+
 # the Envelope fields' bounds that a usage.metered envelope's values could break (the rest are made here)
-_KEY_MAX = Envelope.model_fields["key"].metadata[0].max_length
-_TENANT_MAX = Envelope.model_fields["tenant_id"].metadata[0].max_length
+_KEY_MAX, _TENANT_MAX = _max_length("key"), _max_length("tenant_id")
 
 
 def usage_envelope(e: Entry, producer: str, trace_id: str | None) -> Envelope:
