@@ -133,5 +133,26 @@ async def test_streams_and_requests_are_capped_per_tenant(platform, settings):
                 assert codes[:3] == [200, 200, 200] and codes.count(200) <= 3 + 3 * elapsed + 1, (codes, elapsed)
                 assert set(codes) <= {200, 429}, codes
                 assert (await c.get("/v1/fine_tuning/jobs", headers=other)).status_code == 200
+
+                # identical reads of one key that wait together share one upstream call: ten polls queued
+                # behind a slow upload are answered in full by one call, made after they all arrived
+                edge.tenant_rate_limit_per_s, edge.max_queued_per_tenant = 1000, 64
+                await asyncio.sleep(0.5)
+                release = asyncio.Event()
+                upload = asyncio.create_task(c.post("/v1/files", content=slow_body(), headers={
+                    **auth, "Content-Type": "multipart/form-data; boundary=x"}))
+                while not gw.gateway.fair.tenant_requests.slots.get("demo"):
+                    assert not upload.done(), "the upload never got its slot"
+                    await asyncio.sleep(0.05)
+                polls = [asyncio.create_task(c.get("/v1/fine_tuning/jobs", headers=auth)) for _ in range(10)]
+                await asyncio.sleep(0.3)
+                assert not any(t.done() for t in polls)    # all wait for the key's one place
+                release.set()
+                await upload
+                answers = await asyncio.gather(*polls)
+                assert [r.status_code for r in answers] == [200] * 10, [r.text for r in answers]
+                assert len({r.content for r in answers}) == 1 and mine in answers[0].text
+                coalesced = gw.gateway.metrics.coalesced.labels(service="scheduler")._value.get()
+                assert coalesced == 9, coalesced
         finally:
             await gw.stop()

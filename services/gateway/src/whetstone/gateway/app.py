@@ -11,7 +11,7 @@ from __future__ import annotations
 import asyncio
 import json
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -26,6 +26,7 @@ from whetstone.runtime.signing import Bound, target_of
 from yarl import URL
 
 from .auth import KeysUnavailable, KeyVerifier, Verdict
+from .coalesce import Capture, Coalescer, send_answer
 from .config import GatewaySettings
 from .fairness import Fairness, until_gone, wants_stream
 from .limits import BodyTooLarge, body_limit, counted, declared_too_large
@@ -61,6 +62,8 @@ class GatewayMetrics:
                                ["service", "reason"], registry=self.registry)
         self.latency = Histogram("whetstone_gateway_upstream_seconds", "Time to the upstream's response headers",
                                  ["service"], registry=self.registry)
+        self.coalesced = Counter("whetstone_gateway_coalesced_total", "Reads answered with an identical read's "
+                                 "upstream answer (coalesce.py)", ["service"], registry=self.registry)
 
 
 class Gateway:
@@ -74,6 +77,7 @@ class Gateway:
         self.keys = KeyVerifier(self.session, verify_url, ttl_s=settings.key_cache_ttl_s, secret=self.secret)
         self.limiter = RateLimiter(burst_s=settings.rate_limit_burst_s)
         self.fair = Fairness(settings)   # in-flight, stream and tenant-rate budgets
+        self.reads = Coalescer()         # identical reads waiting together share one upstream call
         self.rates: SharedTenantRates | None = None   # tenant rates shared by every replica (a database)
         self._streams: aiohttp.ClientSession | None = None
         self.metrics = GatewayMetrics()
@@ -217,7 +221,34 @@ class Gateway:
                                      secret=self.secret).items())
         stream = wants_stream(scope["path"], scope.get("query_string", b""), headers,
                               data if isinstance(data, bytes) else None)
+        if scope["method"] == "GET" and data is None and not stream:   # identical reads share a call (coalesce.py)
+            read = (verdict.key_id, target, headers.get("accept", ""))
+            group, leads = self.reads.join_or_lead(read)
+            if not leads:
+                with self.fair.pending(verdict.tenant_id, service):   # still the tenant's demand
+                    answer = await group.answer
+                if answer is not None:
+                    self.metrics.coalesced.labels(service=service).inc()
+                    self.metrics.requests.labels(service=service, status=str(answer.status)).inc()
+                    await send_answer(send, answer)
+                    return
+                group = None                                 # not shareable: this read goes on alone
+            capture = Capture()
+            try:
+                await self.admitted(scope, receive, capture.wrap(send), url, out, data, service, verdict, stream,
+                                    entered=lambda: self.reads.close(read, group) if group is not None else None)
+            finally:
+                if group is not None:
+                    self.reads.close(read, group)
+                    group.finish(capture.answer())
+            return
+        await self.admitted(scope, receive, send, url, out, data, service, verdict, stream)
+
+    async def admitted(self, scope: dict, receive, send, url: URL, out: list, data: Any, service: str,
+                       verdict: Verdict, stream: bool, entered: Callable[[], None] = lambda: None) -> None:
+        """The request with its place in the fair budgets (fairness.py), relayed; `entered` once it has one."""
         ticket = await self.fair.enter(verdict.key_id, verdict.tenant_id, stream, service)   # before any upstream work
+        entered()
         if isinstance(ticket, ApiError):
             await send_error(send, self.refused(service, "stream_limit" if stream else "concurrency_limit", ticket))
             return

@@ -33,7 +33,7 @@ import json
 import math
 import time
 from collections import Counter, deque
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import dataclass, field
 from urllib.parse import parse_qs
 
@@ -326,6 +326,20 @@ class Fairness:
         finally:
             if not isinstance(ticket, Ticket):   # refused, or the caller left: no longer pending
                 shared.depart(tenant_id)
+
+    @contextlib.contextmanager
+    def pending(self, tenant_id: str, service: str) -> Iterator[None]:
+        """A request of the tenant waiting for the service without a place of its own (a read joined to
+        an identical one, coalesce.py): it weighs in its tenant's pending requests and demand all the same."""
+        shared = self.service_slots(service)
+        if shared is None:
+            yield
+            return
+        shared.arrive(tenant_id)
+        try:
+            yield
+        finally:
+            shared.depart(tenant_id)
 
     async def _enter_request(self, key_id: str, tenant_id: str, shared: SharedSlots | None,
                              service: str) -> Ticket | ApiError:
