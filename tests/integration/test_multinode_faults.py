@@ -99,14 +99,15 @@ async def test_a_stopped_gang_node_leaves_one_emergency_checkpoint_and_the_gang_
                 assert first["node-b"]["outcome"] in ("worker_done", "fenced"), dict(first["node-b"])
                 assert not await published(conn, "job.failed", job.id)
 
-                # 2. node-b comes back: the gang resumes both ranks from that emergency checkpoint. (A placement
-                # may reach node-b while it still drains, or before its new agent joins the rendezvous: such an
-                # attempt is handed back or times out joining, node-b named, and the next one is placed.)
+                # 2. node-b comes back: the gang resumes both ranks from that emergency checkpoint, as attempt 2:
+                # nothing was placed on node-b while it drained or before its new agent reported its slot free
+                # (its heartbeats said draining, and busy before that), so no attempt was handed back
                 node_b = start_agent("node-b", logs["node-b"], faults(forward_delay_s=1.0))   # still mid-run at 3.
                 starts = await until(lambda: published(conn, "job.started", job.id),
                                      lambda ss: any(s["attempt"] > 1 for s in ss), 300, "the gang resumed")
                 resumed = min((s for s in starts if s["attempt"] > 1), key=lambda s: s["attempt"])
                 assert (resumed["node_id"], resumed["resumed_from_step"]) == ("node-a", emergency[0]["step"]), starts
+                assert resumed["attempt"] == 2, starts
                 second = await runs_of(conn, job.id, resumed["attempt"])
                 assert {n: r["resume_uri"] for n, r in second.items()} == {
                     "node-a": emergency[0]["uri"], "node-b": emergency[0]["uri"]}, second
@@ -139,7 +140,8 @@ async def test_a_stopped_gang_node_leaves_one_emergency_checkpoint_and_the_gang_
                 starts = await until(lambda: published(conn, "job.started", job.id),
                                      lambda ss: any(s["attempt"] > k for s in ss), 180, "the gang trained again")
                 again = min((s for s in starts if s["attempt"] > k), key=lambda s: s["attempt"])
-                assert (again["node_id"], again["resumed_from_step"]) == ("node-a", last["step"]), starts
+                assert (again["node_id"], again["resumed_from_step"], again["attempt"]) == (
+                    "node-a", last["step"], k + 1), starts   # nothing was placed on node-b while it was gone
                 fourth = await runs_of(conn, job.id, again["attempt"])
                 assert {n: r["resume_uri"] for n, r in fourth.items()} == {
                     "node-a": last["uri"], "node-b": last["uri"]}, fourth
