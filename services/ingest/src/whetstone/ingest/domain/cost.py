@@ -10,8 +10,10 @@ their measured throughputs and negotiated prices.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from typing import Any
+
+from whetstone.contracts.estimates import CostRow
 
 REFERENCE_PARAMS = 7_000_000_000
 MAX_SPEEDUP = 20.0
@@ -36,18 +38,6 @@ METHODS_FOR_PURPOSE = {"sft": ("lora", "qlora", "full"), "dpo": ("dpo", "orpo"),
 
 
 @dataclass(frozen=True)
-class CostRow:
-    """Training the tokens x epochs with one method on one GPU type."""
-
-    gpu_type: str
-    method: str
-    tokens_per_s_per_gpu: float
-    gpu_hours: float
-    on_demand_usd: float
-    spot_usd: float
-
-
-@dataclass(frozen=True)
 class CostEstimate:
     tokens: int
     epochs: int
@@ -65,8 +55,11 @@ class CostEstimate:
 
     def as_dict(self) -> dict[str, Any]:
         """The JSON of the report and of dataset.validated's `cost_estimate`."""
-        return {"currency": self.currency, **{k: v for k, v in asdict(self).items() if k != "currency"},
-                "cheapest": asdict(self.cheapest) if self.cheapest else None}
+        return {"currency": self.currency, "tokens": self.tokens, "epochs": self.epochs,
+                "tokens_x_epochs": self.tokens_x_epochs, "tokens_estimated": self.tokens_estimated,
+                "model_params": self.model_params, "params_source": self.params_source,
+                "reference_params": self.reference_params, "estimates": [r.model_dump() for r in self.estimates],
+                "cheapest": self.cheapest.model_dump() if self.cheapest else None}
 
 
 def _round(x: float) -> float:
@@ -90,7 +83,8 @@ def estimate_cost(tokens: int, epochs: int, purpose: str, model_params: int | No
             if not tps or not price:
                 continue
             hours = trained / (tps * speed) / 3600
-            rows.append(CostRow(gpu, method, _round(tps * speed), _round(hours),
-                                round(hours * price["on_demand"], 4), round(hours * price["spot"], 4)))
+            rows.append(CostRow(gpu_type=gpu, method=method, tokens_per_s_per_gpu=_round(tps * speed),
+                                gpu_hours=_round(hours), on_demand_usd=round(hours * price["on_demand"], 4),
+                                spot_usd=round(hours * price["spot"], 4)))
     rows.sort(key=lambda r: (r.spot_usd, r.gpu_type, r.method))
     return CostEstimate(tokens, epochs, trained, tokens_estimated, params, params_source, reference_params, rows)
