@@ -179,7 +179,10 @@ async def tenant_b(s: aiohttp.ClientSession, key: str, api_port: int, listen_por
         await note("pythonish template", await call(s, "POST", "/v1/templates", headers=headers,
                                                     json={"name": "t", "model": "tiny-llama", "description": text}))
 
-    await asyncio.gather(open_streams(), flood(), one_offs())
+    # the one-off probes go first, while B's rate is unspent: sent during the flood they were answered
+    # 429 (the flood had spent the tenant's rate) and showed nothing of the refusal each one must get
+    await one_offs()
+    await asyncio.gather(open_streams(), flood())
     for r in held:
         r.close()
     return abuses
