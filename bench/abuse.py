@@ -132,9 +132,8 @@ async def tenant_b(s: aiohttp.ClientSession, key: str, api_port: int, listen_por
                 r.release()
 
     async def flood() -> None:
-        """`rate` requests every second on the clock, whether or not the last second's were answered
-        (waiting for a burst's answers before the next made the abuse lighter the slower the platform
-        answered it: 4-8 bursts in 20 s rather than 20)."""
+        """`rate` requests every second on the clock, whether or not the last second's were answered,
+        so a platform that answers slowly gets the same abuse as one that answers fast."""
         deadline = time.monotonic() + seconds
         sent: set[asyncio.Task] = set()
         while time.monotonic() < deadline:
@@ -179,8 +178,8 @@ async def tenant_b(s: aiohttp.ClientSession, key: str, api_port: int, listen_por
         await note("pythonish template", await call(s, "POST", "/v1/templates", headers=headers,
                                                     json={"name": "t", "model": "tiny-llama", "description": text}))
 
-    # the one-off probes go first, while B's rate is unspent: sent during the flood they were answered
-    # 429 (the flood had spent the tenant's rate) and showed nothing of the refusal each one must get
+    # the one-off probes go first, while B's rate is unspent, so each gets its own refusal rather than
+    # the 429 of a rate the flood has spent
     await one_offs()
     await asyncio.gather(open_streams(), flood())
     for r in held:

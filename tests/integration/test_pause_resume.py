@@ -72,8 +72,7 @@ async def test_pause_checkpoints_frees_the_slot_and_resume_finishes_where_it_sto
             await until(lambda: client.files.retrieve(training.id), lambda f: f.status != "uploaded", 120,
                         "validation")
             # the first job gets the one slot; two more wait behind it
-            # four epochs (104 steps): the pause must land while it trains; one epoch's 26 tiny steps took
-            # about 3 s, and on a loaded machine the job had finished before the pause reached its node
+            # four epochs (104 steps, tens of seconds on a loaded machine): the pause lands while it trains
             long = await create(client, training.id, checkpoint_every_steps=1000, n_epochs=4)
             behind = await create(client, training.id)
             waiting = await create(client, training.id)

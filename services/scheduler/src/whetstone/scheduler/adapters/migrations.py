@@ -304,7 +304,7 @@ MIGRATIONS.append(
     """
 )
 
-# what each node's newest heartbeat reports (issue 40): the GPU ids it can take new work on (NULL: not
+# what each node's newest heartbeat reports: the GPU ids it can take new work on (NULL: not
 # reported, e.g. a node known only from the Kubernetes inventory) and whether it is draining
 MIGRATIONS.append(
     """
