@@ -53,7 +53,9 @@ def upload_artifact(store, tenant: str, job_id: str, extra: dict[str, bytes] | N
 
 async def register(p, job_id: str, tenant: str = "demo", *, suffix: str | None = "support", verdict: str = "passed",
                    metrics: list[Metric] | None = None, base_sha: str = BASE_SHA, times: int = 1,
-                   extra: dict[str, bytes] | None = None, stage: str | None = None) -> str:
+                   extra: dict[str, bytes] | None = None, stage: str | None = None, eval_last: bool = False) -> str:
+    """A model registered through the events; `eval_last`: the verdict is read after the job and its final
+    checkpoint, so the registration happens in the eval.completed handler."""
     rt, b = p["registry"], p.settings.kafka_bootstrap
     uri, digest = upload_artifact(rt.store, tenant, job_id, extra)
     spec = TrainingSpec(base_model=BASE, base_model_sha256=base_sha, dataset_id="ds-1", dataset_version="b" * 64,
@@ -62,12 +64,20 @@ async def register(p, job_id: str, tenant: str = "demo", *, suffix: str | None =
     queued = JobQueuedV1(job_id=job_id, tier="standard", spec=spec, resources=Resources(gpu_type="cpu", gpus_per_node=1))
     payload = {**queued.model_dump(mode="json"), **({"suffix": suffix} if suffix else {})}
     metrics = metrics or [Metric(name="holdout_loss", base=2.0, candidate=1.9)]
-    await send_event(b, EvalCompletedV1(job_id=job_id, checkpoint_uri=uri, verdict=verdict, reasons=[f"eval {verdict}"],
-                                        metrics=metrics), tenant, times=times)
+    evaluated = EvalCompletedV1(job_id=job_id, checkpoint_uri=uri, verdict=verdict, reasons=[f"eval {verdict}"],
+                                metrics=metrics)
+    if not eval_last:
+        await send_event(b, evaluated, tenant, times=times)
     await send_event(b, CheckpointWrittenV1(job_id=job_id, segment_id=f"{job_id}-s1", checkpoint_id="c", kind="final",
                                             step=5, uri=uri, manifest_sha256=digest, files=4, size_bytes=1,
                                             written_at=datetime.now(UTC)), tenant, times=times)
     await send_event(b, queued, tenant, times=times, payload=payload)
+    if eval_last:
+        async def read():
+            return await rt.pool.fetchval("SELECT count(*) FROM final_checkpoints f JOIN jobs j USING (job_id)"
+                                          " WHERE job_id = $1", job_id)
+        await wait_until(read, 30, f"{job_id}'s job and final checkpoint read")
+        await send_event(b, evaluated, tenant, times=times)
     model_id = model_id_for(job_id)
     target = stage or ("staging" if verdict == "passed" else "quarantined")
 

@@ -41,12 +41,15 @@ async def test_a_tracking_server_that_is_down_delays_the_run_and_loses_nothing(p
             return await rt.pool.fetchval("SELECT attempts >= 2 AND NOT given_up AND last_error LIKE '%Connect%'"
                                           " FROM tracked_runs WHERE job_id = $1", job)
         await wait_until(failing, 30, "failed tries recorded")
-        model_id = await kit.register(p, job)
+        model_id = await kit.register(p, job, eval_last=True)   # registered by the eval.completed handler
 
         async def queued_all():   # each topic is consumed on its own: the steps may come after the registration
             items = await rt.pool.fetch("SELECT item FROM tracking_items WHERE job_id = $1 AND sent_at IS NULL", job)
             return {r["item"] for r in items} >= {"params", "step:1", "step:2", "card", "end"}
         await wait_until(queued_all, 30, "every item queued while the server is down")
+        order = [r["item"] for r in await rt.pool.fetch(
+            "SELECT item FROM tracking_items WHERE job_id = $1 AND item NOT LIKE 'step:%' ORDER BY seq", job)]
+        assert order[-1] == "end" and [i for i in order if i.startswith("verdict:")], order   # verdict before end
 
         async with mlflow_server(tmp_path / "mlflow", exe, port=port) as server:
             async with httpx.AsyncClient(base_url=await server.ready(), timeout=60) as http:

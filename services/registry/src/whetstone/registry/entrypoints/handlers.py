@@ -39,8 +39,9 @@ async def on_eval_completed(rt: Runtime[RegistryContext], uow: UnitOfWork, env: 
     if ev.request_id:
         await base_models.reeval_completed(rt, ModelStore(uow.conn), ev)
     else:
-        await registration.eval_completed(rt, uow, env.tenant_id, ev)
+        # the verdict is queued for the job's run before registration can queue the run's end
         await tracking.eval_completed(rt, uow, ev, env.occurred_at)
+        await registration.eval_completed(rt, uow, env.tenant_id, ev)
 
 
 async def on_node_fenced(rt: Runtime[RegistryContext], uow: UnitOfWork, env: Envelope, ev: NodeFencedV1) -> None:
