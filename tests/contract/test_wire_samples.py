@@ -7,7 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from whetstone.contracts import EVENT_MODELS, TOLERANT, CostEstimate, DatasetValidatedV1, JobQueuedV1
+from pydantic import ValidationError
+from whetstone.contracts import (EVENT_MODELS, TOLERANT, CostEstimate, DatasetValidatedV1, JobAssignedV1, JobQueuedV1,
+                                 Rendezvous)
 
 pytestmark = pytest.mark.unit
 
@@ -54,3 +56,33 @@ def test_a_price_version_pin_is_read_typed():
         json.loads((Path(__file__).parent / "samples" / "job.queued.merge.json").read_text())["payload"]
         | {"cost_estimate": {"price_version": "2026-11", "estimated_gpu_hours": 1.0}}, context=TOLERANT)
     assert ev.cost_estimate is not None and ev.cost_estimate.price_version == "2026-11"
+
+
+def test_a_gang_member_reads_its_rendezvous_typed():
+    gang = json.loads((Path(__file__).parent / "samples" / "job.assigned.gang.json").read_text())["payload"]
+    meet = JobAssignedV1.model_validate(gang, context=TOLERANT).rendezvous
+    assert meet == Rendezvous(master_addr="10.1.0.1", node_rank=1, nodes=2, hosts=["10.1.0.1", "gpu-b2"])
+    assert meet.master_port is None and "master_port" not in meet.model_dump(mode="json")
+    named = json.loads((Path(__file__).parent / "samples" / "job.assigned.port.json").read_text())["payload"]
+    meet = JobAssignedV1.model_validate(named, context=TOLERANT).rendezvous
+    assert meet is not None and meet.master_port == 29611 and meet.hosts == []
+    assert "hosts" not in meet.model_dump(mode="json")
+
+
+@pytest.mark.parametrize(("rendezvous", "field"), [
+    ({"master_addr": "a", "node_rank": "first", "nodes": 2}, "node_rank"),
+    ({"master_addr": "a", "node_rank": 0, "nodes": "two"}, "nodes"),
+    ({"master_addr": ["a"], "node_rank": 0, "nodes": 2}, "master_addr"),
+    ({"master_addr": "", "node_rank": 0, "nodes": 2}, "master_addr"),
+    ({"node_rank": 0, "nodes": 2}, "master_addr"),
+    ({"master_addr": "a", "node_rank": 0, "nodes": 2, "master_port": 70000}, "master_port"),
+    ({"master_addr": "a", "node_rank": 0, "nodes": 2, "hosts": "a,b"}, "hosts"),
+    ({"master_addr": "a", "node_rank": 2, "nodes": 2}, "node_rank 2 is not below nodes 2"),
+    ({"master_addr": "a", "node_rank": -1, "nodes": 2}, "node_rank"),
+    ({"master_addr": "a", "node_rank": 0, "nodes": 2, "hosts": ["a"]}, "hosts lists 1 addresses for nodes 2"),
+])
+def test_a_malformed_rendezvous_is_refused_naming_the_field(rendezvous: dict[str, object], field: str):
+    gang = json.loads((Path(__file__).parent / "samples" / "job.assigned.gang.json").read_text())["payload"]
+    with pytest.raises(ValidationError, match=field) as refused:
+        JobAssignedV1.model_validate({**gang, "rendezvous": rendezvous}, context=TOLERANT)
+    assert refused.value.errors()[0]["loc"][0] == "rendezvous"

@@ -5,7 +5,7 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Annotated, Any, Literal
 
-from pydantic import Field, field_validator
+from pydantic import Field, SerializerFunctionWrapHandler, field_validator, model_serializer, model_validator
 
 from .base import Contract, Event, JsonAtMost
 from .enums import (
@@ -252,6 +252,32 @@ class CheckpointRef(Contract):
     manifest_sha256: str
 
 
+class Rendezvous(Contract):
+    """Where the nodes of a multi-node gang meet: rank 0's address, this node's rank, the gang's size and
+    every member's address by rank. Only the fields given are written back (an absent `master_port`:
+    every node derives the same one from the segment id)."""
+
+    master_addr: str = Field(min_length=1, max_length=256, description="node rank 0's address")
+    node_rank: int = Field(default=0, ge=0, description="this node's rank in the gang")
+    nodes: int = Field(ge=1, le=1024, description="how many nodes the gang has")
+    hosts: list[Annotated[str, Field(min_length=1, max_length=256)]] = Field(
+        default_factory=list, max_length=1024, description="every member's address, by rank")
+    master_port: int | None = Field(default=None, gt=0, lt=65536, description="absent: derived from the segment id")
+
+    @model_validator(mode="after")
+    def _ranks_fit_the_gang(self) -> Rendezvous:
+        if self.node_rank >= self.nodes:
+            raise ValueError(f"node_rank {self.node_rank} is not below nodes {self.nodes}")
+        if self.hosts and len(self.hosts) != self.nodes:
+            raise ValueError(f"hosts lists {len(self.hosts)} addresses for nodes {self.nodes}")
+        return self
+
+    @model_serializer(mode="wrap")
+    def _given_fields_only(self, handler: SerializerFunctionWrapHandler) -> Any:
+        written = self.model_fields_set
+        return {k: v for k, v in handler(self).items() if k in written}
+
+
 class JobAssignedV1(Event):
     EVENT_TYPE = "job.assigned"
     job_id: str
@@ -261,10 +287,7 @@ class JobAssignedV1(Event):
     gpu_ids: list[int] = Field(default_factory=list)
     spec: TrainingSpec
     resume_from: CheckpointRef | None = None
-    rendezvous: dict[str, Any] | None = Field(
-        default=None, description="multi-node gangs: master_addr (rank 0's address), node_rank, nodes, hosts"
-                                  " (every member's address, by rank), optional master_port (absent: every"
-                                  " node derives the same one from the segment id)")
+    rendezvous: Rendezvous | None = Field(default=None, description="multi-node gangs only: where the nodes meet")
 
 
 class JobCancelledV1(Event):

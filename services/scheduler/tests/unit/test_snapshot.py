@@ -44,9 +44,10 @@ def test_a_gang_meets_at_rank_zero_and_a_single_node_job_needs_no_rendezvous():
 
     assert rendezvous(["a1"], {"a1": "10.0.0.1"}) == [None]
     parts = rendezvous(["b2", "b1", "b3"], {"b1": "10.0.0.1", "b2": "gpu-b2.internal"})
-    assert [p["node_rank"] for p in parts] == [0, 1, 2]
-    assert all(p["master_addr"] == "gpu-b2.internal" and p["nodes"] == 3 for p in parts)
-    assert all(p["hosts"] == ["gpu-b2.internal", "10.0.0.1", "b3"] for p in parts)  # b3 sent no address
+    assert [p.node_rank for p in parts if p] == [0, 1, 2]
+    assert all(p and p.master_addr == "gpu-b2.internal" and p.nodes == 3 for p in parts)
+    assert all(p and p.hosts == ["gpu-b2.internal", "10.0.0.1", "b3"] for p in parts)  # b3 sent no address
+    assert all(p and "master_port" not in p.model_dump(mode="json") for p in parts)  # derived from the segment
 
 
 # --------------------------------------------- what a node reports of itself (heartbeat free ids, draining)

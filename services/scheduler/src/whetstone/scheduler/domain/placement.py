@@ -10,7 +10,8 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+
+from whetstone.contracts import Rendezvous
 
 PoolKey = tuple[str, bool]           # (gpu_type, spot)
 Allowed = Callable[[str, int], bool]  # may this node give this many GPUs to the job being placed?
@@ -145,12 +146,12 @@ def could_ever_fit(shape: Shape, nodes: Iterable[Node], spot: bool | None = None
     return any(c >= shape.nodes for c in per_group.values())
 
 
-def rendezvous(node_ids: Sequence[str], addresses: Mapping[str, str | None]) -> list[dict[str, Any] | None]:
+def rendezvous(node_ids: Sequence[str], addresses: Mapping[str, str | None]) -> list[Rendezvous | None]:
     """Each gang member's part of a multi-node assignment, by rank in placement order: rank 0
     hosts the rendezvous; a node that never reported an address is reached by its node id.
     The port is left out: every member derives the same one from the segment id."""
     if len(node_ids) < 2:
         return [None] * len(node_ids)
     hosts = [addresses.get(n) or n for n in node_ids]
-    return [{"master_addr": hosts[0], "node_rank": rank, "nodes": len(hosts), "hosts": hosts}
+    return [Rendezvous(master_addr=hosts[0], node_rank=rank, nodes=len(hosts), hosts=hosts)
             for rank in range(len(hosts))]

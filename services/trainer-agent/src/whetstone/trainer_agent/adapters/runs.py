@@ -41,7 +41,7 @@ class RunStore:
             " ON CONFLICT DO NOTHING RETURNING status",
             ev.segment_id, ev.job_id, ev.node_id, env.tenant_id, env.trace_id, ev.attempt, ev.gpu_ids,
             ev.spec.model_dump(mode="json"), ev.resume_from.model_dump(mode="json") if ev.resume_from else None,
-            ev.rendezvous)
+            ev.rendezvous.model_dump(mode="json") if ev.rendezvous else None)
         return status != "cancelled"
 
     async def remember_cancel(self, conn: asyncpg.Connection, job_id: str, tenant_id: str,

@@ -17,9 +17,9 @@ from __future__ import annotations
 import zlib
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, ValidationError
+from whetstone.contracts import Rendezvous as AssignedRendezvous
 
 from .distributed import DistributedConfigError, DistributedPlan
 
@@ -66,47 +66,24 @@ def default_master_port(key: str) -> int:
     return PORT_BASE + zlib.crc32(key.encode()) % PORT_SPAN
 
 
-class RendezvousSpec(BaseModel):
-    """The multi-node part of an assignment as the scheduler sends it (JobAssignedV1.rendezvous)."""
-
-    model_config = ConfigDict(extra="ignore", frozen=True)
-    master_addr: str
-    nodes: int
-    node_rank: int = 0
-    master_port: int | None = None   # absent: every node derives the same one from the segment id
-    hosts: tuple[str, ...] = ()
-
-
-def parse_rendezvous(raw: Mapping[str, Any] | None, key: str) -> Rendezvous | None:
-    """The multi-node part of an assignment: {master_addr, node_rank, nodes, [master_port], [hosts]}."""
-    if not raw:
+def resolve_rendezvous(assigned: AssignedRendezvous | None, key: str) -> Rendezvous | None:
+    """Where this node meets its gang: the assignment's rendezvous (checked by its contract model) with
+    the port every node derives alike from the segment id `key` when the scheduler named none."""
+    if assigned is None:
         return None
-    try:
-        spec = RendezvousSpec.model_validate(raw)
-    except ValidationError as exc:
-        raise DistributedConfigError(f"malformed rendezvous {dict(raw)!r}: {exc.errors()[0]['msg']} "
-                                     f"({'.'.join(map(str, exc.errors()[0]['loc']))})") from exc
-    nodes, node_rank, addr, hosts = spec.nodes, spec.node_rank, spec.master_addr, spec.hosts
-    port = spec.master_port or default_master_port(key)
-    if nodes < 1 or not 0 <= node_rank < nodes:
-        raise DistributedConfigError(f"node_rank {node_rank} is not within {nodes} node(s)")
-    if not addr or not 0 < port < 65536:
-        raise DistributedConfigError(f"rendezvous needs a master address and a valid port, got {addr!r}:{port}")
-    if hosts and len(hosts) != nodes:
-        raise DistributedConfigError(f"rendezvous lists {len(hosts)} hosts for {nodes} nodes")
-    return Rendezvous(addr, port, node_rank, nodes, hosts)
+    port = assigned.master_port or default_master_port(key)
+    return Rendezvous(assigned.master_addr, port, assigned.node_rank, assigned.nodes, tuple(assigned.hosts))
 
 
-def gang_nodes(raw: Mapping[str, Any] | None) -> int:
+def gang_nodes(assigned: AssignedRendezvous | None) -> int:
     """How many nodes a segment's rendezvous spans (1 without one)."""
-    nodes = raw.get("nodes") if raw else None
-    return nodes if isinstance(nodes, int) and nodes > 1 else 1
+    return assigned.nodes if assigned is not None else 1
 
 
-def gang_devices(raw: Mapping[str, Any] | None, gpus_per_node: int) -> int:
+def gang_devices(assigned: AssignedRendezvous | None, gpus_per_node: int) -> int:
     """Devices a segment holds across its whole gang (every node's): what rank 0 reports in job.started,
     so metering bills each node's GPU-seconds once (the other nodes report no start of their own)."""
-    return max(gpus_per_node, 1) * gang_nodes(raw)
+    return max(gpus_per_node, 1) * gang_nodes(assigned)
 
 
 def build_launch(*, python: str, module: str, config_path: str, plan: DistributedPlan, gpu_ids: Sequence[int],

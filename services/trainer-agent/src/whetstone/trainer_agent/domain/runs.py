@@ -5,9 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from datetime import datetime
 from enum import StrEnum
-from typing import Any
 
-from whetstone.contracts import CheckpointRef, TrainingSpec
+from whetstone.contracts import CheckpointRef, Rendezvous, TrainingSpec
 from whetstone.contracts.enums import SpecMethod
 
 from .checkpoints import AttemptFence
@@ -55,7 +54,7 @@ class Run:
     gpu_ids: tuple[int, ...]
     spec: TrainingSpec
     resume_from: CheckpointRef | None = None    # what the scheduler asked this segment to resume from
-    rendezvous: dict[str, Any] | None = None    # multi-node: master, node rank, nodes
+    rendezvous: Rendezvous | None = None        # multi-node gangs: where the nodes meet
     latest_checkpoint: CheckpointRef | None = None
     pid: int | None = None
     pid_start: int | None = None
