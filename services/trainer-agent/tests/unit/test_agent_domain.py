@@ -3,11 +3,14 @@ rank environment, checkpoint retention and resume order, exit classification, ca
 
 from __future__ import annotations
 
+import json
 import signal
 
 import pytest
 from whetstone.contracts import CheckpointRef
+from whetstone.contracts import Rendezvous as AssignedRendezvous
 from whetstone.trainer_agent.adapters.runs import _run
+from whetstone.trainer_agent.domain.deepspeed_json import DeepSpeedConfig, Offload
 from whetstone.trainer_agent.domain.checkpoints import (
     AttemptFence,
     StaleAttempt,
@@ -38,7 +41,9 @@ from whetstone.trainer_agent.domain.launch import (
     Rendezvous,
     build_launch,
     default_master_port,
-    parse_rendezvous,
+    gang_devices,
+    gang_nodes,
+    resolve_rendezvous,
 )
 from whetstone.trainer_agent.domain.recipe_io import (
     Checkpoint,
@@ -215,22 +220,40 @@ def test_requested_zero_stage_is_validated(bad):
 
 def test_deepspeed_config_zero_2_leaves_batch_and_precision_to_the_trainer():
     config = deepspeed_config(plan_distributed("lora", 7 * B, gpus(8)))
-    assert config["zero_optimization"]["stage"] == 2
+    assert config is not None and config.zero_stage == 2
+    document = config.document()
     for key in ("train_micro_batch_size_per_gpu", "gradient_accumulation_steps", "train_batch_size",
                 "gradient_clipping"):
-        assert config[key] == "auto"
-    assert config["bf16"] == {"enabled": "auto"}
-    assert "offload_optimizer" not in config["zero_optimization"] and "optimizer" not in config
-    assert not any(k.startswith("stage3") for k in config["zero_optimization"])
+        assert document[key] == "auto"
+    assert document["bf16"] == {"enabled": "auto"}
+    assert "offload_optimizer" not in document["zero_optimization"] and "optimizer" not in document
+    assert not any(k.startswith("stage3") for k in document["zero_optimization"])
 
 
 def test_deepspeed_config_zero_3_gathers_weights_on_save_and_offloads_when_planned():
-    zero3 = deepspeed_config(plan_distributed("full", 30 * B, gpus(8)))["zero_optimization"]
-    assert zero3["stage"] == 3 and zero3["stage3_gather_16bit_weights_on_model_save"] is True
+    zero3 = deepspeed_config(plan_distributed("full", 30 * B, gpus(8)))
+    assert zero3 and zero3.zero_optimization and zero3.zero_optimization.stage3_gather_16bit_weights_on_model_save
     offloaded = deepspeed_config(plan_distributed("full", 7 * B, gpus(1)))
-    assert offloaded["zero_optimization"]["offload_optimizer"]["device"] == "cpu"
-    assert offloaded["zero_optimization"]["offload_param"]["device"] == "cpu"
-    assert offloaded["optimizer"]["type"] == "AdamW"
+    assert offloaded and offloaded.zero_optimization and offloaded.optimizer
+    assert offloaded.zero_optimization.offload_optimizer == Offload(device="cpu", pin_memory=True)
+    assert offloaded.zero_optimization.offload_param == Offload(device="cpu", pin_memory=True)
+    assert offloaded.optimizer.type == "AdamW"
+
+
+def test_a_deepspeed_document_reads_typed_and_writes_back_key_for_key():
+    """The agent's file as the child reads it comes back byte for byte; a config given inline with keys the
+    platform does not type (DeepSpeed's own) comes back with every key and nothing added (typed keys first)."""
+    written = deepspeed_config(plan_distributed("full", 7 * B, gpus(1)))
+    assert written is not None
+    text = written.model_dump_json(indent=1)
+    assert DeepSpeedConfig.model_validate_json(text).model_dump_json(indent=1) == text
+    inline = {"zero_optimization": {"stage": 3, "sub_group_size": 1000000000, "offload_param": {"device": "cpu"}},
+              "activation_checkpointing": {"partition_activations": True}, "train_batch_size": 64}
+    read = DeepSpeedConfig.model_validate(inline)
+    assert read.zero_stage == 3 and read.train_batch_size == 64
+    assert read.document() == inline and "pin_memory" not in json.dumps(read.document())
+    with pytest.raises(ValueError, match="zero_optimization.stage"):
+        DeepSpeedConfig.model_validate({"zero_optimization": {"stage": "three"}})
 
 
 @pytest.mark.parametrize(("name", "params"), [
@@ -259,7 +282,9 @@ def test_deepspeed_configs_validate_against_deepspeed_when_installed():
              plan_distributed("full", 30 * B, gpus(8)), plan_distributed("full", 7 * B, gpus(1)),
              plan_distributed("full", 70 * B, gpus(8, nodes=2))]
     for plan in plans:
-        parsed = ds_config.DeepSpeedConfig(hf_filled(deepspeed_config(plan)))   # unknown keys or bad values raise
+        written = deepspeed_config(plan)
+        assert written is not None
+        parsed = ds_config.DeepSpeedConfig(hf_filled(written.document()))   # unknown keys or bad values raise
         assert parsed.zero_optimization_stage == plan.zero_stage
         assert (parsed.zero_config.offload_optimizer is not None) == plan.offload_optimizer
 
@@ -362,15 +387,13 @@ def test_master_port_is_derived_alike_on_every_node():
     assert PORT_BASE <= default_master_port("anything") < PORT_BASE + PORT_SPAN
 
 
-def test_parse_rendezvous():
-    assert parse_rendezvous(None, "k") is None
-    r = parse_rendezvous({"master_addr": "10.0.0.1", "nodes": 2, "node_rank": 1}, "seg")
-    assert r == Rendezvous("10.0.0.1", default_master_port("seg"), 1, 2)
-    for bad in ({"nodes": 2, "node_rank": 2, "master_addr": "a"}, {"nodes": 2}, {"nodes": "x", "master_addr": "a"},
-                {"nodes": 2, "master_addr": "a", "hosts": ["only-one"]}, {"nodes": 1, "master_addr": "a",
-                                                                         "master_port": 70000}):
-        with pytest.raises(DistributedConfigError):
-            parse_rendezvous(bad, "seg")
+def test_the_assigned_rendezvous_resolves_to_where_the_ranks_meet():
+    assert resolve_rendezvous(None, "k") is None and gang_nodes(None) == 1
+    assigned = AssignedRendezvous(master_addr="10.0.0.1", nodes=2, node_rank=1)
+    assert resolve_rendezvous(assigned, "seg") == Rendezvous("10.0.0.1", default_master_port("seg"), 1, 2)
+    named = AssignedRendezvous(master_addr="a", nodes=2, node_rank=0, hosts=["a", "b"], master_port=29999)
+    assert resolve_rendezvous(named, "seg") == Rendezvous("a", 29999, 0, 2, ("a", "b"))
+    assert gang_nodes(named) == 2
 
 
 # ------------------------------------------------------------------ checkpoints
@@ -521,6 +544,10 @@ def test_run_from_a_row_and_checkpoint_refs_from_stored_json():
     assert run.fence == AttemptFence("demo", "j", 2) and run.spec.method == "lora" and not run.is_merge
     later = _run({**row, "latest_checkpoint": {**ck, "step": 20}})
     assert later.durable_checkpoint.step == 20
+    gang = _run({**row, "rendezvous": {"master_addr": "10.0.0.1", "node_rank": 1, "nodes": 2,
+                                       "hosts": ["10.0.0.1", "10.0.0.2"]}})
+    assert gang.rendezvous == AssignedRendezvous(master_addr="10.0.0.1", node_rank=1, nodes=2,
+                                                 hosts=["10.0.0.1", "10.0.0.2"])
 
 
 def test_child_events_become_job_events():
@@ -563,12 +590,9 @@ def test_completed_and_checkpoint_metrics_are_flat_and_measured_only():
 
 
 def test_rank_zero_reports_the_devices_of_the_whole_gang():
-    from whetstone.trainer_agent.domain.launch import gang_devices, gang_nodes
-
-    assert gang_devices({"master_addr": "a", "nodes": 2, "node_rank": 0}, 1) == 2
-    assert gang_devices({"master_addr": "a", "nodes": 3}, 4) == 12
+    assert gang_devices(AssignedRendezvous(master_addr="a", nodes=2, node_rank=0), 1) == 2
+    assert gang_devices(AssignedRendezvous(master_addr="a", nodes=3), 4) == 12
     assert gang_devices(None, 2) == 2 and gang_devices(None, 0) == 1
-    assert gang_nodes({"nodes": "2"}) == 1   # malformed: counted as one node, never multiplied
 
 
 def test_a_gang_rank_whose_peer_vanished_is_a_lost_node_not_a_failed_job():

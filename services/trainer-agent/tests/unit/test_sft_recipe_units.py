@@ -52,7 +52,7 @@ def test_deepspeed_config_is_read_once_with_its_zero_stage(tmp_path, monkeypatch
     config = tmp_path / "c.json"
     config.write_text(json.dumps({**base, "deepspeed": str(tmp_path / "ds.json")}))
     cfg = RecipeConfig.load(config)
-    assert cfg.deepspeed is not None and cfg.deepspeed.document == document and cfg.zero_stage == 2
+    assert cfg.deepspeed is not None and cfg.deepspeed.document() == document and cfg.zero_stage == 2
     args = training_arguments(cfg.hyperparameters, output_dir=cfg.output_dir, deepspeed=cfg.deepspeed)
     assert args["deepspeed"] == document and "gradient_checkpointing" not in args   # trl's configs keep their own
     assert args["include_num_input_tokens_seen"] == "non_padding"
@@ -62,6 +62,10 @@ def test_deepspeed_config_is_read_once_with_its_zero_stage(tmp_path, monkeypatch
     with pytest.raises(UserError, match="ZeRO-3"):   # inline, the same check
         RecipeConfig.load(config)
     config.write_text(json.dumps({**base, "deepspeed": {"zero_optimization": {"stage": "three"}}}))
+    with pytest.raises(PlatformError, match="deepspeed.*zero_optimization.stage"):
+        RecipeConfig.load(config)
+    (tmp_path / "ds.json").write_text(json.dumps({"zero_optimization": {"stage": "three"}}))
+    config.write_text(json.dumps({**base, "deepspeed": str(tmp_path / "ds.json")}))
     with pytest.raises(PlatformError, match="cannot read DeepSpeed config"):
         RecipeConfig.load(config)
     config.write_text(json.dumps({**base, "deepspeed": str(tmp_path / "missing.json")}))

@@ -4,7 +4,6 @@ the launch command. Blocking IO: run it in a thread."""
 
 from __future__ import annotations
 
-import json
 import shutil
 import sys
 from collections.abc import Iterable
@@ -24,7 +23,7 @@ from ..domain.distributed import (
     requested_zero_stage,
     training_mode,
 )
-from ..domain.launch import COLLECTIVE_TIMEOUT_ENV, NODE_ID_ENV, LaunchSpec, build_launch, parse_rendezvous
+from ..domain.launch import COLLECTIVE_TIMEOUT_ENV, NODE_ID_ENV, LaunchSpec, build_launch, resolve_rendezvous
 from ..domain.recipe_io import DistributedSummary, RecipeReinforcement, TrainingConfig
 from ..domain.runs import Run
 from .checkpoint_store import ResumePoint, S3Checkpoints
@@ -85,7 +84,7 @@ class Workspaces:
         scratch.mkdir(parents=True, exist_ok=True)
         model = pinned_base(spec.base_model, spec.base_model_sha256, self.model_catalog)
         hyper = spec.hyperparameters
-        rendezvous = parse_rendezvous(run.rendezvous, run.segment_id)
+        rendezvous = resolve_rendezvous(run.rendezvous, run.segment_id)
         gpu_node = c.gpu_type != "cpu"
         topology = Topology(nodes=rendezvous.nodes if rendezvous else 1, gpus_per_node=max(len(run.gpu_ids), 1),
                             gpu_node=gpu_node, gpu_memory_gb=c.gpu_memory_gb)
@@ -99,7 +98,7 @@ class Workspaces:
         ds_config = deepspeed_config(plan)
         ds_path = scratch / "deepspeed.json"
         if ds_config:
-            ds_path.write_text(json.dumps(ds_config, indent=1))
+            ds_path.write_text(ds_config.model_dump_json(indent=1))
         config = TrainingConfig(
             job_id=run.job_id, base_model=model.location, train_file=train, validation_file=val,
             output_dir=scratch / "out", method=Method(spec.method), hyperparameters=hyper,

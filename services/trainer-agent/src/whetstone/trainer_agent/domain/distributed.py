@@ -30,7 +30,9 @@ from __future__ import annotations
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Literal
+
+from .deepspeed_json import DeepSpeedConfig, Offload, Optimizer, OptimizerParams, Precision, ZeroOptimization
 
 TrainingMode = Literal["lora", "qlora", "full"]
 
@@ -238,42 +240,31 @@ def _adapter_multi_gpu(mode: TrainingMode, size: float, t: Topology, base: _Shap
         *_zero_init_reason(base)))
 
 
-def deepspeed_config(plan: DistributedPlan) -> dict[str, Any] | None:
-    """The DeepSpeed JSON for a plan (None without DeepSpeed). "auto" values are filled in by the
+def deepspeed_config(plan: DistributedPlan) -> DeepSpeedConfig | None:
+    """The DeepSpeed config for a plan (None without DeepSpeed). "auto" values are filled in by the
     HF Trainer from its TrainingArguments, so batch sizes and precision stay in one place."""
     if not plan.uses_deepspeed:
         return None
-    zero: dict[str, Any] = {
-        "stage": plan.zero_stage,
-        "overlap_comm": True,
-        "contiguous_gradients": True,
-        "reduce_bucket_size": "auto",
-    }
+    zero = ZeroOptimization(stage=plan.zero_stage, overlap_comm=True, contiguous_gradients=True,
+                            reduce_bucket_size="auto")
     if plan.zero_stage == 3:
-        zero.update({
-            "stage3_prefetch_bucket_size": "auto",
-            "stage3_param_persistence_threshold": "auto",
-            "stage3_gather_16bit_weights_on_model_save": True,  # save_model writes whole weights
-        })
+        zero = zero.model_copy(update={"stage3_prefetch_bucket_size": "auto",
+                                       "stage3_param_persistence_threshold": "auto",
+                                       "stage3_gather_16bit_weights_on_model_save": True})
     if plan.offload_optimizer:
-        zero["offload_optimizer"] = {"device": "cpu", "pin_memory": True}
+        zero = zero.model_copy(update={"offload_optimizer": Offload(device="cpu", pin_memory=True)})
     if plan.offload_params:
-        zero["offload_param"] = {"device": "cpu", "pin_memory": True}
-    config: dict[str, Any] = {
-        "train_micro_batch_size_per_gpu": "auto",
-        "gradient_accumulation_steps": "auto",
-        "train_batch_size": "auto",
-        "gradient_clipping": "auto",
-        "bf16": {"enabled": "auto"},
-        "fp16": {"enabled": "auto"},
-        "zero_optimization": zero,
-        "steps_per_print": 1_000_000,        # the recipe reports progress itself
-        "wall_clock_breakdown": False,
-    }
+        zero = zero.model_copy(update={"offload_param": Offload(device="cpu", pin_memory=True)})
+    config = DeepSpeedConfig(
+        train_micro_batch_size_per_gpu="auto", gradient_accumulation_steps="auto", train_batch_size="auto",
+        gradient_clipping="auto", bf16=Precision(enabled="auto"), fp16=Precision(enabled="auto"),
+        zero_optimization=zero,
+        steps_per_print=1_000_000,          # the recipe reports progress itself
+        wall_clock_breakdown=False)
     if plan.offload_optimizer:
         # offloaded optimizer states need DeepSpeed's CPU Adam, declared here
-        config["optimizer"] = {"type": "AdamW", "params": {"lr": "auto", "betas": "auto", "eps": "auto",
-                                                           "weight_decay": "auto"}}
+        config = config.model_copy(update={"optimizer": Optimizer(type="AdamW", params=OptimizerParams(
+            lr="auto", betas="auto", eps="auto", weight_decay="auto"))})
     return config
 
 

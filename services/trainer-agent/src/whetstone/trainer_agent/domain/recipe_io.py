@@ -14,12 +14,14 @@ tolerantly (`TOLERANT`: a field this side does not know is ignored).
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated, Any, Literal
+from typing import Annotated, Literal
 
 from pydantic import Field, JsonValue, TypeAdapter, ValidationError
 from whetstone.contracts import TOLERANT, ReinforcementSpec
 from whetstone.contracts.base import Contract
 from whetstone.contracts.enums import CheckpointKind, ErrorClass, Method
+
+from .deepspeed_json import DeepSpeedConfig
 
 # ------------------------------------------------------------------ CONFIG.json
 
@@ -42,7 +44,7 @@ class DistributedSummary(Contract):
 class TrainingConfig(Contract):
     """A training segment's config. `hyperparameters` is the job's raw object: the recipe validates
     it and fills the defaults only it can know (hyperparams.py), telling the user's values apart by
-    their presence. `deepspeed` is DeepSpeed's own config, inline or the path of its file."""
+    their presence. `deepspeed` is DeepSpeed's own config, inline or the path of its JSON file."""
 
     job_id: str = Field(min_length=1)
     base_model: str = Field(min_length=1)
@@ -53,7 +55,7 @@ class TrainingConfig(Contract):
     validation_file: Path | None = None
     resume_from: Path | None = None
     reinforcement: RecipeReinforcement | None = None
-    deepspeed: Path | dict[str, Any] | None = None
+    deepspeed: DeepSpeedConfig | Path | None = None
     zero_init: bool = False
     distributed: DistributedSummary | None = None
     max_shard_bytes: int | None = Field(default=None, gt=0)  # the final full weights' shard size; None: transformers'

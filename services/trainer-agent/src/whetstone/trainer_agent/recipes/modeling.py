@@ -12,7 +12,7 @@ from .errors import PlatformError, UserError
 from .hyperparams import Hyperparameters
 
 if TYPE_CHECKING:
-    from .spec import DeepSpeedSettings
+    from ..domain.deepspeed_json import DeepSpeedConfig
 
 log = logging.getLogger("whetstone.trainer_agent.recipes")
 
@@ -87,14 +87,14 @@ def quantization_config(skip_modules: tuple[str, ...] | None = None):
                               **({"llm_int8_skip_modules": list(skip_modules)} if skip_modules else {}))
 
 
-def deepspeed_zero_init(deepspeed: DeepSpeedSettings | None, zero_init: bool):
+def deepspeed_zero_init(deepspeed: DeepSpeedConfig | None, zero_init: bool):
     """With ZeRO-3 and zero_init, from_pretrained must see the DeepSpeed config BEFORE loading, so that
     each rank materialises only its shard: keep the returned object alive while models are loaded."""
     if deepspeed is None or not (zero_init and deepspeed.zero_stage == 3):
         return None
     from transformers.integrations import HfDeepSpeedConfig
 
-    return HfDeepSpeedConfig(deepspeed.document)
+    return HfDeepSpeedConfig(deepspeed.document())
 
 
 def load_base_model(ref: str, method: str, *, packing: bool, vision: bool = False):

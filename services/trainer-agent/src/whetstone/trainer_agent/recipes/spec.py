@@ -6,39 +6,19 @@ read; and the checks of the checkpoint to resume from.
 from __future__ import annotations
 
 import hashlib
-import json
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
-from pydantic import BaseModel, JsonValue, TypeAdapter, ValidationError
+from pydantic import ValidationError
 from whetstone.contracts import TOLERANT
 from whetstone.contracts.enums import Method
 
+from ..domain.deepspeed_json import DeepSpeedConfig
 from ..domain.recipe_io import RecipeReinforcement, TrainingConfig
 from .checkpointing import TRAINER_STATE_FILE, TrainerStateFile
 from .errors import PlatformError, UserError
 from .hyperparams import Hyperparameters
 from .safe_load import verify_checkpoint_pickles
-
-
-class _ZeroSection(BaseModel):
-    stage: int | None = None
-
-
-class _DeepSpeedView(BaseModel):
-    """What the recipe itself reads of a DeepSpeed config: the ZeRO stage (the rest is DeepSpeed's)."""
-
-    zero_optimization: _ZeroSection = _ZeroSection()
-
-
-@dataclass(frozen=True)
-class DeepSpeedSettings:
-    """DeepSpeed's own config, handed to transformers as written (`document`, DeepSpeed's JSON object),
-    and its ZeRO stage, read once."""
-
-    document: dict[str, JsonValue]
-    zero_stage: int | None = None
 
 
 @dataclass(frozen=True)
@@ -51,7 +31,7 @@ class RecipeConfig:
     method: Method = Method.LORA
     validation_file: Path | None = None
     resume_from: Path | None = None
-    deepspeed: DeepSpeedSettings | None = None
+    deepspeed: DeepSpeedConfig | None = None
     zero_init: bool = False
     reinforcement: RecipeReinforcement | None = None
     max_shard_bytes: int | None = None   # the final full weights' shard size (None: transformers' own)
@@ -114,20 +94,14 @@ def config_error(path: Path, exc: ValidationError) -> PlatformError | UserError:
     return PlatformError(f"recipe config {path}: {where}: {first['msg']}", code="bad_recipe_config")
 
 
-def _deepspeed_config(value: Path | dict[str, Any] | None) -> DeepSpeedSettings | None:
-    """The config's `deepspeed` (inline, or the path of its file) with its ZeRO stage."""
-    if value is None:
-        return None
+def _deepspeed_config(value: Path | DeepSpeedConfig | None) -> DeepSpeedConfig | None:
+    """The config's `deepspeed`: given inline, or read from the JSON file it names."""
+    if not isinstance(value, Path):
+        return value
     try:
-        text = json.dumps(value) if isinstance(value, dict) else value.read_text()
-        document = _DOCUMENT.validate_json(text)
-        view = _DeepSpeedView.model_validate(document)
+        return DeepSpeedConfig.model_validate_json(value.read_text())
     except (OSError, ValueError) as exc:   # pydantic's ValidationError is a ValueError
         raise PlatformError(f"cannot read DeepSpeed config {value}: {exc}", code="bad_recipe_config") from exc
-    return DeepSpeedSettings(document=document, zero_stage=view.zero_optimization.stage)
-
-
-_DOCUMENT: TypeAdapter[dict[str, JsonValue]] = TypeAdapter(dict[str, JsonValue])
 
 
 def read_resume_state(resume: Path | None) -> TrainerStateFile | None:

@@ -29,8 +29,8 @@ from .gang_check import join_cpu_process_group
 from .gang_order import GangOrder, blank_example, blanks_needed
 
 if TYPE_CHECKING:
+    from ..domain.deepspeed_json import DeepSpeedConfig
     from .session import TrainingSession
-    from .spec import DeepSpeedSettings
     from .validation import Validator
 
 log = logging.getLogger("whetstone.trainer_agent.recipes")
@@ -82,7 +82,7 @@ class SharedTrainingArguments(TypedDict):
     deepspeed: NotRequired[dict[str, JsonValue]]
 
 
-def training_arguments(hp, *, output_dir: Path, deepspeed: DeepSpeedSettings | None,
+def training_arguments(hp, *, output_dir: Path, deepspeed: DeepSpeedConfig | None,
                        count_input_tokens: bool = True) -> SharedTrainingArguments:
     """Keyword arguments of TrainingArguments (or trl's configs) shared by every method. `count_input_tokens`
     off where the inputs have no input_ids for the Trainer to count (GRPO's prompts)."""
@@ -121,8 +121,8 @@ def training_arguments(hp, *, output_dir: Path, deepspeed: DeepSpeedSettings | N
     )
     if hp.gradient_checkpointing:
         args = {**args, "gradient_checkpointing": True}
-    if deepspeed is not None and deepspeed.document:
-        args = {**args, "deepspeed": deepspeed.document}
+    if deepspeed is not None:
+        args = {**args, "deepspeed": deepspeed.document()}
     return args
 
 
