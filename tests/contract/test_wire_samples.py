@@ -86,3 +86,19 @@ def test_a_malformed_rendezvous_is_refused_naming_the_field(rendezvous: dict[str
     with pytest.raises(ValidationError, match=field) as refused:
         JobAssignedV1.model_validate({**gang, "rendezvous": rendezvous}, context=TOLERANT)
     assert refused.value.errors()[0]["loc"][0] == "rendezvous"
+
+
+def test_ingest_gate_figures_are_typed_after_reading_and_unknown_ones_are_kept():
+    sample = json.loads((Path(__file__).parent / "samples" / "dataset.validated.gate_stats.json").read_text())["payload"]
+    stats = DatasetValidatedV1.model_validate(sample, context=TOLERANT).stats
+    assert stats.rows_with_images == 0 and stats.tokenization and stats.tokenization.tokenized_cache == "written"
+    assert stats.token_histogram and stats.token_histogram[-1].max is None
+    assert stats.contamination_examples and stats.contamination_examples[1].reference is None
+    newer = {**sample, "stats": {**sample["stats"], "a_newer_figure": {"kept": [1, 2]}}}
+    read = DatasetValidatedV1.model_validate(newer, context=TOLERANT)
+    assert compact(read.model_dump(mode="json")) == compact(newer)   # a newer ingest's key comes back as sent
+    with pytest.raises(ValidationError, match="a_newer_figure"):  # a producer of this version may not send one
+        DatasetValidatedV1(**newer)
+    with pytest.raises(ValidationError, match="stats.token_histogram.0.count"):
+        DatasetValidatedV1.model_validate({**sample, "stats": {"token_histogram": [{"min": 0, "count": "many"}]}},
+                                          context=TOLERANT)

@@ -1,6 +1,7 @@
 """Whetstone's wire contract: envelope, events, topic table."""
 
 from .base import TOLERANT, Contract, Envelope, Event, utcnow
+from .dataset_stats import *  # noqa: F403
 from .enums import *  # noqa: F403
 from .estimates import *  # noqa: F403
 from .events import *  # noqa: F403

@@ -8,6 +8,7 @@ from typing import Annotated, Any, Literal
 from pydantic import Field, SerializerFunctionWrapHandler, field_validator, model_serializer, model_validator
 
 from .base import Contract, Event, JsonAtMost
+from .dataset_stats import DatasetStats
 from .enums import (
     CheckpointKind,
     DatasetStatus,
@@ -58,7 +59,7 @@ class DatasetValidatedV1(Event):
     errors: list[ValidationIssue] = Field(default_factory=list)
     error_count: int = 0
     warnings: list[ValidationIssue] = Field(default_factory=list)
-    stats: dict[str, Any] = Field(default_factory=dict)
+    stats: DatasetStats = Field(default_factory=DatasetStats)
     policies: dict[str, str] = Field(default_factory=dict)
     raw_uri: str | None = None
     train_uri: str | None = None

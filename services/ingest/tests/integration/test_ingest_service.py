@@ -45,8 +45,8 @@ async def test_chat_upload_is_validated_stored_and_immutable(platform, settings,
         v = DatasetValidatedV1.model_validate(env["payload"])
         assert v.status == "accepted" and v.format == "jsonl" and v.data_schema == "chat" and v.purpose == "sft"
         assert v.version == hashlib.sha256(jsonl(rows)).hexdigest() and v.dataset_id == dataset_id_for(v.version)
-        assert v.rows_total == 41 and v.rows_kept == 40 and v.stats["exact_duplicates"] == 1
-        assert v.tokens_total and v.stats["tokens_estimated"] and v.stats["token_histogram"]
+        assert v.rows_total == 41 and v.rows_kept == 40 and v.stats.exact_duplicates == 1
+        assert v.tokens_total and v.stats.tokens_estimated and v.stats.token_histogram
         assert v.policies["pii"] == "warn" and v.policies["near_dup_threshold"] == "0.9"
         cost = v.cost_estimate
         assert cost and cost.cheapest and cost.cheapest.gpu_hours > 0 and cost.estimates
@@ -82,20 +82,21 @@ async def test_tenant_policies_references_and_tokenized_cache(platform, settings
         [env] = await verdicts(rt, sub.dataset_id)
         v = DatasetValidatedV1.model_validate(env["payload"])
         assert v.status == "accepted", v.errors
-        assert v.rows_kept == 21 and v.stats["contaminated"] == 1 and v.stats["pii_hits"] == 1
-        assert v.stats["references"] == {"astro-eval": {"items": 1, "ngrams": 11}}
-        assert v.stats["contamination_examples"][0]["line"] == 21
+        assert v.rows_kept == 21 and v.stats.contaminated == 1 and v.stats.pii_hits == 1
+        assert v.stats.references == {"astro-eval": {"items": 1, "ngrams": 11}}
+        assert v.stats.contamination_examples and v.stats.contamination_examples[0].line == 21
         assert v.policies["pii"] == "redact" and v.policies["contamination"] == "remove"
         text = rt.store.get_bytes(v.train_uri) + (rt.store.get_bytes(v.validation_uri) if v.validation_uri else b"")
         assert b"[EMAIL]" in text and b"ceo@acme" not in text and b"Saturn" not in text
-        assert not v.stats["tokens_estimated"] and v.cost_estimate and v.cost_estimate.params_source == "safetensors"
-        tok = v.stats["tokenization"]
-        assert len(tok["mask_preview"]) == 3 and tok["tokenized_cache"] == "written"
-        manifest = json.loads(rt.store.get_bytes(tok["tokenized_uri"] + "/manifest.json"))
-        assert manifest["dataset_version"] == v.version and manifest["tokenizer_hash"] == tok["tokenizer_hash"]
-        cached = b"".join(rt.store.get_bytes(f"{tok['tokenized_uri']}/{side}") for side in manifest["files"].values())
+        assert not v.stats.tokens_estimated and v.cost_estimate and v.cost_estimate.params_source == "safetensors"
+        tok = v.stats.tokenization
+        assert tok and tok.tokenized_uri and len(tok.mask_preview) == 3 and tok.tokenized_cache == "written"
+        assert v.stats.tokenized_uri == tok.tokenized_uri and v.stats.tokenized_cache == "written"
+        manifest = json.loads(rt.store.get_bytes(tok.tokenized_uri + "/manifest.json"))
+        assert manifest["dataset_version"] == v.version and manifest["tokenizer_hash"] == tok.tokenizer_hash
+        cached = b"".join(rt.store.get_bytes(f"{tok.tokenized_uri}/{side}") for side in manifest["files"].values())
         assert sum(len(json.loads(x)["input_ids"]) for x in cached.splitlines()) == v.tokens_total
-        audit = [json.loads(x) for x in rt.store.get_bytes(v.stats["audit_uri"]).splitlines()]
+        audit = [json.loads(x) for x in rt.store.get_bytes(v.stats.audit_uri or "").splitlines()]
         assert {(a["line"], a["reason"]) for a in audit} == {(21, "contamination"), (22, "pii")}
 
         # the same content for another base model that shares the tokenizer: the cache is reused

@@ -14,7 +14,8 @@ from fastapi.responses import StreamingResponse
 from pydantic import BaseModel, ConfigDict, Field
 from starlette.concurrency import iterate_in_threadpool
 
-from whetstone.contracts import CostEstimate, DatasetDeletedV1, DatasetSubmittedV1, DatasetValidatedV1, ValidationIssue
+from whetstone.contracts import (TOLERANT, CostEstimate, DatasetDeletedV1, DatasetStats, DatasetSubmittedV1,
+                                 DatasetValidatedV1, ValidationIssue)
 from whetstone.runtime.errors import ApiError
 from whetstone.runtime.file_ids import file_id_key, mint_file_id
 from whetstone.runtime.http import ListPage, list_page, not_found
@@ -53,7 +54,7 @@ class FileValidation(BaseModel):
     errors: list[ValidationIssue]
     warnings: list[ValidationIssue]
     report_uri: str | None
-    stats: dict[str, Any]
+    stats: DatasetStats                  # the figures of REPORT_STATS the gate gave
     cost_estimate: CostEstimate | None   # its given fields only, as the dataset.validated event has them
 
 
@@ -83,8 +84,8 @@ def _validation(v: DatasetValidatedV1) -> FileValidation:
     return FileValidation(
         status=v.status, format=v.format, schema_=v.data_schema, rows_total=v.rows_total, rows_kept=v.rows_kept,
         tokens_total=v.tokens_total, error_count=v.error_count, errors=v.errors, warnings=v.warnings,
-        report_uri=v.report_uri, stats={k: x for k, x in v.stats.items() if k in REPORT_STATS},
-        cost_estimate=v.cost_estimate)
+        report_uri=v.report_uri, cost_estimate=v.cost_estimate,
+        stats=DatasetStats.model_validate(v.stats.model_dump(mode="json", include=REPORT_STATS), context=TOLERANT))
 
 
 def file_object(f: FileRecord) -> FileObject:

@@ -15,13 +15,13 @@ import hashlib
 import json
 import tempfile
 import time
-from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict
-from whetstone.contracts import (CostEstimate, DatasetStatus, DatasetSubmittedV1, DatasetValidatedV1, Purpose,
-                                 ValidationIssue, dataset_id_for)
+from whetstone.contracts import (ContaminatedRow, CostEstimate, DatasetStats, DatasetStatus, DatasetSubmittedV1,
+                                 DatasetValidatedV1, MaskPreview, NearDuplicateCluster, Purpose, TokenBucket,
+                                 TokenizationSummary, ValidationIssue, dataset_id_for)
 from whetstone.runtime.file_ids import FILE_ID_PREFIX, file_id_key, minted_for
 from whetstone.runtime.s3 import ObjectStore, parse_uri, tenant_prefix
 from whetstone.runtime.service import Runtime
@@ -86,27 +86,36 @@ def _throttled_log(rt: Runtime[IngestContext], dataset_id: str) -> Progress:
     return progress
 
 
-def _event_stats(report: GateReport, size: int, extra: dict[str, Any]) -> dict[str, Any]:
+def _event_stats(report: GateReport, size: int, base_model: str | None) -> DatasetStats:
     """The report's figures for dataset.validated (lists capped; the full report is at report_uri)."""
     c, stats = report.counts, report.stats
     assert report.near_dup and report.contamination and report.pii and report.tokenization and stats
-    return {
-        "train_rows": c.train_rows, "validation_rows": c.validation_rows, "exact_duplicates": c.exact_duplicates,
-        "near_duplicates": c.near_duplicates, "contaminated": c.contaminated, "pii_hits": c.pii_hits, "toxic": c.toxic,
-        "size_bytes": size, "output_schema": report.output_schema, "tokens_estimated": report.tokens_estimated,
-        "layout": report.layout, "layout_counts": report.layout_counts, "role_mapping": report.role_mapping,
-        "ignored_keys": report.ignored_keys,
-        "error_counts": report.error_counts, "warning_counts": report.warning_counts,
-        "tokens": stats.tokens, "token_histogram": [asdict(b) for b in stats.token_histogram], "roles": stats.roles,
-        "turns": stats.turns, "trained_tokens": stats.trained_tokens,
-        "near_dup_clusters": [asdict(c) for c in report.near_dup.clusters[:EVENT_LIST_LIMIT]],
-        "contamination_examples": [asdict(e) for e in report.contamination.examples[:EVENT_LIST_LIMIT]],
-        "references": report.contamination.references, "pii_by_kind": report.pii.by_kind,
-        "tokenization": asdict(report.tokenization), "timings": report.timings,
+    tok = report.tokenization
+    return DatasetStats(
+        train_rows=c.train_rows, validation_rows=c.validation_rows, exact_duplicates=c.exact_duplicates,
+        near_duplicates=c.near_duplicates, contaminated=c.contaminated, pii_hits=c.pii_hits, toxic=c.toxic,
+        size_bytes=size, output_schema=report.output_schema, tokens_estimated=report.tokens_estimated,
+        layout=report.layout, layout_counts=report.layout_counts, role_mapping=report.role_mapping,
+        ignored_keys=report.ignored_keys, error_counts=report.error_counts, warning_counts=report.warning_counts,
+        tokens=stats.tokens, token_histogram=[TokenBucket(min=b.min, max=b.max, count=b.count)
+                                              for b in stats.token_histogram],
+        roles=stats.roles, turns=stats.turns, trained_tokens=stats.trained_tokens,
+        near_dup_clusters=[NearDuplicateCluster(kept_line=k.kept_line, duplicate_lines=k.duplicate_lines, size=k.size,
+                                                max_jaccard=k.max_jaccard)
+                           for k in report.near_dup.clusters[:EVENT_LIST_LIMIT]],
+        contamination_examples=[ContaminatedRow(line=e.line, fraction=e.fraction, reference=e.reference)
+                                for e in report.contamination.examples[:EVENT_LIST_LIMIT]],
+        references=report.contamination.references, pii_by_kind=report.pii.by_kind,
+        tokenization=TokenizationSummary(
+            max_seq_len=tok.max_seq_len, over_length_policy=tok.over_length_policy, tokenizer=tok.tokenizer,
+            tokenizer_hash=tok.tokenizer_hash, fingerprint=tok.fingerprint, cache=tok.cache,
+            over_length=tok.over_length, truncated=tok.truncated, dropped=tok.dropped,
+            mask_preview=[MaskPreview(line=m.line, rendered=m.rendered) for m in tok.mask_preview],
+            tokenized_uri=tok.tokenized_uri, tokenized_cache=tok.tokenized_cache),
+        timings=report.timings,
         # images of the rows written: the scheduler refuses a job whose base cannot see them
-        "images": report.images.images if report.images else 0,
-        "rows_with_images": report.images.rows_with_images if report.images else 0, **extra,
-    }
+        images=report.images.images if report.images else 0,
+        rows_with_images=report.images.rows_with_images if report.images else 0, base_model=base_model)
 
 
 class TokenizedManifest(BaseModel):
@@ -204,7 +213,7 @@ def process_upload(rt: Runtime[IngestContext], tenant_id: str, ev: DatasetSubmit
 
         def rejected(issue: Issue) -> DatasetValidatedV1:
             event = reject(ev, version, issue.code, issue.message, issue.line, raw_uri=raw_uri, report_uri=report_uri,
-                           stats={"size_bytes": size})
+                           stats=DatasetStats(size_bytes=size))
             store.put_bytes(f"{prefix}/report.json", event.model_dump_json(indent=1).encode(), "application/json")
             return event
 
@@ -237,7 +246,6 @@ def process_upload(rt: Runtime[IngestContext], tenant_id: str, ev: DatasetSubmit
                                   f"({type(exc).__name__}); the platform team has been alerted"))
         report = result.report
         uris: dict[str, str] = {}
-        extra: dict[str, Any] = {"base_model": ev.base_model}
         if result.accepted:
             if result.train_path:
                 uris["train_uri"] = store.put_file(f"{prefix}/train.jsonl", result.train_path)
@@ -245,11 +253,12 @@ def process_upload(rt: Runtime[IngestContext], tenant_id: str, ev: DatasetSubmit
                 uris["validation_uri"] = store.put_file(f"{prefix}/validation.jsonl", result.validation_path)
             if tokenized_base:
                 _store_tokenized(store, tokenized_base, version, result)
+        stats = _event_stats(report, size, ev.base_model)
         if report.tokenization and report.tokenization.tokenized_uri:
-            extra.update(tokenized_uri=report.tokenization.tokenized_uri,
-                         tokenized_cache=report.tokenization.tokenized_cache)
+            stats = stats.model_copy(update={"tokenized_uri": report.tokenization.tokenized_uri,
+                                             "tokenized_cache": report.tokenization.tokenized_cache})
         if result.audit_path.stat().st_size:
-            extra["audit_uri"] = store.put_file(f"{prefix}/audit.jsonl", result.audit_path)
+            stats = stats.model_copy(update={"audit_uri": store.put_file(f"{prefix}/audit.jsonl", result.audit_path)})
         c = report.counts
         event = DatasetValidatedV1(
             dataset_id=ev.dataset_id, version=version, name=ev.name, status=report.status,
@@ -257,7 +266,7 @@ def process_upload(rt: Runtime[IngestContext], tenant_id: str, ev: DatasetSubmit
             rows_total=c.rows_total, rows_kept=c.rows_kept, tokens_total=report.tokens_total,
             errors=[ValidationIssue(**i.as_dict()) for i in report.errors], error_count=report.error_count,
             warnings=[ValidationIssue(**i.as_dict()) for i in report.warnings],
-            stats=_event_stats(report, size, extra),
+            stats=stats,
             policies={**report.policies, "split": f"hash:{cfg.validation_fraction}", "dedup": "exact+minhash"},
             raw_uri=raw_uri, report_uri=report_uri,
             cost_estimate=CostEstimate.model_validate(report.cost_estimate.as_dict()) if report.cost_estimate else None,

@@ -289,7 +289,7 @@ class JobStore:
             tenant_id, ev.dataset_id, ev.version, ev.status, ev.purpose, ev.train_uri, ev.validation_uri,
             ev.rows_kept, ev.tokens_total, [e.model_dump(mode="json") for e in ev.errors],
             ev.cost_estimate.model_dump(mode="json") if ev.cost_estimate is not None else None,
-            ev.data_schema, int((ev.stats or {}).get("rows_with_images") or 0))
+            ev.data_schema, ev.stats.rows_with_images or 0)
 
     # --------------------------------------------------------------- nodes
 
