@@ -8,7 +8,8 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Annotated, Any, ClassVar
 
-from pydantic import BaseModel, ConfigDict, Field, GetCoreSchemaHandler, GetJsonSchemaHandler, ValidationInfo, model_validator
+from pydantic import (BaseModel, ConfigDict, Field, GetCoreSchemaHandler, GetJsonSchemaHandler,
+                      SerializerFunctionWrapHandler, ValidationInfo, model_serializer, model_validator)
 from pydantic.json_schema import JsonSchemaValue
 from pydantic_core import CoreSchema, core_schema
 
@@ -65,6 +66,17 @@ class Contract(BaseModel):
             if unknown:
                 raise ValueError(f"unknown field(s) for {cls.__name__}: {', '.join(unknown)}")
         return data
+
+
+class GivenFieldsOnly(Contract):
+    """A contract whose JSON has only the fields its producer gave (and, where a model keeps them, the
+    unknown keys it read): optional fields left out stay out, so a value read and written back is the
+    JSON its producer built, key for key."""
+
+    @model_serializer(mode="wrap")
+    def _given_fields_only(self, handler: SerializerFunctionWrapHandler) -> Any:
+        given = self.model_fields_set | set(self.model_extra or ())
+        return {k: v for k, v in handler(self).items() if k in given}
 
 
 class Event(Contract):

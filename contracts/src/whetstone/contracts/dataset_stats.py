@@ -7,21 +7,12 @@ ingest's) and writes them back after the known ones; a producer may send none.""
 
 from __future__ import annotations
 
-from typing import Any
+from pydantic import ConfigDict
 
-from pydantic import ConfigDict, SerializerFunctionWrapHandler, model_serializer
-
-from .base import Contract
+from .base import GivenFieldsOnly
 
 
-class _GivenFieldsOnly(Contract):
-    @model_serializer(mode="wrap")
-    def _given_fields_only(self, handler: SerializerFunctionWrapHandler) -> Any:
-        given = self.model_fields_set | set(self.model_extra or ())
-        return {k: v for k, v in handler(self).items() if k in given}
-
-
-class TokenBucket(_GivenFieldsOnly):
+class TokenBucket(GivenFieldsOnly):
     """Rows whose token length is in [min, max); `max` None: the open-ended last bucket."""
 
     min: int
@@ -29,7 +20,7 @@ class TokenBucket(_GivenFieldsOnly):
     count: int
 
 
-class NearDuplicateCluster(_GivenFieldsOnly):
+class NearDuplicateCluster(GivenFieldsOnly):
     """The line kept and (the first of) the lines removed as its near-copies."""
 
     kept_line: int
@@ -38,7 +29,7 @@ class NearDuplicateCluster(_GivenFieldsOnly):
     max_jaccard: float
 
 
-class ContaminatedRow(_GivenFieldsOnly):
+class ContaminatedRow(GivenFieldsOnly):
     """A row found in a reference set: the fraction of its n-grams there, and which set."""
 
     line: int
@@ -46,14 +37,14 @@ class ContaminatedRow(_GivenFieldsOnly):
     reference: str | None = None
 
 
-class MaskPreview(_GivenFieldsOnly):
+class MaskPreview(GivenFieldsOnly):
     """A row rendered with the chat template, its trained tokens wrapped in [[ ]]."""
 
     line: int
     rendered: str
 
 
-class TokenizationSummary(_GivenFieldsOnly):
+class TokenizationSummary(GivenFieldsOnly):
     """How the rows were tokenized for the base model (or estimated without one)."""
 
     max_seq_len: int
@@ -70,7 +61,7 @@ class TokenizationSummary(_GivenFieldsOnly):
     tokenized_cache: str | None = None   # "written" or "hit"
 
 
-class DatasetStats(_GivenFieldsOnly):
+class DatasetStats(GivenFieldsOnly):
     """The gate's figures, in the order ingest writes them."""
 
     model_config = ConfigDict(extra="allow")

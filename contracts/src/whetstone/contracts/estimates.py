@@ -3,11 +3,7 @@ which the scheduler extends with the job's runtime and GPU-hours (`job.queued`).
 
 from __future__ import annotations
 
-from typing import Any
-
-from pydantic import SerializerFunctionWrapHandler, model_serializer
-
-from .base import Contract
+from .base import Contract, GivenFieldsOnly
 
 
 class CostRow(Contract):
@@ -21,7 +17,7 @@ class CostRow(Contract):
     spot_usd: float
 
 
-class CostEstimate(Contract):
+class CostEstimate(GivenFieldsOnly):
     """Every field is optional and only the fields given are written back: a dataset's estimate has only
     ingest's figures, a merge job's its merge id and the scheduler's figures, and `over_soft_quota` appears only
     when it is true. The JSON is the same one the producer built, key for key."""
@@ -43,11 +39,6 @@ class CostEstimate(Contract):
     estimated_gpu_hours: float | None = None
     over_soft_quota: bool | None = None
     price_version: str | None = None   # a quote pinned to a price version (metering bills at it)
-
-    @model_serializer(mode="wrap")
-    def _given_fields_only(self, handler: SerializerFunctionWrapHandler) -> Any:
-        written = self.model_fields_set
-        return {k: v for k, v in handler(self).items() if k in written}
 
     def for_job(self, runtime_s: float, gpu_hours: float, over_soft_quota: bool) -> CostEstimate:
         """This estimate with the job's runtime and GPU-hours (and the soft-quota flag when it is over)."""

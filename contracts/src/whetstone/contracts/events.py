@@ -5,9 +5,9 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Annotated, Any, Literal
 
-from pydantic import Field, SerializerFunctionWrapHandler, field_validator, model_serializer, model_validator
+from pydantic import Field, field_validator, model_validator
 
-from .base import Contract, Event, JsonAtMost
+from .base import Contract, Event, GivenFieldsOnly, JsonAtMost
 from .dataset_stats import DatasetStats
 from .enums import (
     CheckpointKind,
@@ -253,7 +253,7 @@ class CheckpointRef(Contract):
     manifest_sha256: str
 
 
-class Rendezvous(Contract):
+class Rendezvous(GivenFieldsOnly):
     """Where the nodes of a multi-node gang meet: rank 0's address, this node's rank, the gang's size and
     every member's address by rank. Only the fields given are written back (an absent `master_port`:
     every node derives the same one from the segment id)."""
@@ -272,11 +272,6 @@ class Rendezvous(Contract):
         if self.hosts and len(self.hosts) != self.nodes:
             raise ValueError(f"hosts lists {len(self.hosts)} addresses for nodes {self.nodes}")
         return self
-
-    @model_serializer(mode="wrap")
-    def _given_fields_only(self, handler: SerializerFunctionWrapHandler) -> Any:
-        written = self.model_fields_set
-        return {k: v for k, v in handler(self).items() if k in written}
 
 
 class JobAssignedV1(Event):
