@@ -1,30 +1,27 @@
 """DeepSpeed's own config as the agent writes it (`distributed.deepspeed_config`) and the training child
 reads it (`TrainingConfig.deepspeed`, recipes/spec.py). Pure.
 
-The keys the platform writes or reads are typed; any other DeepSpeed key is kept as written, so a
-config given inline passes through to DeepSpeed whole. Only the keys given are written back: the JSON
-handed to DeepSpeed is the one its producer built, key for key. "auto" values are filled in by the
-HF Trainer from its TrainingArguments.
+The keys the platform writes or reads are typed; the child reads tolerantly, so any other DeepSpeed
+key is kept as written and a config given inline passes through to DeepSpeed whole. Only the keys
+given are written back: the JSON handed to DeepSpeed is the one its producer built, key for key.
+"auto" values are filled in by the HF Trainer from its TrainingArguments.
 """
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, JsonValue, SerializerFunctionWrapHandler, model_serializer
+from pydantic import ConfigDict, Field, JsonValue
+from whetstone.contracts.base import GivenFieldsOnly
 
 Auto = Literal["auto"]
 
 
-class DeepSpeedSection(BaseModel):
-    """A part of DeepSpeed's config: typed keys, other keys kept, given keys only written back."""
+class DeepSpeedSection(GivenFieldsOnly):
+    """A part of DeepSpeed's config: typed keys, other keys kept (when read tolerantly), given keys only
+    written back."""
 
-    model_config = ConfigDict(extra="allow", frozen=True)
-
-    @model_serializer(mode="wrap")
-    def _given_keys_only(self, handler: SerializerFunctionWrapHandler) -> Any:
-        given = self.model_fields_set | set(self.model_extra or ())
-        return {k: v for k, v in handler(self).items() if k in given}
+    model_config = ConfigDict(extra="allow")
 
 
 class Offload(DeepSpeedSection):

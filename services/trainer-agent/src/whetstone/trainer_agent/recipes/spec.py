@@ -99,7 +99,7 @@ def _deepspeed_config(value: Path | DeepSpeedConfig | None) -> DeepSpeedConfig |
     if not isinstance(value, Path):
         return value
     try:
-        return DeepSpeedConfig.model_validate_json(value.read_text())
+        return DeepSpeedConfig.model_validate_json(value.read_text(), context=TOLERANT)
     except (OSError, ValueError) as exc:   # pydantic's ValidationError is a ValueError
         raise PlatformError(f"cannot read DeepSpeed config {value}: {exc}", code="bad_recipe_config") from exc
 
