@@ -15,12 +15,13 @@ import hashlib
 import json
 import tempfile
 import time
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict
 from whetstone.contracts import (ContaminatedRow, CostEstimate, DatasetStats, DatasetStatus, DatasetSubmittedV1,
-                                 DatasetValidatedV1, MaskPreview, NearDuplicateCluster, Purpose, TokenBucket,
+                                 DatasetValidatedV1, NearDuplicateCluster, Purpose, TokenBucket,
                                  TokenizationSummary, ValidationIssue, dataset_id_for)
 from whetstone.runtime.file_ids import FILE_ID_PREFIX, file_id_key, minted_for
 from whetstone.runtime.s3 import ObjectStore, parse_uri, tenant_prefix
@@ -90,28 +91,20 @@ def _event_stats(report: GateReport, size: int, base_model: str | None) -> Datas
     """The report's figures for dataset.validated (lists capped; the full report is at report_uri)."""
     c, stats = report.counts, report.stats
     assert report.near_dup and report.contamination and report.pii and report.tokenization and stats
-    tok = report.tokenization
     return DatasetStats(
         train_rows=c.train_rows, validation_rows=c.validation_rows, exact_duplicates=c.exact_duplicates,
         near_duplicates=c.near_duplicates, contaminated=c.contaminated, pii_hits=c.pii_hits, toxic=c.toxic,
         size_bytes=size, output_schema=report.output_schema, tokens_estimated=report.tokens_estimated,
         layout=report.layout, layout_counts=report.layout_counts, role_mapping=report.role_mapping,
         ignored_keys=report.ignored_keys, error_counts=report.error_counts, warning_counts=report.warning_counts,
-        tokens=stats.tokens, token_histogram=[TokenBucket(min=b.min, max=b.max, count=b.count)
-                                              for b in stats.token_histogram],
+        tokens=stats.tokens, token_histogram=[TokenBucket.model_validate(asdict(b)) for b in stats.token_histogram],
         roles=stats.roles, turns=stats.turns, trained_tokens=stats.trained_tokens,
-        near_dup_clusters=[NearDuplicateCluster(kept_line=k.kept_line, duplicate_lines=k.duplicate_lines, size=k.size,
-                                                max_jaccard=k.max_jaccard)
+        near_dup_clusters=[NearDuplicateCluster.model_validate(asdict(k))
                            for k in report.near_dup.clusters[:EVENT_LIST_LIMIT]],
-        contamination_examples=[ContaminatedRow(line=e.line, fraction=e.fraction, reference=e.reference)
+        contamination_examples=[ContaminatedRow.model_validate(asdict(e))
                                 for e in report.contamination.examples[:EVENT_LIST_LIMIT]],
         references=report.contamination.references, pii_by_kind=report.pii.by_kind,
-        tokenization=TokenizationSummary(
-            max_seq_len=tok.max_seq_len, over_length_policy=tok.over_length_policy, tokenizer=tok.tokenizer,
-            tokenizer_hash=tok.tokenizer_hash, fingerprint=tok.fingerprint, cache=tok.cache,
-            over_length=tok.over_length, truncated=tok.truncated, dropped=tok.dropped,
-            mask_preview=[MaskPreview(line=m.line, rendered=m.rendered) for m in tok.mask_preview],
-            tokenized_uri=tok.tokenized_uri, tokenized_cache=tok.tokenized_cache),
+        tokenization=TokenizationSummary.model_validate(asdict(report.tokenization)),
         timings=report.timings,
         # images of the rows written: the scheduler refuses a job whose base cannot see them
         images=report.images.images if report.images else 0,
