@@ -18,6 +18,7 @@ from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
 from whetstone.contracts import DatasetStatus
+from whetstone.contracts.dataset_stats import TokenizationSummary
 
 from .cost import CostEstimate
 from .images import CONVERTED_MODES, ImageLimits, RowImages, openai_image_tokens
@@ -56,13 +57,6 @@ class ContaminatedExample:
     reference: str | None
 
 
-@dataclass(frozen=True)
-class MaskPreview:
-    """A row rendered with the chat template, its trained tokens wrapped in [[ ]]."""
-    line: int
-    rendered: str
-
-
 @dataclass
 class NearDupReport:
     threshold: float
@@ -96,20 +90,13 @@ class ToxicityReport:
     flagged: int = 0
 
 
-@dataclass
-class TokenizationReport:
-    max_seq_len: int
-    over_length_policy: str
-    tokenizer: str | None = None
-    tokenizer_hash: str | None = None
-    fingerprint: str | None = None
-    cache: str | None = None               # None (no earlier counts), "reused" or "stale"
-    over_length: int = 0
-    truncated: int = 0
-    dropped: int = 0
-    mask_preview: list[MaskPreview] = field(default_factory=list)
-    tokenized_uri: str | None = None       # set by the service once stored
-    tokenized_cache: str | None = None     # "written" or "hit"
+def tokenization_section(max_seq_len: int, over_length_policy: str, tokenizer: str | None = None,
+                         tokenizer_hash: str | None = None, fingerprint: str | None = None) -> TokenizationSummary:
+    """The report's tokenization section before any row is tokenized. Every field is given, so the
+    report and dataset.validated write each key, null or zero until the tokenize pass fills it."""
+    return TokenizationSummary(max_seq_len=max_seq_len, over_length_policy=over_length_policy, tokenizer=tokenizer,
+                               tokenizer_hash=tokenizer_hash, fingerprint=fingerprint, cache=None, over_length=0,
+                               truncated=0, dropped=0, mask_preview=[], tokenized_uri=None, tokenized_cache=None)
 
 
 IMAGE_ISSUES = frozenset({"image_role", "image_part_invalid", "image_detail_invalid", "image_url_refused",
@@ -188,7 +175,7 @@ class GateReport:
     contamination: ContaminationReport | None = None
     pii: PiiReport | None = None
     toxicity: ToxicityReport | None = None
-    tokenization: TokenizationReport | None = None
+    tokenization: TokenizationSummary | None = None
     images: ImageReport | None = None
     stats: StatsSummary | None = None                      # DatasetStats.summary(); None: no row was read
     cost_estimate: CostEstimate | None = None
@@ -229,9 +216,10 @@ class GateReport:
                 continue
             if f.name in ("errors", "warnings"):
                 value = [i.as_dict() for i in value]
-            elif f.name in ("near_dup", "contamination", "pii", "toxicity", "tokenization", "images") and \
-                    value is not None:
+            elif f.name in ("near_dup", "contamination", "pii", "toxicity", "images") and value is not None:
                 value = asdict(value)
+            elif f.name == "tokenization" and value is not None:
+                value = value.model_dump()
             elif f.name == "stats":
                 value = asdict(value) if value is not None else {}
             elif f.name == "cost_estimate" and value is not None:

@@ -41,8 +41,8 @@ from ..domain.report import (
     ImageReport,
     NearDupReport,
     PiiReport,
-    TokenizationReport,
     ToxicityReport,
+    tokenization_section,
 )
 from ..domain.rows import LayoutGate
 from ..domain.text import in_validation_split
@@ -123,9 +123,9 @@ class DataGate:
                                               self.references.describe() if self.references else {}),
             pii=PiiReport(pol.pii),
             toxicity=ToxicityReport(pol.toxicity, getattr(self.toxicity, "name", None)),
-            tokenization=TokenizationReport(max_len, pol.over_length, tok.ref if tok else None,
-                                            tok.hash if tok else None, token_fingerprint(
-                                                tok.hash, pol.pii, max_len, pol.over_length) if tok else None),
+            tokenization=tokenization_section(max_len, pol.over_length, tok.ref if tok else None,
+                                              tok.hash if tok else None, token_fingerprint(
+                                                  tok.hash, pol.pii, max_len, pol.over_length) if tok else None),
             images=ImageReport.for_limits(cfg.images))
         findings = Findings(pol, workdir / "audit.jsonl", cfg.max_listed)
         layouts = LayoutGate(purpose=cfg.purpose)
@@ -175,10 +175,12 @@ class DataGate:
                 tokenization = sections.tokenization
                 if cached is not None:
                     usable = cached.applies_to(tokenization.fingerprint or "", store.lines()[~near.drop])
-                    tokenization.cache = "reused" if usable else "stale"
+                    tokenization = tokenization.model_copy(update={"cache": "reused" if usable else "stale"})
                     cached = cached if usable else None
                 tokenise = Tokenise(tok, findings, tokenization, cached, workdir / "lengths.tsv")
             written = write_outputs(store, near.drop, workdir, tokenise, max_len, self.progress)
+            if tokenise is not None:
+                sections.tokenization = tokenise.section()
             _count_images(sections.images, written, tok)
             timings["pass2_s"] = time.perf_counter() - t
         finally:

@@ -22,7 +22,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict
 from whetstone.contracts import (ContaminatedRow, CostEstimate, DatasetStats, DatasetStatus, DatasetSubmittedV1,
                                  DatasetValidatedV1, NearDuplicateCluster, Purpose, TokenBucket,
-                                 TokenizationSummary, ValidationIssue, dataset_id_for)
+                                 ValidationIssue, dataset_id_for)
 from whetstone.runtime.file_ids import FILE_ID_PREFIX, file_id_key, minted_for
 from whetstone.runtime.s3 import ObjectStore, parse_uri, tenant_prefix
 from whetstone.runtime.service import Runtime
@@ -104,7 +104,7 @@ def _event_stats(report: GateReport, size: int, base_model: str | None) -> Datas
         contamination_examples=[ContaminatedRow.model_validate(asdict(e))
                                 for e in report.contamination.examples[:EVENT_LIST_LIMIT]],
         references=report.contamination.references, pii_by_kind=report.pii.by_kind,
-        tokenization=TokenizationSummary.model_validate(asdict(report.tokenization)),
+        tokenization=report.tokenization,
         timings=report.timings,
         # images of the rows written: the scheduler refuses a job whose base cannot see them
         images=report.images.images if report.images else 0,
@@ -146,9 +146,8 @@ def _store_tokenized(store: ObjectStore, base: str, version: str, result: GateRe
     """Tokenized rows keyed by dataset version + tokenizer hash: written once, reused when they still apply."""
     tok = result.report.tokenization
     assert tok is not None
-    tok.tokenized_uri = store.uri(base)
     if tok.cache == "reused":
-        tok.tokenized_cache = "hit"
+        result.report.tokenization = tok.model_copy(update={"tokenized_uri": store.uri(base), "tokenized_cache": "hit"})
         return
     files: dict[str, str] = {}
     for side, path in sorted(result.tokenized_paths.items()):
@@ -161,7 +160,7 @@ def _store_tokenized(store: ObjectStore, base: str, version: str, result: GateRe
                                  over_length_policy=tok.over_length_policy, rows=result.report.counts.rows_kept,
                                  files=files)
     store.put_bytes(f"{base}/manifest.json", json.dumps(manifest.model_dump(), indent=1).encode(), "application/json")
-    tok.tokenized_cache = "written"
+    result.report.tokenization = tok.model_copy(update={"tokenized_uri": store.uri(base), "tokenized_cache": "written"})
 
 
 def id_names_upload(rt: Runtime[IngestContext], tenant_id: str, dataset_id: str, sha256: str) -> bool:

@@ -5,13 +5,14 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from whetstone.contracts.dataset_stats import TokenizationSummary
+
 from ...adapters.formats import Source
 from ...domain.actions import action_for
 from ...domain.cost import CostEstimate, estimate_cost
 from ...domain.issues import Issue
 from ...domain.policies import Policies
-from ...domain.report import (ContaminationReport, GateReport, ImageReport, NearDupReport, PiiReport,
-                             TokenizationReport, ToxicityReport)
+from ...domain.report import ContaminationReport, GateReport, ImageReport, NearDupReport, PiiReport, ToxicityReport
 from ...domain.rows import LayoutGate
 from .dedup import ExactDedup
 from .findings import Findings
@@ -33,7 +34,7 @@ class Sections:
     contamination: ContaminationReport
     pii: PiiReport
     toxicity: ToxicityReport
-    tokenization: TokenizationReport
+    tokenization: TokenizationSummary
     images: ImageReport | None = None
 
 

@@ -10,11 +10,11 @@ from pathlib import Path
 from typing import Protocol
 
 import numpy as np
+from whetstone.contracts.dataset_stats import MaskPreview, TokenizationSummary
 
 from ...adapters.tokenizer import ImagesUnsupported, Tokenized, ToolsUnsupported
 from ...domain.actions import keeps_row
 from ...domain.normal import NormalRow, written_row
-from ...domain.report import MaskPreview, TokenizationReport
 from .findings import Findings
 
 PREVIEWS = 3
@@ -66,15 +66,24 @@ class Tokenised:
 
 
 class Tokenise:
-    def __init__(self, tokenizer: TokenizerPort, findings: Findings, report: TokenizationReport,
+    """Tokenizes the kept rows one by one, counting over-length rows and keeping a few mask previews;
+    `section()` is the report's tokenization section with those figures."""
+
+    def __init__(self, tokenizer: TokenizerPort, findings: Findings, settings: TokenizationSummary,
                  cached: TokenCounts | None, lengths_path: Path) -> None:
-        self.tok, self.findings, self.report, self.cached = tokenizer, findings, report, cached
+        self.tok, self.findings, self.settings, self.cached = tokenizer, findings, settings, cached
         self.lengths_path = lengths_path
         self._lengths = open(lengths_path, "wb")
+        self.over_length = self.truncated = self.dropped = 0
+        self.previews: list[MaskPreview] = []
+
+    def section(self) -> TokenizationSummary:
+        return self.settings.model_copy(update={"over_length": self.over_length, "truncated": self.truncated,
+                                                "dropped": self.dropped, "mask_preview": list(self.previews)})
 
     def row(self, payload: bytes, line: int, k: int) -> Tokenised | None:
         """The `k`-th kept row (index into the cached counts); None when dropped or rejected."""
-        max_len, cached = self.report.max_seq_len, self.cached
+        max_len, cached = self.settings.max_seq_len, self.cached
         out: NormalRow | None = None
         try:
             if cached:
@@ -85,21 +94,21 @@ class Tokenise:
                 t = self.tok.tokenize(out)
                 tokens, longest, trained, record = t.tokens, t.longest, t.trained, t.record
             if longest > max_len:
-                self.report.over_length += 1
+                self.over_length += 1
                 action = self.findings.found("over_length", line, f"{longest} tokens > max_seq_len {max_len}",
                                              verb="dropped", tokens=longest, max_seq_len=max_len,
-                                             policy=self.report.over_length_policy)
+                                             policy=self.settings.over_length_policy)
                 if not keeps_row(action):
                     if action == "removed":
-                        self.report.dropped += 1
+                        self.dropped += 1
                         self._lengths.write(b"%d\t%d\t%d\t%d\n" % (line, tokens, longest, trained))
                     return None
-                self.report.truncated += 1
+                self.truncated += 1
                 if out is not None:
                     t = self.tok.tokenize(out, max_len)
                     tokens, trained, record = t.tokens, t.trained, t.record
-            if len(self.report.mask_preview) < PREVIEWS:
-                self.report.mask_preview.append(MaskPreview(line, self.tok.preview(
+            if len(self.previews) < PREVIEWS:
+                self.previews.append(MaskPreview(line=line, rendered=self.tok.preview(
                     out or written_row(json.loads(payload)))[:4000]))
         except ToolsUnsupported as exc:
             self.findings.log.error("tools_unsupported", str(exc), line)
