@@ -147,6 +147,11 @@ def test_save_to_disk_dataset_and_datasetdict(tmp_path, kit):
     shutil.make_archive(str(tmp_path / "dd_archive"), "zip", tmp_path, "dd")
     r = kit.run_gate(tmp_path / "dd_archive.zip", tmp_path / "three").report.as_dict()
     assert r["accepted"] and r["format"] == "hf_disk" and r["train_rows"] == 30
+    (tmp_path / "dd" / "dataset_dict.json").write_text('{"splits": 5}')
+    assert "dataset_dict.json is not what `datasets` writes" in rejected_with(tmp_path / "four", kit, tmp_path / "dd",
+                                                                             "unreadable_file")
+    (tmp_path / "ds" / "state.json").write_text('{"_data_files": [{"filename": null}]}')
+    assert "state.json" in rejected_with(tmp_path / "five", kit, tmp_path / "ds", "unreadable_file")
 
 
 def test_hub_ids_without_a_reachable_hub_are_rejected_with_a_reason(monkeypatch):

@@ -15,7 +15,9 @@ import os
 import re
 from collections.abc import Iterator
 from pathlib import Path, PurePosixPath
-from typing import Any
+from typing import Any, TypeVar
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from ..domain.issues import Issue
 from ..domain.rows import BOM
@@ -266,7 +268,7 @@ class ArrowDirSource(Source):
     def open(cls, path: Path) -> ArrowDirSource:
         notes: list[Issue] = []
         if (path / "dataset_dict.json").is_file():
-            names = _read_json(path / "dataset_dict.json").get("splits") or []
+            names = _read_saved(path / "dataset_dict.json", SavedDatasetDict).splits
             train = "train" if "train" in names else (names[0] if len(names) == 1 else None)
             if train is None:
                 raise SourceError("unsupported_format", f"the DatasetDict has splits {names} but no 'train' split")
@@ -302,20 +304,47 @@ class ArrowDirSource(Source):
                                                        f"{str(exc)[:200]}", line + 1))
 
 
-def _read_json(path: Path) -> dict:
+_Saved = TypeVar("_Saved", bound=BaseModel)
+
+
+class SavedDatasetDict(BaseModel):
+    """What a DatasetDict's dataset_dict.json says that the gate reads: its split names."""
+
+    model_config = ConfigDict(extra="ignore")
+    splits: list[str] = []
+
+
+class SavedDataFile(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+    filename: str
+
+
+class SavedSplitState(BaseModel):
+    """What a split's state.json says that the gate reads: the arrow files holding its rows."""
+
+    model_config = ConfigDict(extra="ignore", populate_by_name=True)
+    data_files: list[SavedDataFile] = Field(default=[], alias="_data_files")
+
+
+def _read_saved(path: Path, model: type[_Saved]) -> _Saved:
     try:
         data = json.loads(path.read_text())
     except (OSError, ValueError) as exc:
         raise SourceError("unreadable_file", f"{path.name} is not valid JSON") from exc
     if not isinstance(data, dict):
         raise SourceError("unreadable_file", f"{path.name} is not a JSON object")
-    return data
+    try:
+        return model.model_validate(data)
+    except ValidationError as exc:
+        raise SourceError("unreadable_file", f"{path.name} is not what `datasets` writes "
+                          f"({exc.error_count()} field(s) of another shape)") from exc
 
 
 def _arrow_files(split_dir: Path) -> list[Path]:
-    state = _read_json(split_dir / "state.json") if (split_dir / "state.json").is_file() else {}
-    names = [d.get("filename") for d in state.get("_data_files", []) if isinstance(d, dict)]
-    files = [split_dir / n for n in names if isinstance(n, str) and "/" not in n and ".." not in n]
+    state = _read_saved(split_dir / "state.json", SavedSplitState) if (split_dir / "state.json").is_file() \
+        else SavedSplitState()
+    names = [d.filename for d in state.data_files]
+    files = [split_dir / n for n in names if "/" not in n and ".." not in n]
     if not files:
         files = sorted(split_dir.glob("*.arrow"))
     missing = [f.name for f in files if not f.is_file()]

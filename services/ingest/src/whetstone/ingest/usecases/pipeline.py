@@ -198,7 +198,7 @@ class DataGate:
             timings["workers_peak_rss_mb"] = max(u.peak_rss_mb for u in preparer.usage.values())
         report.timings = {k: round(v, 3) for k, v in timings.items()}
         report.timings["rows_per_s"] = round(findings.counts.rows_total / max(timings["total_s"], 1e-9), 1)
-        return GateResult(report, written.paths.get("train"), written.paths.get("validation"),
+        return GateResult(report, written.train_path, written.validation_path,
                           written.tokenized_paths, findings.audit_path,
                           tokenise.lengths_path if tokenise is not None else None)
 

@@ -26,7 +26,8 @@ class Written:
     estimated_over: int = 0                                        # rows whose estimate exceeds max_seq_len
     images: int = 0                                                # images in the rows written
     image_rows: int = 0
-    paths: dict[str, Path] = field(default_factory=dict)           # side -> cleaned file (sides with rows)
+    train_path: Path | None = None                                 # the cleaned files of the sides with rows
+    validation_path: Path | None = None
     tokenized_paths: dict[str, Path] = field(default_factory=dict)
 
     @property
@@ -74,6 +75,6 @@ def write_outputs(store: CandidateStore, drop: np.ndarray, workdir: Path, tokeni
         if tokenise is not None:
             tokenise.close()
     progress("write", store.count, store.count)
-    done.paths = {side: p for side, p, n in zip(SIDES, paths, done.rows) if n}
+    done.train_path, done.validation_path = (p if n else None for p, n in zip(paths, done.rows, strict=True))
     done.tokenized_paths = {side: p for side, p, n in zip(SIDES, tok_paths, done.rows) if n and write_tokens}
     return done
