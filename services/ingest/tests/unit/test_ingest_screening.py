@@ -3,6 +3,7 @@
 import json
 import random
 import re
+import struct
 
 import numpy as np
 import pytest
@@ -264,3 +265,19 @@ def test_model_params_from_a_config_without_weights(tmp_path):
     config.write_text(json.dumps({"hidden_size": 64}))                 # too little to count: the default
     assert model_params(str(tmp_path)) == (None, "default")
     assert model_params(str(tmp_path / "absent")) == (None, "default")
+
+
+def _safetensors(path, header: dict) -> None:
+    body = json.dumps(header).encode()
+    path.write_bytes(struct.pack("<Q", len(body)) + body)
+
+
+def test_model_params_from_safetensors_headers_else_the_config(tmp_path):
+    from whetstone.ingest.adapters.tokenizer import model_params
+
+    _safetensors(tmp_path / "a.safetensors", {"__metadata__": {"format": "pt"}, "w": {"dtype": "F32", "shape": [3, 4]}})
+    _safetensors(tmp_path / "b.safetensors", {"bias": {"dtype": "F32", "shape": [5]}, "scale": {"dtype": "F32", "shape": []}})
+    assert model_params(str(tmp_path)) == (12 + 5 + 1, "safetensors")
+    (tmp_path / "config.json").write_text(json.dumps({"hidden_size": 64, "num_hidden_layers": 2, "vocab_size": 100}))
+    _safetensors(tmp_path / "b.safetensors", {"bias": "not a tensor"})      # not a safetensors header: the config
+    assert model_params(str(tmp_path)) == (2 * (4 * 64 * 64 + 3 * 64 * 256) + 2 * 100 * 64, "config")

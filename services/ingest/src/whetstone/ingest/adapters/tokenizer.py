@@ -15,11 +15,12 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import struct
 from dataclasses import dataclass
 from pathlib import Path
 
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ConfigDict, JsonValue, TypeAdapter
 
 from ..domain.chat import uses_tools
 from ..domain.normal import ChatRow, NormalRow, PreferenceRow
@@ -74,18 +75,22 @@ def tokenizer_fingerprint(tok) -> str:
     return hashlib.sha256(body.encode() + json.dumps(extra, sort_keys=True).encode()).hexdigest()
 
 
+class _TensorEntry(BaseModel):
+    """A tensor of a safetensors header: its shape is all the parameter count needs."""
+    model_config = ConfigDict(extra="ignore")
+    shape: list[int] = []
+
+
+_SAFETENSORS_HEADER = TypeAdapter(dict[str, JsonValue])
+
+
 def _safetensors_params(path: Path) -> int:
+    """The parameters a safetensors file holds; a ValueError when its header is not a safetensors header."""
     with open(path, "rb") as f:
         (size,) = struct.unpack("<Q", f.read(8))
-        header = json.loads(f.read(size))
-    total = 0
-    for name, info in header.items():
-        if name != "__metadata__":
-            count = 1
-            for d in info.get("shape", []):
-                count *= int(d)
-            total += count
-    return total
+        header = _SAFETENSORS_HEADER.validate_json(f.read(size))
+    return sum(math.prod(_TensorEntry.model_validate(info).shape)
+               for name, info in header.items() if name != "__metadata__")
 
 
 class _ModelShape(BaseModel):
