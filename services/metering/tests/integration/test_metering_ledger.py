@@ -13,6 +13,7 @@ from whetstone.contracts import (
     CheckpointRef, JobCompletedV1, JobFailedV1, JobPreemptedV1, JobQueuedV1, JobStartedV1, Resources, TrainingSpec,
 )
 from whetstone.contracts.enums import ChargeClass, UsageScope
+from whetstone.metering.adapters.partitions import Ownership, key_hash
 from whetstone.metering.adapters.store import LedgerStore
 from whetstone.metering.bootstrap import build_service
 from whetstone.metering.domain.billing import Charge
@@ -274,3 +275,34 @@ async def test_a_node_lost_segment_is_a_refund_with_its_basis_and_a_forged_tenan
 
 async def outbox_dlq(rt) -> list[dict]:
     return await outbox(rt, "job.completed.dlq")
+
+
+async def test_a_replica_sweeps_only_the_jobs_of_the_partitions_it_holds(platform):
+    """Replicas split the partitions: each settles by time only the jobs keyed to the partition numbers
+    it holds (their events all reach it); a job from before the key hash counts as partition 0."""
+    now = datetime.now(UTC)
+    ended = [f"ftjob-sweep-ended-{i}" for i in range(12)]
+    orphaned = [f"ftjob-sweep-orphan-{i}" for i in range(12)]
+    async with platform(build_service) as p:
+        rt = p["metering"]
+        async with rt.pool.acquire() as conn:
+            tx = conn.transaction()  # never committed: the running service's own sweep never sees these rows
+            await tx.start()
+            try:
+                store = LedgerStore(conn)
+                await store.lock_jobs(ended + orphaned + ["ftjob-sweep-old"], [T] * 25, now)
+                await conn.execute("UPDATE jobs SET terminal_at = $2 WHERE job_id = ANY($1)",
+                                   [*ended, "ftjob-sweep-old"], now - timedelta(hours=1))
+                await conn.execute("UPDATE jobs SET key_hash = NULL WHERE job_id = 'ftjob-sweep-old'")
+                await conn.execute("INSERT INTO segments (job_id, segment_id, tenant_id, first_seen_at, stop_at)"
+                                   " SELECT j, 's1', $2, $3, $3 FROM unnest($1::text[]) AS j", orphaned, T,
+                                   now - timedelta(hours=1))
+                due = {}
+                for held in ({0}, {1, 2}):
+                    due[frozenset(held)] = set(await store.jobs_due(now, now, Ownership(3, frozenset(held)), 100))
+            finally:
+                await tx.rollback()
+    mine = {j for j in ended + orphaned if key_hash(j) % 3 == 0}
+    assert 0 < len(mine) < 24
+    assert due[frozenset({0})] == mine | {"ftjob-sweep-old"}
+    assert due[frozenset({1, 2})] == set(ended + orphaned) - mine

@@ -2,6 +2,8 @@
 
 import gc
 
+from aiokafka.coordinator.assignors.range import RangePartitionAssignor
+from aiokafka.coordinator.assignors.roundrobin import RoundRobinPartitionAssignor
 from whetstone.runtime.service import Runtime, Service
 
 from .adapters.cache import StateCache
@@ -13,6 +15,14 @@ from .entrypoints import handlers
 from .entrypoints.api import routes
 from .entrypoints.loops import refresh_forever, sweep_forever
 from .usecases.metering import policy_for
+
+# Replicas split the partitions by range: each gets the same partition numbers of every topic. The
+# lifecycle topics have one partition count and are keyed by job id, so a replica consumes every event
+# of its jobs, and its event clock (its own partitions' progress) is the one to settle them by
+# (adapters/partitions.py). Round robin is offered second so that a group whose older members know only
+# that one can still form (during a rolling upgrade): a replica then sweeps only the partition numbers it
+# happens to hold of every topic, possibly none, and jobs wait to close until the group agrees on range.
+ASSIGNORS = (RangePartitionAssignor, RoundRobinPartitionAssignor)
 
 # objects allocated (net of frees) before the cyclic collector looks at the young ones
 GC_YOUNG_THRESHOLD = 1_000_000
@@ -41,7 +51,8 @@ async def on_stop(rt: Runtime[MeteringContext]) -> None:
 
 def consumer_options(config: MeteringSettings) -> dict[str, object]:
     options: dict[str, object] = {"session_timeout_ms": config.session_timeout_ms,
-                     "heartbeat_interval_ms": max(config.session_timeout_ms // 3, 100)}
+                                  "heartbeat_interval_ms": max(config.session_timeout_ms // 3, 100),
+                                  "partition_assignment_strategy": ASSIGNORS}
     if config.group_instance_id:
         options["group_instance_id"] = config.group_instance_id
     return options

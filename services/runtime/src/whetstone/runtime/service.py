@@ -307,6 +307,19 @@ class Runtime(Generic[C]):
                 for tp, n in taken.items():
                     self.in_flight[tp] -= n
 
+    def assigned_partitions(self) -> tuple[frozenset[tuple[str, int]], dict[str, int]] | None:
+        """The (topic, partition) pairs the service's consumer holds now, and the partition count of each
+        topic it subscribes to; None while it holds none (not started, or between a rebalance's revoke
+        and assign). Asks the consumer's own state: no call to the broker."""
+        consumer = getattr(self._subscriber, "consumer", None)
+        if consumer is None:
+            return None
+        assigned = consumer.assignment()
+        if not assigned:
+            return None
+        counts = {t: len(consumer.partitions_for_topic(t) or ()) for t in consumer.subscription()}
+        return frozenset((tp.topic, tp.partition) for tp in assigned), counts
+
     async def measure_lag(self) -> dict[tuple[str, int], int] | None:
         """Messages not handled yet per assigned partition of the service's consumer: not fetched
         (high watermark of the last fetch minus position) plus fetched but still in a handler.

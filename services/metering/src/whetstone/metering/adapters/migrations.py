@@ -120,4 +120,10 @@ MIGRATIONS = [
         PRIMARY KEY (tenant_id, period, outcome)
     );
     """,
+    """
+    -- The hash of the job id that Kafka's partitioner maps to a partition (adapters/partitions.py): a
+    -- replica sweeps only the jobs whose partitions it holds. Rows from before it have none: the
+    -- replica holding partition 0 sweeps those.
+    ALTER TABLE jobs ADD COLUMN key_hash int;
+    """,
 ]

@@ -17,6 +17,7 @@ from whetstone.contracts.enums import UsageScope
 from ..domain.kinds import EntryKind
 from ..domain.ledger import Entry, JobState, OpenedAnomaly, SegmentState
 from ..domain.usage import AuditEvent
+from .partitions import Ownership, key_hash
 from .rows import from_records, states_json
 
 
@@ -66,8 +67,10 @@ class LedgerStore:
         created: set[str] = set()
         if tenants is not None:
             rows = await self.conn.fetch(
-                "INSERT INTO jobs (job_id, tenant_id, first_seen_at) SELECT j, t, $3 FROM unnest($1::text[], $2::text[])"
-                " AS u(j, t) ORDER BY j ON CONFLICT DO NOTHING RETURNING job_id", list(job_ids), list(tenants), now)
+                "INSERT INTO jobs (job_id, tenant_id, first_seen_at, key_hash) SELECT j, t, $3, h"
+                " FROM unnest($1::text[], $2::text[], $4::int[]) AS u(j, t, h) ORDER BY j"
+                " ON CONFLICT DO NOTHING RETURNING job_id",
+                list(job_ids), list(tenants), now, [key_hash(j) for j in job_ids])
             created = {job_id for job_id, in rows}
         rows = await self.conn.fetch("SELECT job_id, version FROM jobs WHERE job_id = ANY($1::text[])"
                                      " ORDER BY job_id FOR UPDATE", list(job_ids))
@@ -122,13 +125,16 @@ class LedgerStore:
             " waiting = EXCLUDED.waiting, events = EXCLUDED.events, stop_at = EXCLUDED.stop_at",
             states_json(segs))
 
-    async def jobs_due(self, close_before: datetime, orphan_before: datetime, limit: int = 500) -> list[str]:
-        """Jobs whose grace periods ran out (event time): ended but not closed, or holding a stop
-        without a start."""
+    async def jobs_due(self, close_before: datetime, orphan_before: datetime, owner: Ownership,
+                       limit: int = 500) -> list[str]:
+        """The owner's jobs whose grace periods ran out (event time): ended but not closed, or holding
+        a stop without a start. Jobs without a key hash belong to partition 0."""
         rows = await self.conn.fetch(
-            "(SELECT job_id FROM jobs WHERE closed_at IS NULL AND terminal_at <= $1 LIMIT $3)"
-            " UNION (SELECT job_id FROM segments WHERE waiting AND stop_at <= $2 AND start IS NULL LIMIT $3)",
-            close_before, orphan_before, limit)
+            "(SELECT job_id FROM jobs WHERE closed_at IS NULL AND terminal_at <= $1"
+            "  AND coalesce(key_hash % $4, 0) = ANY($5::int[]) LIMIT $3)"
+            " UNION (SELECT s.job_id FROM segments s JOIN jobs j USING (job_id) WHERE s.waiting AND s.stop_at <= $2"
+            "  AND s.start IS NULL AND coalesce(j.key_hash % $4, 0) = ANY($5::int[]) LIMIT $3)",
+            close_before, orphan_before, limit, owner.count, sorted(owner.partitions))
         return sorted(job_id for job_id, in rows)
 
     # -- append-only records -------------------------------------------------------------

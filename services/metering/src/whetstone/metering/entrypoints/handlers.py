@@ -8,9 +8,9 @@ from whetstone.runtime.messaging import UnitOfWork
 from whetstone.runtime.service import Runtime
 
 from ..context import MeteringContext
-from ..usecases.metering import METERED, meter
+from ..usecases.metering import METERED_TOPICS, meter
 
-TOPICS = tuple(topic_for(event).name for event in METERED)
+TOPICS = METERED_TOPICS
 
 
 async def on_lifecycle_batch(rt: Runtime[MeteringContext], uow: UnitOfWork, deliveries: list[Delivery]) -> None:

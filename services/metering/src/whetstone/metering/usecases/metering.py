@@ -49,6 +49,7 @@ def utc(ts: datetime) -> datetime:
 
 # the lifecycle events that change what a job costs
 METERED = (JobQueuedV1, JobStartedV1, JobPreemptedV1, JobCompletedV1, JobFailedV1, JobCancelledV1)
+METERED_TOPICS = tuple(topic_for(event).name for event in METERED)
 
 
 @dataclass(frozen=True)

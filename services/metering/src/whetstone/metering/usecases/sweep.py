@@ -4,21 +4,28 @@ from __future__ import annotations
 
 from whetstone.runtime.service import Runtime
 
+from ..adapters.partitions import ownership
 from ..adapters.store import LedgerStore
 from ..context import MeteringContext
-from .metering import event_now, lock_and_load, settle_and_write
+from .metering import METERED_TOPICS, event_now, lock_and_load, settle_and_write
 
 
 async def sweep_once(rt: Runtime[MeteringContext], limit: int = 2000) -> int:
-    """Settle the jobs whose grace ran out: unknown-job anomalies, segments that never stopped, totals
-    to close. Returns how many jobs it looked at."""
+    """Settle this replica's jobs whose grace ran out: unknown-job anomalies, segments that never stopped,
+    totals to close. A replica settles only the jobs of the partitions it holds (adapters/partitions.py):
+    its event clock measures those partitions, and another replica's jobs may still have events waiting
+    in partitions it does not read. Returns how many jobs it looked at."""
     policy = rt.ctx.policy
     assert policy is not None, "bootstrap.on_start binds the policy before the sweep starts"
+    held = rt.assigned_partitions()
+    owner = ownership(*held, METERED_TOPICS) if held is not None else None
+    if owner is None:
+        return 0
     wall = rt.clock()
     now = await event_now(rt, wall)
     async with rt.uow() as uow:
         store = LedgerStore(uow.conn)
-        ids = await store.jobs_due(now - policy.close_grace, now - policy.orphan_grace, limit)
+        ids = await store.jobs_due(now - policy.close_grace, now - policy.orphan_grace, owner, limit)
         if not ids:
             return 0
         cache = rt.ctx.state_cache
