@@ -11,7 +11,9 @@ the real broker and Postgres, compared with the generator's ground truth.
 5. replay 3: its schema is dropped and it consumes from offset 0 again (the invoices
    must come out identical, whatever the interleaving of the topics this time).
 
-After each replay the per-job invoices (net of corrections) are compared with the
+The service runs as `--replicas` processes (default 1) of one consumer group, which split the
+topics' partitions (metering assigns them by range, so a replica owns whole jobs); every replica's
+CPU is counted. After each replay the per-job invoices (net of corrections) are compared with the
 ground truth. events_per_s is the slowest replay's rate (messages consumed, ledger
 settled, from the moment the service is up). A baseline in the same run: the service
 consuming one message per transaction (no batching) on a smaller sample, and the
@@ -21,7 +23,7 @@ its Postgres backends and of the broker, and the load average around it; their s
 `cpu_bound_events_per_s`, the most this machine's cores could settle were they never idle
 (for the batched path, and for the per-message baseline). Last line: JSON.
 
-    .venv/bin/python bench/metering.py [--events N] [--quick]
+    .venv/bin/python bench/metering.py [--events N] [--quick] [--replicas N]
     .venv/bin/python bench/metering.py --quick --fresh-only --profile DIR   # cProfile of the service
 """
 
@@ -46,6 +48,7 @@ from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 
 from whetstone.contracts import TOPICS, all_topic_partitions
 from whetstone.metering.domain.usage import job_class_of
+from whetstone.metering.bootstrap import ASSIGNORS
 from whetstone.metering.entrypoints.handlers import TOPICS as METERED_TOPICS
 from whetstone.devstack.metering_sim import Invoice, Workload, generate
 from whetstone.devstack.stack import EmbeddedStack, StackEndpoints
@@ -104,7 +107,8 @@ async def committed(watcher: AIOKafkaConsumer) -> int:
 async def rewind(bootstrap: str) -> None:
     """Join the metering group alone, and commit offset 0 on every partition it reads."""
     consumer = AIOKafkaConsumer(*METERED_TOPICS, bootstrap_servers=bootstrap, group_id=GROUP,
-                                enable_auto_commit=False, auto_offset_reset="earliest")
+                                enable_auto_commit=False, auto_offset_reset="earliest",
+                                partition_assignment_strategy=ASSIGNORS)  # the service's: one group protocol
     await consumer.start()
     try:
         expected = {TopicPartition(t, p) for t in METERED_TOPICS for p in range(TOPICS[t].partitions)}
@@ -116,9 +120,10 @@ async def rewind(bootstrap: str) -> None:
 
 
 class Metering:
-    """The real service in its own process, as it runs in production."""
+    """The real service in its own process, as it runs in production (one replica of it)."""
 
-    def __init__(self, endpoints: StackEndpoints, workdir: Path, batch_size: int, profile: Path | None = None) -> None:
+    def __init__(self, endpoints: StackEndpoints, workdir: Path, batch_size: int, profile: Path | None = None,
+                 name: str = "metering") -> None:
         self.port = free_port()
         self.profile = profile  # write the service's cProfile there when it stops
         self.env = {**os.environ, **endpoints.as_env(), "WHETSTONE_DATA_DIR": str(workdir),
@@ -126,7 +131,7 @@ class Metering:
                     "WHETSTONE_METERING_BATCH_SIZE": str(batch_size), "WHETSTONE_METERING_CLOSE_GRACE_S": "2",
                     "WHETSTONE_METERING_ORPHAN_GRACE_S": "60", "WHETSTONE_METERING_SWEEP_INTERVAL_S": "0.5",
                     "WHETSTONE_METERING_METRICS_INTERVAL_S": "2"}
-        self.log = workdir / "metering.log"
+        self.log = workdir / f"{name}.log"
         self.proc: subprocess.Popen | None = None
         # one client, made once: a new httpx client builds an SSL context (~80 ms of CPU), which
         # every poll would take from the service being measured on this 2-core machine
@@ -162,6 +167,17 @@ class Metering:
         if self.proc is not None and self.proc.poll() is None:
             self.proc.send_signal(signal.SIGTERM)
             self.proc.wait(timeout=60)
+
+
+def stop_all(services: list[Metering]) -> None:
+    """Signal every replica first, then wait: stopped one by one, a replica still running would rejoin
+    the group for the partitions the first left, and could be stopped halfway through that rebalance,
+    which left the dev broker's group waiting on a member that was gone (the next rewind never joined)."""
+    for s in services:
+        if s.proc is not None and s.proc.poll() is None:
+            s.proc.send_signal(signal.SIGTERM)
+    for s in services:
+        s.stop()
 
 
 async def settled(conn: asyncpg.Connection, work: Workload, report: bool = False) -> bool:
@@ -201,6 +217,12 @@ def sched_s(pid: int) -> tuple[float, float]:
     return int(run_ns) / 1e9, int(wait_ns) / 1e9
 
 
+def thread_time(before: tuple[float, float], after: tuple[float, float], wall_s: float) -> dict[str, float]:
+    on_cpu, waiting = after[0] - before[0], after[1] - before[1]
+    return {"on_cpu": round(on_cpu / wall_s, 3), "waiting_for_cpu": round(waiting / wall_s, 3),
+            "idle": round(max(wall_s - on_cpu - waiting, 0.0) / wall_s, 3)}
+
+
 def machine_busy_s() -> float:
     """CPU seconds every core of the machine has spent busy so far (/proc/stat: all but idle and iowait)."""
     fields = [int(x) for x in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:9]]
@@ -222,10 +244,21 @@ def broker_pid(stack: EmbeddedStack) -> int | None:
     return None
 
 
+def replicas_of(endpoints: StackEndpoints, workdir: Path, batch_size: int, profile: Path | None,
+                replicas: int) -> list[Metering]:
+    """The service's replicas: processes of one consumer group, each with its own port, log and profile."""
+    if replicas == 1:
+        return [Metering(endpoints, workdir, batch_size, profile)]
+    return [Metering(endpoints, workdir, batch_size, profile and profile.with_name(f"{profile.stem}-r{i}.prof"),
+                     name=f"metering-{i}") for i in range(replicas)]
+
+
 async def replay(n: int, endpoints: StackEndpoints, work: Workload, workdir: Path, batch_size: int,
-                 fresh_database: bool, profile: Path | None = None, broker: int | None = None) -> dict:
+                 fresh_database: bool, profile: Path | None = None, broker: int | None = None,
+                 replicas: int = 1) -> dict:
     conn = await asyncpg.connect(endpoints.database_url)
-    service = Metering(endpoints, workdir, batch_size, profile)
+    services = replicas_of(endpoints, workdir, batch_size, profile, replicas)
+    service = services[0]  # the one asked for its gauges
     watcher = AIOKafkaConsumer(bootstrap_servers=endpoints.kafka_bootstrap, group_id=GROUP, enable_auto_commit=False)
     await watcher.start()
     try:
@@ -233,12 +266,12 @@ async def replay(n: int, endpoints: StackEndpoints, work: Workload, workdir: Pat
             await rewind(endpoints.kafka_bootstrap)
         if fresh_database:
             await conn.execute("DROP SCHEMA IF EXISTS metering CASCADE")
-        await service.start()
+        await asyncio.gather(*(s.start() for s in services))
         began, load_before = time.perf_counter(), load()
-        cpu0, db0 = service.cpu_s(), await backend_cpu(conn)
+        cpu0, db0 = [s.cpu_s() for s in services], await backend_cpu(conn)
         broker0 = proc_cpu_s(broker) if broker else 0.0
-        assert service.proc is not None
-        sched0, busy0 = sched_s(service.proc.pid), machine_busy_s()
+        pids = [s.proc.pid for s in services if s.proc is not None]
+        sched0, busy0 = [sched_s(pid) for pid in pids], machine_busy_s()
         await conn.execute("SET search_path TO metering")
         while await committed(watcher) < len(work.messages):
             await asyncio.sleep(0.5)
@@ -251,16 +284,16 @@ async def replay(n: int, endpoints: StackEndpoints, work: Workload, workdir: Pat
                 print("  " + await service.gauges("event_time_seconds", "partitions_behind"), flush=True)
             await asyncio.sleep(0.5)
         settled_s = time.perf_counter() - began
-        cpu_s = service.cpu_s() - cpu0
+        # every replica's CPU: the work of settling is shared between them
+        cpu_s = sum(s.cpu_s() - c0 for s, c0 in zip(services, cpu0, strict=True))
         db_cpu_s = sum(t - db0.get(pid, 0.0) for pid, t in (await backend_cpu(conn)).items())
         broker_cpu_s = proc_cpu_s(broker) - broker0 if broker else 0.0
-        (run1, wait1), busy_s = sched_s(service.proc.pid), machine_busy_s() - busy0
-        on_cpu, waiting = run1 - sched0[0], wait1 - sched0[1]
+        sched1, busy_s = [sched_s(pid) for pid in pids], machine_busy_s() - busy0
         load_after = load()
         while await conn.fetchval("SELECT count(*) FROM outbox WHERE sent_at IS NULL"):
             await asyncio.sleep(0.5)
         drained_s = time.perf_counter() - began
-        service.stop()
+        stop_all(services)
         invoices = await read_invoices(conn)
         stats = {"replay": n, "fresh_database": fresh_database, "consumed_s": round(consumed_s, 1),
                  "settled_s": round(settled_s, 1), "outbox_drained_s": round(drained_s, 1),
@@ -269,13 +302,11 @@ async def replay(n: int, endpoints: StackEndpoints, work: Workload, workdir: Pat
                  "service_cpu_us_per_event": round(1e6 * cpu_s / len(work.messages)),
                  "db_cpu_us_per_event": round(1e6 * db_cpu_s / len(work.messages)),
                  "broker_cpu_us_per_event": round(1e6 * broker_cpu_s / len(work.messages)),
-                 "load_1m": [load_before, load_after],
-                 # where the service's main thread spent the replay's wall time: running, runnable but
+                 "load_1m": [load_before, load_after], "replicas": len(services),
+                 # where each replica's main thread spent the replay's wall time: running, runnable but
                  # waiting for a core held by something else, and idle (waiting on Postgres, the broker
                  # or a timer); fractions of settled_s
-                 "service_thread": {"on_cpu": round(on_cpu / settled_s, 3),
-                                    "waiting_for_cpu": round(waiting / settled_s, 3),
-                                    "idle": round(max(settled_s - on_cpu - waiting, 0.0) / settled_s, 3)},
+                 "service_thread": [thread_time(s0, s1, settled_s) for s0, s1 in zip(sched0, sched1, strict=True)],
                  # CPU-seconds per second the machine's processes other than the service, its Postgres
                  # backends and the broker took meanwhile (out of os.cpu_count())
                  "others_cpu_s_per_s": round(max(busy_s - cpu_s - db_cpu_s - broker_cpu_s, 0.0) / settled_s, 2),
@@ -285,8 +316,9 @@ async def replay(n: int, endpoints: StackEndpoints, work: Workload, workdir: Pat
                  "mismatched_jobs": mismatches(invoices, work)}
         return {"stats": stats, "invoices": invoices}
     finally:
-        service.stop()
-        await service.http.aclose()
+        stop_all(services)
+        for s in services:
+            await s.http.aclose()
         await watcher.stop()
         await conn.close()
 
@@ -321,7 +353,8 @@ async def run(args: argparse.Namespace) -> dict:
             results = []
             for n, fresh in ((1, True), (2, False), (3, True))[:1 if args.fresh_only else 3]:
                 profile = args.profile / f"replay{n}.prof" if args.profile else None
-                r = await replay(n, endpoints, work, Path(tmp), args.batch_size, fresh, profile, broker_pid(stack))
+                r = await replay(n, endpoints, work, Path(tmp), args.batch_size, fresh, profile, broker_pid(stack),
+                                 args.replicas)
                 print("replay " + json.dumps(r["stats"]), flush=True)
                 results.append(r)
         finally:
@@ -334,6 +367,7 @@ async def run(args: argparse.Namespace) -> dict:
     fresh = [results[0]["stats"], results[2]["stats"]]
     cpu = {k: max(r[k] for r in fresh) for k in ("service_cpu_us_per_event", "db_cpu_us_per_event",
                                                    "broker_cpu_us_per_event")}
+    ceiling = 1e6 * (os.cpu_count() or 1) / max(sum(cpu.values()), 1)
     return {"events": len(work.messages), "unique_events": work.unique_events, "jobs": len(work.jobs),
             "events_per_s": min(r["stats"]["events_per_s"] for r in results),
             "events_per_s_by_replay": [r["stats"]["events_per_s"] for r in results],
@@ -342,11 +376,16 @@ async def run(args: argparse.Namespace) -> dict:
             **cpu,
             # the most this machine could settle if nothing else ran and its cores never waited: its cores'
             # CPU-seconds per second over the CPU microseconds one event costs (service + Postgres + broker)
-            "cpu_bound_events_per_s": round(1e6 * (os.cpu_count() or 1) / max(sum(cpu.values()), 1)),
-            # two tighter bounds, for reading the ratio to the one above: the service is one thread, so it
-            # settles at most 1e6 / its own CPU per event, however idle the other core; and the cores the
-            # rest of the machine left free during the slowest fresh replay, at the same cost per event
-            "service_thread_bound_events_per_s": round(1e6 / max(cpu["service_cpu_us_per_event"], 1)),
+            "cpu_bound_events_per_s": round(ceiling),
+            # each fresh replay's rate over that ceiling: the share of the machine's cores that the service,
+            # its Postgres backends and the broker kept busy settling
+            "ceiling_ratio_by_fresh_replay": [round(r["events_per_s"] / ceiling, 3) for r in fresh],
+            # two tighter bounds, for reading the ratio to the one above: each replica is one thread, so
+            # they settle at most replicas * 1e6 / the service CPU per event (were the events split evenly),
+            # however idle the cores; and the cores the rest of the machine left free during the slowest
+            # fresh replay, at the same cost per event
+            "replicas": args.replicas,
+            "service_thread_bound_events_per_s": round(args.replicas * 1e6 / max(cpu["service_cpu_us_per_event"], 1)),
             "cpu_bound_given_others_events_per_s": round(1e6 * max(
                 (os.cpu_count() or 1) - max(r["others_cpu_s_per_s"] for r in fresh), 0.0) / max(sum(cpu.values()), 1)),
             "load_1m_by_replay": [r["stats"]["load_1m"] for r in results],
@@ -414,6 +453,8 @@ def main() -> None:
     p.add_argument("--events", type=int, default=1_000_000, help="lifecycle messages to generate (dups included)")
     p.add_argument("--quick", action="store_true", help="100,000 events")
     p.add_argument("--batch-size", type=int, default=2000)
+    p.add_argument("--replicas", type=int, default=1, help="metering processes in the consumer group (the"
+                   " baselines run one); with 2, replay 3's rewind can wait forever to join the dev broker's group")
     p.add_argument("--seed", type=int, default=7)
     p.add_argument("--profile", type=Path, help="write the service's cProfile of each replay in this folder")
     p.add_argument("--fresh-only", action="store_true", help="replay 1 only (fresh database), no baselines:"
