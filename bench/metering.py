@@ -170,9 +170,8 @@ class Metering:
 
 
 def stop_all(services: list[Metering]) -> None:
-    """Signal every replica first, then wait: stopped one by one, a replica still running would rejoin
-    the group for the partitions the first left, and could be stopped halfway through that rebalance,
-    which left the dev broker's group waiting on a member that was gone (the next rewind never joined)."""
+    """Signal every replica first, then wait for each: no replica is left running to rejoin the group
+    for the partitions another has just given up."""
     for s in services:
         if s.proc is not None and s.proc.poll() is None:
             s.proc.send_signal(signal.SIGTERM)
@@ -336,6 +335,11 @@ def mismatches(invoices: dict[str, Invoice], work: Workload) -> int:
     return len(bad) + len(set(invoices) - set(work.invoices))
 
 
+def cpu_ceiling(cpu_us_per_event: float) -> float:
+    """Events per second this machine's cores could settle, never idle, at this CPU cost per event."""
+    return 1e6 * (os.cpu_count() or 1) / max(cpu_us_per_event, 1)
+
+
 async def run(args: argparse.Namespace) -> dict:
     t = time.perf_counter()
     work = generate(args.events, seed=args.seed)
@@ -360,14 +364,18 @@ async def run(args: argparse.Namespace) -> dict:
         finally:
             stack.stop()
     if args.fresh_only:
-        return {"events": len(work.messages), **results[0]["stats"],
+        one = results[0]["stats"]
+        ceiling = cpu_ceiling(one["service_cpu_us_per_event"] + one["db_cpu_us_per_event"]
+                              + one["broker_cpu_us_per_event"])
+        return {"events": len(work.messages), **one, "cpu_bound_events_per_s": round(ceiling),
+                "ceiling_ratio": round(one["events_per_s"] / ceiling, 3),
                 **({"profile": str(args.profile / "replay1.prof")} if args.profile else {})}
     base = await baseline(args)
     first = results[0]["invoices"]
     fresh = [results[0]["stats"], results[2]["stats"]]
     cpu = {k: max(r[k] for r in fresh) for k in ("service_cpu_us_per_event", "db_cpu_us_per_event",
                                                    "broker_cpu_us_per_event")}
-    ceiling = 1e6 * (os.cpu_count() or 1) / max(sum(cpu.values()), 1)
+    ceiling = cpu_ceiling(sum(cpu.values()))
     return {"events": len(work.messages), "unique_events": work.unique_events, "jobs": len(work.jobs),
             "events_per_s": min(r["stats"]["events_per_s"] for r in results),
             "events_per_s_by_replay": [r["stats"]["events_per_s"] for r in results],

@@ -307,11 +307,15 @@ class Runtime(Generic[C]):
                 for tp, n in taken.items():
                     self.in_flight[tp] -= n
 
+    def _kafka_consumer(self) -> Any:
+        """The subscriber's aiokafka consumer; None before the subscriber has started one."""
+        return getattr(self._subscriber, "consumer", None)
+
     def assigned_partitions(self) -> tuple[frozenset[tuple[str, int]], dict[str, int]] | None:
         """The (topic, partition) pairs the service's consumer holds now, and the partition count of each
         topic it subscribes to; None while it holds none (not started, or between a rebalance's revoke
         and assign). Asks the consumer's own state: no call to the broker."""
-        consumer = getattr(self._subscriber, "consumer", None)
+        consumer = self._kafka_consumer()
         if consumer is None:
             return None
         assigned = consumer.assignment()
@@ -332,7 +336,7 @@ class Runtime(Generic[C]):
             if self.fetch_lag.handling:
                 lag = self.fetch_lag.current()
             else:
-                lag = await self.fetch_lag.measure(getattr(self._subscriber, "consumer", None))
+                lag = await self.fetch_lag.measure(self._kafka_consumer())
         except Exception as exc:
             self.log.debug("consumer lag unavailable", error=str(exc))
             lag = None

@@ -18,7 +18,10 @@ async def sweep_once(rt: Runtime[MeteringContext], limit: int = 2000) -> int:
     policy = rt.ctx.policy
     assert policy is not None, "bootstrap.on_start binds the policy before the sweep starts"
     held = rt.assigned_partitions()
-    owner = ownership(*held, METERED_TOPICS) if held is not None else None
+    if held is None:
+        return 0
+    assigned, counts = held
+    owner = ownership(assigned, counts, METERED_TOPICS)
     if owner is None:
         return 0
     wall = rt.clock()
