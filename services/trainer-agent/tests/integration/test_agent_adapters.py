@@ -99,7 +99,7 @@ async def test_checkpoint_store_verifies_falls_back_and_prunes(settings, tmp_pat
                                                                     (30, "emergency"), (40, "final")]
 
     manifest, digest = ck.fetch_verified(p30, tmp_path / "dl", job_id=JOB)
-    assert digest == u30.manifest_sha256 and set(manifest["files"]) == {"adapter_model.safetensors",
+    assert digest == u30.manifest_sha256 and set(manifest.files) == {"adapter_model.safetensors",
                                                                         "sub/trainer_state.json"}
     assert json.loads((tmp_path / "dl" / "sub" / "trainer_state.json").read_text())["global_step"] == 30
 
@@ -125,6 +125,14 @@ async def test_checkpoint_store_verifies_falls_back_and_prunes(settings, tmp_pat
     store.put_bytes(f"{p10}/{MANIFEST}", store.get_bytes(f"{other.uri}/{MANIFEST}"))
     with pytest.raises(CorruptCheckpoint, match="belongs to job 'job-other'"):
         ck.fetch_verified(p10, tmp_path / "dl", job_id=JOB)
+    # a manifest whose entries are not {sha256, size}: unreadable, and the message names the entry
+    good = store.get_bytes(store.uri(f"{p10}/{MANIFEST}"))
+    for bad, where in ((b'{"files": {"a.bin": {"sha256": "not-hex"}}}', "files.a.bin.sha256"),
+                       (b'{"files": ["a.bin"]}', "files"), (b'{"job_id": "' + JOB.encode() + b'"}', "files")):
+        store.put_bytes(f"{p10}/{MANIFEST}", bad)
+        with pytest.raises(CorruptCheckpoint, match=f"unreadable manifest \\({where}: "):
+            ck.fetch_verified(p10, tmp_path / "dl", job_id=JOB)
+    store.put_bytes(f"{p10}/{MANIFEST}", good)
 
     # nothing verifies: start from scratch (and say what was skipped)
     point = ck.resume_point(TENANT, JOB, ref(p30, 30, u30), tmp_path / "resume")

@@ -6,17 +6,20 @@ from __future__ import annotations
 
 import hashlib
 import json
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
+from pydantic import ValidationError
+
+from whetstone.contracts.artifacts import ArtifactManifest, ManifestFile
+
+from .errors import FieldError
 from .s3 import ObjectStore, is_missing, parse_uri, sha256_file
 
-# manifest.json as written by upload_checkpoint: the writer's fields plus `files` (name -> sha256, size)
-Manifest = dict[str, Any]
-
 MANIFEST = "manifest.json"
+# what a writer records about its artifact in manifest.json next to `files` (job, tenant, step ...)
+ManifestMeta = Mapping[str, str | int | None]
 
 
 class CorruptCheckpoint(Exception):
@@ -31,24 +34,27 @@ class UploadedCheckpoint:
     size_bytes: int
 
 
-def upload_checkpoint(store: ObjectStore, local: Path, prefix: str, meta: Manifest) -> UploadedCheckpoint:
-    files: dict[str, dict[str, object]] = {}
+def upload_checkpoint(store: ObjectStore, local: Path, prefix: str, meta: ManifestMeta) -> UploadedCheckpoint:
+    """Upload every file under `local`, then manifest.json: `meta` (who wrote it: job, tenant,
+    step ...) and each file's sha256 and size."""
+    files: dict[str, ManifestFile] = {}
     total = 0
     for p in sorted(x for x in local.rglob("*") if x.is_file()):
         rel = p.relative_to(local).as_posix()
         if rel == MANIFEST:
             continue
         size = p.stat().st_size
-        files[rel] = {"sha256": sha256_file(p), "size": size}
+        files[rel] = ManifestFile(sha256=sha256_file(p), size=size)
         store.put_file(f"{prefix}/{rel}", p)
         total += size
-    manifest = json.dumps({**meta, "files": files}, sort_keys=True, indent=1).encode()
+    written = ArtifactManifest.model_validate({**meta, "files": files})
+    manifest = json.dumps(written.model_dump(mode="json", exclude_unset=True), sort_keys=True, indent=1).encode()
     store.put_bytes(f"{prefix}/{MANIFEST}", manifest, "application/json")
     return UploadedCheckpoint(store.uri(prefix), hashlib.sha256(manifest).hexdigest(), len(files), total)
 
 
 def read_manifest(store: ObjectStore, uri: str, expected_sha256: str | None = None, *,
-                  job_id: str | None = None) -> tuple[Manifest, str]:
+                  job_id: str | None = None) -> tuple[ArtifactManifest, str]:
     """A checkpoint's manifest and its sha256. CorruptCheckpoint when it is missing, differs from the
     pinned sha256, is unreadable, lists no files, or belongs to another job; a store that cannot be
     reached raises its own error (retry later, nothing is corrupt)."""
@@ -63,22 +69,20 @@ def read_manifest(store: ObjectStore, uri: str, expected_sha256: str | None = No
     if expected_sha256 and digest != expected_sha256:
         raise CorruptCheckpoint(f"{uri}: manifest sha256 mismatch ({digest[:12]}… is not the pinned {expected_sha256[:12]}…)")
     try:
-        manifest: Manifest = json.loads(raw)
-        files = manifest["files"]
-        if not isinstance(files, dict) or not all(isinstance(i, dict) and "sha256" in i for i in files.values()):
-            raise TypeError("files must map names to {sha256, size}")
-    except (ValueError, KeyError, TypeError) as exc:
-        raise CorruptCheckpoint(f"{uri}: unreadable manifest ({exc})") from exc
-    if not files:
+        manifest = ArtifactManifest.model_validate_json(raw)
+    except ValidationError as exc:
+        first = FieldError.first_of(exc)
+        raise CorruptCheckpoint(f"{uri}: unreadable manifest ({first.path or 'manifest'}: {first.message})") from exc
+    if not manifest.files:
         raise CorruptCheckpoint(f"{uri}: manifest lists no files")
-    if job_id is not None and manifest.get("job_id") != job_id:
-        raise CorruptCheckpoint(f"{uri}: manifest belongs to job {manifest.get('job_id')!r}")
+    if job_id is not None and manifest.job_id != job_id:
+        raise CorruptCheckpoint(f"{uri}: manifest belongs to job {manifest.job_id!r}")
     return manifest, digest
 
 
 def download_checkpoint(store: ObjectStore, uri: str, dest: Path, expected_manifest_sha256: str | None = None, *,
                         only: Iterable[str] | None = None, job_id: str | None = None,
-                        manifest: Manifest | None = None) -> Manifest:
+                        manifest: ArtifactManifest | None = None) -> ArtifactManifest:
     """Download the checkpoint's files (or `only` those) into `dest`, each checked against the manifest
     (size and sha256), the manifest against its pinned sha256. CorruptCheckpoint on any doubt: a file
     missing from the manifest or the store, a name outside `dest`, a size or hash that differs.
@@ -86,7 +90,7 @@ def download_checkpoint(store: ObjectStore, uri: str, dest: Path, expected_manif
     if manifest is None:
         manifest, _ = read_manifest(store, uri, expected_manifest_sha256, job_id=job_id)
     bucket, prefix = parse_uri(uri.rstrip("/"))
-    files = manifest["files"]
+    files = manifest.files
     root = dest.resolve()
     for rel in (list(files) if only is None else list(only)):
         info = files.get(rel)
@@ -101,6 +105,8 @@ def download_checkpoint(store: ObjectStore, uri: str, dest: Path, expected_manif
             if is_missing(exc):
                 raise CorruptCheckpoint(f"{uri}: {rel} is missing") from exc
             raise
-        if target.stat().st_size != info.get("size", target.stat().st_size) or sha256_file(target) != info["sha256"]:
+        size = target.stat().st_size
+        if (info.size is not None and size != info.size) or sha256_file(target) != info.sha256:
             raise CorruptCheckpoint(f"{uri}: {rel} does not match its sha256")
     return manifest
+

@@ -13,6 +13,7 @@ from pydantic import BaseModel, ConfigDict, Field, JsonValue, model_validator
 from pydantic.dataclasses import dataclass as record
 
 from whetstone.contracts import EvalCompletedV1, EvalStageResult, Lineage, Metric, TrainingSpec
+from whetstone.contracts.artifacts import ArtifactManifest
 from whetstone.runtime.weights import holds_full_weights
 
 # never served: pickles execute code on load
@@ -215,22 +216,12 @@ def build_lineage(job: QueuedJob, ckpt: FinalCheckpoint, evaluation: EvalComplet
         vision=ckpt.vision)
 
 
-class _ManifestEntry(BaseModel):
-    sha256: str
-
-
-class _Manifest(BaseModel):
-    """A checkpoint's manifest.json, as far as lineage reads it."""
-
-    files: dict[str, _ManifestEntry]
-
-
 def file_manifest(manifest: bytes) -> dict[str, str]:
     """checkpoint manifest.json -> {relative path: sha256}. ValueError when unreadable or it lists no files."""
-    files = _Manifest.model_validate_json(manifest).files
+    files = ArtifactManifest.model_validate_json(manifest).sha256s()
     if not files:
         raise ValueError("manifest lists no files")
-    return {rel: entry.sha256 for rel, entry in sorted(files.items())}
+    return files
 
 
 def pickles(files: dict[str, str]) -> list[str]:

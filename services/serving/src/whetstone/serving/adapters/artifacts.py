@@ -51,7 +51,7 @@ def fetch_adapter(store: ObjectStore, version: ModelVersion, dest: Path, base_te
         raise AdapterCorrupted(f"The artifact of `{version.name}` cannot be trusted: {exc}") from exc
     except Exception as exc:
         raise _read_error(f"The manifest of `{version.name}`", exc) from exc
-    files = {rel: info["sha256"] for rel, info in manifest["files"].items()}
+    files = manifest.sha256s()
     for rel, sha in version.files.items():
         if rel in files and files[rel] != sha:
             raise AdapterCorrupted(f"{rel} of `{version.name}`: the manifest disagrees with the registry's sha256.")

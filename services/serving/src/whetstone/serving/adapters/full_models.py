@@ -119,7 +119,7 @@ class FullModelPool:
             manifest, _ = read_manifest(self.store, (version.artifact_uri or "").rstrip("/"), version.artifact_sha256)
         except (CorruptCheckpoint, ValueError) as exc:
             raise AdapterCorrupted(f"The artifact of `{version.name}` cannot be trusted: {exc}") from exc
-        return {rel: int(info.get("size", 0)) for rel, info in manifest["files"].items()}
+        return manifest.sizes()
 
     def _download(self, version: ModelVersion, files: list[str], dest: Path) -> None:
         assert self.store is not None

@@ -16,9 +16,11 @@ from typing import Any
 
 from pydantic import BaseModel, ValidationError
 from whetstone.contracts import CheckpointRef
+from whetstone.contracts.artifacts import ArtifactManifest
 from whetstone.runtime.checkpoints import (
     MANIFEST,
     CorruptCheckpoint,
+    ManifestMeta,
     UploadedCheckpoint,
     download_checkpoint,
     read_manifest,
@@ -97,10 +99,10 @@ class S3Checkpoints:
 
     # -- write
 
-    def upload(self, local: Path, prefix: str, meta: dict[str, Any]) -> UploadedCheckpoint:
+    def upload(self, local: Path, prefix: str, meta: ManifestMeta) -> UploadedCheckpoint:
         return upload_checkpoint(self.store, local, prefix, meta)
 
-    def upload_snapshot(self, local: Path, staged: Path, prefix: str, meta: dict[str, Any], *, fence: AttemptFence,
+    def upload_snapshot(self, local: Path, staged: Path, prefix: str, meta: ManifestMeta, *, fence: AttemptFence,
                         attempts: int, outage_budget_s: float = 0.0,
                         on_retry: Callable[[int, Exception], None] = lambda attempt, exc: None,
                         ) -> UploadedCheckpoint:
@@ -156,7 +158,7 @@ class S3Checkpoints:
         return checkpoints_in(self.store.list_keys(prefix), prefix)
 
     def fetch_verified(self, prefix: str, dest: Path, *, expected_manifest_sha256: str | None = None,
-                       job_id: str | None = None) -> tuple[dict[str, Any], str]:
+                       job_id: str | None = None) -> tuple[ArtifactManifest, str]:
         """Download a checkpoint into an empty `dest` and check every file against the manifest (the
         runtime's one verified download). CorruptCheckpoint when the manifest is missing, altered, of
         another job, names a file outside the checkpoint, or a file differs."""

@@ -20,7 +20,6 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from pydantic import BaseModel
 from whetstone.contracts import CheckpointRef, MergeSource, ModelMergedV1
 from whetstone.contracts.enums import MergeStatus
 from whetstone.runtime.checkpoints import download_checkpoint, read_manifest
@@ -41,16 +40,6 @@ MERGE_RECIPE = "whetstone.trainer_agent.recipes.merge"
 # what the merge needs of the adapter artifact (never a pickle): the adapter, its tokenizer and template
 ADAPTER_INPUTS = ("adapter_model.safetensors", "adapter_config.json", "tokenizer.json", "tokenizer_config.json",
                   "tokenizer.model", "special_tokens_map.json", "chat_template.jinja")
-
-
-class ManifestFile(BaseModel):
-    sha256: str
-
-
-class ManifestFiles(BaseModel):
-    """A checkpoint manifest (verified by `read_manifest`), as far as the merge reads it: its files."""
-
-    files: dict[str, ManifestFile]
 
 
 def merge_source(run: Run) -> MergeSource:
@@ -78,8 +67,7 @@ def prepare_merge(ws: Workspaces, run: Run) -> Prepared:
     adapter = scratch / "adapter"
     shutil.rmtree(adapter, ignore_errors=True)
     manifest, _ = read_manifest(ws.store, source.adapter_uri, source.adapter_manifest_sha256)
-    listed = ManifestFiles.model_validate(manifest).files
-    wanted = [name for name in ADAPTER_INPUTS if name in listed]
+    wanted = [name for name in ADAPTER_INPUTS if name in manifest.files]
     download_checkpoint(ws.store, source.adapter_uri, adapter, manifest=manifest, only=wanted)
     config = MergeConfig(job_id=run.job_id, base_model=model.location, adapter_dir=adapter,
                          output_dir=scratch / "merged", merge_id=source.merge_id, model_id=source.model_id)
@@ -119,8 +107,7 @@ async def on_merged(rt: AgentRuntime, seg: Segment, merged: Merged, scratch: Pat
                                              fence=run.fence, attempts=ctx.config.upload_attempts,
                                              outage_budget_s=ctx.config.final_upload_outage_s)
         manifest, _ = read_manifest(ctx.checkpoints.store, up.uri, up.manifest_sha256)
-        files = ManifestFiles.model_validate(manifest).files
-        return up.uri, up.manifest_sha256, {rel: entry.sha256 for rel, entry in files.items()}
+        return up.uri, up.manifest_sha256, manifest.sha256s()
 
     try:
         uri, digest, files = await asyncio.to_thread(upload)

@@ -24,7 +24,7 @@ from whetstone.contracts import (
     ModelMergedV1,
 )
 from whetstone.contracts.enums import CheckpointKind, ErrorClass, PreemptionReason
-from whetstone.runtime.checkpoints import CorruptCheckpoint
+from whetstone.runtime.checkpoints import CorruptCheckpoint, ManifestMeta
 from whetstone.runtime.environment import image_digest
 from whetstone.runtime.models import UnknownModel
 from whetstone.runtime.service import Runtime
@@ -391,7 +391,7 @@ async def on_checkpoint(rt: AgentRuntime, seg: Segment, event: Checkpoint, scrat
         rt.log.info("job cancelled or segment fenced: checkpoint not uploaded", job_id=seg.job_id, step=step)
         return
     staged = scratch / "uploading" / f"step-{step}-{kind}"
-    meta = {"job_id": seg.job_id, "segment_id": seg.segment_id, "tenant_id": seg.tenant_id, "step": step,
+    meta: ManifestMeta = {"job_id": seg.job_id, "segment_id": seg.segment_id, "tenant_id": seg.tenant_id, "step": step,
             "kind": kind, "attempt": seg.run.attempt}
 
     def on_retry(attempt: int, exc: Exception) -> None:
