@@ -433,6 +433,19 @@ async def test_agent_obeys_node_fenced_silently_and_only_for_its_own_attempt(pla
             assert not await events(rt, topic, "job-fenced"), topic
         assert not rt.ctx.node.fenced                           # nothing left behind in memory
 
+        # the fence heard before its assignment (another topic: no order between them): never run
+        early = await fence(job_id="job-early", segment_id=None, attempt=1)
+        await wait_until(lambda: processed(early), timeout=60, what="the early fence consumed")
+        late = await assign(settings, "job-early", spec(sha, uri), attempt=1)
+
+        async def recorded():
+            return await rt.pool.fetchrow("SELECT status, outcome FROM runs WHERE segment_id = $1", late)
+        row = await wait_until(recorded, timeout=60, what="the late assignment recorded")
+        assert (row["status"], row["outcome"]) == ("finished", "fenced")
+        assert late not in rt.ctx.node.segments
+        for topic in ("job.started", "job.completed", "job.failed", "job.preempted"):
+            assert not await events(rt, topic, "job-early"), topic
+
 
 async def test_a_restarted_supervising_task_leaves_its_own_live_segments_alone(platform, settings, tiny_base):
     """The supervising task restarts when its database goes away for a moment (chaos: a PostgreSQL

@@ -39,4 +39,15 @@ MIGRATIONS = [
     ALTER TABLE runs DROP CONSTRAINT runs_pkey;
     ALTER TABLE runs ADD PRIMARY KEY (segment_id, node_id);
     """,
+    """
+    -- a fence seen here is remembered, so an assignment of the fenced attempt that arrives after it
+    -- (job.assigned and node.fenced are different topics: no order between them) never runs
+    CREATE TABLE fenced_attempts (
+        job_id       text NOT NULL,
+        node_id      text NOT NULL,
+        attempt      int  NOT NULL,
+        fenced_at    timestamptz NOT NULL DEFAULT now(),
+        PRIMARY KEY (job_id, node_id, attempt)
+    );
+    """,
 ]

@@ -7,7 +7,8 @@ connection (inside its unit of work), so a state change and the events it publis
     assigned | running --node.fenced--> finished (fenced): final, nothing the segment does later changes it
 
 A job cancelled here is remembered (`cancelled_jobs`): an assignment of it recorded afterwards is
-cancelled on arrival and never claimed.
+cancelled on arrival and never claimed. So is a fenced attempt (`fenced_attempts`): its assignment
+recorded afterwards is finished (fenced) on arrival.
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ import asyncpg
 from pydantic import TypeAdapter
 from whetstone.contracts import TOLERANT, Envelope, JobAssignedV1
 
-from ..domain.runs import Run, RunUpdate
+from ..domain.runs import Run, RunStatus, RunUpdate
 
 _RUN: TypeAdapter[Run] = TypeAdapter(Run)
 
@@ -29,20 +30,24 @@ def _run(row: asyncpg.Record) -> Run:
 
 
 class RunStore:
-    async def add_assignment(self, conn: asyncpg.Connection, env: Envelope, ev: JobAssignedV1) -> bool:
-        """Record an assignment (a redelivered one changes nothing). False when the job's cancel came
-        first: the run is recorded as cancelled, never to be claimed."""
+    async def add_assignment(self, conn: asyncpg.Connection, env: Envelope, ev: JobAssignedV1) -> RunStatus | None:
+        """Record an assignment: `assigned`, to be claimed; `cancelled` when the job's cancel came first;
+        `finished` (outcome fenced) when the attempt's fence came first. None when it was recorded
+        before (a redelivery changes nothing)."""
         status = await conn.fetchval(
             "INSERT INTO runs (segment_id, job_id, node_id, tenant_id, trace_id, attempt, gpu_ids, spec, resume_from,"
-            " rendezvous, status, finished_at) SELECT $1,$2,$3,$4,$5,$6,$7,$8,$9,$10,"
-            " CASE WHEN c.job_id IS NULL THEN 'assigned' ELSE 'cancelled' END,"
-            " CASE WHEN c.job_id IS NULL THEN NULL ELSE now() END"
+            " rendezvous, status, outcome, finished_at) SELECT $1,$2,$3,$4,$5,$6,$7,$8,$9,$10,"
+            " CASE WHEN c.job_id IS NOT NULL THEN 'cancelled' WHEN f.job_id IS NOT NULL THEN 'finished'"
+            " ELSE 'assigned' END,"
+            " CASE WHEN c.job_id IS NULL AND f.job_id IS NOT NULL THEN 'fenced' END,"
+            " CASE WHEN c.job_id IS NULL AND f.job_id IS NULL THEN NULL ELSE now() END"
             " FROM (SELECT 1) one LEFT JOIN cancelled_jobs c ON c.job_id = $2 AND c.tenant_id = $4"
+            " LEFT JOIN fenced_attempts f ON f.job_id = $2 AND f.node_id = $3 AND f.attempt = $6"
             " ON CONFLICT DO NOTHING RETURNING status",
             ev.segment_id, ev.job_id, ev.node_id, env.tenant_id, env.trace_id, ev.attempt, ev.gpu_ids,
             ev.spec.model_dump(mode="json"), ev.resume_from.model_dump(mode="json") if ev.resume_from else None,
             ev.rendezvous.model_dump(mode="json") if ev.rendezvous else None)
-        return status != "cancelled"
+        return None if status is None else RunStatus(status)
 
     async def remember_cancel(self, conn: asyncpg.Connection, job_id: str, tenant_id: str,
                               attempt: int | None) -> None:
@@ -74,7 +79,10 @@ class RunStore:
     async def fence(self, conn: asyncpg.Connection, node_id: str, job_id: str, attempt: int,
                     segment_id: str | None) -> list[Run]:
         """The scheduler fenced this attempt: its runs not finished yet end as fenced; returns them
-        (none when it is not ours, or already ended: a redelivered command changes nothing)."""
+        (none when it is not ours, or already ended: a redelivered command changes nothing). The fence
+        is remembered for an assignment of the attempt still to arrive."""
+        await conn.execute("INSERT INTO fenced_attempts (job_id, node_id, attempt) VALUES ($1, $2, $3)"
+                           " ON CONFLICT DO NOTHING", job_id, node_id, attempt)
         rows = await conn.fetch(
             "UPDATE runs SET status = 'finished', outcome = 'fenced', finished_at = now()"
             " WHERE node_id = $1 AND job_id = $2 AND attempt = $3 AND ($4::text IS NULL OR segment_id = $4)"

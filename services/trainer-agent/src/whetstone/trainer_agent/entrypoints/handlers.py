@@ -26,6 +26,7 @@ from whetstone.runtime.messaging import UnitOfWork
 from whetstone.runtime.s3 import within_tenant
 from whetstone.runtime.service import PoisonMessage
 
+from ..domain.runs import RunStatus
 from ..usecases.segments import AgentRuntime
 
 
@@ -38,9 +39,14 @@ async def on_job_assigned(rt: AgentRuntime, uow: UnitOfWork, env: Envelope, ev: 
         if uri and uri.startswith("s3://") and not within_tenant(uri, env.tenant_id):   # never another tenant's data
             raise PoisonMessage(f"job.assigned {ev.job_id}: {field} {uri} is not under tenant {env.tenant_id!r}'s prefix",
                                 reason="tenant_mismatch")
-    if not await ctx.runs.add_assignment(uow.conn, env, ev):
+    recorded = await ctx.runs.add_assignment(uow.conn, env, ev)
+    if recorded == RunStatus.CANCELLED:
         rt.log.info("assignment of a job cancelled here: not run", job_id=ev.job_id, segment_id=ev.segment_id)
         await report_unstarted_cancel(rt, uow, env, ev.job_id, ev.attempt)
+        return
+    if recorded == RunStatus.FINISHED:   # its attempt was fenced before it arrived: not run, nothing reported
+        rt.log.warning("assignment of an attempt fenced here: not run", job_id=ev.job_id, segment_id=ev.segment_id,
+                       attempt=ev.attempt)
         return
     if ctx.node.stopping:  # arrived while draining: hand it straight back to the scheduler
         if await ctx.runs.hand_back(uow.conn, ev.segment_id, ev.node_id):
