@@ -197,8 +197,11 @@ async def run(args: argparse.Namespace, tmp: Path) -> dict:
         print(f"{len(adapters)} adapters made and stored in {time.perf_counter() - t:.1f}s", flush=True)
         roll_a = store_adapter(store, tmp / "adapters" / "a0", "demo", "wsm-roll-a", "ft:tiny-llama:demo:roll")
         roll_b = store_adapter(store, tmp / "adapters" / "a1", "demo", "wsm-roll-b", "ft:tiny-llama:demo:roll")
+        # every request of a round comes from one tenant at once: the operator's per-tenant queue cap is
+        # raised to the round's size, as for a one-tenant replica (bench-abuse measures the cap itself)
         config = ServingSettings(http_port=0, max_resident_adapters=max(64, args.adapters + 2),
-                                 max_batch_size=args.batch, batch_window_ms=4.0, torch_threads=args.threads)
+                                 max_batch_size=args.batch, batch_window_ms=4.0, torch_threads=args.threads,
+                                 max_queued_per_tenant=max(args.requests, 32))
         stop, ready = asyncio.Event(), {}
         service = asyncio.create_task(run_services([build_service(config)], settings,
                                                    lambda rts: ready.update({r.name: r for r in rts}), stop))
