@@ -43,6 +43,14 @@ def read_jsonl(path: Path) -> list[dict]:
     return [json.loads(line) for line in path.read_text().splitlines()]
 
 
+def errors(report: dict[str, Any]) -> dict[int | None, list[str]]:
+    """A gate report's row errors: line -> codes."""
+    by_line: dict[int | None, list[str]] = {}
+    for e in report["errors"]:
+        by_line.setdefault(e["line"], []).append(e["code"])
+    return by_line
+
+
 @pytest.fixture(scope="session")
 def ingest_tiny_model(tmp_path_factory) -> Path:
     from whetstone.modelkit.tiny import build_tiny_model
@@ -56,4 +64,4 @@ def kit():
     from types import SimpleNamespace
 
     return SimpleNamespace(chat_row=chat_row, good_rows=good_rows, write_jsonl=write_jsonl, run_gate=run_gate,
-                           read_jsonl=read_jsonl)
+                           read_jsonl=read_jsonl, errors=errors)
