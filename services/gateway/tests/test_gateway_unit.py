@@ -64,3 +64,34 @@ async def test_a_key_in_use_is_verified_again_in_the_background_and_revocation_s
     assert (await keys.verify("wsk-a")) is not None
     await asyncio.sleep(0.05)                                                     # its refresh sees the revocation
     assert keys.asked == 3 and await keys.verify("wsk-a") is None and not keys.refreshing
+
+
+async def test_a_burst_of_one_keys_requests_refreshes_its_verdict_once():
+    """Fifty requests of one key arriving in the same turn of the loop, past the verdict's first
+    quarter: all are answered from the cache and the key service is asked once behind them, not once
+    per request (a tenant's burst would otherwise become a burst on the key service that every
+    tenant's requests wait behind)."""
+    import asyncio
+
+    from whetstone.gateway.auth import KeyVerifier, Verdict
+
+    now = [0.0]
+
+    class Counting(KeyVerifier):
+        asked = 0
+
+        async def _ask(self, key: str) -> Verdict | None:
+            self.asked += 1
+            await asyncio.sleep(0.01)
+            return Verdict("k1", "demo", ("read",), None)
+
+    keys = Counting(lambda: None, "http://scheduler/internal/keys/verify", ttl_s=2.0, clock=lambda: now[0])
+    await keys.verify("wsk-a")
+    now[0] = 1.5
+    verdicts = await asyncio.gather(*(keys.verify("wsk-a") for _ in range(50)))
+    await asyncio.sleep(0.05)
+    assert all(v is not None and v.tenant_id == "demo" for v in verdicts)
+    assert keys.asked == 2 and not keys.refreshing and not keys.pending
+    now[0] = 10.0                                                 # expired: a burst of misses asks once too
+    await asyncio.gather(*(keys.verify("wsk-a") for _ in range(50)))
+    assert keys.asked == 3 and not keys.pending

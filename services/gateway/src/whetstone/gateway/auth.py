@@ -62,7 +62,7 @@ class KeyVerifier:
         self.verify_target = URL(verify_url).raw_path_qs if verify_url else ""   # what the signature binds
         self.clock, self.max_entries = clock, max_entries
         self.cache: dict[str, tuple[float, Verdict | None]] = {}
-        self.pending: dict[str, asyncio.Future] = {}
+        self.pending: dict[str, asyncio.Future] = {}   # the question in flight, per key digest
         self.refreshing: set[asyncio.Future] = set()   # background refreshes (kept referenced until done)
 
     async def verify(self, key: str) -> Verdict | None:
@@ -74,38 +74,43 @@ class KeyVerifier:
                 # refreshed in the background while the verdict is still good: a busy key's requests never
                 # wait for the key service (which other tenants' requests keep busy); a revoked key still
                 # stops within ttl_s, since the old verdict is never used past its expiry
-                task = asyncio.ensure_future(self._lookup(key, digest, now))
+                task = self._lookup(key, digest, now)
                 self.refreshing.add(task)
                 task.add_done_callback(self._refreshed)
             return hit[1]
         waiting = self.pending.get(digest)
-        if waiting is not None:
-            return await asyncio.shield(waiting)
-        return await self._lookup(key, digest, now)
+        if waiting is None:
+            waiting = self._lookup(key, digest, now)
+        return await asyncio.shield(waiting)
 
     def _refreshed(self, task: asyncio.Future) -> None:
         self.refreshing.discard(task)
         if not task.cancelled():
             task.exception()   # a failed refresh: the request after the verdict's expiry asks (and says why)
 
-    async def _lookup(self, key: str, digest: str, now: float) -> Verdict | None:
-        fut: asyncio.Future = asyncio.get_running_loop().create_future()
-        self.pending[digest] = fut
-        try:
-            verdict = await self._ask(key)
+    def _lookup(self, key: str, digest: str, now: float) -> asyncio.Future:
+        """One question for `digest`, registered as pending before this returns: every request of the
+        key that comes while it is asked (a burst arrives within one turn of the loop) waits on it or
+        is answered from the cache, and none asks again."""
+        task = asyncio.ensure_future(self._answer(key, digest, now))
+        self.pending[digest] = task
+        task.add_done_callback(lambda done: self._settled(digest, done))
+        return task
+
+    def _settled(self, digest: str, task: asyncio.Future) -> None:
+        if self.pending.get(digest) is task:
+            del self.pending[digest]
+        if not task.cancelled():
+            task.exception()   # retrieved: no "never retrieved" warning when nobody else waited
+
+    async def _answer(self, key: str, digest: str, now: float) -> Verdict | None:
+        verdict = await self._ask(key)
+        if len(self.cache) >= self.max_entries:
+            self.cache = {k: v for k, v in self.cache.items() if v[0] > now}
             if len(self.cache) >= self.max_entries:
-                self.cache = {k: v for k, v in self.cache.items() if v[0] > now}
-                if len(self.cache) >= self.max_entries:
-                    self.cache.clear()
-            self.cache[digest] = (self.clock() + self.ttl_s, verdict)
-            fut.set_result(verdict)
-            return verdict
-        except BaseException as exc:
-            fut.set_exception(exc)
-            fut.exception()  # retrieved: no "never retrieved" warning when nobody else waited
-            raise
-        finally:
-            self.pending.pop(digest, None)
+                self.cache.clear()
+        self.cache[digest] = (self.clock() + self.ttl_s, verdict)
+        return verdict
 
     async def _ask(self, key: str) -> Verdict | None:
         if not self.verify_url:
