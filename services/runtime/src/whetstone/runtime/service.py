@@ -45,6 +45,7 @@ from .identity import identity_keys
 from .lifecycle import bounded, supervise
 from .http import BodyLimit, HttpServer, ServiceMetrics, make_app
 from .logging import configure_logging, get_logger
+from .membership import GroupMember, leave
 from .messaging import OutboxRelay, UnitOfWork, current_envelope, decode, parse_payload, unit_of_work
 from .s3 import ObjectStore
 from .settings import CommonSettings, check_credentials, resolve_settings
@@ -210,7 +211,12 @@ class Runtime(Generic[C]):
         if self.http:
             await step("http server", self.http.stop(), 4)
         if self.broker:  # stops consuming; the handlers' last commits are in the outbox
+            member = GroupMember.of(self._kafka_consumer())
             await step("consumer", self.broker.stop(), 8)
+            bootstrap = self.settings.kafka_bootstrap
+            if member is not None and not member.left_by_client and bootstrap:  # membership.py: generation 0
+                await step("leave group", leave(member, bootstrap,
+                                                **self.settings.kafka_client_options()), 2)
         if self.relay and self.pool and self.producer:  # last chance to drain what is committed; the rest waits
             await step("outbox flush", self.relay.flush_once(), 2, quiet=True)
         if self.producer:
