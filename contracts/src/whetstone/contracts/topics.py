@@ -43,6 +43,12 @@ def _by(*services: ServiceName) -> frozenset[ServiceName]:
     return frozenset(services)
 
 
+# The job lifecycle topics metering settles from. A metering replica owns the jobs of the partition
+# numbers it holds of all of them, so they share one count, keyed by job id; 6 splits evenly between
+# 2 or 3 replicas (deploy/base runs 2), where 3 would leave one of 2 replicas half as busy.
+LIFECYCLE_PARTITIONS = 6
+
+
 TOPICS: dict[str, Topic] = {
     t.name: t
     for t in [
@@ -56,27 +62,33 @@ TOPICS: dict[str, Topic] = {
               consumers=_by(_SCHEDULER)),
         Topic("job.requested", e.JobRequestedV1, "job_id", producers=_by(_SCHEDULER, _EXTERNAL),
               consumers=_by(_SCHEDULER)),
-        Topic("job.queued", e.JobQueuedV1, "job_id", producers=_by(_SCHEDULER),
+        Topic("job.queued", e.JobQueuedV1, "job_id", partitions=LIFECYCLE_PARTITIONS,
+              producers=_by(_SCHEDULER),
               consumers=_by(_EVAL, _INGEST, _METERING, _REGISTRY)),
         Topic("job.assigned", e.JobAssignedV1, "node_id", producers=_by(_SCHEDULER),
               consumers=_by(_AGENT)),
-        Topic("job.cancelled", e.JobCancelledV1, "job_id", producers=_by(_SCHEDULER),
+        Topic("job.cancelled", e.JobCancelledV1, "job_id", partitions=LIFECYCLE_PARTITIONS,
+              producers=_by(_SCHEDULER),
               consumers=_by(_EVAL, _INGEST, _METERING, _REGISTRY, _AGENT)),
         Topic("job.preempt_requested", e.JobPreemptRequestedV1, "node_id", producers=_by(_SCHEDULER),
               consumers=_by(_AGENT)),
         Topic("node.fenced", e.NodeFencedV1, "node_id", producers=_by(_SCHEDULER),
               consumers=_by(_EVAL, _REGISTRY, _AGENT)),
-        Topic("job.started", e.JobStartedV1, "job_id", producers=_by(_AGENT),
+        Topic("job.started", e.JobStartedV1, "job_id", partitions=LIFECYCLE_PARTITIONS,
+              producers=_by(_AGENT),
               consumers=_by(_METERING, _SCHEDULER)),
         Topic("job.progress", e.JobProgressV1, "job_id", producers=_by(_AGENT),
               consumers=_by(_INGEST, _REGISTRY, _SCHEDULER)),
         Topic("checkpoint.written", e.CheckpointWrittenV1, "job_id", producers=_by(_AGENT),
               consumers=_by(_EVAL, _INGEST, _REGISTRY, _SCHEDULER, _SERVING)),
-        Topic("job.preempted", e.JobPreemptedV1, "job_id", producers=_by(_SCHEDULER, _AGENT),
+        Topic("job.preempted", e.JobPreemptedV1, "job_id", partitions=LIFECYCLE_PARTITIONS,
+              producers=_by(_SCHEDULER, _AGENT),
               consumers=_by(_METERING, _SCHEDULER)),
-        Topic("job.completed", e.JobCompletedV1, "job_id", producers=_by(_AGENT),
+        Topic("job.completed", e.JobCompletedV1, "job_id", partitions=LIFECYCLE_PARTITIONS,
+              producers=_by(_AGENT),
               consumers=_by(_INGEST, _METERING, _SCHEDULER)),
-        Topic("job.failed", e.JobFailedV1, "job_id", producers=_by(_SCHEDULER, _AGENT),
+        Topic("job.failed", e.JobFailedV1, "job_id", partitions=LIFECYCLE_PARTITIONS,
+              producers=_by(_SCHEDULER, _AGENT),
               consumers=_by(_INGEST, _METERING, _REGISTRY, _SCHEDULER)),
         Topic("eval.completed", m.EvalCompletedV1, "job_id", producers=_by(_EVAL),
               consumers=_by(_REGISTRY, _SCHEDULER)),
