@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import gc
 
 from whetstone.runtime.db import create_pool, migrate
 from whetstone.runtime.http import HttpServer
@@ -51,8 +52,18 @@ async def start_gateway(settings: GatewaySettings | None = None, upstreams: dict
     return RunningGateway(gateway, server)
 
 
+def freeze_startup_objects() -> None:
+    """Move everything alive after start-up (modules, apps, pools: they live as long as the process)
+    out of the cyclic collector's sight. A full collection then walks only what requests made since:
+    without this, the first burst of requests that triggers one stops the event loop for the whole
+    heap's walk (46 ms on this machine, every request in flight waiting behind it)."""
+    gc.collect()
+    gc.freeze()
+
+
 async def serve_forever(settings: GatewaySettings | None = None, database_url: str | None = None) -> None:
     running = await start_gateway(settings, database_url=database_url)
+    freeze_startup_objects()   # a process of its own: nothing of a caller's is frozen with it
     try:
         await asyncio.Event().wait()
     finally:
