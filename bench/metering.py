@@ -11,9 +11,9 @@ the real broker and Postgres, compared with the generator's ground truth.
 5. replay 3: its schema is dropped and it consumes from offset 0 again (the invoices
    must come out identical, whatever the interleaving of the topics this time).
 
-The service runs as `--replicas` processes (default 1) of one consumer group, which split the
-topics' partitions (metering assigns them by range, so a replica owns whole jobs); every replica's
-CPU is counted. After each replay the per-job invoices (net of corrections) are compared with the
+The service runs as `--replicas` processes (default 2, as deploy/base runs it) of one consumer group,
+which split the topics' partitions (metering assigns them by range, so a replica owns whole jobs);
+every replica's CPU is counted. After each replay the per-job invoices (net of corrections) are compared with the
 ground truth. events_per_s is the slowest replay's rate (messages consumed, ledger
 settled, from the moment the service is up). A baseline in the same run: the service
 consuming one message per transaction (no batching) on a smaller sample, and the
@@ -45,10 +45,10 @@ from pathlib import Path
 import asyncpg
 import httpx
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
+from aiokafka.admin import AIOKafkaAdminClient
 
 from whetstone.contracts import TOPICS, all_topic_partitions
 from whetstone.metering.domain.usage import job_class_of
-from whetstone.metering.bootstrap import ASSIGNORS
 from whetstone.metering.entrypoints.handlers import TOPICS as METERED_TOPICS
 from whetstone.devstack.metering_sim import Invoice, Workload, generate
 from whetstone.devstack.stack import EmbeddedStack, StackEndpoints
@@ -104,17 +104,33 @@ async def committed(watcher: AIOKafkaConsumer) -> int:
     return sum(max(o.offset, 0) for o in offsets.values())
 
 
-async def rewind(bootstrap: str) -> None:
-    """Join the metering group alone, and commit offset 0 on every partition it reads."""
-    consumer = AIOKafkaConsumer(*METERED_TOPICS, bootstrap_servers=bootstrap, group_id=GROUP,
-                                enable_auto_commit=False, auto_offset_reset="earliest",
-                                partition_assignment_strategy=ASSIGNORS)  # the service's: one group protocol
+async def group_members(bootstrap: str) -> list[str]:
+    """The metering group's members, as the broker lists them (DescribeGroups)."""
+    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap)
+    await admin.start()
+    try:
+        described = (await admin.describe_consumer_groups([GROUP]))[0].to_object()["groups"][0]
+        return [m["member_id"] for m in described["members"]]
+    finally:
+        await admin.close()
+
+
+async def rewind(bootstrap: str, wait_s: float = 30.0) -> None:
+    """Commit offset 0 on every partition the metering group reads, from outside the group (generation
+    -1, what a tool resetting a group's offsets does), once the group has no members: the replicas leave
+    it when they stop (the runtime's membership.py). The dev broker refuses such a commit while it still
+    lists a member, and expires a silent member's session only when someone joins, so a member that did
+    not leave is an error here, not something to wait out."""
+    deadline = time.perf_counter() + wait_s
+    while members := await group_members(bootstrap):
+        if time.perf_counter() > deadline:
+            raise RuntimeError(f"{GROUP} still has members {members} {wait_s:.0f}s after its replicas stopped")
+        await asyncio.sleep(0.2)
+    consumer = AIOKafkaConsumer(bootstrap_servers=bootstrap, group_id=GROUP, enable_auto_commit=False)
     await consumer.start()
     try:
-        expected = {TopicPartition(t, p) for t in METERED_TOPICS for p in range(TOPICS[t].partitions)}
-        while consumer.assignment() != expected:
-            await consumer.getmany(timeout_ms=200, max_records=1)
-        await consumer.commit({tp: 0 for tp in expected})
+        consumer.assign(METERED_PARTITIONS)  # assigned, not subscribed: it never joins the group
+        await consumer.commit({tp: 0 for tp in METERED_PARTITIONS})
     finally:
         await consumer.stop()
 
@@ -261,11 +277,16 @@ async def replay(n: int, endpoints: StackEndpoints, work: Workload, workdir: Pat
     watcher = AIOKafkaConsumer(bootstrap_servers=endpoints.kafka_bootstrap, group_id=GROUP, enable_auto_commit=False)
     await watcher.start()
     try:
+        t = time.perf_counter()
         if n > 1:
             await rewind(endpoints.kafka_bootstrap)
         if fresh_database:
             await conn.execute("DROP SCHEMA IF EXISTS metering CASCADE")
+        rewound = time.perf_counter()
         await asyncio.gather(*(s.start() for s in services))
+        # a replica is up once its consumer holds partitions: the group's join, not part of the replay's time
+        print(f"  replay {n}: rewound in {rewound - t:.1f}s, replicas up (joined) in"
+              f" {time.perf_counter() - rewound:.1f}s", flush=True)
         began, load_before = time.perf_counter(), load()
         cpu0, db0 = [s.cpu_s() for s in services], await backend_cpu(conn)
         broker0 = proc_cpu_s(broker) if broker else 0.0
@@ -461,8 +482,8 @@ def main() -> None:
     p.add_argument("--events", type=int, default=1_000_000, help="lifecycle messages to generate (dups included)")
     p.add_argument("--quick", action="store_true", help="100,000 events")
     p.add_argument("--batch-size", type=int, default=2000)
-    p.add_argument("--replicas", type=int, default=1, help="metering processes in the consumer group (the"
-                   " baselines run one); with 2, replay 3's rewind can wait forever to join the dev broker's group")
+    p.add_argument("--replicas", type=int, default=2, help="metering processes in the consumer group (default:"
+                   " production's, deploy/base; the baselines run one)")
     p.add_argument("--seed", type=int, default=7)
     p.add_argument("--profile", type=Path, help="write the service's cProfile of each replay in this folder")
     p.add_argument("--fresh-only", action="store_true", help="replay 1 only (fresh database), no baselines:"
