@@ -46,6 +46,9 @@ import asyncpg
 import httpx
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 from aiokafka.admin import AIOKafkaAdminClient
+from aiokafka.client import AIOKafkaClient, CoordinationType
+from aiokafka.errors import for_code
+from aiokafka.protocol.admin import DeleteGroupsRequest
 
 from whetstone.contracts import TOPICS, all_topic_partitions
 from whetstone.metering.domain.usage import job_class_of
@@ -115,21 +118,38 @@ async def group_members(bootstrap: str) -> list[str]:
         await admin.close()
 
 
+async def delete_group(bootstrap: str) -> None:
+    """Delete the metering group (DeleteGroups; the broker deletes only a group without members)."""
+    client = AIOKafkaClient(bootstrap_servers=bootstrap)
+    await client.bootstrap()
+    try:
+        node = await client.coordinator_lookup(CoordinationType.GROUP, GROUP)
+        response = await client.send(node, DeleteGroupsRequest([GROUP]))
+        for group, code in response.results:
+            if code:
+                raise for_code(code)(f"DeleteGroups {group}")
+    finally:
+        await client.close()
+
+
 async def rewind(bootstrap: str, wait_s: float = 30.0) -> None:
-    """Commit offset 0 on every partition the metering group reads, from outside the group (generation
-    -1, what a tool resetting a group's offsets does), once the group has no members: the replicas leave
-    it when they stop (the runtime's membership.py). The dev broker refuses such a commit while it still
-    lists a member, and expires a silent member's session only when someone joins, so a member that did
-    not leave is an error here, not something to wait out."""
+    """Start the metering group over at offset 0 on every partition it reads, once the group has no
+    members (the replicas leave it when they stop: the runtime's membership.py): delete the group, then
+    commit the offsets from outside it (generation -1, assigned not subscribed, so it never joins), as a
+    tool resetting a group's offsets does. Deleting it first matters on the dev broker: after members
+    leave it together, it can keep a rebalance of nobody open and hold the next join for minutes. The dev
+    broker expires a silent member's session only when someone joins, so a member still listed is an
+    error here, not something to wait out."""
     deadline = time.perf_counter() + wait_s
     while members := await group_members(bootstrap):
         if time.perf_counter() > deadline:
             raise RuntimeError(f"{GROUP} still has members {members} {wait_s:.0f}s after its replicas stopped")
         await asyncio.sleep(0.2)
+    await delete_group(bootstrap)
     consumer = AIOKafkaConsumer(bootstrap_servers=bootstrap, group_id=GROUP, enable_auto_commit=False)
     await consumer.start()
     try:
-        consumer.assign(METERED_PARTITIONS)  # assigned, not subscribed: it never joins the group
+        consumer.assign(METERED_PARTITIONS)
         await consumer.commit({tp: 0 for tp in METERED_PARTITIONS})
     finally:
         await consumer.stop()
