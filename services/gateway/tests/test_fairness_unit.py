@@ -142,14 +142,17 @@ async def test_a_heavier_tenant_does_not_enter_beside_a_lighter_ones_request():
 
 
 async def test_a_flood_is_heavier_than_a_steady_tenant_that_has_used_the_service_more():
-    """Weight is what a tenant has pending (sent, not answered), then its demand; not its admissions. A
-    has used the service ten times; B's flood is held to one place, so it has been admitted less.
-    A's request still goes in at once beside B's, and B's next waits for A's; by admissions A
-    would be the heavier one and wait behind B's flood."""
+    """Weight is what a tenant has pending (sent, not answered) and its recent demand; not its
+    admissions. A used the service ten times a few seconds ago; B's flood is held to one place, so it
+    has been admitted less. A's request still goes in at once beside B's, and B's next waits for A's;
+    by admissions A would be the heavier one and wait behind B's flood."""
     fair = Fairness(GatewaySettings(max_in_flight_per_service={"scheduler": 4}, max_in_flight_per_key=100,
                                     max_in_flight_per_tenant=100, queue_wait_s=5))
+    now = [0.0]
+    fair.service_slots("scheduler").clock = lambda: now[0]
     for _ in range(10):
         (await fair.enter("ka", "a", stream=False, service="scheduler")).release()
+    now[0] = 4.0   # four half-lives later: A's demand is 10/16 of a request
     b_first = await fair.enter("kb", "b", stream=False, service="scheduler")
     b_waiting = [asyncio.create_task(fair.enter("kb", "b", stream=False, service="scheduler")) for _ in range(5)]
     await asyncio.sleep(0.01)
@@ -166,20 +169,40 @@ async def test_a_flood_is_heavier_than_a_steady_tenant_that_has_used_the_service
 
 
 async def test_a_heavy_tenant_held_back_by_lighter_ones_goes_in_after_the_hold():
-    """Never starved: while A's request stays inside, B's waits `hold_s`, then goes in beside it."""
+    """Never starved: while A's request stays inside, B's next waits `hold_s`, then goes in beside it."""
     fair = Fairness(GatewaySettings(max_in_flight_per_service={"scheduler": 4}, max_in_flight_per_key=100,
-                                    max_in_flight_per_tenant=100, queue_wait_s=5))
+                                    max_in_flight_per_tenant=100, queue_wait_s=5,
+                                    max_in_flight_per_service_per_tenant=2))
     fair.service_slots("scheduler").hold_s = 0.1
-    b_used = [await fair.enter("kb", "b", stream=False, service="scheduler")]
+    for _ in range(3):
+        (await fair.enter("kb", "b", stream=False, service="scheduler")).release()
+    b_inside = await fair.enter("kb", "b", stream=False, service="scheduler")
     a = await fair.enter("ka", "a", stream=False, service="scheduler")
-    b_used[0].release()
     started = time.perf_counter()
     b_next = await asyncio.wait_for(fair.enter("kb", "b", stream=False, service="scheduler"), 2)
     assert isinstance(b_next, Ticket) and 0.08 <= time.perf_counter() - started < 1.5
-    a.release()
-    b_next.release()
+    for ticket in (a, b_next, b_inside):
+        ticket.release()
     shared = fair.services["scheduler"]
     assert shared.active == 0 and not shared.pending and not shared.waiting
+
+
+async def test_a_second_request_of_a_tenant_at_the_others_pace_is_not_held():
+    """Equals take turns: A and B have each sent two requests; B's second is in flight beside its first
+    while A has one pending. That is no flood: it goes in beside A's at once, not after the hold (a
+    saturated service would otherwise keep it waiting while any tenant with one request waits)."""
+    fair = Fairness(GatewaySettings(max_in_flight_per_service={"scheduler": 4}, max_in_flight_per_key=100,
+                                    max_in_flight_per_tenant=100, queue_wait_s=5,
+                                    max_in_flight_per_service_per_tenant=2))
+    fair.service_slots("scheduler").hold_s = 1.0
+    (await fair.enter("ka", "a", stream=False, service="scheduler")).release()
+    a = await fair.enter("ka", "a", stream=False, service="scheduler")
+    b_first = await fair.enter("kb", "b", stream=False, service="scheduler")
+    b_second = await asyncio.wait_for(fair.enter("kb", "b", stream=False, service="scheduler"), 0.5)
+    assert isinstance(b_second, Ticket)
+    for ticket in (a, b_first, b_second):
+        ticket.release()
+    assert fair.services["scheduler"].active == 0
 
 
 async def test_streams_have_their_own_cap_per_key_and_tenant():

@@ -107,7 +107,7 @@ def test_start_up_objects_are_frozen_out_of_full_collections():
     before = len(gc.get_objects(generation=2))
     try:
         freeze_startup_objects()
-        assert gc.get_freeze_count() >= before > 1000
+        assert before > 1000 and gc.get_freeze_count() > 1000   # the collect first frees some of `before`
         assert len(gc.get_objects(generation=2)) < before / 100
     finally:
         gc.unfreeze()   # the test process goes on collecting as before

@@ -121,9 +121,12 @@ class SharedSlots:
     edge and another tenant's request finds a free place at once instead of running beside the
     flood's. A tenant is lighter than another when it has fewer requests pending for the service
     (arrived at the edge's budgets, `arrive`, and not yet answered, `depart`: waiting behind its own
-    key, waiting here, or inside), then when its demand (those arrivals, halved every `half_life_s`)
-    is smaller. Admissions would not do: a flood held to one place is admitted no faster than a
-    steady tenant's requests, and would weigh the same. A tenant does not enter while a lighter
+    key, waiting here, or inside) and less than half its demand (those arrivals, halved every
+    `half_life_s`). Tenants closer than that are equals and take turns: a tenant sending at the
+    others' pace with a second request in flight is no flood, and ranking equals by what they have
+    pending would starve whichever one a busy moment left with more (held, it gathers more). Admissions
+    would not do: a flood held to one place is admitted no faster than a steady tenant's requests, and
+    would weigh the same. A tenant does not enter while a lighter
     tenant's request is inside (it waits for that one, so a light tenant's request runs beside at
     most the heavy tenant's requests already inside when it came, never one started after it), and
     a freed place goes to the waiting tenant with the fewest requests inside, then the lightest. A
@@ -159,8 +162,10 @@ class SharedSlots:
         if self.pending[tenant] <= 0:
             del self.pending[tenant]
 
-    def lightness(self, tenant: str, now: float) -> tuple[int, float]:
-        return self.pending[tenant], self.weight(tenant, now)
+    def lighter(self, tenant: str, than: str, now: float) -> bool:
+        """Whether `tenant` is lighter than `than` (see the class docstring)."""
+        mine, theirs = self.pending[tenant], self.pending[than]
+        return mine < theirs and 2 * self.weight(tenant, now) < self.weight(than, now)
 
     def _has_place(self, tenant: str) -> bool:
         return self.active < self.limit and not (self.per_tenant and self.inside[tenant] >= self.per_tenant)
@@ -168,14 +173,18 @@ class SharedSlots:
     def _may_enter(self, tenant: str, now: float) -> bool:
         if self.per_tenant and self.inside[tenant] >= self.per_tenant:
             return False
-        mine = self.lightness(tenant, now)
-        return not any(self.lightness(other, now) < mine for other in self.inside if other != tenant)
+        return not any(self.lighter(other, tenant, now) for other in self.inside if other != tenant)
 
     def _next(self) -> str | None:
-        """The waiting tenant the next free place goes to (None: nobody waits who may go in)."""
+        """The waiting tenant the next free place goes to (None: nobody waits who may go in): of those
+        with the fewest requests inside, the first to have waited that no other is lighter than."""
         now = self.clock()
         ready = [t for t in self.waiting if self._may_enter(t, now)]
-        return min(ready, key=lambda t: (self.inside[t], *self.lightness(t, now)), default=None)
+        if not ready:
+            return None
+        fewest = min(self.inside[t] for t in ready)
+        ready = [t for t in ready if self.inside[t] == fewest]
+        return next((t for t in ready if not any(self.lighter(o, t, now) for o in ready if o != t)), ready[0])
 
     def _admit(self, tenant: str) -> None:
         self.active += 1
