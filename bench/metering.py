@@ -180,7 +180,9 @@ class Metering:
                                          stdout=log, stderr=subprocess.STDOUT)
         while True:
             if self.proc.poll() is not None:
-                raise RuntimeError(f"metering exited with {self.proc.returncode}; see {self.log}")
+                tail = self.log.read_text(errors="replace").splitlines()[-15:]   # the workdir goes with the run
+                raise RuntimeError(f"metering exited with {self.proc.returncode}; the end of {self.log}:\n"
+                                   + "\n".join(tail))
             try:
                 if (await self.http.get("/healthz")).status_code == 200:
                     return

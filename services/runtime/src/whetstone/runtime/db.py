@@ -109,12 +109,16 @@ class PooledConnection(asyncpg.Connection):  # type: ignore[misc]  # asyncpg is 
 
 
 async def create_pool(dsn: str, schema: str, *, min_size: int = 1, max_size: int = 5) -> asyncpg.Pool:
-    """A pool whose connections see only ``schema`` (created if missing)."""
+    """A pool whose connections see only ``schema`` (created if missing, under the schema's advisory
+    lock: replicas starting together on a fresh database would otherwise race in CREATE SCHEMA IF NOT
+    EXISTS, and the loser fails on pg_namespace's unique index)."""
     if not _SCHEMA_RE.match(schema):
         raise ValueError(f"invalid schema name {schema!r}")
     conn = await asyncpg.connect(dsn)
     try:
-        await conn.execute(f"CREATE SCHEMA IF NOT EXISTS {schema}")
+        async with conn.transaction():
+            await conn.execute("SELECT pg_advisory_xact_lock($1)", lock_key(schema))
+            await conn.execute(f"CREATE SCHEMA IF NOT EXISTS {schema}")
     finally:
         await conn.close()
     return await asyncpg.create_pool(
