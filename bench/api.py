@@ -34,7 +34,7 @@ TIERS = {"free": 2, "standard": 20, "premium": 100}   # max_in_flight per tier (
 SERVE_SCHEDULER = """
 import asyncio
 from whetstone.runtime.service import run_services
-from whetstone.scheduler.__main__ import freeze_startup_objects
+from whetstone.runtime.lifecycle import freeze_startup_objects
 from whetstone.scheduler.bootstrap import build_service
 asyncio.run(run_services([build_service()], ready=lambda rts: (freeze_startup_objects(), print("ready", flush=True))))
 """

@@ -102,7 +102,7 @@ def test_start_up_objects_are_frozen_out_of_full_collections():
     holds (almost) nothing, so a full collection during a burst of requests stops the loop briefly."""
     import gc
 
-    from whetstone.gateway.server import freeze_startup_objects
+    from whetstone.runtime.lifecycle import freeze_startup_objects
 
     before = len(gc.get_objects(generation=2))
     try:

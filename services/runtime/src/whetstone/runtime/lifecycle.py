@@ -8,6 +8,7 @@ cancellation) cannot use the whole 30 s a pod gets after SIGTERM; a step cut sho
 from __future__ import annotations
 
 import asyncio
+import gc
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -44,3 +45,13 @@ async def bounded(log: Any, overran: list[str], what: str, step: Awaitable[Any],
         if not quiet:
             log.exception("stopping: step failed", step=what)
     return False
+
+
+def freeze_startup_objects() -> None:
+    """Once a service process is up, move everything alive (modules, apps, pools, consumers: they
+    live as long as the process) out of the cyclic collector's sight, so a full collection walks only
+    what requests and events made since instead of stopping the event loop for the whole heap (46 ms
+    in the gateway at a burst of requests on this machine). Only for a process of its own: nothing of
+    a caller's should be frozen with it."""
+    gc.collect()
+    gc.freeze()

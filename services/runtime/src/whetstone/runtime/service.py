@@ -42,7 +42,7 @@ from .assignment import watch_assignment
 from .batching import BatchHandler, consume_batch, undecoded
 from .consuming import FetchLag, consume_fetch, held_connection
 from .identity import identity_keys
-from .lifecycle import bounded, supervise
+from .lifecycle import bounded, freeze_startup_objects, supervise
 from .http import BodyLimit, HttpServer, ServiceMetrics, make_app
 from .logging import configure_logging, get_logger
 from .membership import GroupMember, leave
@@ -495,5 +495,6 @@ async def run_services(services: Sequence[Service[Any]], settings: CommonSetting
 
 
 def service_main(*builders: Callable[[], Service[Any]]) -> None:
-    """Console-script entry point: run the given service(s) until SIGINT/SIGTERM."""
-    asyncio.run(run_services([b() for b in builders]))
+    """Console-script entry point: run the given service(s) until SIGINT/SIGTERM (the process's
+    start-up objects frozen out of the cyclic collector once they are up)."""
+    asyncio.run(run_services([b() for b in builders], ready=lambda _runtimes: freeze_startup_objects()))
