@@ -45,7 +45,6 @@ from pathlib import Path
 import asyncpg
 import httpx
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
-from aiokafka.admin import AIOKafkaAdminClient
 from aiokafka.client import AIOKafkaClient, CoordinationType
 from aiokafka.errors import for_code
 from aiokafka.protocol.admin import DeleteGroupsRequest
@@ -55,6 +54,7 @@ from whetstone.metering.domain.usage import job_class_of
 from whetstone.metering.entrypoints.handlers import TOPICS as METERED_TOPICS
 from whetstone.devstack.metering_sim import Invoice, Workload, generate
 from whetstone.devstack.stack import EmbeddedStack, StackEndpoints
+from whetstone.devstack.testing import group_members
 
 GROUP = "whetstone-metering"
 INVOICES_SQL = """
@@ -107,17 +107,6 @@ async def committed(watcher: AIOKafkaConsumer) -> int:
     return sum(max(o.offset, 0) for o in offsets.values())
 
 
-async def group_members(bootstrap: str) -> list[str]:
-    """The metering group's members, as the broker lists them (DescribeGroups)."""
-    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap)
-    await admin.start()
-    try:
-        described = (await admin.describe_consumer_groups([GROUP]))[0].to_object()["groups"][0]
-        return [m["member_id"] for m in described["members"]]
-    finally:
-        await admin.close()
-
-
 async def delete_group(bootstrap: str) -> None:
     """Delete the metering group (DeleteGroups; the broker deletes only a group without members)."""
     client = AIOKafkaClient(bootstrap_servers=bootstrap)
@@ -141,7 +130,7 @@ async def rewind(bootstrap: str, wait_s: float = 30.0) -> None:
     broker expires a silent member's session only when someone joins, so a member still listed is an
     error here, not something to wait out."""
     deadline = time.perf_counter() + wait_s
-    while members := await group_members(bootstrap):
+    while members := await group_members(bootstrap, GROUP):
         if time.perf_counter() > deadline:
             raise RuntimeError(f"{GROUP} still has members {members} {wait_s:.0f}s after its replicas stopped")
         await asyncio.sleep(0.2)

@@ -10,22 +10,12 @@ import time
 import uuid
 
 import pytest
-from aiokafka.admin import AIOKafkaAdminClient
 
+from whetstone.devstack.testing import group_members
 from whetstone.runtime.membership import GroupMember
 from whetstone.runtime.service import Service
 
 pytestmark = pytest.mark.integration
-
-
-async def group_members(bootstrap: str, group: str) -> list[str]:
-    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap)
-    await admin.start()
-    try:
-        described = (await admin.describe_consumer_groups([group]))[0].to_object()["groups"][0]
-        return [m["member_id"] for m in described["members"]]
-    finally:
-        await admin.close()
 
 
 async def test_a_stopped_service_is_no_longer_a_member_of_its_group(settings, platform):

@@ -257,3 +257,16 @@ async def topic_partitions(bootstrap: str, topic: str) -> int:
         return len(description["partitions"])
     finally:
         await admin.close()
+
+
+async def group_members(bootstrap: str, group: str) -> list[str]:
+    """The member ids the broker lists for consumer group `group` (DescribeGroups)."""
+    from aiokafka.admin import AIOKafkaAdminClient  # noqa: PLC0415
+
+    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap)
+    await admin.start()
+    try:
+        described = (await admin.describe_consumer_groups([group]))[0].to_object()["groups"][0]
+        return [m["member_id"] for m in described["members"]]
+    finally:
+        await admin.close()
