@@ -258,4 +258,4 @@ def test_the_final_checkpoint_upload_outlasts_an_s3_restart(tmp_path):
         # refused connections, then whatever a starting SeaweedFS answers: all of them an outage
         assert all(unavailable_dependency(exc) == "object store" for exc in retries), retries
         manifest, digest = checkpoints.fetch_verified(prefix, tmp_path / "back", job_id=job)
-        assert digest == uploaded.manifest_sha256 and manifest["step"] == 8
+        assert digest == uploaded.manifest_sha256 and (manifest.model_extra or {})["step"] == 8
