@@ -58,3 +58,15 @@ def test_an_unknown_lag_decides_nothing_by_time(lag):
     assert clock.now(WALL) == NOTHING_READ
     clock.set_lag({("job.started", 0): 0, ("job.started", 1): 0})
     assert clock.now(WALL) == WALL
+
+
+def test_a_restarted_consumer_runs_on_from_where_the_service_had_got():
+    """A killed replica handled the newest events (stamped by a clock days ahead); its successor reads
+    only a few older ones. Once caught up it runs on from the service's newest recorded event, not from
+    those few: a job that ended last would otherwise wait days of wall time for event time to reach it."""
+    clock = EventClock()
+    recorded = WALL + timedelta(days=8)       # the newest event the service handled before the restart
+    clock.resume(recorded, WALL)
+    clock.observe("job.started", 0, WALL + timedelta(days=7), WALL)   # what is left to read is older
+    clock.set_lag({("job.started", 0): 0})
+    assert clock.now(WALL + 2 * S) == recorded + 2 * S

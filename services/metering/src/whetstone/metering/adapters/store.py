@@ -125,6 +125,12 @@ class LedgerStore:
             " waiting = EXCLUDED.waiting, events = EXCLUDED.events, stop_at = EXCLUDED.stop_at",
             states_json(segs))
 
+    async def newest_event_time(self) -> datetime | None:
+        """The newest emission time of the lifecycle events recorded so far (None: none yet)."""
+        newest: datetime | None = await self.conn.fetchval(
+            "SELECT max(occurred_at) FROM events WHERE event_type LIKE 'job.%'")
+        return newest
+
     async def jobs_due(self, close_before: datetime, orphan_before: datetime, owner: Ownership,
                        limit: int = 500) -> list[str]:
         """The owner's jobs whose grace periods ran out (event time): ended but not closed, or holding

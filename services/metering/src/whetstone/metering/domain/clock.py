@@ -12,8 +12,9 @@ it has been consumed, give or take producers' clock skew, which the grace period
 absorb. A lagging partition not read yet holds it at the epoch, and so does a lag
 that is not known (nothing assigned yet, a partition not fetched since it was
 assigned: lag None or -1); a restarted consumer therefore decides nothing by time
-until it has seen where its partitions stand. Once every partition is caught up, event time runs with the wall clock from the newest emission seen (a
-producer whose clock runs ahead cannot freeze it).
+until it has seen where its partitions stand. Once every partition is caught up, event time
+runs with the wall clock from the newest emission seen, by this process or, before it started,
+by the service (`resume`); a producer whose clock runs ahead cannot freeze it.
 """
 
 from __future__ import annotations
@@ -38,6 +39,16 @@ class EventClock:
         latest = self._latest.get(key)
         if latest is None or occurred_at > latest:
             self._latest[key] = occurred_at
+        self._advance(occurred_at, wall)
+
+    def resume(self, newest: datetime, wall: datetime) -> None:
+        """Start from the newest emission time of the events handled before this process started (the
+        service's own record of them): once caught up, a restarted consumer runs on from there, as it
+        would have had it never stopped, and not from the few events left for it to read, which may
+        all be older than the ones a killed predecessor handled last."""
+        self._advance(newest, wall)
+
+    def _advance(self, occurred_at: datetime, wall: datetime) -> None:
         if self._newest is None or occurred_at > self._newest:
             self._newest, self._newest_seen = occurred_at, wall
 

@@ -111,6 +111,16 @@ async def event_now(rt: Runtime[MeteringContext], wall: datetime) -> datetime:
     return clock.now(wall)
 
 
+async def resume_event_time(rt: Runtime[MeteringContext]) -> None:
+    """Event time goes on from the newest lifecycle event the service recorded before this process
+    started (domain/clock.py `resume`)."""
+    assert rt.pool is not None, "called once the runtime has its pool (on_start)"
+    async with rt.pool.acquire() as conn:
+        newest = await LedgerStore(conn).newest_event_time()
+    if newest is not None:
+        rt.ctx.event_clock.resume(newest, rt.clock())
+
+
 async def lock_and_load(store: LedgerStore, job_ids: list[str], tenants: dict[str, str] | None, now: datetime,
                         cache: StateCache | None) -> tuple[dict[str, State], dict[str, int]]:
     """Lock the jobs in id order (creating the missing ones when their tenants are given) and get
