@@ -45,7 +45,6 @@ from pathlib import Path
 import asyncpg
 import httpx
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
-from aiokafka.client import AIOKafkaClient, CoordinationType
 from aiokafka.errors import for_code
 from aiokafka.protocol.admin import DeleteGroupsRequest
 
@@ -55,6 +54,7 @@ from whetstone.metering.entrypoints.handlers import TOPICS as METERED_TOPICS
 from whetstone.devstack.metering_sim import Invoice, Workload, generate
 from whetstone.devstack.stack import EmbeddedStack, StackEndpoints
 from whetstone.devstack.testing import group_members
+from whetstone.runtime.membership import ask_coordinator
 
 GROUP = "whetstone-metering"
 INVOICES_SQL = """
@@ -109,16 +109,10 @@ async def committed(watcher: AIOKafkaConsumer) -> int:
 
 async def delete_group(bootstrap: str) -> None:
     """Delete the metering group (DeleteGroups; the broker deletes only a group without members)."""
-    client = AIOKafkaClient(bootstrap_servers=bootstrap)
-    await client.bootstrap()
-    try:
-        node = await client.coordinator_lookup(CoordinationType.GROUP, GROUP)
-        response = await client.send(node, DeleteGroupsRequest([GROUP]))
-        for group, code in response.results:
-            if code:
-                raise for_code(code)(f"DeleteGroups {group}")
-    finally:
-        await client.close()
+    response = await ask_coordinator(bootstrap, GROUP, DeleteGroupsRequest([GROUP]))
+    for group, code in response.results:
+        if code:
+            raise for_code(code)(f"DeleteGroups {group}")
 
 
 async def rewind(bootstrap: str, wait_s: float = 30.0) -> None:

@@ -109,4 +109,3 @@ def download_checkpoint(store: ObjectStore, uri: str, dest: Path, expected_manif
         if (info.size is not None and size != info.size) or sha256_file(target) != info.sha256:
             raise CorruptCheckpoint(f"{uri}: {rel} does not match its sha256")
     return manifest
-

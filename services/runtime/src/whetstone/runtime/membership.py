@@ -48,15 +48,21 @@ class GroupMember:
         return self.generation > 0
 
 
-async def leave(member: GroupMember, bootstrap: str, **client_options: Any) -> None:
-    """Send the LeaveGroup of a stopped member (see the module docstring). Raises the broker's error."""
+async def ask_coordinator(bootstrap: str, group_id: str, request: Any, **client_options: Any) -> Any:
+    """Send one request to the coordinator of `group_id`, on a connection of its own; its response."""
     client = AIOKafkaClient(bootstrap_servers=bootstrap, **client_options)
     await client.bootstrap()
     try:
-        node = await client.coordinator_lookup(CoordinationType.GROUP, member.group_id)
-        response = await client.send(node, LeaveGroupRequest(member.group_id, member.member_id))
-        if response.error_code:
-            raise for_code(response.error_code)(f"LeaveGroup of {member.member_id} from {member.group_id}")
+        node = await client.coordinator_lookup(CoordinationType.GROUP, group_id)
+        return await client.send(node, request)
     finally:
         await client.close()
+
+
+async def leave(member: GroupMember, bootstrap: str, **client_options: Any) -> None:
+    """Send the LeaveGroup of a stopped member (see the module docstring). Raises the broker's error."""
+    response = await ask_coordinator(bootstrap, member.group_id,
+                                     LeaveGroupRequest(member.group_id, member.member_id), **client_options)
+    if response.error_code:
+        raise for_code(response.error_code)(f"LeaveGroup of {member.member_id} from {member.group_id}")
     log.info("left consumer group", group=member.group_id, member=member.member_id, generation=member.generation)
