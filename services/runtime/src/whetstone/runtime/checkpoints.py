@@ -32,6 +32,7 @@ class UploadedCheckpoint:
     manifest_sha256: str
     files: int
     size_bytes: int
+    manifest: ArtifactManifest   # as written (its files' sha256 without reading it back)
 
 
 def upload_checkpoint(store: ObjectStore, local: Path, prefix: str, meta: ManifestMeta) -> UploadedCheckpoint:
@@ -50,7 +51,7 @@ def upload_checkpoint(store: ObjectStore, local: Path, prefix: str, meta: Manife
     written = ArtifactManifest.model_validate({**meta, "files": files})
     manifest = json.dumps(written.model_dump(mode="json", exclude_unset=True), sort_keys=True, indent=1).encode()
     store.put_bytes(f"{prefix}/{MANIFEST}", manifest, "application/json")
-    return UploadedCheckpoint(store.uri(prefix), hashlib.sha256(manifest).hexdigest(), len(files), total)
+    return UploadedCheckpoint(store.uri(prefix), hashlib.sha256(manifest).hexdigest(), len(files), total, written)
 
 
 def read_manifest(store: ObjectStore, uri: str, expected_sha256: str | None = None, *,

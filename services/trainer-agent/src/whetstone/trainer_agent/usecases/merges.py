@@ -91,8 +91,8 @@ def failed(run: Run, code: str, message: str) -> list[ModelMergedV1]:
 
 
 async def on_merged(rt: AgentRuntime, seg: Segment, merged: Merged, scratch: Path) -> None:
-    """Upload the merged directory (files, then the manifest), read the manifest back for the
-    per-file sha256, and keep `model.merged` for the segment's job.completed. A failed upload
+    """Upload the merged directory (files, then the manifest, whose per-file sha256 the event carries),
+    and keep `model.merged` for the segment's job.completed. A failed upload
     leaves `seg.final` unset: the `completed` that follows then fails the job."""
     ctx, run = rt.ctx, seg.run
     source = merge_source(run)
@@ -106,8 +106,7 @@ async def on_merged(rt: AgentRuntime, seg: Segment, merged: Merged, scratch: Pat
         up = ctx.checkpoints.upload_snapshot(merged.path, scratch / "uploading" / "merged", prefix, meta,
                                              fence=run.fence, attempts=ctx.config.upload_attempts,
                                              outage_budget_s=ctx.config.final_upload_outage_s)
-        manifest, _ = read_manifest(ctx.checkpoints.store, up.uri, up.manifest_sha256)
-        return up.uri, up.manifest_sha256, manifest.sha256s()
+        return up.uri, up.manifest_sha256, up.manifest.sha256s()
 
     try:
         uri, digest, files = await asyncio.to_thread(upload)
