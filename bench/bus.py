@@ -33,6 +33,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from procstat import proc_cpu_s  # bench/ sibling module
 
 MODES = ("per_message", "batched", "floor")
 TENANT = "demo"
@@ -58,14 +59,6 @@ ON CONFLICT (job_id) DO UPDATE SET
 
 def log(message: str) -> None:
     print(message, file=sys.stderr, flush=True)
-
-
-def proc_cpu_s(pid: int) -> float:
-    try:
-        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    except OSError:
-        return 0.0
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 # ------------------------------------------------------------------ the consuming processes

@@ -19,7 +19,9 @@ settled, from the moment the service is up). A baseline in the same run: the ser
 consuming one message per transaction (no batching) on a smaller sample, and the
 batched service on that same sample. On a shared machine the rates depend on what else
 runs: each replay also reports the CPU microseconds per message of the service process, of
-its Postgres backends and of the broker, and the load average around it; their sum gives
+its Postgres backends, of the rest of the Postgres cluster (io workers, WAL writer, checkpointer,
+autovacuum: the IO done for those backends) and of the broker, what else took the machine's CPU
+meanwhile (by process), and the load average around it; their sum gives
 `cpu_bound_events_per_s`, the most this machine's cores could settle were they never idle
 (for the batched path, and for the per-message baseline). Last line: JSON.
 
@@ -55,6 +57,9 @@ from whetstone.devstack.metering_sim import Invoice, Workload, generate
 from whetstone.devstack.stack import EmbeddedStack, StackEndpoints
 from whetstone.devstack.testing import group_members
 from whetstone.runtime.membership import ask_coordinator
+
+from procstat import (children_of, cluster_cpu_s, machine_cpu_s, parent_of, proc_cpu_s,  # bench/ sibling
+                      process_table, sched_s, thread_time, top_others)
 
 GROUP = "whetstone-metering"
 INVOICES_SQL = """
@@ -211,42 +216,11 @@ async def settled(conn: asyncpg.Connection, work: Workload, report: bool = False
     return jobs == len(work.jobs) and waiting == 0 and anomalies == len(work.anomalies)
 
 
-def proc_cpu_s(pid: int) -> float:
-    try:
-        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    except OSError:  # gone
-        return 0.0
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-
-
 async def backend_cpu(conn: asyncpg.Connection) -> dict[int, float]:
     """CPU seconds used so far by each Postgres backend serving the service (the stack is the bench's own)."""
     pids = await conn.fetch("SELECT pid FROM pg_stat_activity WHERE backend_type = 'client backend'"
                             " AND pid <> pg_backend_pid()")
     return {r["pid"]: proc_cpu_s(r["pid"]) for r in pids}
-
-
-def sched_s(pid: int) -> tuple[float, float]:
-    """Seconds the process's main thread has run on a CPU, and waited runnable for one (/proc schedstat):
-    with the wall time, they tell how long the service sat idle waiting on IO (the time to win back)
-    from how long it waited for a core that something else held (the machine's load)."""
-    try:
-        run_ns, wait_ns = Path(f"/proc/{pid}/task/{pid}/schedstat").read_text().split()[:2]
-    except (OSError, ValueError):  # gone, or a kernel without schedstats
-        return 0.0, 0.0
-    return int(run_ns) / 1e9, int(wait_ns) / 1e9
-
-
-def thread_time(before: tuple[float, float], after: tuple[float, float], wall_s: float) -> dict[str, float]:
-    on_cpu, waiting = after[0] - before[0], after[1] - before[1]
-    return {"on_cpu": round(on_cpu / wall_s, 3), "waiting_for_cpu": round(waiting / wall_s, 3),
-            "idle": round(max(wall_s - on_cpu - waiting, 0.0) / wall_s, 3)}
-
-
-def machine_busy_s() -> float:
-    """CPU seconds every core of the machine has spent busy so far (/proc/stat: all but idle and iowait)."""
-    fields = [int(x) for x in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:9]]
-    return (sum(fields) - fields[3] - fields[4]) / os.sysconf("SC_CLK_TCK")
 
 
 def load() -> float:
@@ -295,8 +269,12 @@ async def replay(n: int, endpoints: StackEndpoints, work: Workload, workdir: Pat
         began, load_before = time.perf_counter(), load()
         cpu0, db0 = [s.cpu_s() for s in services], await backend_cpu(conn)
         broker0 = proc_cpu_s(broker) if broker else 0.0
+        # the cluster's CPU less this connection's backend (the bench's own polling)
+        own = await conn.fetchval("SELECT pg_backend_pid()")
+        postmaster = parent_of(own)
+        cluster0, own0 = cluster_cpu_s(postmaster), proc_cpu_s(own)
         pids = [s.proc.pid for s in services if s.proc is not None]
-        sched0, busy0 = [sched_s(pid) for pid in pids], machine_busy_s()
+        sched0, machine0, procs0 = [sched_s(pid) for pid in pids], machine_cpu_s(), process_table()
         await conn.execute("SET search_path TO metering")
         while await committed(watcher) < len(work.messages):
             await asyncio.sleep(0.5)
@@ -312,8 +290,12 @@ async def replay(n: int, endpoints: StackEndpoints, work: Workload, workdir: Pat
         # every replica's CPU: the work of settling is shared between them
         cpu_s = sum(s.cpu_s() - c0 for s, c0 in zip(services, cpu0, strict=True))
         db_cpu_s = sum(t - db0.get(pid, 0.0) for pid, t in (await backend_cpu(conn)).items())
+        db_total_s = cluster_cpu_s(postmaster) - cluster0 - (proc_cpu_s(own) - own0)
         broker_cpu_s = proc_cpu_s(broker) - broker0 if broker else 0.0
-        sched1, busy_s = [sched_s(pid) for pid in pids], machine_busy_s() - busy0
+        sched1, machine1, procs1 = [sched_s(pid) for pid in pids], machine_cpu_s(), process_table()
+        machine = {k: machine1[k] - machine0[k] for k in machine0}
+        others_s = machine["processes"] + machine["interrupts"] - cpu_s - db_total_s - broker_cpu_s
+        counted = {*pids, *(children_of(postmaster) - {own}), postmaster, *([broker] if broker else [])}
         load_after = load()
         while await conn.fetchval("SELECT count(*) FROM outbox WHERE sent_at IS NULL"):
             await asyncio.sleep(0.5)
@@ -326,15 +308,23 @@ async def replay(n: int, endpoints: StackEndpoints, work: Workload, workdir: Pat
                  # load-independent: CPU microseconds per message, the service's and its Postgres backends'
                  "service_cpu_us_per_event": round(1e6 * cpu_s / len(work.messages)),
                  "db_cpu_us_per_event": round(1e6 * db_cpu_s / len(work.messages)),
+                 # the rest of the Postgres cluster's CPU meanwhile, which writes and reads for those backends:
+                 # io workers (Postgres 18 reads and writes data files in them), WAL writer, checkpointer,
+                 # background writer, autovacuum (the bench's own connection excepted)
+                 "db_aux_cpu_us_per_event": round(1e6 * max(db_total_s - db_cpu_s, 0.0) / len(work.messages)),
                  "broker_cpu_us_per_event": round(1e6 * broker_cpu_s / len(work.messages)),
                  "load_1m": [load_before, load_after], "replicas": len(services),
                  # where each replica's main thread spent the replay's wall time: running, runnable but
                  # waiting for a core held by something else, and idle (waiting on Postgres, the broker
                  # or a timer); fractions of settled_s
                  "service_thread": [thread_time(s0, s1, settled_s) for s0, s1 in zip(sched0, sched1, strict=True)],
-                 # CPU-seconds per second the machine's processes other than the service, its Postgres
-                 # backends and the broker took meanwhile (out of os.cpu_count())
-                 "others_cpu_s_per_s": round(max(busy_s - cpu_s - db_cpu_s - broker_cpu_s, 0.0) / settled_s, 2),
+                 # CPU-seconds per second the machine spent meanwhile on anything but the service, its
+                 # Postgres cluster and the broker (out of os.cpu_count()): other processes, the kernel's
+                 # interrupt handling; the most costly of them, and what the hypervisor stole
+                 "others_cpu_s_per_s": round(max(others_s, 0.0) / settled_s, 2),
+                 "others_top": top_others(procs0, procs1, counted, settled_s)
+                 + [["[irq+softirq]", round(machine["interrupts"] / settled_s, 3)]],
+                 "steal_cpu_s_per_s": round(machine["steal"] / settled_s, 3),
                  "ledger_rows": await conn.fetchval("SELECT count(*) FROM ledger"),
                  "corrections": await conn.fetchval("SELECT count(*) FROM ledger WHERE entry = 'reversal'"),
                  "usage_events": await conn.fetchval("SELECT count(*) FROM outbox WHERE topic = 'usage.metered'"),
@@ -359,6 +349,11 @@ def mismatches(invoices: dict[str, Invoice], work: Workload) -> int:
     for job_id in bad[:5]:
         print(f"  mismatch {job_id}: ledger {invoices.get(job_id)} != truth {work.invoices[job_id]}", flush=True)
     return len(bad) + len(set(invoices) - set(work.invoices))
+
+
+# what one event costs, in CPU microseconds: the service, the Postgres cluster (its backends serving the
+# service, and the rest of it) and the broker
+COST_KEYS = ("service_cpu_us_per_event", "db_cpu_us_per_event", "db_aux_cpu_us_per_event", "broker_cpu_us_per_event")
 
 
 def cpu_ceiling(cpu_us_per_event: float) -> float:
@@ -391,16 +386,14 @@ async def run(args: argparse.Namespace) -> dict:
             stack.stop()
     if args.fresh_only:
         one = results[0]["stats"]
-        ceiling = cpu_ceiling(one["service_cpu_us_per_event"] + one["db_cpu_us_per_event"]
-                              + one["broker_cpu_us_per_event"])
+        ceiling = cpu_ceiling(sum(one[k] for k in COST_KEYS))
         return {"events": len(work.messages), **one, "cpu_bound_events_per_s": round(ceiling),
                 "ceiling_ratio": round(one["events_per_s"] / ceiling, 3),
                 **({"profile": str(args.profile / "replay1.prof")} if args.profile else {})}
     base = await baseline(args)
     first = results[0]["invoices"]
     fresh = [results[0]["stats"], results[2]["stats"]]
-    cpu = {k: max(r[k] for r in fresh) for k in ("service_cpu_us_per_event", "db_cpu_us_per_event",
-                                                   "broker_cpu_us_per_event")}
+    cpu = {k: max(r[k] for r in fresh) for k in COST_KEYS}
     ceiling = cpu_ceiling(sum(cpu.values()))
     return {"events": len(work.messages), "unique_events": work.unique_events, "jobs": len(work.jobs),
             "events_per_s": min(r["stats"]["events_per_s"] for r in results),
@@ -411,9 +404,14 @@ async def run(args: argparse.Namespace) -> dict:
             # the most this machine could settle if nothing else ran and its cores never waited: its cores'
             # CPU-seconds per second over the CPU microseconds one event costs (service + Postgres + broker)
             "cpu_bound_events_per_s": round(ceiling),
-            # each fresh replay's rate over that ceiling: the share of the machine's cores that the service,
-            # its Postgres backends and the broker kept busy settling
-            "ceiling_ratio_by_fresh_replay": [round(r["events_per_s"] / ceiling, 3) for r in fresh],
+            # each fresh replay's rate over the ceiling its own cost per event gives (the cost differs
+            # between replays: how much of the tables Postgres finds in its buffers): the share of the
+            # machine's cores that the service, its Postgres cluster and the broker kept busy settling
+            "ceiling_ratio_by_fresh_replay": [round(r["events_per_s"] / cpu_ceiling(sum(r[k] for k in COST_KEYS)), 3)
+                                              for r in fresh],
+            # the same with the cluster's own processes left out of the cost (counted as other load instead)
+            "ceiling_ratio_without_db_aux_by_fresh_replay": [round(r["events_per_s"] / cpu_ceiling(
+                sum(r[k] for k in COST_KEYS) - r["db_aux_cpu_us_per_event"]), 3) for r in fresh],
             # two tighter bounds, for reading the ratio to the one above: each replica is one thread, so
             # they settle at most replicas * 1e6 / the service CPU per event (were the events split evenly),
             # however idle the cores; and the cores the rest of the machine left free during the slowest
@@ -425,6 +423,8 @@ async def run(args: argparse.Namespace) -> dict:
             "load_1m_by_replay": [r["stats"]["load_1m"] for r in results],
             "service_thread_by_replay": [r["stats"]["service_thread"] for r in results],
             "others_cpu_s_per_s_by_replay": [r["stats"]["others_cpu_s_per_s"] for r in results],
+            "others_top_by_replay": [r["stats"]["others_top"] for r in results],
+            "steal_cpu_s_per_s_by_replay": [r["stats"]["steal_cpu_s_per_s"] for r in results],
             "invoices_identical_across_replays": all(r["invoices"] == first for r in results),
             "ledger_rows_after_replay_2_equal_replay_1":
                 results[1]["stats"]["ledger_rows"] == results[0]["stats"]["ledger_rows"],
@@ -453,9 +453,9 @@ async def baseline(args: argparse.Namespace) -> dict:
     return {"baseline_sample_events": len(work.messages), "baseline_per_message_events_per_s": one["events_per_s"],
             "baseline_per_message_service_cpu_us_per_event": one["service_cpu_us_per_event"],
             "baseline_per_message_db_cpu_us_per_event": one["db_cpu_us_per_event"],
+            "baseline_per_message_db_aux_cpu_us_per_event": one["db_aux_cpu_us_per_event"],
             "baseline_per_message_broker_cpu_us_per_event": one["broker_cpu_us_per_event"],
-            "baseline_per_message_cpu_bound_events_per_s": round(1e6 * (os.cpu_count() or 1) / max(
-                one["service_cpu_us_per_event"] + one["db_cpu_us_per_event"] + one["broker_cpu_us_per_event"], 1)),
+            "baseline_per_message_cpu_bound_events_per_s": round(cpu_ceiling(sum(one[k] for k in COST_KEYS))),
             "baseline_per_message_load_1m": one["load_1m"],
             "sample_batched_events_per_s": batched["events_per_s"], **durable,
             "durable_broker_cost": round(1 - durable["durable_broker_sample_events_per_s"]
