@@ -467,3 +467,21 @@ async def test_a_restarted_supervising_task_leaves_its_own_live_segments_alone(p
         topic, _ = await terminal(rt, "job-alive")
         assert topic == "job.completed"
         assert not await events(rt, "job.preempted", "job-alive")
+
+
+async def test_the_supervisor_forgets_cancels_and_fences_kept_past_the_inbox_retention(platform, settings):
+    settings.retention_interval_s = 0.2
+    async with platform(agent()) as p:
+        rt = p["trainer-agent"]
+        async with rt.pool.acquire() as conn:
+            for job, age in (("job-old", "15 days"), ("job-new", "1 day")):
+                await conn.execute("INSERT INTO cancelled_jobs (job_id, tenant_id, cancelled_at)"
+                                   f" VALUES ($1, $2, now() - interval '{age}')", job, TENANT)
+                await conn.execute("INSERT INTO fenced_attempts (job_id, node_id, attempt, fenced_at)"
+                                   f" VALUES ($1, $2, 1, now() - interval '{age}')", job, NODE)
+
+        async def forgotten():
+            left = await rt.pool.fetchval("SELECT array_agg(job_id) FROM (SELECT job_id FROM cancelled_jobs"
+                                          " UNION ALL SELECT job_id FROM fenced_attempts) t")
+            return left == ["job-new", "job-new"]
+        await wait_until(forgotten, timeout=30, what="the old cancel and fence forgotten")
