@@ -469,7 +469,7 @@ async def test_a_restarted_supervising_task_leaves_its_own_live_segments_alone(p
         assert not await events(rt, "job.preempted", "job-alive")
 
 
-async def test_the_supervisor_forgets_cancels_and_fences_kept_past_the_inbox_retention(platform, settings):
+async def test_the_agent_forgets_cancels_and_fences_kept_past_the_inbox_retention(platform, settings):
     settings.retention_interval_s = 0.2
     async with platform(agent()) as p:
         rt = p["trainer-agent"]

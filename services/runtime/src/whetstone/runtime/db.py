@@ -224,16 +224,23 @@ async def count_fetch(pool_or_conn: Any, consumer: str, counter: str, firsts: Se
     return int(row["deliveries"]), set(row["seen"])
 
 
-async def prune(pool_or_conn: Any, *, outbox_sent_hours: float, inbox_days: float, deliveries_hours: float) -> dict[str, int]:
+async def prune(pool_or_conn: Any, *, outbox_sent_hours: float, inbox_days: float, deliveries_hours: float,
+                kept_like_inbox: Sequence[tuple[str, str]] = ()) -> dict[str, int]:
     """Retention: rows that can no longer matter. Inbox rows must outlive the longest possible
-    redelivery (the topics' retention), or a very late duplicate would be handled again."""
+    redelivery (the topics' retention), or a very late duplicate would be handled again; so do the
+    service's own `kept_like_inbox` tables (table, timestamp column), which guard against one too."""
     out = {}
+    for table, column in kept_like_inbox:
+        if not (_SCHEMA_RE.match(table) and _SCHEMA_RE.match(column)):
+            raise ValueError(f"invalid table or column name {table!r}.{column!r}")
     for name, sql, age in (
         ("outbox", "DELETE FROM outbox WHERE sent_at < now() - make_interval(secs => $1)", outbox_sent_hours * 3600),
         ("inbox", "DELETE FROM inbox WHERE processed_at < now() - make_interval(secs => $1)", inbox_days * 86400),
         ("deliveries", "DELETE FROM deliveries WHERE last_at < now() - make_interval(secs => $1)",
          deliveries_hours * 3600),
         ("handled", "DELETE FROM handled WHERE started_at < now() - make_interval(secs => $1)", inbox_days * 86400),
+        *((table, f"DELETE FROM {table} WHERE {column} < now() - make_interval(secs => $1)", inbox_days * 86400)
+          for table, column in kept_like_inbox),
     ):
         status = await pool_or_conn.execute(sql, float(age))
         out[name] = int(status.split()[-1])

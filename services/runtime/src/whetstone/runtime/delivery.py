@@ -137,12 +137,14 @@ def dead_letter(topic: str, partition: int, offset: int, consumer: str, attempts
 
 
 async def prune_forever(rt: Runtime[Any]) -> None:
-    """Retention of the runtime's tables: sent outbox rows, old inbox rows, delivery counts."""
+    """Retention of the runtime's tables (sent outbox rows, old inbox rows, delivery counts) and of
+    the service's tables kept as long as the inbox."""
     s = rt.settings
     while True:
         await asyncio.sleep(s.retention_interval_s)
         assert rt.pool is not None
         removed = await db.prune(rt.pool, outbox_sent_hours=s.outbox_retention_hours,
-                                 inbox_days=s.inbox_retention_days, deliveries_hours=24.0)
+                                 inbox_days=s.inbox_retention_days, deliveries_hours=24.0,
+                                 kept_like_inbox=rt.service.kept_like_inbox)
         if any(removed.values()):
             rt.log.info("retention", **removed)

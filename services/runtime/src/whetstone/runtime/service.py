@@ -94,6 +94,9 @@ class Service(Generic[C]):
     # Paths whose routes stream a large body under their own limit (uploads); every other route
     # takes at most `max_body_bytes` (runtime/http.py BodyLimit).
     upload_paths: Sequence[str] = ()
+    # Optional: the service's own tables of (table, timestamp column) whose rows guard against a
+    # late redelivery, deleted by the runtime's retention when the inbox forgets the same age.
+    kept_like_inbox: Sequence[tuple[str, str]] = ()
 
     @property
     def schema(self) -> str:

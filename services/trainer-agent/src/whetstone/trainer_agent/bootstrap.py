@@ -28,6 +28,8 @@ def build_service(config: TrainerAgentSettings | None = None) -> Service[Trainer
                        "job.preempt_requested": handlers.on_job_preempt_requested,
                        "node.fenced": handlers.on_node_fenced},
         background=[loops.heartbeat, loops.supervise],
+        # a cancel or fence heard before its assignment is remembered as long as a redelivery can come
+        kept_like_inbox=[("cancelled_jobs", "cancelled_at"), ("fenced_attempts", "fenced_at")],
         on_start=attach_storage,
         on_stop=loops.drain,
         http_port=config.http_port,

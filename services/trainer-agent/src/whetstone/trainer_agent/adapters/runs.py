@@ -8,7 +8,7 @@ connection (inside its unit of work), so a state change and the events it publis
 
 A job cancelled here is remembered (`cancelled_jobs`): an assignment of it recorded afterwards is
 cancelled on arrival and never claimed. So is a fenced attempt (`fenced_attempts`): its assignment
-recorded afterwards is finished (fenced) on arrival. Both are forgotten after the inbox's retention.
+recorded afterwards is finished (fenced) on arrival. Both are forgotten with the inbox (bootstrap.py).
 """
 
 from __future__ import annotations
@@ -88,18 +88,6 @@ class RunStore:
             " WHERE node_id = $1 AND job_id = $2 AND attempt = $3 AND ($4::text IS NULL OR segment_id = $4)"
             " AND status IN ('assigned', 'running') RETURNING *", node_id, job_id, attempt, segment_id)
         return [_run(r) for r in rows]
-
-    async def forget_older_than(self, conn: asyncpg.Connection, days: float) -> tuple[int, int]:
-        """Cancels and fences remembered longer than `days` are forgotten: an assignment they guard against
-        arrives no later than a redelivery the inbox still recognises (kept as long). Returns how many
-        of each went."""
-        cancels = await conn.fetchval(
-            "WITH gone AS (DELETE FROM cancelled_jobs WHERE cancelled_at < now() - make_interval(secs => $1)"
-            " RETURNING 1) SELECT count(*) FROM gone", days * 86400)
-        fences = await conn.fetchval(
-            "WITH gone AS (DELETE FROM fenced_attempts WHERE fenced_at < now() - make_interval(secs => $1)"
-            " RETURNING 1) SELECT count(*) FROM gone", days * 86400)
-        return int(cancels), int(fences)
 
     async def running_count(self, conn: asyncpg.Connection, job_id: str, node_id: str) -> int:
         return int(await conn.fetchval(

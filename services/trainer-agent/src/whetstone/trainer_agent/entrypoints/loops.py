@@ -1,6 +1,5 @@
 """The trainer agent's background loops: heartbeats (capacity), the supervisor that starts each
-claimed segment (after recovering a killed predecessor's runs) and forgets old cancels and fences,
-and the drain at agent stop."""
+claimed segment (after recovering a killed predecessor's runs), and the drain at agent stop."""
 
 from __future__ import annotations
 
@@ -74,14 +73,8 @@ async def recover_interrupted(rt: AgentRuntime) -> None:
 
 async def supervise(rt: AgentRuntime) -> None:
     await recover_interrupted(rt)
-    ctx, swept = rt.ctx, time.monotonic()
+    ctx = rt.ctx
     while True:
-        if time.monotonic() - swept > rt.settings.retention_interval_s:
-            swept = time.monotonic()
-            async with rt.uow() as uow:
-                cancels, fences = await ctx.runs.forget_older_than(uow.conn, rt.settings.inbox_retention_days)
-            if cancels or fences:
-                rt.log.info("retention", cancelled_jobs=cancels, fenced_attempts=fences)
         if ctx.node.stopping is None:
             async with rt.uow() as uow:
                 runs = await ctx.runs.claim_assigned(uow.conn, ctx.config.node_id)
