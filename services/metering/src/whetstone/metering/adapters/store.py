@@ -125,10 +125,12 @@ class LedgerStore:
             " waiting = EXCLUDED.waiting, events = EXCLUDED.events, stop_at = EXCLUDED.stop_at",
             states_json(segs))
 
-    async def newest_event_time(self) -> datetime | None:
-        """The newest emission time of the lifecycle events recorded so far (None: none yet)."""
+    async def newest_pending_time(self) -> datetime | None:
+        """The newest event time a sweep decision waits on: an unclosed job's outcome, a waiting segment's
+        stop (None: nothing waits). Each is the top of its partial index, not a scan of the events."""
         newest: datetime | None = await self.conn.fetchval(
-            "SELECT max(occurred_at) FROM events WHERE event_type LIKE 'job.%'")
+            "SELECT greatest((SELECT max(terminal_at) FROM jobs WHERE closed_at IS NULL AND terminal_at IS NOT NULL),"
+            " (SELECT max(stop_at) FROM segments WHERE waiting))")
         return newest
 
     async def jobs_due(self, close_before: datetime, orphan_before: datetime, owner: Ownership,

@@ -13,8 +13,9 @@ absorb. A lagging partition not read yet holds it at the epoch, and so does a la
 that is not known (nothing assigned yet, a partition not fetched since it was
 assigned: lag None or -1); a restarted consumer therefore decides nothing by time
 until it has seen where its partitions stand. Once every partition is caught up, event time
-runs with the wall clock from the newest emission seen, by this process or, before it started,
-by the service (`resume`); a producer whose clock runs ahead cannot freeze it.
+runs with the wall clock from the newest emission seen by this process, or the newest time a
+decision recorded before it started waits on (`resume`); a producer whose clock runs ahead cannot
+freeze it.
 """
 
 from __future__ import annotations
@@ -42,10 +43,10 @@ class EventClock:
         self._advance(occurred_at, wall)
 
     def resume(self, newest: datetime, wall: datetime) -> None:
-        """Start from the newest emission time of the events handled before this process started (the
-        service's own record of them): once caught up, a restarted consumer runs on from there, as it
-        would have had it never stopped, and not from the few events left for it to read, which may
-        all be older than the ones a killed predecessor handled last."""
+        """Start from the newest event time a decision recorded before this process started waits on
+        (an unclosed job's outcome, a waiting segment's stop): once caught up, a restarted consumer runs
+        on from there, and not only from the few events left for it to read, which may all be older
+        than the ones a killed predecessor handled last."""
         self._advance(newest, wall)
 
     def _advance(self, occurred_at: datetime, wall: datetime) -> None:

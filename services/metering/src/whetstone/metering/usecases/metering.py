@@ -112,11 +112,11 @@ async def event_now(rt: Runtime[MeteringContext], wall: datetime) -> datetime:
 
 
 async def resume_event_time(rt: Runtime[MeteringContext]) -> None:
-    """Event time goes on from the newest lifecycle event the service recorded before this process
-    started (domain/clock.py `resume`)."""
+    """Event time goes on from the newest event time a decision recorded before this process started
+    waits on (domain/clock.py `resume`)."""
     assert rt.pool is not None, "called once the runtime has its pool (on_start)"
     async with rt.pool.acquire() as conn:
-        newest = await LedgerStore(conn).newest_event_time()
+        newest = await LedgerStore(conn).newest_pending_time()
     if newest is not None:
         rt.ctx.event_clock.resume(newest, rt.clock())
 
